@@ -1,0 +1,55 @@
+# Test helpers. Every test binary links the MPI-aware GoogleTest main (tests/support) and runs
+# under mpiexec, even at one rank, so a test sees the same start-up as a lab program.
+
+# What lets Open MPI start as root and with more ranks than cores (a 2-core laptop or CI runner
+# running 4 ranks): ranks yield the core while they wait instead of spinning.
+set(SCALELAB_MPI_TEST_ENV
+    OMPI_ALLOW_RUN_AS_ROOT=1
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    OMPI_MCA_rmaps_base_oversubscribe=1
+    OMPI_MCA_mpi_yield_when_idle=1
+    OMPI_MCA_btl_vader_single_copy_mechanism=none
+    OPENBLAS_NUM_THREADS=1)
+
+# scalelab_add_mpi_test(<ctest-name> <target> RANKS <k> [TIMEOUT <s>] [LABELS ...] [ARGS ...])
+# Registers one ctest entry that runs <target> on <k> ranks.
+function(scalelab_add_mpi_test name target)
+  cmake_parse_arguments(T "" "RANKS;TIMEOUT" "LABELS;ARGS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT ${SCALELAB_TEST_TIMEOUT})
+  endif()
+  add_test(NAME ${name}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${T_RANKS} ${MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})
+  set_tests_properties(${name} PROPERTIES
+                       PROCESSORS ${T_RANKS}
+                       TIMEOUT ${T_TIMEOUT}
+                       LABELS "${T_LABELS}"
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+endfunction()
+
+# scalelab_add_test(NAME <name> SOURCES <files...> [RANKS <k...>] [LABELS ...] [TIMEOUT <s>]
+#                   [LIBS ...])
+# A test of the library itself (tests/common): one binary, one ctest entry per rank count,
+# labelled 'reference' (so './scalelab test' runs it) and 'common'.
+function(scalelab_add_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;RANKS;LABELS;LIBS" ${ARGN})
+  if(NOT T_RANKS)
+    set(T_RANKS 1)
+  endif()
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE scalelab::test_main ${T_LIBS})
+  add_dependencies(reference ${T_NAME})
+  foreach(k IN LISTS T_RANKS)
+    set(timeout_arg)
+    if(T_TIMEOUT)
+      set(timeout_arg TIMEOUT ${T_TIMEOUT})
+    endif()
+    scalelab_add_mpi_test(common.${T_NAME}.np${k} ${T_NAME} RANKS ${k} ${timeout_arg}
+                          LABELS reference common ${T_LABELS})
+  endforeach()
+endfunction()
+
+# 'reference' builds everything './scalelab test' runs: the library's tests and every lab's
+# solution program and reference tests (never the attendee's starters).
+add_custom_target(reference)

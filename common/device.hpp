@@ -1,0 +1,17 @@
+#pragma once
+// Which GPUs this process can see. Compiled from device_cuda.cu with CUDA, from
+// device_nocuda.cpp without it (then there are no GPUs).
+#include <string>
+
+namespace scalelab {
+
+/// True when this build has CUDA kernels and the NCCL backend.
+bool cuda_compiled();
+
+/// Number of CUDA devices visible to this process; 0 without CUDA, a driver or a device.
+int cuda_device_count();
+
+/// The device's name ("NVIDIA H100 80GB HBM3"), or "" if there is no such device.
+std::string cuda_device_name(int device);
+
+}  // namespace scalelab

@@ -1,0 +1,25 @@
+// Built when scalelab is configured with CUDA. A machine without a driver or a GPU (a CI runner)
+// reports zero devices instead of failing, so CPU runs work from a CUDA build too.
+#include <cuda_runtime.h>
+
+#include "common/device.hpp"
+
+namespace scalelab {
+bool cuda_compiled() { return true; }
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver"/"no device" error
+    return 0;
+  }
+  return count;
+}
+
+std::string cuda_device_name(int device) {
+  cudaDeviceProp prop{};
+  if (device < 0 || device >= cuda_device_count()) return "";
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "";
+  return prop.name;
+}
+}  // namespace scalelab

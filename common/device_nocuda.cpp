@@ -1,0 +1,8 @@
+// Built when scalelab is configured without CUDA: no GPUs, ever.
+#include "common/device.hpp"
+
+namespace scalelab {
+bool cuda_compiled() { return false; }
+int cuda_device_count() { return 0; }
+std::string cuda_device_name(int) { return ""; }
+}  // namespace scalelab

@@ -1,0 +1,101 @@
+#include "common/runtime.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace scalelab {
+namespace {
+
+bool g_initialized = false;
+int g_rank = 0;
+int g_size = 1;
+// A private duplicate of MPI_COMM_WORLD for the exit agreement, so it never matches a message or
+// collective of the program's own traffic.
+MPI_Comm g_exit_comm = MPI_COMM_NULL;
+
+// Waits up to `seconds` for every rank to enter the same barrier. Returns false on timeout (some
+// rank is still working, or stuck): then the caller aborts instead of finalizing.
+bool bounded_barrier(double seconds) {
+  MPI_Request request;
+  MPI_Ibarrier(g_exit_comm, &request);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int done = 0;
+  while (!done) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) break;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace
+
+void init(int* argc, char*** argv) {
+  int already = 0;
+  MPI_Initialized(&already);
+  if (!already) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+      std::fprintf(stderr, "error: the MPI library does not provide MPI_THREAD_MULTIPLE\n");
+      MPI_Abort(MPI_COMM_WORLD, kExitUsage);
+    }
+  }
+  if (!g_initialized) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_exit_comm);
+    // Errors in MPI calls come back as codes we check, not as a silent abort inside MPI.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    g_initialized = true;
+  }
+}
+
+bool initialized() { return g_initialized; }
+int world_rank() { return g_rank; }
+int world_size() { return g_size; }
+
+void exit_all(int code, const std::string& line) {
+  std::fflush(stdout);
+  if (!g_initialized) {
+    if (!line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
+    std::exit(code);
+  }
+  if (bounded_barrier(5.0)) {
+    if (g_rank == 0 && !line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+    MPI_Comm_free(&g_exit_comm);
+    MPI_Finalize();
+    std::exit(code);
+  }
+  if (!line.empty()) std::fprintf(stderr, "[rank %d] %s\n", g_rank, line.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);  // not reached
+}
+
+int run_main(int argc, char** argv, const std::function<int(int, char**)>& body) {
+  init(&argc, &argv);
+  int code = 0;
+  try {
+    code = body(argc, argv);
+  } catch (const UsageError& e) {
+    exit_all(kExitUsage, fmt::format("error: {}", e.what()));
+  } catch (const NotImplemented& e) {
+    exit_all(kExitFailed, fmt::format("not implemented: {}", e.what()));
+  } catch (const std::exception& e) {
+    exit_all(kExitFailed, fmt::format("error: {}", e.what()));
+  }
+  std::fflush(stdout);
+  MPI_Comm_free(&g_exit_comm);
+  MPI_Finalize();
+  g_initialized = false;
+  return code;
+}
+
+}  // namespace scalelab

@@ -1,0 +1,42 @@
+#pragma once
+// Process start-up and shutdown shared by every scalelab program and test.
+//
+//   int main(int argc, char** argv) {
+//     return scalelab::run_main(argc, argv, [](int argc, char** argv) { ...; return 0; });
+//   }
+//
+// run_main initialises MPI (MPI_THREAD_MULTIPLE: the mpi backend progresses collectives on a
+// worker thread), turns the errors of common/errors.hpp into design.md's exit codes, and makes
+// sure a failure ends *every* rank: a rank never waits forever for a peer that has given up.
+#include <functional>
+#include <string>
+
+#include <mpi.h>
+
+#include "common/errors.hpp"
+
+namespace scalelab {
+
+/// Initialises MPI once (idempotent). Works with or without a launcher (singleton MPI).
+void init(int* argc, char*** argv);
+
+/// True between init() and shutdown.
+bool initialized();
+
+/// This process's rank in MPI_COMM_WORLD (0 before init).
+int world_rank();
+
+/// Number of processes in MPI_COMM_WORLD (1 before init).
+int world_size();
+
+/// Ends this process with `code` and makes sure every rank ends. If all ranks reach exit_all
+/// within a few seconds (a deterministic error, e.g. a bad config every rank validated), they
+/// finalize cleanly, rank 0 prints `line` once, and all exit with `code`. Otherwise this rank
+/// prints `line` prefixed with its rank and aborts the job with `code`.
+[[noreturn]] void exit_all(int code, const std::string& line = "");
+
+/// Runs `body` on every rank with errors mapped to exit codes: UsageError -> "error: ..." and 2,
+/// NotImplemented -> "not implemented: ..." and 1, any other exception -> "error: ..." and 1.
+int run_main(int argc, char** argv, const std::function<int(int, char**)>& body);
+
+}  // namespace scalelab

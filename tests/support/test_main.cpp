@@ -1,0 +1,111 @@
+// MPI-aware GoogleTest main, shared by every test binary.
+//
+// - Every rank runs the same tests; only rank 0 prints GoogleTest's progress.
+// - After each test the ranks compare verdicts: a failure on any rank is printed by rank 0 with
+//   that rank's first failure message, and the test counts as failed for everyone.
+// - Exceptions are not swallowed by GoogleTest: one escaping a test (NotImplemented from a
+//   starter, or a bug) ends the job on every rank instead of leaving the others in a collective.
+// - The last line on rank 0 is the verdict the grader reads:
+//     [scalelab] verdict: passed
+//     [scalelab] verdict: failed: Step3_AllReduce.SumOfRanks on rank 2: <message>
+//     [scalelab] verdict: not implemented: lab 00 step 3: ... (README.md#step-3)
+//     [scalelab] verdict: error: exception in Suite.Test on rank 1: <what>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/errors.hpp"
+#include "common/runtime.hpp"
+
+namespace {
+
+constexpr int kMessageBytes = 1024;
+
+std::string g_current_test;   // for reports of exceptions that escape a test
+std::string g_first_failure;  // "Suite.Test on rank r: message", empty while all passed
+
+class RankVerdictListener : public testing::EmptyTestEventListener {
+ public:
+  void OnTestStart(const testing::TestInfo& info) override {
+    g_current_test = std::string(info.test_suite_name()) + "." + info.name();
+    first_message_.clear();
+  }
+
+  void OnTestPartResult(const testing::TestPartResult& result) override {
+    if (result.failed() && first_message_.empty()) {
+      first_message_ = fmt::format("{}:{}: {}", result.file_name() ? result.file_name() : "?",
+                                   result.line_number(), result.summary());
+    }
+  }
+
+  // Every rank reaches here once per test, in the same order: gather the verdicts to rank 0.
+  void OnTestEnd(const testing::TestInfo& info) override {
+    const int rank = scalelab::world_rank(), size = scalelab::world_size();
+    char mine[kMessageBytes] = {0};
+    if (info.result()->Failed()) {
+      std::string m = first_message_.empty() ? "failed" : first_message_;
+      std::strncpy(mine, m.c_str(), kMessageBytes - 1);
+    }
+    std::vector<char> all(rank == 0 ? size * kMessageBytes : 0);
+    MPI_Gather(mine, kMessageBytes, MPI_CHAR, all.data(), kMessageBytes, MPI_CHAR, 0,
+               MPI_COMM_WORLD);
+    if (rank != 0) return;
+    for (int r = 0; r < size; ++r) {
+      const char* m = all.data() + r * kMessageBytes;
+      if (m[0] == 0) continue;
+      std::string line = fmt::format("{} on rank {}: {}", g_current_test, r, m);
+      if (r != 0) fmt::print("[  FAILED  ] {}\n", line);
+      if (g_first_failure.empty()) g_first_failure = line;
+    }
+  }
+
+ private:
+  std::string first_message_;
+};
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  scalelab::init(&argc, &argv);
+  testing::InitGoogleTest(&argc, argv);
+  GTEST_FLAG_SET(catch_exceptions, false);
+
+  auto& listeners = testing::UnitTest::GetInstance()->listeners();
+  if (scalelab::world_rank() != 0) delete listeners.Release(listeners.default_result_printer());
+  listeners.Append(new RankVerdictListener);
+
+  int local_failed = 0;
+  try {
+    local_failed = RUN_ALL_TESTS() != 0;
+  } catch (const scalelab::NotImplemented& e) {
+    scalelab::exit_all(scalelab::kExitFailed,
+                       "[scalelab] verdict: not implemented: " + one_line(e.what()));
+  } catch (const scalelab::UsageError& e) {
+    scalelab::exit_all(scalelab::kExitFailed,
+                       fmt::format("[scalelab] verdict: failed: {} on rank {}: usage error: {}",
+                                   g_current_test, scalelab::world_rank(), one_line(e.what())));
+  } catch (const std::exception& e) {
+    scalelab::exit_all(scalelab::kExitFailed,
+                       fmt::format("[scalelab] verdict: error: exception in {} on rank {}: {}",
+                                   g_current_test, scalelab::world_rank(), one_line(e.what())));
+  }
+
+  int any_failed = 0;
+  MPI_Allreduce(&local_failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (scalelab::world_rank() == 0) {
+    if (any_failed)
+      fmt::print("[scalelab] verdict: failed: {}\n",
+                 one_line(g_first_failure.empty() ? "see above" : g_first_failure));
+    else
+      fmt::print("[scalelab] verdict: passed\n");
+  }
+  scalelab::exit_all(any_failed ? scalelab::kExitFailed : scalelab::kExitOk);
+}
