@@ -1,0 +1,28 @@
+#pragma once
+// Element types a Tensor can hold. f32 is what models train in; f64 exists so gradient checks
+// (central finite differences) are not drowned by rounding; i32 holds token ids. bf16 would slot in
+// here later (dtype_size 2) without changing the Tensor class.
+#include <cstddef>
+#include <cstdint>
+
+namespace scalelab {
+
+enum class DType { f32, f64, i32 };
+
+/// Bytes per element.
+std::size_t dtype_size(DType dtype);
+
+/// "f32", "f64", "i32".
+const char* dtype_name(DType dtype);
+
+/// The DType of a C++ element type: dtype_of<float>() == DType::f32.
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::f32; }
+template <>
+constexpr DType dtype_of<double>() { return DType::f64; }
+template <>
+constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
+
+}  // namespace scalelab

@@ -1,0 +1,199 @@
+#include "common/tensor.hpp"
+
+#include <cstring>
+
+namespace scalelab {
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::i32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+  }
+  return "?";
+}
+
+Storage::Storage(std::size_t nbytes, Device device)
+    : ptr_(device_alloc(nbytes, device)), nbytes_(nbytes), device_(device) {}
+
+Storage::~Storage() { device_free(ptr_, nbytes_, device_); }
+
+namespace {
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size());
+  int64_t acc = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  return fmt::format("({})", fmt::join(shape, ", "));
+}
+}  // namespace
+
+Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
+  for (int64_t d : shape) SCALELAB_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
+  Tensor t;
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  t.storage_ = std::make_shared<Storage>(static_cast<std::size_t>(product(t.shape_)) *
+                                             dtype_size(dtype), device);
+  return t;
+}
+
+Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Device device) {
+  Tensor t = empty(std::move(shape), dtype, device);
+  if (device.is_cpu()) {
+    std::memset(t.data_ptr(), 0, t.nbytes());
+  } else {
+    std::vector<char> zero(t.nbytes(), 0);
+    device_copy(t.data_ptr(), device, zero.data(), Device::cpu(), t.nbytes());
+  }
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<double>& values, std::vector<int64_t> shape,
+                           DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  SCALELAB_CHECK(static_cast<int64_t>(values.size()) == t.numel(),
+                 "from_vector: {} values for shape {}", values.size(), shape_str(t.shape_));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    switch (dtype) {
+      case DType::f32: t.data<float>()[i] = static_cast<float>(values[i]); break;
+      case DType::f64: t.data<double>()[i] = values[i]; break;
+      case DType::i32: t.data<int32_t>()[i] = static_cast<int32_t>(values[i]); break;
+    }
+  }
+  return t;
+}
+
+int64_t Tensor::size(int d) const {
+  int n = static_cast<int>(shape_.size());
+  if (d < 0) d += n;
+  SCALELAB_CHECK(d >= 0 && d < n, "dimension {} out of range for shape {}", d, shape_str(shape_));
+  return shape_[d];
+}
+
+int64_t Tensor::numel() const { return product(shape_); }
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+std::string Tensor::str() const {
+  if (!defined()) return "(undefined)";
+  return fmt::format("{} {} {}", shape_str(shape_), dtype_name(dtype_), device().str());
+}
+
+void* Tensor::data_ptr() {
+  SCALELAB_CHECK(defined(), "data_ptr of an undefined tensor");
+  return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_);
+}
+
+const void* Tensor::data_ptr() const {
+  SCALELAB_CHECK(defined(), "data_ptr of an undefined tensor");
+  return static_cast<const char*>(storage_->data()) + offset_ * dtype_size(dtype_);
+}
+
+void Tensor::check_type(DType wanted) const {
+  SCALELAB_CHECK(dtype_ == wanted, "tensor {} accessed as {}", str(), dtype_name(wanted));
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  SCALELAB_CHECK(dim() >= 1, "rows() of a 0-d tensor");
+  SCALELAB_CHECK(0 <= begin && begin <= end && end <= shape_[0],
+                 "rows [{}, {}) out of range for shape {}", begin, end, shape_str(shape_));
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.offset_ = offset_ + begin * strides_[0];
+  return t;
+}
+
+Tensor Tensor::flat(int64_t offset, int64_t count) const {
+  SCALELAB_CHECK(is_contiguous(), "flat() of a non-contiguous tensor {}", str());
+  SCALELAB_CHECK(0 <= offset && 0 <= count && offset + count <= numel(),
+                 "flat [{}, {}) out of range for {} elements", offset, offset + count, numel());
+  Tensor t = *this;
+  t.shape_ = {count};
+  t.strides_ = {1};
+  t.offset_ = offset_ + offset;
+  return t;
+}
+
+Tensor Tensor::view(std::vector<int64_t> shape) const {
+  SCALELAB_CHECK(is_contiguous(), "view() of a non-contiguous tensor {}", str());
+  int infer = -1;
+  int64_t known = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      SCALELAB_CHECK(infer < 0, "view: more than one -1 in {}", shape_str(shape));
+      infer = static_cast<int>(i);
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    SCALELAB_CHECK(known > 0 && numel() % known == 0, "view: cannot infer {} from {} elements",
+                   shape_str(shape), numel());
+    shape[infer] = numel() / known;
+  }
+  SCALELAB_CHECK(product(shape) == numel(), "view: shape {} does not hold {} elements ({})",
+                 shape_str(shape), numel(), str());
+  Tensor t = *this;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::clone() const { return to(device()); }
+
+void Tensor::copy_from(const Tensor& src) {
+  SCALELAB_CHECK(src.numel() == numel() && src.dtype() == dtype(),
+                 "copy_from: {} into {}", src.str(), str());
+  SCALELAB_CHECK(is_contiguous() && src.is_contiguous(), "copy_from: non-contiguous {} or {}",
+                 src.str(), str());
+  device_copy(data_ptr(), device(), src.data_ptr(), src.device(), nbytes());
+}
+
+std::vector<double> Tensor::to_vector() const {
+  Tensor h = device().is_cpu() && is_contiguous() ? *this : to(Device::cpu());
+  std::vector<double> out(static_cast<std::size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) out[i] = h.item(i);
+  return out;
+}
+
+double Tensor::item(int64_t i) const {
+  SCALELAB_CHECK(device().is_cpu(), "item() of a {} tensor: copy it to the host first", str());
+  SCALELAB_CHECK(0 <= i && i < numel(), "item({}) out of range for {}", i, str());
+  switch (dtype_) {
+    case DType::f32: return data<float>()[i];
+    case DType::f64: return data<double>()[i];
+    case DType::i32: return data<int32_t>()[i];
+  }
+  return 0;
+}
+
+}  // namespace scalelab

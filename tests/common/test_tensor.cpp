@@ -1,0 +1,96 @@
+// Tensor views, copies and the allocator's counters.
+#include <gtest/gtest.h>
+
+#include "common/tensor.hpp"
+
+using namespace scalelab;
+
+TEST(Tensor, ShapeStridesAndSize) {
+  Tensor t = Tensor::zeros({2, 3, 4});
+  EXPECT_EQ(t.dim(), 3);
+  EXPECT_EQ(t.size(0), 2);
+  EXPECT_EQ(t.size(-1), 4);
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.nbytes(), 96u);
+  EXPECT_EQ(t.strides(), (std::vector<int64_t>{12, 4, 1}));
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_TRUE(t.defined());
+  EXPECT_FALSE(Tensor().defined());
+  EXPECT_EQ(t.str(), "(2, 3, 4) f32 cpu");
+  for (double v : t.to_vector()) EXPECT_EQ(v, 0.0);
+}
+
+TEST(Tensor, DTypes) {
+  EXPECT_EQ(dtype_size(DType::f32), 4u);
+  EXPECT_EQ(dtype_size(DType::f64), 8u);
+  EXPECT_STREQ(dtype_name(DType::f64), "f64");
+  Tensor d = Tensor::zeros({5}, DType::f64);
+  EXPECT_EQ(d.nbytes(), 40u);
+  EXPECT_NO_THROW(d.data<double>());
+  EXPECT_THROW(d.data<float>(), CheckFailed);  // the dtype is checked
+}
+
+TEST(Tensor, RowsAreViewsWithoutCopy) {
+  Tensor t = Tensor::from_vector({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2});
+  Tensor r = t.rows(1, 3);
+  EXPECT_EQ(r.shape(), (std::vector<int64_t>{2, 2}));
+  EXPECT_TRUE(r.shares_storage_with(t));
+  EXPECT_EQ(r.to_vector(), (std::vector<double>{2, 3, 4, 5}));
+  r.data<float>()[0] = 42;  // writes through to the parent
+  EXPECT_EQ(t.item(2), 42);
+  EXPECT_THROW(t.rows(3, 5), CheckFailed);
+}
+
+TEST(Tensor, FlatAndView) {
+  Tensor t = Tensor::from_vector({0, 1, 2, 3, 4, 5}, {2, 3});
+  Tensor f = t.flat(2, 3);
+  EXPECT_EQ(f.to_vector(), (std::vector<double>{2, 3, 4}));
+  Tensor v = t.view({3, -1});
+  EXPECT_EQ(v.shape(), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(v.item(5), 5);
+  // a view of a view of rows keeps the offset
+  Tensor rv = t.rows(1, 2).view({3});
+  EXPECT_EQ(rv.to_vector(), (std::vector<double>{3, 4, 5}));
+  EXPECT_THROW(t.view({4}), CheckFailed);
+  EXPECT_THROW(t.flat(4, 3), CheckFailed);
+}
+
+TEST(Tensor, CloneAndCopyFrom) {
+  Tensor t = Tensor::from_vector({1, 2, 3}, {3});
+  Tensor c = t.clone();
+  EXPECT_FALSE(c.shares_storage_with(t));
+  c.data<float>()[0] = 9;
+  EXPECT_EQ(t.item(0), 1);
+  Tensor d = Tensor::zeros({3});
+  d.copy_from(c);
+  EXPECT_EQ(d.to_vector(), (std::vector<double>{9, 2, 3}));
+  EXPECT_THROW(d.copy_from(Tensor::zeros({4})), CheckFailed);
+}
+
+TEST(Allocator, CountsCurrentAndPeak) {
+  const Device cpu = Device::cpu();
+  const std::size_t base = memory_stats(cpu).current;
+  reset_peak_memory(cpu);
+  {
+    Tensor a = Tensor::empty({1000});  // 4000 bytes
+    EXPECT_EQ(memory_stats(cpu).current, base + 4000);
+    {
+      Tensor b = Tensor::empty({500}, DType::f64);  // 4000 bytes
+      Tensor view = b.rows(0, 10);                  // no allocation
+      EXPECT_EQ(memory_stats(cpu).current, base + 8000);
+    }
+    EXPECT_EQ(memory_stats(cpu).current, base + 4000);
+  }
+  EXPECT_EQ(memory_stats(cpu).current, base);
+  EXPECT_EQ(memory_stats(cpu).peak, base + 8000);
+  reset_peak_memory(cpu);
+  EXPECT_EQ(memory_stats(cpu).peak, base);
+}
+
+TEST(Device, NamesAndParse) {
+  EXPECT_EQ(Device::cpu().str(), "cpu");
+  EXPECT_EQ(Device::cuda(1).str(), "cuda:1");
+  EXPECT_TRUE(Device::parse("cuda").is_cuda());
+  EXPECT_EQ(Device::parse("cuda:2").index, 2);
+  EXPECT_THROW(Device::parse("tpu"), UsageError);
+}
