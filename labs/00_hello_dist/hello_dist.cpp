@@ -1,0 +1,99 @@
+// Starter generated from solutions/00_hello_dist/hello_dist.cpp by tools/make-labs: fill in each NotImplemented
+// step (see README.md). Body hash a64d83fa5ea16237 (lets make-labs see your edits).
+// Lab 00: hello_dist. Where does each rank run, which device does it use, can all ranks talk?
+#include "hello_dist.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <vector>
+
+#include "common/errors.hpp"
+
+namespace scalelab::lab00 {
+
+EnvLookup process_env() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+std::string detect_launcher(const EnvLookup& env) {
+  if (env("SLURM_JOB_ID") && env("SLURM_PROCID")) return "slurm";
+  if (env("OMPI_COMM_WORLD_SIZE")) return "openmpi";
+  if (env("PMI_RANK")) return "hydra";
+  return "none";
+}
+
+namespace {
+// A launcher variable holding a count or an index: a non-negative integer, or a usage error
+// that names the variable (a typo in a job script should not become "local rank 0").
+int parse_index(const std::string& name, const std::string& value) {
+  std::size_t used = 0;
+  int parsed = -1;
+  try {
+    parsed = std::stoi(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || value.empty() || parsed < 0)
+    throw UsageError(fmt::format("{}='{}' is not a non-negative integer", name, value));
+  return parsed;
+}
+}  // namespace
+
+Placement placement_from_env(const EnvLookup& env) {
+  Placement p;
+  // TODO step 1: read local rank, local size and node from the launcher's environment
+  // HINT: try the variables in the order the contract gives; parse_index() validates a value.
+  throw scalelab::NotImplemented(
+      "lab 00 step 1: read local rank, local size and node from the launcher's environment (README.md#step-1)");
+  return p;
+}
+
+Placement placement_from_comm(MPI_Comm comm) {
+  Placement p;
+  // TODO step 1: the MPI fallback (MPI_Comm_split_type + node numbering)
+  // HINT: the ranks of one node share memory: MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, ...).
+  // HINT: name each node by its lowest rank in `comm`, all-gather those names, count distinct ones.
+  throw scalelab::NotImplemented(
+      "lab 00 step 1: the MPI fallback (MPI_Comm_split_type + node numbering) (README.md#step-1)");
+  return p;
+}
+
+Placement find_placement(const EnvLookup& env, MPI_Comm comm) {
+  Placement p = placement_from_env(env);
+  const Placement fallback = placement_from_comm(comm);
+  if (p.local_rank < 0) {
+    p.local_rank = fallback.local_rank;
+    p.source = fallback.source;
+  }
+  if (p.local_size < 0) p.local_size = fallback.local_size;
+  if (p.node < 0) p.node = fallback.node;
+  return p;
+}
+
+std::string choose_device(int local_rank, int gpu_count, bool want_gpu) {
+  if (local_rank < 0 || gpu_count < 0)
+    throw std::invalid_argument(fmt::format("choose_device: local_rank={} gpu_count={}",
+                                            local_rank, gpu_count));
+  // TODO step 2: pick cpu or cuda:N from the local rank and the GPU count
+  throw scalelab::NotImplemented(
+      "lab 00 step 2: pick cpu or cuda:N from the local rank and the GPU count (README.md#step-2)");
+}
+
+long long all_reduce_rank_ids(MPI_Comm comm) {
+  // TODO step 3: all-reduce (sum) every rank's id
+  throw scalelab::NotImplemented(
+      "lab 00 step 3: all-reduce (sum) every rank's id (README.md#step-3)");
+}
+
+long long expected_rank_id_sum(int world_size) {
+  // TODO step 3: the sum 0 + 1 + ... + (n-1)
+  throw scalelab::NotImplemented(
+      "lab 00 step 3: the sum 0 + 1 + ... + (n-1) (README.md#step-3)");
+}
+
+}  // namespace scalelab::lab00
