@@ -16,8 +16,10 @@
 
 #include <gtest/gtest.h>
 
+#include "common/comm/communicator.hpp"
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
+#include "common/watchdog.hpp"
 
 namespace {
 
@@ -77,6 +79,11 @@ int main(int argc, char** argv) {
   scalelab::init(&argc, &argv);
   testing::InitGoogleTest(&argc, argv);
   GTEST_FLAG_SET(catch_exceptions, false);
+  // Communication layer (issue 4): a collective that hangs ends the test with exit 3 and the
+  // watchdog's report after SCALELAB_TIMEOUT seconds (default 60, below ctest's timeout), and
+  // every collective checks that all ranks passed matching sizes.
+  scalelab::watchdog::start(scalelab::watchdog::timeout_from_env(60));
+  scalelab::comm::set_check_matching(true);
 
   auto& listeners = testing::UnitTest::GetInstance()->listeners();
   if (scalelab::world_rank() != 0) delete listeners.Release(listeners.default_result_printer());

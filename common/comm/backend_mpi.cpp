@@ -1,0 +1,363 @@
+// The mpi backend: one worker thread per communicator issues every MPI call of that
+// communicator, in submission order.
+//
+// Why one thread: MPI requires the collectives of one communicator to be called in the same
+// order on every rank. Submitting from the caller's thread and executing on one queue keeps that
+// order, and lets a non-blocking collective progress (the worker sits in MPI) while the caller
+// computes. Collectives run as blocking MPI calls on the worker; send/recv are posted as
+// MPI_Isend/MPI_Irecv and completed by polling, so a recv posted before a send never blocks the
+// send behind it (the ring pattern: recv_async, send, wait).
+//
+// CUDA tensors are staged: copied to host before the MPI call, and back after it.
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/comm/op.hpp"
+#include "common/errors.hpp"
+
+namespace scalelab::comm::detail {
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return MPI_SUM;  // avg = sum, then divided by the group size
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+void check_mpi(int code, const Op& op, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw CheckFailed(fmt::format("{}: {} failed: {}", op.label(), call, std::string(text, len)));
+}
+
+int count_of(const Tensor& t) {
+  SCALELAB_CHECK(t.numel() <= INT32_MAX, "a message of {} elements is too large for MPI",
+                 t.numel());
+  return static_cast<int>(t.numel());
+}
+
+// A host tensor to hand to MPI: `t` itself, or a staged host copy of a CUDA tensor.
+Tensor host_view(const Tensor& t, bool copy_in) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  return copy_in ? t.to(Device::cpu()) : Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+}
+
+void copy_back(const Tensor& device_t, const Tensor& host_t) {
+  if (!device_t.defined() || device_t.device().is_cpu()) return;
+  Tensor d = device_t;  // a handle: writes go to the caller's memory
+  d.copy_from(host_t);
+}
+
+void divide(Tensor& t, int n) {
+  if (n == 1 || t.numel() == 0) return;
+  if (t.dtype() == DType::f32) {
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] /= static_cast<float>(n);
+  } else if (t.dtype() == DType::f64) {
+    double* p = t.data<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] /= n;
+  }
+}
+
+// What every rank says about the collective it is in, for the matching check.
+struct Signature {
+  long long kind, count, dtype, root, op;
+};
+
+class MpiBackend final : public Backend {
+ public:
+  explicit MpiBackend(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    worker_ = std::thread([this] { run(); });
+  }
+
+  ~MpiBackend() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+
+  void submit(std::shared_ptr<Op> op) override {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(op));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  struct Pending {
+    MPI_Request request;
+    std::shared_ptr<Op> op;
+    Tensor host;  // the staged buffer (send: keeps it alive; recv: copied back on completion)
+  };
+
+  void run() {
+    int idle_polls = 0;
+    while (true) {
+      std::shared_ptr<Op> op;
+      {
+        std::unique_lock lock(mutex_);
+        if (pending_.empty())
+          cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (!queue_.empty()) {
+          op = std::move(queue_.front());
+          queue_.pop_front();
+        } else if (stop_ && pending_.empty()) {
+          return;
+        }
+      }
+      if (op) {
+        execute(op);
+        idle_polls = 0;
+      }
+      if (!pending_.empty()) {
+        if (poll()) {
+          idle_polls = 0;
+        } else if (!op) {
+          // Nothing new and nothing finished: let other ranks (oversubscribed cores) run.
+          if (++idle_polls < 1000)
+            std::this_thread::yield();
+          else
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      }
+    }
+  }
+
+  // Completes the posted send/recvs that are done. True if any was.
+  bool poll() {
+    bool any = false;
+    for (std::size_t i = 0; i < pending_.size();) {
+      int done = 0;
+      MPI_Status status;
+      int code = MPI_Test(&pending_[i].request, &done, &status);
+      if (code != MPI_SUCCESS || !done) {
+        if (code != MPI_SUCCESS) {
+          fail(pending_[i].op, code, "MPI_Test");
+          pending_.erase(pending_.begin() + static_cast<long>(i));
+          any = true;
+          continue;
+        }
+        ++i;
+        continue;
+      }
+      Pending p = std::move(pending_[i]);
+      pending_.erase(pending_.begin() + static_cast<long>(i));
+      any = true;
+      try {
+        if (p.op->kind == OpKind::recv) {
+          int got = 0;
+          MPI_Get_count(&status, mpi_type(p.op->out.dtype()), &got);
+          if (got != p.op->out.numel())
+            throw CheckFailed(fmt::format("{}: received {} elements from rank {}, expected {}",
+                                          p.op->label(), got, p.op->peer, p.op->out.numel()));
+          copy_back(p.op->out, p.host);
+        }
+        p.op->complete();
+      } catch (...) {
+        p.op->complete(std::current_exception());
+      }
+    }
+    return any;
+  }
+
+  void fail(const std::shared_ptr<Op>& op, int code, const char* call) {
+    try {
+      check_mpi(code, *op, call);
+    } catch (...) {
+      op->complete(std::current_exception());
+    }
+  }
+
+  void execute(const std::shared_ptr<Op>& op) {
+    try {
+      if (is_point_to_point(op->kind)) {
+        post(op);
+        return;
+      }
+      if (check_matching() && op->kind != OpKind::split) check_signatures(*op);
+      run_collective(*op);
+      op->complete();
+    } catch (...) {
+      op->complete(std::current_exception());
+    }
+  }
+
+  void post(const std::shared_ptr<Op>& op) {
+    Pending p{MPI_REQUEST_NULL, op, {}};
+    if (op->kind == OpKind::send) {
+      p.host = host_view(op->in, true);
+      check_mpi(MPI_Isend(p.host.data_ptr(), count_of(p.host), mpi_type(p.host.dtype()), op->peer,
+                          op->tag, comm_, &p.request),
+                *op, "MPI_Isend");
+    } else {
+      p.host = host_view(op->out, false);
+      check_mpi(MPI_Irecv(p.host.data_ptr(), count_of(p.host), mpi_type(p.host.dtype()), op->peer,
+                          op->tag, comm_, &p.request),
+                *op, "MPI_Irecv");
+    }
+    pending_.push_back(std::move(p));
+  }
+
+  // Every rank contributes (kind, count, dtype, root, op); all must agree. Every rank sees the
+  // same table, so every rank throws the same error and none is left waiting.
+  void check_signatures(const Op& op) {
+    const Tensor& t = op.kind == OpKind::reduce_scatter || op.kind == OpKind::gather
+                          ? op.in
+                          : op.out;  // the per-rank element count that must match
+    Signature mine{static_cast<long long>(op.kind), t.defined() ? t.numel() : 0,
+                   t.defined() ? static_cast<long long>(t.dtype()) : -1, op.root,
+                   static_cast<long long>(op.reduce)};
+    std::vector<Signature> all(static_cast<std::size_t>(size_));
+    check_mpi(MPI_Allgather(&mine, 5, MPI_LONG_LONG, all.data(), 5, MPI_LONG_LONG, comm_), op,
+              "MPI_Allgather (matching check)");
+    bool same = true;
+    for (auto& s : all)
+      same = same && s.kind == mine.kind && s.count == all[0].count && s.dtype == all[0].dtype &&
+             s.root == all[0].root && s.op == all[0].op;
+    for (auto& s : all) same = same && s.kind == all[0].kind;
+    if (same) return;
+    std::string table;
+    for (int r = 0; r < size_; ++r) {
+      const Signature& s = all[static_cast<std::size_t>(r)];
+      table += fmt::format("{}rank {}: {} of {} {}", r ? ", " : "", r,
+                           op_kind_name(static_cast<OpKind>(s.kind)), s.count,
+                           s.dtype < 0 ? "-" : dtype_name(static_cast<DType>(s.dtype)));
+      if (s.kind == static_cast<long long>(OpKind::reduce) ||
+          s.kind == static_cast<long long>(OpKind::broadcast) ||
+          s.kind == static_cast<long long>(OpKind::scatter) ||
+          s.kind == static_cast<long long>(OpKind::gather))
+        table += fmt::format(" root {}", s.root);
+      if (s.kind == static_cast<long long>(OpKind::all_reduce) ||
+          s.kind == static_cast<long long>(OpKind::reduce) ||
+          s.kind == static_cast<long long>(OpKind::reduce_scatter))
+        table += fmt::format(" {}", reduce_op_name(static_cast<ReduceOp>(s.op)));
+    }
+    throw CheckFailed(fmt::format("{}: ranks disagree on the collective: {}", op.label(), table));
+  }
+
+  void run_collective(Op& op) {
+    switch (op.kind) {
+      case OpKind::barrier:
+        check_mpi(MPI_Barrier(comm_), op, "MPI_Barrier");
+        return;
+      case OpKind::split: {
+        MPI_Comm c = MPI_COMM_NULL;
+        check_mpi(MPI_Comm_split(comm_, op.color, op.key, &c), op, "MPI_Comm_split");
+        op.split_comm = c;
+        return;
+      }
+      case OpKind::all_reduce:
+      case OpKind::reduce:
+      case OpKind::broadcast: {
+        const bool root_only_result = op.kind == OpKind::reduce;
+        Tensor h = host_view(op.out, true);
+        const int n = count_of(h);
+        const MPI_Datatype type = mpi_type(h.dtype());
+        if (op.kind == OpKind::all_reduce) {
+          check_mpi(MPI_Allreduce(MPI_IN_PLACE, h.data_ptr(), n, type, mpi_op(op.reduce), comm_),
+                    op, "MPI_Allreduce");
+        } else if (op.kind == OpKind::reduce) {
+          void* send = rank_ == op.root ? MPI_IN_PLACE : h.data_ptr();
+          void* recv = rank_ == op.root ? h.data_ptr() : nullptr;
+          check_mpi(MPI_Reduce(send, recv, n, type, mpi_op(op.reduce), op.root, comm_), op,
+                    "MPI_Reduce");
+        } else {
+          check_mpi(MPI_Bcast(h.data_ptr(), n, type, op.root, comm_), op, "MPI_Bcast");
+        }
+        if (op.reduce == ReduceOp::avg && (op.kind != OpKind::broadcast) &&
+            (!root_only_result || rank_ == op.root))
+          divide(h, size_);
+        copy_back(op.out, h);
+        return;
+      }
+      case OpKind::all_gather: {
+        Tensor in = host_view(op.in, true), out = host_view(op.out, false);
+        check_mpi(MPI_Allgather(in.data_ptr(), count_of(in), mpi_type(in.dtype()), out.data_ptr(),
+                                count_of(in), mpi_type(in.dtype()), comm_),
+                  op, "MPI_Allgather");
+        copy_back(op.out, out);
+        return;
+      }
+      case OpKind::reduce_scatter: {
+        Tensor in = host_view(op.in, true), out = host_view(op.out, false);
+        check_mpi(MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), count_of(out),
+                                           mpi_type(out.dtype()), mpi_op(op.reduce), comm_),
+                  op, "MPI_Reduce_scatter_block");
+        if (op.reduce == ReduceOp::avg) divide(out, size_);
+        copy_back(op.out, out);
+        return;
+      }
+      case OpKind::scatter: {
+        const bool root = rank_ == op.root;
+        Tensor in = root ? host_view(op.in, true) : Tensor();
+        Tensor out = host_view(op.out, false);
+        check_mpi(MPI_Scatter(root ? in.data_ptr() : nullptr, count_of(out), mpi_type(out.dtype()),
+                              out.data_ptr(), count_of(out), mpi_type(out.dtype()), op.root, comm_),
+                  op, "MPI_Scatter");
+        copy_back(op.out, out);
+        return;
+      }
+      case OpKind::gather: {
+        const bool root = rank_ == op.root;
+        Tensor in = host_view(op.in, true);
+        Tensor out = root ? host_view(op.out, false) : Tensor();
+        check_mpi(MPI_Gather(in.data_ptr(), count_of(in), mpi_type(in.dtype()),
+                             root ? out.data_ptr() : nullptr, count_of(in), mpi_type(in.dtype()),
+                             op.root, comm_),
+                  op, "MPI_Gather");
+        if (root) copy_back(op.out, out);
+        return;
+      }
+      case OpKind::send:
+      case OpKind::recv:
+        break;  // posted, not run (see post())
+    }
+    throw CheckFailed(fmt::format("{}: not a collective", op.label()));
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Op>> queue_;
+  std::vector<Pending> pending_;  // touched by the worker only
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_mpi_backend(MPI_Comm comm) {
+  return std::make_unique<MpiBackend>(comm);
+}
+
+}  // namespace scalelab::comm::detail

@@ -1,0 +1,409 @@
+// The Communicator front end: argument checks, sequence numbers, watchdog registration and
+// trace events; the backends (backend_*.cpp) only move bytes.
+#include "common/comm/communicator.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/comm/op.hpp"
+#include "common/errors.hpp"
+#include "common/runtime.hpp"
+#include "common/trace.hpp"
+#include "common/watchdog.hpp"
+
+namespace scalelab::comm {
+
+namespace detail {
+
+struct CommState {
+  std::string name, backend;  // backend: auto | mpi | nccl | self
+  int rank = 0, size = 1;
+  std::vector<int> world_ranks;
+  int watchdog_group = 0;
+  std::atomic<std::int64_t> coll_seq{0}, p2p_seq{0};
+  std::unique_ptr<Backend> nccl;  // made on the first CUDA operation (declared first: freed last)
+  std::unique_ptr<Backend> mpi;   // mpi, nccl, auto: the group's MPI communicator
+  std::unique_ptr<Backend> self;  // self only
+  std::mutex nccl_mutex;
+
+  ~CommState() {
+    nccl.reset();  // NCCL before the MPI communicator it was bootstrapped over
+    mpi.reset();
+  }
+};
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::all_reduce: return "all_reduce";
+    case OpKind::reduce: return "reduce";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::all_gather: return "all_gather";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::scatter: return "scatter";
+    case OpKind::gather: return "gather";
+    case OpKind::barrier: return "barrier";
+    case OpKind::send: return "send";
+    case OpKind::recv: return "recv";
+    case OpKind::split: return "split";
+  }
+  return "?";
+}
+
+std::string Op::label() const {
+  return fmt::format("{} #{} (group {})", op_kind_name(kind), seq, group);
+}
+
+void Op::complete(std::exception_ptr error) {
+  if (watchdog_token) watchdog::leave(watchdog_token);
+  if (trace_begin_us >= 0)
+    trace::event(op_kind_name(kind), "comm", trace_begin_us, trace::now_us(), trace::kComm,
+                 fmt::format("\"bytes\":{},\"group\":\"{}\",\"seq\":{}", bytes, group, seq));
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+    error_ = error;
+  }
+  cv_.notify_all();
+}
+
+void Op::wait() {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Op::test() {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+}  // namespace detail
+
+using detail::Backend;
+using detail::Op;
+using detail::OpKind;
+
+namespace {
+
+std::atomic<bool> g_check{[] {
+  const char* v = std::getenv("SCALELAB_COMM_CHECK");
+  return v && std::strcmp(v, "0") != 0 && *v;
+}()};
+
+void check_tensor(const Tensor& t, OpKind kind, const char* role) {
+  SCALELAB_CHECK(t.defined(), "{}: the {} tensor is undefined", detail::op_kind_name(kind), role);
+  SCALELAB_CHECK(t.is_contiguous(), "{}: the {} tensor {} is not contiguous",
+                 detail::op_kind_name(kind), role, t.str());
+}
+
+std::shared_ptr<Op> make_op(OpKind kind) {
+  auto op = std::make_shared<Op>();
+  op->kind = kind;
+  return op;
+}
+
+}  // namespace
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+    case ReduceOp::avg: return "avg";
+  }
+  return "?";
+}
+
+void set_check_matching(bool on) { g_check = on; }
+bool check_matching() { return g_check; }
+
+void Work::wait() {
+  if (!op_) return;
+  if (op_->flush) op_->flush();
+  op_->wait();
+}
+
+bool Work::test() {
+  if (!op_) return true;
+  if (op_->flush) op_->flush();
+  return op_->test();
+}
+
+void wait_all(std::vector<Work>& works) {
+  for (auto& w : works) w.wait();
+}
+
+// ---- construction ------------------------------------------------------------------------------
+
+Communicator Communicator::world(const std::string& backend) {
+  SCALELAB_REQUIRE(backend == "auto" || backend == "mpi" || backend == "nccl" || backend == "self",
+                   "backend must be auto, mpi, nccl or self, got '{}'", backend);
+  SCALELAB_REQUIRE(backend != "nccl" || nccl_compiled(),
+                   "backend nccl: this build has no NCCL (configure with CUDA and NCCL, or use "
+                   "--backend mpi)");
+  watchdog::start(watchdog::timeout());
+  auto s = std::make_shared<detail::CommState>();
+  s->name = "world";
+  s->backend = backend;
+  if (backend == "self") {
+    s->rank = 0;
+    s->size = 1;
+    s->world_ranks = {world_rank()};
+    s->self = detail::make_self_backend();
+  } else {
+    SCALELAB_CHECK(initialized(), "Communicator::world: MPI is not initialized (use run_main)");
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    MPI_Comm_rank(dup, &s->rank);
+    MPI_Comm_size(dup, &s->size);
+    for (int r = 0; r < s->size; ++r) s->world_ranks.push_back(r);
+    s->mpi = detail::make_mpi_backend(dup);
+  }
+  s->watchdog_group = watchdog::register_group(s->name, s->world_ranks);
+  return Communicator(s);
+}
+
+int Communicator::rank() const { return s_ ? s_->rank : 0; }
+int Communicator::size() const { return s_ ? s_->size : 0; }
+const std::string& Communicator::name() const {
+  static const std::string none = "(none)";
+  return s_ ? s_->name : none;
+}
+const std::string& Communicator::backend() const {
+  static const std::string none = "(none)";
+  return s_ ? s_->backend : none;
+}
+const std::vector<int>& Communicator::world_ranks() const {
+  static const std::vector<int> none;
+  return s_ ? s_->world_ranks : none;
+}
+
+// ---- submission ------------------------------------------------------------------------------
+
+Work Communicator::submit(std::shared_ptr<Op> op) const {
+  SCALELAB_CHECK(s_ != nullptr, "{} on an empty Communicator (make one with Communicator::world)",
+                 detail::op_kind_name(op->kind));
+  detail::CommState& s = *s_;
+  const bool p2p = is_point_to_point(op->kind);
+  if (p2p)
+    SCALELAB_CHECK(op->peer >= 0 && op->peer < s.size, "{}: peer rank {} is outside group {} of {} ranks",
+                   detail::op_kind_name(op->kind), op->peer, s.name, s.size);
+  if (op->kind == OpKind::reduce || op->kind == OpKind::broadcast || op->kind == OpKind::scatter ||
+      op->kind == OpKind::gather)
+    SCALELAB_CHECK(op->root >= 0 && op->root < s.size, "{}: root {} is outside group {} of {} ranks",
+                   detail::op_kind_name(op->kind), op->root, s.name, s.size);
+  for (const Tensor* t : {&op->in, &op->out}) {
+    if (!t->defined()) continue;
+    SCALELAB_CHECK(t->dtype() != DType::i32 || op->reduce != ReduceOp::avg,
+                   "{}: avg of an i32 tensor", detail::op_kind_name(op->kind));
+  }
+
+  // Which backend moves this operation's bytes.
+  Backend* target = nullptr;
+  const bool cuda = (op->in.defined() && op->in.device().is_cuda()) ||
+                    (op->out.defined() && op->out.device().is_cuda());
+  const bool structural = op->kind == OpKind::split || op->kind == OpKind::barrier;
+  if (s.backend == "self") {
+    target = s.self.get();
+  } else if (!structural && (s.backend == "nccl" || (s.backend == "auto" && cuda && nccl_compiled()))) {
+    SCALELAB_CHECK(cuda, "{}: the nccl backend needs CUDA tensors, got a host tensor",
+                   detail::op_kind_name(op->kind));
+    std::lock_guard lock(s.nccl_mutex);
+    if (!s.nccl) {
+      // The unique id travels over this group's MPI communicator, in order with its other work.
+      Backend* mpi = s.mpi.get();
+      s.nccl = detail::make_nccl_backend(s.rank, s.size, [mpi](void* id, std::size_t bytes) {
+        Tensor buf = Tensor::zeros({static_cast<int64_t>((bytes + 3) / 4)}, DType::i32);
+        std::memcpy(buf.data_ptr(), id, bytes);
+        auto bcast = make_op(OpKind::broadcast);
+        bcast->out = buf;
+        bcast->root = 0;
+        bcast->group = "nccl-bootstrap";
+        mpi->submit(bcast);
+        bcast->wait();
+        std::memcpy(id, buf.data_ptr(), bytes);
+      });
+    }
+    target = s.nccl.get();
+  } else {
+    target = s.mpi.get();
+  }
+
+  op->group = s.name;
+  op->seq = p2p ? ++s.p2p_seq : ++s.coll_seq;
+  std::string detail;
+  if (op->kind == OpKind::send) detail = fmt::format("to rank {}", op->peer);
+  if (op->kind == OpKind::recv) detail = fmt::format("from rank {}", op->peer);
+  if (op->kind == OpKind::reduce || op->kind == OpKind::broadcast || op->kind == OpKind::scatter ||
+      op->kind == OpKind::gather)
+    detail = fmt::format("root {}", op->root);
+  op->watchdog_token = watchdog::enter(s.watchdog_group, detail::op_kind_name(op->kind), op->seq,
+                                       op->bytes, !p2p, detail);
+  if (trace::enabled()) op->trace_begin_us = trace::now_us();
+  target->submit(op);
+  return Work(op);
+}
+
+// ---- the operations ----------------------------------------------------------------------------
+
+Work Communicator::all_reduce_async(const Tensor& t, ReduceOp rop) {
+  auto op = make_op(OpKind::all_reduce);
+  check_tensor(t, op->kind, "");
+  op->out = t;
+  op->reduce = rop;
+  op->bytes = t.nbytes();
+  return submit(op);
+}
+void Communicator::all_reduce(const Tensor& t, ReduceOp op) { all_reduce_async(t, op).wait(); }
+
+Work Communicator::reduce_async(const Tensor& t, int root, ReduceOp rop) {
+  auto op = make_op(OpKind::reduce);
+  check_tensor(t, op->kind, "");
+  op->out = t;
+  op->root = root;
+  op->reduce = rop;
+  op->bytes = t.nbytes();
+  return submit(op);
+}
+void Communicator::reduce(const Tensor& t, int root, ReduceOp op) { reduce_async(t, root, op).wait(); }
+
+Work Communicator::broadcast_async(const Tensor& t, int root) {
+  auto op = make_op(OpKind::broadcast);
+  check_tensor(t, op->kind, "");
+  op->out = t;
+  op->root = root;
+  op->bytes = t.nbytes();
+  return submit(op);
+}
+void Communicator::broadcast(const Tensor& t, int root) { broadcast_async(t, root).wait(); }
+
+namespace {
+// in (n elements) -> out (size * n elements), same dtype and device kind.
+void check_gathered(const Tensor& small, const Tensor& big, int size, OpKind kind,
+                    const char* small_role, const char* big_role) {
+  check_tensor(small, kind, small_role);
+  check_tensor(big, kind, big_role);
+  SCALELAB_CHECK(small.dtype() == big.dtype(), "{}: dtypes differ ({} vs {})",
+                 detail::op_kind_name(kind), small.str(), big.str());
+  SCALELAB_CHECK(big.numel() == small.numel() * size,
+                 "{}: the {} tensor {} must hold size ({}) x the {} tensor's {} elements",
+                 detail::op_kind_name(kind), big_role, big.str(), size, small_role, small.numel());
+}
+}  // namespace
+
+Work Communicator::all_gather_async(const Tensor& in, const Tensor& out) {
+  auto op = make_op(OpKind::all_gather);
+  check_gathered(in, out, size(), op->kind, "input", "output");
+  op->in = in;
+  op->out = out;
+  op->bytes = out.nbytes();
+  return submit(op);
+}
+void Communicator::all_gather(const Tensor& in, const Tensor& out) { all_gather_async(in, out).wait(); }
+
+Work Communicator::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp rop) {
+  auto op = make_op(OpKind::reduce_scatter);
+  check_gathered(out, in, size(), op->kind, "output", "input");
+  op->in = in;
+  op->out = out;
+  op->reduce = rop;
+  op->bytes = in.nbytes();
+  return submit(op);
+}
+void Communicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
+  reduce_scatter_async(in, out, op).wait();
+}
+
+Work Communicator::scatter_async(const Tensor& in, const Tensor& out, int root) {
+  auto op = make_op(OpKind::scatter);
+  check_tensor(out, op->kind, "output");
+  if (rank() == root) check_gathered(out, in, size(), op->kind, "output", "input");
+  op->in = in;
+  op->out = out;
+  op->root = root;
+  op->bytes = out.nbytes() * static_cast<std::size_t>(size());
+  return submit(op);
+}
+void Communicator::scatter(const Tensor& in, const Tensor& out, int root) {
+  scatter_async(in, out, root).wait();
+}
+
+Work Communicator::gather_async(const Tensor& in, const Tensor& out, int root) {
+  auto op = make_op(OpKind::gather);
+  check_tensor(in, op->kind, "input");
+  if (rank() == root) check_gathered(in, out, size(), op->kind, "input", "output");
+  op->in = in;
+  op->out = out;
+  op->root = root;
+  op->bytes = in.nbytes() * static_cast<std::size_t>(size());
+  return submit(op);
+}
+void Communicator::gather(const Tensor& in, const Tensor& out, int root) {
+  gather_async(in, out, root).wait();
+}
+
+Work Communicator::barrier_async() { return submit(make_op(OpKind::barrier)); }
+void Communicator::barrier() { barrier_async().wait(); }
+
+Work Communicator::send_async(const Tensor& t, int dst, int tag) {
+  auto op = make_op(OpKind::send);
+  check_tensor(t, op->kind, "");
+  op->in = t;
+  op->peer = dst;
+  op->tag = tag;
+  op->bytes = t.nbytes();
+  return submit(op);
+}
+void Communicator::send(const Tensor& t, int dst, int tag) { send_async(t, dst, tag).wait(); }
+
+Work Communicator::recv_async(const Tensor& t, int src, int tag) {
+  auto op = make_op(OpKind::recv);
+  check_tensor(t, op->kind, "");
+  op->out = t;
+  op->peer = src;
+  op->tag = tag;
+  op->bytes = t.nbytes();
+  return submit(op);
+}
+void Communicator::recv(const Tensor& t, int src, int tag) { recv_async(t, src, tag).wait(); }
+
+Communicator Communicator::split(int color, int key, const std::string& name) const {
+  SCALELAB_CHECK(s_ != nullptr, "split on an empty Communicator");
+  SCALELAB_CHECK(color >= 0, "split: color must be >= 0, got {}", color);
+  auto op = make_op(OpKind::split);
+  op->color = color;
+  op->key = key;
+  Work(submit(op)).wait();
+
+  auto s = std::make_shared<detail::CommState>();
+  s->name = name.empty() ? fmt::format("{}/{}", s_->name, color) : name;
+  s->backend = s_->backend;
+  if (s_->backend == "self") {
+    s->rank = 0;
+    s->size = 1;
+    s->world_ranks = s_->world_ranks;
+    s->self = detail::make_self_backend();
+  } else {
+    MPI_Comm c = op->split_comm;
+    MPI_Comm_rank(c, &s->rank);
+    MPI_Comm_size(c, &s->size);
+    // World ranks of the members, in the new group's order.
+    MPI_Group world_group, group;
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Comm_group(c, &group);
+    std::vector<int> mine(s->size);
+    for (int r = 0; r < s->size; ++r) mine[r] = r;
+    s->world_ranks.resize(s->size);
+    MPI_Group_translate_ranks(group, s->size, mine.data(), world_group, s->world_ranks.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    s->mpi = detail::make_mpi_backend(c);
+  }
+  s->watchdog_group = watchdog::register_group(s->name, s->world_ranks);
+  return Communicator(s);
+}
+
+}  // namespace scalelab::comm

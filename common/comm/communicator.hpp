@@ -1,0 +1,140 @@
+#pragma once
+// The communication layer every lab talks through: a Communicator over a group of ranks, with
+// the collectives of the lecture, point-to-point send/recv, non-blocking variants returning a
+// Work handle, and split() into sub-groups (the DP/TP/PP groups of later labs).
+//
+//   auto world = comm::Communicator::world("auto");         // every rank, once
+//   world.all_reduce(grad, comm::ReduceOp::avg);             // in place, every rank gets the avg
+//   comm::Work w = world.all_reduce_async(bucket);           // returns at once ...
+//   ...                                                      // ... compute meanwhile
+//   w.wait();                                                // bucket now holds the sum
+//   auto dp = world.split(/*color=*/rank % 2, /*key=*/rank, "dp");
+//
+// Backends (common/comm/backend_*.cpp):
+//   mpi   host memory. Every MPI call of one communicator runs on that communicator's worker
+//         thread, in submission order, so a non-blocking collective makes progress while the
+//         caller computes, and every rank issues the same MPI calls in the same order. CUDA
+//         tensors are staged through host memory.
+//   nccl  device memory (CUDA tensors), on a communication stream separate from compute; the
+//         ncclUniqueId goes from rank 0 to the others over MPI.
+//   self  a world of one, no launcher needed (each rank is alone).
+//   auto  nccl for CUDA tensors when NCCL was compiled in, mpi otherwise.
+//
+// Every operation is registered with the watchdog (common/watchdog.hpp: a hang ends the job with
+// exit 3 and a report) and appears in the Chrome trace (common/trace.hpp) with its bytes. Tensors
+// must be contiguous, of any shape, f32, f64 or i32 (no avg for i32). Shapes do not matter, only
+// element counts: a (4, 8) tensor all-gathers into any tensor of 4*8*size elements.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/tensor.hpp"
+
+namespace scalelab::comm {
+
+enum class ReduceOp { sum, max, min, avg };
+const char* reduce_op_name(ReduceOp op);
+
+namespace detail {
+struct Op;
+struct CommState;
+}  // namespace detail
+
+/// A non-blocking operation in flight. Copies share the same operation.
+class Work {
+ public:
+  Work() = default;
+  /// Blocks until the operation is done; rethrows its error (on every rank alike for the
+  /// matching-size check). Waiting twice is fine.
+  void wait();
+  /// True when done (then wait() returns at once). Never blocks.
+  bool test();
+  bool valid() const { return op_ != nullptr; }
+
+ private:
+  friend class Communicator;
+  explicit Work(std::shared_ptr<detail::Op> op) : op_(std::move(op)) {}
+  std::shared_ptr<detail::Op> op_;
+};
+
+/// Waits for every work in `works` (in order).
+void wait_all(std::vector<Work>& works);
+
+/// When on, every collective first checks that all ranks called the same collective with the
+/// same element count, dtype and root, and fails with a clear error on every rank otherwise
+/// (instead of a hang or silent garbage). Costs one small all-gather per collective: on in tests
+/// (tests/support/test_main.cpp), off by default, on with SCALELAB_COMM_CHECK=1.
+void set_check_matching(bool on);
+bool check_matching();
+
+/// True when this build has the NCCL backend.
+bool nccl_compiled();
+
+class Communicator {
+ public:
+  Communicator() = default;  // not usable; see world()
+
+  /// The communicator of all ranks (collective over MPI_COMM_WORLD for mpi/nccl/auto; for
+  /// "self" each rank gets its own world of one). `backend`: auto, mpi, nccl or self (the
+  /// --backend option). Starts the watchdog with its current timeout.
+  static Communicator world(const std::string& backend = "auto");
+
+  int rank() const;
+  int size() const;
+  /// "world", or the name given to split().
+  const std::string& name() const;
+  /// "auto", "mpi", "nccl" or "self".
+  const std::string& backend() const;
+  /// This group's members as ranks of MPI_COMM_WORLD, in this group's rank order.
+  const std::vector<int>& world_ranks() const;
+  bool valid() const { return s_ != nullptr; }
+
+  // ---- collectives: every rank of the group calls them in the same order -----------------
+  /// In place: every rank ends with the reduction of all ranks' `t`.
+  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum);
+  Work all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::sum);
+  /// In place: `root` ends with the reduction; the others' `t` is unspecified afterwards.
+  void reduce(const Tensor& t, int root, ReduceOp op = ReduceOp::sum);
+  Work reduce_async(const Tensor& t, int root, ReduceOp op = ReduceOp::sum);
+  /// In place: every rank ends with root's `t`.
+  void broadcast(const Tensor& t, int root);
+  Work broadcast_async(const Tensor& t, int root);
+  /// `out` (size * in.numel elements) = rank 0's `in`, then rank 1's, ...
+  void all_gather(const Tensor& in, const Tensor& out);
+  Work all_gather_async(const Tensor& in, const Tensor& out);
+  /// `in` has size * out.numel elements; rank r gets the reduction of every rank's r-th chunk.
+  void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum);
+  Work reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum);
+  /// Root's `in` (size * out.numel elements, ignored elsewhere) in chunks: rank r gets chunk r.
+  void scatter(const Tensor& in, const Tensor& out, int root);
+  Work scatter_async(const Tensor& in, const Tensor& out, int root);
+  /// Root's `out` (size * in.numel elements, ignored elsewhere) = every rank's `in`, in order.
+  void gather(const Tensor& in, const Tensor& out, int root);
+  Work gather_async(const Tensor& in, const Tensor& out, int root);
+  void barrier();
+  Work barrier_async();
+
+  // ---- point to point ------------------------------------------------------------------
+  /// Sends `t` to `dst`. Messages between two ranks with the same tag arrive in order. A
+  /// blocking send may wait until the receiver posts its recv: in a ring, post recv_async
+  /// first, then send, then wait the recv.
+  void send(const Tensor& t, int dst, int tag = 0);
+  Work send_async(const Tensor& t, int dst, int tag = 0);
+  /// Receives into `t` from `src`; the message must have exactly t.numel() elements.
+  void recv(const Tensor& t, int src, int tag = 0);
+  Work recv_async(const Tensor& t, int src, int tag = 0);
+
+  /// Sub-communicators: ranks with the same `color` form one group, ordered by `key` (then by
+  /// rank). Collective over this communicator. `name` labels the group in watchdog reports and
+  /// traces (default "<parent>/<color>").
+  Communicator split(int color, int key, const std::string& name = "") const;
+
+ private:
+  explicit Communicator(std::shared_ptr<detail::CommState> s) : s_(std::move(s)) {}
+  Work submit(std::shared_ptr<detail::Op> op) const;
+  std::shared_ptr<detail::CommState> s_;
+};
+
+}  // namespace scalelab::comm

@@ -1,0 +1,75 @@
+#pragma once
+// The hang watchdog: every collective (and send/recv) of common/comm registers itself on entry
+// and exit. One that is still unfinished after the timeout ends the job with exit code 3 and a
+// report of what every rank is doing, e.g.
+//
+//   [scalelab] watchdog: rank 2 waits in all_reduce #57 (4 MiB, group dp) for 10.0 s;
+//     ranks 0,1,3 are in barrier #58 (0 B, group world)
+//     group dp sequence: rank 0 at #58 ... rank 2 at #57 (waiting)
+//
+// How it works without the stuck collective, and without MPI:
+// - each rank's watchdog thread writes the rank's state (what it waits in, and the last finished
+//   sequence number of each group) to a small status file in a run directory every 100 ms;
+// - the rank whose oldest registered operation passed the timeout reads every rank's file,
+//   prints the report on stderr and _exit(3)s; the launcher (mpirun, srun) then ends the others.
+//   A lock file makes sure one rank reports when several time out together.
+// Sequence numbers count a group's collectives on each rank, so a rank that skipped one shows a
+// smaller number than its peers in the report, even when it entered the next one of the same kind
+// and MPI matched that with the peers' previous one.
+//
+// The run directory is shared by the ranks of one job and found without talking to them:
+//   ${SCALELAB_RUN_DIR:-${TMPDIR:-/tmp}}/scalelab-watchdog-<job>
+// with <job> from SCALELAB_JOB_ID, else the launcher's job id (PMIX_NAMESPACE of Open MPI/PMIx,
+// SLURM_JOB_ID.SLURM_STEP_ID), else the launcher's process id (every rank of a one-node job has
+// the same parent), else this process's id (a singleton). For jobs across nodes set
+// SCALELAB_RUN_DIR to a directory on a shared file system (otherwise each node's report only
+// sees that node's ranks).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace scalelab::watchdog {
+
+/// Default timeout in seconds (the --timeout default).
+constexpr double kDefaultTimeout = 60.0;
+
+/// Starts the watchdog thread (idempotent: later calls only change the timeout). Not collective.
+/// Communicators start it themselves with the current timeout, so calling this is only needed to
+/// change the timeout (cli --timeout, tests via SCALELAB_TIMEOUT).
+void start(double timeout_s);
+
+/// Sets the timeout without starting anything (the next start() uses it).
+void set_timeout(double timeout_s);
+double timeout();
+
+/// Reads SCALELAB_TIMEOUT (seconds) if set and valid, else `fallback`.
+double timeout_from_env(double fallback);
+
+/// The shared run directory (created on start()).
+std::string run_dir();
+
+/// A group of ranks (a communicator) as the report names it.
+int register_group(std::string_view name, std::vector<int> world_ranks);
+
+/// Registers an operation on entry; returns a token for leave(). `seq` is the group's sequence
+/// number (collectives) or the point-to-point count; `collective` says which, so only
+/// collectives update the group's "last finished" number.
+std::uint64_t enter(int group, std::string_view kind, std::int64_t seq, std::size_t bytes,
+                    bool collective, std::string_view detail = {});
+
+/// Registers the operation's exit (finished, or failed with an error).
+void leave(std::uint64_t token);
+
+/// Marks this rank finished and removes its status file (called at exit automatically).
+void stop();
+
+/// "4 MiB", "12 B", "1.5 KiB" (the report's and the bench's size format).
+std::string format_bytes(std::size_t bytes);
+
+/// Builds the report from the status files of `world_size` ranks in `dir`, as seen by `rank`
+/// which waits in its oldest operation. Exposed for tests.
+std::string build_report(const std::string& dir, int rank, int world_size);
+
+}  // namespace scalelab::watchdog
