@@ -4,11 +4,28 @@ target_link_libraries(scalelab_common PUBLIC BLAS::BLAS)
 target_include_directories(scalelab_common PUBLIC ${CBLAS_INCLUDE_DIR})
 target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/allocator.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tensor.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/tensor.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/ops.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/matmul_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/pointwise_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/norm_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/attention_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/embedding_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/optim_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/model_config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/parameter.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/linear.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/layernorm.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/embedding.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/attention.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/mlp.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/block.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/gpt.cpp)
 if(SCALELAB_WITH_CUDA)
   target_sources(scalelab_common PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/allocator_cuda.cu)
 else()
   target_sources(scalelab_common PRIVATE
-    ${CMAKE_CURRENT_LIST_DIR}/allocator_nocuda.cpp)
+    ${CMAKE_CURRENT_LIST_DIR}/allocator_nocuda.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/ops_nocuda.cpp)
 endif()

@@ -1,2 +1,4 @@
 # Tests of the tensor library (common/tensor.cmake). Gradient checks are float64 on the host.
 scalelab_add_test(NAME test_tensor SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tensor.cpp RANKS 1)
+scalelab_add_test(NAME test_gradcheck_layers
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gradcheck_layers.cpp RANKS 1)

@@ -1,0 +1,28 @@
+#pragma once
+// Named GPT configurations (design.md "Models and data"). All are byte-level (vocab 256).
+//   tiny     the tests: 2 layers, 2 heads, 32 wide, context 16 (~34k parameters)
+//   small    the CPU demo: 4 layers, 4 heads, 128 wide, context 64 (~0.8M parameters)
+//   gpt-85m  the workshop's GPU run: 12 layers, 12 heads, 768 wide, context 1024 (~86M)
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace scalelab {
+
+struct ModelConfig {
+  std::string name;
+  int64_t vocab_size = 256;
+  int64_t block_size = 0;  // the longest context (positions in wpe)
+  int64_t n_layer = 0, n_head = 0, n_embd = 0;
+};
+
+/// The config named `name`; throws UsageError naming the known ones otherwise.
+ModelConfig model_config(const std::string& name);
+
+/// "tiny, small, gpt-85m"
+std::vector<std::string> model_config_names();
+
+/// Number of parameters of the full model (tied LM head counted once).
+int64_t parameter_count(const ModelConfig& c);
+
+}  // namespace scalelab

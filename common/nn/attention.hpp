@@ -1,0 +1,46 @@
+#pragma once
+// Causal multi-head self-attention (GPT-2): a fused QKV projection, per-head scaled dot-product
+// attention with a causal mask, and an output projection. Attention is written out (two batched
+// matmuls and a causal softmax), no fused kernel, so every step is visible and checkable.
+//
+// Tensor parallel (lab 07): with tp_size > 1 this layer keeps heads [r*NH/tp, (r+1)*NH/tp) only:
+// the q, k and v rows of those heads in the QKV weight (column parallel) and the matching
+// columns of the output projection (row parallel). Its output is then a PARTIAL sum that the
+// caller all-reduces; the projection's bias is whole on every rank, so the caller must add it
+// once (e.g. zero it on all ranks but one).
+#include <string>
+#include <vector>
+
+#include "common/nn/linear.hpp"
+
+namespace scalelab::nn {
+
+/// What forward saves for backward. Separate allocations, freed by reset().
+struct AttentionActivations {
+  Tensor q, k, v;  // (B, NH, T, hs)
+  Tensor att;      // (B*NH, T, T) softmax probabilities (0 above the diagonal)
+  Tensor y;        // (B, T, C) heads merged: the input of the output projection
+  void reset() { *this = AttentionActivations{}; }
+};
+
+class CausalSelfAttention {
+ public:
+  CausalSelfAttention(const std::string& name, int64_t n_embd, int64_t n_head, int64_t n_layer,
+                      int tp_rank = 0, int tp_size = 1);
+  /// out (B, T, C) from x (B, T, C); fills `acts`.
+  void forward(Tensor& out, const Tensor& x, AttentionActivations& acts) const;
+  /// dx (B, T, C) += from dout (B, T, C); parameter gradients +=. Calls `hook` (if set) after
+  /// each projection's backward.
+  void backward(Tensor& dx, const Tensor& dout, const Tensor& x, const AttentionActivations& acts,
+                const BackwardHook* hook = nullptr);
+  std::vector<Parameter*> parameters();
+
+  int64_t n_head() const { return n_head_; }  // heads on this rank
+  int64_t head_size() const { return head_size_; }
+  Linear qkv, proj;
+
+ private:
+  int64_t n_head_, head_size_;
+};
+
+}  // namespace scalelab::nn

@@ -1,0 +1,214 @@
+#include "common/nn/gpt.hpp"
+
+#include <cmath>
+#include <random>
+
+#include "common/ops/ops.hpp"
+
+namespace scalelab::nn {
+
+GPT::GPT(const ModelConfig& config, const GPTOptions& options)
+    : config_(config), options_(options) {
+  first_ = options.first_block;
+  last_ = options.last_block < 0 ? static_cast<int>(config.n_layer) : options.last_block;
+  SCALELAB_CHECK(0 <= first_ && first_ <= last_ && last_ <= config.n_layer,
+                 "blocks [{}, {}) outside a {}-layer model", first_, last_, config.n_layer);
+  std::vector<Parameter*> order;
+  if (has_embedding()) {
+    embedding.emplace(config.vocab_size, config.block_size, config.n_embd);
+    for (Parameter* p : embedding->parameters()) order.push_back(p);
+  }
+  for (int i = first_; i < last_; ++i) {
+    blocks_.push_back(std::make_unique<Block>(i, config.n_embd, config.n_head, config.n_layer,
+                                              options.tp_rank, options.tp_size));
+    for (Parameter* p : blocks_.back()->parameters()) order.push_back(p);
+  }
+  if (has_head()) {
+    ln_f.emplace("ln_f", config.n_embd);
+    for (Parameter* p : ln_f->parameters()) order.push_back(p);
+    if (!has_embedding()) {
+      // a pipeline's last stage holds its own copy of the tied weight, drawn like wte
+      lm_head.emplace();
+      lm_head->name = "lm_head.weight";
+      lm_head->init_key = "wte.weight";
+      lm_head->full_shape = {config.vocab_size, config.n_embd};
+      lm_head->weight_decay = true;
+      order.push_back(&*lm_head);
+    }
+  }
+  params_.bind(order, options.dtype, options.device, options.seed);
+}
+
+const Tensor& GPT::head_weight() const { return lm_head ? lm_head->value : embedding->wte.value; }
+Tensor& GPT::head_grad() { return lm_head ? lm_head->grad : embedding->wte.grad; }
+
+Tensor GPT::embed(const Tensor& tokens) {
+  SCALELAB_CHECK(has_embedding(), "embed() on a stage without the embedding");
+  SCALELAB_CHECK(tokens.dim() == 2 && tokens.size(1) <= config_.block_size,
+                 "tokens {} longer than the context of {}", tokens.str(), config_.block_size);
+  tokens_ = tokens;
+  Tensor x = Tensor::empty({tokens.size(0), tokens.size(1), config_.n_embd}, options_.dtype,
+                           options_.device);  // (B, T, C)
+  embedding->forward(x, tokens);
+  return x;
+}
+
+Tensor GPT::forward_blocks(const Tensor& x) {
+  block_inputs_.assign(blocks_.size(), Tensor());
+  Tensor h = x;
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    block_inputs_[i] = h;
+    h = blocks_[i]->forward(h);
+  }
+  return h;
+}
+
+double GPT::head_forward(const Tensor& x, const Tensor& targets) {
+  SCALELAB_CHECK(has_head(), "head_forward() on a stage without the head");
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), V = config_.vocab_size;
+  const DType dt = options_.dtype;
+  const Device dev = options_.device;
+  HeadActivations& h = head_;
+  h.x = x;
+  h.targets = targets;
+  h.lnf = Tensor::empty({B, T, C}, dt, dev);
+  h.lnf_mean = Tensor::empty({B * T}, dt, dev);
+  h.lnf_rstd = Tensor::empty({B * T}, dt, dev);
+  ln_f->forward(h.lnf, h.lnf_mean, h.lnf_rstd, x);
+  Tensor logits = Tensor::empty({B * T, V}, dt, dev);  // (B*T, V), freed after the softmax
+  ops::matmul(logits, h.lnf.view({B * T, C}), head_weight(), false, true);  // lnf @ wte^T
+  h.probs = Tensor::empty({B * T, V}, dt, dev);
+  Tensor losses = Tensor::empty({B * T}, dt, dev);
+  ops::cross_entropy_forward(losses, h.probs, logits, targets.view({B * T}));
+  return ops::sum(losses) / static_cast<double>(B * T);
+}
+
+Tensor GPT::head_backward(double loss_scale) {
+  HeadActivations& h = head_;
+  SCALELAB_CHECK(h.probs.defined(), "head_backward() without head_forward()");
+  const int64_t B = h.x.size(0), T = h.x.size(1), C = h.x.size(2), V = config_.vocab_size;
+  const DType dt = options_.dtype;
+  const Device dev = options_.device;
+  Tensor dlogits = Tensor::empty({B * T, V}, dt, dev);
+  ops::cross_entropy_backward(dlogits, h.probs, h.targets.view({B * T}),
+                              loss_scale / static_cast<double>(B * T));
+  Tensor dlnf = Tensor::zeros({B, T, C}, dt, dev);
+  Tensor dlnf2 = dlnf.view({B * T, C});
+  ops::matmul(dlnf2, dlogits, head_weight());                            // dlnf = dlogits @ W
+  ops::matmul(head_grad(), dlogits, h.lnf.view({B * T, C}), true, false, 1.0, 1.0);  // dW +=
+  if (lm_head) fire({&*lm_head});
+  Tensor dx = Tensor::zeros({B, T, C}, dt, dev);
+  ln_f->backward(dx, dlnf, h.x, h.lnf_mean, h.lnf_rstd);
+  fire(ln_f->parameters());
+  return dx;
+}
+
+Tensor GPT::backward_blocks(const Tensor& dout) {
+  SCALELAB_CHECK(block_inputs_.size() == blocks_.size(), "backward_blocks() without forward_blocks()");
+  const BackwardHook* hook = hook_ ? &hook_ : nullptr;
+  Tensor d = dout;
+  for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i)
+    d = blocks_[i]->backward(d, block_inputs_[i], hook);
+  return d;
+}
+
+void GPT::embed_backward(const Tensor& dx) {
+  SCALELAB_CHECK(tokens_.defined(), "embed_backward() without embed()");
+  embedding->backward(dx, tokens_);
+  fire(embedding->parameters());  // wte is final only now: the head wrote to it first
+}
+
+double GPT::forward(const Tensor& tokens, const Tensor& targets) {
+  SCALELAB_CHECK(has_embedding() && has_head(), "forward() needs the whole model; a stage "
+                 "runs embed / forward_blocks / head_forward");
+  SCALELAB_CHECK(targets.shape() == tokens.shape(), "targets {} vs tokens {}", targets.str(),
+                 tokens.str());
+  return head_forward(forward_blocks(embed(tokens)), targets);
+}
+
+void GPT::backward(double loss_scale) {
+  Tensor dx = backward_blocks(head_backward(loss_scale));
+  embed_backward(dx);
+}
+
+Tensor GPT::logits(const Tensor& tokens) {
+  SCALELAB_CHECK(has_embedding() && has_head(), "logits() needs the whole model");
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.n_embd,
+                V = config_.vocab_size;
+  Tensor x = embed(tokens);
+  for (auto& b : blocks_) {
+    x = b->forward(x);
+    b->free_activations();
+  }
+  Tensor lnf = Tensor::empty({B, T, C}, options_.dtype, options_.device);
+  Tensor mean = Tensor::empty({B * T}, options_.dtype, options_.device);
+  Tensor rstd = Tensor::empty({B * T}, options_.dtype, options_.device);
+  ln_f->forward(lnf, mean, rstd, x);
+  Tensor out = Tensor::empty({B, T, V}, options_.dtype, options_.device);
+  Tensor out2 = out.view({B * T, V});
+  ops::matmul(out2, lnf.view({B * T, C}), head_weight(), false, true);
+  tokens_ = Tensor();
+  return out;
+}
+
+double GPT::loss(const Tensor& tokens, const Tensor& targets) {
+  const int64_t N = tokens.numel(), V = config_.vocab_size;
+  Tensor lg = logits(tokens).view({N, V});
+  Tensor probs = Tensor::empty({N, V}, options_.dtype, options_.device);
+  Tensor losses = Tensor::empty({N}, options_.dtype, options_.device);
+  ops::cross_entropy_forward(losses, probs, lg, targets.view({N}));
+  return ops::sum(losses) / static_cast<double>(N);
+}
+
+void GPT::free_activations() {
+  for (auto& b : blocks_) b->free_activations();
+  block_inputs_.clear();
+  head_.reset();
+  tokens_ = Tensor();
+}
+
+std::size_t GPT::activation_bytes() const {
+  std::size_t n = 0;
+  for (const auto& b : blocks_) n += b->activations().nbytes();
+  for (const Tensor& t : block_inputs_)
+    if (t.defined()) n += t.nbytes();
+  for (const Tensor* t : {&head_.lnf, &head_.lnf_mean, &head_.lnf_rstd, &head_.probs})
+    if (t->defined()) n += t->nbytes();
+  return n;
+}
+
+std::vector<int32_t> generate(GPT& model, std::vector<int32_t> prompt, int n, double temperature,
+                              uint64_t seed) {
+  SCALELAB_CHECK(!prompt.empty(), "generate() needs a prompt of at least one token");
+  std::mt19937_64 rng(seed);
+  const int64_t ctx = model.config().block_size, V = model.config().vocab_size;
+  for (int i = 0; i < n; ++i) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(prompt.size()) - ctx);
+    const int64_t T = static_cast<int64_t>(prompt.size()) - start;
+    Tensor tokens = Tensor::empty({1, T}, DType::i32);
+    for (int64_t t = 0; t < T; ++t) tokens.data<int32_t>()[t] = prompt[start + t];
+    Tensor lg = model.logits(tokens.to(model.device())).to(Device::cpu());
+    std::vector<double> row(V);
+    for (int64_t v = 0; v < V; ++v) row[v] = lg.item((T - 1) * V + v);
+    int32_t next = 0;
+    if (temperature <= 0) {
+      next = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    } else {
+      const double mx = *std::max_element(row.begin(), row.end());
+      double total = 0;
+      for (double& r : row) total += (r = std::exp((r - mx) / temperature));
+      double u = std::uniform_real_distribution<double>(0.0, total)(rng);
+      next = static_cast<int32_t>(V - 1);
+      for (int64_t v = 0; v < V; ++v) {
+        if ((u -= row[v]) <= 0) {
+          next = static_cast<int32_t>(v);
+          break;
+        }
+      }
+    }
+    prompt.push_back(next);
+  }
+  return prompt;
+}
+
+}  // namespace scalelab::nn

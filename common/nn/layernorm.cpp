@@ -1,0 +1,25 @@
+#include "common/nn/layernorm.hpp"
+
+#include "common/ops/ops.hpp"
+
+namespace scalelab::nn {
+
+LayerNorm::LayerNorm(std::string name, int64_t features) {
+  weight.name = name + ".weight";
+  weight.full_shape = {features};
+  weight.init = Init::ones;
+  bias.name = name + ".bias";
+  bias.full_shape = {features};
+  bias.init = Init::zeros;
+}
+
+void LayerNorm::forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in) const {
+  ops::layernorm_forward(out, mean, rstd, in, weight.value, bias.value, eps);
+}
+
+void LayerNorm::backward(Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean,
+                         const Tensor& rstd) {
+  ops::layernorm_backward(din, weight.grad, bias.grad, dout, in, weight.value, mean, rstd);
+}
+
+}  // namespace scalelab::nn

@@ -1,0 +1,24 @@
+#pragma once
+// LayerNorm over the last dimension, with learned scale and shift (PyTorch's nn.LayerNorm,
+// eps 1e-5). The caller keeps the saved statistics (mean, rstd), so it decides their lifetime.
+#include <string>
+#include <vector>
+
+#include "common/nn/parameter.hpp"
+
+namespace scalelab::nn {
+
+class LayerNorm {
+ public:
+  LayerNorm(std::string name, int64_t features);
+  /// out (N, C), mean (N), rstd (N) from in (N, C)
+  void forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in) const;
+  /// din += ..., dweight += ..., dbias += ... from dout (N, C)
+  void backward(Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean,
+                const Tensor& rstd);
+  std::vector<Parameter*> parameters() { return {&weight, &bias}; }
+  Parameter weight, bias;
+  double eps = 1e-5;
+};
+
+}  // namespace scalelab::nn

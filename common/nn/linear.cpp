@@ -1,0 +1,48 @@
+#include "common/nn/linear.hpp"
+
+#include "common/ops/ops.hpp"
+
+namespace scalelab::nn {
+
+Linear::Linear(std::string name, int64_t in_features, int64_t out_features, bool bias,
+               double std, Shard shard)
+    : has_bias_(bias) {
+  weight.name = name + ".weight";
+  weight.full_shape = {out_features, in_features};
+  weight.shard = shard;
+  weight.init = Init::normal;
+  weight.init_std = std;
+  weight.weight_decay = true;
+  if (has_bias_) {
+    this->bias.name = name + ".bias";
+    this->bias.full_shape = {out_features};
+    this->bias.init = Init::zeros;
+    // column parallel: the bias is split like the output rows; row parallel: kept whole
+    if (shard.dim == 0) this->bias.shard = shard;
+  }
+}
+
+void Linear::forward(Tensor& out, const Tensor& in) const {
+  const Tensor x = in.view({-1, in_features()});   // (N, in)
+  Tensor y = out.view({-1, out_features()});        // (N, out)
+  ops::matmul(y, x, weight.value, false, true);     // x @ W^T
+  if (has_bias_) ops::add_bias(y, bias.value);
+}
+
+void Linear::backward(Tensor& din, const Tensor& dout, const Tensor& in) {
+  const Tensor x = in.view({-1, in_features()});     // (N, in)
+  const Tensor dy = dout.view({-1, out_features()});  // (N, out)
+  if (din.defined()) {
+    Tensor dx = din.view({-1, in_features()});
+    ops::matmul(dx, dy, weight.value, false, false, 1.0, 1.0);  // dx += dy @ W
+  }
+  ops::matmul(weight.grad, dy, x, true, false, 1.0, 1.0);  // dW += dy^T @ x
+  if (has_bias_) ops::bias_backward(bias.grad, dy);
+}
+
+std::vector<Parameter*> Linear::parameters() {
+  if (has_bias_) return {&weight, &bias};
+  return {&weight};
+}
+
+}  // namespace scalelab::nn

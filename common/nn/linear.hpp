@@ -1,0 +1,38 @@
+#pragma once
+// y = x W^T + b, with W stored (out, in) as PyTorch's nn.Linear.
+// A Linear may own a slice of its full weight (Shard): rows = some output features (column
+// parallel: each rank computes part of y), columns = some input features (row parallel: each rank
+// computes a partial sum of y, to be all-reduced; the bias is then kept whole and added once, by
+// whoever the caller decides).
+#include <string>
+#include <vector>
+
+#include "common/nn/parameter.hpp"
+
+namespace scalelab::nn {
+
+class Linear {
+ public:
+  /// `std` is the init scale of the weight; `shard` which rows (dim 0) or columns (dim 1) of
+  /// the full (out_features, in_features) weight this layer holds.
+  Linear(std::string name, int64_t in_features, int64_t out_features, bool bias = true,
+         double std = 0.02, Shard shard = {});
+
+  /// out (N, out_local) = in (N, in_local) @ W^T + b
+  void forward(Tensor& out, const Tensor& in) const;
+  /// din (N, in_local) += dout @ W (skipped if din is undefined); dW += dout^T @ in;
+  /// db += column sums of dout.
+  void backward(Tensor& din, const Tensor& dout, const Tensor& in);
+
+  int64_t in_features() const { return weight.shape()[1]; }
+  int64_t out_features() const { return weight.shape()[0]; }
+  bool has_bias() const { return has_bias_; }
+  std::vector<Parameter*> parameters();
+
+  Parameter weight, bias;
+
+ private:
+  bool has_bias_;
+};
+
+}  // namespace scalelab::nn

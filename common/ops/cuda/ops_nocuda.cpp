@@ -1,0 +1,40 @@
+// Built without CUDA: the CUDA backend exists only to say so (a CUDA tensor cannot be made in such
+// a build anyway; the allocator refuses first).
+#include "common/ops/cuda/ops_cuda.hpp"
+
+namespace scalelab::ops::cuda {
+namespace {
+[[noreturn]] void no_cuda() { throw UsageError("CUDA op called but scalelab was built without CUDA"); }
+}  // namespace
+void matmul(Tensor&, const Tensor&, const Tensor&, bool, bool, double, double, int64_t, int64_t,
+            int64_t, int64_t) { no_cuda(); }
+void fill(Tensor&, double) { no_cuda(); }
+void scale(Tensor&, double) { no_cuda(); }
+void axpy(Tensor&, double, const Tensor&) { no_cuda(); }
+void add(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void copy(Tensor&, const Tensor&) { no_cuda(); }
+void add_bias(Tensor&, const Tensor&) { no_cuda(); }
+void bias_backward(Tensor&, const Tensor&) { no_cuda(); }
+void gelu_forward(Tensor&, const Tensor&) { no_cuda(); }
+void gelu_backward(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void layernorm_forward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       double) { no_cuda(); }
+void layernorm_backward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&, const Tensor&) { no_cuda(); }
+void softmax_forward(Tensor&, const Tensor&) { no_cuda(); }
+void split_heads(Tensor&, Tensor&, Tensor&, const Tensor&, int64_t) { no_cuda(); }
+void split_heads_backward(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void merge_heads(Tensor&, const Tensor&) { no_cuda(); }
+void merge_heads_backward(Tensor&, const Tensor&) { no_cuda(); }
+void causal_softmax_forward(Tensor&, const Tensor&, double) { no_cuda(); }
+void causal_softmax_backward(Tensor&, const Tensor&, const Tensor&, double) { no_cuda(); }
+void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void embedding_backward(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void cross_entropy_forward(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void cross_entropy_backward(Tensor&, const Tensor&, const Tensor&, double) { no_cuda(); }
+double sum(const Tensor&) { no_cuda(); }
+double sum_squares(const Tensor&) { no_cuda(); }
+void adamw_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWArgs&) { no_cuda(); }
+void sgd_update(Tensor&, const Tensor&, Tensor&, double, double, double, bool) { no_cuda(); }
+void set_allow_tf32(bool) {}
+}  // namespace scalelab::ops::cuda

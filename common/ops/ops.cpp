@@ -1,0 +1,304 @@
+// Dispatch: check shapes, dtypes and devices once, then call the tensors' device's backend.
+#include "common/ops/ops.hpp"
+
+#include <string>
+
+#include "common/ops/cpu/ops_cpu.hpp"
+#include "common/ops/cuda/ops_cuda.hpp"
+#include "common/device.hpp"
+
+namespace scalelab::ops {
+
+namespace {
+using Shape = std::vector<int64_t>;
+
+// Every tensor an op touches: defined, contiguous, on one device, of one dtype.
+template <class... Ts>
+Device check_same(const char* op, const Tensor& first, const Ts&... rest) {
+  const Tensor* all[] = {&first, &rest...};
+  for (const Tensor* t : all) {
+    SCALELAB_CHECK(t->defined(), "{}: undefined tensor", op);
+    SCALELAB_CHECK(t->is_contiguous(), "{}: non-contiguous tensor {}", op, t->str());
+    SCALELAB_CHECK(t->device() == first.device(), "{}: tensors on {} and {}", op,
+                   first.device().str(), t->device().str());
+    SCALELAB_CHECK(t->dtype() == first.dtype(), "{}: dtypes {} and {}", op,
+                   dtype_name(first.dtype()), dtype_name(t->dtype()));
+  }
+  return first.device();
+}
+
+void check_shape(const char* op, const char* what, const Tensor& t, const Shape& shape) {
+  SCALELAB_CHECK(t.shape() == shape, "{}: {} has shape {}, expected ({})", op, what, t.str(),
+                 fmt::join(shape, ", "));
+}
+
+void check_ids(const char* op, const Tensor& ids, Device device) {
+  SCALELAB_CHECK(ids.defined() && ids.dtype() == DType::i32 && ids.is_contiguous(),
+                 "{}: token ids must be contiguous i32, got {}", op, ids.str());
+  SCALELAB_CHECK(ids.device() == device, "{}: ids on {}, data on {}", op, ids.device().str(),
+                 device.str());
+}
+
+// Rows of a tensor viewed as (N, C) with C its last dimension.
+int64_t rows_of(const Tensor& t) { return t.dim() == 0 ? 1 : t.numel() / t.size(-1); }
+
+bool g_allow_tf32 = false;
+}  // namespace
+
+#define SCALELAB_DISPATCH(device, call)  \
+  do {                                   \
+    if ((device).is_cpu()) cpu::call;    \
+    else cuda::call;                     \
+  } while (0)
+
+void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha,
+            double beta) {
+  Device d = check_same("matmul", out, a, b);
+  SCALELAB_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2, "matmul: 2-d only: {} {} {}",
+                 out.str(), a.str(), b.str());
+  const int64_t M = ta ? a.size(1) : a.size(0), K = ta ? a.size(0) : a.size(1);
+  const int64_t Kb = tb ? b.size(1) : b.size(0), N = tb ? b.size(0) : b.size(1);
+  SCALELAB_CHECK(K == Kb && out.size(0) == M && out.size(1) == N,
+                 "matmul: {}{} @ {}{} -> {}", a.str(), ta ? "^T" : "", b.str(), tb ? "^T" : "",
+                 out.str());
+  SCALELAB_DISPATCH(d, matmul(out, a, b, ta, tb, alpha, beta, 1, M, N, K));
+}
+
+void batched_matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb,
+                    double alpha, double beta) {
+  Device d = check_same("batched_matmul", out, a, b);
+  SCALELAB_CHECK(a.dim() == 3 && b.dim() == 3 && out.dim() == 3,
+                 "batched_matmul: 3-d only: {} {} {}", out.str(), a.str(), b.str());
+  const int64_t batch = a.size(0);
+  const int64_t M = ta ? a.size(2) : a.size(1), K = ta ? a.size(1) : a.size(2);
+  const int64_t Kb = tb ? b.size(2) : b.size(1), N = tb ? b.size(1) : b.size(2);
+  SCALELAB_CHECK(b.size(0) == batch && out.size(0) == batch && K == Kb && out.size(1) == M &&
+                     out.size(2) == N,
+                 "batched_matmul: {}{} @ {}{} -> {}", a.str(), ta ? "^T" : "", b.str(),
+                 tb ? "^T" : "", out.str());
+  SCALELAB_DISPATCH(d, matmul(out, a, b, ta, tb, alpha, beta, batch, M, N, K));
+}
+
+void fill(Tensor& x, double value) { SCALELAB_DISPATCH(check_same("fill", x), fill(x, value)); }
+
+void scale(Tensor& x, double a) { SCALELAB_DISPATCH(check_same("scale", x), scale(x, a)); }
+
+void axpy(Tensor& y, double a, const Tensor& x) {
+  Device d = check_same("axpy", y, x);
+  SCALELAB_CHECK(y.numel() == x.numel(), "axpy: {} += a * {}", y.str(), x.str());
+  SCALELAB_DISPATCH(d, axpy(y, a, x));
+}
+
+void add(Tensor& out, const Tensor& a, const Tensor& b) {
+  Device d = check_same("add", out, a, b);
+  SCALELAB_CHECK(out.numel() == a.numel() && a.numel() == b.numel(), "add: {} = {} + {}",
+                 out.str(), a.str(), b.str());
+  SCALELAB_DISPATCH(d, add(out, a, b));
+}
+
+void copy(Tensor& dst, const Tensor& src) {
+  Device d = check_same("copy", dst, src);
+  SCALELAB_CHECK(dst.numel() == src.numel(), "copy: {} <- {}", dst.str(), src.str());
+  SCALELAB_DISPATCH(d, copy(dst, src));
+}
+
+void add_bias(Tensor& out, const Tensor& bias) {
+  Device d = check_same("add_bias", out, bias);
+  check_shape("add_bias", "bias", bias, {out.size(-1)});
+  SCALELAB_DISPATCH(d, add_bias(out, bias));
+}
+
+void bias_backward(Tensor& dbias, const Tensor& dout) {
+  Device d = check_same("bias_backward", dbias, dout);
+  check_shape("bias_backward", "dbias", dbias, {dout.size(-1)});
+  SCALELAB_DISPATCH(d, bias_backward(dbias, dout));
+}
+
+void gelu_forward(Tensor& out, const Tensor& in) {
+  Device d = check_same("gelu_forward", out, in);
+  check_shape("gelu_forward", "out", out, in.shape());
+  SCALELAB_DISPATCH(d, gelu_forward(out, in));
+}
+
+void gelu_backward(Tensor& din, const Tensor& in, const Tensor& dout) {
+  Device d = check_same("gelu_backward", din, in, dout);
+  check_shape("gelu_backward", "din", din, in.shape());
+  check_shape("gelu_backward", "dout", dout, in.shape());
+  SCALELAB_DISPATCH(d, gelu_backward(din, in, dout));
+}
+
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in,
+                       const Tensor& weight, const Tensor& bias, double eps) {
+  Device d = check_same("layernorm_forward", out, mean, rstd, in, weight, bias);
+  const int64_t N = rows_of(in), C = in.size(-1);
+  check_shape("layernorm_forward", "out", out, in.shape());
+  check_shape("layernorm_forward", "mean", mean, {N});
+  check_shape("layernorm_forward", "rstd", rstd, {N});
+  check_shape("layernorm_forward", "weight", weight, {C});
+  check_shape("layernorm_forward", "bias", bias, {C});
+  SCALELAB_DISPATCH(d, layernorm_forward(out, mean, rstd, in, weight, bias, eps));
+}
+
+void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                        const Tensor& in, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd) {
+  Device d = check_same("layernorm_backward", din, dweight, dbias, dout, in, weight, mean, rstd);
+  const int64_t N = rows_of(in), C = in.size(-1);
+  check_shape("layernorm_backward", "din", din, in.shape());
+  check_shape("layernorm_backward", "dout", dout, in.shape());
+  check_shape("layernorm_backward", "dweight", dweight, {C});
+  check_shape("layernorm_backward", "dbias", dbias, {C});
+  check_shape("layernorm_backward", "mean", mean, {N});
+  check_shape("layernorm_backward", "rstd", rstd, {N});
+  SCALELAB_DISPATCH(d, layernorm_backward(din, dweight, dbias, dout, in, weight, mean, rstd));
+}
+
+void softmax_forward(Tensor& out, const Tensor& in) {
+  Device d = check_same("softmax_forward", out, in);
+  check_shape("softmax_forward", "out", out, in.shape());
+  SCALELAB_DISPATCH(d, softmax_forward(out, in));
+}
+
+void split_heads(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, int64_t n_head) {
+  Device d = check_same("split_heads", q, k, v, qkv);
+  SCALELAB_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * n_head) == 0,
+                 "split_heads: qkv {} is not (B, T, 3 * {} * hs)", qkv.str(), n_head);
+  const int64_t B = qkv.size(0), T = qkv.size(1), hs = qkv.size(2) / (3 * n_head);
+  for (const Tensor* t : {&q, &k, &v}) check_shape("split_heads", "q/k/v", *t, {B, n_head, T, hs});
+  SCALELAB_DISPATCH(d, split_heads(q, k, v, qkv, n_head));
+}
+
+void split_heads_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  Device d = check_same("split_heads_backward", dqkv, dq, dk, dv);
+  SCALELAB_CHECK(dq.dim() == 4, "split_heads_backward: dq {} is not (B, NH, T, hs)", dq.str());
+  const int64_t B = dq.size(0), NH = dq.size(1), T = dq.size(2), hs = dq.size(3);
+  check_shape("split_heads_backward", "dk", dk, dq.shape());
+  check_shape("split_heads_backward", "dv", dv, dq.shape());
+  check_shape("split_heads_backward", "dqkv", dqkv, {B, T, 3 * NH * hs});
+  SCALELAB_DISPATCH(d, split_heads_backward(dqkv, dq, dk, dv));
+}
+
+void merge_heads(Tensor& out, const Tensor& y) {
+  Device d = check_same("merge_heads", out, y);
+  SCALELAB_CHECK(y.dim() == 4, "merge_heads: y {} is not (B, NH, T, hs)", y.str());
+  check_shape("merge_heads", "out", out, {y.size(0), y.size(2), y.size(1) * y.size(3)});
+  SCALELAB_DISPATCH(d, merge_heads(out, y));
+}
+
+void merge_heads_backward(Tensor& dy, const Tensor& dout) {
+  Device d = check_same("merge_heads_backward", dy, dout);
+  SCALELAB_CHECK(dy.dim() == 4, "merge_heads_backward: dy {} is not (B, NH, T, hs)", dy.str());
+  check_shape("merge_heads_backward", "dout", dout, {dy.size(0), dy.size(2), dy.size(1) * dy.size(3)});
+  SCALELAB_DISPATCH(d, merge_heads_backward(dy, dout));
+}
+
+void causal_softmax_forward(Tensor& att, const Tensor& preatt, double scale) {
+  Device d = check_same("causal_softmax_forward", att, preatt);
+  SCALELAB_CHECK(preatt.dim() == 3 && preatt.size(1) == preatt.size(2),
+                 "causal_softmax_forward: preatt {} is not (BH, T, T)", preatt.str());
+  check_shape("causal_softmax_forward", "att", att, preatt.shape());
+  SCALELAB_DISPATCH(d, causal_softmax_forward(att, preatt, scale));
+}
+
+void causal_softmax_backward(Tensor& dpreatt, const Tensor& att, const Tensor& datt,
+                             double scale) {
+  Device d = check_same("causal_softmax_backward", dpreatt, att, datt);
+  SCALELAB_CHECK(att.dim() == 3 && att.size(1) == att.size(2),
+                 "causal_softmax_backward: att {} is not (BH, T, T)", att.str());
+  check_shape("causal_softmax_backward", "datt", datt, att.shape());
+  check_shape("causal_softmax_backward", "dpreatt", dpreatt, att.shape());
+  SCALELAB_DISPATCH(d, causal_softmax_backward(dpreatt, att, datt, scale));
+}
+
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
+  Device d = check_same("embedding_forward", out, wte, wpe);
+  check_ids("embedding_forward", tokens, d);
+  SCALELAB_CHECK(tokens.dim() == 2 && wte.dim() == 2 && wpe.dim() == 2,
+                 "embedding_forward: tokens {} wte {} wpe {}", tokens.str(), wte.str(), wpe.str());
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = wte.size(1);
+  SCALELAB_CHECK(T <= wpe.size(0), "embedding_forward: sequence of {} > {} positions", T,
+                 wpe.size(0));
+  check_shape("embedding_forward", "wpe", wpe, {wpe.size(0), C});
+  check_shape("embedding_forward", "out", out, {B, T, C});
+  SCALELAB_DISPATCH(d, embedding_forward(out, tokens, wte, wpe));
+}
+
+void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+  SCALELAB_CHECK(dout.dim() == 3, "embedding_backward: dout {} is not (B, T, C)", dout.str());
+  Device d = dout.device();
+  check_ids("embedding_backward", tokens, d);
+  check_shape("embedding_backward", "tokens", tokens, {dout.size(0), dout.size(1)});
+  const int64_t C = dout.size(2);
+  if (dwte.defined()) {
+    check_same("embedding_backward", dout, dwte);
+    SCALELAB_CHECK(dwte.dim() == 2 && dwte.size(1) == C, "embedding_backward: dwte {}",
+                   dwte.str());
+  }
+  if (dwpe.defined()) {
+    check_same("embedding_backward", dout, dwpe);
+    SCALELAB_CHECK(dwpe.dim() == 2 && dwpe.size(1) == C && dwpe.size(0) >= dout.size(1),
+                   "embedding_backward: dwpe {}", dwpe.str());
+  }
+  SCALELAB_DISPATCH(d, embedding_backward(dwte, dwpe, dout, tokens));
+}
+
+void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
+                           const Tensor& targets) {
+  Device d = check_same("cross_entropy_forward", losses, probs, logits);
+  check_ids("cross_entropy_forward", targets, d);
+  SCALELAB_CHECK(logits.dim() == 2, "cross_entropy_forward: logits {} is not (N, V)", logits.str());
+  const int64_t N = logits.size(0);
+  check_shape("cross_entropy_forward", "probs", probs, logits.shape());
+  check_shape("cross_entropy_forward", "losses", losses, {N});
+  check_shape("cross_entropy_forward", "targets", targets, {N});
+  SCALELAB_DISPATCH(d, cross_entropy_forward(losses, probs, logits, targets));
+}
+
+void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
+                            double dloss) {
+  Device d = check_same("cross_entropy_backward", dlogits, probs);
+  check_ids("cross_entropy_backward", targets, d);
+  SCALELAB_CHECK(probs.dim() == 2, "cross_entropy_backward: probs {} is not (N, V)", probs.str());
+  check_shape("cross_entropy_backward", "dlogits", dlogits, probs.shape());
+  check_shape("cross_entropy_backward", "targets", targets, {probs.size(0)});
+  SCALELAB_DISPATCH(d, cross_entropy_backward(dlogits, probs, targets, dloss));
+}
+
+double sum(const Tensor& x) {
+  Device d = check_same("sum", x);
+  return d.is_cpu() ? cpu::sum(x) : cuda::sum(x);
+}
+
+double sum_squares(const Tensor& x) {
+  Device d = check_same("sum_squares", x);
+  return d.is_cpu() ? cpu::sum_squares(x) : cuda::sum_squares(x);
+}
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a) {
+  Device d = check_same("adamw_update", param, grad, m, v);
+  SCALELAB_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() &&
+                     v.numel() == param.numel(),
+                 "adamw_update: sizes {} {} {} {}", param.str(), grad.str(), m.str(), v.str());
+  SCALELAB_CHECK(a.step >= 1, "adamw_update: step {} (counts from 1)", a.step);
+  SCALELAB_DISPATCH(d, adamw_update(param, grad, m, v, a));
+}
+
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, double lr, double momentum,
+                double weight_decay, bool first_step) {
+  Device d = check_same("sgd_update", param, grad);
+  SCALELAB_CHECK(grad.numel() == param.numel(), "sgd_update: {} {}", param.str(), grad.str());
+  if (momentum > 0) {
+    check_same("sgd_update", param, buf);
+    SCALELAB_CHECK(buf.numel() == param.numel(), "sgd_update: buffer {}", buf.str());
+  }
+  SCALELAB_DISPATCH(d, sgd_update(param, grad, buf, lr, momentum, weight_decay, first_step));
+}
+
+void set_allow_tf32(bool allow) {
+  g_allow_tf32 = allow;
+  if (cuda_compiled()) cuda::set_allow_tf32(allow);
+}
+
+bool allow_tf32() { return g_allow_tf32; }
+
+}  // namespace scalelab::ops

@@ -1,0 +1,122 @@
+#pragma once
+// The ops every layer is built from: one function per op, dispatched on the tensors' device to
+// ops/cpu (OpenBLAS + loops) or ops/cuda (cuBLAS + kernels). Each checks shapes, dtypes and
+// devices once, here, so the backends can trust their inputs.
+//
+// Conventions (as in llm.c):
+//  - every tensor is contiguous; shapes are in the comments, e.g. (N, C) with N = B*T rows;
+//  - `*_backward` functions ACCUMULATE (+=) into parameter gradients and into input gradients
+//    (`din`), so a tensor used twice (a residual, a tied weight) gets the sum of both paths;
+//    functions documented as "sets" overwrite instead;
+//  - f32 everywhere; f64 too on the host (and on CUDA) so gradient checks are exact enough.
+#include <cstdint>
+
+#include "common/tensor.hpp"
+
+namespace scalelab::ops {
+
+// ---- linear algebra --------------------------------------------------------------------------
+
+/// out = alpha * op(a) @ op(b) + beta * out, 2-d. op(a) is (M, K): a is (M, K), or (K, M) with
+/// trans_a. op(b) is (K, N). out is (M, N). beta = 1 accumulates.
+void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a = false,
+            bool trans_b = false, double alpha = 1.0, double beta = 0.0);
+
+/// matmul for each of `batch` matrices: a (batch, ., .), b (batch, ., .), out (batch, M, N).
+void batched_matmul(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a = false,
+                    bool trans_b = false, double alpha = 1.0, double beta = 0.0);
+
+// ---- pointwise -------------------------------------------------------------------------------
+
+/// x[i] = value
+void fill(Tensor& x, double value);
+/// x[i] *= a
+void scale(Tensor& x, double a);
+/// y[i] += a * x[i]
+void axpy(Tensor& y, double a, const Tensor& x);
+/// out[i] = a[i] + b[i] (out may alias a or b)
+void add(Tensor& out, const Tensor& a, const Tensor& b);
+/// dst[i] = src[i], same device (a plain copy; Tensor::copy_from also crosses devices)
+void copy(Tensor& dst, const Tensor& src);
+/// out (N, C) += bias (C), broadcast over rows
+void add_bias(Tensor& out, const Tensor& bias);
+/// dbias (C) += sum over rows of dout (N, C)
+void bias_backward(Tensor& dbias, const Tensor& dout);
+/// out = GELU(in), tanh approximation as GPT-2: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+void gelu_forward(Tensor& out, const Tensor& in);
+/// din += GELU'(in) * dout
+void gelu_backward(Tensor& din, const Tensor& in, const Tensor& dout);
+
+// ---- normalisation and softmax ---------------------------------------------------------------
+
+/// Per row of in (N, C): out = (in - mean) * rstd * weight + bias; saves mean (N), rstd (N).
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in,
+                       const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+/// Accumulates din (N, C), dweight (C), dbias (C) from dout (N, C).
+void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                        const Tensor& in, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd);
+/// Row-wise softmax of in (N, C) (sets out).
+void softmax_forward(Tensor& out, const Tensor& in);
+
+// ---- attention pieces ------------------------------------------------------------------------
+
+/// qkv (B, T, 3C) laid out [q | k | v], each C = NH * hs wide, -> q, k, v (B, NH, T, hs). Sets.
+void split_heads(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, int64_t n_head);
+/// The adjoint of split_heads: sets dqkv (B, T, 3C) from dq, dk, dv (B, NH, T, hs).
+void split_heads_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+/// y (B, NH, T, hs) -> out (B, T, C), heads side by side. Sets.
+void merge_heads(Tensor& out, const Tensor& y);
+/// The adjoint of merge_heads: sets dy (B, NH, T, hs) from dout (B, T, C).
+void merge_heads_backward(Tensor& dy, const Tensor& dout);
+/// Per (B*NH) matrix of preatt (BH, T, T): att[t, s] = softmax over s <= t of scale *
+/// preatt[t, s], and 0 for s > t (the causal mask). Sets att.
+void causal_softmax_forward(Tensor& att, const Tensor& preatt, double scale);
+/// Sets dpreatt (BH, T, T) from att and datt: the softmax's Jacobian times datt, times scale.
+void causal_softmax_backward(Tensor& dpreatt, const Tensor& att, const Tensor& datt,
+                             double scale);
+
+// ---- embeddings and loss ---------------------------------------------------------------------
+
+/// out (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T) i32, wte (V, C), wpe (maxT, C).
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
+/// dwte[tokens[b, t]] += dout[b, t]; dwpe[t] += dout[b, t]. Either gradient may be undefined
+/// (skipped): a tensor-parallel or pipelined model may own only one of them.
+void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens);
+/// For logits (N, V) and targets (N) i32: probs = softmax(logits), losses[n] = -log
+/// probs[n, targets[n]]. Sets probs (N, V) and losses (N).
+void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
+                           const Tensor& targets);
+/// Sets dlogits (N, V) = dloss * (probs - onehot(targets)): the gradient of dloss * sum(losses).
+void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
+                            double dloss);
+
+// ---- reductions and optimizer updates ---------------------------------------------------------
+
+/// Sum of all elements, accumulated in double (deterministic order on both devices).
+double sum(const Tensor& x);
+/// Sum of squares of all elements, accumulated in double (for global-norm clipping).
+double sum_squares(const Tensor& x);
+
+/// One AdamW step (PyTorch's AdamW: decoupled weight decay, bias correction):
+///   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+///   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)          (t = step, from 1)
+struct AdamWArgs {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
+  int64_t step = 1;
+};
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a);
+
+/// SGD with momentum (PyTorch's): buf = momentum * buf + g (buf = g at the first step);
+/// p -= lr * (buf if momentum > 0 else g); weight decay adds wd * p to g first.
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, double lr, double momentum,
+                double weight_decay, bool first_step);
+
+// ---- CUDA math mode --------------------------------------------------------------------------
+
+/// cuBLAS math mode for f32 matmuls: false (the default) keeps full fp32 (CUBLAS_DEFAULT_MATH
+/// with TF32 disallowed), true allows TF32 tensor cores. No-op without CUDA.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+}  // namespace scalelab::ops
