@@ -1,0 +1,27 @@
+// Planted failures for the MPI-aware test main. These suites never run in the normal suite
+// (tests/tools/test_test_main.py runs them one at a time with --gtest_filter and checks what
+// rank 0 reports and how the job ends).
+#include <stdexcept>
+
+#include <gtest/gtest.h>
+
+#include "common/errors.hpp"
+#include "common/runtime.hpp"
+
+using scalelab::world_rank;
+
+// An assertion fails on rank 1 only: rank 0 must report it, naming rank 1, and all ranks exit 1.
+TEST(SelfTest_FailOnRank1, Fails) { EXPECT_NE(world_rank(), 1) << "planted failure"; }
+
+// Rank 1 throws while the others wait in a barrier: the job must end (not hang) with exit 1.
+TEST(SelfTest_ThrowOnRank1, Throws) {
+  if (world_rank() == 1) throw std::runtime_error("planted exception");
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Every rank throws NotImplemented (a starter): the verdict names the step.
+TEST(SelfTest_NotImplemented, Throws) {
+  throw scalelab::NotImplemented("lab 99 step 1: planted (README.md#step-1)");
+}
+
+TEST(SelfTest_Passes, Passes) { EXPECT_EQ(1 + 1, 2); }

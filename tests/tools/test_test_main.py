@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Tests of the MPI-aware GoogleTest main (tests/support/test_main.cpp) with planted failures.
+argv[1]: the test_main_selftest binary; mpiexec from $MPIEXEC_EXECUTABLE (set by CMake)."""
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+EXE = None
+MPIEXEC = os.environ.get("MPIEXEC_EXECUTABLE", "mpiexec")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+
+
+def run(suite, ranks=2):
+    start = time.monotonic()
+    proc = subprocess.run([MPIEXEC, "-n", str(ranks), EXE, f"--gtest_filter={suite}.*"],
+                          capture_output=True, text=True, timeout=60, env=ENV)
+    return proc, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+class TestMainTest(unittest.TestCase):
+    def test_failure_on_one_rank_is_reported_by_rank_0(self):
+        proc, out, _ = run("SelfTest_FailOnRank1")
+        self.assertEqual(proc.returncode, 1, out)
+        self.assertIn("[scalelab] verdict: failed: SelfTest_FailOnRank1.Fails on rank 1:", out)
+        self.assertIn("planted failure", out)
+
+    def test_exception_on_one_rank_ends_the_job(self):
+        proc, out, seconds = run("SelfTest_ThrowOnRank1")
+        self.assertNotEqual(proc.returncode, 0, out)
+        self.assertIn("exception in SelfTest_ThrowOnRank1.Throws on rank 1: planted exception", out)
+        self.assertLess(seconds, 45, "the other rank must not be left waiting")
+
+    def test_not_implemented_verdict(self):
+        proc, out, _ = run("SelfTest_NotImplemented", ranks=2)
+        self.assertEqual(proc.returncode, 1, out)
+        self.assertIn("[scalelab] verdict: not implemented: lab 99 step 1: planted (README.md#step-1)", out)
+        self.assertEqual(out.count("[scalelab] verdict:"), 1, "only rank 0 prints the verdict")
+
+    def test_pass(self):
+        proc, out, _ = run("SelfTest_Passes", ranks=3)
+        self.assertEqual(proc.returncode, 0, out)
+        self.assertIn("[scalelab] verdict: passed", out)
+
+
+if __name__ == "__main__":
+    EXE = sys.argv.pop(1)
+    unittest.main(verbosity=2)
