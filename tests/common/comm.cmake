@@ -4,3 +4,35 @@
 # quickly instead of waited out.
 scalelab_add_test(NAME test_comm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_comm.cpp
                   RANKS 1 2 3 4 TIMEOUT 120)
+
+# Watchdog: a program that hangs on purpose must end with exit 3 and a report naming the rank and
+# the sequence numbers, well within ctest's timeout (watchdog timeout 2 s; MAX_SECONDS bounds the
+# whole run including start-up).
+add_executable(watchdog_hang ${CMAKE_CURRENT_LIST_DIR}/watchdog_hang.cpp)
+target_link_libraries(watchdog_hang PRIVATE scalelab::common)
+add_dependencies(reference watchdog_hang)
+function(scalelab_expect_exit name ranks mode code regex)
+  set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
+          $<TARGET_FILE:watchdog_hang> ${MPIEXEC_POSTFLAGS} --mode ${mode} --timeout 2)
+  list(JOIN cmd "|" cmd)
+  add_test(NAME ${name}
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=${code}
+                   "-DEXPECT_REGEX=${regex}" -DMAX_SECONDS=20
+                   -P ${CMAKE_CURRENT_LIST_DIR}/expect_exit.cmake)
+  set_tests_properties(${name} PROPERTIES PROCESSORS ${ranks} TIMEOUT 40
+                       LABELS "reference;common" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+endfunction()
+# rank 2 skipped all_reduce #1 and waits in barrier #1 while ranks 0,1 wait in all_reduce #1.
+scalelab_expect_exit(common.watchdog.skip.np3 3 skip 3
+  "watchdog: rank [0-2] waits in (all_reduce|barrier) #1 \\(@@rank 2 (is in|waits in) barrier #1@@all_reduce #1 \\(4 MiB, group world\\)@@for [2-4]\\.[0-9] s@@rank [0-2] entered (barrier|all_reduce) #1 where rank [0-2] entered (all_reduce|barrier) #1: the ranks called different collectives")
+# rank 1 skipped one all_reduce and entered the next: rank 0 waits alone in #2, rank 1 finished #1.
+scalelab_expect_exit(common.watchdog.skip_next.np2 2 skip-next 3
+  "watchdog: rank 0 waits in all_reduce #2 \\(4 MiB, group world\\) for [2-4]\\.[0-9] s@@rank 1 finished #1@@rank 1 did not reach all_reduce #2")
+scalelab_expect_exit(common.watchdog.mismatch.np2 2 mismatch 1
+  "all_reduce #1 \\(group world\\): ranks disagree on the collective: rank 0: all_reduce of 2 f32 sum, rank 1: all_reduce of 3 f32 sum")
+scalelab_expect_exit(common.watchdog.ok.np2 2 ok 0 "done")
+
+scalelab_add_test(NAME test_watchdog SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_watchdog.cpp
+                  RANKS 1 2 3 TIMEOUT 60)
+scalelab_add_test(NAME test_trace SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_trace.cpp
+                  RANKS 1 2 TIMEOUT 60)

@@ -1,0 +1,25 @@
+# Runs a command and checks its exit code and output (ctest's PASS_REGULAR_EXPRESSION alone
+# ignores the exit code). Used by the watchdog tests, whose program must end with exit 3 and a
+# report.
+#   cmake -DCOMMAND="mpiexec|-n|2|prog|--mode|skip" -DEXPECT_CODE=3
+#         -DEXPECT_REGEX="regex 1@@regex 2" -P expect_exit.cmake
+string(REPLACE "|" ";" command "${COMMAND}")
+string(REPLACE "@@" ";" regexes "${EXPECT_REGEX}")
+string(TIMESTAMP start "%s")
+execute_process(COMMAND ${command} RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(TIMESTAMP stop "%s")
+math(EXPR seconds "${stop} - ${start}")
+message("${out}${err}")
+message("exit code ${code} after ${seconds} s")
+if(NOT "${code}" STREQUAL "${EXPECT_CODE}")
+  message(FATAL_ERROR "expected exit code ${EXPECT_CODE}, got ${code}")
+endif()
+foreach(regex IN LISTS regexes)
+  if(NOT "${out}${err}" MATCHES "${regex}")
+    message(FATAL_ERROR "output does not match '${regex}'")
+  endif()
+endforeach()
+if(DEFINED MAX_SECONDS AND seconds GREATER MAX_SECONDS)
+  message(FATAL_ERROR "took ${seconds} s, more than ${MAX_SECONDS} s")
+endif()
+message("ok")
