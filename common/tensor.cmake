@@ -20,7 +20,15 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/nn/attention.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/mlp.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/block.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/nn/gpt.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/nn/gpt.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/optim/optim.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/data/tokenizer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/data/corpus.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/data/sampler.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/metrics.cpp)
+# data/ writes to the repository's data/ directory by default
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/data/corpus.cpp PROPERTIES
+  COMPILE_DEFINITIONS SCALELAB_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 if(SCALELAB_WITH_CUDA)
   target_sources(scalelab_common PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/allocator_cuda.cu)
@@ -29,3 +37,7 @@ else()
     ${CMAKE_CURRENT_LIST_DIR}/allocator_nocuda.cpp
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/ops_nocuda.cpp)
 endif()
+
+# scalelab_data [FILE] [--out DIR]: corpus preparation (./scalelab data runs it)
+add_executable(scalelab_data ${CMAKE_CURRENT_LIST_DIR}/data/prep_main.cpp)
+target_link_libraries(scalelab_data PRIVATE scalelab::common)

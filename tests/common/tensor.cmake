@@ -2,3 +2,4 @@
 scalelab_add_test(NAME test_tensor SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tensor.cpp RANKS 1)
 scalelab_add_test(NAME test_gradcheck_layers
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gradcheck_layers.cpp RANKS 1)
+scalelab_add_test(NAME test_gpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt.cpp RANKS 1)

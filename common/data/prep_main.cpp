@@ -1,0 +1,38 @@
+// scalelab_data [FILE] [--out DIR]: makes train.bin, val.bin and meta.json from a text file, or
+// from the King James Bible (Debian's bible-kjv) when no file is given. `./scalelab data` runs it.
+#include "common/cli.hpp"
+#include "common/data/corpus.hpp"
+#include "common/log.hpp"
+#include "common/runtime.hpp"
+
+int main(int argc, char** argv) {
+  return scalelab::run_main(argc, argv, [](int argc, char** argv) {
+    using namespace scalelab;
+    auto options = cli::make_options(
+        "scalelab_data", "Prepare a byte-level corpus: train.bin / val.bin (uint16 ids, 90/10 "
+                         "split) and meta.json. Without FILE: the King James Bible (bible-kjv).");
+    options.add_options()("out", "output directory",
+                          cxxopts::value<std::string>()->default_value(data::default_data_dir()))(
+        "file", "text file (default: the King James Bible)",
+        cxxopts::value<std::vector<std::string>>());
+    options.parse_positional({"file"});
+    options.positional_help("[FILE]");
+    auto r = cli::parse(options, argc, argv);
+    std::string source = "King James Bible (bible-kjv)", text;
+    if (r.count("file")) {
+      const auto files = r["file"].as<std::vector<std::string>>();
+      SCALELAB_REQUIRE(files.size() == 1, "give at most one text file, got {}", files.size());
+      source = files[0];
+      text = data::read_text_file(files[0]);
+    } else {
+      text = data::kjv_text();
+    }
+    const std::string out = r["out"].as<std::string>();
+    if (world_rank() == 0) {
+      data::CorpusInfo info = data::prepare_corpus(text, out, source);
+      log::info("{}: {} train + {} val tokens (bytes, vocab 256) -> {}/{{train,val}}.bin",
+                info.source, info.train_tokens, info.val_tokens, out);
+    }
+    return 0;
+  });
+}

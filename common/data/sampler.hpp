@@ -1,0 +1,44 @@
+#pragma once
+// Batches drawn from (seed, step), never from a stream's position: the GLOBAL batch of a step is
+// the same whatever the number of ranks, so every parallel lab sees exactly the single-device
+// data. Rank r of a data-parallel group takes rows [r*b, (r+1)*b) of it, and micro-batches are
+// row slices again (Batch::rows).
+//
+//   data::Sampler train(tokens, /*global_batch=*/16, /*T=*/64, seed);
+//   data::Batch mine = train.batch(step).rows(rank * 4, rank * 4 + 4);
+#include <cstdint>
+#include <vector>
+
+#include "common/tensor.hpp"
+
+namespace scalelab::data {
+
+/// Inputs and targets (the inputs shifted by one token), (B, T) i32 on the host.
+struct Batch {
+  Tensor x, y;
+  /// Rows [begin, end) of both: a view.
+  Batch rows(int64_t begin, int64_t end) const { return {x.rows(begin, end), y.rows(begin, end)}; }
+  /// This rank's share of a global batch: rows [rank * B/world, (rank + 1) * B/world).
+  Batch shard(int rank, int world) const;
+  /// Both on `device` (a copy).
+  Batch to(Device device) const { return {x.to(device), y.to(device)}; }
+  int64_t batch_size() const { return x.size(0); }
+};
+
+class Sampler {
+ public:
+  /// tokens: the split's ids (kept by reference: it must outlive the sampler).
+  Sampler(const std::vector<uint16_t>& tokens, int64_t global_batch, int64_t block_size,
+          uint64_t seed);
+  /// The global batch of `step`: row i starts at an offset drawn from (seed, step, i).
+  Batch batch(int64_t step) const;
+  int64_t global_batch() const { return batch_; }
+  int64_t block_size() const { return T_; }
+
+ private:
+  const std::vector<uint16_t>& tokens_;
+  int64_t batch_, T_;
+  uint64_t seed_;
+};
+
+}  // namespace scalelab::data

@@ -1,0 +1,77 @@
+#include "common/metrics.hpp"
+
+#include <algorithm>
+#include <cctype>
+
+#include <fmt/format.h>
+
+namespace scalelab::metrics {
+
+double flops_per_token(const ModelConfig& c, int64_t T) {
+  const double N = static_cast<double>(parameter_count(c) - c.block_size * c.n_embd);
+  const double L = static_cast<double>(c.n_layer), H = static_cast<double>(c.n_head),
+               Q = static_cast<double>(c.n_embd / c.n_head);
+  return 6.0 * N + 12.0 * L * H * Q * static_cast<double>(T);
+}
+
+double mfu(double tokens_per_s, double flops_per_token, double peak_tflops) {
+  if (peak_tflops <= 0) return 0.0;
+  return tokens_per_s * flops_per_token / (peak_tflops * 1e12);
+}
+
+double gpu_peak_tflops(const std::string& device_name, Precision p) {
+  std::string n = device_name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::toupper(c); });
+  struct Row { const char* key; double fp32, tf32, bf16; };
+  // dense (no 2:4 sparsity) figures from NVIDIA's data sheets; SXM parts
+  static const Row rows[] = {
+      {"H200", 67.0, 494.7, 989.4},
+      {"H100", 67.0, 494.7, 989.4},
+      {"A100", 19.5, 156.0, 312.0},
+  };
+  for (const Row& r : rows) {
+    if (n.find(r.key) == std::string::npos) continue;
+    switch (p) {
+      case Precision::fp32: return r.fp32;
+      case Precision::tf32: return r.tf32;
+      case Precision::bf16: return r.bf16;
+    }
+  }
+  return 0.0;
+}
+
+void Timer::start() {
+  device_synchronize(device_);
+  t0_ = std::chrono::steady_clock::now();
+}
+
+double Timer::elapsed() {
+  device_synchronize(device_);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+std::string human_count(double n) {
+  if (n >= 1e9) return fmt::format("{:.1f}G", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.0f}k", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+std::string human_bytes(double b) {
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f}GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.1f}MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return fmt::format("{:.1f}KiB", b / 1024.0);
+  return fmt::format("{:.0f}B", b);
+}
+
+std::string step_line(const StepStats& s) {
+  std::string line = fmt::format("step={} loss={:.4f}", s.step, s.loss);
+  if (s.lr >= 0) line += fmt::format(" lr={:.2e}", s.lr);
+  line += fmt::format(" dt={:.0f}ms tps={} tps/rank={}", s.dt_s * 1e3, human_count(s.tokens_per_s),
+                      human_count(s.tokens_per_s / std::max(1, s.world)));
+  if (s.mfu > 0) line += fmt::format(" mfu={:.1f}%", s.mfu * 100);
+  line += fmt::format(" mem={}", human_bytes(static_cast<double>(s.peak_bytes)));
+  return line;
+}
+
+}  // namespace scalelab::metrics

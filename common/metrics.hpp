@@ -1,0 +1,67 @@
+#pragma once
+// Measurement: step timers, tokens/s, model FLOPs utilisation (MFU) and the step line every
+// training program prints.
+//
+// FLOPs per token (the PaLM paper's estimate, as nanoGPT's estimate_mfu):
+//   6 N  +  12 L H Q T
+// N: parameters without the position embedding (the tied wte counts once: it is a matmul in the
+// head); 6 = 2 (multiply-add) x 3 (forward, and backward twice as much). The second term is the
+// attention matmuls (q k^T and att v, forward and backward) that parameters do not account for:
+// L layers, H heads of size Q, context T. MFU = achieved FLOP/s / the device's dense peak.
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "common/allocator.hpp"
+#include "common/model_config.hpp"
+
+namespace scalelab::metrics {
+
+/// 6N + 12 L H Q T for a model config at context T (see above).
+double flops_per_token(const ModelConfig& config, int64_t T);
+
+/// Model FLOPs utilisation in [0, 1]: tokens_per_s * flops_per_token / (peak_tflops * 1e12).
+/// 0 when the peak is unknown (peak_tflops <= 0).
+double mfu(double tokens_per_s, double flops_per_token, double peak_tflops);
+
+enum class Precision { fp32, tf32, bf16 };
+
+/// Dense peak TFLOP/s of a GPU from its name (A100, H100, H200; fp32 / tf32 / bf16 tensor core,
+/// no sparsity), or 0 if unknown: then pass --peak-tflops.
+///   A100: 19.5 / 156 / 312     H100 SXM and H200: 67 / 494.7 / 989.4
+double gpu_peak_tflops(const std::string& device_name, Precision precision);
+
+/// Wall-clock timer. On a GPU, elapsed() first waits for the device's queued work, so it times
+/// the kernels, not their launches.
+class Timer {
+ public:
+  explicit Timer(Device device = Device::cpu()) : device_(device) { start(); }
+  void start();
+  /// Seconds since start().
+  double elapsed();
+
+ private:
+  Device device_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+/// "926k", "1.2M", "12"
+std::string human_count(double n);
+/// "1.2GiB", "340.0MiB", "12.0KiB", "512B"
+std::string human_bytes(double bytes);
+
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0;
+  double dt_s = 0;           // seconds this step took
+  double tokens_per_s = 0;   // over all ranks
+  int world = 1;
+  double mfu = 0;            // in [0, 1]; printed only when > 0
+  std::size_t peak_bytes = 0;  // the allocator's peak on this rank
+  double lr = -1;            // printed when >= 0
+};
+
+/// "step=10 loss=3.1500 dt=282ms tps=926k tps/rank=231k mfu=46.3% mem=1.2GiB"
+std::string step_line(const StepStats& s);
+
+}  // namespace scalelab::metrics

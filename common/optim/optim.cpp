@@ -1,0 +1,92 @@
+#include "common/optim/optim.hpp"
+
+#include <cmath>
+
+#include "common/ops/ops.hpp"
+
+namespace scalelab::optim {
+
+std::vector<Group> groups(const std::vector<nn::Parameter*>& params) {
+  std::vector<Group> g;
+  for (nn::Parameter* p : params) g.push_back({p->value, p->grad, p->weight_decay});
+  return g;
+}
+
+namespace {
+// One zeroed flat buffer shaped like the groups, and a view of it per group.
+Tensor flat_state(const std::vector<Group>& groups, std::vector<Tensor>& views) {
+  int64_t total = 0;
+  for (const Group& g : groups) total += g.value.numel();
+  DType dt = groups.empty() ? DType::f32 : groups[0].value.dtype();
+  Device dev = groups.empty() ? Device::cpu() : groups[0].value.device();
+  Tensor flat = Tensor::zeros({total}, dt, dev);
+  int64_t off = 0;
+  views.clear();
+  for (const Group& g : groups) {
+    views.push_back(flat.flat(off, g.value.numel()));
+    off += g.value.numel();
+  }
+  return flat;
+}
+}  // namespace
+
+AdamW::AdamW(std::vector<Group> groups, AdamWConfig config)
+    : groups_(std::move(groups)), config_(config) {
+  m_ = flat_state(groups_, gm_);
+  v_ = flat_state(groups_, gv_);
+}
+
+void AdamW::step(double lr) {
+  ++t_;
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    ops::AdamWArgs a{lr, config_.beta1, config_.beta2, config_.eps,
+                     groups_[i].weight_decay ? config_.weight_decay : 0.0, t_};
+    Tensor value = groups_[i].value.view({-1});
+    ops::adamw_update(value, groups_[i].grad.view({-1}), gm_[i], gv_[i], a);
+  }
+}
+
+SGD::SGD(std::vector<Group> groups, double momentum, double weight_decay)
+    : groups_(std::move(groups)), momentum_(momentum), weight_decay_(weight_decay) {
+  if (momentum_ > 0) buf_ = flat_state(groups_, gbuf_);
+}
+
+void SGD::step(double lr) {
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    Tensor value = groups_[i].value.view({-1});
+    Tensor buf = momentum_ > 0 ? gbuf_[i] : Tensor();
+    ops::sgd_update(value, groups_[i].grad.view({-1}), buf, lr, momentum_,
+                    groups_[i].weight_decay ? weight_decay_ : 0.0, first_);
+  }
+  first_ = false;
+}
+
+double grad_norm(const std::vector<Group>& groups) {
+  double s = 0;
+  for (const Group& g : groups) s += ops::sum_squares(g.grad);
+  return std::sqrt(s);
+}
+
+double clip_grad_norm(const std::vector<Group>& groups, double max_norm) {
+  const double norm = grad_norm(groups);
+  if (norm > max_norm) {
+    const double factor = max_norm / (norm + 1e-6);
+    for (const Group& g : groups) {
+      Tensor grad = g.grad;
+      ops::scale(grad, factor);
+    }
+  }
+  return norm;
+}
+
+double cosine_lr(int64_t step, int64_t warmup, int64_t decay_steps, double max_lr,
+                 double min_lr) {
+  if (step < warmup) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup + 1);
+  if (step >= decay_steps) return min_lr;
+  const double ratio =
+      static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, decay_steps - warmup));
+  const double coeff = 0.5 * (1.0 + std::cos(3.141592653589793 * ratio));
+  return min_lr + coeff * (max_lr - min_lr);
+}
+
+}  // namespace scalelab::optim

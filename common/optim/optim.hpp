@@ -1,0 +1,74 @@
+#pragma once
+// Optimizers over parameter groups: AdamW (PyTorch's, as nanoGPT), SGD with momentum, global-norm
+// gradient clipping and nanoGPT's cosine learning-rate schedule with linear warmup.
+//
+// A group is a (value, grad) pair of views plus whether weight decay applies. From a model:
+// optim::groups(model.parameters()) (one group per parameter). ZeRO shards make their own groups
+// from slices of the flat buffers. Optimizer state (AdamW's m and v) is one flat allocation per
+// state, sliced per group like the parameters.
+#include <cstdint>
+#include <vector>
+
+#include "common/nn/parameter.hpp"
+
+namespace scalelab::optim {
+
+struct Group {
+  Tensor value, grad;
+  bool weight_decay = false;
+};
+
+/// One group per parameter, weight decay as the parameter says (2-d weights).
+std::vector<Group> groups(const std::vector<nn::Parameter*>& params);
+
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;  // nanoGPT's
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<Group> groups, AdamWConfig config = {});
+  /// One update of every group at learning rate lr (the step counter t goes up by one first).
+  void step(double lr);
+  int64_t steps() const { return t_; }
+  void set_steps(int64_t t) { t_ = t; }  // after loading m and v from a checkpoint
+  /// The moments, flat, in group order (checkpoints; memory tables).
+  Tensor& m() { return m_; }
+  Tensor& v() { return v_; }
+  std::size_t state_bytes() const { return m_.nbytes() + v_.nbytes(); }
+  const AdamWConfig& config() const { return config_; }
+
+ private:
+  std::vector<Group> groups_;
+  AdamWConfig config_;
+  Tensor m_, v_;
+  std::vector<Tensor> gm_, gv_;  // per group views of m_, v_
+  int64_t t_ = 0;
+};
+
+class SGD {
+ public:
+  SGD(std::vector<Group> groups, double momentum = 0.0, double weight_decay = 0.0);
+  void step(double lr);
+  std::size_t state_bytes() const { return buf_.defined() ? buf_.nbytes() : 0; }
+
+ private:
+  std::vector<Group> groups_;
+  double momentum_, weight_decay_;
+  Tensor buf_;
+  std::vector<Tensor> gbuf_;
+  bool first_ = true;
+};
+
+/// sqrt(sum of squares of every gradient) (a sum over groups in order, in double).
+double grad_norm(const std::vector<Group>& groups);
+
+/// Scales every gradient by max_norm / norm when the global norm exceeds max_norm (PyTorch's
+/// clip_grad_norm_ up to its 1e-6 epsilon). Returns the norm before clipping.
+double clip_grad_norm(const std::vector<Group>& groups, double max_norm);
+
+/// nanoGPT's schedule: linear warmup to max_lr over `warmup` steps (lr * (step+1) / (warmup+1)),
+/// then cosine decay to min_lr at `decay_steps`, min_lr after.
+double cosine_lr(int64_t step, int64_t warmup, int64_t decay_steps, double max_lr, double min_lr);
+
+}  // namespace scalelab::optim

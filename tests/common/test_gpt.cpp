@@ -1,0 +1,185 @@
+// The GPT as a whole: float64 gradient check of every parameter, the flat parameter layout,
+// pipeline-stage splits, activation recomputation and backward hooks.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "common/nn/gpt.hpp"
+#include "common/ops/ops.hpp"
+#include "tests/common/gradcheck.hpp"
+
+using namespace scalelab;
+using namespace scalelab::testing;
+
+namespace {
+// Smaller than `tiny` so that finite differences over every parameter stay fast.
+ModelConfig micro() { return ModelConfig{"micro", 11, 6, 2, 2, 8}; }
+
+nn::GPTOptions f64_options(uint64_t seed = 5) {
+  nn::GPTOptions o;
+  o.dtype = DType::f64;
+  o.seed = seed;
+  return o;
+}
+
+// Per-element equality of two tensors' values.
+void expect_equal(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.item(i), b.item(i)) << what << " at " << i;
+}
+}  // namespace
+
+TEST(GPT, GradCheckEveryParameter) {
+  // tolerance: kGradTol (1e-6 relative), float64 central differences
+  nn::GPT model(micro(), f64_options());
+  // larger-than-default weights so every path carries signal
+  fill_uniform(model.params().values(), 7, -0.3, 0.3);
+  Tensor x = random_tokens({2, 5}, 11, 8), y = random_tokens({2, 5}, 11, 9);
+  model.zero_grad();
+  model.forward(x, y);
+  model.backward();
+  auto loss = [&] { return model.loss(x, y); };
+  for (nn::Parameter* p : model.parameters())
+    EXPECT_GRAD_OK(gradcheck(p->value, p->grad, loss, 40), p->name);
+}
+
+TEST(GPT, LossAtInitIsNearLogVocab) {
+  nn::GPT model(model_config("tiny"));
+  Tensor x = random_tokens({4, 16}, 256, 1), y = random_tokens({4, 16}, 256, 2);
+  EXPECT_NEAR(model.forward(x, y), std::log(256.0), 0.1);  // small init: nearly uniform logits
+}
+
+TEST(GPT, ParametersAreViewsIntoOneFlatBufferInStableOrder) {
+  nn::GPT model(model_config("tiny"));
+  EXPECT_EQ(model.num_parameters(), parameter_count(model_config("tiny")));
+  const auto& ps = model.parameters();
+  ASSERT_GE(ps.size(), 4u);
+  EXPECT_EQ(ps.front()->name, "wte.weight");
+  EXPECT_EQ(ps[1]->name, "wpe.weight");
+  EXPECT_EQ(ps[2]->name, "blocks.0.ln1.weight");
+  EXPECT_EQ(ps.back()->name, "ln_f.bias");
+  int64_t offset = 0;
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_TRUE(ps[i]->value.shares_storage_with(model.params().values())) << ps[i]->name;
+    EXPECT_TRUE(ps[i]->grad.shares_storage_with(model.params().grads())) << ps[i]->name;
+    EXPECT_EQ(ps[i]->value.offset(), offset) << ps[i]->name;
+    EXPECT_EQ(model.params().offset(i), offset);
+    offset += ps[i]->numel();
+  }
+  EXPECT_EQ(offset, model.params().values().numel());
+  // the same seed gives the same values; another seed other values
+  nn::GPT same(model_config("tiny")), other(model_config("tiny"), {.seed = 99});
+  expect_equal(model.params().values(), same.params().values(), "same seed");
+  EXPECT_NE(model.params().values().item(0), other.params().values().item(0));
+}
+
+TEST(GPT, ShardedLinearHoldsTheSliceOfTheFullWeight) {
+  // tensor parallel init: rank 1 of 2 holds rows of heads 1 of q, k and v of the full model
+  nn::GPT full(micro(), f64_options());
+  nn::GPTOptions o = f64_options();
+  o.tp_rank = 1;
+  o.tp_size = 2;
+  nn::GPT half(micro(), o);
+  const Tensor& w = full.block(0).attn.qkv.weight.value;     // (24, 8)
+  const Tensor& h = half.block(0).attn.qkv.weight.value;     // (12, 8)
+  ASSERT_EQ(h.shape(), (std::vector<int64_t>{12, 8}));
+  // local rows: q rows 4..8, k rows 12..16, v rows 20..24
+  const int64_t rows[] = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23};
+  for (int r = 0; r < 12; ++r)
+    for (int c = 0; c < 8; ++c) ASSERT_EQ(h.item(r * 8 + c), w.item(rows[r] * 8 + c));
+  const Tensor& pw = full.block(1).attn.proj.weight.value;  // (8, 8), columns 4..8 on rank 1
+  const Tensor& ph = half.block(1).attn.proj.weight.value;  // (8, 4)
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 4; ++c) ASSERT_EQ(ph.item(r * 4 + c), pw.item(r * 8 + 4 + c));
+}
+
+TEST(GPT, TwoStagesMatchTheWholeModel) {
+  // blocks [0, 1) then [1, 2): same loss and gradients, bitwise (same ops in the same order)
+  nn::GPT whole(micro(), f64_options());
+  nn::GPTOptions a = f64_options(), b = f64_options();
+  a.last_block = 1;
+  b.first_block = 1;
+  nn::GPT first(micro(), a), second(micro(), b);
+  EXPECT_TRUE(first.has_embedding() && !first.has_head());
+  EXPECT_TRUE(!second.has_embedding() && second.has_head());
+  EXPECT_EQ(first.num_parameters() + second.num_parameters(),
+            whole.num_parameters() + 11 * 8);  // the head's copy of wte
+  Tensor x = random_tokens({2, 6}, 11, 10), y = random_tokens({2, 6}, 11, 11);
+  const double loss = whole.forward(x, y);
+  whole.backward();
+  Tensor h = first.forward_blocks(first.embed(x));
+  EXPECT_EQ(second.head_forward(second.forward_blocks(h), y), loss);
+  Tensor dh = second.backward_blocks(second.head_backward());
+  first.embed_backward(first.backward_blocks(dh));
+  for (nn::Parameter* p : whole.parameters()) {
+    if (p->name == "wte.weight") {
+      // tied: the whole model's wte gradient = embedding part + head part
+      Tensor sum = first.params().get("wte.weight").grad.clone();
+      ops::axpy(sum, 1.0, second.params().get("lm_head.weight").grad);
+      for (int64_t i = 0; i < sum.numel(); ++i) ASSERT_NEAR(sum.item(i), p->grad.item(i), 1e-15);
+      continue;
+    }
+    const nn::GPT& owner = p->name.rfind("blocks.0", 0) == 0 || p->name == "wpe.weight" ? first : second;
+    expect_equal(const_cast<nn::GPT&>(owner).params().get(p->name).grad, p->grad, p->name);
+  }
+}
+
+TEST(GPT, RecomputedActivationsGiveIdenticalGradients) {
+  // activation checkpointing's premise: free a block's activations, recompute from its input
+  nn::GPT model(model_config("tiny"));
+  Tensor x = random_tokens({2, 16}, 256, 12), y = random_tokens({2, 16}, 256, 13);
+  model.zero_grad();
+  model.forward(x, y);
+  model.backward();
+  Tensor reference = model.params().grads().clone();
+  model.zero_grad();
+  model.forward(x, y);
+  const std::size_t before = memory_stats(Device::cpu()).current;
+  model.block(0).free_activations();
+  model.block(1).free_activations();
+  EXPECT_LT(memory_stats(Device::cpu()).current, before);  // the memory really went back
+  EXPECT_FALSE(model.block(0).has_activations());
+  model.block(0).forward(model.block_input(0));
+  model.block(1).forward(model.block_input(1));
+  model.backward();
+  expect_equal(model.params().grads(), reference, "grads");
+}
+
+TEST(GPT, BackwardWithoutActivationsIsAnError) {
+  nn::GPT model(model_config("tiny"));
+  Tensor x = random_tokens({1, 8}, 256, 14);
+  model.forward(x, x);
+  model.block(1).free_activations();
+  EXPECT_THROW(model.backward(), CheckFailed);
+}
+
+TEST(GPT, HookFiresOncePerParameterWhenItsGradientIsFinal) {
+  nn::GPT model(model_config("tiny"));
+  std::vector<std::string> order;
+  std::map<std::string, double> norm_at_hook;
+  model.set_backward_hook([&](const std::vector<nn::Parameter*>& done) {
+    for (nn::Parameter* p : done) {
+      order.push_back(p->name);
+      norm_at_hook[p->name] = ops::sum_squares(p->grad);
+    }
+  });
+  Tensor x = random_tokens({2, 16}, 256, 15), y = random_tokens({2, 16}, 256, 16);
+  model.zero_grad();
+  model.forward(x, y);
+  model.backward();
+  EXPECT_EQ(order.size(), model.parameters().size());
+  EXPECT_EQ(std::set<std::string>(order.begin(), order.end()).size(), order.size());
+  EXPECT_EQ(order.front(), "ln_f.weight");  // the last layer's gradients are final first
+  EXPECT_EQ(order.back(), "wpe.weight");    // the tied wte only after the embedding's backward
+  for (nn::Parameter* p : model.parameters())  // nothing changed after the hook saw it
+    EXPECT_EQ(norm_at_hook[p->name], ops::sum_squares(p->grad)) << p->name;
+}
+
+TEST(GPT, GenerateIsSeededAndExtendsThePrompt) {
+  nn::GPT model(model_config("tiny"));
+  auto a = nn::generate(model, {65, 66}, 20, 1.0, 7), b = nn::generate(model, {65, 66}, 20, 1.0, 7);
+  EXPECT_EQ(a.size(), 22u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a[0], 65);
+}
