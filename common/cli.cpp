@@ -3,6 +3,8 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/runtime.hpp"
+#include "common/trace.hpp"
+#include "common/watchdog.hpp"
 
 namespace scalelab::cli {
 
@@ -35,6 +37,10 @@ RunOptions run_options(const cxxopts::ParseResult& r) {
                        o.backend == "self",
                    "--backend must be auto, mpi, nccl or self, got '{}'", o.backend);
   SCALELAB_REQUIRE(o.timeout_s > 0, "--timeout must be positive, got {}", o.timeout_s);
+  // Issue 4 (comm): communicators start the watchdog with --timeout; --trace starts recording,
+  // and run_main writes the merged trace when the program's body returns.
+  watchdog::set_timeout(o.timeout_s);
+  if (!o.trace.empty()) trace::enable(o.trace);
   return o;
 }
 

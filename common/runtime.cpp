@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "common/trace.hpp"
+
 namespace scalelab {
 namespace {
 
@@ -84,6 +86,9 @@ int run_main(int argc, char** argv, const std::function<int(int, char**)>& body)
   int code = 0;
   try {
     code = body(argc, argv);
+    // Issue 4 (comm): with --trace, every rank hands its events to rank 0, which writes the
+    // file (collective: every rank's body has returned). Without --trace it does nothing.
+    trace::finish();
   } catch (const UsageError& e) {
     exit_all(kExitUsage, fmt::format("error: {}", e.what()));
   } catch (const NotImplemented& e) {
