@@ -1,0 +1,76 @@
+// AdamW, SGD, clipping and the schedule against hand-computed values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/optim/optim.hpp"
+
+using namespace scalelab;
+
+namespace {
+optim::Group group(std::vector<double> value, std::vector<double> grad, bool decay,
+                   DType dt = DType::f64) {
+  const int64_t n = static_cast<int64_t>(value.size());
+  return {Tensor::from_vector(value, {n}, dt), Tensor::from_vector(grad, {n}, dt), decay};
+}
+}  // namespace
+
+TEST(Optim, AdamWMatchesTheFormula) {
+  // tolerance 1e-12: float64, the same formula written out
+  auto g = group({1.0, -2.0}, {0.5, 0.25}, true);
+  optim::AdamWConfig c{0.9, 0.95, 1e-8, 0.1};
+  optim::AdamW opt({g}, c);
+  double p = 1.0, m = 0, v = 0;
+  const double lr = 0.01, grad = 0.5;
+  for (int t = 1; t <= 3; ++t) {
+    opt.step(lr);
+    m = 0.9 * m + 0.1 * grad;
+    v = 0.95 * v + 0.05 * grad * grad;
+    const double mhat = m / (1 - std::pow(0.9, t)), vhat = v / (1 - std::pow(0.95, t));
+    p -= lr * (mhat / (std::sqrt(vhat) + 1e-8) + 0.1 * p);
+    EXPECT_NEAR(g.value.item(0), p, 1e-12) << "step " << t;
+  }
+  EXPECT_EQ(opt.steps(), 3);
+  EXPECT_EQ(opt.state_bytes(), 2u * 2 * sizeof(double));
+}
+
+TEST(Optim, AdamWDecaysOnlyDecayGroups) {
+  auto decayed = group({1.0}, {0.0}, true), kept = group({1.0}, {0.0}, false);
+  optim::AdamW opt({decayed, kept}, {0.9, 0.95, 1e-8, 0.5});
+  opt.step(0.1);
+  EXPECT_NEAR(decayed.value.item(0), 1.0 - 0.1 * 0.5, 1e-12);  // zero gradient: decay only
+  EXPECT_EQ(kept.value.item(0), 1.0);
+}
+
+TEST(Optim, SGDWithMomentum) {
+  auto g = group({1.0}, {2.0}, false);
+  optim::SGD opt({g}, 0.9);
+  opt.step(0.1);  // buf = 2, p = 1 - 0.2
+  EXPECT_NEAR(g.value.item(0), 0.8, 1e-12);
+  opt.step(0.1);  // buf = 0.9 * 2 + 2 = 3.8, p = 0.8 - 0.38
+  EXPECT_NEAR(g.value.item(0), 0.42, 1e-12);
+  auto plain = group({1.0}, {2.0}, false);
+  optim::SGD({plain}).step(0.5);
+  EXPECT_NEAR(plain.value.item(0), 0.0, 1e-12);
+}
+
+TEST(Optim, ClipGradNorm) {
+  auto a = group({0, 0}, {3.0, 0.0}, false), b = group({0}, {4.0}, false);
+  EXPECT_NEAR(optim::grad_norm({a, b}), 5.0, 1e-12);
+  EXPECT_NEAR(optim::clip_grad_norm({a, b}, 1.0), 5.0, 1e-12);  // returns the norm before
+  EXPECT_NEAR(optim::grad_norm({a, b}), 1.0, 1e-6);
+  EXPECT_NEAR(a.grad.item(0), 0.6, 1e-6);
+  // below the threshold nothing changes
+  EXPECT_NEAR(optim::clip_grad_norm({a, b}, 10.0), 1.0, 1e-6);
+  EXPECT_NEAR(a.grad.item(0), 0.6, 1e-6);
+}
+
+TEST(Optim, CosineScheduleWithWarmup) {
+  const double max = 1e-3, min = 1e-4;
+  EXPECT_NEAR(optim::cosine_lr(0, 10, 100, max, min), max / 11, 1e-15);  // nanoGPT's warmup
+  EXPECT_NEAR(optim::cosine_lr(9, 10, 100, max, min), max * 10 / 11, 1e-15);
+  EXPECT_NEAR(optim::cosine_lr(10, 10, 100, max, min), max, 1e-15);
+  EXPECT_NEAR(optim::cosine_lr(55, 10, 100, max, min), (max + min) / 2, 1e-15);  // half way
+  EXPECT_NEAR(optim::cosine_lr(100, 10, 100, max, min), min, 1e-15);
+  EXPECT_NEAR(optim::cosine_lr(500, 10, 100, max, min), min, 1e-15);
+}
