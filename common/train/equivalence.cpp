@@ -1,0 +1,59 @@
+#include "common/train/equivalence.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace scalelab::train {
+
+Diff compare(const Tensor& got, const Tensor& want) {
+  SCALELAB_CHECK(got.numel() == want.numel(), "compare: {} vs {} elements", got.numel(),
+                 want.numel());
+  Diff d;
+  d.got_ = got.to_vector();
+  d.want_ = want.to_vector();
+  d.n = static_cast<int64_t>(d.got_.size());
+  for (int64_t i = 0; i < d.n; ++i) {
+    const double g = d.got_[i], w = d.want_[i], a = std::fabs(g - w);
+    if (g != w || std::isnan(g) != std::isnan(w)) d.bitwise = false;
+    if (a > d.max_abs || std::isnan(a)) {
+      d.max_abs = std::isnan(a) ? INFINITY : a;
+      d.worst_index = i;
+    }
+    if (w != 0) d.max_rel = std::max(d.max_rel, a / std::fabs(w));
+  }
+  return d;
+}
+
+bool Diff::rtol_atol_ok(double rtol, double atol) const {
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = std::fabs(got_[i] - want_[i]);
+    if (!(a <= atol + rtol * std::fabs(want_[i]))) return false;
+  }
+  return true;
+}
+
+std::string Diff::str() const {
+  if (bitwise) return fmt::format("bitwise equal ({} elements)", n);
+  if (worst_index < 0) return fmt::format("max |diff| {:.3g}, max rel {:.3g}", max_abs, max_rel);
+  return fmt::format("max |diff| {:.3g} at element {} (got {:.9g}, want {:.9g}), max rel {:.3g}",
+                     max_abs, worst_index, got_[worst_index], want_[worst_index], max_rel);
+}
+
+bool on_every_rank(bool ok, comm::Communicator& comm) {
+  Tensor flag = Tensor::from_vector({ok ? 1.0 : 0.0}, {1}, DType::f64);
+  comm.all_reduce(flag, comm::ReduceOp::min);
+  return flag.item() == 1.0;
+}
+
+double max_divergence_from_rank0(const Tensor& t, comm::Communicator& comm) {
+  Tensor root = t.to(Device::cpu());
+  comm.broadcast(root, 0);
+  Tensor mine = t.to(Device::cpu());
+  const Diff d = compare(mine, root);
+  Tensor worst = Tensor::from_vector({d.max_abs}, {1}, DType::f64);
+  comm.all_reduce(worst, comm::ReduceOp::max);
+  return worst.item();
+}
+
+}  // namespace scalelab::train

@@ -1,0 +1,43 @@
+#pragma once
+// Comparing a parallel result with the single-device one (design.md "Tolerances"). Labs 03-06
+// print these figures and their graders assert on them.
+//
+//   train::Diff d = train::compare(ddp_grads, reference_grads);
+//   if (!d.within(1e-5, 1e-6)) ...   // all-reduce changed the summation order
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/comm/communicator.hpp"
+#include "common/tensor.hpp"
+
+namespace scalelab::train {
+
+/// How far `got` is from `want`, element by element (same numel; any float dtype, any device).
+struct Diff {
+  double max_abs = 0;        // max |got - want|
+  double max_rel = 0;        // max |got - want| / |want| over elements with want != 0
+  int64_t worst_index = -1;  // element with the largest |got - want|
+  int64_t n = 0;
+  bool bitwise = true;       // every element identical
+  /// Elementwise |got - want| <= atol + rtol * |want| (numpy's isclose).
+  bool within(double rtol, double atol) const { return rtol_atol_ok(rtol, atol); }
+  std::string str() const;
+
+  // filled by compare(): the elements, so within() can test any tolerance
+  std::vector<double> got_, want_;
+
+ private:
+  bool rtol_atol_ok(double rtol, double atol) const;
+};
+
+Diff compare(const Tensor& got, const Tensor& want);
+
+/// True on every rank of `comm` when `ok` is true on every rank (a logical AND all-reduce).
+bool on_every_rank(bool ok, comm::Communicator& comm);
+
+/// The largest |t - rank 0's t| over every element and rank (0 when all ranks hold the same
+/// values): rank 0's copy is broadcast and compared; the max is all-reduced.
+double max_divergence_from_rank0(const Tensor& t, comm::Communicator& comm);
+
+}  // namespace scalelab::train

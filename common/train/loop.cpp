@@ -1,0 +1,94 @@
+#include "common/train/loop.hpp"
+
+#include <algorithm>
+
+#include "common/data/corpus.hpp"
+#include "common/device.hpp"
+#include "common/errors.hpp"
+#include "common/optim/optim.hpp"
+
+namespace scalelab::train {
+
+void add_train_options(cxxopts::Options& options, const TrainOptions& d) {
+  options.add_options("train")
+      ("model", "model config: " + fmt::format("{}", fmt::join(model_config_names(), ", ")),
+       cxxopts::value<std::string>()->default_value(d.model))
+      ("data", "directory holding train.bin (default: ./data, made by ./scalelab data)",
+       cxxopts::value<std::string>()->default_value(d.data))
+      ("batch", "GLOBAL batch size in sequences, over all ranks",
+       cxxopts::value<int64_t>()->default_value(std::to_string(d.batch)))
+      ("steps", "training steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.steps)))
+      ("lr", "peak learning rate (AdamW)", cxxopts::value<double>()->default_value(fmt::format("{}", d.lr)))
+      ("warmup", "warmup steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.warmup)))
+      ("peak-tflops", "dense peak TFLOP/s of one rank's device for MFU (0: the GPU's data sheet; "
+                      "unknown on a CPU)",
+       cxxopts::value<double>()->default_value(fmt::format("{}", d.peak_tflops)));
+}
+
+TrainOptions read_train_options(const cxxopts::ParseResult& r) {
+  TrainOptions o;
+  o.model = r["model"].as<std::string>();
+  model_config(o.model);  // UsageError naming the known configs
+  o.data = r["data"].as<std::string>();
+  o.batch = r["batch"].as<int64_t>();
+  o.steps = r["steps"].as<int64_t>();
+  o.lr = r["lr"].as<double>();
+  o.warmup = r["warmup"].as<int64_t>();
+  o.peak_tflops = r["peak-tflops"].as<double>();
+  SCALELAB_REQUIRE(o.batch > 0, "--batch must be positive, got {}", o.batch);
+  SCALELAB_REQUIRE(o.steps > 0, "--steps must be positive, got {}", o.steps);
+  SCALELAB_REQUIRE(o.lr > 0, "--lr must be positive, got {}", o.lr);
+  SCALELAB_REQUIRE(o.warmup >= 0, "--warmup must not be negative, got {}", o.warmup);
+  SCALELAB_REQUIRE(o.peak_tflops >= 0, "--peak-tflops must not be negative, got {}",
+                   o.peak_tflops);
+  return o;
+}
+
+std::vector<uint16_t> load_train_tokens(const TrainOptions& o) {
+  const std::string dir = o.data.empty() ? data::default_data_dir() : o.data;
+  return data::load_tokens(dir + "/train.bin");
+}
+
+double learning_rate(const TrainOptions& o, int64_t step) {
+  return optim::cosine_lr(step, o.warmup, o.steps, o.lr, o.lr / 10);
+}
+
+StepReporter::StepReporter(const ModelConfig& config, int64_t tokens_per_step, Device device,
+                           double peak_tflops, comm::Communicator& comm)
+    : config_(config), tokens_per_step_(tokens_per_step), device_(device), comm_(comm) {
+  peak_tflops_ = peak_tflops;
+  if (peak_tflops_ <= 0 && device.is_cuda())
+    peak_tflops_ = metrics::gpu_peak_tflops(cuda_device_name(device.index),
+                                            metrics::Precision::fp32);
+}
+
+std::string StepReporter::mfu_note() const {
+  if (peak_tflops_ > 0)
+    return fmt::format("MFU against {:.1f} TFLOP/s per rank, {:.3g} FLOPs per token", peak_tflops_,
+                       metrics::flops_per_token(config_, config_.block_size));
+  return fmt::format("MFU not shown: the peak of a {} is unknown (pass --peak-tflops)",
+                     device_.is_cpu() ? "CPU core" : "this GPU");
+}
+
+std::string StepReporter::line(int64_t step, double loss, double dt_s, double lr) {
+  metrics::StepStats s;
+  s.step = step;
+  s.loss = loss;
+  s.dt_s = dt_s;
+  s.world = comm_.size();
+  s.tokens_per_s = static_cast<double>(tokens_per_step_) / dt_s;
+  s.mfu = metrics::mfu(s.tokens_per_s / s.world,
+                       metrics::flops_per_token(config_, config_.block_size), peak_tflops_);
+  s.peak_bytes = max_peak_bytes(device_, comm_);
+  s.lr = lr;
+  return metrics::step_line(s);
+}
+
+std::size_t max_peak_bytes(Device device, comm::Communicator& comm) {
+  Tensor peak = Tensor::from_vector({static_cast<double>(memory_stats(device).peak)}, {1},
+                                    DType::f64);
+  comm.all_reduce(peak, comm::ReduceOp::max);
+  return static_cast<std::size_t>(peak.item());
+}
+
+}  // namespace scalelab::train

@@ -1,0 +1,62 @@
+#pragma once
+// What the training programs of labs 03-06 share: their command-line options (model, data,
+// batch, steps, learning rate), loading the corpus, and the step line with global and per-rank
+// tokens/s, MFU and the peak memory of the busiest rank. The parallel technique itself lives in
+// each lab; this is only the frame around it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cxxopts.hpp>
+
+#include "common/comm/communicator.hpp"
+#include "common/metrics.hpp"
+#include "common/model_config.hpp"
+
+namespace scalelab::train {
+
+struct TrainOptions {
+  std::string model = "small";  // tiny | small | gpt-85m
+  std::string data;             // directory with train.bin (default: the repository's data/)
+  int64_t batch = 16;           // GLOBAL batch (rows of `block_size` tokens), over all ranks
+  int64_t steps = 20;
+  double lr = 1e-3;
+  int64_t warmup = 5;
+  double peak_tflops = 0;       // per rank; 0: the GPU's data-sheet figure, unknown on a CPU
+};
+
+/// Adds --model --data --batch --steps --lr --warmup --peak-tflops with `defaults`.
+void add_train_options(cxxopts::Options& options, const TrainOptions& defaults = {});
+/// Reads and validates them (UsageError on a bad value).
+TrainOptions read_train_options(const cxxopts::ParseResult& result);
+
+/// The corpus's train split: <data>/train.bin (UsageError naming `./scalelab data` if missing).
+std::vector<uint16_t> load_train_tokens(const TrainOptions& options);
+
+/// The learning rate of `step`: linear warmup, cosine decay to lr/10 at the last step.
+double learning_rate(const TrainOptions& options, int64_t step);
+
+/// Formats step lines. Collective over `comm` (the peak memory is the max over ranks).
+class StepReporter {
+ public:
+  StepReporter(const ModelConfig& config, int64_t tokens_per_step, Device device,
+               double peak_tflops, comm::Communicator& comm);
+  /// "step=3 loss=4.1234 lr=1.00e-03 dt=120ms tps=34k tps/rank=8k mfu=..% mem=3.1MiB"
+  std::string line(int64_t step, double loss, double dt_s, double lr);
+  /// The per-rank peak TFLOP/s used for MFU (0: unknown, MFU not printed).
+  double peak_tflops() const { return peak_tflops_; }
+  /// A sentence about where the MFU peak comes from (printed once by the programs).
+  std::string mfu_note() const;
+
+ private:
+  ModelConfig config_;
+  int64_t tokens_per_step_;
+  Device device_;
+  double peak_tflops_;
+  comm::Communicator& comm_;
+};
+
+/// The max over the ranks of `comm` of this rank's allocator peak (bytes).
+std::size_t max_peak_bytes(Device device, comm::Communicator& comm);
+
+}  // namespace scalelab::train
