@@ -172,7 +172,7 @@ std::size_t GPT::activation_bytes() const {
   for (const auto& b : blocks_) n += b->activations().nbytes();
   for (const Tensor& t : block_inputs_)
     if (t.defined()) n += t.nbytes();
-  for (const Tensor* t : {&head_.lnf, &head_.lnf_mean, &head_.lnf_rstd, &head_.probs})
+  for (const Tensor* t : {&head_.x, &head_.lnf, &head_.lnf_mean, &head_.lnf_rstd, &head_.probs})
     if (t->defined()) n += t->nbytes();
   return n;
 }

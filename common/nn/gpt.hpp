@@ -98,7 +98,8 @@ class GPT {
   const Tensor& block_input(int i) const { return block_inputs_.at(i - first_); }
   /// Releases every saved activation (blocks, block inputs, head, tokens).
   void free_activations();
-  /// Bytes of activations held right now (blocks, block inputs, head).
+  /// Bytes of activations held right now: each block's own, each block's input, and the head's
+  /// (its input, ln_f's output and statistics, the probabilities).
   std::size_t activation_bytes() const;
 
   std::optional<Embedding> embedding;

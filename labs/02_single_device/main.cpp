@@ -1,0 +1,185 @@
+// Lab 02 driver (not edited by attendees): trains a GPT on one device, printing step lines with
+// tokens/s, MFU and peak memory, the validation loss, a memory table (formula vs the allocator's
+// measured peak) and a generated sample; writes a checkpoint that --resume continues from.
+//
+//   ./scalelab data                                  # the corpus, once
+//   ./scalelab run 02                                # your code
+//   ./scalelab run 02 --solution -- --steps 100      # the reference, shorter
+#include <filesystem>
+#include <string>
+
+#include "common/cli.hpp"
+#include "common/data/corpus.hpp"
+#include "common/data/tokenizer.hpp"
+#include "common/device.hpp"
+#include "common/log.hpp"
+#include "common/metrics.hpp"
+#include "common/ops/ops.hpp"
+#include "common/runtime.hpp"
+#include "single_device.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+struct Corpus {
+  std::vector<uint16_t> train, val;
+};
+
+// --data is a directory holding train.bin / val.bin (./scalelab data), or a text file that is
+// tokenised and split 90/10 here.
+Corpus load_corpus(const std::string& where) {
+  Corpus c;
+  if (std::filesystem::is_regular_file(where)) {
+    auto ids = data::encode(data::read_text_file(where));
+    const std::size_t n = ids.size() * 9 / 10;
+    c.train.assign(ids.begin(), ids.begin() + n);
+    c.val.assign(ids.begin() + n, ids.end());
+  } else {
+    c.train = data::load_tokens(where + "/train.bin");
+    c.val = data::load_tokens(where + "/val.bin");
+  }
+  return c;
+}
+
+void print_memory_table(const lab02::MemoryEstimate& e, std::size_t measured_peak,
+                        std::size_t measured_activations) {
+  using metrics::human_bytes;
+  log::info("memory (formula vs measured by the allocator):");
+  log::info("  {:<12} {:>10}", "weights", human_bytes(static_cast<double>(e.weights)));
+  log::info("  {:<12} {:>10}", "gradients", human_bytes(static_cast<double>(e.gradients)));
+  log::info("  {:<12} {:>10}", "adamw m, v", human_bytes(static_cast<double>(e.optimizer)));
+  log::info("  {:<12} {:>10}   measured after forward: {}", "activations",
+            human_bytes(static_cast<double>(e.activations)),
+            human_bytes(static_cast<double>(measured_activations)));
+  log::info("  {:<12} {:>10}   measured peak: {} (+ backward's temporaries)", "total",
+            human_bytes(static_cast<double>(e.total())),
+            human_bytes(static_cast<double>(measured_peak)));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options("lab02_single_device",
+                                     "Lab 02: train a GPT on one device (the baseline)");
+    cli::add_run_options(options);
+    lab02::TrainConfig d;
+    options.add_options("train")
+        ("config", "model: tiny, small or gpt-85m", cxxopts::value<std::string>()->default_value("small"))
+        ("data", "corpus directory (train.bin, val.bin) or a text file", cxxopts::value<std::string>()->default_value(data::default_data_dir()))
+        ("steps", "training steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.steps)))
+        ("batch", "batch size (sequences)", cxxopts::value<int64_t>()->default_value("16"))
+        ("context", "context length T (default: the model's)", cxxopts::value<int64_t>()->default_value("-1"))
+        ("lr", "peak learning rate", cxxopts::value<double>()->default_value("1e-3"))
+        ("min-lr", "final learning rate", cxxopts::value<double>()->default_value("1e-4"))
+        ("warmup", "warmup steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.warmup)))
+        ("clip", "max gradient norm (0: off)", cxxopts::value<double>()->default_value("1.0"))
+        ("eval-every", "evaluate every N steps (0: only at the end)", cxxopts::value<int64_t>()->default_value("100"))
+        ("eval-batches", "validation batches per evaluation", cxxopts::value<int>()->default_value("8"))
+        ("log-every", "print a step line every N steps", cxxopts::value<int64_t>()->default_value("10"))
+        ("checkpoint", "checkpoint file", cxxopts::value<std::string>()->default_value("out/lab02.ckpt"))
+        ("resume", "continue from --checkpoint")
+        ("sample", "characters to generate at the end", cxxopts::value<int>()->default_value("300"))
+        ("peak-tflops", "device peak TFLOP/s for MFU (default: the GPU's data sheet; none on CPU)", cxxopts::value<double>()->default_value("0"))
+        ("tf32", "allow TF32 tensor cores for fp32 matmuls on CUDA");
+    const auto r = cli::parse(options, argc, argv);
+    const auto run = cli::run_options(r);
+    SCALELAB_REQUIRE(world_size() == 1, "lab 02 trains on one device: run it on 1 rank, not {}",
+                     world_size());
+
+    const ModelConfig config = model_config(r["config"].as<std::string>());
+    lab02::TrainConfig tc;
+    tc.steps = r["steps"].as<int64_t>();
+    tc.max_lr = r["lr"].as<double>();
+    tc.min_lr = r["min-lr"].as<double>();
+    tc.warmup = r["warmup"].as<int64_t>();
+    tc.clip = r["clip"].as<double>();
+    const int64_t B = r["batch"].as<int64_t>();
+    const int64_t T = r["context"].as<int64_t>() < 0 ? config.block_size : r["context"].as<int64_t>();
+    SCALELAB_REQUIRE(tc.steps > 0, "--steps must be positive, got {}", tc.steps);
+    SCALELAB_REQUIRE(B > 0, "--batch must be positive, got {}", B);
+    SCALELAB_REQUIRE(T > 0, "--context must be positive, got {}", T);
+    SCALELAB_REQUIRE(T <= config.block_size, "--context {} is longer than {}'s context of {}", T,
+                     config.name, config.block_size);
+    SCALELAB_REQUIRE(tc.max_lr > 0 && tc.min_lr >= 0, "--lr and --min-lr must be positive");
+    const int64_t eval_every = r["eval-every"].as<int64_t>(), log_every = std::max<int64_t>(1, r["log-every"].as<int64_t>());
+    const int eval_batches = r["eval-batches"].as<int>();
+    SCALELAB_REQUIRE(eval_batches > 0, "--eval-batches must be positive");
+
+    const Device device = run.device == "cuda" ? Device::cuda(0) : Device::cpu();
+    SCALELAB_REQUIRE(device.is_cpu() || cuda_device_count() > 0,
+                     "--device cuda, but no GPU is visible (built with CUDA: {})",
+                     cuda_compiled() ? "yes" : "no");
+    ops::set_allow_tf32(r.count("tf32") > 0);
+    double peak = r["peak-tflops"].as<double>();
+    std::string peak_source = "--peak-tflops";
+    if (peak <= 0 && device.is_cuda()) {
+      peak = metrics::gpu_peak_tflops(cuda_device_name(0), r.count("tf32") ? metrics::Precision::tf32
+                                                                          : metrics::Precision::fp32);
+      peak_source = cuda_device_name(0) + (r.count("tf32") ? " tf32" : " fp32") + " data sheet";
+    }
+
+    const Corpus corpus = load_corpus(r["data"].as<std::string>());
+    const data::Sampler train(corpus.train, B, T, run.seed);
+    const data::Sampler val(corpus.val, B, T, run.seed + 1);
+
+    nn::GPT model(config, {.device = device, .seed = run.seed});
+    optim::AdamW opt(optim::groups(model.parameters()));
+    const std::string ckpt = r["checkpoint"].as<std::string>();
+    int64_t start = 0;
+    if (r.count("resume")) {
+      start = lab02::load_checkpoint(ckpt, model, opt);
+      log::info("resumed from {} at step {}", ckpt, start);
+    }
+    log::info("model {}: {} parameters, {} layers, {} heads, {} wide; batch {} x {} tokens on {}",
+              config.name, model.num_parameters(), config.n_layer, config.n_head, config.n_embd,
+              B, T, device.str());
+    log::info("MFU against {}", peak > 0 ? fmt::format("{:.1f} TFLOP/s ({})", peak, peak_source)
+                                         : std::string("no known peak (pass --peak-tflops)"));
+
+    const double fpt = lab02::flops_per_token(config, T);
+    std::size_t activations_measured = 0;
+    reset_peak_memory(device);
+    for (int64_t step = start; step < tc.steps; ++step) {
+      const data::Batch batch = train.batch(step).to(device);
+      const double lr = lab02::learning_rate(step, tc);
+      metrics::Timer timer(device);
+      const double loss = lab02::train_step(model, opt, batch, lr, tc.clip);
+      const double dt = timer.elapsed();
+      if (step % log_every == 0 || step + 1 == tc.steps) {
+        metrics::StepStats s;
+        s.step = step;
+        s.loss = loss;
+        s.lr = lr;
+        s.dt_s = dt;
+        s.tokens_per_s = lab02::tokens_per_second(B * T, dt);
+        s.mfu = lab02::mfu(s.tokens_per_s, fpt, peak);
+        s.peak_bytes = memory_stats(device).peak;
+        log::info("{}", metrics::step_line(s));
+      }
+      if ((eval_every > 0 && (step + 1) % eval_every == 0) || step + 1 == tc.steps)
+        log::info("step={} val_loss={:.4f}", step, lab02::evaluate(model, val, eval_batches));
+      if (step + 1 == tc.steps) lab02::save_checkpoint(ckpt, model, opt, step + 1);
+    }
+    if (start >= tc.steps) log::info("nothing to do: the checkpoint is at step {}", start);
+
+    // one more forward to measure what is kept for backward, next to the formula
+    {
+      const data::Batch batch = train.batch(0).to(device);
+      model.forward(batch.x, batch.y);
+      activations_measured = model.activation_bytes();
+      model.free_activations();
+    }
+    print_memory_table(lab02::estimate_memory(config, B, T, 4), memory_stats(device).peak,
+                       activations_measured);
+    log::info("checkpoint: {} (continue with --resume --steps N)", ckpt);
+
+    const int n_sample = r["sample"].as<int>();
+    if (n_sample > 0) {
+      auto out = nn::generate(model, {'\n'}, n_sample, 0.8, run.seed);
+      log::info("sample:\n{}", data::decode(out));
+    }
+    return 0;
+  });
+}

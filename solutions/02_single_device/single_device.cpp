@@ -1,0 +1,163 @@
+// Lab 02: single_device. The training loop of one device: the baseline of every later lab.
+#include "single_device.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+
+#include "common/data/corpus.hpp"
+#include "common/ops/ops.hpp"
+
+namespace scalelab::lab02 {
+
+double train_step(nn::GPT& model, optim::AdamW& opt, const data::Batch& batch, double lr,
+                  double clip) {
+  // BEGIN SOLUTION step 1: zero grads, forward, backward, (clip), AdamW step
+  // HINT: backward ACCUMULATES (+=) into the gradients: what must happen before it?
+  model.zero_grad();
+  const double loss = model.forward(batch.x, batch.y);
+  model.backward();
+  if (clip > 0) clip_gradients(model, clip);
+  opt.step(lr);
+  return loss;
+  // END SOLUTION
+}
+
+double learning_rate(int64_t step, const TrainConfig& c) {
+  // BEGIN SOLUTION step 2: linear warmup, then cosine decay to min_lr
+  if (step < c.warmup)
+    return c.max_lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup + 1);
+  if (step >= c.steps) return c.min_lr;
+  const double r = static_cast<double>(step - c.warmup) /
+                   static_cast<double>(std::max<int64_t>(1, c.steps - c.warmup));
+  return c.min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * r)) * (c.max_lr - c.min_lr);
+  // END SOLUTION
+}
+
+double clip_gradients(nn::GPT& model, double max_norm) {
+  // BEGIN SOLUTION step 2: global gradient norm over every parameter, then scale
+  // HINT: ops::sum_squares and ops::scale; the gradients are also one flat buffer
+  // HINT: (model.params().grads()).
+  Tensor& grads = model.params().grads();
+  const double norm = std::sqrt(ops::sum_squares(grads));
+  if (norm > max_norm) ops::scale(grads, max_norm / (norm + 1e-6));
+  return norm;
+  // END SOLUTION
+}
+
+double evaluate(nn::GPT& model, const data::Sampler& val, int n_batches) {
+  // BEGIN SOLUTION step 3: mean loss over validation batches 0 .. n-1
+  // HINT: GPT::loss keeps no activations; batches live on the host (Batch::to).
+  double total = 0;
+  for (int i = 0; i < n_batches; ++i) {
+    const data::Batch b = val.batch(i).to(model.device());
+    total += model.loss(b.x, b.y);
+  }
+  return n_batches > 0 ? total / n_batches : 0.0;
+  // END SOLUTION
+}
+
+double tokens_per_second(int64_t tokens, double seconds) {
+  // BEGIN SOLUTION step 4: tokens per second
+  return seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0;
+  // END SOLUTION
+}
+
+double flops_per_token(const ModelConfig& c, int64_t T) {
+  // BEGIN SOLUTION step 4: 6N + 12 L H Q T
+  const double N = static_cast<double>(parameter_count(c) - c.block_size * c.n_embd);
+  const double Q = static_cast<double>(c.n_embd / c.n_head);
+  return 6.0 * N + 12.0 * static_cast<double>(c.n_layer) * static_cast<double>(c.n_head) * Q *
+                       static_cast<double>(T);
+  // END SOLUTION
+}
+
+double mfu(double tokens_per_s, double flops_per_token, double peak_tflops) {
+  // BEGIN SOLUTION step 4: achieved FLOP/s over the peak
+  if (peak_tflops <= 0) return 0.0;
+  return tokens_per_s * flops_per_token / (peak_tflops * 1e12);
+  // END SOLUTION
+}
+
+int64_t activation_elements(const ModelConfig& c, int64_t B, int64_t T) {
+  // BEGIN SOLUTION step 5: the activations forward keeps for backward
+  const int64_t C = c.n_embd, H = c.n_head, V = c.vocab_size;
+  const int64_t per_block = 16 * B * T * C + 4 * B * T + B * H * T * T;
+  const int64_t head = 2 * B * T * C + 2 * B * T + B * T * V;
+  return c.n_layer * per_block + head;
+  // END SOLUTION
+}
+
+MemoryEstimate estimate_memory(const ModelConfig& c, int64_t B, int64_t T,
+                               int64_t bytes_per_element) {
+  MemoryEstimate m;
+  // BEGIN SOLUTION step 5: weights, gradients, AdamW moments, activations
+  const int64_t N = parameter_count(c);
+  m.weights = N * bytes_per_element;
+  m.gradients = N * bytes_per_element;
+  m.optimizer = 2 * N * bytes_per_element;
+  m.activations = activation_elements(c, B, T) * bytes_per_element;
+  // END SOLUTION
+  return m;
+}
+
+// ---- given: checkpoints ------------------------------------------------------------------------
+
+namespace {
+constexpr char kMagic[8] = {'S', 'C', 'L', 'B', 'C', 'K', 'P', '1'};
+
+struct Header {
+  char magic[8];
+  char config[24];
+  int64_t next_step, adam_steps, n_params;
+  int32_t dtype;
+};
+
+void append(std::string& out, const Tensor& t) {
+  const Tensor host = t.to(Device::cpu());
+  out.append(static_cast<const char*>(host.data_ptr()), host.nbytes());
+}
+}  // namespace
+
+void save_checkpoint(const std::string& path, nn::GPT& model, optim::AdamW& opt,
+                     int64_t next_step) {
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  std::strncpy(h.config, model.config().name.c_str(), sizeof h.config - 1);
+  h.next_step = next_step;
+  h.adam_steps = opt.steps();
+  h.n_params = model.num_parameters();
+  h.dtype = static_cast<int32_t>(model.params().values().dtype());
+  std::string bytes(reinterpret_cast<const char*>(&h), sizeof h);
+  append(bytes, model.params().values());
+  append(bytes, opt.m());
+  append(bytes, opt.v());
+  const auto dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir);
+  data::write_file_atomic(path, bytes.data(), bytes.size());
+}
+
+int64_t load_checkpoint(const std::string& path, nn::GPT& model, optim::AdamW& opt) {
+  std::ifstream in(path, std::ios::binary);
+  SCALELAB_REQUIRE(in.good(), "cannot read checkpoint '{}' (train without --resume first)", path);
+  Header h{};
+  in.read(reinterpret_cast<char*>(&h), sizeof h);
+  SCALELAB_REQUIRE(in.good() && std::memcmp(h.magic, kMagic, sizeof kMagic) == 0,
+                   "'{}' is not a scalelab checkpoint", path);
+  SCALELAB_REQUIRE(model.config().name == h.config && h.n_params == model.num_parameters() &&
+                       h.dtype == static_cast<int32_t>(model.params().values().dtype()),
+                   "checkpoint '{}' is for model '{}' ({} parameters), not '{}' ({})", path,
+                   h.config, h.n_params, model.config().name, model.num_parameters());
+  for (Tensor* t : {&model.params().values(), &opt.m(), &opt.v()}) {
+    Tensor host = Tensor::empty(t->shape(), t->dtype());
+    in.read(static_cast<char*>(host.data_ptr()), static_cast<std::streamsize>(host.nbytes()));
+    SCALELAB_REQUIRE(in.good(), "checkpoint '{}' is truncated", path);
+    t->copy_from(host);
+  }
+  opt.set_steps(h.adam_steps);
+  return h.next_step;
+}
+
+}  // namespace scalelab::lab02
