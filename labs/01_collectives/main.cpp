@@ -1,0 +1,140 @@
+// Lab 01 driver (not edited by attendees).
+//
+//   ./scalelab run 01 -n 4                      # steps 1-3: what each collective does, and your
+//                                               # ring versions checked against the library's
+//   ./scalelab run 01 -n 4 -- --bench           # step 4: your ring vs the library's all-reduce
+//   ./scalelab run 01 -n 2 -- --bench --max-bytes 1M --iters 10
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collectives.hpp"
+#include "common/cli.hpp"
+#include "common/comm/communicator.hpp"
+#include "common/log.hpp"
+#include "common/runtime.hpp"
+
+using namespace scalelab;
+using namespace scalelab::lab01;
+
+namespace {
+
+// "64M", "4K", "1G" or a plain number of bytes.
+std::size_t parse_bytes(const std::string& text, const char* option) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  std::string unit = end ? std::string(end) : "";
+  double scale = 1;
+  if (unit == "K" || unit == "k" || unit == "KiB") scale = 1024;
+  else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") scale = -1;
+  SCALELAB_REQUIRE(end != text.c_str() && scale > 0 && v >= 1,
+                   "--{} must be a size like 4, 64K or 16M, got '{}'", option, text);
+  return static_cast<std::size_t>(v * scale);
+}
+
+std::string values(const std::vector<double>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{:g}", i ? " " : "", v[i]);
+  return s + "]";
+}
+
+// Rank 0 prints one line per rank: every rank formats its line, rank 0 gathers them (stdout of
+// different ranks would otherwise interleave in any order).
+void print_in_rank_order(const std::string& line) {
+  constexpr int kBytes = 256;
+  char mine[kBytes] = {0};
+  std::strncpy(mine, line.c_str(), kBytes - 1);
+  std::vector<char> all(world_rank() == 0 ? world_size() * kBytes : 0);
+  MPI_Gather(mine, kBytes, MPI_CHAR, all.data(), kBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
+  for (int r = 0; r < world_size() && world_rank() == 0; ++r) log::info("{}", &all[r * kBytes]);
+}
+
+int demo(Communicator& world) {
+  // Step 1: every collective once, before/after on every rank.
+  const auto results = run_each_collective(world);
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    log::info("{}:", results[i].name);
+    print_in_rank_order(fmt::format("  rank {}: before {:<16} after {}", world.rank(),
+                                    values(results[i].before), values(results[i].after)));
+  }
+  // Steps 2 and 3: the ring versions against the library, on a size no rank count divides.
+  const int64_t n = 1000003;
+  int wrong = 0;
+  Tensor mine = Tensor::empty({n}), lib = Tensor::empty({n});
+  for (int64_t i = 0; i < n; ++i)
+    mine.data<float>()[i] = lib.data<float>()[i] = static_cast<float>((i % 1000) * (world.rank() + 1));
+  ring_all_reduce(world, mine);
+  world.all_reduce(lib);
+  for (int64_t i = 0; i < n; ++i) wrong += mine.data<float>()[i] != lib.data<float>()[i];
+  log::info("ring all-reduce of {} floats vs library: {}", n,
+            wrong ? fmt::format("{} wrong on rank 0", wrong) : "equal");
+  Tensor b = Tensor::from_vector({static_cast<double>(world.rank())}, {1});
+  ring_broadcast(world, b, world.size() - 1);
+  Tensor g = Tensor::zeros({world.size()});
+  ring_all_gather(world, Tensor::from_vector({10.0 * world.rank()}, {1}), g);
+  log::info("ring broadcast from rank {}: {}; ring all-gather: {}", world.size() - 1,
+            values(b.to_vector()), values(g.to_vector()));
+  return wrong ? kExitFailed : kExitOk;
+}
+
+std::string row_text(const BenchRow& r) {
+  return fmt::format("{:>10.1f} {:>7.3f} {:>7.3f} {:>7}", r.time_us, r.algbw, r.busbw, r.wrong);
+}
+
+int bench(Communicator& world, const BenchConfig& config) {
+  log::info("# all-reduce of f32 on {} ranks, backend {}: {} to {} bytes, {} iterations "
+            "(median), {} warm-up", world.size(), world.backend(), config.min_bytes,
+            config.max_bytes, config.iters, config.warmup);
+  const auto ring = run_bench(world, true, config);
+  const auto library = run_bench(world, false, config);
+  log::info("#{:>11} {:>11}  {:^35}  {:^35}", "", "", "ring (yours)", "library all_reduce");
+  log::info("#{:>11} {:>11}  {:>10} {:>7} {:>7} {:>7}  {:>10} {:>7} {:>7} {:>7}", "size", "count",
+            "time(us)", "algbw", "busbw", "#wrong", "time(us)", "algbw", "busbw", "#wrong");
+  log::info("#{:>11} {:>11}  {:>10} {:>7} {:>7} {:>7}  {:>10} {:>7} {:>7} {:>7}", "(B)",
+            "(elements)", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "(GB/s)", "");
+  int64_t wrong = 0;
+  for (std::size_t i = 0; i < ring.size(); ++i) {
+    log::info(" {:>11} {:>11}  {}  {}", ring[i].bytes, ring[i].count, row_text(ring[i]),
+              row_text(library[i]));
+    wrong += ring[i].wrong + library[i].wrong;
+  }
+  return wrong ? kExitFailed : kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options("lab01_collectives",
+                                     "Lab 01: the collectives, a ring all-reduce, and busbw");
+    cli::add_run_options(options);
+    BenchConfig d;
+    options.add_options("bench")
+        ("bench", "step 4: time your ring all-reduce against the library's (nccl-tests tables)")
+        ("min-bytes", "smallest buffer (4, 64K, 1M, ...)", cxxopts::value<std::string>()->default_value("4"))
+        ("max-bytes", "largest buffer", cxxopts::value<std::string>()->default_value("64M"))
+        ("iters", "timed iterations per size (the median is shown)", cxxopts::value<int>()->default_value(std::to_string(d.iters)))
+        ("warmup", "untimed iterations per size", cxxopts::value<int>()->default_value(std::to_string(d.warmup)));
+    auto args = cli::parse(options, argc, argv);
+    const auto run = cli::run_options(args);
+    SCALELAB_REQUIRE(run.device == "cpu", "lab 01 runs on host tensors: --device cpu");
+    auto world = Communicator::world(run.backend);
+    if (!args.count("bench")) return demo(world);
+
+    BenchConfig config;
+    config.min_bytes = parse_bytes(args["min-bytes"].as<std::string>(), "min-bytes");
+    config.max_bytes = parse_bytes(args["max-bytes"].as<std::string>(), "max-bytes");
+    config.iters = args["iters"].as<int>();
+    config.warmup = args["warmup"].as<int>();
+    SCALELAB_REQUIRE(config.min_bytes <= config.max_bytes, "--min-bytes {} is above --max-bytes {}",
+                     config.min_bytes, config.max_bytes);
+    SCALELAB_REQUIRE(config.max_bytes <= (std::size_t{1} << 32), "--max-bytes is at most 4G");
+    SCALELAB_REQUIRE(config.iters >= 1, "--iters must be at least 1, got {}", config.iters);
+    SCALELAB_REQUIRE(config.warmup >= 0, "--warmup must be >= 0, got {}", config.warmup);
+    return bench(world, config);
+  });
+}

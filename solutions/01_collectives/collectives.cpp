@@ -1,0 +1,236 @@
+// Lab 01: collectives. See README.md for the steps and collectives.hpp for the contract.
+#include "collectives.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "common/errors.hpp"
+
+namespace scalelab::lab01 {
+
+namespace {
+
+Tensor tensor_of(const std::vector<double>& values) {
+  return Tensor::from_vector(values, {static_cast<int64_t>(values.size())});
+}
+
+}  // namespace
+
+const std::vector<std::string>& step1_collectives() {
+  static const std::vector<std::string> names = {"all_reduce", "broadcast",      "reduce",
+                                                 "all_gather", "reduce_scatter", "scatter",
+                                                 "gather"};
+  return names;
+}
+
+std::vector<double> step1_input(const std::string& collective, int rank, int size) {
+  const double r = rank;
+  if (collective == "all_reduce" || collective == "reduce" || collective == "broadcast")
+    return {r + 1, 10 * (r + 1)};
+  if (collective == "all_gather" || collective == "gather") return {r};
+  std::vector<double> v;
+  if (collective == "reduce_scatter")
+    for (int j = 0; j < size; ++j) v.push_back(10 * r + j);
+  if (collective == "scatter" && rank == 0)
+    for (int j = 0; j < size; ++j) v.push_back(100 + j);
+  return v;
+}
+
+std::vector<CollectiveResult> run_each_collective(Communicator& comm) {
+  const int rank = comm.rank(), size = comm.size();
+  std::vector<CollectiveResult> results;
+  for (const std::string& name : step1_collectives()) {
+    CollectiveResult res{name, step1_input(name, rank, size), {}};
+    // BEGIN SOLUTION step 1: call each collective once and record what this rank got back
+    // HINT: in-place collectives (all_reduce, broadcast, reduce) work on one tensor; the others
+    // HINT: read `in` and write `out` (size * n or n / size elements: see communicator.hpp).
+    // HINT: tensor_of(values) makes a tensor, t.to_vector() reads one back.
+    Tensor in = tensor_of(res.before);
+    if (name == "all_reduce") {
+      comm.all_reduce(in, comm::ReduceOp::sum);
+      res.after = in.to_vector();
+    } else if (name == "broadcast") {
+      comm.broadcast(in, 0);
+      res.after = in.to_vector();
+    } else if (name == "reduce") {
+      comm.reduce(in, 0, comm::ReduceOp::sum);
+      if (rank == 0) res.after = in.to_vector();
+    } else if (name == "all_gather") {
+      Tensor out = Tensor::zeros({size});
+      comm.all_gather(in, out);
+      res.after = out.to_vector();
+    } else if (name == "reduce_scatter") {
+      Tensor out = Tensor::zeros({1});
+      comm.reduce_scatter(in, out, comm::ReduceOp::sum);
+      res.after = out.to_vector();
+    } else if (name == "scatter") {
+      Tensor out = Tensor::zeros({1});
+      comm.scatter(rank == 0 ? in : Tensor(), out, 0);
+      res.after = out.to_vector();
+    } else if (name == "gather") {
+      Tensor out = rank == 0 ? Tensor::zeros({size}) : Tensor();
+      comm.gather(in, out, 0);
+      if (rank == 0) res.after = out.to_vector();
+    }
+    // END SOLUTION
+    results.push_back(res);
+  }
+  return results;
+}
+
+int64_t chunk_begin(int64_t numel, int n, int k) {
+  const int64_t base = numel / n, extra = numel % n;
+  return k * base + std::min<int64_t>(k, extra);
+}
+
+void add_into(const Tensor& dst, const Tensor& src) {
+  SCALELAB_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype(),
+                 "add_into: {} += {}", dst.str(), src.str());
+  Tensor d = dst;  // a handle to the same memory
+  const int64_t n = d.numel();
+  if (n == 0) return;
+  if (d.dtype() == DType::f32) {
+    float* a = d.data<float>();
+    const float* b = src.data<float>();
+    for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+  } else {
+    SCALELAB_CHECK(d.dtype() == DType::f64, "add_into: f32 or f64 only, got {}", d.str());
+    double* a = d.data<double>();
+    const double* b = src.data<double>();
+    for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+  }
+}
+
+void ring_all_reduce(Communicator& comm, const Tensor& x) {
+  const int n = comm.size(), rank = comm.rank();
+  const int64_t numel = x.numel();
+  if (n == 1 || numel == 0) return;
+  const Tensor buf = x.flat(0, numel);  // 1-d view of x: chunk k is buf.flat(begin, length)
+  const int right = (rank + 1) % n, left = (rank - 1 + n) % n;
+  auto begin = [&](int k) { return chunk_begin(numel, n, k); };
+  auto length = [&](int k) { return chunk_begin(numel, n, k + 1) - chunk_begin(numel, n, k); };
+  // BEGIN SOLUTION step 2: reduce-scatter then all-gather around the ring, n-1 steps each
+  // HINT: post the recv first (recv_async), then send, then wait: if every rank sent first, a
+  // HINT: large message would wait for a recv nobody has posted yet.
+  // HINT: the chunk you receive in the reduce-scatter needs a scratch tensor: add_into it.
+  Tensor incoming = Tensor::empty({length(0)}, x.dtype(), x.device());
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_k = ((rank - s) % n + n) % n, recv_k = ((rank - s - 1) % n + n) % n;
+    Tensor in = incoming.flat(0, length(recv_k));
+    comm::Work w = comm.recv_async(in, left);
+    comm.send(buf.flat(begin(send_k), length(send_k)), right);
+    w.wait();
+    add_into(buf.flat(begin(recv_k), length(recv_k)), in);
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_k = ((rank + 1 - s) % n + n) % n, recv_k = ((rank - s) % n + n) % n;
+    comm::Work w = comm.recv_async(buf.flat(begin(recv_k), length(recv_k)), left);
+    comm.send(buf.flat(begin(send_k), length(send_k)), right);
+    w.wait();
+  }
+  // END SOLUTION
+}
+
+void ring_broadcast(Communicator& comm, const Tensor& x, int root) {
+  const int n = comm.size(), rank = comm.rank();
+  if (root < 0 || root >= n) throw std::invalid_argument("ring_broadcast: root out of range");
+  if (n == 1) return;
+  // BEGIN SOLUTION step 3: pass root's buffer along the ring
+  // HINT: every rank but the root receives from its left; every rank whose right neighbour is
+  // HINT: not the root sends to its right.
+  const int right = (rank + 1) % n, left = (rank - 1 + n) % n;
+  if (rank != root) comm.recv(x, left);
+  if (right != root) comm.send(x, right);
+  // END SOLUTION
+}
+
+void ring_all_gather(Communicator& comm, const Tensor& in, const Tensor& out) {
+  const int n = comm.size(), rank = comm.rank();
+  const int64_t m = in.numel();
+  SCALELAB_CHECK(out.numel() == m * n, "ring_all_gather: out {} must hold {} x {} elements",
+                 out.str(), n, m);
+  const Tensor buf = out.flat(0, out.numel());
+  // BEGIN SOLUTION step 3: own chunk in place, then n-1 steps around the ring
+  Tensor mine = buf.flat(rank * m, m);
+  mine.copy_from(in.flat(0, m));
+  const int right = (rank + 1) % n, left = (rank - 1 + n) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_k = ((rank - s) % n + n) % n, recv_k = ((rank - s - 1) % n + n) % n;
+    comm::Work w = comm.recv_async(buf.flat(recv_k * m, m), left);
+    comm.send(buf.flat(send_k * m, m), right);
+    w.wait();
+  }
+  // END SOLUTION
+}
+
+double all_reduce_busbw_factor(int n) {
+  if (n < 1) throw std::invalid_argument("all_reduce_busbw_factor: n must be >= 1");
+  // BEGIN SOLUTION step 4: 2(n-1)/n
+  return 2.0 * (n - 1) / n;
+  // END SOLUTION
+}
+
+BenchRow make_bench_row(std::size_t bytes, int64_t count, int ranks, std::vector<double> times_s,
+                        int64_t wrong) {
+  if (times_s.empty()) throw std::invalid_argument("make_bench_row: no times");
+  BenchRow row;
+  row.bytes = bytes;
+  row.count = count;
+  row.wrong = wrong;
+  // BEGIN SOLUTION step 4: median time, algbw = bytes / time (GB/s), busbw = algbw * factor
+  std::sort(times_s.begin(), times_s.end());
+  const std::size_t k = times_s.size();
+  const double median = k % 2 ? times_s[k / 2] : (times_s[k / 2 - 1] + times_s[k / 2]) / 2;
+  row.time_us = median * 1e6;
+  row.algbw = median > 0 ? static_cast<double>(bytes) / median / 1e9 : 0;
+  row.busbw = row.algbw * all_reduce_busbw_factor(ranks);
+  // END SOLUTION
+  return row;
+}
+
+std::vector<std::size_t> bench_sizes(const BenchConfig& config) {
+  std::vector<std::size_t> sizes;
+  for (std::size_t b = config.min_bytes; b <= config.max_bytes; b *= 2) {
+    sizes.push_back(std::max<std::size_t>(b / 4, 1) * 4);
+    if (b == 0) break;
+  }
+  return sizes;
+}
+
+std::vector<BenchRow> run_bench(Communicator& comm, bool ring, const BenchConfig& config) {
+  using Clock = std::chrono::steady_clock;
+  const int n = comm.size();
+  auto all_reduce = [&](const Tensor& t) {
+    if (ring) ring_all_reduce(comm, t);
+    else comm.all_reduce(t);
+  };
+  std::vector<BenchRow> rows;
+  for (std::size_t bytes : bench_sizes(config)) {
+    const int64_t count = static_cast<int64_t>(bytes / 4);
+    Tensor x = Tensor::zeros({count});
+    for (int i = 0; i < config.warmup; ++i) all_reduce(x);
+    Tensor times = Tensor::zeros({config.iters}, DType::f64);
+    for (int i = 0; i < config.iters; ++i) {
+      comm.barrier();
+      const auto t0 = Clock::now();
+      all_reduce(x);
+      times.data<double>()[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    comm.all_reduce(times, comm::ReduceOp::max);  // an iteration lasts as long as its slowest rank
+    // Checked run: rank r holds (i % 251) + r, integers, so the sum is exact in f32.
+    float* p = x.data<float>();
+    for (int64_t i = 0; i < count; ++i) p[i] = static_cast<float>(i % 251 + comm.rank());
+    all_reduce(x);
+    Tensor wrong = Tensor::zeros({1}, DType::f64);
+    for (int64_t i = 0; i < count; ++i)
+      if (p[i] != static_cast<float>(n * (i % 251) + n * (n - 1) / 2)) wrong.data<double>()[0] += 1;
+    comm.all_reduce(wrong, comm::ReduceOp::max);
+    const double* t = times.data<double>();
+    rows.push_back(make_bench_row(bytes, count, n, std::vector<double>(t, t + config.iters),
+                                  static_cast<int64_t>(wrong.item(0))));
+  }
+  return rows;
+}
+
+}  // namespace scalelab::lab01
