@@ -13,6 +13,7 @@ Diff compare(const Tensor& got, const Tensor& want) {
   d.got_ = got.to_vector();
   d.want_ = want.to_vector();
   d.n = static_cast<int64_t>(d.got_.size());
+  double scale = 0;
   for (int64_t i = 0; i < d.n; ++i) {
     const double g = d.got_[i], w = d.want_[i], a = std::fabs(g - w);
     if (g != w || std::isnan(g) != std::isnan(w)) d.bitwise = false;
@@ -20,8 +21,9 @@ Diff compare(const Tensor& got, const Tensor& want) {
       d.max_abs = std::isnan(a) ? INFINITY : a;
       d.worst_index = i;
     }
-    if (w != 0) d.max_rel = std::max(d.max_rel, a / std::fabs(w));
+    scale = std::max(scale, std::fabs(w));
   }
+  d.max_rel = scale > 0 ? d.max_abs / scale : (d.max_abs > 0 ? INFINITY : 0.0);
   return d;
 }
 
@@ -35,8 +37,8 @@ bool Diff::rtol_atol_ok(double rtol, double atol) const {
 
 std::string Diff::str() const {
   if (bitwise) return fmt::format("bitwise equal ({} elements)", n);
-  if (worst_index < 0) return fmt::format("max |diff| {:.3g}, max rel {:.3g}", max_abs, max_rel);
-  return fmt::format("max |diff| {:.3g} at element {} (got {:.9g}, want {:.9g}), max rel {:.3g}",
+  if (worst_index < 0) return fmt::format("max |diff| {:.3g}, relative to max |want| {:.3g}", max_abs, max_rel);
+  return fmt::format("max |diff| {:.3g} at element {} (got {:.9g}, want {:.9g}), relative to max |want| {:.3g}",
                      max_abs, worst_index, got_[worst_index], want_[worst_index], max_rel);
 }
 

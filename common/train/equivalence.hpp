@@ -16,7 +16,7 @@ namespace scalelab::train {
 /// How far `got` is from `want`, element by element (same numel; any float dtype, any device).
 struct Diff {
   double max_abs = 0;        // max |got - want|
-  double max_rel = 0;        // max |got - want| / |want| over elements with want != 0
+  double max_rel = 0;        // max |got - want| / max |want|: the error against the tensor's scale
   int64_t worst_index = -1;  // element with the largest |got - want|
   int64_t n = 0;
   bool bitwise = true;       // every element identical

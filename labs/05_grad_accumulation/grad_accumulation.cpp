@@ -1,0 +1,62 @@
+// Starter generated from solutions/05_grad_accumulation/grad_accumulation.cpp by tools/make-labs: fill in each NotImplemented
+// step (see README.md). Body hash dac1e3e4f748827f (lets make-labs see your edits).
+// Lab 05: gradient accumulation: micro-batches, scaled losses, one all-reduce per step.
+#include "grad_accumulation.hpp"
+
+#include <fmt/format.h>
+
+#include "common/allocator.hpp"
+#include "common/errors.hpp"
+#include "common/trace.hpp"
+#include "ddp.hpp"  // lab 03's reference: local_batch
+
+namespace scalelab::lab05 {
+
+std::string BatchPlan::str() const {
+  return fmt::format("global batch {} = micro-batch {} x accum {} x dp {}", global, micro, accum,
+                     dp);
+}
+
+std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum) {
+  std::vector<data::Batch> out;
+  // TODO step 1: cut the batch into accum equal row slices
+  // HINT: SCALELAB_REQUIRE(cond, "...") throws the UsageError; Batch::rows(begin, end) is a view.
+  throw scalelab::NotImplemented(
+      "lab 05 step 1: cut the batch into accum equal row slices (README.md#step-1)");
+  return out;
+}
+
+double accumulate_gradients(nn::GPT& model, const data::Batch& batch, int accum) {
+  double loss_sum = 0;
+  // TODO step 1: forward/backward each micro-batch with its loss scaled by 1/accum
+  // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
+  // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
+  throw scalelab::NotImplemented(
+      "lab 05 step 1: forward/backward each micro-batch with its loss scaled by 1/accum (README.md#step-1)");
+  return loss_sum / accum;
+}
+
+double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
+                      comm::Communicator& comm, const GradSync& sync) {
+  // TODO step 2: accumulate this rank's rows, then sync ONCE
+  // HINT: lab03::local_batch(global, comm.rank(), comm.size()) is this rank's share.
+  throw scalelab::NotImplemented(
+      "lab 05 step 2: accumulate this rank's rows, then sync ONCE (README.md#step-2)");
+}
+
+BatchPlan plan_batch(int64_t global_batch, int accum, int dp) {
+  BatchPlan plan;
+  // TODO step 3: micro = global / (accum * dp), with usage errors
+  throw scalelab::NotImplemented(
+      "lab 05 step 3: micro = global / (accum * dp), with usage errors (README.md#step-3)");
+  return plan;
+}
+
+std::size_t measure_step_peak_bytes(nn::GPT& model, const data::Batch& batch, int accum) {
+  // TODO step 4: the allocator's peak during one accumulation, above the start
+  // HINT: reset_peak_memory(device), memory_stats(device).current / .peak (common/allocator.hpp)
+  throw scalelab::NotImplemented(
+      "lab 05 step 4: the allocator's peak during one accumulation, above the start (README.md#step-4)");
+}
+
+}  // namespace scalelab::lab05

@@ -1,0 +1,89 @@
+// Lab 05 driver (not edited by attendees): DDP training with gradient accumulation, then a table
+// of the measured peak memory of one step for each number of micro-batches.
+//
+//   ./scalelab run 05 -n 4                                   # your code on 4 ranks
+//   ./scalelab run 05 --solution -n 2 -- --batch 32 --accum 8
+#include "common/cli.hpp"
+#include "common/device.hpp"
+#include "common/log.hpp"
+#include "common/optim/optim.hpp"
+#include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/loop.hpp"
+#include "ddp.hpp"
+#include "grad_accumulation.hpp"
+
+using namespace scalelab;
+
+int main(int argc, char** argv) {
+  return run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options("lab05_grad_accumulation",
+                                     "Lab 05: DDP with gradient accumulation");
+    cli::add_run_options(options);
+    train::add_train_options(options, {.batch = 32, .steps = 30});
+    options.add_options("lab 05")
+        ("accum", "micro-batches per optimizer step on each rank",
+         cxxopts::value<int>()->default_value("4"));
+    const auto parsed = cli::parse(options, argc, argv);
+    const auto run = cli::run_options(parsed);
+    const auto opt = train::read_train_options(parsed);
+    const int accum = parsed["accum"].as<int>();
+
+    auto comm = comm::Communicator::world(run.backend);
+    // A bad plan (accum 0, more ranks than rows, ...) is a usage error on every rank.
+    const lab05::BatchPlan plan = lab05::plan_batch(opt.batch, accum, comm.size());
+    const Device device = run.device == "cuda"
+                              ? Device::cuda(comm.rank() % std::max(1, cuda_device_count()))
+                              : Device::cpu();
+    const ModelConfig config = model_config(opt.model);
+    const auto tokens = train::load_train_tokens(opt);
+    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+
+    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank()});
+    lab03::broadcast_parameters(model, comm);
+    optim::AdamW adamw(optim::groups(model.parameters()));
+    const lab05::GradSync sync = [&](nn::GPT& m) { lab03::all_reduce_gradients(m, comm); };
+
+    log::info("lab 05 grad_accumulation: model {} ({} parameters), {} ranks, {} tokens per row, "
+              "{} steps", config.name,
+              metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(),
+              config.block_size, opt.steps);
+    log::info("{}", plan.str());
+    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
+                                 comm);
+    log::info("{}", reporter.mfu_note());
+    for (int64_t step = 0; step < opt.steps; ++step) {
+      const double lr = train::learning_rate(opt, step);
+      metrics::Timer timer(device);
+      const double loss = lab05::ddp_accumulate(model, sampler.batch(step), accum, comm, sync);
+      adamw.step(lr);
+      log::info("{}", reporter.line(step, loss, timer.elapsed(), lr));
+    }
+
+    // Same rows, one micro-batch or `accum`: the gradients must agree (1e-6 relative).
+    const data::Batch mine = lab03::local_batch(sampler.batch(opt.steps), comm.rank(), comm.size());
+    lab05::accumulate_gradients(model, mine, 1);
+    const Tensor whole = model.params().grads().clone();
+    lab05::accumulate_gradients(model, mine, accum);
+    const train::Diff diff = train::compare(model.params().grads(), whole);
+    log::info("this rank's {} rows as 1 batch vs {} micro-batches of {}: gradients {}", mine.batch_size(),
+              accum, plan.micro, diff.str());
+
+    // Measured peak memory of one accumulation on this rank's rows, per micro-batch count.
+    log::info("");
+    log::info("peak memory of one step above the model (allocator counters, max over ranks), "
+              "{} rows per rank:", mine.batch_size());
+    log::info("{:>6} {:>12} {:>12} {:>10}", "accum", "micro-batch", "peak", "vs accum 1");
+    double first = 0;
+    for (int a = 1; a <= mine.batch_size(); a *= 2) {
+      if (mine.batch_size() % a != 0) break;
+      Tensor peak = Tensor::from_vector(
+          {static_cast<double>(lab05::measure_step_peak_bytes(model, mine, a))}, {1}, DType::f64);
+      comm.all_reduce(peak, comm::ReduceOp::max);
+      if (a == 1) first = peak.item();
+      log::info("{:>6} {:>12} {:>12} {:>9.2f}x", a, mine.batch_size() / a,
+                metrics::human_bytes(peak.item()), peak.item() / first);
+    }
+    return diff.within(1e-6, 1e-7) ? kExitOk : kExitFailed;
+  });
+}

@@ -1,0 +1,94 @@
+// Lab 05: gradient accumulation: micro-batches, scaled losses, one all-reduce per step.
+#include "grad_accumulation.hpp"
+
+#include <fmt/format.h>
+
+#include "common/allocator.hpp"
+#include "common/errors.hpp"
+#include "common/trace.hpp"
+#include "ddp.hpp"  // lab 03's reference: local_batch
+
+namespace scalelab::lab05 {
+
+std::string BatchPlan::str() const {
+  return fmt::format("global batch {} = micro-batch {} x accum {} x dp {}", global, micro, accum,
+                     dp);
+}
+
+std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum) {
+  std::vector<data::Batch> out;
+  // BEGIN SOLUTION step 1: cut the batch into accum equal row slices
+  // HINT: SCALELAB_REQUIRE(cond, "...") throws the UsageError; Batch::rows(begin, end) is a view.
+  const int64_t rows = batch.batch_size();
+  SCALELAB_REQUIRE(accum >= 1, "accum must be at least 1, got {}", accum);
+  SCALELAB_REQUIRE(rows % accum == 0, "{} rows do not split into {} equal micro-batches", rows,
+                   accum);
+  const int64_t m = rows / accum;
+  for (int i = 0; i < accum; ++i) out.push_back(batch.rows(i * m, (i + 1) * m));
+  // END SOLUTION
+  return out;
+}
+
+double accumulate_gradients(nn::GPT& model, const data::Batch& batch, int accum) {
+  double loss_sum = 0;
+  // BEGIN SOLUTION step 1: forward/backward each micro-batch with its loss scaled by 1/accum
+  // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
+  // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
+  model.zero_grad();
+  for (const data::Batch& mb : micro_batches(batch, accum)) {
+    const data::Batch on = mb.to(model.device());
+    loss_sum += model.forward(on.x, on.y);
+    model.backward(1.0 / accum);
+    model.free_activations();  // else the next forward holds two micro-batches at once
+  }
+  // END SOLUTION
+  return loss_sum / accum;
+}
+
+double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
+                      comm::Communicator& comm, const GradSync& sync) {
+  // BEGIN SOLUTION step 2: accumulate this rank's rows, then sync ONCE
+  // HINT: lab03::local_batch(global, comm.rank(), comm.size()) is this rank's share.
+  const data::Batch mine = lab03::local_batch(global, comm.rank(), comm.size());
+  const double local_loss = accumulate_gradients(model, mine, accum);  // no sync inside
+  {
+    trace::Scope scope("sync");
+    sync(model);  // after the last micro-batch only
+  }
+  Tensor loss = Tensor::from_vector({local_loss}, {1}, DType::f64);
+  comm.all_reduce(loss, comm::ReduceOp::sum);
+  return loss.item() / comm.size();
+  // END SOLUTION
+}
+
+BatchPlan plan_batch(int64_t global_batch, int accum, int dp) {
+  BatchPlan plan;
+  // BEGIN SOLUTION step 3: micro = global / (accum * dp), with usage errors
+  SCALELAB_REQUIRE(accum >= 1, "--accum must be at least 1, got {}", accum);
+  SCALELAB_REQUIRE(dp >= 1, "the data-parallel size must be at least 1, got {}", dp);
+  SCALELAB_REQUIRE(global_batch % (static_cast<int64_t>(accum) * dp) == 0 &&
+                       global_batch >= static_cast<int64_t>(accum) * dp,
+                   "a global batch of {} rows does not split into accum {} x dp {} equal "
+                   "micro-batches: make --batch a multiple of {}",
+                   global_batch, accum, dp, static_cast<int64_t>(accum) * dp);
+  plan.global = global_batch;
+  plan.accum = accum;
+  plan.dp = dp;
+  plan.micro = global_batch / (static_cast<int64_t>(accum) * dp);
+  // END SOLUTION
+  return plan;
+}
+
+std::size_t measure_step_peak_bytes(nn::GPT& model, const data::Batch& batch, int accum) {
+  // BEGIN SOLUTION step 4: the allocator's peak during one accumulation, above the start
+  // HINT: reset_peak_memory(device), memory_stats(device).current / .peak (common/allocator.hpp)
+  const Device dev = model.device();
+  model.free_activations();
+  reset_peak_memory(dev);
+  const std::size_t before = memory_stats(dev).current;
+  accumulate_gradients(model, batch, accum);
+  return memory_stats(dev).peak - before;
+  // END SOLUTION
+}
+
+}  // namespace scalelab::lab05

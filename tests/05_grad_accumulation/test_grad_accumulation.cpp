@@ -1,0 +1,222 @@
+// Lab 05 graders. The heart: `accum` micro-batches of m rows give the gradient of one batch of
+// accum*m rows, on one device and with DDP, computed here against the single-device run.
+// Tolerances (design.md): accumulating equal-size micro-batches adds the same terms in another
+// grouping (each matmul sums over m rows, then the micro-batches add up), so single-device
+// accumulation is compared at 1e-6 relative (+1e-7 absolute for the gradients that are nearly
+// 0); with DDP the all-reduce changes the order again: 1e-5 relative / 1e-6 absolute.
+// Memory is measured by the allocator's counters, which are exact: no timing anywhere.
+#include <gtest/gtest.h>
+
+#include "common/errors.hpp"
+#include "common/ops/ops.hpp"
+#include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/reference.hpp"
+#include "ddp.hpp"
+#include "grad_accumulation.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+constexpr uint64_t kSeed = 99;
+constexpr int64_t kGlobalBatch = 16;  // 1, 2, 4 ranks x accum 1, 2, 4
+constexpr double kAccumRtol = 1e-6, kAccumAtol = 1e-7;
+constexpr double kDdpRtol = 1e-5, kDdpAtol = 1e-6;
+
+comm::Communicator& world() {
+  static comm::Communicator c = comm::Communicator::world("mpi");
+  return c;
+}
+
+const std::vector<uint16_t>& corpus() {
+  static const std::vector<uint16_t> tokens = train::synthetic_corpus(8192, 5);
+  return tokens;
+}
+
+const ModelConfig& config() {
+  static const ModelConfig c = train::test_config();
+  return c;
+}
+
+data::Batch global_batch(int64_t step = 0) {
+  return data::Sampler(corpus(), kGlobalBatch, config().block_size, kSeed).batch(step);
+}
+
+testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want, double rtol,
+                                             double atol) {
+  const train::Diff d = train::compare(got, want);
+  if (train::on_every_rank(d.within(rtol, atol), world())) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "not within rtol " << rtol << " atol " << atol
+                                     << " on every rank; on this rank: " << d.str();
+}
+
+// The planted fault of step 1: micro-batch losses NOT scaled by 1/accum.
+double unscaled_accumulation(nn::GPT& model, const data::Batch& batch, int accum) {
+  model.zero_grad();
+  double sum = 0;
+  const int64_t m = batch.batch_size() / accum;
+  for (int i = 0; i < accum; ++i) {
+    sum += model.forward(batch.x.rows(i * m, (i + 1) * m), batch.y.rows(i * m, (i + 1) * m));
+    model.backward();  // fault: loss_scale 1 instead of 1/accum
+  }
+  return sum / accum;
+}
+
+}  // namespace
+
+// ---- Step 1 -------------------------------------------------------------------------------------
+
+TEST(Step1_MicroBatches, EqualSlicesInOrder) {
+  const data::Batch b = global_batch();
+  for (int accum : {1, 2, 4, 16}) {
+    const auto mbs = lab05::micro_batches(b, accum);
+    ASSERT_EQ(static_cast<int>(mbs.size()), accum);
+    const int64_t m = kGlobalBatch / accum;
+    for (int i = 0; i < accum; ++i) {
+      EXPECT_EQ(mbs[i].batch_size(), m);
+      EXPECT_TRUE(mbs[i].x.shares_storage_with(b.x)) << "views, not copies";
+      EXPECT_EQ(mbs[i].x.to_vector(), b.x.rows(i * m, (i + 1) * m).to_vector());
+      EXPECT_EQ(mbs[i].y.to_vector(), b.y.rows(i * m, (i + 1) * m).to_vector());
+    }
+  }
+  EXPECT_THROW(lab05::micro_batches(b, 0), UsageError) << "accum 0";
+  EXPECT_THROW(lab05::micro_batches(b, 3), UsageError) << "16 rows into 3";
+  EXPECT_THROW(lab05::micro_batches(b, 32), UsageError) << "more micro-batches than rows";
+}
+
+TEST(Step1_Accumulate, MicroBatchesEqualTheBigBatch) {
+  const data::Batch b = global_batch();
+  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  for (int accum : {1, 2, 4}) {
+    nn::GPT model(config(), {.seed = kSeed});
+    const double loss = lab05::accumulate_gradients(model, b, accum);
+    EXPECT_NEAR(loss, ref.loss, 1e-6 * ref.loss) << "accum " << accum;
+    const train::Diff d = train::compare(model.params().grads(), ref.grads);
+    EXPECT_TRUE(d.within(kAccumRtol, kAccumAtol)) << "accum " << accum << ": " << d.str();
+    if (accum == 1) EXPECT_TRUE(d.bitwise) << "one micro-batch IS the big batch: " << d.str();
+  }
+}
+
+TEST(Step1_Accumulate, StartsFromZeroGradients) {
+  const data::Batch b = global_batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  ops::fill(model.params().grads(), 3.0);  // stale gradients of the last step
+  lab05::accumulate_gradients(model, b, 2);
+  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  EXPECT_TRUE(train::compare(model.params().grads(), ref.grads).within(kAccumRtol, kAccumAtol));
+}
+
+TEST(Step1_PlantedFault, UnscaledMicroBatchLossIsCaught) {
+  const data::Batch b = global_batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  unscaled_accumulation(model, b, 4);
+  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  EXPECT_FALSE(train::compare(model.params().grads(), ref.grads).within(kAccumRtol, kAccumAtol))
+      << "the check of Step1_Accumulate must fail when the micro-batch losses are not scaled";
+}
+
+// ---- Step 2 -------------------------------------------------------------------------------------
+
+TEST(Step2_DdpAccumulate, EqualsSingleDeviceWithOneSync) {
+  const data::Batch b = global_batch();
+  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  const int64_t local_rows = kGlobalBatch / world().size();
+  for (int accum : {1, 2, 4}) {
+    nn::GPT model(config(), {.seed = kSeed});
+    // What the gradient must be when sync is called: this rank's rows, fully accumulated.
+    const train::Reference local = train::single_device_step(
+        config(), kSeed, b.rows(world().rank() * local_rows, (world().rank() + 1) * local_rows));
+    int syncs = 0;
+    bool complete_at_sync = true;
+    const double loss = lab05::ddp_accumulate(model, b, accum, world(), [&](nn::GPT& m) {
+      ++syncs;
+      complete_at_sync = complete_at_sync &&
+                         train::compare(m.params().grads(), local.grads).within(1e-6, 1e-7);
+      lab03::all_reduce_gradients(m, world());
+    });
+    EXPECT_EQ(syncs, 1) << "accum " << accum << ": one all-reduce per step, not per micro-batch";
+    EXPECT_TRUE(complete_at_sync) << "accum " << accum
+                                  << ": sync must come after the LAST micro-batch's backward";
+    EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss) << "accum " << accum << ": the global loss";
+    EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kDdpRtol, kDdpAtol))
+        << "accum " << accum;
+  }
+}
+
+TEST(Step2_DdpAccumulate, BadSplitsAreUsageErrors) {
+  nn::GPT model(config(), {.seed = kSeed});
+  auto sync = [](nn::GPT& m) { lab03::all_reduce_gradients(m, world()); };
+  EXPECT_THROW(lab05::ddp_accumulate(model, global_batch(), 0, world(), sync), UsageError);
+  EXPECT_THROW(lab05::ddp_accumulate(model, global_batch(), 64, world(), sync), UsageError);
+}
+
+// ---- Step 3 -------------------------------------------------------------------------------------
+
+TEST(Step3_BatchPlan, GlobalIsMicroTimesAccumTimesDp) {
+  const lab05::BatchPlan p = lab05::plan_batch(64, 4, 2);
+  EXPECT_EQ(p.micro, 8);
+  EXPECT_EQ(p.accum, 4);
+  EXPECT_EQ(p.dp, 2);
+  EXPECT_EQ(p.global, 64);
+  EXPECT_EQ(p.micro * p.accum * p.dp, p.global);
+  EXPECT_EQ(lab05::plan_batch(16, 1, 1).micro, 16);
+  EXPECT_EQ(lab05::plan_batch(16, 16, 1).micro, 1);
+  EXPECT_EQ(lab05::plan_batch(512, 8, 64).micro, 1);
+  EXPECT_EQ(lab05::plan_batch(kGlobalBatch, 2, world().size()).micro, 8 / world().size());
+}
+
+TEST(Step3_BatchPlan, BadPlansAreUsageErrors) {
+  EXPECT_THROW(lab05::plan_batch(16, 0, 2), UsageError) << "accum 0";
+  EXPECT_THROW(lab05::plan_batch(16, -1, 2), UsageError) << "accum -1";
+  EXPECT_THROW(lab05::plan_batch(16, 1, 0), UsageError) << "dp 0";
+  EXPECT_THROW(lab05::plan_batch(16, 3, 2), UsageError) << "16 rows into 3 x 2";
+  EXPECT_THROW(lab05::plan_batch(4, 1, 8), UsageError) << "more ranks than rows";
+  EXPECT_THROW(lab05::plan_batch(8, 4, 4), UsageError) << "micro-batch of half a row";
+  try {
+    lab05::plan_batch(16, 3, 2);
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("16"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Step3_BatchPlan, PlanAndAccumulationGiveTheGlobalBatchGradient) {
+  // The plan's micro-batches, accumulated and all-reduced: the single-device gradient again.
+  const lab05::BatchPlan p = lab05::plan_batch(kGlobalBatch, 2, world().size());
+  const data::Batch b = global_batch(3);
+  nn::GPT model(config(), {.seed = kSeed});
+  lab05::ddp_accumulate(model, b, p.accum, world(),
+                        [](nn::GPT& m) { lab03::all_reduce_gradients(m, world()); });
+  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kDdpRtol, kDdpAtol));
+  EXPECT_EQ(p.str(), fmt::format("global batch 16 = micro-batch {} x accum 2 x dp {}",
+                                 8 / world().size(), world().size()));
+}
+
+// ---- Step 4 -------------------------------------------------------------------------------------
+
+TEST(Step4_Memory, AccumulationCutsThePeak) {
+  const data::Batch b = global_batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  const std::size_t big = lab05::measure_step_peak_bytes(model, b, 1);
+  const std::size_t four = lab05::measure_step_peak_bytes(model, b, 4);
+  // the big batch's forward alone holds its activations: the peak is at least that
+  nn::GPT probe(config(), {.seed = kSeed});
+  probe.forward(b.x, b.y);
+  EXPECT_GE(big, probe.activation_bytes());
+  // activations scale with the rows: a quarter of the rows, about a quarter of the peak (the
+  // fixed part is tiny here: temporaries of one layer)
+  EXPECT_LT(four, big * 0.40) << "big batch " << big << " B, 4 micro-batches " << four << " B";
+  EXPECT_GT(four, big * 0.15) << "big batch " << big << " B, 4 micro-batches " << four << " B";
+  // measured, so repeatable
+  EXPECT_EQ(lab05::measure_step_peak_bytes(model, b, 4), four);
+}
+
+TEST(Step4_Memory, MeasuresAboveWhatWasAllocatedBefore) {
+  const data::Batch b = global_batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  const std::size_t alone = lab05::measure_step_peak_bytes(model, b, 2);
+  Tensor ballast = Tensor::zeros({1 << 20});  // 4 MiB held across the measurement
+  EXPECT_EQ(lab05::measure_step_peak_bytes(model, b, 2), alone)
+      << "memory allocated before the step is not the step's";
+}
