@@ -303,6 +303,7 @@ std::string build_report(const std::string& dir, int rank, int world_size) {
   if (!members.empty() && w->kind != "send" && w->kind != "recv") {
     std::string seqs;
     std::vector<int> behind;
+    std::string mismatch;  // same sequence number, different collective
     std::stringstream ss(members);
     std::string item;
     while (std::getline(ss, item, ',')) {
@@ -315,6 +316,10 @@ std::string build_report(const std::string& dir, int rank, int world_size) {
         if (x.group == w->group && x.kind != "send" && x.kind != "recv") {
           at = fmt::format("in {} #{}", x.kind, x.seq);
           waiting_here = true;
+          if (x.seq == w->seq && x.kind != w->kind && mismatch.empty())
+            mismatch = fmt::format("\n  rank {} entered {} #{} where rank {} entered {} #{}: the "
+                                   "ranks called different collectives",
+                                   r, x.kind, x.seq, rank, w->kind, w->seq);
           if (x.seq < w->seq) behind.push_back(r);
           break;
         }
@@ -329,6 +334,7 @@ std::string build_report(const std::string& dir, int rank, int world_size) {
       seqs += fmt::format("{}rank {} {}", seqs.empty() ? "" : ", ", r, at);
     }
     out += fmt::format("\n  group {} sequence numbers: {}", w->group, seqs);
+    out += mismatch;
     if (!behind.empty())
       out += fmt::format("\n  {} did not reach {} #{} of group {} (skipped a collective, or still "
                          "computing)",

@@ -1,5 +1,5 @@
 // Starter generated from solutions/00_hello_dist/hello_dist.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash a64d83fa5ea16237 (lets make-labs see your edits).
+// step (see README.md). Body hash a5d09951925e8d1d (lets make-labs see your edits).
 // Lab 00: hello_dist. Where does each rank run, which device does it use, can all ranks talk?
 #include "hello_dist.hpp"
 
@@ -84,8 +84,10 @@ std::string choose_device(int local_rank, int gpu_count, bool want_gpu) {
       "lab 00 step 2: pick cpu or cuda:N from the local rank and the GPU count (README.md#step-2)");
 }
 
-long long all_reduce_rank_ids(MPI_Comm comm) {
+long long all_reduce_rank_ids(comm::Communicator& comm) {
   // TODO step 3: all-reduce (sum) every rank's id
+  // HINT: a one-element f64 tensor holds any id sum exactly: Tensor::from_vector({...}, {1},
+  // HINT: DType::f64); comm.all_reduce sums it in place; item(0) reads it back.
   throw scalelab::NotImplemented(
       "lab 00 step 3: all-reduce (sum) every rank's id (README.md#step-3)");
 }

@@ -11,6 +11,8 @@
 
 #include <mpi.h>
 
+#include "common/comm/communicator.hpp"
+
 namespace scalelab::lab00 {
 
 /// Reads one environment variable: nullopt when it is not set. The program passes the real
@@ -62,8 +64,10 @@ std::string choose_device(int local_rank, int gpu_count, bool want_gpu);
 
 // ---- Step 3: a first all-reduce -------------------------------------------------------------
 
-/// Step 3a. Sum of every rank's id over `comm` with one all-reduce; every rank gets the sum.
-long long all_reduce_rank_ids(MPI_Comm comm);
+/// Step 3a. Sum of every rank's id (comm.rank()) with one all-reduce on `comm`, scalelab's
+/// communicator (common/comm/communicator.hpp) that every later lab talks through; every rank
+/// gets the sum. Works on any communicator: the world, a split of it, or a world of one.
+long long all_reduce_rank_ids(comm::Communicator& comm);
 
 /// Step 3b. The sum all_reduce_rank_ids must return for `world_size` ranks: 0+1+...+(n-1).
 long long expected_rank_id_sum(int world_size);

@@ -62,8 +62,10 @@ int main(int argc, char** argv) {
                             backend, lab00::detect_launcher(env)));
     log::info("local rank from: {}", where.source);
 
-    const long long sum = lab00::all_reduce_rank_ids(MPI_COMM_WORLD);
-    const long long expected = lab00::expected_rank_id_sum(world_size());
+    // The ids live in a host tensor: nccl (device memory) falls back to auto, which uses mpi.
+    auto world = comm::Communicator::world(run.backend == "nccl" ? "auto" : run.backend);
+    const long long sum = lab00::all_reduce_rank_ids(world);
+    const long long expected = lab00::expected_rank_id_sum(world.size());
     int wrong = sum != expected, ranks_wrong = 0;
     MPI_Allreduce(&wrong, &ranks_wrong, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (wrong) log::every_rank("all-reduce of rank ids gave {}, expected {}", sum, expected);

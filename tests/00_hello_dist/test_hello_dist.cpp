@@ -143,15 +143,16 @@ TEST(Step3_AllReduce, ExpectedSum) {
 }
 
 TEST(Step3_AllReduce, EveryRankGetsTheSum) {
-  EXPECT_EQ(all_reduce_rank_ids(MPI_COMM_WORLD), expected_rank_id_sum(world_size()));
+  auto world = comm::Communicator::world("mpi");
+  EXPECT_EQ(all_reduce_rank_ids(world), expected_rank_id_sum(world_size()));
 }
 
 TEST(Step3_AllReduce, WorksOnASubCommunicator) {
   // Even and odd ranks: each group sums its own ranks (0,1,.. within the group).
-  MPI_Comm half;
-  MPI_Comm_split(MPI_COMM_WORLD, world_rank() % 2, world_rank(), &half);
-  int half_size = 0;
-  MPI_Comm_size(half, &half_size);
-  EXPECT_EQ(all_reduce_rank_ids(half), expected_rank_id_sum(half_size));
-  MPI_Comm_free(&half);
+  auto world = comm::Communicator::world("mpi");
+  auto half = world.split(world.rank() % 2, world.rank(), "half");
+  EXPECT_EQ(all_reduce_rank_ids(half), expected_rank_id_sum(half.size()));
+  // A world of one (the self backend) sums just its own id, 0.
+  auto self = comm::Communicator::world("self");
+  EXPECT_EQ(all_reduce_rank_ids(self), 0);
 }
