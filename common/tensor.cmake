@@ -31,7 +31,14 @@ set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/data/corpus.cpp PROPERTIES
   COMPILE_DEFINITIONS SCALELAB_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 if(SCALELAB_WITH_CUDA)
   target_sources(scalelab_common PRIVATE
-    ${CMAKE_CURRENT_LIST_DIR}/allocator_cuda.cu)
+    ${CMAKE_CURRENT_LIST_DIR}/allocator_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/context.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/matmul_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/pointwise_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/norm_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/attention_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/embedding_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/optim_cuda.cu)
 else()
   target_sources(scalelab_common PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/allocator_nocuda.cpp

@@ -17,10 +17,10 @@ namespace scalelab::lab02 {
 
 /// Hyper-parameters of a run (the driver's options).
 struct TrainConfig {
-  double max_lr = 1e-3;   ///< peak learning rate, reached at the end of warmup
+  double max_lr = 2e-3;   ///< peak learning rate, reached at the end of warmup
   double min_lr = 1e-4;   ///< floor of the cosine decay
   int64_t warmup = 20;    ///< linear warmup steps
-  int64_t steps = 300;    ///< total steps; the cosine reaches min_lr here
+  int64_t steps = 500;    ///< total steps; the cosine reaches min_lr here
   double clip = 1.0;      ///< max global gradient norm; <= 0 disables clipping
 };
 

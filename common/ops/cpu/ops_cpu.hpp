@@ -1,20 +1,8 @@
 #pragma once
 // The host backend of common/ops: OpenBLAS for matmuls, plain loops for the rest.
+#include "common/ops/dispatch.hpp"
 #include "common/ops/ops.hpp"
 
 namespace scalelab::ops::cpu {
 #include "common/ops/backend.inc"
 }  // namespace scalelab::ops::cpu
-
-// Runs the body with type `name` = float or double according to `dtype` (both backends).
-// SCALELAB_FLOAT_TYPES names it T; files where T is the sequence length (llm.c's name) use
-// SCALELAB_FLOAT_TYPES_AS(dtype, scalar_t, ...).
-#define SCALELAB_FLOAT_TYPES_AS(dtype, name, ...)                                         \
-  do {                                                                                    \
-    switch (dtype) {                                                                      \
-      case ::scalelab::DType::f32: { using name = float; __VA_ARGS__; break; }           \
-      case ::scalelab::DType::f64: { using name = double; __VA_ARGS__; break; }          \
-      default: SCALELAB_CHECK(false, "op needs f32 or f64, got {}", dtype_name(dtype)); \
-    }                                                                                     \
-  } while (0)
-#define SCALELAB_FLOAT_TYPES(dtype, ...) SCALELAB_FLOAT_TYPES_AS(dtype, T, __VA_ARGS__)

@@ -1,0 +1,112 @@
+// Embedding and cross-entropy kernels. The embedding backward sums in a fixed order (one thread
+// per column, tokens in order) rather than with atomics, so results are deterministic.
+#include "common/ops/cuda/kernels.cuh"
+
+namespace scalelab::ops::cuda {
+
+namespace {
+template <class S>
+__global__ void embedding_forward_kernel(S* out, const int32_t* ids, const S* wte, const S* wpe,
+                                         int64_t n, int64_t T, int64_t C) {
+  SCALELAB_GRID_STRIDE(i, n) {
+    const int64_t c = i % C, bt = i / C, t = bt % T;
+    out[i] = wte[ids[bt] * C + c] + wpe[t * C + c];
+  }
+}
+
+template <class S>
+__global__ void embedding_backward_wpe_kernel(S* dwpe, const S* dout, int64_t B, int64_t T,
+                                              int64_t C) {
+  SCALELAB_GRID_STRIDE(i, T * C) {
+    const int64_t t = i / C, c = i % C;
+    S s = 0;
+    for (int64_t b = 0; b < B; ++b) s += dout[(b * T + t) * C + c];
+    dwpe[i] += s;
+  }
+}
+
+// one thread per column c: walks the tokens in order, adding into its column of dwte
+template <class S>
+__global__ void embedding_backward_wte_kernel(S* dwte, const S* dout, const int32_t* ids,
+                                              int64_t N, int64_t C) {
+  SCALELAB_GRID_STRIDE(c, C) {
+    for (int64_t n = 0; n < N; ++n) dwte[ids[n] * C + c] += dout[n * C + c];
+  }
+}
+
+template <class S>
+__global__ void cross_entropy_forward_kernel(S* losses, S* probs, const S* logits,
+                                             const int32_t* targets, int64_t N, int64_t V) {
+  const int64_t row = warp_row();
+  if (row >= N) return;
+  const S* x = logits + row * V;
+  S mx = -INFINITY;
+  for (int64_t v = lane(); v < V; v += kWarp) mx = x[v] > mx ? x[v] : mx;
+  mx = warp_max(mx);
+  S s = 0;
+  for (int64_t v = lane(); v < V; v += kWarp) s += exp(x[v] - mx);
+  s = warp_sum(s);
+  for (int64_t v = lane(); v < V; v += kWarp) probs[row * V + v] = exp(x[v] - mx) / s;
+  if (lane() == 0) losses[row] = log(s) + mx - x[targets[row]];
+}
+
+template <class S>
+__global__ void cross_entropy_backward_kernel(S* dlogits, const S* probs, const int32_t* targets,
+                                              int64_t N, int64_t V, S dloss) {
+  SCALELAB_GRID_STRIDE(i, N * V) {
+    const int64_t n = i / V, v = i % V;
+    dlogits[i] = dloss * (probs[i] - (v == targets[n] ? S(1) : S(0)));
+  }
+}
+}  // namespace
+
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
+  use_device(out);
+  const int64_t n = out.numel(), T = out.size(1), C = out.size(2);
+  SCALELAB_FLOAT_TYPES_AS(out.dtype(), scalar_t,
+      embedding_forward_kernel<<<blocks_for(n), kThreads>>>(
+          out.data<scalar_t>(), tokens.data<int32_t>(), wte.data<scalar_t>(),
+          wpe.data<scalar_t>(), n, T, C));
+  CUDA_CHECK_LAUNCH();
+}
+
+void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+  use_device(dout);
+  const int64_t B = dout.size(0), T = dout.size(1), C = dout.size(2);
+  SCALELAB_FLOAT_TYPES_AS(dout.dtype(), scalar_t, {
+    if (dwpe.defined()) {
+      embedding_backward_wpe_kernel<<<blocks_for(T * C), kThreads>>>(
+          dwpe.data<scalar_t>(), dout.data<scalar_t>(), B, T, C);
+      CUDA_CHECK_LAUNCH();
+    }
+    if (dwte.defined()) {
+      embedding_backward_wte_kernel<<<blocks_for(C), kThreads>>>(
+          dwte.data<scalar_t>(), dout.data<scalar_t>(), tokens.data<int32_t>(), B * T, C);
+      CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
+                           const Tensor& targets) {
+  use_device(losses);
+  const int64_t N = logits.size(0), V = logits.size(1);
+  SCALELAB_FLOAT_TYPES_AS(logits.dtype(), scalar_t,
+      cross_entropy_forward_kernel<<<blocks_for_rows(N), kThreads>>>(
+          losses.data<scalar_t>(), probs.data<scalar_t>(), logits.data<scalar_t>(),
+          targets.data<int32_t>(), N, V));
+  CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
+                            double dloss) {
+  use_device(dlogits);
+  const int64_t N = probs.size(0), V = probs.size(1);
+  SCALELAB_FLOAT_TYPES_AS(probs.dtype(), scalar_t,
+      cross_entropy_backward_kernel<<<blocks_for(N * V), kThreads>>>(
+          dlogits.data<scalar_t>(), probs.data<scalar_t>(), targets.data<int32_t>(), N, V,
+          scalar_t(dloss)));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace scalelab::ops::cuda

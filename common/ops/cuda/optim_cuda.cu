@@ -1,0 +1,94 @@
+// Reductions and optimizer updates. Sums are two-pass with a fixed grid (per-block partials in
+// double, added on the host in order): deterministic, unlike atomics.
+#include <vector>
+
+#include "common/ops/cuda/kernels.cuh"
+
+namespace scalelab::ops::cuda {
+
+namespace {
+constexpr int kSumBlocks = 256;
+
+template <class S, bool kSquare>
+__global__ void partial_sum_kernel(double* partial, const S* x, int64_t n) {
+  __shared__ double shared[kThreads];
+  double s = 0;
+  SCALELAB_GRID_STRIDE(i, n) {
+    const double v = static_cast<double>(x[i]);
+    s += kSquare ? v * v : v;
+  }
+  shared[threadIdx.x] = s;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = shared[0];
+}
+
+template <bool kSquare>
+double reduce(const Tensor& x) {
+  use_device(x);
+  double* partial = nullptr;
+  CUDA_CHECK(cudaMalloc(&partial, kSumBlocks * sizeof(double)));  // tiny scratch, not counted
+  SCALELAB_FLOAT_TYPES(x.dtype(), partial_sum_kernel<T, kSquare><<<kSumBlocks, kThreads>>>(
+                                      partial, x.data<T>(), x.numel()));
+  CUDA_CHECK_LAUNCH();
+  std::vector<double> host(kSumBlocks);
+  CUDA_CHECK(cudaMemcpy(host.data(), partial, kSumBlocks * sizeof(double), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaFree(partial));
+  double s = 0;
+  for (double v : host) s += v;
+  return s;
+}
+
+template <class S>
+__global__ void adamw_kernel(S* p, const S* g, S* m, S* v, int64_t n, S lr, S b1, S b2, S eps,
+                             S wd, S c1, S c2) {
+  SCALELAB_GRID_STRIDE(i, n) {
+    m[i] = b1 * m[i] + (S(1) - b1) * g[i];
+    v[i] = b2 * v[i] + (S(1) - b2) * g[i] * g[i];
+    const S mhat = m[i] / c1, vhat = v[i] / c2;
+    p[i] -= lr * (mhat / (sqrt(vhat) + eps) + wd * p[i]);
+  }
+}
+
+template <class S>
+__global__ void sgd_kernel(S* p, const S* g, S* buf, int64_t n, S lr, S momentum, S wd,
+                           bool first) {
+  SCALELAB_GRID_STRIDE(i, n) {
+    S d = g[i] + wd * p[i];
+    if (buf) {
+      buf[i] = first ? d : momentum * buf[i] + d;
+      d = buf[i];
+    }
+    p[i] -= lr * d;
+  }
+}
+}  // namespace
+
+double sum(const Tensor& x) { return reduce<false>(x); }
+double sum_squares(const Tensor& x) { return reduce<true>(x); }
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a) {
+  use_device(param);
+  const int64_t n = param.numel();
+  const double c1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+  const double c2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+  SCALELAB_FLOAT_TYPES(param.dtype(), adamw_kernel<<<blocks_for(n), kThreads>>>(
+      param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), n, T(a.lr), T(a.beta1),
+      T(a.beta2), T(a.eps), T(a.weight_decay), T(c1), T(c2)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, double lr, double momentum,
+                double weight_decay, bool first_step) {
+  use_device(param);
+  const int64_t n = param.numel();
+  SCALELAB_FLOAT_TYPES(param.dtype(), sgd_kernel<<<blocks_for(n), kThreads>>>(
+      param.data<T>(), grad.data<T>(), momentum > 0 ? buf.data<T>() : nullptr, n, T(lr),
+      T(momentum), T(weight_decay), first_step));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace scalelab::ops::cuda

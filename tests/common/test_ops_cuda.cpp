@@ -1,0 +1,165 @@
+// Every CUDA op against its host twin, and a GPT step on both (label gpu; skipped without a GPU).
+// Tolerance (design.md): fp32 with TF32 off, |cuda - cpu| <= 1e-4 * max(1, |cpu|) per element
+// (GPT gradients: relative to the largest |gradient| of the parameter).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "common/device.hpp"
+#include "common/nn/gpt.hpp"
+#include "common/ops/ops.hpp"
+#include "common/optim/optim.hpp"
+#include "tests/common/gradcheck.hpp"
+
+using namespace scalelab;
+using namespace scalelab::testing;
+
+namespace {
+constexpr double kTol = 1e-4;
+const Device gpu = Device::cuda(0);
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    ops::set_allow_tf32(false);
+  }
+};
+
+Tensor rnd(std::vector<int64_t> shape, uint64_t seed, double lo = -1, double hi = 1) {
+  return uniform(std::move(shape), seed, DType::f32, lo, hi);
+}
+
+void expect_close(const Tensor& cuda, const Tensor& cpu, const std::string& what) {
+  const Tensor c = cuda.to(Device::cpu());
+  ASSERT_EQ(c.shape(), cpu.shape()) << what;
+  for (int64_t i = 0; i < cpu.numel(); ++i)
+    ASSERT_LE(std::abs(c.item(i) - cpu.item(i)), kTol * std::max(1.0, std::abs(cpu.item(i))))
+        << what << " element " << i << ": cuda " << c.item(i) << " cpu " << cpu.item(i);
+}
+
+// Runs `op` on host copies and on device copies of `args`, then compares every arg.
+void same_on_both(const std::string& what, std::vector<Tensor> args,
+                  const std::function<void(std::vector<Tensor>&)>& op) {
+  std::vector<Tensor> host, dev;
+  for (const Tensor& t : args) {
+    host.push_back(t.clone());
+    dev.push_back(t.to(gpu));
+  }
+  op(host);
+  op(dev);
+  for (std::size_t i = 0; i < args.size(); ++i) expect_close(dev[i], host[i], what + " arg " + std::to_string(i));
+}
+}  // namespace
+
+TEST_F(CudaOps, Matmul) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Tensor a = ta ? rnd({37, 23}, 1) : rnd({23, 37}, 1), b = tb ? rnd({19, 37}, 2) : rnd({37, 19}, 2);
+      same_on_both("matmul", {rnd({23, 19}, 3), a, b}, [&](std::vector<Tensor>& t) {
+        ops::matmul(t[0], t[1], t[2], ta, tb, 0.5, 1.0);
+      });
+      Tensor ba = ta ? rnd({3, 9, 5}, 4) : rnd({3, 5, 9}, 4), bb = tb ? rnd({3, 7, 9}, 5) : rnd({3, 9, 7}, 5);
+      same_on_both("batched_matmul", {rnd({3, 5, 7}, 6), ba, bb}, [&](std::vector<Tensor>& t) {
+        ops::batched_matmul(t[0], t[1], t[2], ta, tb);
+      });
+    }
+}
+
+TEST_F(CudaOps, Pointwise) {
+  same_on_both("fill/scale/axpy/add", {rnd({1000}, 7), rnd({1000}, 8)}, [](std::vector<Tensor>& t) {
+    ops::scale(t[0], 0.5);
+    ops::axpy(t[0], 2.0, t[1]);
+    ops::add(t[1], t[0], t[1]);
+  });
+  same_on_both("bias", {rnd({6, 10}, 9), rnd({10}, 10)}, [](std::vector<Tensor>& t) {
+    ops::add_bias(t[0], t[1]);
+    ops::bias_backward(t[1], t[0]);
+  });
+  same_on_both("gelu", {rnd({500}, 11, -4, 4), rnd({500}, 12), rnd({500}, 13)}, [](std::vector<Tensor>& t) {
+    ops::gelu_backward(t[2], t[0], t[1]);
+    ops::gelu_forward(t[1], t[0]);
+  });
+}
+
+TEST_F(CudaOps, LayerNormAndSoftmax) {
+  same_on_both("layernorm", {rnd({33, 70}, 14, -2, 2), rnd({70}, 15), rnd({70}, 16), rnd({33, 70}, 17),
+                             rnd({33}, 0), rnd({33}, 0), rnd({33, 70}, 18), rnd({70}, 19), rnd({70}, 20)},
+               [](std::vector<Tensor>& t) {
+                 ops::layernorm_forward(t[3], t[4], t[5], t[0], t[1], t[2]);
+                 ops::layernorm_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[4], t[5]);
+               });
+  same_on_both("softmax", {rnd({9, 300}, 21, -5, 5), rnd({9, 300}, 0)},
+               [](std::vector<Tensor>& t) { ops::softmax_forward(t[1], t[0]); });
+}
+
+TEST_F(CudaOps, AttentionPieces) {
+  same_on_both("heads", {rnd({2, 5, 24}, 22), rnd({2, 2, 5, 4}, 0), rnd({2, 2, 5, 4}, 0),
+                         rnd({2, 2, 5, 4}, 0), rnd({2, 5, 8}, 0), rnd({2, 5, 24}, 0)},
+               [](std::vector<Tensor>& t) {
+                 ops::split_heads(t[1], t[2], t[3], t[0], 2);
+                 ops::merge_heads(t[4], t[1]);
+                 ops::split_heads_backward(t[5], t[3], t[1], t[2]);
+                 ops::merge_heads_backward(t[1], t[4]);
+               });
+  same_on_both("causal softmax", {rnd({3, 40, 40}, 23, -3, 3), rnd({3, 40, 40}, 0), rnd({3, 40, 40}, 24),
+                                  rnd({3, 40, 40}, 0)},
+               [](std::vector<Tensor>& t) {
+                 ops::causal_softmax_forward(t[1], t[0], 0.3);
+                 ops::causal_softmax_backward(t[3], t[1], t[2], 0.3);
+               });
+}
+
+TEST_F(CudaOps, EmbeddingAndCrossEntropy) {
+  Tensor ids = random_tokens({3, 6}, 11, 25);
+  Tensor targets = random_tokens({18}, 11, 26);
+  Tensor ids_gpu = ids.to(gpu), targets_gpu = targets.to(gpu);
+  same_on_both("embedding", {rnd({3, 6, 8}, 0), rnd({11, 8}, 27), rnd({6, 8}, 28), rnd({3, 6, 8}, 29),
+                             rnd({11, 8}, 30), rnd({6, 8}, 31)},
+               [&](std::vector<Tensor>& t) {
+                 const Tensor& tok = t[0].device().is_cuda() ? ids_gpu : ids;
+                 ops::embedding_forward(t[0], tok, t[1], t[2]);
+                 ops::embedding_backward(t[4], t[5], t[3], tok);
+               });
+  same_on_both("cross entropy", {rnd({18}, 0), rnd({18, 11}, 0), rnd({18, 11}, 32, -4, 4), rnd({18, 11}, 0)},
+               [&](std::vector<Tensor>& t) {
+                 const Tensor& tg = t[0].device().is_cuda() ? targets_gpu : targets;
+                 ops::cross_entropy_forward(t[0], t[1], t[2], tg);
+                 ops::cross_entropy_backward(t[3], t[1], tg, 0.25);
+               });
+}
+
+TEST_F(CudaOps, ReductionsAndOptimizers) {
+  Tensor x = rnd({100003}, 33);
+  EXPECT_NEAR(ops::sum(x.to(gpu)), ops::sum(x), 1e-6 * 100003);
+  EXPECT_NEAR(ops::sum_squares(x.to(gpu)), ops::sum_squares(x), 1e-6 * 100003);
+  ops::AdamWArgs a{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
+  same_on_both("adamw", {rnd({500}, 34), rnd({500}, 35), rnd({500}, 36, 0, 1), rnd({500}, 37, 0, 1)},
+               [&](std::vector<Tensor>& t) { ops::adamw_update(t[0], t[1], t[2], t[3], a); });
+  same_on_both("sgd", {rnd({500}, 38), rnd({500}, 39), rnd({500}, 40)},
+               [&](std::vector<Tensor>& t) { ops::sgd_update(t[0], t[1], t[2], 0.1, 0.9, 0.01, false); });
+}
+
+TEST_F(CudaOps, GptStepMatchesTheHost) {
+  const ModelConfig c = model_config("tiny");
+  nn::GPT cpu_model(c), gpu_model(c, {.device = gpu});
+  Tensor x = random_tokens({4, 16}, 256, 41), y = random_tokens({4, 16}, 256, 42);
+  for (nn::GPT* m : {&cpu_model, &gpu_model}) m->zero_grad();
+  const double l_cpu = cpu_model.forward(x, y);
+  const double l_gpu = gpu_model.forward(x.to(gpu), y.to(gpu));
+  EXPECT_NEAR(l_gpu, l_cpu, kTol * l_cpu);
+  cpu_model.backward();
+  gpu_model.backward();
+  for (std::size_t i = 0; i < cpu_model.parameters().size(); ++i) {
+    const Tensor& gc = cpu_model.parameters()[i]->grad;
+    const Tensor gg = gpu_model.parameters()[i]->grad.to(Device::cpu());
+    double scale = 1e-6;
+    for (int64_t j = 0; j < gc.numel(); ++j) scale = std::max(scale, std::abs(gc.item(j)));
+    for (int64_t j = 0; j < gc.numel(); ++j)
+      ASSERT_LE(std::abs(gg.item(j) - gc.item(j)), kTol * scale)
+          << cpu_model.parameters()[i]->name << " element " << j;
+  }
+  // the allocator counts device memory separately from the host's
+  EXPECT_GE(memory_stats(gpu).current, static_cast<std::size_t>(gpu_model.num_parameters()) * 8);
+}
