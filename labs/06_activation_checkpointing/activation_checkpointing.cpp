@@ -1,0 +1,132 @@
+// Starter generated from solutions/06_activation_checkpointing/activation_checkpointing.cpp by tools/make-labs: fill in each NotImplemented
+// step (see README.md). Body hash a9d172097b11e9d3 (lets make-labs see your edits).
+// Lab 06: activation checkpointing: keep block inputs, recompute in backward, policies.
+#include "activation_checkpointing.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "common/errors.hpp"
+#include "common/ops/ops.hpp"
+#include "common/trace.hpp"
+
+namespace scalelab::lab06 {
+
+std::string Policy::str() const {
+  switch (kind) {
+    case none: return "none";
+    case every: return "every";
+    case every_kth: return fmt::format("every:{}", k);
+    case selective: return "selective";
+  }
+  return "?";
+}
+
+Policy parse_policy(const std::string& text) {
+  if (text == "none") return {Policy::none};
+  if (text == "every") return {Policy::every};
+  if (text == "selective") return {Policy::selective};
+  if (text.rfind("every:", 0) == 0) {
+    const std::string k = text.substr(6);
+    std::size_t used = 0;
+    int value = 0;
+    try {
+      value = std::stoi(k, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    SCALELAB_REQUIRE(!k.empty() && used == k.size() && value >= 1,
+                     "checkpoint interval must be a positive integer, got '{}'", k);
+    return {Policy::every_kth, value};
+  }
+  throw UsageError(fmt::format(
+      "unknown checkpoint policy '{}' (none, every, every:K, selective)", text));
+}
+
+nn::BlockActivations& mutable_activations(nn::Block& block) {
+  // The block owns its activations (a non-const member) and shows them read-only; recomputation
+  // is the one place that must write some of them back.
+  return const_cast<nn::BlockActivations&>(block.activations());
+}
+
+std::size_t held_activation_bytes(nn::GPT& model, const Saved& saved) {
+  std::size_t n = 0;
+  for (int i = model.first_block(); i < model.last_block(); ++i)
+    n += model.block(i).activations().nbytes();
+  for (const Tensor& t : saved.inputs)
+    if (t.defined()) n += t.nbytes();
+  return n;
+}
+
+double forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved& saved) {
+  const int L = static_cast<int>(model.config().n_layer);
+  SCALELAB_CHECK(static_cast<int>(plan.full.size()) == L &&
+                     static_cast<int>(plan.selective.size()) == L,
+                 "a plan for {} blocks, the model has {}", plan.full.size(), L);
+  saved.plan = plan;
+  saved.inputs.assign(L, Tensor());
+  Tensor x;
+  {
+    trace::Scope scope("embed");
+    x = model.embed(batch.x);  // (B, T, C)
+  }
+  // TODO step 1: run the blocks, keeping inputs, freeing checkpointed activations
+  // HINT: model.block(i).forward(x) returns the block's output and fills its activations.
+  throw scalelab::NotImplemented(
+      "lab 06 step 1: run the blocks, keeping inputs, freeing checkpointed activations (README.md#step-1)");
+  trace::Scope scope("head");
+  return model.head_forward(x, batch.y);
+}
+
+void backward(nn::GPT& model, Saved& saved) {
+  const int L = static_cast<int>(model.config().n_layer);
+  Tensor d = model.head_backward();  // (B, T, C) gradient of the last block's output
+  // TODO step 2: recompute each block that needs it just before its backward
+  // HINT: a checkpointed block has no activations (has_activations() is false): run its
+  // HINT: forward on saved.inputs[i] again, then backward; then free its activations.
+  throw scalelab::NotImplemented(
+      "lab 06 step 2: recompute each block that needs it just before its backward (README.md#step-2)");
+  model.embed_backward(d);
+  saved.inputs.clear();
+}
+
+Plan make_plan(const Policy& policy, int n_layer) {
+  Plan plan{std::vector<bool>(n_layer, false), std::vector<bool>(n_layer, false)};
+  // TODO step 3: which blocks are checkpointed under each policy
+  throw scalelab::NotImplemented(
+      "lab 06 step 3: which blocks are checkpointed under each policy (README.md#step-3)");
+  return plan;
+}
+
+void drop_selective(nn::Block& block) {
+  // TODO step 3: free the attention probabilities and the GELU output
+  throw scalelab::NotImplemented(
+      "lab 06 step 3: free the attention probabilities and the GELU output (README.md#step-3)");
+}
+
+void recompute_selective(nn::Block& block) {
+  // TODO step 3: att = causal_softmax(q k^T / sqrt(hs)), g = gelu(h), as forward does
+  // HINT: see CausalSelfAttention::forward and MLP::forward in common/nn: same ops, same order.
+  throw scalelab::NotImplemented(
+      "lab 06 step 3: att = causal_softmax(q k^T / sqrt(hs)), g = gelu(h), as forward does (README.md#step-3)");
+}
+
+double lecture_activation_bytes(double L, double s, double b, double h, double a) {
+  // TODO step 4: the lecture's formula
+  throw scalelab::NotImplemented(
+      "lab 06 step 4: the lecture's formula (README.md#step-4)");
+}
+
+std::size_t model_activation_bytes(const ModelConfig& config, int64_t batch, int64_t seq,
+                                   const Plan& plan) {
+  std::size_t total = 0;
+  // TODO step 4: this fp32 model's count, block by block
+  // HINT: 16 tensors of (B, T, C) floats (input, ln1, q, k, v, y, res2, ln2, h: 4, g: 4),
+  // HINT: 4 of (B*T) (the LayerNorms' mean and rstd) and the attention probabilities.
+  throw scalelab::NotImplemented(
+      "lab 06 step 4: this fp32 model's count, block by block (README.md#step-4)");
+  return total;
+}
+
+}  // namespace scalelab::lab06

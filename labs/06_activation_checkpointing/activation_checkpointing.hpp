@@ -1,0 +1,106 @@
+#pragma once
+/// @file activation_checkpointing.hpp
+/// Lab 06 contract: activation checkpointing (recomputation). Forward keeps only the INPUT of a
+/// checkpointed block and frees the rest of its activations; backward runs that block's forward
+/// again from the saved input just before the block's backward. Memory for compute: about one
+/// extra forward per step, and the gradients do not change at all (bitwise, on the CPU).
+///
+/// Activations are the blocks' own allocations (nn::Block::activations(), free_activations()),
+/// counted by the allocator, so every memory figure here is measured.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/data/sampler.hpp"
+#include "common/nn/gpt.hpp"
+
+namespace scalelab::lab06 {
+
+/// What to recompute.
+///   none       keep everything (no recomputation)
+///   every      checkpoint every block (keep only block inputs)
+///   every:K    checkpoint blocks 0, K, 2K, ... (the others keep their activations)
+///   selective  keep every block, but drop and recompute the two cheap, big pieces: the
+///              attention probabilities (B*NH, T, T) and the GELU output (B, T, 4C)
+struct Policy {
+  enum Kind { none, every, every_kth, selective } kind = none;
+  int k = 1;  // for every_kth
+  /// "none", "every", "every:2", "selective"
+  std::string str() const;
+};
+
+/// Given. Parses the forms above; scalelab::UsageError for anything else (K must be a positive
+/// integer; whether K fits the model is checked by make_plan).
+Policy parse_policy(const std::string& text);
+
+/// Per block (index 0 .. n_layer-1): recompute the whole block, or only its selective pieces.
+struct Plan {
+  std::vector<bool> full;       // checkpoint the block: keep only its input
+  std::vector<bool> selective;  // keep the block but drop attention probabilities and GELU out
+};
+
+/// What a checkpointed forward leaves for backward.
+struct Saved {
+  Plan plan;
+  std::vector<Tensor> inputs;  // inputs[i]: the input of block i (B, T, C)
+};
+
+// ---- Step 1: forward -------------------------------------------------------------------------
+
+/// Step 1. The whole model's forward under `plan` (plan.full and plan.selective have one entry
+/// per block): embed, then for each block i save its input in saved.inputs[i], run it, and free
+/// its activations if plan.full[i] (block.free_activations()) or drop its selective pieces if
+/// plan.selective[i] (drop_selective, step 3); then the head. Returns the mean loss, bitwise the
+/// loss of model.forward(tokens, targets).
+double forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved& saved);
+
+// ---- Step 2: backward ------------------------------------------------------------------------
+
+/// Step 2. The whole model's backward after forward(): the head, then blocks from last to first:
+/// a block without activations is first recomputed from saved.inputs[i] (its output is thrown
+/// away; it fills the block's activations again), a block with dropped selective pieces gets
+/// them back (recompute_selective), then block.backward(dout, input); after its backward a
+/// block's activations are used up: free them (any plan; so memory falls as backward proceeds,
+/// and a recomputed block never holds its activations past its own backward). Then the
+/// embedding. Gradients accumulate (+=) as GPT::backward's do, and are bitwise those of
+/// model.forward + model.backward.
+void backward(nn::GPT& model, Saved& saved);
+
+// ---- Step 3: policies ------------------------------------------------------------------------
+
+/// Step 3a. The plan of `policy` for `n_layer` blocks (see Policy). scalelab::UsageError (one
+/// line) when every:K has K < 1 or K > n_layer (a checkpoint interval larger than the model).
+Plan make_plan(const Policy& policy, int n_layer);
+
+/// Step 3b. Frees the block's attention probabilities (activations().attn.att) and GELU output
+/// (activations().mlp.g), keeping everything else.
+void drop_selective(nn::Block& block);
+
+/// Step 3b. Recomputes exactly what drop_selective freed, from what the block kept (q and k; the
+/// GELU input h), with the same ops as the block's forward so the values are bitwise the same.
+void recompute_selective(nn::Block& block);
+
+// ---- Step 4: the estimate --------------------------------------------------------------------
+
+/// Step 4a. The lecture's activation memory of a transformer in 16-bit precision with dropout
+/// (Korthikanti et al. 2022, no recomputation), in bytes:
+///   m_act = L * s * b * h * (34 + 5 * a * s / h)
+/// L layers, s sequence length, b batch, h hidden size, a heads.
+double lecture_activation_bytes(double L, double s, double b, double h, double a);
+
+/// Step 4b. The same count for THIS model (fp32, no dropout) under `plan`: the bytes the blocks
+/// hold after forward(), inputs included (the head and embedding are not counted). For a block
+/// that keeps everything: s*b*h*(64 + 4*a*s/h) + 16*s*b bytes (see README.md for the mapping);
+/// a checkpointed block holds only its input, s*b*h*4; selective drops a*s*s*b*4 + 4*s*b*h*4.
+std::size_t model_activation_bytes(const ModelConfig& config, int64_t batch, int64_t seq,
+                                   const Plan& plan);
+
+/// Given. The bytes the blocks hold right now: every block's activations plus saved.inputs.
+std::size_t held_activation_bytes(nn::GPT& model, const Saved& saved);
+
+/// Given. Mutable access to a block's saved activations (nn::Block exposes them read-only, for
+/// everyone but recomputation).
+nn::BlockActivations& mutable_activations(nn::Block& block);
+
+}  // namespace scalelab::lab06

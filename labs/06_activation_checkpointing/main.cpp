@@ -1,0 +1,145 @@
+// Lab 06 driver (not edited by attendees): DDP training with activation checkpointing, then a
+// table per policy: measured activation memory and step time beside the estimates.
+//
+//   ./scalelab run 06 -n 4                                  # your code on 4 ranks
+//   ./scalelab run 06 --solution -n 1 -- --checkpoint every:2 --batch 8
+#include <algorithm>
+
+#include "common/cli.hpp"
+#include "common/device.hpp"
+#include "common/log.hpp"
+#include "common/optim/optim.hpp"
+#include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/loop.hpp"
+#include "activation_checkpointing.hpp"
+#include "ddp.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+struct Row {
+  std::string policy;
+  std::size_t held = 0, estimate = 0, peak = 0;
+  double ms = 0;
+};
+
+// One forward + backward under `plan` on this rank's rows: held bytes after forward, peak bytes
+// above the start (allocator counters), and the best of `reps` step times.
+Row measure(nn::GPT& model, const data::Batch& mine, const lab06::Policy& policy, int reps) {
+  const lab06::Plan plan = lab06::make_plan(policy, static_cast<int>(model.config().n_layer));
+  Row row{policy.str()};
+  row.estimate = lab06::model_activation_bytes(model.config(), mine.batch_size(),
+                                               mine.x.size(1), plan);
+  row.ms = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    model.free_activations();
+    model.zero_grad();
+    reset_peak_memory(model.device());
+    const std::size_t before = memory_stats(model.device()).current;
+    metrics::Timer timer(model.device());
+    lab06::Saved saved;
+    lab06::forward(model, mine, plan, saved);
+    row.held = lab06::held_activation_bytes(model, saved);
+    lab06::backward(model, saved);
+    row.ms = std::min(row.ms, timer.elapsed() * 1e3);
+    row.peak = memory_stats(model.device()).peak - before;
+  }
+  model.free_activations();
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options("lab06_activation_checkpointing",
+                                     "Lab 06: DDP training with activation checkpointing");
+    cli::add_run_options(options);
+    train::add_train_options(options, {.batch = 16, .steps = 20});
+    options.add_options("lab 06")
+        ("checkpoint", "policy for training: none, every, every:K, selective",
+         cxxopts::value<std::string>()->default_value("every"))
+        ("reps", "repetitions per policy in the table (the best time is shown)",
+         cxxopts::value<int>()->default_value("3"));
+    const auto parsed = cli::parse(options, argc, argv);
+    const auto run = cli::run_options(parsed);
+    const auto opt = train::read_train_options(parsed);
+    const int reps = parsed["reps"].as<int>();
+    SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
+    const ModelConfig config = model_config(opt.model);
+    const lab06::Policy policy = lab06::parse_policy(parsed["checkpoint"].as<std::string>());
+    // A bad policy (an interval larger than the model) is a usage error on every rank.
+    const lab06::Plan plan = lab06::make_plan(policy, static_cast<int>(config.n_layer));
+
+    auto comm = comm::Communicator::world(run.backend);
+    const Device device = run.device == "cuda"
+                              ? Device::cuda(comm.rank() % std::max(1, cuda_device_count()))
+                              : Device::cpu();
+    const auto tokens = train::load_train_tokens(opt);
+    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
+
+    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank()});
+    lab03::broadcast_parameters(model, comm);
+    optim::AdamW adamw(optim::groups(model.parameters()));
+    log::info("lab 06 activation_checkpointing: model {} ({} parameters), {} ranks, global batch "
+              "{} x {} tokens ({} rows per rank), checkpoint policy {}, {} steps", config.name,
+              metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(),
+              opt.batch, config.block_size, rows, policy.str(), opt.steps);
+    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
+                                 comm);
+    log::info("{}", reporter.mfu_note());
+    for (int64_t step = 0; step < opt.steps; ++step) {
+      const double lr = train::learning_rate(opt, step);
+      metrics::Timer timer(device);
+      const data::Batch mine =
+          lab03::local_batch(sampler.batch(step), comm.rank(), comm.size()).to(device);
+      model.zero_grad();
+      lab06::Saved saved;
+      double loss = lab06::forward(model, mine, plan, saved);
+      lab06::backward(model, saved);
+      lab03::all_reduce_gradients(model, comm);
+      Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
+      comm.all_reduce(l, comm::ReduceOp::avg);
+      adamw.step(lr);
+      log::info("{}", reporter.line(step, l.item(), timer.elapsed(), lr));
+    }
+
+    // The table: every policy on this rank's rows of the next batch (no communication).
+    const data::Batch mine =
+        lab03::local_batch(sampler.batch(opt.steps), comm.rank(), comm.size()).to(device);
+    std::vector<lab06::Policy> policies = {{lab06::Policy::none}, {lab06::Policy::selective}};
+    for (int k = static_cast<int>(config.n_layer); k >= 2; k /= 2)
+      policies.push_back({lab06::Policy::every_kth, k});
+    policies.push_back({lab06::Policy::every});
+    // Rank 0 measures while the others wait, so its timings do not share cores with them.
+    std::vector<Row> table;
+    if (comm.rank() == 0)
+      for (const lab06::Policy& p : policies) table.push_back(measure(model, mine, p, reps));
+    comm.barrier();
+    const double L = config.n_layer, s = config.block_size, b = mine.batch_size(),
+                 h = config.n_embd, a = config.n_head;
+    log::info("");
+    log::info("rank 0, {} rows x {} tokens, best of {} (held: bytes the blocks keep after forward; "
+              "peak: allocator peak of forward+backward above the start)", mine.batch_size(),
+              config.block_size, reps);
+    log::info("{:<10} {:>12} {:>12} {:>12} {:>10} {:>9}", "policy", "held", "estimate", "peak",
+              "step ms", "vs none");
+    for (const Row& r : table)
+      log::info("{:<10} {:>12} {:>12} {:>12} {:>10.1f} {:>8.2f}x", r.policy,
+                metrics::human_bytes(static_cast<double>(r.held)),
+                metrics::human_bytes(static_cast<double>(r.estimate)),
+                metrics::human_bytes(static_cast<double>(r.peak)), r.ms, r.ms / table[0].ms);
+    log::info("lecture formula L*s*b*h*(34 + 5*a*s/h) (16-bit, dropout) for this shape: {}; "
+              "in fp32 without dropout: L*s*b*h*(64 + 4*a*s/h) + 16*L*s*b = {}",
+              metrics::human_bytes(lab06::lecture_activation_bytes(L, s, b, h, a)),
+              metrics::human_bytes(L * s * b * h * (64 + 4 * a * s / h) + 16 * L * s * b));
+    bool exact = true;
+    for (const Row& r : table) exact = exact && r.held == r.estimate;
+    log::info("estimate == measured for every policy: {}", exact ? "yes" : "NO");
+    exact = train::on_every_rank(exact, comm);
+    return exact ? kExitOk : kExitFailed;
+  });
+}

@@ -1,0 +1,264 @@
+// Lab 06 graders. The heart: under every policy the gradients are BITWISE those of plain
+// forward + backward (design.md: recomputation runs the same deterministic CPU kernels on the
+// same inputs, so nothing may change), checked here against the model's own forward/backward.
+// Memory is counted by the allocator and the blocks' activation sizes, which are exact: the
+// estimate of step 4 must equal the measured bytes, and no test measures time.
+#include <gtest/gtest.h>
+
+#include "common/errors.hpp"
+#include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/reference.hpp"
+#include "activation_checkpointing.hpp"
+
+using namespace scalelab;
+using lab06::Plan;
+using lab06::Policy;
+
+namespace {
+
+constexpr uint64_t kSeed = 606;
+constexpr int kLayers = 4;
+constexpr int64_t kBatch = 4;
+
+const ModelConfig& config() {
+  static const ModelConfig c = train::test_config(kLayers);
+  return c;
+}
+
+data::Batch batch(int64_t step = 0) {
+  static const std::vector<uint16_t> tokens = train::synthetic_corpus(8192, 6);
+  return data::Sampler(tokens, kBatch, config().block_size, kSeed).batch(step);
+}
+
+Plan full_plan(std::vector<bool> full) {
+  return Plan{full, std::vector<bool>(full.size(), false)};
+}
+
+// Loss and gradients of the model's own forward + backward: what checkpointing must reproduce.
+train::Reference plain(const data::Batch& b) { return train::single_device_step(config(), kSeed, b); }
+
+struct Result {
+  double loss;
+  Tensor grads;
+};
+
+Result checkpointed(const Plan& plan, const data::Batch& b) {
+  nn::GPT model(config(), {.seed = kSeed});
+  model.zero_grad();
+  lab06::Saved saved;
+  const double loss = lab06::forward(model, b, plan, saved);
+  lab06::backward(model, saved);
+  return {loss, model.params().grads().clone()};
+}
+
+testing::AssertionResult bitwise(const Tensor& got, const Tensor& want) {
+  const train::Diff d = train::compare(got, want);
+  if (d.bitwise) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "not bitwise equal: " << d.str();
+}
+
+// Planted faults of step 2, written here: a backward that does not recompute, and one that
+// recomputes from the wrong tensor (the block's output instead of its input).
+enum class Fault { no_recompute, wrong_input };
+void faulty_backward(nn::GPT& model, lab06::Saved& saved, Fault fault) {
+  Tensor d = model.head_backward();
+  for (int i = kLayers - 1; i >= 0; --i) {
+    nn::Block& block = model.block(i);
+    if (!block.has_activations() && fault == Fault::wrong_input)
+      block.forward(i + 1 < kLayers ? saved.inputs[i + 1] : saved.inputs[i]);
+    d = block.backward(d, saved.inputs[i]);  // no_recompute: the block has nothing to use
+  }
+  model.embed_backward(d);
+}
+
+}  // namespace
+
+// ---- Step 1: forward ---------------------------------------------------------------------------
+
+TEST(Step1_Forward, KeepsOnlyInputsOfCheckpointedBlocks) {
+  const data::Batch b = batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  lab06::Saved saved;
+  const Plan plan = full_plan({true, false, true, false});
+  const double loss = lab06::forward(model, b, plan, saved);
+  ASSERT_EQ(saved.inputs.size(), static_cast<std::size_t>(kLayers));
+  for (int i = 0; i < kLayers; ++i)
+    EXPECT_EQ(model.block(i).has_activations(), !plan.full[i]) << "block " << i;
+  // the saved inputs are the plain forward's block inputs, and the loss is the plain loss
+  nn::GPT twin(config(), {.seed = kSeed});
+  EXPECT_EQ(loss, twin.forward(b.x, b.y)) << "bitwise the loss of model.forward";
+  for (int i = 0; i < kLayers; ++i)
+    EXPECT_TRUE(bitwise(saved.inputs[i], twin.block_input(i))) << "input of block " << i;
+}
+
+TEST(Step1_Forward, CheckpointingHoldsLess) {
+  const data::Batch b = batch();
+  nn::GPT a(config(), {.seed = kSeed}), c(config(), {.seed = kSeed});
+  lab06::Saved keep, ckpt;
+  lab06::forward(a, b, full_plan({false, false, false, false}), keep);
+  lab06::forward(c, b, full_plan({true, true, true, true}), ckpt);
+  const std::size_t held_keep = lab06::held_activation_bytes(a, keep);
+  const std::size_t held_ckpt = lab06::held_activation_bytes(c, ckpt);
+  // every checkpointed block holds exactly its input (B, T, C) floats
+  EXPECT_EQ(held_ckpt, static_cast<std::size_t>(kLayers * kBatch * config().block_size *
+                                                config().n_embd * 4));
+  EXPECT_LT(held_ckpt * 5, held_keep) << "inputs only: a small part of the activations";
+}
+
+// ---- Step 2: backward ------------------------------------------------------------------------
+
+TEST(Step2_Backward, GradientsBitwiseEqualNoCheckpointing) {
+  const data::Batch b = batch();
+  const train::Reference ref = plain(b);
+  for (const auto& full : std::vector<std::vector<bool>>{{false, false, false, false},
+                                                         {true, true, true, true},
+                                                         {true, false, true, false},
+                                                         {false, false, false, true}}) {
+    const Result r = checkpointed(full_plan(full), b);
+    EXPECT_EQ(r.loss, ref.loss);
+    EXPECT_TRUE(bitwise(r.grads, ref.grads)) << "plan " << testing::PrintToString(full);
+  }
+}
+
+TEST(Step2_Backward, GradientsAccumulateAndMemoryIsReleased) {
+  const data::Batch b0 = batch(0), b1 = batch(1);
+  nn::GPT model(config(), {.seed = kSeed}), twin(config(), {.seed = kSeed});
+  const Plan plan = full_plan({true, false, true, false});
+  model.zero_grad();
+  twin.zero_grad();
+  for (const data::Batch* b : {&b0, &b1}) {  // two backward passes add up, as GPT::backward's
+    lab06::Saved saved;
+    lab06::forward(model, *b, plan, saved);
+    lab06::backward(model, saved);
+    for (int i = 0; i < kLayers; ++i)
+      EXPECT_FALSE(model.block(i).has_activations())
+          << "block " << i << ": a block's activations are used up after its backward";
+    twin.forward(b->x, b->y);
+    twin.backward();
+  }
+  EXPECT_TRUE(bitwise(model.params().grads(), twin.params().grads()));
+}
+
+TEST(Step2_PlantedFault, BlockNotRecomputedIsCaught) {
+  const data::Batch b = batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  lab06::Saved saved;
+  saved.plan = full_plan({true, true, true, true});
+  saved.inputs.resize(kLayers);
+  Tensor x = model.embed(b.x);
+  for (int i = 0; i < kLayers; ++i) {  // a correct checkpointed forward (written here)
+    saved.inputs[i] = x;
+    x = model.block(i).forward(x);
+    model.block(i).free_activations();
+  }
+  model.head_forward(x, b.y);
+  EXPECT_THROW(faulty_backward(model, saved, Fault::no_recompute), CheckFailed)
+      << "a block's backward without its activations must not go unnoticed";
+}
+
+TEST(Step2_PlantedFault, RecomputeFromWrongInputIsCaught) {
+  const data::Batch b = batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  model.zero_grad();
+  lab06::Saved saved;
+  saved.plan = full_plan({true, true, true, true});
+  saved.inputs.resize(kLayers);
+  Tensor x = model.embed(b.x);
+  for (int i = 0; i < kLayers; ++i) {
+    saved.inputs[i] = x;
+    x = model.block(i).forward(x);
+    model.block(i).free_activations();
+  }
+  model.head_forward(x, b.y);
+  faulty_backward(model, saved, Fault::wrong_input);
+  EXPECT_FALSE(bitwise(model.params().grads(), plain(b).grads))
+      << "the check of Step2_Backward must fail for a block recomputed from the wrong input";
+}
+
+// ---- Step 3: policies ----------------------------------------------------------------------
+
+TEST(Step3_Policies, Plans) {
+  using V = std::vector<bool>;
+  EXPECT_EQ(lab06::make_plan(lab06::parse_policy("none"), 4).full, V(4, false));
+  EXPECT_EQ(lab06::make_plan(lab06::parse_policy("none"), 4).selective, V(4, false));
+  EXPECT_EQ(lab06::make_plan(lab06::parse_policy("every"), 4).full, V(4, true));
+  EXPECT_EQ(lab06::make_plan(lab06::parse_policy("every:1"), 4).full, V(4, true));
+  EXPECT_EQ(lab06::make_plan(lab06::parse_policy("every:2"), 4).full, (V{true, false, true, false}));
+  EXPECT_EQ(lab06::make_plan(lab06::parse_policy("every:3"), 7).full,
+            (V{true, false, false, true, false, false, true}));
+  EXPECT_EQ(lab06::make_plan(lab06::parse_policy("every:4"), 4).full, (V{true, false, false, false}));
+  const Plan sel = lab06::make_plan(lab06::parse_policy("selective"), 4);
+  EXPECT_EQ(sel.full, V(4, false));
+  EXPECT_EQ(sel.selective, V(4, true));
+}
+
+TEST(Step3_Policies, IntervalLargerThanTheModelIsAUsageError) {
+  EXPECT_THROW(lab06::make_plan({Policy::every_kth, 5}, 4), UsageError);
+  EXPECT_THROW(lab06::make_plan({Policy::every_kth, 0}, 4), UsageError);
+  EXPECT_THROW(lab06::parse_policy("every:0"), UsageError);
+  EXPECT_THROW(lab06::parse_policy("sometimes"), UsageError);
+}
+
+TEST(Step3_Policies, SelectiveDropsAndRecomputesBitwise) {
+  const data::Batch b = batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  model.forward(b.x, b.y);
+  nn::Block& block = model.block(1);
+  const Tensor att = block.activations().attn.att.clone(), g = block.activations().mlp.g.clone();
+  const std::size_t before = block.activations().nbytes();
+  lab06::drop_selective(block);
+  EXPECT_FALSE(block.activations().attn.att.defined());
+  EXPECT_FALSE(block.activations().mlp.g.defined());
+  EXPECT_TRUE(block.activations().mlp.h.defined()) << "keep the GELU input";
+  EXPECT_TRUE(block.activations().attn.q.defined()) << "keep q, k, v";
+  EXPECT_EQ(before - block.activations().nbytes(), att.nbytes() + g.nbytes());
+  lab06::recompute_selective(block);
+  EXPECT_TRUE(bitwise(block.activations().attn.att, att));
+  EXPECT_TRUE(bitwise(block.activations().mlp.g, g));
+}
+
+TEST(Step3_Policies, EveryPolicyGivesBitwiseTheSameGradients) {
+  const data::Batch b = batch(2);
+  const train::Reference ref = plain(b);
+  for (const char* name : {"none", "every", "every:2", "every:3", "selective"}) {
+    const Result r = checkpointed(lab06::make_plan(lab06::parse_policy(name), kLayers), b);
+    EXPECT_EQ(r.loss, ref.loss) << name;
+    EXPECT_TRUE(bitwise(r.grads, ref.grads)) << name;
+  }
+}
+
+// ---- Step 4: the estimate ------------------------------------------------------------------
+
+TEST(Step4_Estimate, LectureFormula) {
+  // GPT-3 175B shapes from the paper: a = 96, h = 12288, s = 2048, b = 1, L = 96
+  const double per_layer = 2048.0 * 12288 * (34 + 5.0 * 96 * 2048 / 12288);
+  EXPECT_DOUBLE_EQ(lab06::lecture_activation_bytes(96, 2048, 1, 12288, 96), 96 * per_layer);
+  EXPECT_DOUBLE_EQ(lab06::lecture_activation_bytes(1, 1, 1, 1, 0), 34);
+  EXPECT_DOUBLE_EQ(lab06::lecture_activation_bytes(2, 64, 8, 128, 4), 2.0 * 64 * 8 * 128 * (34 + 5.0 * 4 * 64 / 128));
+}
+
+TEST(Step4_Estimate, ModelCountEqualsMeasuredBytesForEveryPolicy) {
+  const data::Batch b = batch();
+  for (const char* name : {"none", "every", "every:2", "every:3", "selective"}) {
+    const Plan plan = lab06::make_plan(lab06::parse_policy(name), kLayers);
+    nn::GPT model(config(), {.seed = kSeed});
+    lab06::Saved saved;
+    lab06::forward(model, b, plan, saved);
+    EXPECT_EQ(lab06::model_activation_bytes(config(), kBatch, config().block_size, plan),
+              lab06::held_activation_bytes(model, saved))
+        << name << ": the estimate must count exactly what the blocks hold";
+  }
+}
+
+TEST(Step4_Estimate, MatchesTheLectureWithoutDropoutInFp32) {
+  // No checkpointing: this model's count is the lecture's 16-bit count with the two dropout
+  // masks (2 bytes of the 34) and the attention dropout (3 of the 5) removed, in 4-byte floats
+  // (x2), plus the LayerNorm statistics (16 bytes per token and layer).
+  const ModelConfig c = config();
+  const double L = kLayers, s = c.block_size, b = 3, h = c.n_embd, a = c.n_head;
+  const Plan none = lab06::make_plan({Policy::none}, kLayers);
+  const double mapped = L * s * b * h * (2 * (34 - 2) + 2 * (5 - 3) * a * s / h) + 16 * L * s * b;
+  EXPECT_DOUBLE_EQ(static_cast<double>(lab06::model_activation_bytes(c, 3, c.block_size, none)), mapped);
+  EXPECT_GT(lab06::lecture_activation_bytes(L, s, b, h, a), 0);
+}
