@@ -99,7 +99,10 @@ std::string serialize(State& s, bool finished) {
                        s.groups[e.group].name, e.start_s, e.detail);
   for (auto& g : s.groups) {
     std::string members;
-    for (int r : g.ranks) members += (members.empty() ? "" : ",") + std::to_string(r);
+    for (int r : g.ranks) {
+      if (!members.empty()) members += ',';
+      members += std::to_string(r);
+    }
     out += fmt::format("group\t{}\t{}\t{}\t{}\n", g.name, members, g.last_seq, g.last_kind);
   }
   return out;
@@ -230,7 +233,10 @@ std::string describe(const Wait& w) {
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  for (int r : ranks) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(r);
+  }
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", s);
 }
 

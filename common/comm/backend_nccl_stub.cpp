@@ -5,6 +5,7 @@
 namespace scalelab::comm {
 
 bool nccl_compiled() { return false; }
+int nccl_version() { return 0; }
 
 namespace detail {
 std::unique_ptr<Backend> make_nccl_backend(int, int,

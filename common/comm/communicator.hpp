@@ -72,6 +72,10 @@ bool check_matching();
 /// True when this build has the NCCL backend.
 bool nccl_compiled();
 
+/// NCCL's version code (ncclGetVersion: 22803 for 2.28.3), 0 without NCCL. Two ranks may share
+/// one GPU only from 2.30 on, with NCCL_MULTI_RANK_GPU_ENABLE=1.
+int nccl_version();
+
 class Communicator {
  public:
   Communicator() = default;  // not usable; see world()

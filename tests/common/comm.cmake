@@ -36,3 +36,12 @@ scalelab_add_test(NAME test_watchdog SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_watc
                   RANKS 1 2 3 TIMEOUT 60)
 scalelab_add_test(NAME test_trace SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_trace.cpp
                   RANKS 1 2 TIMEOUT 60)
+
+# CUDA tensors: nccl backend and mpi staging (label gpu; skips without a device). 2 ranks on one
+# GPU need NCCL >= 2.30 and this variable; older NCCL falls back to worlds of one (in the test).
+scalelab_add_test(NAME test_comm_gpu SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_comm_gpu.cpp
+                  RANKS 1 2 LABELS gpu TIMEOUT 120)
+foreach(k 1 2)
+  set_property(TEST common.test_comm_gpu.np${k} APPEND PROPERTY ENVIRONMENT
+               NCCL_MULTI_RANK_GPU_ENABLE=1)
+endforeach()
