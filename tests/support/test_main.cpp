@@ -80,9 +80,10 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   GTEST_FLAG_SET(catch_exceptions, false);
   // Communication layer (issue 4): a collective that hangs ends the test with exit 3 and the
-  // watchdog's report after SCALELAB_TIMEOUT seconds (default 60, below ctest's timeout), and
-  // every collective checks that all ranks passed matching sizes.
-  scalelab::watchdog::start(scalelab::watchdog::timeout_from_env(60));
+  // watchdog's report after SCALELAB_TIMEOUT seconds (default 45: below the labs' ctest
+  // timeouts, 60 s and up, so a hang is reported rather than killed), and every collective
+  // checks that all ranks passed matching sizes.
+  scalelab::watchdog::start(scalelab::watchdog::timeout_from_env(45));
   scalelab::comm::set_check_matching(true);
 
   auto& listeners = testing::UnitTest::GetInstance()->listeners();
