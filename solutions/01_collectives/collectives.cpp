@@ -114,14 +114,23 @@ void ring_all_reduce(Communicator& comm, const Tensor& x) {
   // HINT: post the recv first (recv_async), then send, then wait: if every rank sent first, a
   // HINT: large message would wait for a recv nobody has posted yet.
   // HINT: the chunk you receive in the reduce-scatter needs a scratch tensor: add_into it.
-  Tensor incoming = Tensor::empty({length(0)}, x.dtype(), x.device());
+  // Each step moves its chunk in segments of at most 1 MiB: a segment is added right after it
+  // arrives, while it is still in cache (NCCL slices its chunks for the same reason).
+  const int64_t segment = std::max<int64_t>(1, (1 << 20) / static_cast<int64_t>(dtype_size(x.dtype())));
+  Tensor incoming = Tensor::empty({std::min(length(0), segment)}, x.dtype(), x.device());
   for (int s = 0; s < n - 1; ++s) {
     const int send_k = ((rank - s) % n + n) % n, recv_k = ((rank - s - 1) % n + n) % n;
-    Tensor in = incoming.flat(0, length(recv_k));
-    comm::Work w = comm.recv_async(in, left);
-    comm.send(buf.flat(begin(send_k), length(send_k)), right);
-    w.wait();
-    add_into(buf.flat(begin(recv_k), length(recv_k)), in);
+    // Every rank walks the same number of segments (those of the longest chunk, chunk 0), so
+    // each message has a matching receive even where a chunk is shorter or empty.
+    for (int64_t off = 0; off == 0 || off < length(0); off += segment) {
+      const int64_t rn = std::clamp<int64_t>(length(recv_k) - off, 0, segment);
+      const int64_t sn = std::clamp<int64_t>(length(send_k) - off, 0, segment);
+      Tensor in = incoming.flat(0, rn);
+      comm::Work w = comm.recv_async(in, left);
+      comm.send(buf.flat(begin(send_k) + off, sn), right);
+      w.wait();
+      add_into(buf.flat(begin(recv_k) + off, rn), in);
+    }
   }
   for (int s = 0; s < n - 1; ++s) {
     const int send_k = ((rank + 1 - s) % n + n) % n, recv_k = ((rank - s) % n + n) % n;

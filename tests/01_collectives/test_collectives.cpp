@@ -18,8 +18,9 @@ namespace {
 
 Communicator world() { return Communicator::world("mpi"); }
 
-// Sizes: empty, one, fewer than the ranks, not divisible by 2, 3 or 4, and large.
-const std::vector<int64_t> kSizes = {0, 1, 2, 7, 1001, 1 << 18};
+// Sizes: empty, one, fewer than the ranks, not divisible by 2, 3 or 4, and large (in f64, more
+// than the reference's 1 MiB segments per chunk, with chunks of unequal length).
+const std::vector<int64_t> kSizes = {0, 1, 2, 7, 1001, 300007};
 
 Tensor integers(int64_t n, int rank, DType dtype = DType::f32) {
   std::vector<double> v(static_cast<std::size_t>(n));
