@@ -1,0 +1,193 @@
+// Lab 04 driver (not edited by attendees): DDP training with bucketed all-reduces overlapped with
+// backward, then a table: no overlap (lab 03's flat all-reduce) against overlap with a sweep of
+// bucket sizes: step time, all-reduce time, exposed communication, and how much of it is hidden.
+//
+//   ./scalelab run 04 -n 2                                     # your code on 2 ranks
+//   ./scalelab run 04 --solution -n 2 -- --trace overlap.json  # open in ui.perfetto.dev
+#include <algorithm>
+
+#include "common/cli.hpp"
+#include "common/device.hpp"
+#include "common/log.hpp"
+#include "common/optim/optim.hpp"
+#include "common/runtime.hpp"
+#include "common/trace.hpp"
+#include "common/train/loop.hpp"
+#include "ddp.hpp"
+#include "ddp_overlap.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Row {
+  std::string mode;
+  std::size_t buckets = 0;
+  double step_ms = 0, backward_ms = 0, comm_ms = 0, exposed_ms = 0;
+};
+
+// The median: on a shared machine a few steps are slowed down by other processes.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The same all-reduces on their own (no compute beside them): what overlap tries to hide.
+double comm_alone_ms(nn::GPT& model, comm::Communicator& comm,
+                     const std::vector<lab04::Bucket>& buckets) {
+  comm.barrier();
+  const double t0 = trace::now_us();
+  for (const lab04::Bucket& b : buckets) comm.all_reduce(model.params().grads().flat(b.offset, b.count));
+  return (trace::now_us() - t0) / 1e3;
+}
+
+// `reps` measured steps (after one warm-up) of forward + backward + gradient sync on `mine`;
+// the median of each column. bucket_mb <= 0: no overlap (one flat all-reduce after backward).
+Row measure(nn::GPT& model, comm::Communicator& comm, const data::Batch& mine, double bucket_mb,
+            int reps) {
+  const bool overlap = bucket_mb > 0;
+  std::vector<lab04::Bucket> buckets =
+      overlap ? lab04::assign_buckets(model.params(), lab04::ready_order(model),
+                                      static_cast<std::size_t>(bucket_mb * kMiB))
+              : std::vector<lab04::Bucket>{{0, model.num_parameters(), {}}};
+  Row row{overlap ? fmt::format("overlap {:g} MiB", bucket_mb) : "no overlap", buckets.size()};
+  std::unique_ptr<lab04::OverlappedDDP> ddp;
+  if (overlap) {
+    ddp = std::make_unique<lab04::OverlappedDDP>(model, comm, buckets);
+    ddp->attach();
+  }
+  std::vector<double> step, backward, exposed, alone;
+  for (int r = -1; r < reps; ++r) {
+    comm.barrier();
+    const double t0 = trace::now_us();
+    model.zero_grad();
+    model.forward(mine.x, mine.y);
+    model.backward();
+    const double backward_end = trace::now_us();
+    std::vector<double> done;
+    if (overlap) {
+      done = ddp->finish();
+    } else {
+      lab03::all_reduce_gradients(model, comm);
+      done = {trace::now_us()};
+    }
+    const double t1 = trace::now_us();
+    // Exposed from the moment the SLOWEST rank ended backward (ranks on one node share the
+    // steady clock): before that, waiting is load imbalance, not communication.
+    Tensor last_end = Tensor::from_vector({backward_end}, {1}, DType::f64);
+    comm.all_reduce(last_end, comm::ReduceOp::max);
+    const double comm_ms = comm_alone_ms(model, comm, buckets);
+    if (r < 0) continue;  // warm-up
+    step.push_back((t1 - t0) / 1e3);
+    backward.push_back((backward_end - t0) / 1e3);
+    exposed.push_back(lab04::exposed_time(last_end.item(), done) / 1e3);
+    alone.push_back(comm_ms);
+  }
+  row.step_ms = median(step);
+  row.backward_ms = median(backward);
+  row.exposed_ms = median(exposed);
+  row.comm_ms = median(alone);
+  if (ddp) ddp->detach();
+  model.free_activations();
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options("lab04_ddp_overlap",
+                                     "Lab 04: DDP with bucketed all-reduces overlapped with backward");
+    cli::add_run_options(options);
+    train::add_train_options(options, {.batch = 16, .steps = 20});
+    options.add_options("lab 04")
+        ("bucket-mb", "bucket size in MiB for training", cxxopts::value<double>()->default_value("0.25"))
+        ("sweep", "bucket sizes (MiB) for the table", cxxopts::value<std::vector<double>>()->default_value("0.0625,0.25,1,4"))
+        ("reps", "measured steps per row of the table", cxxopts::value<int>()->default_value("7"));
+    const auto parsed = cli::parse(options, argc, argv);
+    const auto run = cli::run_options(parsed);
+    const auto opt = train::read_train_options(parsed);
+    const double bucket_mb = parsed["bucket-mb"].as<double>();
+    const auto sweep = parsed["sweep"].as<std::vector<double>>();
+    const int reps = parsed["reps"].as<int>();
+    SCALELAB_REQUIRE(bucket_mb > 0, "--bucket-mb must be positive, got {}", bucket_mb);
+    for (double mb : sweep) SCALELAB_REQUIRE(mb > 0, "--sweep sizes must be positive, got {}", mb);
+    SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
+
+    auto comm = comm::Communicator::world(run.backend);
+    const Device device = run.device == "cuda"
+                              ? Device::cuda(comm.rank() % std::max(1, cuda_device_count()))
+                              : Device::cpu();
+    const ModelConfig config = model_config(opt.model);
+    const auto tokens = train::load_train_tokens(opt);
+    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
+
+    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank()});
+    lab03::broadcast_parameters(model, comm);
+    optim::AdamW adamw(optim::groups(model.parameters()));
+    const auto buckets = lab04::assign_buckets(model.params(), lab04::ready_order(model),
+                                               static_cast<std::size_t>(bucket_mb * kMiB));
+    log::info("lab 04 ddp_overlap: model {} ({} parameters, {} of gradients), {} ranks, global "
+              "batch {} x {} tokens ({} rows per rank), {} buckets of <= {:g} MiB, {} steps",
+              config.name, metrics::human_count(static_cast<double>(model.num_parameters())),
+              metrics::human_bytes(static_cast<double>(model.params().grads().nbytes())),
+              comm.size(), opt.batch, config.block_size, rows, buckets.size(), bucket_mb,
+              opt.steps);
+    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
+                                 comm);
+    log::info("{}", reporter.mfu_note());
+    {
+      lab04::OverlappedDDP ddp(model, comm, buckets);
+      ddp.attach();
+      for (int64_t step = 0; step < opt.steps; ++step) {
+        const double lr = train::learning_rate(opt, step);
+        metrics::Timer timer(device);
+        const data::Batch mine =
+            lab03::local_batch(sampler.batch(step), comm.rank(), comm.size()).to(device);
+        model.zero_grad();
+        double loss = 0;
+        {
+          trace::Scope s("forward");
+          loss = model.forward(mine.x, mine.y);
+        }
+        {
+          trace::Scope s("backward");  // bucket all-reduces start in here
+          model.backward();
+        }
+        {
+          trace::Scope s("wait buckets");
+          ddp.finish();
+        }
+        Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
+        comm.all_reduce(l, comm::ReduceOp::avg);
+        adamw.step(lr);
+        log::info("{}", reporter.line(step, l.item(), timer.elapsed(), lr));
+      }
+      ddp.detach();
+    }
+    const double divergence = lab03::parameter_divergence(model, comm);
+    log::info("after {} steps: max |p - p on rank 0| over {} ranks = {:.3g}", opt.steps,
+              comm.size(), divergence);
+
+    // The table (rank 0's times; every rank runs the same steps).
+    const data::Batch mine =
+        lab03::local_batch(sampler.batch(opt.steps), comm.rank(), comm.size()).to(device);
+    std::vector<Row> table = {measure(model, comm, mine, 0, reps)};
+    for (double mb : sweep) table.push_back(measure(model, comm, mine, mb, reps));
+    log::info("");
+    log::info("{} ranks, {} rows x {} tokens per rank, median of {} steps (rank 0). all-reduce: the "
+              "same all-reduces alone; exposed: end of the slowest rank's backward to last bucket done", comm.size(),
+              mine.batch_size(), config.block_size, reps);
+    log::info("{:<18} {:>7} {:>9} {:>12} {:>14} {:>11} {:>7}", "mode", "buckets", "step ms",
+              "backward ms", "all-reduce ms", "exposed ms", "hidden");
+    for (const Row& r : table)
+      log::info("{:<18} {:>7} {:>9.1f} {:>12.1f} {:>14.2f} {:>11.2f} {:>6.0f}%", r.mode,
+                r.buckets, r.step_ms, r.backward_ms, r.comm_ms, r.exposed_ms,
+                100 * lab04::hidden_fraction(r.exposed_ms, r.comm_ms));
+    return divergence == 0 ? kExitOk : kExitFailed;
+  });
+}

@@ -1,0 +1,134 @@
+// Lab 04: DDP with overlap: gradient buckets all-reduced from backward hooks.
+#include "ddp_overlap.hpp"
+
+#include <algorithm>
+
+#include "common/errors.hpp"
+#include "common/ops/ops.hpp"
+#include "common/trace.hpp"
+
+namespace scalelab::lab04 {
+
+std::vector<int> ready_order(nn::GPT& model) {
+  std::unordered_map<const nn::Parameter*, int> index;
+  const auto& params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) index[params[i]] = static_cast<int>(i);
+  std::vector<int> order;
+  model.set_backward_hook([&](const std::vector<nn::Parameter*>& done) {
+    std::vector<int> layer;
+    for (const nn::Parameter* p : done) layer.push_back(index.at(p));
+    std::sort(layer.begin(), layer.end(), std::greater<>());  // highest offset first
+    order.insert(order.end(), layer.begin(), layer.end());
+  });
+  Tensor tokens = Tensor::zeros({1, 1}, DType::i32, model.device());
+  model.forward(tokens, tokens);
+  model.backward();
+  model.set_backward_hook({});
+  model.free_activations();
+  model.zero_grad();
+  SCALELAB_CHECK(order.size() == params.size(), "backward reported {} of {} parameters",
+                 order.size(), params.size());
+  return order;
+}
+
+std::vector<Bucket> assign_buckets(const nn::ParameterSet& params, const std::vector<int>& order,
+                                   std::size_t bucket_bytes) {
+  SCALELAB_REQUIRE(bucket_bytes > 0, "the bucket size must be positive (--bucket-mb > 0)");
+  std::vector<Bucket> buckets;
+  // BEGIN SOLUTION step 1: greedy buckets of adjacent gradients in ready order
+  // HINT: params.offset(i) and params.list()[i]->numel() give parameter i's range in the buffer.
+  const std::size_t elem = dtype_size(params.list().empty() ? DType::f32
+                                                            : params.list()[0]->grad.dtype());
+  for (int i : order) {
+    const int64_t off = params.offset(i), n = params.list()[i]->numel();
+    if (!buckets.empty()) {
+      Bucket& b = buckets.back();
+      const bool before = off + n == b.offset, after = off == b.offset + b.count;
+      const bool fits = static_cast<std::size_t>(b.count + n) * elem <= bucket_bytes;
+      if ((before || after) && fits) {
+        if (before) b.offset = off;
+        b.count += n;
+        b.params.push_back(i);
+        continue;
+      }
+    }
+    buckets.push_back(Bucket{off, n, {i}});
+  }
+  // END SOLUTION
+  return buckets;
+}
+
+OverlappedDDP::OverlappedDDP(nn::GPT& model, comm::Communicator& comm, std::vector<Bucket> buckets,
+                             Launch launch)
+    : model_(model), comm_(comm), buckets_(std::move(buckets)), launch_(std::move(launch)) {
+  if (!launch_)
+    launch_ = [this](int, const Tensor& grads) { return comm_.all_reduce_async(grads); };
+  const auto& params = model_.parameters();
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    for (int i : buckets_[b].params) bucket_of_[params.at(i)] = static_cast<int>(b);
+  SCALELAB_CHECK(bucket_of_.size() == params.size(), "buckets hold {} of {} parameters",
+                 bucket_of_.size(), params.size());
+  pending_.resize(buckets_.size());
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    pending_[b] = static_cast<int>(buckets_[b].params.size());
+}
+
+void OverlappedDDP::attach() {
+  model_.set_backward_hook([this](const std::vector<nn::Parameter*>& done) { on_ready(done); });
+}
+
+void OverlappedDDP::detach() { model_.set_backward_hook({}); }
+
+void OverlappedDDP::on_ready(const std::vector<nn::Parameter*>& done) {
+  // BEGIN SOLUTION step 2: count ready gradients per bucket; launch a bucket when it is complete
+  // HINT: bucket_of_.at(p) is p's bucket; a view of its gradients is
+  // HINT: model_.params().grads().flat(bucket.offset, bucket.count).
+  for (const nn::Parameter* p : done) {
+    const int b = bucket_of_.at(p);
+    SCALELAB_CHECK(pending_[b] > 0, "bucket {} reported ready twice in one step", b);
+    if (--pending_[b] > 0) continue;
+    const Bucket& bucket = buckets_[b];
+    works_.push_back(launch_(b, model_.params().grads().flat(bucket.offset, bucket.count)));
+    launched_.push_back(b);
+  }
+  // END SOLUTION
+}
+
+std::vector<double> OverlappedDDP::finish() {
+  std::vector<double> done;
+  // BEGIN SOLUTION step 3: wait every bucket, average, reset for the next step
+  SCALELAB_CHECK(works_.size() == buckets_.size(),
+                 "{} of {} buckets were launched: backward did not report every gradient",
+                 works_.size(), buckets_.size());
+  const double inv = 1.0 / comm_.size();
+  for (std::size_t j = 0; j < works_.size(); ++j) {
+    works_[j].wait();
+    done.push_back(trace::now_us());
+    const Bucket& bucket = buckets_[launched_[j]];
+    Tensor g = model_.params().grads().flat(bucket.offset, bucket.count);
+    ops::scale(g, inv);
+  }
+  works_.clear();
+  launched_.clear();
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    pending_[b] = static_cast<int>(buckets_[b].params.size());
+  // END SOLUTION
+  return done;
+}
+
+double exposed_time(double backward_end, const std::vector<double>& bucket_done) {
+  // BEGIN SOLUTION step 4: from backward's end to the last bucket done, never negative
+  double last = backward_end;
+  for (double t : bucket_done) last = std::max(last, t);
+  return last - backward_end;
+  // END SOLUTION
+}
+
+double hidden_fraction(double exposed, double total) {
+  // BEGIN SOLUTION step 4: 1 - exposed / total, clamped to [0, 1]
+  if (total <= 0) return 0.0;
+  return std::clamp(1.0 - exposed / total, 0.0, 1.0);
+  // END SOLUTION
+}
+
+}  // namespace scalelab::lab04

@@ -1,0 +1,315 @@
+// Lab 04 graders. The heart: the overlapped, bucketed DDP gives the single-device gradient (and
+// lab 03's), computed here on every rank, at 1e-5 relative / 1e-6 absolute (the all-reduce sums
+// in another order; bucket boundaries may change the MPI algorithm too). When each bucket starts
+// is checked through the Launch the reducer is given: at launch time, every gradient of the
+// bucket must have been reported ready by backward. The planted fault (a bucket launched at its
+// FIRST ready gradient) must fail both checks. Step 4 is graded through pure functions.
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "common/errors.hpp"
+#include "common/ops/ops.hpp"
+#include "common/optim/optim.hpp"
+#include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/reference.hpp"
+#include "ddp.hpp"
+#include "ddp_overlap.hpp"
+
+using namespace scalelab;
+using lab04::Bucket;
+
+namespace {
+
+constexpr uint64_t kSeed = 404;
+constexpr int64_t kGlobalBatch = 8;
+constexpr double kRtol = 1e-5, kAtol = 1e-6;
+// tiny's gradients are ~136 KB: 1 byte = one bucket per parameter; 4 KiB mixes small
+// parameters across layers; 1 MiB = one bucket.
+const std::vector<std::size_t> kCaps = {1, 4096, 1 << 20};
+
+comm::Communicator& world() {
+  static comm::Communicator c = comm::Communicator::world("mpi");
+  return c;
+}
+
+const ModelConfig& config() {
+  static const ModelConfig c = train::test_config();
+  return c;
+}
+
+data::Batch global_batch(int64_t step = 0) {
+  static const std::vector<uint16_t> tokens = train::synthetic_corpus(8192, 4);
+  return data::Sampler(tokens, kGlobalBatch, config().block_size, kSeed).batch(step);
+}
+
+data::Batch my_rows(const data::Batch& global) { return global.shard(world().rank(), world().size()); }
+
+testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want) {
+  const train::Diff d = train::compare(got, want);
+  if (train::on_every_rank(d.within(kRtol, kAtol), world())) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "not within rtol " << kRtol << " atol " << kAtol
+                                     << " on every rank; on this rank: " << d.str();
+}
+
+// Watches a backward: which parameters backward has reported ready, and every launch.
+struct Watch {
+  nn::GPT* model = nullptr;
+  std::vector<Bucket> buckets;
+  std::set<const nn::Parameter*> seen;  // reported ready so far
+  bool in_backward = false;
+  bool synchronous = false;             // the planted fault waits at once (deterministic)
+  std::vector<int> launched;            // bucket indices in launch order
+  std::vector<std::string> violations;  // launched too early, twice, or outside backward
+  std::vector<comm::Work> works;
+
+  lab04::Launch launch() {
+    return [this](int b, const Tensor& grads) {
+      const Bucket& bucket = buckets.at(b);
+      for (int i : bucket.params)
+        if (!seen.count(model->parameters()[i]))
+          violations.push_back(fmt::format("bucket {} launched before {} was ready", b,
+                                           model->parameters()[i]->name));
+      if (std::count(launched.begin(), launched.end(), b))
+        violations.push_back(fmt::format("bucket {} launched twice", b));
+      if (!in_backward) violations.push_back(fmt::format("bucket {} launched after backward", b));
+      if (grads.offset() != bucket.offset || grads.numel() != bucket.count)
+        violations.push_back(fmt::format("bucket {}: launched elements [{}, +{}), the bucket is "
+                                         "[{}, +{})", b, grads.offset(), grads.numel(),
+                                         bucket.offset, bucket.count));
+      launched.push_back(b);
+      comm::Work w = world().all_reduce_async(grads);
+      if (synchronous) w.wait();
+      works.push_back(w);
+      return w;
+    };
+  }
+
+  // Runs forward + backward with `on_ready` as the hook, recording what became ready first.
+  void backward(const data::Batch& b, const std::function<void(const std::vector<nn::Parameter*>&)>& on_ready) {
+    model->set_backward_hook([&](const std::vector<nn::Parameter*>& done) {
+      seen.insert(done.begin(), done.end());
+      on_ready(done);
+    });
+    model->zero_grad();
+    model->forward(b.x, b.y);
+    in_backward = true;
+    model->backward();
+    in_backward = false;
+    model->set_backward_hook({});
+  }
+};
+
+std::vector<Bucket> buckets_for(nn::GPT& model, std::size_t cap) {
+  return lab04::assign_buckets(model.params(), lab04::ready_order(model), cap);
+}
+
+// The planted fault of step 2, written here: launch a bucket when its FIRST gradient is ready.
+struct EagerFault {
+  std::vector<Bucket> buckets;
+  std::unordered_map<const nn::Parameter*, int> bucket_of;
+  std::vector<bool> launched;
+  EagerFault(nn::GPT& model, std::vector<Bucket> b) : buckets(std::move(b)), launched(buckets.size()) {
+    for (std::size_t k = 0; k < buckets.size(); ++k)
+      for (int i : buckets[k].params) bucket_of[model.parameters()[i]] = static_cast<int>(k);
+  }
+  void on_ready(nn::GPT& model, const lab04::Launch& launch, const std::vector<nn::Parameter*>& done) {
+    for (const nn::Parameter* p : done) {
+      const int k = bucket_of.at(p);
+      if (launched[k]) continue;
+      launched[k] = true;  // fault: the bucket's other gradients may not be ready
+      launch(k, model.params().grads().flat(buckets[k].offset, buckets[k].count));
+    }
+  }
+};
+
+}  // namespace
+
+// ---- Step 1: buckets -------------------------------------------------------------------------
+
+TEST(Step1_Buckets, ReadyOrderIsReverseFlatOrderWithTheEmbeddingLast) {
+  nn::GPT model(config(), {.seed = kSeed});
+  const std::vector<int> order = lab04::ready_order(model);
+  const int n = static_cast<int>(model.parameters().size());
+  ASSERT_EQ(static_cast<int>(order.size()), n);
+  for (int k = 0; k < n; ++k) EXPECT_EQ(order[k], n - 1 - k);
+  EXPECT_EQ(model.parameters()[order.back()]->name, "wte.weight") << "the tied weight is ready last";
+}
+
+TEST(Step1_Buckets, PartitionOfAdjacentGradientsWithinTheCap) {
+  nn::GPT model(config(), {.seed = kSeed});
+  const std::vector<int> order = lab04::ready_order(model);
+  const nn::ParameterSet& ps = model.params();
+  for (std::size_t cap : {std::size_t{1}, std::size_t{512}, std::size_t{4096},
+                          std::size_t{64 << 10}, std::size_t{1} << 30}) {
+    const std::vector<Bucket> buckets = lab04::assign_buckets(ps, order, cap);
+    std::vector<int> concatenated;
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      const Bucket& b = buckets[k];
+      ASSERT_FALSE(b.params.empty()) << "cap " << cap << ", bucket " << k;
+      int64_t lo = INT64_MAX, hi = 0, total = 0;
+      for (int i : b.params) {
+        lo = std::min(lo, ps.offset(i));
+        hi = std::max(hi, ps.offset(i) + ps.list()[i]->numel());
+        total += ps.list()[i]->numel();
+        concatenated.push_back(i);
+      }
+      EXPECT_EQ(b.offset, lo) << "cap " << cap << ", bucket " << k;
+      EXPECT_EQ(b.count, hi - lo) << "cap " << cap << ", bucket " << k << ": one range";
+      EXPECT_EQ(b.count, total) << "cap " << cap << ", bucket " << k << ": no gaps";
+      EXPECT_TRUE(b.count * 4 <= static_cast<int64_t>(cap) || b.params.size() == 1)
+          << "cap " << cap << ", bucket " << k << " holds " << b.count * 4 << " bytes";
+      if (k + 1 < buckets.size()) {  // greedy: the next parameter did not fit
+        const int next = buckets[k + 1].params.front();
+        const bool adjacent = ps.offset(next) + ps.list()[next]->numel() == b.offset ||
+                              ps.offset(next) == b.offset + b.count;
+        EXPECT_TRUE(!adjacent || (b.count + ps.list()[next]->numel()) * 4 > static_cast<int64_t>(cap))
+            << "cap " << cap << ": bucket " << k << " could have taken " << ps.list()[next]->name;
+      }
+    }
+    EXPECT_EQ(concatenated, order) << "cap " << cap << ": every parameter once, in ready order";
+  }
+}
+
+TEST(Step1_Buckets, SizesAndTheTiedEmbedding) {
+  nn::GPT model(config(), {.seed = kSeed});
+  const std::size_t n = model.parameters().size();
+  EXPECT_EQ(buckets_for(model, 1).size(), n) << "a cap below every parameter: one each";
+  const auto one = buckets_for(model, std::size_t{1} << 30);
+  ASSERT_EQ(one.size(), 1u) << "a cap above the model: one bucket";
+  EXPECT_EQ(one[0].offset, 0);
+  EXPECT_EQ(one[0].count, model.num_parameters());
+  const auto some = buckets_for(model, 4096);
+  EXPECT_EQ(model.parameters()[some.back().params.back()]->name, "wte.weight")
+      << "the tied embedding is in the last bucket";
+}
+
+TEST(Step1_Buckets, ZeroSizeIsAUsageError) {
+  nn::GPT model(config(), {.seed = kSeed});
+  EXPECT_THROW(lab04::assign_buckets(model.params(), lab04::ready_order(model), 0), UsageError);
+}
+
+// ---- Step 2: launch from the hook --------------------------------------------------------------
+
+TEST(Step2_Launch, EachBucketStartsOnceWhenItsLastGradientIsReady) {
+  for (std::size_t cap : kCaps) {
+    nn::GPT model(config(), {.seed = kSeed});
+    Watch watch{&model, buckets_for(model, cap)};
+    lab04::OverlappedDDP ddp(model, world(), watch.buckets, watch.launch());
+    watch.backward(my_rows(global_batch()), [&](const auto& done) { ddp.on_ready(done); });
+    comm::wait_all(watch.works);
+    EXPECT_TRUE(watch.violations.empty()) << "cap " << cap << ": " << watch.violations.front();
+    ASSERT_EQ(watch.launched.size(), watch.buckets.size())
+        << "cap " << cap << ": every bucket starts during backward";
+    std::vector<int> sorted = watch.launched;
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t k = 0; k < sorted.size(); ++k)
+      EXPECT_EQ(sorted[k], static_cast<int>(k)) << "cap " << cap << ": each bucket once";
+    // Collectives match by order: every rank must start the buckets in the same order.
+    std::vector<double> order(watch.launched.begin(), watch.launched.end());
+    EXPECT_EQ(train::max_divergence_from_rank0(
+                  Tensor::from_vector(order, {static_cast<int64_t>(order.size())}), world()),
+              0.0)
+        << "cap " << cap << ": the same launch order on every rank";
+  }
+}
+
+TEST(Step2_Launch, BucketsStartDuringBackwardNotAfter) {
+  // With one bucket per parameter, the first bucket must start while backward still has every
+  // block to go: overlap, not a flat all-reduce at the end.
+  nn::GPT model(config(), {.seed = kSeed});
+  Watch watch{&model, buckets_for(model, 1)};
+  lab04::OverlappedDDP ddp(model, world(), watch.buckets, watch.launch());
+  std::size_t launched_at_first_block_hook = SIZE_MAX;
+  watch.backward(my_rows(global_batch()), [&](const auto& done) {
+    ddp.on_ready(done);
+    if (launched_at_first_block_hook == SIZE_MAX && done.front()->name.rfind("blocks.", 0) == 0)
+      launched_at_first_block_hook = watch.launched.size();
+  });
+  comm::wait_all(watch.works);
+  EXPECT_GE(launched_at_first_block_hook, 2u) << "ln_f's buckets start before the blocks' backward";
+  EXPECT_TRUE(watch.violations.empty()) << watch.violations.front();
+}
+
+TEST(Step2_PlantedFault, BucketLaunchedBeforeItsLastGradientIsCaught) {
+  nn::GPT model(config(), {.seed = kSeed});
+  Watch watch{&model, buckets_for(model, 4096)};
+  watch.synchronous = true;
+  EagerFault fault(model, watch.buckets);
+  const lab04::Launch launch = watch.launch();
+  const data::Batch global = global_batch();
+  watch.backward(my_rows(global), [&](const auto& done) { fault.on_ready(model, launch, done); });
+  comm::wait_all(watch.works);
+  EXPECT_FALSE(watch.violations.empty()) << "the launch check of Step2_Launch must see it";
+  if (world().size() > 1) {
+    ops::scale(model.params().grads(), 1.0 / world().size());
+    EXPECT_FALSE(close_on_every_rank(model.params().grads(),
+                                     train::single_device_step(config(), kSeed, global).grads))
+        << "the equivalence check of Step3 must fail for gradients all-reduced too early";
+  }
+}
+
+// ---- Step 3: finish -----------------------------------------------------------------------------
+
+TEST(Step3_Finish, GradientsEqualSingleDeviceForEveryBucketSize) {
+  const data::Batch global = global_batch();
+  const train::Reference ref = train::single_device_step(config(), kSeed, global);
+  for (std::size_t cap : kCaps) {
+    nn::GPT model(config(), {.seed = kSeed});
+    lab04::OverlappedDDP ddp(model, world(), buckets_for(model, cap));
+    ddp.attach();
+    model.zero_grad();
+    model.forward(my_rows(global).x, my_rows(global).y);
+    model.backward();
+    const std::vector<double> done = ddp.finish();
+    EXPECT_EQ(done.size(), ddp.buckets().size()) << "cap " << cap << ": one time per bucket";
+    EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads)) << "cap " << cap;
+  }
+}
+
+TEST(Step3_Finish, EqualsLab03AndKeepsWorkingStepAfterStep) {
+  constexpr int kSteps = 3;
+  constexpr double kLr = 0.5;
+  nn::GPT model(config(), {.seed = kSeed}), flat(config(), {.seed = kSeed});
+  lab04::OverlappedDDP ddp(model, world(), buckets_for(model, 4096));
+  ddp.attach();
+  optim::SGD sgd(optim::groups(model.parameters())), sgd_flat(optim::groups(flat.parameters()));
+  for (int step = 0; step < kSteps; ++step) {
+    const data::Batch global = global_batch(step);
+    model.zero_grad();
+    model.forward(my_rows(global).x, my_rows(global).y);
+    model.backward();
+    ddp.finish();
+    lab03::forward_backward(flat, global, world());  // lab 03: one flat all-reduce
+    EXPECT_TRUE(close_on_every_rank(model.params().grads(), flat.params().grads())) << "step " << step;
+    sgd.step(kLr);
+    sgd_flat.step(kLr);
+  }
+  EXPECT_TRUE(close_on_every_rank(model.params().values(), flat.params().values()));
+  EXPECT_EQ(train::max_divergence_from_rank0(model.params().values(), world()), 0.0)
+      << "replicas stay identical";
+}
+
+TEST(Step3_Finish, ABucketNeverLaunchedIsAnError) {
+  nn::GPT model(config(), {.seed = kSeed});
+  lab04::OverlappedDDP ddp(model, world(), buckets_for(model, 4096));
+  EXPECT_THROW(ddp.finish(), CheckFailed) << "finish() without a backward: nothing was launched";
+}
+
+// ---- Step 4: measuring -------------------------------------------------------------------------
+
+TEST(Step4_Measure, ExposedTime) {
+  EXPECT_DOUBLE_EQ(lab04::exposed_time(10, {5, 8, 9}), 0) << "all done under backward";
+  EXPECT_DOUBLE_EQ(lab04::exposed_time(10, {12, 15, 11}), 5) << "the LAST bucket counts";
+  EXPECT_DOUBLE_EQ(lab04::exposed_time(10, {3, 10.5}), 0.5);
+  EXPECT_DOUBLE_EQ(lab04::exposed_time(10, {}), 0);
+}
+
+TEST(Step4_Measure, HiddenFraction) {
+  EXPECT_DOUBLE_EQ(lab04::hidden_fraction(0, 5), 1) << "nothing exposed: all hidden";
+  EXPECT_DOUBLE_EQ(lab04::hidden_fraction(5, 5), 0) << "all exposed: nothing hidden";
+  EXPECT_DOUBLE_EQ(lab04::hidden_fraction(1.25, 5), 0.75);
+  EXPECT_DOUBLE_EQ(lab04::hidden_fraction(7, 5), 0) << "clamped: waiting longer than the comm";
+  EXPECT_DOUBLE_EQ(lab04::hidden_fraction(1, 0), 0) << "no communication: nothing to hide";
+}
