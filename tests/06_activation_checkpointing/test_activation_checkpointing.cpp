@@ -58,6 +58,30 @@ testing::AssertionResult bitwise(const Tensor& got, const Tensor& want) {
   return testing::AssertionFailure() << "not bitwise equal: " << d.str();
 }
 
+// A checkpointed forward written here (full checkpoints only), so step 2 is graded on its own.
+double reference_forward(nn::GPT& model, const data::Batch& b, const Plan& plan,
+                         lab06::Saved& saved) {
+  saved.plan = plan;
+  saved.inputs.assign(kLayers, Tensor());
+  Tensor x = model.embed(b.x);
+  for (int i = 0; i < kLayers; ++i) {
+    saved.inputs[i] = x;
+    x = model.block(i).forward(x);
+    if (plan.full[i]) model.block(i).free_activations();
+  }
+  return model.head_forward(x, b.y);
+}
+
+// Step 2 alone: the forward above, then the attendee's backward.
+Result checkpointed_backward(const Plan& plan, const data::Batch& b) {
+  nn::GPT model(config(), {.seed = kSeed});
+  model.zero_grad();
+  lab06::Saved saved;
+  const double loss = reference_forward(model, b, plan, saved);
+  lab06::backward(model, saved);
+  return {loss, model.params().grads().clone()};
+}
+
 // Planted faults of step 2, written here: a backward that does not recompute, and one that
 // recomputes from the wrong tensor (the block's output instead of its input).
 enum class Fault { no_recompute, wrong_input };
@@ -115,7 +139,7 @@ TEST(Step2_Backward, GradientsBitwiseEqualNoCheckpointing) {
                                                          {true, true, true, true},
                                                          {true, false, true, false},
                                                          {false, false, false, true}}) {
-    const Result r = checkpointed(full_plan(full), b);
+    const Result r = checkpointed_backward(full_plan(full), b);
     EXPECT_EQ(r.loss, ref.loss);
     EXPECT_TRUE(bitwise(r.grads, ref.grads)) << "plan " << testing::PrintToString(full);
   }
@@ -129,7 +153,7 @@ TEST(Step2_Backward, GradientsAccumulateAndMemoryIsReleased) {
   twin.zero_grad();
   for (const data::Batch* b : {&b0, &b1}) {  // two backward passes add up, as GPT::backward's
     lab06::Saved saved;
-    lab06::forward(model, *b, plan, saved);
+    reference_forward(model, *b, plan, saved);
     lab06::backward(model, saved);
     for (int i = 0; i < kLayers; ++i)
       EXPECT_FALSE(model.block(i).has_activations())
@@ -144,15 +168,7 @@ TEST(Step2_PlantedFault, BlockNotRecomputedIsCaught) {
   const data::Batch b = batch();
   nn::GPT model(config(), {.seed = kSeed});
   lab06::Saved saved;
-  saved.plan = full_plan({true, true, true, true});
-  saved.inputs.resize(kLayers);
-  Tensor x = model.embed(b.x);
-  for (int i = 0; i < kLayers; ++i) {  // a correct checkpointed forward (written here)
-    saved.inputs[i] = x;
-    x = model.block(i).forward(x);
-    model.block(i).free_activations();
-  }
-  model.head_forward(x, b.y);
+  reference_forward(model, b, full_plan({true, true, true, true}), saved);
   EXPECT_THROW(faulty_backward(model, saved, Fault::no_recompute), CheckFailed)
       << "a block's backward without its activations must not go unnoticed";
 }
@@ -162,15 +178,7 @@ TEST(Step2_PlantedFault, RecomputeFromWrongInputIsCaught) {
   nn::GPT model(config(), {.seed = kSeed});
   model.zero_grad();
   lab06::Saved saved;
-  saved.plan = full_plan({true, true, true, true});
-  saved.inputs.resize(kLayers);
-  Tensor x = model.embed(b.x);
-  for (int i = 0; i < kLayers; ++i) {
-    saved.inputs[i] = x;
-    x = model.block(i).forward(x);
-    model.block(i).free_activations();
-  }
-  model.head_forward(x, b.y);
+  reference_forward(model, b, full_plan({true, true, true, true}), saved);
   faulty_backward(model, saved, Fault::wrong_input);
   EXPECT_FALSE(bitwise(model.params().grads(), plain(b).grads))
       << "the check of Step2_Backward must fail for a block recomputed from the wrong input";
