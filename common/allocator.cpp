@@ -81,6 +81,12 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
   detail::cuda_copy(dst, dst_device, src, src_device, nbytes);
 }
 
+void device_zero(void* ptr, std::size_t nbytes, Device device) {
+  if (nbytes == 0) return;
+  if (device.is_cpu()) std::memset(ptr, 0, nbytes);
+  else detail::cuda_zero(ptr, nbytes, device.index);
+}
+
 void device_synchronize(Device device) {
   if (device.is_cuda()) detail::cuda_synchronize(device.index);
 }

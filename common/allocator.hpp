@@ -47,6 +47,9 @@ void device_free(void* ptr, std::size_t nbytes, Device device);
 void device_copy(void* dst, Device dst_device, const void* src, Device src_device,
                  std::size_t nbytes);
 
+/// Sets `nbytes` at `ptr` to zero on `device`.
+void device_zero(void* ptr, std::size_t nbytes, Device device);
+
 /// Waits for the work queued on a CUDA device (no-op for the host).
 void device_synchronize(Device device);
 
@@ -57,6 +60,7 @@ void cuda_free(void* ptr, int index);
 void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device,
                std::size_t nbytes);
 void cuda_synchronize(int index);
+void cuda_zero(void* ptr, std::size_t nbytes, int index);
 }  // namespace detail
 
 }  // namespace scalelab

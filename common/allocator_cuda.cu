@@ -29,6 +29,11 @@ void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device,
   CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }
 
+void cuda_zero(void* ptr, std::size_t nbytes, int index) {
+  CUDA_CHECK(cudaSetDevice(index));
+  CUDA_CHECK(cudaMemsetAsync(ptr, 0, nbytes));  // on the default stream, ordered with the kernels
+}
+
 void cuda_synchronize(int index) {
   CUDA_CHECK(cudaSetDevice(index));
   CUDA_CHECK(cudaDeviceSynchronize());

@@ -62,12 +62,7 @@ Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Device device) {
   Tensor t = empty(std::move(shape), dtype, device);
-  if (device.is_cpu()) {
-    std::memset(t.data_ptr(), 0, t.nbytes());
-  } else {
-    std::vector<char> zero(t.nbytes(), 0);
-    device_copy(t.data_ptr(), device, zero.data(), Device::cpu(), t.nbytes());
-  }
+  device_zero(t.data_ptr(), t.nbytes(), device);
   return t;
 }
 

@@ -25,12 +25,17 @@ __global__ void embedding_backward_wpe_kernel(S* dwpe, const S* dout, int64_t B,
   }
 }
 
-// one thread per column c: walks the tokens in order, adding into its column of dwte
+// one thread per (vocabulary row v, column c): walks the tokens in order and adds the rows of
+// the tokens equal to v. No atomics, so the sum's order (and result) is fixed.
 template <class S>
 __global__ void embedding_backward_wte_kernel(S* dwte, const S* dout, const int32_t* ids,
-                                              int64_t N, int64_t C) {
-  SCALELAB_GRID_STRIDE(c, C) {
-    for (int64_t n = 0; n < N; ++n) dwte[ids[n] * C + c] += dout[n * C + c];
+                                              int64_t N, int64_t V, int64_t C) {
+  SCALELAB_GRID_STRIDE(i, V * C) {
+    const int64_t v = i / C, c = i % C;
+    S s = 0;
+    for (int64_t n = 0; n < N; ++n)
+      if (ids[n] == v) s += dout[n * C + c];
+    dwte[i] += s;
   }
 }
 
@@ -80,8 +85,9 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
       CUDA_CHECK_LAUNCH();
     }
     if (dwte.defined()) {
-      embedding_backward_wte_kernel<<<blocks_for(C), kThreads>>>(
-          dwte.data<scalar_t>(), dout.data<scalar_t>(), tokens.data<int32_t>(), B * T, C);
+      const int64_t V = dwte.size(0);
+      embedding_backward_wte_kernel<<<blocks_for(V * C), kThreads>>>(
+          dwte.data<scalar_t>(), dout.data<scalar_t>(), tokens.data<int32_t>(), B * T, V, C);
       CUDA_CHECK_LAUNCH();
     }
   });

@@ -46,17 +46,24 @@ __global__ void layernorm_backward_dx_kernel(S* din, const S* dout, const S* in,
   }
 }
 
-// dweight, dbias per column, rows in order: deterministic
+// the summand of dweight: norm(x) * dout
+template <class S>
+struct NormTimesGrad {
+  const S *in, *dout, *mean, *rstd;
+  int64_t C;
+  __device__ S operator()(int64_t n, int64_t c) const {
+    return (in[n * C + c] - mean[n]) * rstd[n] * dout[n * C + c];
+  }
+};
+
+// dweight, dbias: column sums in a fixed order (deterministic)
 template <class S>
 __global__ void layernorm_backward_dw_kernel(S* dw, S* db, const S* dout, const S* in,
                                              const S* mean, const S* rstd, int64_t N, int64_t C) {
-  SCALELAB_GRID_STRIDE(c, C) {
-    S sw = 0, sb = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      const S dy = dout[n * C + c];
-      sb += dy;
-      sw += (in[n * C + c] - mean[n]) * rstd[n] * dy;
-    }
+  const S sb = column_sum<S>(N, C, Element<S>{dout, C});
+  const S sw = column_sum<S>(N, C, NormTimesGrad<S>{in, dout, mean, rstd, C});
+  const int64_t c = blockIdx.x * (int64_t)kColTile + threadIdx.x;
+  if (threadIdx.y == 0 && c < C) {
     dw[c] += sw;
     db[c] += sb;
   }
@@ -97,7 +104,7 @@ void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tenso
         din.data<T>(), dout.data<T>(), in.data<T>(), weight.data<T>(), mean.data<T>(),
         rstd.data<T>(), N, C);
     CUDA_CHECK_LAUNCH();
-    layernorm_backward_dw_kernel<<<blocks_for(C), kThreads>>>(
+    layernorm_backward_dw_kernel<<<column_sum_blocks(C), dim3(kColTile, kColTile)>>>(
         dweight.data<T>(), dbias.data<T>(), dout.data<T>(), in.data<T>(), mean.data<T>(),
         rstd.data<T>(), N, C);
   });

@@ -29,14 +29,15 @@ __global__ void partial_sum_kernel(double* partial, const S* x, int64_t n) {
 template <bool kSquare>
 double reduce(const Tensor& x) {
   use_device(x);
-  double* partial = nullptr;
-  CUDA_CHECK(cudaMalloc(&partial, kSumBlocks * sizeof(double)));  // tiny scratch, not counted
+  // a small scratch buffer per device, kept (cudaMalloc / cudaFree would synchronise each call)
+  static thread_local double* scratch[64] = {};
+  double*& partial = scratch[x.device().index];
+  if (!partial) CUDA_CHECK(cudaMalloc(&partial, kSumBlocks * sizeof(double)));
   SCALELAB_FLOAT_TYPES(x.dtype(), partial_sum_kernel<T, kSquare><<<kSumBlocks, kThreads>>>(
                                       partial, x.data<T>(), x.numel()));
   CUDA_CHECK_LAUNCH();
   std::vector<double> host(kSumBlocks);
   CUDA_CHECK(cudaMemcpy(host.data(), partial, kSumBlocks * sizeof(double), cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaFree(partial));
   double s = 0;
   for (double v : host) s += v;
   return s;

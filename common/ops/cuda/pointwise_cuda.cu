@@ -25,14 +25,12 @@ __global__ void add_bias_kernel(S* o, const S* bias, int64_t n, int64_t C) {
   SCALELAB_GRID_STRIDE(i, n) o[i] += bias[i % C];
 }
 
-// one thread per column, rows summed in order: deterministic
+// column sums in a fixed order: deterministic
 template <class S>
 __global__ void bias_backward_kernel(S* db, const S* dout, int64_t N, int64_t C) {
-  SCALELAB_GRID_STRIDE(c, C) {
-    S s = 0;
-    for (int64_t n = 0; n < N; ++n) s += dout[n * C + c];
-    db[c] += s;
-  }
+  const S s = column_sum<S>(N, C, Element<S>{dout, C});
+  const int64_t c = blockIdx.x * (int64_t)kColTile + threadIdx.x;
+  if (threadIdx.y == 0 && c < C) db[c] += s;
 }
 
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
@@ -110,7 +108,7 @@ void add_bias(Tensor& out, const Tensor& bias) {
 void bias_backward(Tensor& dbias, const Tensor& dout) {
   use_device(dbias);
   const int64_t C = dbias.numel(), N = dout.numel() / C;
-  SCALELAB_FLOAT_TYPES(dout.dtype(), bias_backward_kernel<<<blocks_for(C), kThreads>>>(
+  SCALELAB_FLOAT_TYPES(dout.dtype(), bias_backward_kernel<<<column_sum_blocks(C), dim3(kColTile, kColTile)>>>(
                                          dbias.data<T>(), dout.data<T>(), N, C));
   CUDA_CHECK_LAUNCH();
 }
