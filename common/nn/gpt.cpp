@@ -4,6 +4,7 @@
 #include <random>
 
 #include "common/ops/ops.hpp"
+#include "common/trace.hpp"
 
 namespace scalelab::nn {
 
@@ -123,10 +124,12 @@ double GPT::forward(const Tensor& tokens, const Tensor& targets) {
                  "runs embed / forward_blocks / head_forward");
   SCALELAB_CHECK(targets.shape() == tokens.shape(), "targets {} vs tokens {}", targets.str(),
                  tokens.str());
+  trace::Scope scope("forward");
   return head_forward(forward_blocks(embed(tokens)), targets);
 }
 
 void GPT::backward(double loss_scale) {
+  trace::Scope scope("backward");
   Tensor dx = backward_blocks(head_backward(loss_scale));
   embed_backward(dx);
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/ops/ops.hpp"
+#include "common/trace.hpp"
 
 namespace scalelab::optim {
 
@@ -37,6 +38,7 @@ AdamW::AdamW(std::vector<Group> groups, AdamWConfig config)
 }
 
 void AdamW::step(double lr) {
+  trace::Scope scope("optimizer");
   ++t_;
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     ops::AdamWArgs a{lr, config_.beta1, config_.beta2, config_.eps,
@@ -52,6 +54,7 @@ SGD::SGD(std::vector<Group> groups, double momentum, double weight_decay)
 }
 
 void SGD::step(double lr) {
+  trace::Scope scope("optimizer");
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     Tensor value = groups_[i].value.view({-1});
     Tensor buf = momentum_ > 0 ? gbuf_[i] : Tensor();

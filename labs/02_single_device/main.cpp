@@ -16,6 +16,7 @@
 #include "common/metrics.hpp"
 #include "common/ops/ops.hpp"
 #include "common/runtime.hpp"
+#include "common/trace.hpp"
 #include "single_device.hpp"
 
 using namespace scalelab;
@@ -158,8 +159,10 @@ int main(int argc, char** argv) {
         s.peak_bytes = memory_stats(device).peak;
         log::info("{}", metrics::step_line(s));
       }
-      if ((eval_every > 0 && (step + 1) % eval_every == 0) || step + 1 == tc.steps)
+      if ((eval_every > 0 && (step + 1) % eval_every == 0) || step + 1 == tc.steps) {
+        trace::Scope scope("eval");
         log::info("step={} val_loss={:.4f}", step, lab02::evaluate(model, val, eval_batches));
+      }
       if (step + 1 == tc.steps) lab02::save_checkpoint(ckpt, model, opt, step + 1);
     }
     if (start >= tc.steps) log::info("nothing to do: the checkpoint is at step {}", start);
