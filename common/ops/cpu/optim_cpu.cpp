@@ -9,7 +9,7 @@ double sum(const Tensor& x) {
   double total = 0;
   SCALELAB_FLOAT_TYPES(x.dtype(), {
     const T* p = x.data<T>();
-    for (int64_t i = 0; i < x.numel(); ++i) total += p[i];
+    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) total += p[i];
   });
   return total;
 }
@@ -18,7 +18,7 @@ double sum_squares(const Tensor& x) {
   double total = 0;
   SCALELAB_FLOAT_TYPES(x.dtype(), {
     const T* p = x.data<T>();
-    for (int64_t i = 0; i < x.numel(); ++i) total += static_cast<double>(p[i]) * p[i];
+    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) total += static_cast<double>(p[i]) * p[i];
   });
   return total;
 }
@@ -31,7 +31,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
     const T* g = grad.data<T>();
     T* pm = m.data<T>();
     T* pv = v.data<T>();
-    for (int64_t i = 0; i < param.numel(); ++i) {
+    for (int64_t i = 0, n_ = param.numel(); i < n_; ++i) {
       pm[i] = T(a.beta1) * pm[i] + T(1 - a.beta1) * g[i];
       pv[i] = T(a.beta2) * pv[i] + T(1 - a.beta2) * g[i] * g[i];
       const T mhat = pm[i] / T(c1), vhat = pv[i] / T(c2);
@@ -46,7 +46,7 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, double lr, doubl
     T* p = param.data<T>();
     const T* g = grad.data<T>();
     T* b = momentum > 0 ? buf.data<T>() : nullptr;
-    for (int64_t i = 0; i < param.numel(); ++i) {
+    for (int64_t i = 0, n_ = param.numel(); i < n_; ++i) {
       T d = g[i] + T(weight_decay) * p[i];
       if (b) {
         b[i] = first_step ? d : T(momentum) * b[i] + d;
