@@ -5,6 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "common/ops/ops.hpp"
+#include "common/tensor.hpp"
+
 namespace scalelab::metrics {
 
 double flops_per_token(const ModelConfig& c, int64_t T) {
@@ -38,6 +41,21 @@ double gpu_peak_tflops(const std::string& device_name, Precision p) {
     }
   }
   return 0.0;
+}
+
+double measure_matmul_tflops(Device device, int64_t n, int reps) {
+  Tensor a = Tensor::zeros({n, n}, DType::f32, device), b = Tensor::zeros({n, n}, DType::f32, device),
+         c = Tensor::zeros({n, n}, DType::f32, device);
+  ops::fill(a, 0.5);
+  ops::fill(b, 0.25);
+  ops::matmul(c, a, b);  // warm-up (thread pools, cuBLAS handle)
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    Timer t(device);
+    ops::matmul(c, a, b);
+    best = std::min(best, t.elapsed());
+  }
+  return 2.0 * static_cast<double>(n * n * n) / best / 1e12;
 }
 
 void Timer::start() {

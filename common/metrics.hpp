@@ -31,6 +31,11 @@ enum class Precision { fp32, tf32, bf16 };
 ///   A100: 19.5 / 156 / 312     H100 SXM and H200: 67 / 494.7 / 989.4
 double gpu_peak_tflops(const std::string& device_name, Precision precision);
 
+/// The best of `reps` timed n x n x n fp32 matmuls on `device`, in TFLOP/s (2 n^3 FLOPs each):
+/// a stand-in peak for MFU where no data-sheet figure applies (a CPU). Takes well under a second
+/// at n = 512.
+double measure_matmul_tflops(Device device, int64_t n = 512, int reps = 5);
+
 /// Wall-clock timer. On a GPU, elapsed() first waits for the device's queued work, so it times
 /// the kernels, not their launches.
 class Timer {

@@ -79,10 +79,10 @@ int main(int argc, char** argv) {
         ("eval-every", "evaluate every N steps (0: only at the end)", cxxopts::value<int64_t>()->default_value("100"))
         ("eval-batches", "validation batches per evaluation", cxxopts::value<int>()->default_value("8"))
         ("log-every", "print a step line every N steps", cxxopts::value<int64_t>()->default_value("10"))
-        ("checkpoint", "checkpoint file", cxxopts::value<std::string>()->default_value("out/lab02.ckpt"))
+        ("checkpoint", "checkpoint file (written at the end)", cxxopts::value<std::string>()->default_value(data::default_data_dir() + "/lab02.ckpt"))
         ("resume", "continue from --checkpoint")
         ("sample", "characters to generate at the end", cxxopts::value<int>()->default_value("300"))
-        ("peak-tflops", "device peak TFLOP/s for MFU (default: the GPU's data sheet; none on CPU)", cxxopts::value<double>()->default_value("0"))
+        ("peak-tflops", "device peak TFLOP/s for MFU (default: the GPU data sheet; on a CPU a measured sgemm)", cxxopts::value<double>()->default_value("0"))
         ("tf32", "allow TF32 tensor cores for fp32 matmuls on CUDA");
     const auto r = cli::parse(options, argc, argv);
     const auto run = cli::run_options(r);
@@ -120,6 +120,11 @@ int main(int argc, char** argv) {
                                                                           : metrics::Precision::fp32);
       peak_source = cuda_device_name(0) + (r.count("tf32") ? " tf32" : " fp32") + " data sheet";
     }
+    if (peak <= 0 && device.is_cpu()) {
+      // no data sheet for a CPU: the best sgemm this process achieves stands in for the peak
+      peak = metrics::measure_matmul_tflops(device);
+      peak_source = "this CPU's measured 512^3 sgemm; --peak-tflops overrides";
+    }
 
     const Corpus corpus = load_corpus(r["data"].as<std::string>());
     const data::Sampler train(corpus.train, B, T, run.seed);
@@ -136,7 +141,8 @@ int main(int argc, char** argv) {
     log::info("model {}: {} parameters, {} layers, {} heads, {} wide; batch {} x {} tokens on {}",
               config.name, model.num_parameters(), config.n_layer, config.n_head, config.n_embd,
               B, T, device.str());
-    log::info("MFU against {}", peak > 0 ? fmt::format("{:.1f} TFLOP/s ({})", peak, peak_source)
+    log::info("MFU against {}", peak > 0 ? fmt::format("{:.1f} {} ({})", peak >= 1 ? peak : peak * 1e3,
+                                                     peak >= 1 ? "TFLOP/s" : "GFLOP/s", peak_source)
                                          : std::string("no known peak (pass --peak-tflops)"));
 
     const double fpt = lab02::flops_per_token(config, T);
