@@ -37,3 +37,5 @@ scalelab_expect_usage_error(lab02.cli.context_zero ${lab02} --context 0 --data $
 scalelab_expect_usage_error(lab02.cli.context_too_long ${lab02} --config tiny --context 17
                             --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.bad_option ${lab02} --no-such-option)
+scalelab_add_test(NAME test_nn_tensor_parallel
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_nn_tensor_parallel.cpp RANKS 2 TIMEOUT 60)
