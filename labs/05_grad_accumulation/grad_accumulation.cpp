@@ -1,5 +1,5 @@
 // Starter generated from solutions/05_grad_accumulation/grad_accumulation.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash dac1e3e4f748827f (lets make-labs see your edits).
+// step (see README.md). Body hash e5710ec2f35ca65f (lets make-labs see your edits).
 // Lab 05: gradient accumulation: micro-batches, scaled losses, one all-reduce per step.
 #include "grad_accumulation.hpp"
 
@@ -26,22 +26,43 @@ std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum) {
   return out;
 }
 
-double accumulate_gradients(nn::GPT& model, const data::Batch& batch, int accum) {
-  double loss_sum = 0;
-  // TODO step 1: forward/backward each micro-batch with its loss scaled by 1/accum
+double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
+  double loss = 0;
+  // TODO step 1: forward, backward with the loss scaled by 1/accum, free activations
   // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
   // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
   throw scalelab::NotImplemented(
-      "lab 05 step 1: forward/backward each micro-batch with its loss scaled by 1/accum (README.md#step-1)");
+      "lab 05 step 1: forward, backward with the loss scaled by 1/accum, free activations (README.md#step-1)");
+  return loss;
+}
+
+double accumulate_gradients(nn::GPT& model, const data::Batch& batch, int accum) {
+  double loss_sum = 0;
+  // TODO step 1: zero the gradients, then one micro_batch_step per micro-batch
+  throw scalelab::NotImplemented(
+      "lab 05 step 1: zero the gradients, then one micro_batch_step per micro-batch (README.md#step-1)");
   return loss_sum / accum;
 }
 
-double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
-                      comm::Communicator& comm, const GradSync& sync) {
-  // TODO step 2: accumulate this rank's rows, then sync ONCE
-  // HINT: lab03::local_batch(global, comm.rank(), comm.size()) is this rank's share.
+NoSync::NoSync(lab04::OverlappedDDP& ddp) : ddp_(ddp) {
+  // TODO step 2: hooks off for the scope
   throw scalelab::NotImplemented(
-      "lab 05 step 2: accumulate this rank's rows, then sync ONCE (README.md#step-2)");
+      "lab 05 step 2: hooks off for the scope (README.md#step-2)");
+}
+
+NoSync::~NoSync() {
+  // TODO step 2: hooks on again
+  throw scalelab::NotImplemented(
+      "lab 05 step 2: hooks on again (README.md#step-2)");
+}
+
+double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
+                      comm::Communicator& comm, lab04::OverlappedDDP& ddp) {
+  // TODO step 2: accumulate this rank's rows without syncing, sync in the last one
+  // HINT: lab03::local_batch(global, comm.rank(), comm.size()) is this rank's share.
+  // HINT: { NoSync scope(ddp); ... } turns the hooks off until the closing brace.
+  throw scalelab::NotImplemented(
+      "lab 05 step 2: accumulate this rank's rows without syncing, sync in the last one (README.md#step-2)");
 }
 
 BatchPlan plan_batch(int64_t global_batch, int accum, int dp) {

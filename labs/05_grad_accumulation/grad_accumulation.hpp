@@ -6,17 +6,18 @@
 /// activation memory of one micro-batch. With DDP the ranks all-reduce only once, after the last
 /// micro-batch.
 ///
-/// DDP itself comes from lab 03's reference (lab03::local_batch, lab03::all_reduce_gradients),
-/// so this lab can be done on its own.
+/// DDP itself comes from the reference solutions of lab 03 (lab03::local_batch) and lab 04 (the
+/// overlapped reducer lab04::OverlappedDDP, whose backward hooks start the all-reduces), so this
+/// lab can be done on its own.
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "common/comm/communicator.hpp"
 #include "common/data/sampler.hpp"
 #include "common/nn/gpt.hpp"
+#include "ddp_overlap.hpp"  // lab 04 reference: OverlappedDDP
 
 namespace scalelab::lab05 {
 
@@ -27,25 +28,41 @@ namespace scalelab::lab05 {
 /// accum < 1 or the rows do not split into `accum` equal parts.
 std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum);
 
-/// Step 1b. Gradient accumulation on one device: zero the gradients, then for each micro-batch
-/// forward, backward with the loss scaled by 1/accum (GPT::backward(loss_scale)), and free its
-/// activations (GPT::free_activations) before the next one. Afterwards the gradient buffer
-/// holds the gradient of the mean loss over the whole batch. Returns that mean loss (the mean
-/// of the micro-batch losses).
+/// Step 1b. One micro-batch of an accumulation over `accum`: forward, backward with the loss
+/// scaled by 1/accum (GPT::backward(loss_scale)), then free its activations
+/// (GPT::free_activations) so the next micro-batch does not hold two at once. Gradients
+/// accumulate (+=). Returns the micro-batch's (unscaled) mean loss.
+double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum);
+
+/// Step 1c. Gradient accumulation on one device: zero the gradients, then micro_batch_step for
+/// each micro-batch. Afterwards the gradient buffer holds the gradient of the mean loss over the
+/// whole batch. Returns that mean loss (the mean of the micro-batch losses).
 double accumulate_gradients(nn::GPT& model, const data::Batch& batch, int accum);
 
 // ---- Step 2: DDP without a sync per micro-batch ---------------------------------------------
 
-/// Averages the gradients over the data-parallel ranks (the program passes lab 03's
-/// all_reduce_gradients).
-using GradSync = std::function<void(nn::GPT& model)>;
+/// Step 2a. The no-sync scope (PyTorch's `with model.no_sync():`): while a NoSync lives, the
+/// reducer's backward hooks are off (ddp.detach()), so backward only accumulates locally; when
+/// it ends, they are on again (ddp.attach()). The reducer must be attached when the scope opens.
+class NoSync {
+ public:
+  explicit NoSync(lab04::OverlappedDDP& ddp);
+  ~NoSync();
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
 
-/// Step 2. DDP with accumulation on the GLOBAL batch: this rank's rows (lab03::local_batch),
-/// accumulate over `accum` micro-batches of them WITHOUT synchronising (the "no-sync" scope),
-/// then call `sync` exactly ONCE, after the last micro-batch's backward. Returns the loss of the
-/// whole global batch (the average over ranks of the local mean losses; the same on every rank).
+ private:
+  lab04::OverlappedDDP& ddp_;
+};
+
+/// Step 2b. DDP with accumulation on the GLOBAL batch, with an attached overlapped reducer `ddp`
+/// for `model`: zero the gradients, take this rank's rows (lab03::local_batch), run the first
+/// accum-1 micro-batches inside a NoSync scope, the last one with the hooks on (its backward
+/// starts every bucket's all-reduce, once per step), then ddp.finish() (wait and average).
+/// Returns the loss of the whole global batch (the average over ranks of the local mean losses;
+/// the same on every rank).
 double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
-                      comm::Communicator& comm, const GradSync& sync);
+                      comm::Communicator& comm, lab04::OverlappedDDP& ddp);
 
 // ---- Step 3: the batch arithmetic -------------------------------------------------------------
 

@@ -11,6 +11,7 @@
 #include "common/train/equivalence.hpp"
 #include "common/train/loop.hpp"
 #include "ddp.hpp"
+#include "ddp_overlap.hpp"
 #include "grad_accumulation.hpp"
 
 using namespace scalelab;
@@ -23,11 +24,15 @@ int main(int argc, char** argv) {
     train::add_train_options(options, {.batch = 32, .steps = 30});
     options.add_options("lab 05")
         ("accum", "micro-batches per optimizer step on each rank",
-         cxxopts::value<int>()->default_value("4"));
+         cxxopts::value<int>()->default_value("4"))
+        ("bucket-mb", "gradient bucket size in MiB (lab 04's overlapped all-reduce)",
+         cxxopts::value<double>()->default_value("0.25"));
     const auto parsed = cli::parse(options, argc, argv);
     const auto run = cli::run_options(parsed);
     const auto opt = train::read_train_options(parsed);
     const int accum = parsed["accum"].as<int>();
+    const double bucket_mb = parsed["bucket-mb"].as<double>();
+    SCALELAB_REQUIRE(bucket_mb > 0, "--bucket-mb must be positive, got {}", bucket_mb);
 
     auto comm = comm::Communicator::world(run.backend);
     // A bad plan (accum 0, more ranks than rows, ...) is a usage error on every rank.
@@ -42,7 +47,10 @@ int main(int argc, char** argv) {
     nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank()});
     lab03::broadcast_parameters(model, comm);
     optim::AdamW adamw(optim::groups(model.parameters()));
-    const lab05::GradSync sync = [&](nn::GPT& m) { lab03::all_reduce_gradients(m, comm); };
+    lab04::OverlappedDDP ddp(model, comm,
+                             lab04::assign_buckets(model.params(), lab04::ready_order(model),
+                                                   static_cast<std::size_t>(bucket_mb * 1048576)));
+    ddp.attach();
 
     log::info("lab 05 grad_accumulation: model {} ({} parameters), {} ranks, {} tokens per row, "
               "{} steps", config.name,
@@ -55,11 +63,12 @@ int main(int argc, char** argv) {
     for (int64_t step = 0; step < opt.steps; ++step) {
       const double lr = train::learning_rate(opt, step);
       metrics::Timer timer(device);
-      const double loss = lab05::ddp_accumulate(model, sampler.batch(step), accum, comm, sync);
+      const double loss = lab05::ddp_accumulate(model, sampler.batch(step), accum, comm, ddp);
       adamw.step(lr);
       log::info("{}", reporter.line(step, loss, timer.elapsed(), lr));
     }
 
+    ddp.detach();
     // Same rows, one micro-batch or `accum`: the gradients must agree (1e-6 relative).
     const data::Batch mine = lab03::local_batch(sampler.batch(opt.steps), comm.rank(), comm.size());
     lab05::accumulate_gradients(model, mine, 1);

@@ -29,33 +29,60 @@ std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum) {
   return out;
 }
 
-double accumulate_gradients(nn::GPT& model, const data::Batch& batch, int accum) {
-  double loss_sum = 0;
-  // BEGIN SOLUTION step 1: forward/backward each micro-batch with its loss scaled by 1/accum
+double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
+  double loss = 0;
+  // BEGIN SOLUTION step 1: forward, backward with the loss scaled by 1/accum, free activations
   // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
   // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
+  const data::Batch on = micro.to(model.device());
+  loss = model.forward(on.x, on.y);
+  model.backward(1.0 / accum);
+  model.free_activations();  // else the next forward holds two micro-batches at once
+  // END SOLUTION
+  return loss;
+}
+
+double accumulate_gradients(nn::GPT& model, const data::Batch& batch, int accum) {
+  double loss_sum = 0;
+  // BEGIN SOLUTION step 1: zero the gradients, then one micro_batch_step per micro-batch
   model.zero_grad();
-  for (const data::Batch& mb : micro_batches(batch, accum)) {
-    const data::Batch on = mb.to(model.device());
-    loss_sum += model.forward(on.x, on.y);
-    model.backward(1.0 / accum);
-    model.free_activations();  // else the next forward holds two micro-batches at once
-  }
+  for (const data::Batch& mb : micro_batches(batch, accum))
+    loss_sum += micro_batch_step(model, mb, accum);
   // END SOLUTION
   return loss_sum / accum;
 }
 
+NoSync::NoSync(lab04::OverlappedDDP& ddp) : ddp_(ddp) {
+  // BEGIN SOLUTION step 2: hooks off for the scope
+  ddp_.detach();
+  // END SOLUTION
+}
+
+NoSync::~NoSync() {
+  // BEGIN SOLUTION step 2: hooks on again
+  ddp_.attach();
+  // END SOLUTION
+}
+
 double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
-                      comm::Communicator& comm, const GradSync& sync) {
-  // BEGIN SOLUTION step 2: accumulate this rank's rows, then sync ONCE
+                      comm::Communicator& comm, lab04::OverlappedDDP& ddp) {
+  // BEGIN SOLUTION step 2: accumulate this rank's rows without syncing, sync in the last one
   // HINT: lab03::local_batch(global, comm.rank(), comm.size()) is this rank's share.
+  // HINT: { NoSync scope(ddp); ... } turns the hooks off until the closing brace.
+  model.zero_grad();
   const data::Batch mine = lab03::local_batch(global, comm.rank(), comm.size());
-  const double local_loss = accumulate_gradients(model, mine, accum);  // no sync inside
+  const std::vector<data::Batch> micro = micro_batches(mine, accum);
+  double local_loss = 0;
   {
-    trace::Scope scope("sync");
-    sync(model);  // after the last micro-batch only
+    NoSync scope(ddp);
+    for (int i = 0; i + 1 < accum; ++i) local_loss += micro_batch_step(model, micro[i], accum);
   }
-  Tensor loss = Tensor::from_vector({local_loss}, {1}, DType::f64);
+  local_loss += micro_batch_step(model, micro.back(), accum);  // its backward launches buckets
+  {
+    trace::Scope scope("wait buckets");
+    ddp.finish();
+  }
+  Tensor loss = Tensor::from_vector({local_loss / accum}, {1}, DType::f64);
   comm.all_reduce(loss, comm::ReduceOp::sum);
   return loss.item() / comm.size();
   // END SOLUTION

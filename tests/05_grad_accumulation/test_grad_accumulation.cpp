@@ -3,16 +3,21 @@
 // Tolerances (design.md): accumulating equal-size micro-batches adds the same terms in another
 // grouping (each matmul sums over m rows, then the micro-batches add up), so single-device
 // accumulation is compared at 1e-6 relative (+1e-7 absolute for the gradients that are nearly
-// 0); with DDP the all-reduce changes the order again: 1e-5 relative / 1e-6 absolute.
+// 0); with DDP the all-reduce changes the order again: 1e-5 relative / 1e-6 absolute. DDP is
+// lab 04's overlapped reducer: the test's Launch sees every bucket start and checks that the
+// bucket then holds this rank's FULLY accumulated gradient (so it started in the last
+// micro-batch, after the no-sync ones).
 // Memory is measured by the allocator's counters, which are exact: no timing anywhere.
 #include <gtest/gtest.h>
 
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
+#include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
 #include "ddp.hpp"
+#include "ddp_overlap.hpp"
 #include "grad_accumulation.hpp"
 
 using namespace scalelab;
@@ -118,37 +123,135 @@ TEST(Step1_PlantedFault, UnscaledMicroBatchLossIsCaught) {
 
 // ---- Step 2 -------------------------------------------------------------------------------------
 
-TEST(Step2_DdpAccumulate, EqualsSingleDeviceWithOneSync) {
+namespace {
+
+// Buckets of 3 parameters in ready order (written here: lab 04's assign_buckets is not graded).
+std::vector<lab04::Bucket> test_buckets(nn::GPT& model) {
+  const std::vector<int> order = lab04::ready_order(model);
+  std::vector<lab04::Bucket> buckets;
+  for (std::size_t k = 0; k < order.size(); k += 3) {
+    lab04::Bucket b{INT64_MAX, 0, {}};
+    for (std::size_t j = k; j < std::min(order.size(), k + 3); ++j) {
+      b.params.push_back(order[j]);
+      b.offset = std::min(b.offset, model.params().offset(order[j]));
+      b.count += model.parameters()[order[j]]->numel();
+    }
+    buckets.push_back(b);
+  }
+  return buckets;
+}
+
+// Watches the launches of a reducer: each bucket once per step, holding this rank's complete
+// local gradient (`local`) when it starts.
+struct LaunchCheck {
+  Tensor local;
+  int launches = 0;
+  std::vector<std::string> problems;
+  lab04::Launch launch() {
+    return [this](int b, const Tensor& grads) {
+      ++launches;
+      const train::Diff d =
+          train::compare(grads, local.flat(grads.offset(), grads.numel()));
+      if (!d.within(1e-6, 1e-7))
+        problems.push_back(fmt::format("bucket {} started before its gradient was complete: {}",
+                                       b, d.str()));
+      return world().all_reduce_async(grads);
+    };
+  }
+};
+
+Tensor local_gradient(const data::Batch& global) {
+  const int64_t rows = kGlobalBatch / world().size();
+  return train::single_device_step(config(), kSeed,
+                                   global.rows(world().rank() * rows, (world().rank() + 1) * rows))
+      .grads;
+}
+
+}  // namespace
+
+TEST(Step2_NoSync, HooksAreOffInsideTheScope) {
+  const data::Batch b = global_batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  LaunchCheck check{local_gradient(b)};
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model), check.launch());
+  ddp.attach();
+  {
+    lab05::NoSync scope(ddp);
+    model.zero_grad();
+    model.forward(b.x.rows(0, 2), b.y.rows(0, 2));
+    model.backward();
+    EXPECT_EQ(check.launches, 0) << "no all-reduce inside a no-sync scope";
+  }
+  model.forward(b.x.rows(0, 2), b.y.rows(0, 2));
+  model.backward();
+  EXPECT_EQ(check.launches, static_cast<int>(ddp.buckets().size()))
+      << "after the scope, backward starts every bucket again";
+  ddp.finish();
+}
+
+TEST(Step2_DdpAccumulate, EqualsSingleDeviceWithOneSyncPerStep) {
   const data::Batch b = global_batch();
   const train::Reference ref = train::single_device_step(config(), kSeed, b);
-  const int64_t local_rows = kGlobalBatch / world().size();
   for (int accum : {1, 2, 4}) {
     nn::GPT model(config(), {.seed = kSeed});
-    // What the gradient must be when sync is called: this rank's rows, fully accumulated.
-    const train::Reference local = train::single_device_step(
-        config(), kSeed, b.rows(world().rank() * local_rows, (world().rank() + 1) * local_rows));
-    int syncs = 0;
-    bool complete_at_sync = true;
-    const double loss = lab05::ddp_accumulate(model, b, accum, world(), [&](nn::GPT& m) {
-      ++syncs;
-      complete_at_sync = complete_at_sync &&
-                         train::compare(m.params().grads(), local.grads).within(1e-6, 1e-7);
-      lab03::all_reduce_gradients(m, world());
-    });
-    EXPECT_EQ(syncs, 1) << "accum " << accum << ": one all-reduce per step, not per micro-batch";
-    EXPECT_TRUE(complete_at_sync) << "accum " << accum
-                                  << ": sync must come after the LAST micro-batch's backward";
+    LaunchCheck check{local_gradient(b)};
+    lab04::OverlappedDDP ddp(model, world(), test_buckets(model), check.launch());
+    ddp.attach();
+    const double loss = lab05::ddp_accumulate(model, b, accum, world(), ddp);
+    EXPECT_EQ(check.launches, static_cast<int>(ddp.buckets().size()))
+        << "accum " << accum << ": each bucket all-reduced once per step, not per micro-batch";
+    EXPECT_TRUE(check.problems.empty()) << "accum " << accum << ": " << check.problems.front();
     EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss) << "accum " << accum << ": the global loss";
     EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kDdpRtol, kDdpAtol))
         << "accum " << accum;
   }
 }
 
+TEST(Step2_DdpAccumulate, StepAfterStepWithSgd) {
+  constexpr double kLr = 0.5;
+  nn::GPT model(config(), {.seed = kSeed}), single(config(), {.seed = kSeed});
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model));
+  ddp.attach();
+  optim::SGD sgd(optim::groups(model.parameters())), sgd1(optim::groups(single.parameters()));
+  for (int step = 0; step < 3; ++step) {
+    const data::Batch b = global_batch(step);
+    lab05::ddp_accumulate(model, b, 2, world(), ddp);
+    sgd.step(kLr);
+    single.zero_grad();
+    single.forward(b.x, b.y);
+    single.backward();
+    sgd1.step(kLr);
+  }
+  EXPECT_TRUE(close_on_every_rank(model.params().values(), single.params().values(), kDdpRtol,
+                                  kDdpAtol));
+}
+
 TEST(Step2_DdpAccumulate, BadSplitsAreUsageErrors) {
   nn::GPT model(config(), {.seed = kSeed});
-  auto sync = [](nn::GPT& m) { lab03::all_reduce_gradients(m, world()); };
-  EXPECT_THROW(lab05::ddp_accumulate(model, global_batch(), 0, world(), sync), UsageError);
-  EXPECT_THROW(lab05::ddp_accumulate(model, global_batch(), 64, world(), sync), UsageError);
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model));
+  ddp.attach();
+  EXPECT_THROW(lab05::ddp_accumulate(model, global_batch(), 0, world(), ddp), UsageError);
+  EXPECT_THROW(lab05::ddp_accumulate(model, global_batch(), 64, world(), ddp), UsageError);
+}
+
+TEST(Step2_PlantedFault, SyncInEveryMicroBatchIsCaught) {
+  // Without the no-sync scope every micro-batch's backward starts every bucket (and must then
+  // be finished): twice the all-reduces, the first ones on half a gradient. The launch check of
+  // Step2_DdpAccumulate sees both.
+  const data::Batch b = global_batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  LaunchCheck check{local_gradient(b)};
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model), check.launch());
+  ddp.attach();
+  const data::Batch mine = b.shard(world().rank(), world().size());
+  model.zero_grad();
+  for (const data::Batch& mb : lab05::micro_batches(mine, 2)) {
+    lab05::micro_batch_step(model, mb, 2);  // fault: no NoSync around the first
+    ddp.finish();
+  }
+  EXPECT_FALSE(check.problems.empty()) << "the launch check must see half-accumulated buckets";
+  EXPECT_EQ(check.launches, 2 * static_cast<int>(ddp.buckets().size()))
+      << "the launch count of Step2_DdpAccumulate must see the extra all-reduces";
 }
 
 // ---- Step 3 -------------------------------------------------------------------------------------
@@ -185,8 +288,9 @@ TEST(Step3_BatchPlan, PlanAndAccumulationGiveTheGlobalBatchGradient) {
   const lab05::BatchPlan p = lab05::plan_batch(kGlobalBatch, 2, world().size());
   const data::Batch b = global_batch(3);
   nn::GPT model(config(), {.seed = kSeed});
-  lab05::ddp_accumulate(model, b, p.accum, world(),
-                        [](nn::GPT& m) { lab03::all_reduce_gradients(m, world()); });
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model));
+  ddp.attach();
+  lab05::ddp_accumulate(model, b, p.accum, world(), ddp);
   const train::Reference ref = train::single_device_step(config(), kSeed, b);
   EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kDdpRtol, kDdpAtol));
   EXPECT_EQ(p.str(), fmt::format("global batch 16 = micro-batch {} x accum 2 x dp {}",
