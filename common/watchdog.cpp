@@ -289,7 +289,10 @@ std::string build_report(const std::string& dir, int rank, int world_size) {
       d = "not in a collective";
       for (auto& g : st.groups)
         if (g.name == w->group)
-          d += fmt::format(" (last finished in group {}: {} #{})", g.name, g.last_kind, g.last_seq);
+          d += g.last_seq == 0
+                   ? fmt::format(" (none of group {} finished yet)", g.name)
+                   : fmt::format(" (last finished in group {}: {} #{})", g.name, g.last_kind,
+                                 g.last_seq);
     }
     if (!doing.count(d)) order.push_back(d);
     doing[d].push_back(r);
@@ -332,7 +335,8 @@ std::string build_report(const std::string& dir, int rank, int world_size) {
       if (!waiting_here) {
         for (auto& g : st.groups)
           if (g.name == w->group && g.members == members) {
-            at = fmt::format("finished #{} ({})", g.last_seq, g.last_kind);
+            at = g.last_seq == 0 ? std::string("finished none")
+                                 : fmt::format("finished #{} ({})", g.last_seq, g.last_kind);
             if (g.last_seq < w->seq) behind.push_back(r);
           }
         if (at.empty()) at = "unknown";
