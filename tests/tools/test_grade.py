@@ -7,6 +7,7 @@ runs the starter tests, so a broken lab 00 must not stop another lab from being 
 Run by ctest (label reference;tools) or directly: python3 tests/tools/test_grade.py
 """
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -18,7 +19,8 @@ import unittest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LAB = "00_hello_dist"
 SOLUTION = (ROOT / "solutions" / LAB / "hello_dist.cpp").read_text()
-TEST_TIMEOUT = 20  # seconds a test run may take before the grader calls it "timed out"
+TEST_TIMEOUT = 30  # seconds a test run may take before the grader kills it ("timed out")
+WATCHDOG_TIMEOUT = 8  # the watchdog ends a hung collective first, with its report (exit 3)
 
 
 def plant(old, new):
@@ -29,13 +31,14 @@ def plant(old, new):
 SUBMISSIONS = {
     "correct": SOLUTION,
     # Rank 1 skips the all-reduce: every other rank waits in it forever.
-    "hangs": plant("  MPI_Allreduce(&mine, &sum, 1, MPI_LONG_LONG, MPI_SUM, comm);",
-                   "  if (rank != 1) MPI_Allreduce(&mine, &sum, 1, MPI_LONG_LONG, MPI_SUM, comm);"),
+    "hangs": plant("  comm.all_reduce(id, comm::ReduceOp::sum);",
+                   "  if (comm.rank() != 1) comm.all_reduce(id, comm::ReduceOp::sum);"),
     # Step 2 dereferences a null pointer.
     "segfaults": plant('  if (!want_gpu || gpu_count == 0) return "cpu";',
                        '  if (!want_gpu || gpu_count == 0) { volatile int* p = nullptr; *p = 1; }'),
     # Rank 1 reports a wrong sum.
-    "wrong": plant("  return sum;\n", "  return rank == 1 ? sum + 1 : sum;\n"),
+    "wrong": plant("  return static_cast<long long>(id.item(0));",
+                   "  return static_cast<long long>(id.item(0)) + (comm.rank() == 1);"),
     # Does not compile.
     "no_compile": plant("  Placement p;\n", "  Placement p = ;\n"),
 }
@@ -66,7 +69,8 @@ class GraderTest(unittest.TestCase):
         proc = subprocess.run([sys.executable, str(ROOT / "tools" / "grade"), *labs, "--submission", str(sub),
                                "--work-dir", str(self.work / "tree-work"), "--json", str(report),
                                "--junit", str(self.work / f"{kind}.xml"), "--test-timeout", str(TEST_TIMEOUT)],
-                              capture_output=True, text=True, timeout=1500)
+                              capture_output=True, text=True, timeout=1500,
+                              env=dict(os.environ, SCALELAB_TIMEOUT=str(WATCHDOG_TIMEOUT)))
         elapsed = time.monotonic() - start
         self.assertTrue(report.exists(), proc.stdout + proc.stderr)
         data = json.loads(report.read_text())
@@ -89,6 +93,8 @@ class GraderTest(unittest.TestCase):
         proc, steps, elapsed = self.grade("hangs")
         self.assertEqual(steps[3]["verdict"], "timed out", proc.stdout)
         self.assertEqual(steps[3]["ranks"], [2, 4], "one rank passes, more ranks hang")
+        # the watchdog, not the grader's kill, ended it: its report names the collective
+        self.assertIn("all_reduce", steps[3]["detail"])
         self.assertEqual(steps[1]["verdict"], "passed")
         self.assertNotEqual(proc.returncode, 0)
         # two hanging runs, each bounded by the test timeout plus the kill grace period
