@@ -92,8 +92,8 @@ std::string status_path(const std::string& dir, int rank) {
 }
 
 // One line per fact, tab-separated fields (names never contain tabs).
-std::string serialize(State& s, bool finished) {
-  std::string out = fmt::format("rank\t{}\nstate\t{}\n", world_rank(), finished ? "finished" : "running");
+std::string serialize(State& s) {
+  std::string out = fmt::format("rank\t{}\n", world_rank());
   for (auto& [token, e] : s.inflight)
     out += fmt::format("wait\t{}\t{}\t{}\t{}\t{:.6f}\t{}\n", e.kind, e.seq, e.bytes,
                        s.groups[e.group].name, e.start_s, e.detail);
@@ -122,7 +122,7 @@ void write_file(const std::string& path, const std::string& text) {
   State& s = state();
   {
     std::lock_guard lock(s.mutex);
-    write_file(status_path(s.dir, world_rank()), serialize(s, false));
+    write_file(status_path(s.dir, world_rank()), serialize(s));
   }
   // Only one rank reports; the others that time out at the same moment leave it the stage.
   std::string lock_path = s.dir + "/report.lock";
@@ -138,8 +138,11 @@ void write_file(const std::string& path, const std::string& text) {
   std::fprintf(stderr, "%s\n", report.c_str());
   std::fflush(stderr);
   std::fflush(stdout);
-  write_file(s.dir + "/report.txt", report + "\n");
-  for (int r = 0; r < world_size(); ++r) std::remove(status_path(s.dir, r).c_str());
+  // Ranks that time out with us find the lock within a watchdog period; then clean up, so hangs
+  // leave nothing behind either (the launcher ends the other ranks once we exit).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::error_code ec;
+  fs::remove_all(s.dir, ec);
   std::_Exit(kExitHang);
 }
 
@@ -149,12 +152,13 @@ void thread_main() {
   while (!s.stopping) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (s.stopping) break;
-    std::string text;
     bool expired = false;
     {
+      // Written under the lock, so that no write can follow stop() (which removes the file).
       std::lock_guard lock(s.mutex);
+      if (s.stopping) break;
       if (s.version != written) {
-        text = serialize(s, false);
+        write_file(status_path(s.dir, world_rank()), serialize(s));
         written = s.version;
       }
       if (!s.inflight.empty()) {
@@ -163,7 +167,6 @@ void thread_main() {
         expired = mono_s() - oldest > s.timeout_s;
       }
     }
-    if (!text.empty()) write_file(status_path(s.dir, world_rank()), text);
     if (expired) fire();
   }
 }
@@ -182,7 +185,7 @@ struct GroupInfo {
   std::string last_kind;
 };
 struct RankStatus {
-  bool found = false, finished = false;
+  bool found = false;
   std::vector<Wait> waits;
   std::vector<GroupInfo> groups;
 };
@@ -211,9 +214,7 @@ RankStatus read_status(const std::string& path) {
   while (std::getline(f, line)) {
     auto v = split_tabs(line);
     try {
-      if (v[0] == "state" && v.size() >= 2) {
-        st.finished = v[1] == "finished";
-      } else if (v[0] == "wait" && v.size() >= 7) {
+      if (v[0] == "wait" && v.size() >= 7) {
         st.waits.push_back(Wait{v[1], v[4], v[6], std::stoll(v[2]), std::stoull(v[3]),
                                 std::stod(v[5])});
       } else if (v[0] == "group" && v.size() >= 5) {
@@ -277,9 +278,7 @@ std::string build_report(const std::string& dir, int rank, int world_size) {
     const RankStatus& st = all[r];
     std::string d;
     if (!st.found) {
-      d = "have no status file (not started, or already exited)";
-    } else if (st.finished) {
-      d = "have finished";
+      d = "have exited (or not started)";
     } else if (!st.waits.empty()) {
       const Wait* o = &st.waits.front();
       for (auto& x : st.waits)
@@ -339,7 +338,10 @@ std::string build_report(const std::string& dir, int rank, int world_size) {
                                  : fmt::format("finished #{} ({})", g.last_seq, g.last_kind);
             if (g.last_seq < w->seq) behind.push_back(r);
           }
-        if (at.empty()) at = "unknown";
+        if (at.empty()) {
+          at = st.found ? "unknown" : "exited";
+          if (!st.found) behind.push_back(r);
+        }
       }
       seqs += fmt::format("{}rank {} {}", seqs.empty() ? "" : ", ", r, at);
     }
@@ -431,14 +433,10 @@ void stop() {
   std::lock_guard lock(s.mutex);
   if (!s.started || s.stopping) return;
   s.stopping = true;
-  // A peer's report should say "finished", not "no status": keep a final file until the
-  // directory is removed by the last rank out.
-  // The rank that finds every file saying "finished" removes the directory.
-  write_file(status_path(s.dir, world_rank()), serialize(s, true));
-  for (int r = 0; r < world_size(); ++r)
-    if (!read_status(status_path(s.dir, r)).finished) return;
-  std::error_code ec;
-  fs::remove_all(s.dir, ec);
+  // A rank that has exited has no status file (the report says so); the last rank out finds the
+  // directory empty and removes it.
+  std::remove(status_path(s.dir, world_rank()).c_str());
+  ::rmdir(s.dir.c_str());
 }
 
 }  // namespace scalelab::watchdog
