@@ -1,5 +1,5 @@
 // Starter generated from solutions/01_collectives/collectives.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash e493452c8a00443a (lets make-labs see your edits).
+// step (see README.md). Body hash b0f619aef05cde83 (lets make-labs see your edits).
 // Lab 01: collectives. See README.md for the steps and collectives.hpp for the contract.
 #include "collectives.hpp"
 
@@ -118,9 +118,10 @@ void ring_all_gather(Communicator& comm, const Tensor& in, const Tensor& out) {
 
 double all_reduce_busbw_factor(int n) {
   if (n < 1) throw std::invalid_argument("all_reduce_busbw_factor: n must be >= 1");
-  // TODO step 4: 2(n-1)/n
+  // TODO step 4: the all-reduce busbw factor
+  // HINT: count the bytes one rank sends in step 2's ring, relative to the buffer size.
   throw scalelab::NotImplemented(
-      "lab 01 step 4: 2(n-1)/n (README.md#step-4)");
+      "lab 01 step 4: the all-reduce busbw factor (README.md#step-4)");
 }
 
 BenchRow make_bench_row(std::size_t bytes, int64_t count, int ranks, std::vector<double> times_s,

@@ -175,7 +175,8 @@ void ring_all_gather(Communicator& comm, const Tensor& in, const Tensor& out) {
 
 double all_reduce_busbw_factor(int n) {
   if (n < 1) throw std::invalid_argument("all_reduce_busbw_factor: n must be >= 1");
-  // BEGIN SOLUTION step 4: 2(n-1)/n
+  // BEGIN SOLUTION step 4: the all-reduce busbw factor
+  // HINT: count the bytes one rank sends in step 2's ring, relative to the buffer size.
   return 2.0 * (n - 1) / n;
   // END SOLUTION
 }

@@ -162,6 +162,8 @@ TEST(Step4_BenchRow, MedianAlgbwBusbw) {
   EXPECT_THROW(make_bench_row(4, 1, 2, {}, 0), std::invalid_argument);
 }
 
+// The given bench loop with your make_bench_row, on the library's all-reduce (so step 4 is graded
+// on its own: your ring is step 2's).
 TEST(Step4_Bench, SmallRunHasNoWrongElements) {
   auto c = world();
   BenchConfig config;
@@ -169,12 +171,13 @@ TEST(Step4_Bench, SmallRunHasNoWrongElements) {
   config.max_bytes = 4096;
   config.iters = 3;
   config.warmup = 1;
-  for (bool ring : {true, false}) {
-    auto rows = run_bench(c, ring, config);
-    ASSERT_EQ(rows.size(), 11u);
-    for (auto& r : rows) {
-      EXPECT_EQ(r.wrong, 0) << (ring ? "ring" : "library") << " at " << r.bytes << " B";
-      EXPECT_GT(r.time_us, 0);
-    }
+  auto rows = run_bench(c, /*ring=*/false, config);
+  ASSERT_EQ(rows.size(), 11u);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].bytes, 4u << i);
+    EXPECT_EQ(rows[i].count, 1 << i);
+    EXPECT_EQ(rows[i].wrong, 0) << "at " << rows[i].bytes << " B";
+    EXPECT_GT(rows[i].time_us, 0);
+    EXPECT_NEAR(rows[i].busbw, rows[i].algbw * all_reduce_busbw_factor(c.size()), 1e-12);
   }
 }
