@@ -1,5 +1,5 @@
 // Starter generated from solutions/01_collectives/collectives.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash b0f619aef05cde83 (lets make-labs see your edits).
+// step (see README.md). Body hash be981df94d5697e7 (lets make-labs see your edits).
 // Lab 01: collectives. See README.md for the steps and collectives.hpp for the contract.
 #include "collectives.hpp"
 
@@ -81,7 +81,6 @@ void add_into(const Tensor& dst, const Tensor& src) {
 void ring_all_reduce(Communicator& comm, const Tensor& x) {
   const int n = comm.size(), rank = comm.rank();
   const int64_t numel = x.numel();
-  if (n == 1 || numel == 0) return;
   const Tensor buf = x.flat(0, numel);  // 1-d view of x: chunk k is buf.flat(begin, length)
   const int right = (rank + 1) % n, left = (rank - 1 + n) % n;
   auto begin = [&](int k) { return chunk_begin(numel, n, k); };

@@ -105,7 +105,6 @@ void add_into(const Tensor& dst, const Tensor& src) {
 void ring_all_reduce(Communicator& comm, const Tensor& x) {
   const int n = comm.size(), rank = comm.rank();
   const int64_t numel = x.numel();
-  if (n == 1 || numel == 0) return;
   const Tensor buf = x.flat(0, numel);  // 1-d view of x: chunk k is buf.flat(begin, length)
   const int right = (rank + 1) % n, left = (rank - 1 + n) % n;
   auto begin = [&](int k) { return chunk_begin(numel, n, k); };
@@ -114,6 +113,7 @@ void ring_all_reduce(Communicator& comm, const Tensor& x) {
   // HINT: post the recv first (recv_async), then send, then wait: if every rank sent first, a
   // HINT: large message would wait for a recv nobody has posted yet.
   // HINT: the chunk you receive in the reduce-scatter needs a scratch tensor: add_into it.
+  if (n == 1 || numel == 0) return;
   // Each step moves its chunk in segments of at most 1 MiB: a segment is added right after it
   // arrives, while it is still in cache (NCCL slices its chunks for the same reason).
   const int64_t segment = std::max<int64_t>(1, (1 << 20) / static_cast<int64_t>(dtype_size(x.dtype())));
