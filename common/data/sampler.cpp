@@ -28,7 +28,8 @@ Batch Sampler::batch(int64_t step) const {
   std::seed_seq seq{static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32),
                     static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32)};
   std::mt19937_64 rng(seq);
-  const uint64_t span = tokens_.size() - static_cast<uint64_t>(T_) - 1 + 1;  // start positions
+  // start positions 0 .. n-T-1: the last target, start + T, is still in the data
+  const uint64_t span = tokens_.size() - static_cast<uint64_t>(T_);
   int32_t* x = b.x.data<int32_t>();
   int32_t* y = b.y.data<int32_t>();
   for (int64_t i = 0; i < batch_; ++i) {
