@@ -283,14 +283,22 @@ TEST(Step3_BatchPlan, BadPlansAreUsageErrors) {
   }
 }
 
-TEST(Step3_BatchPlan, PlanAndAccumulationGiveTheGlobalBatchGradient) {
-  // The plan's micro-batches, accumulated and all-reduced: the single-device gradient again.
+TEST(Step3_BatchPlan, ThePlansMicroBatchesGiveTheGlobalBatchGradient) {
+  // The plan's micro-batches of this rank, accumulated and averaged over the ranks (written
+  // here, so step 3 is graded on its own): the single-device gradient of the global batch.
   const lab05::BatchPlan p = lab05::plan_batch(kGlobalBatch, 2, world().size());
+  ASSERT_EQ(p.micro * p.accum * p.dp, kGlobalBatch);
   const data::Batch b = global_batch(3);
+  const data::Batch mine = b.rows(world().rank() * p.micro * p.accum,
+                                  (world().rank() + 1) * p.micro * p.accum);
   nn::GPT model(config(), {.seed = kSeed});
-  lab04::OverlappedDDP ddp(model, world(), test_buckets(model));
-  ddp.attach();
-  lab05::ddp_accumulate(model, b, p.accum, world(), ddp);
+  model.zero_grad();
+  for (int i = 0; i < p.accum; ++i) {
+    model.forward(mine.x.rows(i * p.micro, (i + 1) * p.micro),
+                  mine.y.rows(i * p.micro, (i + 1) * p.micro));
+    model.backward(1.0 / p.accum);
+  }
+  world().all_reduce(model.params().grads(), comm::ReduceOp::avg);
   const train::Reference ref = train::single_device_step(config(), kSeed, b);
   EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kDdpRtol, kDdpAtol));
   EXPECT_EQ(p.str(), fmt::format("global batch 16 = micro-batch {} x accum 2 x dp {}",
