@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
         ("eval-batches", "validation batches per evaluation", cxxopts::value<int>()->default_value("8"))
         ("log-every", "print a step line every N steps", cxxopts::value<int64_t>()->default_value("10"))
         ("checkpoint", "checkpoint file (written at the end)", cxxopts::value<std::string>()->default_value(data::default_data_dir() + "/lab02.ckpt"))
+        ("checkpoint-every", "also write the checkpoint every N steps (0: only at the end)", cxxopts::value<int64_t>()->default_value("100"))
+        ("stop-at", "stop before this step, checkpointing, as if interrupted (try --resume)", cxxopts::value<int64_t>()->default_value("-1"))
         ("resume", "continue from --checkpoint")
         ("sample", "characters to generate at the end", cxxopts::value<int>()->default_value("300"))
         ("peak-tflops", "device peak TFLOP/s for MFU (default: the GPU data sheet; on a CPU a measured sgemm)", cxxopts::value<double>()->default_value("0"))
@@ -148,7 +150,9 @@ int main(int argc, char** argv) {
     const double fpt = lab02::flops_per_token(config, T);
     std::size_t activations_measured = 0;
     reset_peak_memory(device);
-    for (int64_t step = start; step < tc.steps; ++step) {
+    const int64_t ckpt_every = r["checkpoint-every"].as<int64_t>();
+    const int64_t stop_at = r["stop-at"].as<int64_t>() < 0 ? tc.steps : std::min(tc.steps, r["stop-at"].as<int64_t>());
+    for (int64_t step = start; step < stop_at; ++step) {
       const data::Batch batch = train.batch(step).to(device);
       const double lr = lab02::learning_rate(step, tc);
       metrics::Timer timer(device);
@@ -169,9 +173,13 @@ int main(int argc, char** argv) {
         trace::Scope scope("eval");
         log::info("step={} val_loss={:.4f}", step, lab02::evaluate(model, val, eval_batches));
       }
-      if (step + 1 == tc.steps) lab02::save_checkpoint(ckpt, model, opt, step + 1);
+      // the step to resume at is step + 1; the schedule and the data depend only on the step
+      if (step + 1 == stop_at || (ckpt_every > 0 && (step + 1) % ckpt_every == 0))
+        lab02::save_checkpoint(ckpt, model, opt, step + 1);
     }
     if (start >= tc.steps) log::info("nothing to do: the checkpoint is at step {}", start);
+    if (stop_at < tc.steps)
+      log::info("stopped before step {} of {} (--stop-at): continue with --resume", stop_at, tc.steps);
 
     // one more forward to measure what is kept for backward, next to the formula
     {

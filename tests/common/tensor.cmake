@@ -39,3 +39,9 @@ scalelab_expect_usage_error(lab02.cli.context_too_long ${lab02} --config tiny --
 scalelab_expect_usage_error(lab02.cli.bad_option ${lab02} --no-such-option)
 scalelab_add_test(NAME test_nn_tensor_parallel
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_nn_tensor_parallel.cpp RANKS 2 TIMEOUT 60)
+# the program interrupted (--stop-at) and resumed (--resume) prints the uninterrupted run's lines
+add_test(NAME lab02.program.resume
+         COMMAND sh ${PROJECT_SOURCE_DIR}/tests/02_single_device/resume_test.sh
+                 $<TARGET_FILE:lab02_single_device_solution> ${tiny_data})
+set_tests_properties(lab02.program.resume PROPERTIES LABELS "reference;lab02" TIMEOUT 60
+                     ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
