@@ -25,6 +25,7 @@ n=$(wc -l < \"$e\"); g=$(grep -c '^error: ' \"$e\"); rm -f \"$e\"; \
   set_tests_properties(${name} PROPERTIES LABELS "reference;common" TIMEOUT 30
                        ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 endfunction()
+add_dependencies(reference scalelab_data)  # './scalelab test' builds only 'reference'
 scalelab_expect_usage_error(common.scalelab_data.missing_file scalelab_data /nonexistent.txt
                             --out ${CMAKE_CURRENT_BINARY_DIR}/unused)
 # lab 02's program (defined later, in labs/; ctest resolves the target at generate time)
