@@ -6,8 +6,23 @@
 #include "common/device.hpp"
 #include "common/errors.hpp"
 #include "common/optim/optim.hpp"
+#include "common/runtime.hpp"
 
 namespace scalelab::train {
+
+Device rank_device(const std::string& device) {
+  // Every rank takes part in the split, whichever device it asked for (the call is collective).
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank(), MPI_INFO_NULL, &node);
+  int local_rank = 0;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  if (device != "cuda") return Device::cpu();
+  const int gpus = cuda_device_count();
+  SCALELAB_REQUIRE(gpus > 0, "--device cuda, but this rank sees no GPU (built with CUDA: {})",
+                   cuda_compiled() ? "yes" : "no");
+  return Device::cuda(local_rank % gpus);
+}
 
 void add_train_options(cxxopts::Options& options, const TrainOptions& d) {
   options.add_options("train")

@@ -33,6 +33,12 @@ TrainOptions read_train_options(const cxxopts::ParseResult& result);
 /// The corpus's train split: <data>/train.bin (UsageError naming `./scalelab data` if missing).
 std::vector<uint16_t> load_train_tokens(const TrainOptions& options);
 
+/// The device this rank computes on for `--device` (cpu or cuda): the CPU, or the GPU of its
+/// node-local rank, local_rank % GPUs (lab 00's choice; the local rank comes from
+/// MPI_Comm_split_type, so it is right under any launcher). Collective over MPI_COMM_WORLD.
+/// --device cuda without a GPU is a usage error.
+Device rank_device(const std::string& device);
+
 /// The learning rate of `step`: linear warmup, cosine decay to lr/10 at the last step.
 double learning_rate(const TrainOptions& options, int64_t step);
 

@@ -31,9 +31,7 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(verify_steps >= 0, "--verify-steps must not be negative");
 
     auto comm = comm::Communicator::world(run.backend);
-    const Device device = run.device == "cuda"
-                              ? Device::cuda(comm.rank() % std::max(1, cuda_device_count()))
-                              : Device::cpu();
+    const Device device = train::rank_device(run.device);
     const ModelConfig config = model_config(opt.model);
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);

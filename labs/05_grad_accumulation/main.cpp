@@ -37,9 +37,7 @@ int main(int argc, char** argv) {
     auto comm = comm::Communicator::world(run.backend);
     // A bad plan (accum 0, more ranks than rows, ...) is a usage error on every rank.
     const lab05::BatchPlan plan = lab05::plan_batch(opt.batch, accum, comm.size());
-    const Device device = run.device == "cuda"
-                              ? Device::cuda(comm.rank() % std::max(1, cuda_device_count()))
-                              : Device::cpu();
+    const Device device = train::rank_device(run.device);
     const ModelConfig config = model_config(opt.model);
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);

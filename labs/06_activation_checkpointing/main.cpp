@@ -74,9 +74,7 @@ int main(int argc, char** argv) {
     const lab06::Plan plan = lab06::make_plan(policy, static_cast<int>(config.n_layer));
 
     auto comm = comm::Communicator::world(run.backend);
-    const Device device = run.device == "cuda"
-                              ? Device::cuda(comm.rank() % std::max(1, cuda_device_count()))
-                              : Device::cpu();
+    const Device device = train::rank_device(run.device);
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
     const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
