@@ -37,6 +37,8 @@ class Block {
   void free_activations() { acts_.reset(); }
   bool has_activations() const { return acts_.res2.defined(); }
   const BlockActivations& activations() const { return acts_; }
+  /// Writable: selective recomputation (lab 06) puts recomputed tensors back before backward.
+  BlockActivations& activations() { return acts_; }
   std::vector<Parameter*> parameters();
 
   /// Tensor parallel: applied to the attention and MLP outputs before the residual add (the

@@ -43,9 +43,8 @@ Policy parse_policy(const std::string& text) {
 }
 
 nn::BlockActivations& mutable_activations(nn::Block& block) {
-  // The block owns its activations (a non-const member) and shows them read-only; recomputation
-  // is the one place that must write some of them back.
-  return const_cast<nn::BlockActivations&>(block.activations());
+  // Recomputation is the one place that writes a block's saved activations back.
+  return block.activations();
 }
 
 std::size_t held_activation_bytes(nn::GPT& model, const Saved& saved) {
