@@ -45,14 +45,8 @@ __global__ void cross_entropy_forward_kernel(S* losses, S* probs, const S* logit
   const int64_t row = warp_row();
   if (row >= N) return;
   const S* x = logits + row * V;
-  S mx = -INFINITY;
-  for (int64_t v = lane(); v < V; v += kWarp) mx = x[v] > mx ? x[v] : mx;
-  mx = warp_max(mx);
-  S s = 0;
-  for (int64_t v = lane(); v < V; v += kWarp) s += exp(x[v] - mx);
-  s = warp_sum(s);
-  for (int64_t v = lane(); v < V; v += kWarp) probs[row * V + v] = exp(x[v] - mx) / s;
-  if (lane() == 0) losses[row] = log(s) + mx - x[targets[row]];
+  const S log_sum_exp = warp_softmax_row(probs + row * V, x, V);
+  if (lane() == 0) losses[row] = log_sum_exp - x[targets[row]];
 }
 
 template <class S>

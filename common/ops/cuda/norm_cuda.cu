@@ -73,14 +73,7 @@ template <class S>
 __global__ void softmax_kernel(S* out, const S* in, int64_t N, int64_t C) {
   const int64_t row = warp_row();
   if (row >= N) return;
-  const S* x = in + row * C;
-  S mx = -INFINITY;
-  for (int64_t c = lane(); c < C; c += kWarp) mx = x[c] > mx ? x[c] : mx;
-  mx = warp_max(mx);
-  S s = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) s += exp(x[c] - mx);
-  s = warp_sum(s);
-  for (int64_t c = lane(); c < C; c += kWarp) out[row * C + c] = exp(x[c] - mx) / s;
+  warp_softmax_row(out + row * C, in + row * C, C);
 }
 }  // namespace
 
