@@ -4,7 +4,8 @@
 # One lab, built twice from one contract (labs/NN_name/<name>.hpp):
 #   labNN_<name>_starter_impl / labNN_<name>_solution_impl   the attendee's code / the reference
 #   labNN_<name>            / labNN_<name>_solution          the program (labs/NN_name/main.cpp)
-#   test_labNN              / test_labNN_solution            the graders (tests/NN_name/*.cpp)
+#   test_labNN              / test_labNN_solution            the graders (tests/NN_name/*.cpp,
+#                                                            with tests/support/lab_fixture.hpp)
 # and one ctest entry per (step, ranks, build): labNN.stepK.npR.starter|reference, each running
 # only the GoogleTest suites named StepK* (--gtest_filter), so one hang cannot mask other steps.
 # Labels: starter or reference, and labNN. Custom targets labNN_starter / labNN_reference build
@@ -47,7 +48,7 @@ function(scalelab_add_lab nn name)
     if(SCALELAB_BUILD_TESTS AND test_sources)
       set(test_exe test_lab${nn}${suffix})
       add_executable(${test_exe} ${test_sources})
-      target_link_libraries(${test_exe} PRIVATE ${impl} scalelab::test_main)
+      target_link_libraries(${test_exe} PRIVATE ${impl} scalelab::lab_testing scalelab::test_main)
       add_dependencies(${group} ${test_exe})
       foreach(step RANGE 1 ${L_STEPS})
         set(ranks ${L_RANKS})

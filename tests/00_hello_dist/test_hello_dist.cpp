@@ -7,6 +7,7 @@
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
 #include "hello_dist.hpp"
+#include "tests/support/lab_fixture.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab00;
@@ -143,13 +144,13 @@ TEST(Step3_AllReduce, ExpectedSum) {
 }
 
 TEST(Step3_AllReduce, EveryRankGetsTheSum) {
-  auto world = comm::Communicator::world("mpi");
+  auto world = labtest::new_world();
   EXPECT_EQ(all_reduce_rank_ids(world), expected_rank_id_sum(world_size()));
 }
 
 TEST(Step3_AllReduce, WorksOnASubCommunicator) {
   // Even and odd ranks: each group sums its own ranks (0,1,.. within the group).
-  auto world = comm::Communicator::world("mpi");
+  auto world = labtest::new_world();
   auto half = world.split(world.rank() % 2, world.rank(), "half");
   EXPECT_EQ(all_reduce_rank_ids(half), expected_rank_id_sum(half.size()));
   // A world of one (the self backend) sums just its own id, 0.

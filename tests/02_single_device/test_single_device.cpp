@@ -1,12 +1,13 @@
-// Lab 02 graders: one suite per step (Step<K>_...). Hermetic: the corpus is made here.
+// Lab 02 graders: one suite per step (Step<K>_...). Hermetic: the corpus is generated
+// (labtest::sentence_corpus, tests/support/lab_fixture.hpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 
-#include "common/data/tokenizer.hpp"
 #include "common/ops/ops.hpp"
 #include "single_device.hpp"
+#include "tests/support/lab_fixture.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab02;
@@ -14,18 +15,7 @@ using namespace scalelab::lab02;
 namespace {
 // Four sentences in a seeded random order: structure a tiny model learns in a few hundred steps.
 const std::vector<uint16_t>& corpus() {
-  static const std::vector<uint16_t> tokens = [] {
-    const char* s[] = {"the cat sat on the mat. ", "a dog ran in the park. ",
-                       "we like to eat bread. ", "birds fly over the sea. "};
-    std::string text;
-    uint64_t x = 99;
-    for (int i = 0; i < 600; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      text += s[(x >> 33) % 4];
-    }
-    return data::encode(text);
-  }();
-  return tokens;
+  return labtest::sentence_corpus(/*seed=*/99, /*sentences=*/600);
 }
 
 nn::GPTOptions f64() {

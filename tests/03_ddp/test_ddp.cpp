@@ -1,7 +1,7 @@
 // Lab 03 graders. The heart of each step: the DDP result equals the single-device result for
-// the same seed and global batch, computed here on every rank (common/train/reference.hpp).
-// Tolerances (design.md): parameters after a broadcast and batch rows are exact; gradients after
-// an all-reduce 1e-5 relative / 1e-6 absolute (the all-reduce sums in another order); the loss
+// the same seed and global batch, computed here on every rank (tests/support/lab_fixture.hpp).
+// Tolerances: parameters after a broadcast and batch rows are exact; gradients after an
+// all-reduce 1e-5 relative / 1e-6 absolute (the all-reduce sums in another order); the loss
 // 1e-6 relative; SGD parameters after several steps 1e-5 / 1e-6 (SGD keeps rounding differences
 // as small as they start). Each planted fault (a deliberately wrong variant written here) must
 // make the same check FAIL, so the checks demonstrably can fail.
@@ -14,51 +14,52 @@
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
 #include "ddp.hpp"
+#include "tests/support/lab_fixture.hpp"
 
 using namespace scalelab;
+using labtest::close_on_every_rank;
+using labtest::world;
 
 namespace {
 
-constexpr uint64_t kSeed = 1234;
-constexpr int64_t kGlobalBatch = 8;  // splits over 1, 2 and 4 ranks
-constexpr double kGradRtol = 1e-5, kGradAtol = 1e-6;
-
-comm::Communicator& world() {
-  static comm::Communicator c = comm::Communicator::world("mpi");
-  return c;
-}
-
-const std::vector<uint16_t>& corpus() {
-  static const std::vector<uint16_t> tokens = train::synthetic_corpus(8192, 7);
-  return tokens;
-}
-
-const ModelConfig& config() {
-  static const ModelConfig c = train::test_config();
-  return c;
-}
-
-data::Sampler sampler() { return data::Sampler(corpus(), kGlobalBatch, config().block_size, kSeed); }
-
-// Equal within (rtol, atol) on EVERY rank: the same verdict everywhere.
-testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want, double rtol,
-                                             double atol) {
-  const train::Diff d = train::compare(got, want);
-  const bool ok = d.within(rtol, atol);
-  if (train::on_every_rank(ok, world())) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "not within rtol " << rtol << " atol " << atol
-                                     << " on every rank; on this rank: " << d.str();
-}
+constexpr labtest::Setup kLab{.seed = 1234, .global_batch = 8, .corpus_seed = 7};
+constexpr uint64_t kSeed = kLab.seed;
+constexpr int64_t kGlobalBatch = kLab.global_batch;  // splits over 1, 2 and 4 ranks
+constexpr double kGradRtol = labtest::kAllReduceRtol, kGradAtol = labtest::kAllReduceAtol;
 
 // The gradient DDP should produce: forward/backward this rank's rows, then `reduce`.
 template <class Reduce>
 Tensor ddp_gradient(const data::Batch& mine, Reduce reduce) {
-  nn::GPT model(config(), {.seed = kSeed});
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   model.zero_grad();
   model.forward(mine.x, mine.y);
   model.backward();
   reduce(model);
   return model.params().grads().clone();
+}
+
+// The check of Step2_LocalBatch.RowsOfThisRankAsAView, for any way `slice(global, r, world)`
+// of taking rank r's rows: for 1, 2, 4 and 8 ranks, every rank's rows are [r*b, (r+1)*b) of the
+// global batch (exact), as a view.
+template <class Slice>
+testing::AssertionResult rows_of_every_rank(Slice slice) {
+  const data::Batch global = kLab.batch(0);
+  for (int world_size : {1, 2, 4, 8}) {
+    const int64_t b = kGlobalBatch / world_size;
+    for (int r = 0; r < world_size; ++r) {
+      const data::Batch mine = slice(global, r, world_size);
+      const std::string who = fmt::format("rank {} of {}", r, world_size);
+      if (mine.batch_size() != b)
+        return testing::AssertionFailure() << who << ": " << mine.batch_size() << " rows, want " << b;
+      if (!mine.x.shares_storage_with(global.x))
+        return testing::AssertionFailure() << who << ": a view, not a copy";
+      if (mine.x.to_vector() != global.x.rows(r * b, (r + 1) * b).to_vector() ||
+          mine.y.to_vector() != global.y.rows(r * b, (r + 1) * b).to_vector())
+        return testing::AssertionFailure() << who << ": not rows [" << r * b << ", "
+                                           << (r + 1) * b << ") of the global batch";
+    }
+  }
+  return testing::AssertionSuccess();
 }
 
 // A correct average, written here so steps 2 and 3 are graded on their own.
@@ -71,15 +72,15 @@ void test_average(nn::GPT& model) {
 // ---- Step 1: broadcast ---------------------------------------------------------------------
 
 TEST(Step1_Broadcast, EveryRankHoldsRank0sParameters) {
-  nn::GPT model(config(), {.seed = kSeed + world().rank()});  // different on every rank
+  nn::GPT model(kLab.config(), {.seed = kSeed + world().rank()});  // different on every rank
   lab03::broadcast_parameters(model, world());
-  nn::GPT single(config(), {.seed = kSeed});  // rank 0's seed
+  nn::GPT single(kLab.config(), {.seed = kSeed});  // rank 0's seed
   // exact: a broadcast copies bytes
   EXPECT_TRUE(close_on_every_rank(model.params().values(), single.params().values(), 0, 0));
 }
 
 TEST(Step1_Broadcast, GradientsAreLeftAlone) {
-  nn::GPT model(config(), {.seed = kSeed + world().rank()});
+  nn::GPT model(kLab.config(), {.seed = kSeed + world().rank()});
   ops::fill(model.params().grads(), 1.0 + world().rank());
   lab03::broadcast_parameters(model, world());
   for (double g : model.params().grads().to_vector())
@@ -88,9 +89,9 @@ TEST(Step1_Broadcast, GradientsAreLeftAlone) {
 
 TEST(Step1_PlantedFault, NoBroadcastIsCaught) {
   if (world().size() == 1) GTEST_SKIP() << "one rank: there is nothing to broadcast";
-  nn::GPT model(config(), {.seed = kSeed + world().rank()});
+  nn::GPT model(kLab.config(), {.seed = kSeed + world().rank()});
   // fault: no broadcast_parameters(model, world())
-  nn::GPT single(config(), {.seed = kSeed});
+  nn::GPT single(kLab.config(), {.seed = kSeed});
   EXPECT_FALSE(close_on_every_rank(model.params().values(), single.params().values(), 0, 0))
       << "the check of Step1_Broadcast must fail when the broadcast is missing";
 }
@@ -98,21 +99,28 @@ TEST(Step1_PlantedFault, NoBroadcastIsCaught) {
 // ---- Step 2: this rank's rows ----------------------------------------------------------------
 
 TEST(Step2_LocalBatch, RowsOfThisRankAsAView) {
-  const data::Batch global = sampler().batch(0);
-  for (int world_size : {1, 2, 4, 8}) {
-    const int64_t b = kGlobalBatch / world_size;
-    for (int r = 0; r < world_size; ++r) {
-      const data::Batch mine = lab03::local_batch(global, r, world_size);
-      ASSERT_EQ(mine.batch_size(), b) << "rank " << r << " of " << world_size;
-      EXPECT_TRUE(mine.x.shares_storage_with(global.x)) << "a view, not a copy";
-      EXPECT_EQ(mine.x.to_vector(), global.x.rows(r * b, (r + 1) * b).to_vector());
-      EXPECT_EQ(mine.y.to_vector(), global.y.rows(r * b, (r + 1) * b).to_vector());
-    }
-  }
+  EXPECT_TRUE(rows_of_every_rank([](const data::Batch& global, int r, int world_size) {
+    return lab03::local_batch(global, r, world_size);
+  }));
+}
+
+TEST(Step2_PlantedFault, WrongRowsAreCaught) {
+  // fault: rank r takes the rows of rank r + 1 (every row is used once, but by the wrong rank)
+  EXPECT_FALSE(rows_of_every_rank([](const data::Batch& global, int r, int world_size) {
+    return labtest::rank_rows(global, (r + 1) % world_size, world_size);
+  })) << "the check of Step2_LocalBatch must fail when a rank takes another rank's rows";
+}
+
+TEST(Step2_PlantedFault, CopyInsteadOfViewIsCaught) {
+  // fault: the right rows, copied
+  EXPECT_FALSE(rows_of_every_rank([](const data::Batch& global, int r, int world_size) {
+    const data::Batch rows = labtest::rank_rows(global, r, world_size);
+    return data::Batch{rows.x.clone(), rows.y.clone()};
+  })) << "the check of Step2_LocalBatch must fail when the rows are a copy";
 }
 
 TEST(Step2_LocalBatch, BadSplitsAreUsageErrors) {
-  const data::Batch global = sampler().batch(0);  // 8 rows
+  const data::Batch global = kLab.sampler().batch(0);  // 8 rows
   EXPECT_THROW(lab03::local_batch(global, 0, 16), UsageError) << "more ranks than rows";
   EXPECT_THROW(lab03::local_batch(global, 1, 3), UsageError) << "8 rows over 3 ranks";
   try {
@@ -125,19 +133,19 @@ TEST(Step2_LocalBatch, BadSplitsAreUsageErrors) {
 }
 
 TEST(Step2_LocalBatch, AveragedGradientsEqualSingleDevice) {
-  const data::Batch global = sampler().batch(0);
+  const data::Batch global = kLab.sampler().batch(0);
   const Tensor got =
       ddp_gradient(lab03::local_batch(global, world().rank(), world().size()), test_average);
-  const train::Reference ref = train::single_device_step(config(), kSeed, global);
+  const train::Reference ref = kLab.reference(global);
   EXPECT_TRUE(close_on_every_rank(got, ref.grads, kGradRtol, kGradAtol));
 }
 
 TEST(Step2_PlantedFault, SameDataOnEveryRankIsCaught) {
   if (world().size() == 1) GTEST_SKIP() << "one rank: its rows are the whole batch";
-  const data::Batch global = sampler().batch(0);
+  const data::Batch global = kLab.sampler().batch(0);
   const int64_t b = kGlobalBatch / world().size();
   const Tensor got = ddp_gradient(global.rows(0, b), test_average);  // fault: rank 0's rows
-  const train::Reference ref = train::single_device_step(config(), kSeed, global);
+  const train::Reference ref = kLab.reference(global);
   EXPECT_FALSE(close_on_every_rank(got, ref.grads, kGradRtol, kGradAtol))
       << "the check of Step2_LocalBatch must fail when every rank trains on the same rows";
 }
@@ -145,17 +153,17 @@ TEST(Step2_PlantedFault, SameDataOnEveryRankIsCaught) {
 // ---- Step 3: average the gradients ------------------------------------------------------------
 
 TEST(Step3_AllReduce, GradientsEqualSingleDevice) {
-  const data::Batch global = sampler().batch(0);
-  const Tensor got = ddp_gradient(global.shard(world().rank(), world().size()), [](nn::GPT& m) {
+  const data::Batch global = kLab.sampler().batch(0);
+  const Tensor got = ddp_gradient(labtest::my_rows(global), [](nn::GPT& m) {
     lab03::all_reduce_gradients(m, world());
   });
-  const train::Reference ref = train::single_device_step(config(), kSeed, global);
+  const train::Reference ref = kLab.reference(global);
   EXPECT_TRUE(close_on_every_rank(got, ref.grads, kGradRtol, kGradAtol));
 }
 
 TEST(Step3_AllReduce, EveryRankHoldsTheSameGradient) {
-  const data::Batch global = sampler().batch(1);
-  const Tensor got = ddp_gradient(global.shard(world().rank(), world().size()), [](nn::GPT& m) {
+  const data::Batch global = kLab.sampler().batch(1);
+  const Tensor got = ddp_gradient(labtest::my_rows(global), [](nn::GPT& m) {
     lab03::all_reduce_gradients(m, world());
   });
   EXPECT_EQ(train::max_divergence_from_rank0(got, world()), 0.0);
@@ -163,11 +171,11 @@ TEST(Step3_AllReduce, EveryRankHoldsTheSameGradient) {
 
 TEST(Step3_PlantedFault, SumWithoutAverageIsCaught) {
   if (world().size() == 1) GTEST_SKIP() << "one rank: the sum is the average";
-  const data::Batch global = sampler().batch(0);
-  const Tensor got = ddp_gradient(global.shard(world().rank(), world().size()), [](nn::GPT& m) {
+  const data::Batch global = kLab.sampler().batch(0);
+  const Tensor got = ddp_gradient(labtest::my_rows(global), [](nn::GPT& m) {
     world().all_reduce(m.params().grads(), comm::ReduceOp::sum);  // fault: no division
   });
-  const train::Reference ref = train::single_device_step(config(), kSeed, global);
+  const train::Reference ref = kLab.reference(global);
   EXPECT_FALSE(close_on_every_rank(got, ref.grads, kGradRtol, kGradAtol))
       << "the check of Step3_AllReduce must fail for a sum without the average";
 }
@@ -175,35 +183,35 @@ TEST(Step3_PlantedFault, SumWithoutAverageIsCaught) {
 // ---- Step 4: the training step -----------------------------------------------------------------
 
 TEST(Step4_Training, OneStepEqualsSingleDevice) {
-  const data::Batch global = sampler().batch(0);
-  nn::GPT model(config(), {.seed = kSeed});  // same start everywhere: step 4 graded alone
+  const data::Batch global = kLab.sampler().batch(0);
+  nn::GPT model(kLab.config(), {.seed = kSeed});  // same start everywhere: step 4 graded alone
   const double loss = lab03::forward_backward(model, global, world());
-  const train::Reference ref = train::single_device_step(config(), kSeed, global);
+  const train::Reference ref = kLab.reference(global);
   EXPECT_NEAR(loss, ref.loss, 1e-6 * std::abs(ref.loss)) << "the loss of the GLOBAL batch";
   EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kGradRtol, kGradAtol));
 }
 
 TEST(Step4_Training, GradientsAreZeroedEachStep) {
-  const data::Batch global = sampler().batch(0);
-  nn::GPT model(config(), {.seed = kSeed});
+  const data::Batch global = kLab.sampler().batch(0);
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   ops::fill(model.params().grads(), 5.0);  // stale gradients from an earlier step
   lab03::forward_backward(model, global, world());
-  const train::Reference ref = train::single_device_step(config(), kSeed, global);
+  const train::Reference ref = kLab.reference(global);
   EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kGradRtol, kGradAtol));
 }
 
 TEST(Step4_Training, SgdStepsFollowSingleDeviceAndReplicasStayIdentical) {
   constexpr int kSteps = 5;
   constexpr double kLr = 0.5;
-  const data::Sampler s = sampler();
-  nn::GPT model(config(), {.seed = kSeed});  // same start everywhere: step 4 graded alone
+  const data::Sampler s = kLab.sampler();
+  nn::GPT model(kLab.config(), {.seed = kSeed});  // same start everywhere: step 4 graded alone
   optim::SGD sgd(optim::groups(model.parameters()));
   std::vector<double> losses;
   for (int step = 0; step < kSteps; ++step) {
     losses.push_back(lab03::forward_backward(model, s.batch(step), world()));
     sgd.step(kLr);
   }
-  const train::SgdRun ref = train::single_device_sgd(config(), kSeed, s, kSteps, kLr);
+  const train::SgdRun ref = train::single_device_sgd(kLab.config(), kSeed, s, kSteps, kLr);
   for (int step = 0; step < kSteps; ++step)
     EXPECT_NEAR(losses[step], ref.losses[step], 1e-5 * std::abs(ref.losses[step])) << "step " << step;
   EXPECT_LT(ref.losses.back(), ref.losses.front()) << "the run should learn something";
@@ -212,7 +220,7 @@ TEST(Step4_Training, SgdStepsFollowSingleDeviceAndReplicasStayIdentical) {
 }
 
 TEST(Step4_Training, DivergenceSeesOneDifferentRank) {
-  nn::GPT model(config(), {.seed = kSeed});
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   EXPECT_EQ(lab03::parameter_divergence(model, world()), 0.0);
   if (world().size() == 1) return;
   if (world().rank() == world().size() - 1) {

@@ -1,12 +1,12 @@
 // Lab 05 graders. The heart: `accum` micro-batches of m rows give the gradient of one batch of
 // accum*m rows, on one device and with DDP, computed here against the single-device run.
-// Tolerances (design.md): accumulating equal-size micro-batches adds the same terms in another
-// grouping (each matmul sums over m rows, then the micro-batches add up), so single-device
-// accumulation is compared at 1e-6 relative (+1e-7 absolute for the gradients that are nearly
-// 0); with DDP the all-reduce changes the order again: 1e-5 relative / 1e-6 absolute. DDP is
-// lab 04's overlapped reducer: the test's Launch sees every bucket start and checks that the
-// bucket then holds this rank's FULLY accumulated gradient (so it started in the last
-// micro-batch, after the no-sync ones).
+// Tolerances (the fixture's contract, tests/support/lab_fixture.hpp): accumulating equal-size
+// micro-batches adds the same terms in another grouping (each matmul sums over m rows, then the
+// micro-batches add up), so single-device accumulation is compared at 1e-6 relative (+1e-7
+// absolute for the gradients that are nearly 0); with DDP the all-reduce changes the order
+// again: 1e-5 relative / 1e-6 absolute. DDP is lab 04's overlapped reducer: the test's Launch
+// sees every bucket start and checks that the bucket then holds this rank's FULLY accumulated
+// gradient (so it started in the last micro-batch, after the no-sync ones).
 // Memory is measured by the allocator's counters, which are exact: no timing anywhere.
 #include <gtest/gtest.h>
 
@@ -19,42 +19,22 @@
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
 #include "grad_accumulation.hpp"
+#include "tests/04_ddp_overlap/test_buckets.hpp"
+#include "tests/support/lab_fixture.hpp"
 
 using namespace scalelab;
+using labtest::close_on_every_rank;
+using labtest::world;
 
 namespace {
 
-constexpr uint64_t kSeed = 99;
-constexpr int64_t kGlobalBatch = 16;  // 1, 2, 4 ranks x accum 1, 2, 4
+constexpr labtest::Setup kLab{.seed = 99, .global_batch = 16, .corpus_seed = 5};
+constexpr uint64_t kSeed = kLab.seed;
+constexpr int64_t kGlobalBatch = kLab.global_batch;  // 1, 2, 4 ranks x accum 1, 2, 4
 constexpr double kAccumRtol = 1e-6, kAccumAtol = 1e-7;
-constexpr double kDdpRtol = 1e-5, kDdpAtol = 1e-6;
+constexpr double kDdpRtol = labtest::kAllReduceRtol, kDdpAtol = labtest::kAllReduceAtol;
 
-comm::Communicator& world() {
-  static comm::Communicator c = comm::Communicator::world("mpi");
-  return c;
-}
-
-const std::vector<uint16_t>& corpus() {
-  static const std::vector<uint16_t> tokens = train::synthetic_corpus(8192, 5);
-  return tokens;
-}
-
-const ModelConfig& config() {
-  static const ModelConfig c = train::test_config();
-  return c;
-}
-
-data::Batch global_batch(int64_t step = 0) {
-  return data::Sampler(corpus(), kGlobalBatch, config().block_size, kSeed).batch(step);
-}
-
-testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want, double rtol,
-                                             double atol) {
-  const train::Diff d = train::compare(got, want);
-  if (train::on_every_rank(d.within(rtol, atol), world())) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "not within rtol " << rtol << " atol " << atol
-                                     << " on every rank; on this rank: " << d.str();
-}
+data::Batch global_batch(int64_t step = 0) { return kLab.batch(step); }
 
 // The planted fault of step 1: micro-batch losses NOT scaled by 1/accum.
 double unscaled_accumulation(nn::GPT& model, const data::Batch& batch, int accum) {
@@ -92,9 +72,9 @@ TEST(Step1_MicroBatches, EqualSlicesInOrder) {
 
 TEST(Step1_Accumulate, MicroBatchesEqualTheBigBatch) {
   const data::Batch b = global_batch();
-  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  const train::Reference ref = kLab.reference(b);
   for (int accum : {1, 2, 4}) {
-    nn::GPT model(config(), {.seed = kSeed});
+    nn::GPT model(kLab.config(), {.seed = kSeed});
     const double loss = lab05::accumulate_gradients(model, b, accum);
     EXPECT_NEAR(loss, ref.loss, 1e-6 * ref.loss) << "accum " << accum;
     const train::Diff d = train::compare(model.params().grads(), ref.grads);
@@ -105,18 +85,18 @@ TEST(Step1_Accumulate, MicroBatchesEqualTheBigBatch) {
 
 TEST(Step1_Accumulate, StartsFromZeroGradients) {
   const data::Batch b = global_batch();
-  nn::GPT model(config(), {.seed = kSeed});
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   ops::fill(model.params().grads(), 3.0);  // stale gradients of the last step
   lab05::accumulate_gradients(model, b, 2);
-  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  const train::Reference ref = kLab.reference(b);
   EXPECT_TRUE(train::compare(model.params().grads(), ref.grads).within(kAccumRtol, kAccumAtol));
 }
 
 TEST(Step1_PlantedFault, UnscaledMicroBatchLossIsCaught) {
   const data::Batch b = global_batch();
-  nn::GPT model(config(), {.seed = kSeed});
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   unscaled_accumulation(model, b, 4);
-  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  const train::Reference ref = kLab.reference(b);
   EXPECT_FALSE(train::compare(model.params().grads(), ref.grads).within(kAccumRtol, kAccumAtol))
       << "the check of Step1_Accumulate must fail when the micro-batch losses are not scaled";
 }
@@ -124,22 +104,6 @@ TEST(Step1_PlantedFault, UnscaledMicroBatchLossIsCaught) {
 // ---- Step 2 -------------------------------------------------------------------------------------
 
 namespace {
-
-// Buckets of 3 parameters in ready order (written here: lab 04's assign_buckets is not graded).
-std::vector<lab04::Bucket> test_buckets(nn::GPT& model) {
-  const std::vector<int> order = lab04::ready_order(model);
-  std::vector<lab04::Bucket> buckets;
-  for (std::size_t k = 0; k < order.size(); k += 3) {
-    lab04::Bucket b{INT64_MAX, 0, {}};
-    for (std::size_t j = k; j < std::min(order.size(), k + 3); ++j) {
-      b.params.push_back(order[j]);
-      b.offset = std::min(b.offset, model.params().offset(order[j]));
-      b.count += model.parameters()[order[j]]->numel();
-    }
-    buckets.push_back(b);
-  }
-  return buckets;
-}
 
 // Watches the launches of a reducer: each bucket once per step, holding this rank's complete
 // local gradient (`local`) when it starts.
@@ -160,20 +124,18 @@ struct LaunchCheck {
   }
 };
 
+// This rank's gradient before any all-reduce: the single-device run on its rows.
 Tensor local_gradient(const data::Batch& global) {
-  const int64_t rows = kGlobalBatch / world().size();
-  return train::single_device_step(config(), kSeed,
-                                   global.rows(world().rank() * rows, (world().rank() + 1) * rows))
-      .grads;
+  return kLab.reference(labtest::my_rows(global)).grads;
 }
 
 }  // namespace
 
 TEST(Step2_NoSync, HooksAreOffInsideTheScope) {
   const data::Batch b = global_batch();
-  nn::GPT model(config(), {.seed = kSeed});
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   LaunchCheck check{local_gradient(b)};
-  lab04::OverlappedDDP ddp(model, world(), test_buckets(model), check.launch());
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3), check.launch());
   ddp.attach();
   {
     lab05::NoSync scope(ddp);
@@ -191,11 +153,11 @@ TEST(Step2_NoSync, HooksAreOffInsideTheScope) {
 
 TEST(Step2_DdpAccumulate, EqualsSingleDeviceWithOneSyncPerStep) {
   const data::Batch b = global_batch();
-  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  const train::Reference ref = kLab.reference(b);
   for (int accum : {1, 2, 4}) {
-    nn::GPT model(config(), {.seed = kSeed});
+    nn::GPT model(kLab.config(), {.seed = kSeed});
     LaunchCheck check{local_gradient(b)};
-    lab04::OverlappedDDP ddp(model, world(), test_buckets(model), check.launch());
+    lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3), check.launch());
     ddp.attach();
     const double loss = lab05::ddp_accumulate(model, b, accum, world(), ddp);
     EXPECT_EQ(check.launches, static_cast<int>(ddp.buckets().size()))
@@ -209,8 +171,8 @@ TEST(Step2_DdpAccumulate, EqualsSingleDeviceWithOneSyncPerStep) {
 
 TEST(Step2_DdpAccumulate, StepAfterStepWithSgd) {
   constexpr double kLr = 0.5;
-  nn::GPT model(config(), {.seed = kSeed}), single(config(), {.seed = kSeed});
-  lab04::OverlappedDDP ddp(model, world(), test_buckets(model));
+  nn::GPT model(kLab.config(), {.seed = kSeed}), single(kLab.config(), {.seed = kSeed});
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3));
   ddp.attach();
   optim::SGD sgd(optim::groups(model.parameters())), sgd1(optim::groups(single.parameters()));
   for (int step = 0; step < 3; ++step) {
@@ -227,8 +189,8 @@ TEST(Step2_DdpAccumulate, StepAfterStepWithSgd) {
 }
 
 TEST(Step2_DdpAccumulate, BadSplitsAreUsageErrors) {
-  nn::GPT model(config(), {.seed = kSeed});
-  lab04::OverlappedDDP ddp(model, world(), test_buckets(model));
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3));
   ddp.attach();
   EXPECT_THROW(lab05::ddp_accumulate(model, global_batch(), 0, world(), ddp), UsageError);
   EXPECT_THROW(lab05::ddp_accumulate(model, global_batch(), 64, world(), ddp), UsageError);
@@ -239,11 +201,11 @@ TEST(Step2_PlantedFault, SyncInEveryMicroBatchIsCaught) {
   // be finished): twice the all-reduces, the first ones on half a gradient. The launch check of
   // Step2_DdpAccumulate sees both.
   const data::Batch b = global_batch();
-  nn::GPT model(config(), {.seed = kSeed});
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   LaunchCheck check{local_gradient(b)};
-  lab04::OverlappedDDP ddp(model, world(), test_buckets(model), check.launch());
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3), check.launch());
   ddp.attach();
-  const data::Batch mine = b.shard(world().rank(), world().size());
+  const data::Batch mine = labtest::my_rows(b);
   model.zero_grad();
   for (const data::Batch& mb : lab05::micro_batches(mine, 2)) {
     lab05::micro_batch_step(model, mb, 2);  // fault: no NoSync around the first
@@ -291,7 +253,7 @@ TEST(Step3_BatchPlan, ThePlansMicroBatchesGiveTheGlobalBatchGradient) {
   const data::Batch b = global_batch(3);
   const data::Batch mine = b.rows(world().rank() * p.micro * p.accum,
                                   (world().rank() + 1) * p.micro * p.accum);
-  nn::GPT model(config(), {.seed = kSeed});
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   model.zero_grad();
   for (int i = 0; i < p.accum; ++i) {
     model.forward(mine.x.rows(i * p.micro, (i + 1) * p.micro),
@@ -299,7 +261,7 @@ TEST(Step3_BatchPlan, ThePlansMicroBatchesGiveTheGlobalBatchGradient) {
     model.backward(1.0 / p.accum);
   }
   world().all_reduce(model.params().grads(), comm::ReduceOp::avg);
-  const train::Reference ref = train::single_device_step(config(), kSeed, b);
+  const train::Reference ref = kLab.reference(b);
   EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kDdpRtol, kDdpAtol));
   EXPECT_EQ(p.str(), fmt::format("global batch 16 = micro-batch {} x accum 2 x dp {}",
                                  8 / world().size(), world().size()));
@@ -309,11 +271,11 @@ TEST(Step3_BatchPlan, ThePlansMicroBatchesGiveTheGlobalBatchGradient) {
 
 TEST(Step4_Memory, AccumulationCutsThePeak) {
   const data::Batch b = global_batch();
-  nn::GPT model(config(), {.seed = kSeed});
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   const std::size_t big = lab05::measure_step_peak_bytes(model, b, 1);
   const std::size_t four = lab05::measure_step_peak_bytes(model, b, 4);
   // the big batch's forward alone holds its activations: the peak is at least that
-  nn::GPT probe(config(), {.seed = kSeed});
+  nn::GPT probe(kLab.config(), {.seed = kSeed});
   probe.forward(b.x, b.y);
   EXPECT_GE(big, probe.activation_bytes());
   // activations scale with the rows: a quarter of the rows, about a quarter of the peak (the
@@ -326,7 +288,7 @@ TEST(Step4_Memory, AccumulationCutsThePeak) {
 
 TEST(Step4_Memory, MeasuresAboveWhatWasAllocatedBefore) {
   const data::Batch b = global_batch();
-  nn::GPT model(config(), {.seed = kSeed});
+  nn::GPT model(kLab.config(), {.seed = kSeed});
   const std::size_t alone = lab05::measure_step_peak_bytes(model, b, 2);
   Tensor ballast = Tensor::zeros({1 << 20});  // 4 MiB held across the measurement
   EXPECT_EQ(lab05::measure_step_peak_bytes(model, b, 2), alone)

@@ -1,0 +1,139 @@
+#pragma once
+/// @file lab_fixture.hpp
+/// What every lab grader (tests/NN_name/*.cpp) shares: the world communicator, the model and
+/// corpus a test builds on, the batches, the single-device reference, this rank's rows, and the
+/// checks that give the same verdict on every rank. Linked into every lab's test binary
+/// (scalelab::lab_testing, tests/support/CMakeLists.txt); nothing here is part of a lab's
+/// lesson, so a step can be graded on its own with these helpers standing in for earlier steps.
+///
+/// ## Contract
+///
+/// - **Hermetic.** Nothing reads a file or the network. The corpora are generated from a seed
+///   here, identically on every rank and in every run; only lab programs and the demo use the
+///   default corpus (./scalelab data).
+/// - **Same on every rank.** Every function returns the same value on every rank, except
+///   my_rows() (this rank's share) and the `got` a test passes in. The collective ones
+///   (close_on_every_rank) must be called by every rank of world(), in the same order, or the
+///   job waits (the watchdog of tests/support/test_main.cpp ends it after SCALELAB_TIMEOUT).
+/// - **Lifetime.** world() (not new_world()), the corpora and the configs are built once per process on first use
+///   and live until exit: a data::Sampler keeps a reference to its tokens, so pass it only these
+///   (or tokens that outlive it).
+/// - **A Setup is one test file's data.** Every test of a file draws from the same Setup, so the
+///   single-device reference and the parallel run see the same model (same seed) and the same
+///   GLOBAL batch whatever the number of ranks.
+///
+/// ## Tolerances (state each next to its test; these are the shared ones)
+///
+/// The CPU kernels are deterministic (one OpenBLAS thread per rank: the ctest environment,
+/// tools/mpi_env), so:
+/// - a broadcast, a slice of a batch, a recomputation of the same kernels on the same inputs:
+///   exact (rtol 0, atol 0, or bitwise());
+/// - micro-batches of equal size in the same order (single device): 1e-6 relative;
+/// - anything all-reduced across ranks (the sum runs in another order): kAllReduceRtol /
+///   kAllReduceAtol per element after one step; over several steps only with plain SGD, which
+///   keeps rounding differences as small as they start (AdamW amplifies them);
+/// - CUDA against the CPU: fp32 with TF32 off, 1e-4 relative (the library's GPU tests).
+///
+/// ## Planted faults
+///
+/// Every check a grader relies on is shown to be able to fail: a test named
+/// StepK_PlantedFault.* runs a deliberately wrong variant, written in the test file, through the
+/// same check and expects it to fail (EXPECT_FALSE(close_on_every_rank(...))). The planted
+/// variants never call the attendee's code, so they pass on the starter too; the step's other
+/// tests report it "not implemented".
+///
+/// ## Example
+///
+///   constexpr labtest::Setup kLab{.seed = 1234, .global_batch = 8, .corpus_seed = 7};
+///   using labtest::world;
+///
+///   TEST(Step3_AllReduce, GradientsEqualSingleDevice) {
+///     const data::Batch global = kLab.batch(0);
+///     nn::GPT model(kLab.config(), {.seed = kLab.seed});
+///     ... forward/backward labtest::my_rows(global), then the attendee's all-reduce ...
+///     EXPECT_TRUE(labtest::close_on_every_rank(model.params().grads(),
+///                                              kLab.reference(global).grads,
+///                                              labtest::kAllReduceRtol, labtest::kAllReduceAtol));
+///   }
+#include <cstdint>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/comm/communicator.hpp"
+#include "common/data/sampler.hpp"
+#include "common/model_config.hpp"
+#include "common/tensor.hpp"
+#include "common/train/reference.hpp"
+
+namespace scalelab::labtest {
+
+// ---- the world ---------------------------------------------------------------------------------
+
+/// MPI_COMM_WORLD as a communicator on the "mpi" backend, made on first use and shared by every
+/// test of the binary. Tests that need a sub-group split this one (world().split(...)).
+comm::Communicator& world();
+
+/// A new communicator over every rank (its own MPI_Comm_dup of MPI_COMM_WORLD): messages a test
+/// leaves behind on one (an attendee's send that nobody receives) cannot reach the next test.
+/// Labs 00 and 01, whose steps are point-to-point code, give each test its own. Collective.
+comm::Communicator new_world();
+
+// ---- corpora and models ------------------------------------------------------------------------
+
+/// Tokens of train::synthetic_corpus(kSyntheticTokens, seed): bytes of a repeated phrase with
+/// random letters mixed in (a model's loss moves on it). One corpus per seed, made on first use.
+inline constexpr int64_t kSyntheticTokens = 8192;
+const std::vector<uint16_t>& synthetic_corpus(uint64_t seed);
+
+/// `sentences` of four short English sentences, drawn in a seeded order (a 64-bit LCG, seed
+/// `seed`), byte-encoded: structure a tiny model learns in a few hundred steps (lab 02's
+/// validation loss falls from ln 256 to below 2). One corpus per (seed, sentences).
+const std::vector<uint16_t>& sentence_corpus(uint64_t seed, int sentences);
+
+/// The model of the parallel labs' tests: `tiny` (common/model_config.hpp) with `n_layer`
+/// layers (train::test_config). One per n_layer, made on first use.
+const ModelConfig& test_model(int64_t n_layer = 2);
+
+/// One test file's data: a synthetic corpus, the test model, a global batch size and a seed
+/// (the model's initialisation and the sampler's). An aggregate: declare it constexpr.
+struct Setup {
+  uint64_t seed = 0;          ///< GPT init seed ({.seed = seed}) and the sampler's seed
+  int64_t global_batch = 8;   ///< rows of the GLOBAL batch (divisible by every rank count run)
+  uint64_t corpus_seed = 0;   ///< which synthetic_corpus
+  int64_t n_layer = 2;        ///< layers of test_model
+
+  const ModelConfig& config() const { return test_model(n_layer); }
+  const std::vector<uint16_t>& corpus() const { return synthetic_corpus(corpus_seed); }
+  /// Global batches of global_batch x block_size tokens, drawn from (seed, step).
+  data::Sampler sampler() const;
+  /// The global batch of `step`: the same on every rank and for every rank count.
+  data::Batch batch(int64_t step = 0) const { return sampler().batch(step); }
+  /// The single-device run on `b`: loss and flat gradients of one forward + backward of a fresh
+  /// GPT(config(), {.seed = seed}) (train::single_device_step).
+  train::Reference reference(const data::Batch& b) const;
+};
+
+// ---- this rank's rows (a reference, not an attendee's answer) -----------------------------------
+
+/// Rows [rank*b, (rank+1)*b) of `global`, b = B / world: a view. What a test uses where the
+/// slicing is not the step being graded. Throws UsageError if world does not divide B.
+data::Batch rank_rows(const data::Batch& global, int rank, int world);
+/// rank_rows(global, world().rank(), world().size()).
+data::Batch my_rows(const data::Batch& global);
+
+// ---- checks --------------------------------------------------------------------------------------
+
+/// Gradients (or parameters after SGD steps) that went through an all-reduce.
+inline constexpr double kAllReduceRtol = 1e-5, kAllReduceAtol = 1e-6;
+
+/// Elementwise |got - want| <= atol + rtol * |want| on EVERY rank of world() (collective: every
+/// rank calls it). Success or failure is the same on every rank; a failure says the tolerance
+/// and this rank's worst element (train::Diff::str).
+testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want, double rtol,
+                                             double atol);
+
+/// Every element identical, on this rank (not collective).
+testing::AssertionResult bitwise(const Tensor& got, const Tensor& want);
+
+}  // namespace scalelab::labtest
