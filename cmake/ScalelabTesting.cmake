@@ -2,14 +2,16 @@
 # under mpiexec, even at one rank, so a test sees the same start-up as a lab program.
 
 # What lets Open MPI start as root and with more ranks than cores (a 2-core laptop or CI runner
-# running 4 ranks): ranks yield the core while they wait instead of spinning.
-set(SCALELAB_MPI_TEST_ENV
-    OMPI_ALLOW_RUN_AS_ROOT=1
-    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    OMPI_MCA_rmaps_base_oversubscribe=1
-    OMPI_MCA_mpi_yield_when_idle=1
-    OMPI_MCA_btl_vader_single_copy_mechanism=none
-    OPENBLAS_NUM_THREADS=1)
+# running 4 ranks): the KEY=VALUE lines of tools/mpi_env, the one list the launcher and the
+# grader read too. Editing it re-runs CMake.
+set(SCALELAB_MPI_ENV_FILE ${CMAKE_CURRENT_LIST_DIR}/../tools/mpi_env)
+cmake_path(NORMAL_PATH SCALELAB_MPI_ENV_FILE)
+file(STRINGS ${SCALELAB_MPI_ENV_FILE} SCALELAB_MPI_TEST_ENV REGEX "^[A-Za-z_][A-Za-z0-9_]*=")
+if(NOT SCALELAB_MPI_TEST_ENV)
+  message(FATAL_ERROR "${SCALELAB_MPI_ENV_FILE}: no KEY=VALUE lines")
+endif()
+set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+             ${SCALELAB_MPI_ENV_FILE})
 
 # scalelab_add_mpi_test(<ctest-name> <target> RANKS <k> [TIMEOUT <s>] [LABELS ...] [ARGS ...])
 # Registers one ctest entry that runs <target> on <k> ranks.
