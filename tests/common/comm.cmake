@@ -11,12 +11,13 @@ scalelab_add_test(NAME test_comm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_comm.cpp
 add_executable(watchdog_hang ${CMAKE_CURRENT_LIST_DIR}/watchdog_hang.cpp)
 target_link_libraries(watchdog_hang PRIVATE scalelab::common)
 add_dependencies(reference watchdog_hang)
-# scalelab_expect_exit(<name> <ranks> <mode> <code> <regexes joined by @@> [TARGET t] [ENV ...])
-# runs <target> (default watchdog_hang --mode <mode> --timeout 2) on <ranks> ranks.
+# scalelab_expect_exit(<name> <ranks> <mode> <code> <regexes joined by @@> [TARGET t] [ARGS ...]
+#                      [ENV ...])
+# runs <target> (default watchdog_hang --mode <mode> --timeout 2) on <ranks> ranks, with ARGS.
 function(scalelab_expect_exit name ranks mode code regex)
-  cmake_parse_arguments(E "" "TARGET" "ENV" ${ARGN})
+  cmake_parse_arguments(E "" "TARGET" "ENV;ARGS" ${ARGN})
   if(E_TARGET)
-    set(program $<TARGET_FILE:${E_TARGET}>)
+    set(program $<TARGET_FILE:${E_TARGET}> ${MPIEXEC_POSTFLAGS} ${E_ARGS})
   else()
     set(program $<TARGET_FILE:watchdog_hang> ${MPIEXEC_POSTFLAGS} --mode ${mode} --timeout 2)
   endif()
@@ -59,3 +60,25 @@ foreach(k 1 2)
   set_property(TEST common.test_comm_gpu.np${k} APPEND PROPERTY ENVIRONMENT
                NCCL_MULTI_RANK_GPU_ENABLE=1)
 endforeach()
+
+# The process grid (issue 8): the layout tables of 8 and 16 ranks on one process, bad grids as
+# UsageErrors, and real grids of every shape of 1, 2 and 4 ranks.
+scalelab_add_test(NAME test_process_grid SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_process_grid.cpp
+                  RANKS 1 2 4 TIMEOUT 120)
+# A bad grid ends a program with exit 2 and one line naming the sizes and the world size.
+add_executable(test_process_grid_bad ${CMAKE_CURRENT_LIST_DIR}/test_process_grid_bad.cpp)
+target_link_libraries(test_process_grid_bad PRIVATE scalelab::common)
+add_dependencies(reference test_process_grid_bad)
+scalelab_expect_exit(common.process_grid.not_the_world.np2 2 - 2
+  "error: process grid: dp 3 x tp 1 x pp 1 = 3 ranks, but the world has 2 ranks"
+  TARGET test_process_grid_bad ARGS --dp 3)
+scalelab_expect_exit(common.process_grid.zero_size.np2 2 - 2
+  "error: process grid: dp, tp and pp must be at least 1, got dp 2 x tp 0 x pp 1 \\(world of 2 ranks\\)"
+  TARGET test_process_grid_bad ARGS --dp 2 --tp 0)
+scalelab_expect_exit(common.process_grid.unknown_order.np2 2 - 2
+  "error: unknown process grid order 'zigzag': use megatron or picotron"
+  TARGET test_process_grid_bad ARGS --dp 2 --order zigzag)
+scalelab_expect_exit(common.process_grid.ok.np4 4 - 0
+  "process grid: dp 2 x tp 2 x pp 1 = 4 ranks, order picotron@@   3   1   1   0  tp1 \\[2 3\\]"
+  TARGET test_process_grid_bad ARGS --dp 2 --tp 2 --order picotron)
+

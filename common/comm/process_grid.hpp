@@ -1,0 +1,148 @@
+#pragma once
+// The 3D process grid of labs 07-10: every rank of the world gets a coordinate (dp, tp, pp) and
+// a communicator for each of its groups.
+//
+//   auto world = comm::Communicator::world("auto");
+//   comm::ProcessGrid grid(world, /*dp=*/2, /*tp=*/2, /*pp=*/2);   // 8 ranks, Megatron order
+//   if (world.rank() == 0) fmt::print("{}", grid.table());
+//   grid.tp().all_reduce(partial_sums);          // the 2 ranks that share one layer's shards
+//   grid.dp().all_reduce(grads, ReduceOp::avg);  // the 2 replicas of this (tp, pp) shard
+//   if (!grid.is_last_stage()) grid.pp().send(activations, grid.next_stage_rank());
+//
+// A group is the set of ranks whose coordinates agree on every axis but one:
+//   tp group   same dp and pp, tp = 0 .. tp-1   (one layer split over tp ranks)
+//   dp group   same tp and pp, dp = 0 .. dp-1   (replicas of the same shard: gradient all-reduce)
+//   pp group   same dp and tp, pp = 0 .. pp-1   (the stages of one pipeline: send/recv)
+//   tp x dp    same pp: the dp*tp ranks that hold one pipeline stage (ZeRO shards over them; the
+//              tied embedding's gradient is summed over them)
+// Inside a group, a rank's group rank is its index on the varying axis: tp().rank() == tp_rank(),
+// dp().rank() == dp_rank(), pp().rank() == pp_rank(), tp_dp().rank() == dp_rank()*tp + tp_rank().
+//
+// Layout: which world rank gets which coordinate (the `order`).
+//   megatron  rank = pp_idx*(dp*tp) + dp_idx*tp + tp_idx       tp innermost, then dp, pp outermost
+//   picotron  rank = dp_idx*(pp*tp) + pp_idx*tp + tp_idx       tp innermost, then pp, dp outermost
+// Why tp goes innermost: ranks r and r+1 are (almost always) on the same node, where GPUs talk
+// over NVLink (hundreds of GB/s) instead of the network (tens of GB/s). Tensor parallelism talks
+// the most: an all-reduce of B*T*C activations twice per block in forward and again in backward,
+// on the critical path. So its groups get the fastest links; a tp group must not span nodes.
+// Megatron-LM puts dp next (one gradient all-reduce per step, overlapped with backward) and pp
+// outermost (only point-to-point activations between neighbouring stages, the least traffic, so
+// it may cross the slowest links). picotron (huggingface/picotron, process_group_manager.py) views
+// torch.arange(world) as a (dp, pp, cp, tp) tensor (cp = context parallel, 1 here): tp is still
+// innermost, but pp comes before dp, so one pipeline's stages are close together and dp replicas
+// are far apart. Both are correct; they differ only in which traffic crosses the slower links.
+//
+// The index math is in free functions (grid_rank, grid_coord, *_group_ranks, grid_table) that
+// need no communicator, so tests can check the tables of 8 or 16 ranks on one process.
+#include <string>
+#include <vector>
+
+#include "common/comm/communicator.hpp"
+
+namespace scalelab::comm {
+
+enum class GridOrder { megatron, picotron };
+
+/// "megatron" or "picotron" (the --grid-order option). Anything else throws UsageError.
+GridOrder parse_grid_order(const std::string& name);
+const char* grid_order_name(GridOrder order);
+
+/// One rank's position in the grid: its index on each axis.
+struct GridCoord {
+  int dp = 0, tp = 0, pp = 0;
+  bool operator==(const GridCoord&) const = default;
+};
+
+/// The sizes of the three axes and the layout.
+struct GridShape {
+  int dp = 1, tp = 1, pp = 1;
+  GridOrder order = GridOrder::megatron;
+  int world_size() const { return dp * tp * pp; }
+};
+
+// ---- pure index math (no communicator) ---------------------------------------------------------
+
+/// Throws UsageError (exit 2) when a size is < 1 or dp*tp*pp != world_size, with one line that
+/// names the sizes and the world size.
+void check_grid(const GridShape& shape, int world_size);
+
+/// The world rank at coordinate `c` (see the layout formulas above).
+int grid_rank(const GridShape& shape, const GridCoord& c);
+/// The coordinate of world rank `rank` (the inverse of grid_rank).
+GridCoord grid_coord(const GridShape& shape, int rank);
+
+/// The world ranks of `rank`'s groups, in group-rank order (see the top of this file).
+std::vector<int> tp_group_ranks(const GridShape& shape, int rank);
+std::vector<int> dp_group_ranks(const GridShape& shape, int rank);
+std::vector<int> pp_group_ranks(const GridShape& shape, int rank);
+std::vector<int> tp_dp_group_ranks(const GridShape& shape, int rank);
+
+/// The number of `rank`'s group among the groups of its kind, counted in the order of their
+/// lowest world rank: tp group 0 holds rank 0, tp group 1 the lowest rank not in tp group 0, ...
+/// It is the split color and the number in the group's name ("tp1", "dp0", "pp3", "tpdp0").
+int tp_group_index(const GridShape& shape, int rank);
+int dp_group_index(const GridShape& shape, int rank);
+int pp_group_index(const GridShape& shape, int rank);
+int tp_dp_group_index(const GridShape& shape, int rank);
+
+/// The group table: a title line, a header, then one line per world rank with its coordinates
+/// and the name and members (world ranks, in group order) of its tp, dp, pp and tp x dp groups:
+///   process grid: dp 2 x tp 2 x pp 2 = 8 ranks, order megatron (rank = pp*4 + dp*2 + tp)
+///   rank  dp  tp  pp  tp group     dp group     pp group     tp x dp group
+///      0   0   0   0  tp0 [0 1]    dp0 [0 2]    pp0 [0 4]    tpdp0 [0 1 2 3]
+std::string grid_table(const GridShape& shape);
+
+// ---- the grid of a running job -----------------------------------------------------------------
+
+class ProcessGrid {
+ public:
+  ProcessGrid() = default;  // not usable
+  /// Lays the ranks of `world` out as dp x tp x pp and splits it into the four kinds of group
+  /// (collective over `world`: every rank calls it with the same arguments). Throws UsageError
+  /// when the sizes do not fit (check_grid).
+  ProcessGrid(const Communicator& world, int dp, int tp, int pp,
+              GridOrder order = GridOrder::megatron);
+
+  const GridShape& shape() const { return shape_; }
+  int dp_size() const { return shape_.dp; }
+  int tp_size() const { return shape_.tp; }
+  int pp_size() const { return shape_.pp; }
+  GridOrder order() const { return shape_.order; }
+
+  /// This rank in `world`, and its coordinates.
+  int rank() const { return rank_; }
+  const GridCoord& coord() const { return coord_; }
+  int dp_rank() const { return coord_.dp; }
+  int tp_rank() const { return coord_.tp; }
+  int pp_rank() const { return coord_.pp; }
+
+  /// The communicators. Names: "tp<i>", "dp<i>", "pp<i>", "tpdp<i>" (i: *_group_index), as the
+  /// watchdog reports, the trace and the byte counters show them.
+  /// (A Communicator is a handle: the copy returned shares the group.)
+  Communicator world() const { return world_; }
+  Communicator tp() const { return tp_; }
+  Communicator dp() const { return dp_; }
+  Communicator pp() const { return pp_; }
+  Communicator tp_dp() const { return tp_dp_; }
+
+  /// The rank in `world` at a coordinate.
+  int world_rank_of(int dp, int tp, int pp) const { return grid_rank(shape_, {dp, tp, pp}); }
+
+  /// Pipeline neighbours as ranks of pp() (== their pp index), -1 past either end:
+  ///   pp().send(x, next_stage_rank()) on every stage but the last.
+  int prev_stage_rank() const { return is_first_stage() ? -1 : coord_.pp - 1; }
+  int next_stage_rank() const { return is_last_stage() ? -1 : coord_.pp + 1; }
+  bool is_first_stage() const { return coord_.pp == 0; }
+  bool is_last_stage() const { return coord_.pp == shape_.pp - 1; }
+
+  /// grid_table(shape()): print it on rank 0.
+  std::string table() const { return grid_table(shape_); }
+
+ private:
+  GridShape shape_;
+  int rank_ = 0;
+  GridCoord coord_;
+  Communicator world_, tp_, dp_, pp_, tp_dp_;
+};
+
+}  // namespace scalelab::comm
