@@ -1,5 +1,5 @@
 # The communication layer: Communicator and its backends (mpi, self, nccl), the process grid,
-# the hang watchdog, the Chrome trace and the bandwidth helpers. The NCCL
+# the byte counters, the hang watchdog, the Chrome trace and the bandwidth helpers. The NCCL
 # backend is compiled only when NCCL is found (SCALELAB_WITH_NCCL); otherwise a stub says "this
 # build has no NCCL".
 target_sources(scalelab_common PRIVATE
@@ -7,6 +7,7 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/watchdog.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm/communicator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm/process_grid.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/comm/stats.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm/bandwidth.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm/backend_mpi.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm/backend_self.cpp)

@@ -243,6 +243,9 @@ Work Communicator::submit(std::shared_ptr<Op> op) const {
   op->watchdog_token = watchdog::enter(s.watchdog_group, detail::op_kind_name(op->kind), op->seq,
                                        op->bytes, !p2p, detail);
   if (trace::enabled()) op->trace_begin_us = trace::now_us();
+  // Communication accounting: every operation the user submits, here and nowhere else (split is
+  // structural, not traffic).
+  if (op->kind != OpKind::split) detail::count_op(s.name, op->kind, op->bytes);
   target->submit(op);
   return Work(op);
 }

@@ -21,7 +21,8 @@
 //   auto  nccl for CUDA tensors when NCCL was compiled in, mpi otherwise.
 //
 // Every operation is registered with the watchdog (common/watchdog.hpp: a hang ends the job with
-// exit 3 and a report) and appears in the Chrome trace (common/trace.hpp) with its bytes. Tensors
+// exit 3 and a report), appears in the Chrome trace (common/trace.hpp) with its bytes, and is
+// counted per group and kind (common/comm/stats.hpp: comm_stats(), format_comm_stats()). Tensors
 // must be contiguous, of any shape, f32, f64 or i32 (no avg for i32). Shapes do not matter, only
 // element counts: a (4, 8) tensor all-gathers into any tensor of 4*8*size elements.
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "common/comm/stats.hpp"
 #include "common/tensor.hpp"
 
 namespace scalelab::comm {

@@ -35,7 +35,7 @@ struct Op {
   int color = 0, key = 0;  // split
   std::int64_t seq = 0;    // the group's sequence number (collectives) or p2p count
   std::string group;       // the communicator's name, for messages
-  std::size_t bytes = 0;   // what the trace and the watchdog show
+  std::size_t bytes = 0;   // the payload (stats.hpp): what the counters, trace and watchdog show
 
   // Result of a split on the mpi backend (owned by the new communicator's backend).
   MPI_Comm split_comm = MPI_COMM_NULL;
@@ -70,6 +70,10 @@ class Backend {
   virtual ~Backend() = default;
   virtual void submit(std::shared_ptr<Op> op) = 0;
 };
+
+/// Adds one call of `kind` with `bytes` of payload to this process's counters (stats.cpp).
+/// Called by Communicator::submit only, on the submitting thread: the one place ops are counted.
+void count_op(const std::string& group, OpKind kind, std::size_t bytes);
 
 // Backend factories (backend_mpi.cpp, backend_self.cpp, backend_nccl*.cpp).
 /// Takes ownership of `comm` (a duplicate made for this communicator).

@@ -82,3 +82,6 @@ scalelab_expect_exit(common.process_grid.ok.np4 4 - 0
   "process grid: dp 2 x tp 2 x pp 1 = 4 ranks, order picotron@@   3   1   1   0  tp1 \\[2 3\\]"
   TARGET test_process_grid_bad ARGS --dp 2 --tp 2 --order picotron)
 
+# Communication accounting (issue 8): calls and payload bytes per group and op, at 1, 2, 4 ranks.
+scalelab_add_test(NAME test_comm_counters SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_comm_counters.cpp
+                  RANKS 1 2 4 TIMEOUT 120)

@@ -1,0 +1,93 @@
+// Communication accounting (stats.hpp): one table per process, guarded by a mutex, filled by
+// Communicator::submit through detail::count_op.
+#include "common/comm/stats.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/comm/op.hpp"
+
+namespace scalelab::comm {
+
+namespace {
+
+std::mutex g_mutex;
+CommStats g_stats;
+
+}  // namespace
+
+namespace detail {
+
+void count_op(const std::string& group, OpKind kind, std::size_t bytes) {
+  std::lock_guard lock(g_mutex);
+  CommCount& c = g_stats[CommKey{group, op_kind_name(kind)}];
+  c.calls += 1;
+  c.bytes += static_cast<std::int64_t>(bytes);
+}
+
+}  // namespace detail
+
+CommStats comm_stats() {
+  std::lock_guard lock(g_mutex);
+  return g_stats;
+}
+
+void reset_comm_stats() {
+  std::lock_guard lock(g_mutex);
+  g_stats.clear();
+}
+
+CommStats operator-(const CommStats& after, const CommStats& before) {
+  CommStats diff;
+  for (const auto& [key, count] : after) {
+    CommCount d = count;
+    auto it = before.find(key);
+    if (it != before.end()) {
+      d.calls -= it->second.calls;
+      d.bytes -= it->second.bytes;
+    }
+    if (d.calls != 0) diff[key] = d;
+  }
+  return diff;
+}
+
+CommCount comm_total(const CommStats& stats, const std::string& group, const std::string& op) {
+  CommCount total;
+  for (const auto& [key, count] : stats) {
+    if (!group.empty() && key.group != group) continue;
+    if (!op.empty() && key.op != op) continue;
+    total.calls += count.calls;
+    total.bytes += count.bytes;
+  }
+  return total;
+}
+
+std::string format_comm_stats(const CommStats& stats) {
+  if (stats.empty()) return "(no communication)\n";
+  const double mib = 1024.0 * 1024.0;
+
+  // Rows as text first, then pad every column to its widest cell.
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"group", "op", "calls", "bytes", "MiB"});
+  for (const auto& [key, count] : stats)
+    rows.push_back({key.group, key.op, fmt::format("{}", count.calls),
+                    fmt::format("{}", count.bytes), fmt::format("{:.2f}", count.bytes / mib)});
+  const CommCount total = comm_total(stats);
+  rows.push_back({"total", "", fmt::format("{}", total.calls), fmt::format("{}", total.bytes),
+                  fmt::format("{:.2f}", total.bytes / mib)});
+
+  std::vector<std::size_t> width(5, 0);
+  for (const auto& row : rows)
+    for (std::size_t k = 0; k < row.size(); ++k) width[k] = std::max(width[k], row[k].size());
+
+  std::string out;
+  for (const auto& row : rows)  // names left-aligned, numbers right-aligned
+    out += fmt::format("{:<{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}\n", row[0], width[0], row[1],
+                       width[1], row[2], width[2], row[3], width[3], row[4], width[4]);
+  return out;
+}
+
+}  // namespace scalelab::comm

@@ -1,0 +1,160 @@
+// Communication accounting (common/comm/stats.hpp) at 1, 2 and 4 ranks, on the mpi and self
+// backends: a known sequence of every collective, blocking and async, send/recv and a split
+// sub-group must give exactly the expected calls and payload bytes per (group, op); rejected calls,
+// split and the matching check (on in tests) count nothing; reset, difference and the table.
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/comm/communicator.hpp"
+#include "common/comm/op.hpp"
+#include "common/comm/process_grid.hpp"
+#include "common/comm/stats.hpp"
+#include "common/errors.hpp"
+#include "common/runtime.hpp"
+
+using namespace scalelab;
+using comm::CommCount;
+using comm::CommStats;
+using comm::Communicator;
+
+namespace {
+
+// Exact comparison with a readable failure: both tables, then the maps themselves.
+void expect_stats(const CommStats& got, const CommStats& want) {
+  EXPECT_EQ(comm::format_comm_stats(got), comm::format_comm_stats(want));
+  EXPECT_TRUE(got == want);
+}
+
+class Counters : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { c = Communicator::world(GetParam()); }
+  Communicator c;
+};
+
+}  // namespace
+
+TEST_P(Counters, KnownSequenceGivesExactCallsAndBytes) {
+  const int n = c.size(), r = c.rank();
+  const std::int64_t N = n;
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  comm::reset_comm_stats();
+
+  // all_reduce: the tensor's bytes. Blocking, then async (counted at submission, before wait).
+  c.all_reduce(Tensor::zeros({10}));                            // 40 B
+  Tensor d = Tensor::zeros({3}, DType::f64);
+  comm::Work w = c.all_reduce_async(d, comm::ReduceOp::max);    // 24 B
+  EXPECT_EQ((comm::comm_stats()[{"world", "all_reduce"}]), (CommCount{2, 64}));
+  w.wait();
+  c.reduce(Tensor::zeros({5}), /*root=*/n - 1);                  // 20 B
+  c.broadcast(Tensor::zeros({7}, DType::i32), /*root=*/0);      // 28 B
+  // all_gather: the output (n x 4 floats); reduce_scatter: the input (n x 6 floats).
+  c.all_gather(Tensor::zeros({4}), Tensor::zeros({4 * N}));
+  c.reduce_scatter_async(Tensor::zeros({6 * N}), Tensor::zeros({6})).wait();
+  // scatter and gather: n x the chunk, on every rank (root or not).
+  c.scatter(Tensor::zeros({2 * N}, DType::f64), Tensor::zeros({2}, DType::f64), /*root=*/0);
+  c.gather(Tensor::zeros({3}), Tensor::zeros({3 * N}), /*root=*/n - 1);
+  c.barrier();
+  c.barrier_async().wait();
+  // send/recv: the message's bytes, around the ring, twice (32 B then 800 B).
+  for (std::int64_t len : {8, 100}) {
+    const DType dt = len == 8 ? DType::f32 : DType::f64;
+    Tensor in = Tensor::zeros({len}, dt);
+    comm::Work rw = c.recv_async(in, left);
+    comm::Work sw = c.send_async(Tensor::zeros({len}, dt), right);
+    sw.wait();
+    rw.wait();
+  }
+  // A sub-group: counted under its own name; the split itself is not counted.
+  Communicator half = c.split(r % 2, r, "half");
+  const std::int64_t H = half.size();
+  half.all_reduce(Tensor::zeros({16}));
+  half.all_reduce_async(Tensor::zeros({16})).wait();
+  half.all_gather(Tensor::zeros({1}), Tensor::zeros({H}));
+  // Rejected calls count nothing: an undefined tensor, a root outside the group, a bad peer.
+  EXPECT_THROW(c.all_reduce(Tensor()), CheckFailed);
+  EXPECT_THROW(c.broadcast(Tensor::zeros({1}), n), CheckFailed);
+  EXPECT_THROW(c.send(Tensor::zeros({1}), -1), CheckFailed);
+
+  const CommStats want = {
+      {{"world", "all_reduce"}, {2, 40 + 24}},
+      {{"world", "reduce"}, {1, 20}},
+      {{"world", "broadcast"}, {1, 28}},
+      {{"world", "all_gather"}, {1, 16 * N}},
+      {{"world", "reduce_scatter"}, {1, 24 * N}},
+      {{"world", "scatter"}, {1, 16 * N}},
+      {{"world", "gather"}, {1, 12 * N}},
+      {{"world", "barrier"}, {2, 0}},
+      {{"world", "send"}, {2, 32 + 800}},
+      {{"world", "recv"}, {2, 32 + 800}},
+      {{"half", "all_reduce"}, {2, 128}},
+      {{"half", "all_gather"}, {1, 4 * H}},
+  };
+  const CommStats got = comm::comm_stats();
+  expect_stats(got, want);
+  EXPECT_EQ(comm::comm_total(got, "half"), (CommCount{3, 128 + 4 * H}));
+  EXPECT_EQ(comm::comm_total(got, "", "all_reduce"), (CommCount{4, 64 + 128}));
+  EXPECT_EQ(comm::comm_total(got).calls, 17);
+
+  // Reset: empty, then counting starts again from zero.
+  comm::reset_comm_stats();
+  EXPECT_TRUE(comm::comm_stats().empty());
+  c.barrier();
+  expect_stats(comm::comm_stats(), {{{"world", "barrier"}, {1, 0}}});
+
+  // The traffic between two snapshots.
+  const CommStats before = comm::comm_stats();
+  c.all_reduce(Tensor::zeros({10}));
+  expect_stats(comm::comm_stats() - before, {{{"world", "all_reduce"}, {1, 40}}});
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Counters, testing::Values("mpi", "self"),
+                         [](const testing::TestParamInfo<std::string>& p) { return p.param; });
+
+TEST(CountersGrid, GridGroupsAreCountedUnderTheirNames) {
+  auto world = Communicator::world("mpi");
+  const int n = world.size();
+  // dp x tp = n x 1 at 1 or 2 ranks, 2 x 2 at 4.
+  const int tp = n == 4 ? 2 : 1, dp = n / tp;
+  comm::reset_comm_stats();
+  comm::ProcessGrid grid(world, dp, tp, 1);
+  EXPECT_TRUE(comm::comm_stats().empty()) << "building the grid (splits) counts nothing";
+
+  grid.tp().all_reduce(Tensor::zeros({8}));            // 32 B
+  grid.dp().all_reduce(Tensor::zeros({8}, DType::f64));  // 64 B
+  grid.dp().all_reduce(Tensor::zeros({8}, DType::f64));
+  grid.tp_dp().reduce_scatter(Tensor::zeros({2 * static_cast<std::int64_t>(n)}), Tensor::zeros({2}));
+  const CommStats want = {
+      {{grid.tp().name(), "all_reduce"}, {1, 32}},
+      {{grid.dp().name(), "all_reduce"}, {2, 128}},
+      {{grid.tp_dp().name(), "reduce_scatter"}, {1, 8 * static_cast<std::int64_t>(n)}},
+  };
+  expect_stats(comm::comm_stats(), want);
+  EXPECT_EQ(grid.tp().name(), fmt::format("tp{}", comm::tp_group_index(grid.shape(), grid.rank())));
+}
+
+TEST(CountersTable, FormatsOneLinePerGroupAndOpAndATotal) {
+  const CommStats stats = {
+      {{"world", "barrier"}, {1, 0}},
+      {{"tp0", "all_reduce"}, {24, 3145728}},
+  };
+  EXPECT_EQ(comm::format_comm_stats(stats),
+            "group  op          calls    bytes   MiB\n"
+            "tp0    all_reduce     24  3145728  3.00\n"
+            "world  barrier         1        0  0.00\n"
+            "total                 25  3145728  3.00\n");
+  EXPECT_EQ(comm::format_comm_stats({}), "(no communication)\n");
+}
+
+TEST(CountersThreads, ConcurrentCountingLosesNothing) {
+  comm::reset_comm_stats();
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([] {
+      for (int i = 0; i < 10000; ++i) comm::detail::count_op("threads", comm::detail::OpKind::send, 3);
+    });
+  for (auto& t : threads) t.join();
+  expect_stats(comm::comm_stats(), {{{"threads", "send"}, {40000, 120000}}});
+  comm::reset_comm_stats();
+}
