@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     cli::add_run_options(options);
     lab02::TrainConfig d;
     options.add_options("train")
-        ("config", "model: tiny, small or gpt-85m", cxxopts::value<std::string>()->default_value("small"))
+        ("model", "model config: " + fmt::format("{}", fmt::join(model_config_names(), ", ")), cxxopts::value<std::string>()->default_value("small"))
         ("data", "corpus directory (train.bin, val.bin) or a text file", cxxopts::value<std::string>()->default_value(data::default_data_dir()))
         ("steps", "training steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.steps)))
         ("batch", "batch size (sequences)", cxxopts::value<int64_t>()->default_value("16"))
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(world_size() == 1, "lab 02 trains on one device: run it on 1 rank, not {}",
                      world_size());
 
-    const ModelConfig config = model_config(r["config"].as<std::string>());
+    const ModelConfig config = model_config(r["model"].as<std::string>());
     lab02::TrainConfig tc;
     tc.steps = r["steps"].as<int64_t>();
     tc.max_lr = r["lr"].as<double>();
