@@ -4,14 +4,6 @@
 
 namespace scalelab::data {
 
-Batch Batch::shard(int rank, int world) const {
-  const int64_t B = batch_size();
-  SCALELAB_REQUIRE(world > 0 && B % world == 0, "a batch of {} does not split over {} ranks", B,
-                   world);
-  const int64_t b = B / world;
-  return rows(rank * b, (rank + 1) * b);
-}
-
 Sampler::Sampler(const std::vector<uint16_t>& tokens, int64_t global_batch, int64_t block_size,
                  uint64_t seed)
     : tokens_(tokens), batch_(global_batch), T_(block_size), seed_(seed) {

@@ -1,11 +1,11 @@
 #pragma once
 // Batches drawn from (seed, step), never from a stream's position: the GLOBAL batch of a step is
 // the same whatever the number of ranks, so every parallel lab sees exactly the single-device
-// data. Rank r of a data-parallel group takes rows [r*b, (r+1)*b) of it, and micro-batches are
-// row slices again (Batch::rows).
+// data. Which rows of it a rank or a micro-batch takes is the labs' business (lab 03 step 2,
+// lab 05 step 1): Batch::rows is the view they take them with.
 //
 //   data::Sampler train(tokens, /*global_batch=*/16, /*T=*/64, seed);
-//   data::Batch mine = train.batch(step).rows(rank * 4, rank * 4 + 4);
+//   data::Batch first_half = train.batch(step).rows(0, 8);
 #include <cstdint>
 #include <vector>
 
@@ -18,8 +18,6 @@ struct Batch {
   Tensor x, y;
   /// Rows [begin, end) of both: a view.
   Batch rows(int64_t begin, int64_t end) const { return {x.rows(begin, end), y.rows(begin, end)}; }
-  /// This rank's share of a global batch: rows [rank * B/world, (rank + 1) * B/world).
-  Batch shard(int rank, int world) const;
   /// Both on `device` (a copy).
   Batch to(Device device) const { return {x.to(device), y.to(device)}; }
   int64_t batch_size() const { return x.size(0); }

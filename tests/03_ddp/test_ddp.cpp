@@ -99,24 +99,29 @@ TEST(Step1_PlantedFault, NoBroadcastIsCaught) {
 // ---- Step 2: this rank's rows ----------------------------------------------------------------
 
 TEST(Step2_LocalBatch, RowsOfThisRankAsAView) {
-  EXPECT_TRUE(rows_of_every_rank([](const data::Batch& global, int r, int world_size) {
+  const auto local_batch = [](const data::Batch& global, int r, int world_size) {
     return lab03::local_batch(global, r, world_size);
-  }));
+  };
+  EXPECT_TRUE(rows_of_every_rank(local_batch));
 }
 
 TEST(Step2_PlantedFault, WrongRowsAreCaught) {
   // fault: rank r takes the rows of rank r + 1 (every row is used once, but by the wrong rank)
-  EXPECT_FALSE(rows_of_every_rank([](const data::Batch& global, int r, int world_size) {
+  const auto next_ranks_rows = [](const data::Batch& global, int r, int world_size) {
     return labtest::rank_rows(global, (r + 1) % world_size, world_size);
-  })) << "the check of Step2_LocalBatch must fail when a rank takes another rank's rows";
+  };
+  EXPECT_FALSE(rows_of_every_rank(next_ranks_rows))
+      << "the check of Step2_LocalBatch must fail when a rank takes another rank's rows";
 }
 
 TEST(Step2_PlantedFault, CopyInsteadOfViewIsCaught) {
   // fault: the right rows, copied
-  EXPECT_FALSE(rows_of_every_rank([](const data::Batch& global, int r, int world_size) {
+  const auto copied_rows = [](const data::Batch& global, int r, int world_size) {
     const data::Batch rows = labtest::rank_rows(global, r, world_size);
     return data::Batch{rows.x.clone(), rows.y.clone()};
-  })) << "the check of Step2_LocalBatch must fail when the rows are a copy";
+  };
+  EXPECT_FALSE(rows_of_every_rank(copied_rows))
+      << "the check of Step2_LocalBatch must fail when the rows are a copy";
 }
 
 TEST(Step2_LocalBatch, BadSplitsAreUsageErrors) {
