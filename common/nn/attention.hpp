@@ -5,9 +5,8 @@
 //
 // Tensor parallel (lab 07): with tp_size > 1 this layer keeps heads [r*NH/tp, (r+1)*NH/tp) only:
 // the q, k and v rows of those heads in the QKV weight (column parallel) and the matching
-// columns of the output projection (row parallel). Its output is then a PARTIAL sum that the
-// caller all-reduces; the projection's bias is whole on every rank, so the caller must add it
-// once (e.g. zero it on all ranks but one).
+// columns of the output projection (row parallel). Its output is then a PARTIAL sum, without the
+// projection's bias: the caller all-reduces it and then adds the bias once (proj.add_bias).
 #include <string>
 #include <vector>
 

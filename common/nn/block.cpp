@@ -23,11 +23,13 @@ Block::Block(int i, int64_t n_embd, int64_t n_head, int64_t n_layer, int tp_rank
       ln2(prefix(i) + ".ln2", n_embd),
       mlp(prefix(i) + ".mlp", n_embd, n_layer, tp_rank, tp_size) {}
 
-Tensor Block::forward(const Tensor& x) {
+Tensor Block::forward(const Tensor& x, BlockActivations& a) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const DType dt = x.dtype();
   const Device dev = x.device();
-  BlockActivations& a = acts_;
+  SCALELAB_CHECK(ln1.weight.value.defined(), "block {}'s parameters are released: gather them "
+                 "before its forward (ZeRO-3)", index);
+  a.reset();
   a.ln1 = Tensor::empty({B, T, C}, dt, dev);
   a.ln1_mean = Tensor::empty({B * T}, dt, dev);
   a.ln1_rstd = Tensor::empty({B * T}, dt, dev);
@@ -36,7 +38,8 @@ Tensor Block::forward(const Tensor& x) {
   {
     Tensor attn_out = Tensor::empty({B, T, C}, dt, dev);
     attn.forward(attn_out, a.ln1, a.attn);
-    if (reduce_forward) reduce_forward(attn_out);
+    if (reduce_forward) reduce_forward(attn_out);  // g: sum the heads' partial outputs
+    if (attn.proj.row_parallel()) attn.proj.add_bias(attn_out);  // once, after g
     ops::add(a.res2, x, attn_out);
   }
   a.ln2 = Tensor::empty({B, T, C}, dt, dev);
@@ -46,14 +49,20 @@ Tensor Block::forward(const Tensor& x) {
   Tensor out = Tensor::empty({B, T, C}, dt, dev);
   mlp.forward(out, a.ln2, a.mlp);
   if (reduce_forward) reduce_forward(out);
+  if (mlp.proj.row_parallel()) mlp.proj.add_bias(out);
   ops::add(out, out, a.res2);
   return out;
 }
 
-Tensor Block::backward(const Tensor& dout, const Tensor& x, const BackwardHook* hook) {
-  SCALELAB_CHECK(has_activations(), "block {} backward without activations (forward first, or "
-                 "recompute after free_activations)", index);
-  const BlockActivations& a = acts_;
+Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivations& a,
+                       const BackwardHook* hook) {
+  SCALELAB_CHECK(a.defined(), "block {} backward without activations (forward first, or "
+                 "recompute them after reset())", index);
+  SCALELAB_CHECK(a.attn.att.defined() && a.mlp.g.defined(), "block {} backward without its "
+                 "attention probabilities or GELU output (recompute the selective pieces first)",
+                 index);
+  SCALELAB_CHECK(ln1.weight.value.defined() && ln1.weight.grad.defined(), "block {}'s parameters "
+                 "or gradients are released: bind them before its backward (ZeRO-2/3)", index);
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const DType dt = x.dtype();
   const Device dev = x.device();

@@ -1,9 +1,12 @@
 #pragma once
 // One pre-LayerNorm transformer block (GPT-2):
 //   x -> x + attn(ln1(x)) = r -> r + mlp(ln2(r))
-// Its activations are one separate set of allocations, owned by the block: free_activations()
-// releases them (activation checkpointing keeps only the block's input and calls forward again
-// before backward), and has_activations() says whether backward can run.
+//
+// The block keeps NO activations: forward fills a BlockActivations the caller owns, and backward
+// reads it. So one block can have several forwards in flight (a pipeline stage runs F(0) F(1)
+// F(2) B(0) F(3) B(1) ... with one BlockActivations per micro-batch), and activation
+// checkpointing frees one (reset()) and fills it again by calling forward on the same input.
+// Every tensor in it is its own allocation, counted by the allocator.
 #include <functional>
 #include <string>
 #include <vector>
@@ -14,13 +17,17 @@
 
 namespace scalelab::nn {
 
+/// What one forward of a Block saves for its backward.
 struct BlockActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // (B, T, C), (B*T), (B*T)
   AttentionActivations attn;
   Tensor res2;                     // (B, T, C): x + attn(ln1(x))
   Tensor ln2, ln2_mean, ln2_rstd;
   MLPActivations mlp;
+  /// Frees every tensor (their bytes go back to the allocator).
   void reset() { *this = BlockActivations{}; }
+  /// True when forward filled it (backward can run; selective pieces may still be missing).
+  bool defined() const { return res2.defined(); }
   /// Bytes held (for memory tables).
   std::size_t nbytes() const;
 };
@@ -29,21 +36,20 @@ class Block {
  public:
   Block(int index, int64_t n_embd, int64_t n_head, int64_t n_layer, int tp_rank = 0,
         int tp_size = 1);
-  /// Returns the block's output (B, T, C), a new allocation; saves activations.
-  Tensor forward(const Tensor& x);
-  /// Returns dx (B, T, C) (a new allocation) from dout; accumulates parameter gradients. Needs
-  /// the activations of the forward on this same x.
-  Tensor backward(const Tensor& dout, const Tensor& x, const BackwardHook* hook = nullptr);
-  void free_activations() { acts_.reset(); }
-  bool has_activations() const { return acts_.res2.defined(); }
-  const BlockActivations& activations() const { return acts_; }
-  /// Writable: selective recomputation (lab 06) puts recomputed tensors back before backward.
-  BlockActivations& activations() { return acts_; }
+  /// Returns the block's output (B, T, C), a new allocation, and fills `acts` (any previous
+  /// contents are released first).
+  Tensor forward(const Tensor& x, BlockActivations& acts) const;
+  /// Returns dx (B, T, C) (a new allocation) from dout; accumulates (+=) parameter gradients.
+  /// `acts` must come from forward(x, acts) on this same x. Calls `hook` as each layer's
+  /// gradients become final.
+  Tensor backward(const Tensor& dout, const Tensor& x, const BlockActivations& acts,
+                  const BackwardHook* hook = nullptr);
   std::vector<Parameter*> parameters();
 
-  /// Tensor parallel: applied to the attention and MLP outputs before the residual add (the
-  /// all-reduce of partial sums: the "g" operator), and to the gradients flowing out of the
-  /// column-parallel inputs (the backward of the "f" operator). Unset: identity.
+  /// Tensor parallel (lab 07): the "g" operator, applied to the attention and MLP partial sums
+  /// before their (row-parallel) biases and the residual add (an all-reduce), and the backward
+  /// of the "f" operator, applied to the gradients flowing out of the column-parallel inputs (an
+  /// all-reduce). Unset: identity (tp = 1).
   std::function<void(Tensor&)> reduce_forward, reduce_backward;
 
   int index;
@@ -51,9 +57,6 @@ class Block {
   CausalSelfAttention attn;
   LayerNorm ln2;
   MLP mlp;
-
- private:
-  BlockActivations acts_;
 };
 
 }  // namespace scalelab::nn

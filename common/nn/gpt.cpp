@@ -15,18 +15,22 @@ GPT::GPT(const ModelConfig& config, const GPTOptions& options)
   SCALELAB_CHECK(0 <= first_ && first_ <= last_ && last_ <= config.n_layer,
                  "blocks [{}, {}) outside a {}-layer model", first_, last_, config.n_layer);
   std::vector<Parameter*> order;
+  std::vector<std::pair<std::string, std::size_t>> units;  // (name, number of parameters)
   if (has_embedding()) {
     embedding.emplace(config.vocab_size, config.block_size, config.n_embd);
     for (Parameter* p : embedding->parameters()) order.push_back(p);
+    units.emplace_back("embedding", embedding->parameters().size());
   }
   for (int i = first_; i < last_; ++i) {
     blocks_.push_back(std::make_unique<Block>(i, config.n_embd, config.n_head, config.n_layer,
                                               options.tp_rank, options.tp_size));
     for (Parameter* p : blocks_.back()->parameters()) order.push_back(p);
+    units.emplace_back("blocks." + std::to_string(i), blocks_.back()->parameters().size());
   }
   if (has_head()) {
     ln_f.emplace("ln_f", config.n_embd);
     for (Parameter* p : ln_f->parameters()) order.push_back(p);
+    units.emplace_back("head", ln_f->parameters().size());
     if (!has_embedding()) {
       // a pipeline's last stage holds its own copy of the tied weight, drawn like wte
       lm_head.emplace();
@@ -35,41 +39,71 @@ GPT::GPT(const ModelConfig& config, const GPTOptions& options)
       lm_head->full_shape = {config.vocab_size, config.n_embd};
       lm_head->weight_decay = true;
       order.push_back(&*lm_head);
+      units.back().second += 1;
     }
   }
-  params_.bind(order, options.dtype, options.device, options.seed);
+  params_.bind(order, options.dtype, options.device, options.seed, units, options.storage,
+               options.on_init);
+}
+
+std::size_t GPT::embedding_unit() const {
+  SCALELAB_CHECK(has_embedding(), "this stage has no embedding");
+  return 0;
+}
+std::size_t GPT::block_unit(int i) const {
+  SCALELAB_CHECK(first_ <= i && i < last_, "block {} outside this model's [{}, {})", i, first_,
+                 last_);
+  return (has_embedding() ? 1 : 0) + static_cast<std::size_t>(i - first_);
+}
+std::size_t GPT::head_unit() const {
+  SCALELAB_CHECK(has_head(), "this stage has no head");
+  return params_.units().size() - 1;
+}
+
+void GPT::need_values(std::size_t u) const {
+  SCALELAB_CHECK(params_.values_bound(u), "the values of unit '{}' are released: gather them "
+                 "before its forward or backward (ZeRO-3)", params_.units()[u].name);
+}
+
+void GPT::need_grads(std::size_t u) {
+  if (!params_.grads_bound(u)) params_.bind_grads(u);
 }
 
 const Tensor& GPT::head_weight() const { return lm_head ? lm_head->value : embedding->wte.value; }
 Tensor& GPT::head_grad() { return lm_head ? lm_head->grad : embedding->wte.grad; }
 
-Tensor GPT::embed(const Tensor& tokens) {
+Tensor GPT::embed(const Tensor& tokens, GPTActivations& acts) const {
   SCALELAB_CHECK(has_embedding(), "embed() on a stage without the embedding");
   SCALELAB_CHECK(tokens.dim() == 2 && tokens.size(1) <= config_.block_size,
                  "tokens {} longer than the context of {}", tokens.str(), config_.block_size);
-  tokens_ = tokens;
+  need_values(embedding_unit());
+  acts.tokens = tokens;
   Tensor x = Tensor::empty({tokens.size(0), tokens.size(1), config_.n_embd}, options_.dtype,
                            options_.device);  // (B, T, C)
   embedding->forward(x, tokens);
   return x;
 }
 
-Tensor GPT::forward_blocks(const Tensor& x) {
-  block_inputs_.assign(blocks_.size(), Tensor());
+Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
+  acts.inputs.assign(blocks_.size(), Tensor());
+  acts.blocks.assign(blocks_.size(), BlockActivations());
   Tensor h = x;
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    block_inputs_[i] = h;
-    h = blocks_[i]->forward(h);
+    need_values(block_unit(first_ + static_cast<int>(i)));
+    acts.inputs[i] = h;
+    h = blocks_[i]->forward(h, acts.blocks[i]);
   }
   return h;
 }
 
-double GPT::head_forward(const Tensor& x, const Tensor& targets) {
+double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const {
   SCALELAB_CHECK(has_head(), "head_forward() on a stage without the head");
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), V = config_.vocab_size;
   const DType dt = options_.dtype;
   const Device dev = options_.device;
-  HeadActivations& h = head_;
+  need_values(head_unit());
+  if (!lm_head) need_values(embedding_unit());  // the tied wte
+  HeadActivations& h = acts.head;
   h.x = x;
   h.targets = targets;
   h.lnf = Tensor::empty({B, T, C}, dt, dev);
@@ -84,15 +118,22 @@ double GPT::head_forward(const Tensor& x, const Tensor& targets) {
   return ops::sum(losses) / static_cast<double>(B * T);
 }
 
-Tensor GPT::head_backward(double loss_scale) {
-  HeadActivations& h = head_;
+Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
+  HeadActivations& h = acts.head;
   SCALELAB_CHECK(h.probs.defined(), "head_backward() without head_forward()");
   const int64_t B = h.x.size(0), T = h.x.size(1), C = h.x.size(2), V = config_.vocab_size;
   const DType dt = options_.dtype;
   const Device dev = options_.device;
+  need_values(head_unit());
+  need_grads(head_unit());
+  if (!lm_head) {  // the head writes the tied wte's gradient first
+    need_values(embedding_unit());
+    need_grads(embedding_unit());
+  }
   Tensor dlogits = Tensor::empty({B * T, V}, dt, dev);
   ops::cross_entropy_backward(dlogits, h.probs, h.targets.view({B * T}),
                               loss_scale / static_cast<double>(B * T));
+  h.probs = Tensor();  // used up: the (B*T, V) probabilities are the biggest activation
   Tensor dlnf = Tensor::zeros({B, T, C}, dt, dev);
   Tensor dlnf2 = dlnf.view({B * T, C});
   ops::matmul(dlnf2, dlogits, head_weight());                            // dlnf = dlogits @ W
@@ -101,47 +142,61 @@ Tensor GPT::head_backward(double loss_scale) {
   Tensor dx = Tensor::zeros({B, T, C}, dt, dev);
   ln_f->backward(dx, dlnf, h.x, h.lnf_mean, h.lnf_rstd);
   fire(ln_f->parameters());
+  h.reset();
   return dx;
 }
 
-Tensor GPT::backward_blocks(const Tensor& dout) {
-  SCALELAB_CHECK(block_inputs_.size() == blocks_.size(), "backward_blocks() without forward_blocks()");
+Tensor GPT::backward_blocks(const Tensor& dout, GPTActivations& acts) {
+  SCALELAB_CHECK(acts.blocks.size() == blocks_.size() && acts.inputs.size() == blocks_.size(),
+                 "backward_blocks() with activations of {} blocks; this model has {} (run "
+                 "forward_blocks first)", acts.blocks.size(), blocks_.size());
   const BackwardHook* hook = hook_ ? &hook_ : nullptr;
   Tensor d = dout;
-  for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i)
-    d = blocks_[i]->backward(d, block_inputs_[i], hook);
+  for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i) {
+    need_values(block_unit(first_ + i));
+    need_grads(block_unit(first_ + i));
+    d = blocks_[i]->backward(d, acts.inputs[i], acts.blocks[i], hook);
+    acts.blocks[i].reset();  // used up: memory falls as backward proceeds
+    acts.inputs[i] = Tensor();
+  }
+  acts.blocks.clear();
+  acts.inputs.clear();
   return d;
 }
 
-void GPT::embed_backward(const Tensor& dx) {
-  SCALELAB_CHECK(tokens_.defined(), "embed_backward() without embed()");
-  embedding->backward(dx, tokens_);
+void GPT::embed_backward(const Tensor& dx, GPTActivations& acts) {
+  SCALELAB_CHECK(acts.tokens.defined(), "embed_backward() without embed()");
+  need_grads(embedding_unit());
+  embedding->backward(dx, acts.tokens);
+  acts.tokens = Tensor();
   fire(embedding->parameters());  // wte is final only now: the head wrote to it first
 }
 
-double GPT::forward(const Tensor& tokens, const Tensor& targets) {
+double GPT::forward(const Tensor& tokens, const Tensor& targets, GPTActivations& acts) {
   SCALELAB_CHECK(has_embedding() && has_head(), "forward() needs the whole model; a stage "
                  "runs embed / forward_blocks / head_forward");
   SCALELAB_CHECK(targets.shape() == tokens.shape(), "targets {} vs tokens {}", targets.str(),
                  tokens.str());
   trace::Scope scope("forward");
-  return head_forward(forward_blocks(embed(tokens)), targets);
+  acts.reset();  // a second forward into the same object replaces the first
+  return head_forward(forward_blocks(embed(tokens, acts), acts), targets, acts);
 }
 
-void GPT::backward(double loss_scale) {
+void GPT::backward(GPTActivations& acts, double loss_scale) {
   trace::Scope scope("backward");
-  Tensor dx = backward_blocks(head_backward(loss_scale));
-  embed_backward(dx);
+  Tensor dx = backward_blocks(head_backward(acts, loss_scale), acts);
+  embed_backward(dx, acts);
 }
 
 Tensor GPT::logits(const Tensor& tokens) {
   SCALELAB_CHECK(has_embedding() && has_head(), "logits() needs the whole model");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.n_embd,
                 V = config_.vocab_size;
-  Tensor x = embed(tokens);
+  GPTActivations scratch;  // each block's activations are dropped as soon as it is done
+  Tensor x = embed(tokens, scratch);
   for (auto& b : blocks_) {
-    x = b->forward(x);
-    b->free_activations();
+    BlockActivations a;
+    x = b->forward(x, a);
   }
   Tensor lnf = Tensor::empty({B, T, C}, options_.dtype, options_.device);
   Tensor mean = Tensor::empty({B * T}, options_.dtype, options_.device);
@@ -150,7 +205,6 @@ Tensor GPT::logits(const Tensor& tokens) {
   Tensor out = Tensor::empty({B, T, V}, options_.dtype, options_.device);
   Tensor out2 = out.view({B * T, V});
   ops::matmul(out2, lnf.view({B * T, C}), head_weight(), false, true);
-  tokens_ = Tensor();
   return out;
 }
 
@@ -163,19 +217,12 @@ double GPT::loss(const Tensor& tokens, const Tensor& targets) {
   return ops::sum(losses) / static_cast<double>(N);
 }
 
-void GPT::free_activations() {
-  for (auto& b : blocks_) b->free_activations();
-  block_inputs_.clear();
-  head_.reset();
-  tokens_ = Tensor();
-}
-
-std::size_t GPT::activation_bytes() const {
+std::size_t GPTActivations::nbytes() const {
   std::size_t n = 0;
-  for (const auto& b : blocks_) n += b->activations().nbytes();
-  for (const Tensor& t : block_inputs_)
+  for (const BlockActivations& b : blocks) n += b.nbytes();
+  for (const Tensor& t : inputs)
     if (t.defined()) n += t.nbytes();
-  for (const Tensor* t : {&head_.x, &head_.lnf, &head_.lnf_mean, &head_.lnf_rstd, &head_.probs})
+  for (const Tensor* t : {&head.x, &head.lnf, &head.lnf_mean, &head.lnf_rstd, &head.probs})
     if (t->defined()) n += t->nbytes();
   return n;
 }

@@ -2,21 +2,28 @@
 // GPT (nanoGPT / GPT-2 shape): token + position embedding, n_layer Blocks, a final LayerNorm and a
 // LM head tied to the token embedding, trained with cross-entropy.
 //
-// Built for the later labs (design.md "common/"):
+// Built for the later labs:
 //  - parameters and gradients are views into one flat buffer each (params().values()/grads()),
 //    in a stable order: wte, wpe, blocks.0..., ln_f (and lm_head.weight if untied);
 //  - set_backward_hook() is called as each layer's gradients become final (DDP overlap);
-//  - every block's activations are its own allocations (block(i).free_activations(), then
-//    block(i).forward(block_input(i)) recomputes them: activation checkpointing);
+//  - activations belong to a forward CALL, not to the model: every forward fills a
+//    GPTActivations the caller owns and backward consumes it (frees each block's activations once
+//    its backward is done). A pipeline stage keeps one per micro-batch in flight; checkpointing
+//    resets a block's entry and calls block(i).forward(acts.inputs[i], acts.blocks[i]) again;
 //  - a GPT can hold blocks [first_block, last_block) only (a pipeline stage): the embedding lives
 //    on the stage with block 0, the head on the stage with the last block;
 //  - tp_size > 1 keeps a 1/tp share of every block's heads and MLP (tensor parallel; see
-//    attention.hpp for what the caller must reduce).
+//    attention.hpp and Block::reduce_forward for what the caller must reduce).
 //
 //   nn::GPT model(model_config("tiny"), {.device = Device::cpu(), .seed = 1});
-//   double loss = model.forward(tokens, targets);   // tokens, targets (B, T) i32
-//   model.zero_grad(); ... model.backward();         // grads in model.params().grads()
+//   nn::GPTActivations acts;
+//   double loss = model.forward(tokens, targets, acts);  // tokens, targets (B, T) i32
+//   model.zero_grad(); model.backward(acts);              // grads in model.params().grads()
+//
+// A plain training loop may use forward(tokens, targets) / backward() instead: they use one
+// GPTActivations owned by the model (activations()), for code that has one batch in flight.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -35,6 +42,13 @@ struct GPTOptions {
   int first_block = 0;
   int last_block = -1;  // -1: n_layer
   int tp_rank = 0, tp_size = 1;
+  /// Flat buffers (default), or per-unit value / gradient storage and padding for ZeRO (see
+  /// ParameterSet). Units: "embedding" (wte, wpe), "blocks.i", "head" (ln_f, and lm_head.weight
+  /// on a stage without the embedding).
+  StorageOptions storage = {};
+  /// Called with each unit's initial values as they are drawn (per-unit values: the only time a
+  /// rank holds them all; keep your shard here).
+  std::function<void(const Unit&, const Tensor& values)> on_init = {};
 };
 
 /// What the head saves for backward.
@@ -44,6 +58,20 @@ struct HeadActivations {
   Tensor probs;                    // (B*T, V) softmax of the logits
   Tensor targets;                  // (B, T) i32
   void reset() { *this = HeadActivations{}; }
+};
+
+/// Everything one forward of a GPT (or of a stage: blocks [first_block, last_block)) saves for
+/// its backward. Entry i of `inputs` and `blocks` belongs to block first_block + i.
+struct GPTActivations {
+  Tensor tokens;                         // (B, T) i32, saved by embed (first stage)
+  std::vector<Tensor> inputs;            // (B, T, C) the input of each block
+  std::vector<BlockActivations> blocks;  // what each block saved (reset: checkpointed)
+  HeadActivations head;                  // saved by head_forward (last stage)
+  /// Frees everything.
+  void reset() { *this = GPTActivations{}; }
+  /// Bytes held now: every block's activations and input, and the head's (its input, ln_f's
+  /// output and statistics, the probabilities). Tokens are not counted.
+  std::size_t nbytes() const;
 };
 
 class GPT {
@@ -67,25 +95,39 @@ class GPT {
   void set_backward_hook(BackwardHook hook) { hook_ = std::move(hook); }
 
   // ---- the whole model (a GPT holding every block) ----
-  /// Mean cross-entropy of predicting targets (B, T) from tokens (B, T); keeps activations.
-  double forward(const Tensor& tokens, const Tensor& targets);
-  /// Gradients of loss_scale * (the mean loss of the last forward), accumulated (+=).
-  void backward(double loss_scale = 1.0);
+  /// Mean cross-entropy of predicting targets (B, T) from tokens (B, T); fills `acts`.
+  double forward(const Tensor& tokens, const Tensor& targets, GPTActivations& acts);
+  /// Gradients of loss_scale * (the mean loss of the forward that filled `acts`), accumulated
+  /// (+=). Consumes `acts`: each part is freed as soon as its backward is done.
+  void backward(GPTActivations& acts, double loss_scale = 1.0);
+  /// The same with the model's own GPTActivations (activations()): one batch in flight.
+  double forward(const Tensor& tokens, const Tensor& targets) {
+    return forward(tokens, targets, acts_);
+  }
+  void backward(double loss_scale = 1.0) { backward(acts_, loss_scale); }
 
   // ---- the pieces (pipeline stages, checkpointing, tensor parallel drivers) ----
-  /// (B, T, C) embeddings of tokens (B, T). Needs has_embedding().
-  Tensor embed(const Tensor& tokens);
-  /// Runs blocks [first, last) on x (B, T, C), keeping each block's input; returns the output.
-  Tensor forward_blocks(const Tensor& x);
-  /// ln_f, logits, loss: the mean cross-entropy. Needs has_head().
-  double head_forward(const Tensor& x, const Tensor& targets);
-  /// Returns the gradient w.r.t. the head's input x (B, T, C) of loss_scale * mean loss.
-  Tensor head_backward(double loss_scale = 1.0);
-  /// Back through blocks [first, last) from the gradient of their output; returns the gradient
-  /// w.r.t. their input.
-  Tensor backward_blocks(const Tensor& dout);
+  /// (B, T, C) embeddings of tokens (B, T); saves the tokens in acts. Needs has_embedding().
+  Tensor embed(const Tensor& tokens, GPTActivations& acts) const;
+  /// Runs blocks [first, last) on x (B, T, C), saving each block's input and activations in
+  /// acts; returns the output of the last one.
+  Tensor forward_blocks(const Tensor& x, GPTActivations& acts) const;
+  /// ln_f, logits, loss: the mean cross-entropy; saves the head's activations. Needs has_head().
+  double head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const;
+  /// Returns the gradient w.r.t. the head's input x (B, T, C) of loss_scale * mean loss;
+  /// accumulates the head's gradients and frees acts.head.
+  Tensor head_backward(GPTActivations& acts, double loss_scale = 1.0);
+  /// Back through blocks [first, last) from the gradient of their output, freeing each block's
+  /// activations and input after its backward; returns the gradient w.r.t. their input.
+  Tensor backward_blocks(const Tensor& dout, GPTActivations& acts);
   /// Accumulates wte/wpe gradients from the gradient of the embeddings (B, T, C).
-  void embed_backward(const Tensor& dx);
+  void embed_backward(const Tensor& dx, GPTActivations& acts);
+
+  // ---- units (ZeRO) ----
+  /// Unit index of the embedding / of block i / of the head in params().units().
+  std::size_t embedding_unit() const;
+  std::size_t block_unit(int i) const;
+  std::size_t head_unit() const;
 
   /// Logits (B, T, V) of tokens (B, T), keeping no activations (generation, evaluation).
   Tensor logits(const Tensor& tokens);
@@ -94,13 +136,12 @@ class GPT {
 
   /// Block by global index (first_block() <= i < last_block()).
   Block& block(int i) { return *blocks_.at(i - first_); }
-  /// The input of block i saved by forward_blocks.
-  const Tensor& block_input(int i) const { return block_inputs_.at(i - first_); }
-  /// Releases every saved activation (blocks, block inputs, head, tokens).
-  void free_activations();
-  /// Bytes of activations held right now: each block's own, each block's input, and the head's
-  /// (its input, ln_f's output and statistics, the probabilities).
-  std::size_t activation_bytes() const;
+  /// The model's own activations: filled by forward(tokens, targets), used by backward().
+  GPTActivations& activations() { return acts_; }
+  /// Releases the model's own activations.
+  void free_activations() { acts_.reset(); }
+  /// Bytes of the model's own activations held right now (GPTActivations::nbytes).
+  std::size_t activation_bytes() const { return acts_.nbytes(); }
 
   std::optional<Embedding> embedding;
   std::vector<std::unique_ptr<Block>> blocks_;
@@ -113,15 +154,17 @@ class GPT {
   void fire(const std::vector<Parameter*>& done) {
     if (hook_) hook_(done);
   }
+  /// Checks unit u's values are there (ZeRO-3 gathers them before use).
+  void need_values(std::size_t u) const;
+  /// Binds unit u's gradients (zeroed) if the set keeps them per unit and they are released.
+  void need_grads(std::size_t u);
 
   ModelConfig config_;
   GPTOptions options_;
   int first_ = 0, last_ = 0;
   ParameterSet params_;
   BackwardHook hook_;
-  Tensor tokens_;                     // saved by embed()
-  std::vector<Tensor> block_inputs_;  // saved by forward_blocks()
-  HeadActivations head_;
+  GPTActivations acts_;  // for forward(tokens, targets) / backward() only
 };
 
 /// Generates `n` tokens after `prompt` by sampling from softmax(logits / temperature) with a

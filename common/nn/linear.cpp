@@ -26,7 +26,13 @@ void Linear::forward(Tensor& out, const Tensor& in) const {
   const Tensor x = in.view({-1, in_features()});   // (N, in)
   Tensor y = out.view({-1, out_features()});        // (N, out)
   ops::matmul(y, x, weight.value, false, true);     // x @ W^T
-  if (has_bias_) ops::add_bias(y, bias.value);
+  if (!row_parallel()) add_bias(out);               // row parallel: after the reduce
+}
+
+void Linear::add_bias(Tensor& out) const {
+  if (!has_bias_) return;
+  Tensor y = out.view({-1, out_features()});
+  ops::add_bias(y, bias.value);
 }
 
 void Linear::backward(Tensor& din, const Tensor& dout, const Tensor& in) {
@@ -37,6 +43,8 @@ void Linear::backward(Tensor& din, const Tensor& dout, const Tensor& in) {
     ops::matmul(dx, dy, weight.value, false, false, 1.0, 1.0);  // dx += dy @ W
   }
   ops::matmul(weight.grad, dy, x, true, false, 1.0, 1.0);  // dW += dy^T @ x
+  // db += column sums of dy. Row parallel: dy is the gradient of the reduced output, the same
+  // on every rank, so every rank's copy of the bias gets the same, whole gradient.
   if (has_bias_) ops::bias_backward(bias.grad, dy);
 }
 

@@ -2,8 +2,9 @@
 // y = x W^T + b, with W stored (out, in) as PyTorch's nn.Linear.
 // A Linear may own a slice of its full weight (Shard): rows = some output features (column
 // parallel: each rank computes part of y), columns = some input features (row parallel: each rank
-// computes a partial sum of y, to be all-reduced; the bias is then kept whole and added once, by
-// whoever the caller decides).
+// computes a partial sum of y, to be all-reduced). A row-parallel layer keeps its bias whole and
+// does NOT add it in forward: the caller adds it once, after the all-reduce (add_bias), so the
+// sum over ranks counts it once and every rank's copy gets the same, whole gradient.
 #include <string>
 #include <vector>
 
@@ -18,8 +19,10 @@ class Linear {
   Linear(std::string name, int64_t in_features, int64_t out_features, bool bias = true,
          double std = 0.02, Shard shard = {});
 
-  /// out (N, out_local) = in (N, in_local) @ W^T + b
+  /// out (N, out_local) = in (N, in_local) @ W^T + b (+ b only if !row_parallel()).
   void forward(Tensor& out, const Tensor& in) const;
+  /// out (N, out) += b: for a row-parallel layer, after its partial sums are reduced.
+  void add_bias(Tensor& out) const;
   /// din (N, in_local) += dout @ W (skipped if din is undefined); dW += dout^T @ in;
   /// db += column sums of dout.
   void backward(Tensor& din, const Tensor& dout, const Tensor& in);
@@ -27,6 +30,8 @@ class Linear {
   int64_t in_features() const { return weight.shape()[1]; }
   int64_t out_features() const { return weight.shape()[0]; }
   bool has_bias() const { return has_bias_; }
+  /// Holds a slice of the input features (its output is a partial sum).
+  bool row_parallel() const { return weight.shard.dim == 1; }
   std::vector<Parameter*> parameters();
 
   Parameter weight, bias;

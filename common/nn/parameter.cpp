@@ -1,5 +1,6 @@
 #include "common/nn/parameter.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -87,23 +88,153 @@ void init_parameter(Parameter& p, uint64_t seed) {
   p.value.copy_from(host);
 }
 
+ShardRange shard_range(int64_t numel, int rank, int n) {
+  SCALELAB_CHECK(n >= 1 && rank >= 0 && rank < n, "shard {} of {}", rank, n);
+  ShardRange r;
+  r.size = (numel + n - 1) / n;  // ceil: the padding goes at the end of the last shards
+  r.lo = std::min<int64_t>(static_cast<int64_t>(rank) * r.size, numel);
+  r.hi = std::min<int64_t>(static_cast<int64_t>(rank) * r.size + r.size, numel);
+  return r;
+}
+
 void ParameterSet::bind(std::vector<Parameter*> params, DType dtype, Device device,
-                        uint64_t seed) {
+                        uint64_t seed,
+                        const std::vector<std::pair<std::string, std::size_t>>& units,
+                        StorageOptions storage,
+                        const std::function<void(const Unit&, const Tensor& values)>& on_init) {
+  SCALELAB_CHECK(storage.pad_to >= 1, "pad_to {} < 1", storage.pad_to);
   params_ = std::move(params);
+  storage_ = storage;
+  dtype_ = dtype;
+  device_ = device;
   offsets_.clear();
   int64_t total = 0;
   for (Parameter* p : params_) {
     offsets_.push_back(total);
     total += p->numel();
   }
-  values_ = Tensor::empty({total}, dtype, device);
-  grads_ = Tensor::zeros({total}, dtype, device);
+  numel_ = total;
+  padded_numel_ = (total + storage.pad_to - 1) / storage.pad_to * storage.pad_to;
+
+  // units: consecutive runs of parameters
+  units_.clear();
+  std::size_t next = 0;
+  for (const auto& [name, count] : units) {
+    units_.push_back(Unit{name, next, next + count, 0, 0});
+    next += count;
+  }
+  if (units.empty()) units_.push_back(Unit{"all", 0, params_.size(), 0, 0}), next = params_.size();
+  SCALELAB_CHECK(next == params_.size(), "units cover {} parameters of {}", next, params_.size());
+  for (Unit& u : units_) {
+    u.lo = u.first < params_.size() ? offsets_[u.first] : total;
+    u.hi = u.last < params_.size() ? offsets_[u.last] : total;
+  }
+  unit_values_.assign(units_.size(), Tensor());
+  unit_grads_.assign(units_.size(), Tensor());
+
+  values_ = values_real_ = grads_ = grads_real_ = Tensor();
+  if (storage.values == Storage::flat) {
+    values_ = Tensor::zeros({padded_numel_}, dtype, device);  // zeros: the padding
+    values_real_ = values_.flat(0, total);
+  }
+  if (storage.grads == Storage::flat) {
+    grads_ = Tensor::zeros({padded_numel_}, dtype, device);
+    grads_real_ = grads_.flat(0, total);
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
-    p.value = values_.flat(offsets_[i], p.numel()).view(p.shape());
-    p.grad = grads_.flat(offsets_[i], p.numel()).view(p.shape());
-    init_parameter(p, seed);
+    p.value = values_.defined() ? values_.flat(offsets_[i], p.numel()).view(p.shape()) : Tensor();
+    p.grad = grads_.defined() ? grads_.flat(offsets_[i], p.numel()).view(p.shape()) : Tensor();
   }
+  // initial values, unit by unit: a per_unit set holds one unit's values at a time here
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (storage.values == Storage::per_unit) bind_values(u);
+    for (std::size_t i = units_[u].first; i < units_[u].last; ++i) init_parameter(*params_[i], seed);
+    if (on_init) on_init(units_[u], unit_values(u));
+    if (storage.values == Storage::per_unit) release_values(u);
+  }
+}
+
+Tensor& ParameterSet::values() {
+  SCALELAB_CHECK(values_real_.defined(), "values(): this set keeps its values per unit");
+  return values_real_;
+}
+Tensor& ParameterSet::grads() {
+  SCALELAB_CHECK(grads_real_.defined(), "grads(): this set keeps its gradients per unit");
+  return grads_real_;
+}
+Tensor& ParameterSet::padded_values() {
+  SCALELAB_CHECK(values_.defined(), "padded_values(): this set keeps its values per unit");
+  return values_;
+}
+Tensor& ParameterSet::padded_grads() {
+  SCALELAB_CHECK(grads_.defined(), "padded_grads(): this set keeps its gradients per unit");
+  return grads_;
+}
+
+std::size_t ParameterSet::unit_of(const Parameter* p) const {
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    for (std::size_t i = units_[u].first; i < units_[u].last; ++i)
+      if (params_[i] == p) return u;
+  SCALELAB_CHECK(false, "parameter '{}' is not in this set", p->name);
+  throw;  // unreachable
+}
+
+bool ParameterSet::values_bound(std::size_t u) const {
+  return storage_.values == Storage::flat || unit_values_.at(u).defined();
+}
+bool ParameterSet::grads_bound(std::size_t u) const {
+  return storage_.grads == Storage::flat || unit_grads_.at(u).defined();
+}
+
+namespace {
+// Points field (value or grad) of the unit's parameters at consecutive views of `buffer`.
+void point_into(std::vector<Parameter*>& params, const std::vector<int64_t>& offsets,
+                const Unit& u, const Tensor& buffer, Tensor Parameter::*field) {
+  for (std::size_t i = u.first; i < u.last; ++i) {
+    Parameter& p = *params[i];
+    p.*field = buffer.defined() ? buffer.flat(offsets[i] - u.lo, p.numel()).view(p.shape())
+                                : Tensor();
+  }
+}
+}  // namespace
+
+Tensor ParameterSet::bind_values(std::size_t u) {
+  SCALELAB_CHECK(storage_.values == Storage::per_unit, "bind_values(): flat storage is always bound");
+  SCALELAB_CHECK(!unit_values_.at(u).defined(), "unit {} values bound twice", units_[u].name);
+  unit_values_[u] = Tensor::empty({units_[u].numel()}, dtype_, device_);
+  point_into(params_, offsets_, units_[u], unit_values_[u], &Parameter::value);
+  return unit_values_[u];
+}
+
+void ParameterSet::release_values(std::size_t u) {
+  SCALELAB_CHECK(storage_.values == Storage::per_unit, "release_values(): flat storage");
+  unit_values_.at(u) = Tensor();
+  point_into(params_, offsets_, units_[u], Tensor(), &Parameter::value);
+}
+
+Tensor ParameterSet::bind_grads(std::size_t u) {
+  SCALELAB_CHECK(storage_.grads == Storage::per_unit, "bind_grads(): flat storage is always bound");
+  SCALELAB_CHECK(!unit_grads_.at(u).defined(), "unit {} gradients bound twice", units_[u].name);
+  unit_grads_[u] = Tensor::zeros({units_[u].numel()}, dtype_, device_);
+  point_into(params_, offsets_, units_[u], unit_grads_[u], &Parameter::grad);
+  return unit_grads_[u];
+}
+
+void ParameterSet::release_grads(std::size_t u) {
+  SCALELAB_CHECK(storage_.grads == Storage::per_unit, "release_grads(): flat storage");
+  unit_grads_.at(u) = Tensor();
+  point_into(params_, offsets_, units_[u], Tensor(), &Parameter::grad);
+}
+
+Tensor ParameterSet::unit_values(std::size_t u) const {
+  if (storage_.values == Storage::flat) return values_.flat(units_.at(u).lo, units_[u].numel());
+  return unit_values_.at(u);
+}
+
+Tensor ParameterSet::unit_grads(std::size_t u) const {
+  if (storage_.grads == Storage::flat) return grads_.flat(units_.at(u).lo, units_[u].numel());
+  return unit_grads_.at(u);
 }
 
 Parameter& ParameterSet::get(const std::string& name) const {
@@ -115,6 +246,8 @@ Parameter& ParameterSet::get(const std::string& name) const {
 
 void ParameterSet::zero_grad() {
   if (grads_.defined() && grads_.numel() > 0) ops::fill(grads_, 0.0);
+  for (Tensor& g : unit_grads_)
+    if (g.defined() && g.numel() > 0) ops::fill(g, 0.0);
 }
 
 }  // namespace scalelab::nn

@@ -47,27 +47,107 @@ struct Parameter {
 /// values of the single-device model.
 void init_parameter(Parameter& p, uint64_t seed);
 
-/// Lays out parameters in one flat value buffer and one flat gradient buffer.
+/// A contiguous run of parameters that is stored, released and gathered together: the
+/// embedding, one block, the head. ZeRO-3 gathers a unit's values before its forward and frees
+/// them after; ZeRO-2 holds a unit's gradients only until they are reduced into the shard.
+struct Unit {
+  std::string name;          // "embedding", "blocks.3", "head"
+  std::size_t first = 0;     // parameters [first, last) of the set
+  std::size_t last = 0;
+  int64_t lo = 0, hi = 0;    // elements [lo, hi) of the flat layout
+  int64_t numel() const { return hi - lo; }
+};
+
+/// Where a set keeps its values or gradients.
+///   flat      one buffer for all of them, allocated at bind (DDP, buckets, ZeRO-1): the
+///             parameters are views into it, always there.
+///   per_unit  one buffer per Unit, allocated by bind_values / bind_grads and freed by
+///             release_values / release_grads (ZeRO-2 gradients, ZeRO-3 values). Nothing is
+///             held for a released unit: the allocator's counters show the saving.
+enum class Storage { flat, per_unit };
+
+struct StorageOptions {
+  Storage values = Storage::flat;
+  Storage grads = Storage::flat;
+  /// The flat layout is padded at its end to a multiple of this (the number of ZeRO shards):
+  /// padded_numel() = round_up(numel(), pad_to), so n equal shards cover it exactly. The
+  /// padding elements belong to no parameter; flat buffers hold them as zeros.
+  int64_t pad_to = 1;
+};
+
+/// Shard r of n of a flat layout of `numel` elements, padded to a multiple of n: every shard
+/// has size = ceil(numel / n) elements, [lo, lo + size); the real elements of the shard are
+/// [lo, hi) with hi = min(lo + size, numel) (the last shards may be partly or wholly padding).
+struct ShardRange {
+  int64_t lo = 0, hi = 0, size = 0;
+  int64_t real() const { return hi - lo; }
+};
+ShardRange shard_range(int64_t numel, int rank, int n);
+
+/// Lays out parameters in one flat layout of values and of gradients, in a stable order.
 class ParameterSet {
  public:
-  /// Binds each parameter's value and grad to consecutive views of two new flat buffers (in the
-  /// order given), initialises values from `seed` and zeroes the gradients.
-  void bind(std::vector<Parameter*> params, DType dtype, Device device, uint64_t seed);
+  /// Binds each parameter's value and grad to consecutive elements of the flat layout (in the
+  /// order given), initialises values from `seed` (each parameter's full tensor drawn, then its
+  /// shard kept) and zeroes the gradients. `units` gives how many parameters each unit has (in
+  /// order, summing to params.size()); empty: one unit "all". With per_unit storage the values
+  /// are initialised unit by unit and then released, so the caller keeps its shard first: see
+  /// on_init.
+  void bind(std::vector<Parameter*> params, DType dtype, Device device, uint64_t seed,
+            const std::vector<std::pair<std::string, std::size_t>>& units = {},
+            StorageOptions storage = {},
+            const std::function<void(const Unit&, const Tensor& values)>& on_init = {});
 
   const std::vector<Parameter*>& list() const { return params_; }
-  Tensor& values() { return values_; }
-  Tensor& grads() { return grads_; }
-  int64_t numel() const { return values_.defined() ? values_.numel() : 0; }
-  /// Element offset of parameter i in the flat buffers.
+  /// The flat value / gradient buffer without the padding. Flat storage only.
+  Tensor& values();
+  Tensor& grads();
+  /// The same with the padding (padded_numel() elements).
+  Tensor& padded_values();
+  Tensor& padded_grads();
+  /// Elements of all parameters (no padding), and with the padding.
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return padded_numel_; }
+  /// Element offset of parameter i in the flat layout.
   int64_t offset(std::size_t i) const { return offsets_.at(i); }
   /// Parameter by name; throws CheckFailed if absent.
   Parameter& get(const std::string& name) const;
+  /// Zeroes every gradient held (flat, or the bound units).
   void zero_grad();
+
+  // ---- units (per_unit storage) -----------------------------------------------------------
+  const std::vector<Unit>& units() const { return units_; }
+  /// Index of the unit holding parameter p.
+  std::size_t unit_of(const Parameter* p) const;
+  const StorageOptions& storage() const { return storage_; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  bool values_bound(std::size_t unit) const;
+  bool grads_bound(std::size_t unit) const;
+  /// Allocates unit u's own value buffer (u.numel() elements, uninitialised), points its
+  /// parameters' values at it and returns it (the caller fills it, e.g. by an all-gather).
+  Tensor bind_values(std::size_t unit);
+  /// Frees unit u's values; its parameters' values become undefined.
+  void release_values(std::size_t unit);
+  /// Allocates unit u's own gradient buffer, zeroed; its parameters' grads point into it.
+  Tensor bind_grads(std::size_t unit);
+  /// Frees unit u's gradients.
+  void release_grads(std::size_t unit);
+  /// Unit u's values / gradients as one 1-d tensor (flat storage: a view of the flat buffer).
+  Tensor unit_values(std::size_t unit) const;
+  Tensor unit_grads(std::size_t unit) const;
 
  private:
   std::vector<Parameter*> params_;
   std::vector<int64_t> offsets_;
-  Tensor values_, grads_;
+  std::vector<Unit> units_;
+  std::vector<Tensor> unit_values_, unit_grads_;  // per_unit storage
+  StorageOptions storage_;
+  DType dtype_ = DType::f32;
+  Device device_ = Device::cpu();
+  int64_t numel_ = 0, padded_numel_ = 0;
+  Tensor values_, grads_;                  // flat storage, padded
+  Tensor values_real_, grads_real_;        // views without the padding
 };
 
 /// Called when a layer's backward is done with the parameters whose gradients are now final

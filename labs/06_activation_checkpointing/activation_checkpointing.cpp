@@ -1,5 +1,5 @@
 // Starter generated from solutions/06_activation_checkpointing/activation_checkpointing.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 17eda2aec93e0a00 (lets make-labs see your edits).
+// step (see README.md). Body hash f374d599f76c7fe8 (lets make-labs see your edits).
 // Lab 06: activation checkpointing: keep block inputs, recompute in backward, policies.
 #include "activation_checkpointing.hpp"
 
@@ -44,16 +44,10 @@ Policy parse_policy(const std::string& text) {
       "unknown checkpoint policy '{}' (none, every, every:K, selective)", text));
 }
 
-nn::BlockActivations& mutable_activations(nn::Block& block) {
-  // Recomputation is the one place that writes a block's saved activations back.
-  return block.activations();
-}
-
-std::size_t held_activation_bytes(nn::GPT& model, const Saved& saved) {
+std::size_t held_activation_bytes(const Saved& saved) {
   std::size_t n = 0;
-  for (int i = model.first_block(); i < model.last_block(); ++i)
-    n += model.block(i).activations().nbytes();
-  for (const Tensor& t : saved.inputs)
+  for (const nn::BlockActivations& a : saved.acts.blocks) n += a.nbytes();
+  for (const Tensor& t : saved.acts.inputs)
     if (t.defined()) n += t.nbytes();
   return n;
 }
@@ -64,30 +58,35 @@ double forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved
                      static_cast<int>(plan.selective.size()) == L,
                  "a plan for {} blocks, the model has {}", plan.full.size(), L);
   saved.plan = plan;
-  saved.inputs.assign(L, Tensor());
+  nn::GPTActivations& acts = saved.acts;
+  acts.reset();
+  acts.inputs.assign(L, Tensor());
+  acts.blocks.assign(L, nn::BlockActivations());
   Tensor x;
   {
     trace::Scope scope("embed");
-    x = model.embed(batch.x);  // (B, T, C)
+    x = model.embed(batch.x, acts);  // (B, T, C)
   }
   // TODO step 1: run the blocks, keeping inputs, freeing checkpointed activations
-  // HINT: model.block(i).forward(x) returns the block's output and fills its activations.
+  // HINT: model.block(i).forward(x, acts.blocks[i]) returns the block's output and fills its
+  // HINT: activations; acts.blocks[i].reset() frees them.
   throw scalelab::NotImplemented(
       "lab 06 step 1: run the blocks, keeping inputs, freeing checkpointed activations (README.md#step-1)");
   trace::Scope scope("head");
-  return model.head_forward(x, batch.y);
+  return model.head_forward(x, batch.y, acts);
 }
 
 void backward(nn::GPT& model, Saved& saved) {
   const int L = static_cast<int>(model.config().n_layer);
-  Tensor d = model.head_backward();  // (B, T, C) gradient of the last block's output
+  nn::GPTActivations& acts = saved.acts;
+  Tensor d = model.head_backward(acts);  // (B, T, C) gradient of the last block's output
   // TODO step 2: recompute each block that needs it just before its backward
-  // HINT: a checkpointed block has no activations (has_activations() is false): run its
-  // HINT: forward on saved.inputs[i] again, then backward; then free its activations.
+  // HINT: a checkpointed block's activations are empty (acts.blocks[i].defined() is false): run
+  // HINT: its forward on acts.inputs[i] again, then backward; then free its activations.
   throw scalelab::NotImplemented(
       "lab 06 step 2: recompute each block that needs it just before its backward (README.md#step-2)");
-  model.embed_backward(d);
-  saved.inputs.clear();
+  model.embed_backward(d, acts);
+  acts.reset();
 }
 
 Plan make_plan(const Policy& policy, int n_layer) {
@@ -98,13 +97,13 @@ Plan make_plan(const Policy& policy, int n_layer) {
   return plan;
 }
 
-void drop_selective(nn::Block& block) {
+void drop_selective(nn::BlockActivations& a) {
   // TODO step 3: free the attention probabilities and the GELU output
   throw scalelab::NotImplemented(
       "lab 06 step 3: free the attention probabilities and the GELU output (README.md#step-3)");
 }
 
-void recompute_selective(nn::Block& block) {
+void recompute_selective(nn::BlockActivations& a) {
   // TODO step 3: att = causal_softmax(q k^T / sqrt(hs)), g = gelu(h), as forward does
   // HINT: see CausalSelfAttention::forward and MLP::forward in common/nn: same ops, same order.
   throw scalelab::NotImplemented(

@@ -5,8 +5,9 @@
 /// again from the saved input just before the block's backward. Memory for compute: about one
 /// extra forward per step, and the gradients do not change at all (bitwise, on the CPU).
 ///
-/// Activations are the blocks' own allocations (nn::Block::activations(), free_activations()),
-/// counted by the allocator, so every memory figure here is measured.
+/// A forward's activations live in an nn::GPTActivations the caller owns (acts.inputs[i] and
+/// acts.blocks[i] for block i): each tensor is its own allocation, counted by the allocator, so
+/// every memory figure here is measured. Freeing a block's activations is acts.blocks[i].reset().
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -43,26 +44,28 @@ struct Plan {
 /// What a checkpointed forward leaves for backward.
 struct Saved {
   Plan plan;
-  std::vector<Tensor> inputs;  // inputs[i]: the input of block i (B, T, C)
+  /// acts.inputs[i]: the input of block i (B, T, C); acts.blocks[i]: what block i saved (empty,
+  /// !defined(), when it is checkpointed); acts.tokens and acts.head: the embedding's and head's.
+  nn::GPTActivations acts;
 };
 
 // ---- Step 1: forward -------------------------------------------------------------------------
 
 /// Step 1. The whole model's forward under `plan` (plan.full and plan.selective have one entry
-/// per block): embed, then for each block i save its input in saved.inputs[i], run it, and free
-/// its activations if plan.full[i] (block.free_activations()) or drop its selective pieces if
-/// plan.selective[i] (drop_selective, step 3); then the head. Returns the mean loss, bitwise the
-/// loss of model.forward(tokens, targets).
+/// per block): embed, then for each block i save its input in saved.acts.inputs[i], run it into
+/// saved.acts.blocks[i], and free those activations if plan.full[i] (reset()) or drop their
+/// selective pieces if plan.selective[i] (drop_selective, step 3); then the head. Returns the
+/// mean loss, bitwise the loss of model.forward(tokens, targets).
 double forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved& saved);
 
 // ---- Step 2: backward ------------------------------------------------------------------------
 
 /// Step 2. The whole model's backward after forward(): the head, then blocks from last to first:
-/// a block without activations is first recomputed from saved.inputs[i] (its output is thrown
-/// away; it fills the block's activations again), a block with dropped selective pieces gets
-/// them back (recompute_selective), then block.backward(dout, input); after its backward a
-/// block's activations are used up: free them (any plan; so memory falls as backward proceeds,
-/// and a recomputed block never holds its activations past its own backward). Then the
+/// a block without activations is first recomputed from saved.acts.inputs[i] (its output is
+/// thrown away; it fills saved.acts.blocks[i] again), a block with dropped selective pieces gets
+/// them back (recompute_selective), then block.backward(dout, input, activations); after its
+/// backward a block's activations are used up: free them (any plan; so memory falls as backward
+/// proceeds, and a recomputed block never holds its activations past its own backward). Then the
 /// embedding. Gradients accumulate (+=) as GPT::backward's do, and are bitwise those of
 /// model.forward + model.backward.
 void backward(nn::GPT& model, Saved& saved);
@@ -73,13 +76,13 @@ void backward(nn::GPT& model, Saved& saved);
 /// line) when every:K has K < 1 or K > n_layer (a checkpoint interval larger than the model).
 Plan make_plan(const Policy& policy, int n_layer);
 
-/// Step 3b. Frees the block's attention probabilities (activations().attn.att) and GELU output
-/// (activations().mlp.g), keeping everything else.
-void drop_selective(nn::Block& block);
+/// Step 3b. Frees a block's attention probabilities (acts.attn.att) and GELU output
+/// (acts.mlp.g), keeping everything else.
+void drop_selective(nn::BlockActivations& acts);
 
 /// Step 3b. Recomputes exactly what drop_selective freed, from what the block kept (q and k; the
 /// GELU input h), with the same ops as the block's forward so the values are bitwise the same.
-void recompute_selective(nn::Block& block);
+void recompute_selective(nn::BlockActivations& acts);
 
 // ---- Step 4: the estimate --------------------------------------------------------------------
 
@@ -96,11 +99,8 @@ double lecture_activation_bytes(double L, double s, double b, double h, double a
 std::size_t model_activation_bytes(const ModelConfig& config, int64_t batch, int64_t seq,
                                    const Plan& plan);
 
-/// Given. The bytes the blocks hold right now: every block's activations plus saved.inputs.
-std::size_t held_activation_bytes(nn::GPT& model, const Saved& saved);
-
-/// Given. Mutable access to a block's saved activations (nn::Block exposes them read-only, for
-/// everyone but recomputation).
-nn::BlockActivations& mutable_activations(nn::Block& block);
+/// Given. The bytes the blocks hold right now: every block's activations plus its input (the
+/// head's and the embedding's are not counted).
+std::size_t held_activation_bytes(const Saved& saved);
 
 }  // namespace scalelab::lab06

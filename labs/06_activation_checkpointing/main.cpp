@@ -41,7 +41,7 @@ Row measure(nn::GPT& model, const data::Batch& mine, const lab06::Policy& policy
     metrics::Timer timer(model.device());
     lab06::Saved saved;
     lab06::forward(model, mine, plan, saved);
-    row.held = lab06::held_activation_bytes(model, saved);
+    row.held = lab06::held_activation_bytes(saved);
     lab06::backward(model, saved);
     row.ms = std::min(row.ms, timer.elapsed() * 1e3);
     row.peak = memory_stats(model.device()).peak - before;

@@ -42,16 +42,10 @@ Policy parse_policy(const std::string& text) {
       "unknown checkpoint policy '{}' (none, every, every:K, selective)", text));
 }
 
-nn::BlockActivations& mutable_activations(nn::Block& block) {
-  // Recomputation is the one place that writes a block's saved activations back.
-  return block.activations();
-}
-
-std::size_t held_activation_bytes(nn::GPT& model, const Saved& saved) {
+std::size_t held_activation_bytes(const Saved& saved) {
   std::size_t n = 0;
-  for (int i = model.first_block(); i < model.last_block(); ++i)
-    n += model.block(i).activations().nbytes();
-  for (const Tensor& t : saved.inputs)
+  for (const nn::BlockActivations& a : saved.acts.blocks) n += a.nbytes();
+  for (const Tensor& t : saved.acts.inputs)
     if (t.defined()) n += t.nbytes();
   return n;
 }
@@ -62,50 +56,55 @@ double forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved
                      static_cast<int>(plan.selective.size()) == L,
                  "a plan for {} blocks, the model has {}", plan.full.size(), L);
   saved.plan = plan;
-  saved.inputs.assign(L, Tensor());
+  nn::GPTActivations& acts = saved.acts;
+  acts.reset();
+  acts.inputs.assign(L, Tensor());
+  acts.blocks.assign(L, nn::BlockActivations());
   Tensor x;
   {
     trace::Scope scope("embed");
-    x = model.embed(batch.x);  // (B, T, C)
+    x = model.embed(batch.x, acts);  // (B, T, C)
   }
   // BEGIN SOLUTION step 1: run the blocks, keeping inputs, freeing checkpointed activations
-  // HINT: model.block(i).forward(x) returns the block's output and fills its activations.
+  // HINT: model.block(i).forward(x, acts.blocks[i]) returns the block's output and fills its
+  // HINT: activations; acts.blocks[i].reset() frees them.
   for (int i = 0; i < L; ++i) {
     trace::Scope scope("block forward");
-    nn::Block& block = model.block(i);
-    saved.inputs[i] = x;
-    x = block.forward(x);
-    if (plan.full[i]) block.free_activations();  // keep only the input
-    else if (plan.selective[i]) drop_selective(block);
+    acts.inputs[i] = x;
+    x = model.block(i).forward(x, acts.blocks[i]);
+    if (plan.full[i]) acts.blocks[i].reset();  // keep only the input
+    else if (plan.selective[i]) drop_selective(acts.blocks[i]);
   }
   // END SOLUTION
   trace::Scope scope("head");
-  return model.head_forward(x, batch.y);
+  return model.head_forward(x, batch.y, acts);
 }
 
 void backward(nn::GPT& model, Saved& saved) {
   const int L = static_cast<int>(model.config().n_layer);
-  Tensor d = model.head_backward();  // (B, T, C) gradient of the last block's output
+  nn::GPTActivations& acts = saved.acts;
+  Tensor d = model.head_backward(acts);  // (B, T, C) gradient of the last block's output
   // BEGIN SOLUTION step 2: recompute each block that needs it just before its backward
-  // HINT: a checkpointed block has no activations (has_activations() is false): run its
-  // HINT: forward on saved.inputs[i] again, then backward; then free its activations.
+  // HINT: a checkpointed block's activations are empty (acts.blocks[i].defined() is false): run
+  // HINT: its forward on acts.inputs[i] again, then backward; then free its activations.
   for (int i = L - 1; i >= 0; --i) {
     nn::Block& block = model.block(i);
-    if (!block.has_activations()) {
+    nn::BlockActivations& a = acts.blocks[i];
+    if (!a.defined()) {
       trace::Scope scope("recompute");
-      block.forward(saved.inputs[i]);  // the output is not needed: only the activations
+      block.forward(acts.inputs[i], a);  // the output is not needed: only the activations
     } else if (saved.plan.selective[i]) {
       trace::Scope scope("recompute selective");
-      recompute_selective(block);
+      recompute_selective(a);
     }
     trace::Scope scope("block backward");
-    d = block.backward(d, saved.inputs[i]);
-    block.free_activations();  // used up, whatever the plan
-    saved.inputs[i] = Tensor();
+    d = block.backward(d, acts.inputs[i], a);
+    a.reset();  // used up, whatever the plan
+    acts.inputs[i] = Tensor();
   }
   // END SOLUTION
-  model.embed_backward(d);
-  saved.inputs.clear();
+  model.embed_backward(d, acts);
+  acts.reset();
 }
 
 Plan make_plan(const Policy& policy, int n_layer) {
@@ -130,18 +129,16 @@ Plan make_plan(const Policy& policy, int n_layer) {
   return plan;
 }
 
-void drop_selective(nn::Block& block) {
+void drop_selective(nn::BlockActivations& a) {
   // BEGIN SOLUTION step 3: free the attention probabilities and the GELU output
-  nn::BlockActivations& a = mutable_activations(block);
   a.attn.att = Tensor();
   a.mlp.g = Tensor();
   // END SOLUTION
 }
 
-void recompute_selective(nn::Block& block) {
+void recompute_selective(nn::BlockActivations& a) {
   // BEGIN SOLUTION step 3: att = causal_softmax(q k^T / sqrt(hs)), g = gelu(h), as forward does
   // HINT: see CausalSelfAttention::forward and MLP::forward in common/nn: same ops, same order.
-  nn::BlockActivations& a = mutable_activations(block);
   const int64_t B = a.attn.q.size(0), NH = a.attn.q.size(1), T = a.attn.q.size(2),
                 hs = a.attn.q.size(3);
   const DType dt = a.attn.q.dtype();

@@ -1,6 +1,6 @@
 // Lab 06 graders. The heart: under every policy the gradients are BITWISE those of plain
-// forward + backward (design.md: recomputation runs the same deterministic CPU kernels on the
-// same inputs, so nothing may change), checked here against the model's own forward/backward.
+// forward + backward (recomputation runs the same deterministic CPU kernels on the same inputs,
+// so nothing may change), checked here against the model's own forward/backward.
 // Memory is counted by the allocator and the blocks' activation sizes, which are exact: the
 // estimate of step 4 must equal the measured bytes, and no test measures time.
 #include <gtest/gtest.h>
@@ -62,14 +62,16 @@ testing::AssertionResult bitwise(const Tensor& got, const Tensor& want) {
 double reference_forward(nn::GPT& model, const data::Batch& b, const Plan& plan,
                          lab06::Saved& saved) {
   saved.plan = plan;
-  saved.inputs.assign(kLayers, Tensor());
-  Tensor x = model.embed(b.x);
+  nn::GPTActivations& acts = saved.acts;
+  acts.inputs.assign(kLayers, Tensor());
+  acts.blocks.assign(kLayers, nn::BlockActivations());
+  Tensor x = model.embed(b.x, acts);
   for (int i = 0; i < kLayers; ++i) {
-    saved.inputs[i] = x;
-    x = model.block(i).forward(x);
-    if (plan.full[i]) model.block(i).free_activations();
+    acts.inputs[i] = x;
+    x = model.block(i).forward(x, acts.blocks[i]);
+    if (plan.full[i]) acts.blocks[i].reset();
   }
-  return model.head_forward(x, b.y);
+  return model.head_forward(x, b.y, acts);
 }
 
 // Step 2 alone: the forward above, then the attendee's backward.
@@ -86,14 +88,16 @@ Result checkpointed_backward(const Plan& plan, const data::Batch& b) {
 // recomputes from the wrong tensor (the block's output instead of its input).
 enum class Fault { no_recompute, wrong_input };
 void faulty_backward(nn::GPT& model, lab06::Saved& saved, Fault fault) {
-  Tensor d = model.head_backward();
+  nn::GPTActivations& acts = saved.acts;
+  Tensor d = model.head_backward(acts);
   for (int i = kLayers - 1; i >= 0; --i) {
     nn::Block& block = model.block(i);
-    if (!block.has_activations() && fault == Fault::wrong_input)
-      block.forward(i + 1 < kLayers ? saved.inputs[i + 1] : saved.inputs[i]);
-    d = block.backward(d, saved.inputs[i]);  // no_recompute: the block has nothing to use
+    if (!acts.blocks[i].defined() && fault == Fault::wrong_input)
+      block.forward(i + 1 < kLayers ? acts.inputs[i + 1] : acts.inputs[i], acts.blocks[i]);
+    // no_recompute: the block has nothing to use
+    d = block.backward(d, acts.inputs[i], acts.blocks[i]);
   }
-  model.embed_backward(d);
+  model.embed_backward(d, acts);
 }
 
 }  // namespace
@@ -106,14 +110,16 @@ TEST(Step1_Forward, KeepsOnlyInputsOfCheckpointedBlocks) {
   lab06::Saved saved;
   const Plan plan = full_plan({true, false, true, false});
   const double loss = lab06::forward(model, b, plan, saved);
-  ASSERT_EQ(saved.inputs.size(), static_cast<std::size_t>(kLayers));
+  ASSERT_EQ(saved.acts.inputs.size(), static_cast<std::size_t>(kLayers));
+  ASSERT_EQ(saved.acts.blocks.size(), static_cast<std::size_t>(kLayers));
   for (int i = 0; i < kLayers; ++i)
-    EXPECT_EQ(model.block(i).has_activations(), !plan.full[i]) << "block " << i;
+    EXPECT_EQ(saved.acts.blocks[i].defined(), !plan.full[i]) << "block " << i;
   // the saved inputs are the plain forward's block inputs, and the loss is the plain loss
   nn::GPT twin(config(), {.seed = kSeed});
   EXPECT_EQ(loss, twin.forward(b.x, b.y)) << "bitwise the loss of model.forward";
   for (int i = 0; i < kLayers; ++i)
-    EXPECT_TRUE(bitwise(saved.inputs[i], twin.block_input(i))) << "input of block " << i;
+    EXPECT_TRUE(bitwise(saved.acts.inputs[i], twin.activations().inputs[i]))
+        << "input of block " << i;
 }
 
 TEST(Step1_Forward, CheckpointingHoldsLess) {
@@ -122,8 +128,8 @@ TEST(Step1_Forward, CheckpointingHoldsLess) {
   lab06::Saved keep, ckpt;
   lab06::forward(a, b, full_plan({false, false, false, false}), keep);
   lab06::forward(c, b, full_plan({true, true, true, true}), ckpt);
-  const std::size_t held_keep = lab06::held_activation_bytes(a, keep);
-  const std::size_t held_ckpt = lab06::held_activation_bytes(c, ckpt);
+  const std::size_t held_keep = lab06::held_activation_bytes(keep);
+  const std::size_t held_ckpt = lab06::held_activation_bytes(ckpt);
   // every checkpointed block holds exactly its input (B, T, C) floats
   EXPECT_EQ(held_ckpt, static_cast<std::size_t>(kLayers * kBatch * config().block_size *
                                                 config().n_embd * 4));
@@ -155,9 +161,11 @@ TEST(Step2_Backward, GradientsAccumulateAndMemoryIsReleased) {
     lab06::Saved saved;
     reference_forward(model, *b, plan, saved);
     lab06::backward(model, saved);
-    for (int i = 0; i < kLayers; ++i)
-      EXPECT_FALSE(model.block(i).has_activations())
+    for (std::size_t i = 0; i < saved.acts.blocks.size(); ++i)
+      EXPECT_FALSE(saved.acts.blocks[i].defined())
           << "block " << i << ": a block's activations are used up after its backward";
+    EXPECT_EQ(lab06::held_activation_bytes(saved), 0u)
+        << "nothing of the blocks is held after backward";
     twin.forward(b->x, b->y);
     twin.backward();
   }
@@ -212,18 +220,18 @@ TEST(Step3_Policies, SelectiveDropsAndRecomputesBitwise) {
   const data::Batch b = batch();
   nn::GPT model(config(), {.seed = kSeed});
   model.forward(b.x, b.y);
-  nn::Block& block = model.block(1);
-  const Tensor att = block.activations().attn.att.clone(), g = block.activations().mlp.g.clone();
-  const std::size_t before = block.activations().nbytes();
-  lab06::drop_selective(block);
-  EXPECT_FALSE(block.activations().attn.att.defined());
-  EXPECT_FALSE(block.activations().mlp.g.defined());
-  EXPECT_TRUE(block.activations().mlp.h.defined()) << "keep the GELU input";
-  EXPECT_TRUE(block.activations().attn.q.defined()) << "keep q, k, v";
-  EXPECT_EQ(before - block.activations().nbytes(), att.nbytes() + g.nbytes());
-  lab06::recompute_selective(block);
-  EXPECT_TRUE(bitwise(block.activations().attn.att, att));
-  EXPECT_TRUE(bitwise(block.activations().mlp.g, g));
+  nn::BlockActivations& acts = model.activations().blocks[1];
+  const Tensor att = acts.attn.att.clone(), g = acts.mlp.g.clone();
+  const std::size_t before = acts.nbytes();
+  lab06::drop_selective(acts);
+  EXPECT_FALSE(acts.attn.att.defined());
+  EXPECT_FALSE(acts.mlp.g.defined());
+  EXPECT_TRUE(acts.mlp.h.defined()) << "keep the GELU input";
+  EXPECT_TRUE(acts.attn.q.defined()) << "keep q, k, v";
+  EXPECT_EQ(before - acts.nbytes(), att.nbytes() + g.nbytes());
+  lab06::recompute_selective(acts);
+  EXPECT_TRUE(bitwise(acts.attn.att, att));
+  EXPECT_TRUE(bitwise(acts.mlp.g, g));
 }
 
 TEST(Step3_Policies, EveryPolicyGivesBitwiseTheSameGradients) {
@@ -254,7 +262,7 @@ TEST(Step4_Estimate, ModelCountEqualsMeasuredBytesForEveryPolicy) {
     lab06::Saved saved;
     lab06::forward(model, b, plan, saved);
     EXPECT_EQ(lab06::model_activation_bytes(config(), kBatch, config().block_size, plan),
-              lab06::held_activation_bytes(model, saved))
+              lab06::held_activation_bytes(saved))
         << name << ": the estimate must count exactly what the blocks hold";
   }
 }

@@ -39,7 +39,8 @@ scalelab_expect_usage_error(lab02.cli.context_too_long ${lab02} --config tiny --
                             --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.bad_option ${lab02} --no-such-option)
 scalelab_add_test(NAME test_nn_tensor_parallel
-                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_nn_tensor_parallel.cpp RANKS 2 TIMEOUT 60)
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_nn_tensor_parallel.cpp RANKS 1 2 4
+                  TIMEOUT 60)
 # the program interrupted (--stop-at) and resumed (--resume) prints the uninterrupted run's lines
 add_test(NAME lab02.program.resume
          COMMAND sh ${PROJECT_SOURCE_DIR}/tests/02_single_device/resume_test.sh

@@ -1,5 +1,6 @@
 // The GPT as a whole: float64 gradient check of every parameter, the flat parameter layout,
-// pipeline-stage splits, activation recomputation and backward hooks.
+// pipeline-stage splits, activations per forward call (several micro-batches in flight),
+// activation recomputation and backward hooks.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -108,10 +109,12 @@ TEST(GPT, TwoStagesMatchTheWholeModel) {
   Tensor x = random_tokens({2, 6}, 11, 10), y = random_tokens({2, 6}, 11, 11);
   const double loss = whole.forward(x, y);
   whole.backward();
-  Tensor h = first.forward_blocks(first.embed(x));
-  EXPECT_EQ(second.head_forward(second.forward_blocks(h), y), loss);
-  Tensor dh = second.backward_blocks(second.head_backward());
-  first.embed_backward(first.backward_blocks(dh));
+  nn::GPTActivations acts1, acts2;  // one per stage
+  Tensor h = first.forward_blocks(first.embed(x, acts1), acts1);
+  EXPECT_EQ(second.head_forward(second.forward_blocks(h, acts2), y, acts2), loss);
+  Tensor dh = second.backward_blocks(second.head_backward(acts2), acts2);
+  first.embed_backward(first.backward_blocks(dh, acts1), acts1);
+  EXPECT_EQ(acts1.nbytes() + acts2.nbytes(), 0u) << "backward consumes the activations";
   for (nn::Parameter* p : whole.parameters()) {
     if (p->name == "wte.weight") {
       // tied: the whole model's wte gradient = embedding part + head part
@@ -134,24 +137,115 @@ TEST(GPT, RecomputedActivationsGiveIdenticalGradients) {
   model.backward();
   Tensor reference = model.params().grads().clone();
   model.zero_grad();
-  model.forward(x, y);
+  nn::GPTActivations acts;
+  model.forward(x, y, acts);
   const std::size_t before = memory_stats(Device::cpu()).current;
-  model.block(0).free_activations();
-  model.block(1).free_activations();
+  acts.blocks[0].reset();
+  acts.blocks[1].reset();
   EXPECT_LT(memory_stats(Device::cpu()).current, before);  // the memory really went back
-  EXPECT_FALSE(model.block(0).has_activations());
-  model.block(0).forward(model.block_input(0));
-  model.block(1).forward(model.block_input(1));
-  model.backward();
+  EXPECT_FALSE(acts.blocks[0].defined());
+  model.block(0).forward(acts.inputs[0], acts.blocks[0]);
+  model.block(1).forward(acts.inputs[1], acts.blocks[1]);
+  model.backward(acts);
   expect_equal(model.params().grads(), reference, "grads");
 }
 
 TEST(GPT, BackwardWithoutActivationsIsAnError) {
   nn::GPT model(model_config("tiny"));
   Tensor x = random_tokens({1, 8}, 256, 14);
-  model.forward(x, x);
-  model.block(1).free_activations();
-  EXPECT_THROW(model.backward(), CheckFailed);
+  nn::GPTActivations acts;
+  model.forward(x, x, acts);
+  acts.blocks[1].reset();
+  EXPECT_THROW(model.backward(acts), CheckFailed);
+  nn::GPTActivations never_filled;
+  EXPECT_THROW(model.backward(never_filled), CheckFailed);
+}
+
+// Sequential reference: forward + backward of each micro-batch in turn, gradients accumulated.
+Tensor sequential_grads(nn::GPT& model, const std::vector<Tensor>& xs,
+                        const std::vector<Tensor>& ys, std::vector<double>& losses) {
+  model.zero_grad();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    losses.push_back(model.forward(xs[i], ys[i]));
+    model.backward(1.0 / static_cast<double>(xs.size()));
+  }
+  return model.params().grads().clone();
+}
+
+// Runs a schedule of actions: 'F' i fills acts[i], 'B' i consumes it. Checks the activations of
+// every micro-batch in flight are held at once (and freed by its backward).
+Tensor scheduled_grads(nn::GPT& model, const std::vector<Tensor>& xs,
+                       const std::vector<Tensor>& ys, const std::vector<std::pair<char, int>>& plan,
+                       std::vector<double>& losses, int expect_in_flight) {
+  model.zero_grad();
+  std::vector<nn::GPTActivations> acts(xs.size());
+  losses.assign(xs.size(), 0.0);
+  int in_flight = 0, most = 0;
+  for (auto [action, i] : plan) {
+    if (action == 'F') {
+      EXPECT_EQ(acts[i].nbytes(), 0u) << "F(" << i << ") twice";
+      losses[i] = model.forward(xs[i], ys[i], acts[i]);
+      most = std::max(most, ++in_flight);
+    } else {
+      model.backward(acts[i], 1.0 / static_cast<double>(xs.size()));
+      EXPECT_EQ(acts[i].nbytes(), 0u) << "B(" << i << ") leaves its activations";
+      --in_flight;
+    }
+  }
+  EXPECT_EQ(most, expect_in_flight);
+  return model.params().grads().clone();
+}
+
+TEST(GPT, MicroBatchesInFlightGiveTheSequentialGradients) {
+  // A pipeline stage's premise: activations belong to the forward call, so F(0) F(1) F(2) may all
+  // be in flight before B(0). Four micro-batches, float32 on the CPU.
+  nn::GPT model(model_config("tiny"));
+  std::vector<Tensor> xs, ys;
+  for (int i = 0; i < 4; ++i) {
+    xs.push_back(random_tokens({2, 16}, 256, 40 + i));
+    ys.push_back(random_tokens({2, 16}, 256, 50 + i));
+  }
+  std::vector<double> seq_losses, losses;
+  const Tensor want = sequential_grads(model, xs, ys, seq_losses);
+  // 1F1B's order on a first stage of 3: backward in micro-batch order, so the gradients add up
+  // in the same order: bitwise.
+  const Tensor got = scheduled_grads(
+      model, xs, ys, {{'F', 0}, {'F', 1}, {'F', 2}, {'B', 0}, {'F', 3}, {'B', 1}, {'B', 2}, {'B', 3}},
+      losses, 3);
+  EXPECT_EQ(losses, seq_losses);
+  expect_equal(got, want, "grads, 1F1B order");
+  // B(1) before B(0): the same gradients summed in another order. Each micro-batch's gradient is
+  // bitwise the same, but (g1 + g0) + g2 may round differently from (g0 + g1) + g2 where a row
+  // of wte gets several tokens: 1e-6 relative to the largest gradient (float32).
+  const Tensor swapped = scheduled_grads(
+      model, xs, ys, {{'F', 0}, {'F', 1}, {'F', 2}, {'B', 1}, {'B', 0}, {'F', 3}, {'B', 2}, {'B', 3}},
+      losses, 3);
+  EXPECT_EQ(losses, seq_losses);
+  double scale = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::abs(want.item(i)));
+  for (int64_t i = 0; i < want.numel(); ++i)
+    ASSERT_NEAR(swapped.item(i), want.item(i), 1e-6 * scale) << "grads, B(1) before B(0), at " << i;
+}
+
+TEST(GPT, MicroBatchesShareNothingThroughTheModel) {
+  // The planted fault the test above must catch: a model that kept one set of activations would
+  // run B(0) on F(2)'s. Emulated here by backward of micro-batch 0 with micro-batch 2's
+  // activations: the gradients must differ from the sequential run's.
+  nn::GPT model(model_config("tiny"));
+  Tensor x0 = random_tokens({2, 16}, 256, 40), y0 = random_tokens({2, 16}, 256, 50);
+  Tensor x2 = random_tokens({2, 16}, 256, 42), y2 = random_tokens({2, 16}, 256, 52);
+  model.zero_grad();
+  model.forward(x0, y0);
+  model.backward();
+  const Tensor want = model.params().grads().clone();
+  model.zero_grad();
+  nn::GPTActivations a0, a2;
+  model.forward(x0, y0, a0);
+  model.forward(x2, y2, a2);
+  model.backward(a2);  // "B(0)" on the wrong activations
+  bool differs = false;
+  for (int64_t i = 0; i < want.numel() && !differs; ++i) differs = want.item(i) != model.params().grads().item(i);
+  EXPECT_TRUE(differs);
 }
 
 TEST(GPT, HookFiresOncePerParameterWhenItsGradientIsFinal) {

@@ -231,9 +231,13 @@ TEST(GradCheck, Block) {
   nn::Block block(0, 8, 2, 2);
   auto set = bind_random(block.parameters(), 34);
   Tensor x = uniform({2, 4, 8}, 35), R = uniform({2, 4, 8}, 36);
-  auto loss = [&] { return dot(block.forward(x), R); };
-  loss();
-  Tensor dx = block.backward(R, x);
+  nn::BlockActivations acts;
+  auto loss = [&] {
+    nn::BlockActivations scratch;  // finite differences must not overwrite `acts`
+    return dot(block.forward(x, scratch), R);
+  };
+  block.forward(x, acts);
+  Tensor dx = block.backward(R, x, acts);
   EXPECT_GRAD_OK(gradcheck(x, dx, loss), "dx");
   check_params(block.parameters(), loss);
 }

@@ -1,14 +1,22 @@
-// Tensor-parallel Blocks (2 ranks): each rank holds half the heads and half the MLP; with the
-// partial outputs all-reduced (Block::reduce_forward) and the partial input gradients all-reduced
-// (Block::reduce_backward), output, input gradient and every gradient shard equal the unsharded
-// block's. float64; tolerance 1e-12 relative to the largest value (only summation order differs).
+// Tensor-parallel layers on 2 and 4 ranks: each rank holds 1/tp of every block's heads and MLP
+// hidden units (column-parallel qkv and fc, row-parallel projections). With the partial outputs
+// all-reduced (Block::reduce_forward, Megatron's "g") and the partial input gradients all-reduced
+// (Block::reduce_backward, the backward of "f"), and the row-parallel biases added ONCE, after the
+// reduce, the sharded model equals the single-device one:
+//  - one Block: output, input gradient and every gradient shard, float64, 1e-12 relative to the
+//    largest value (only summation order differs);
+//  - a GPT of such blocks over 5 AdamW steps: every parameter shard after each step, float64,
+//    1e-9 relative to the largest value (AdamW divides by sqrt(v), which amplifies rounding).
+// The planted fault: the old workaround (each rank adds the whole bias in forward, all but one
+// zeroing its copy) is right for one forward but drifts over optimizer steps; it must be caught.
 #include <gtest/gtest.h>
 
-#include <mpi.h>
-
 #include <cmath>
+#include <memory>
 
-#include "common/nn/block.hpp"
+#include "common/comm/communicator.hpp"
+#include "common/nn/gpt.hpp"
+#include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "tests/common/gradcheck.hpp"
 
@@ -16,10 +24,13 @@ using namespace scalelab;
 using namespace scalelab::testing;
 
 namespace {
-void all_reduce(Tensor& t) {
-  MPI_Allreduce(MPI_IN_PLACE, t.data<double>(), static_cast<int>(t.numel()), MPI_DOUBLE, MPI_SUM,
-                MPI_COMM_WORLD);
+
+comm::Communicator& world() {
+  static comm::Communicator c = comm::Communicator::world("mpi");
+  return c;
 }
+
+void all_reduce(Tensor& t) { world().all_reduce(t); }
 
 // The local part of a full tensor, as a parameter's shard describes it.
 std::vector<double> shard_of(const Tensor& full, const nn::Shard& s) {
@@ -38,45 +49,145 @@ std::vector<double> shard_of(const Tensor& full, const nn::Shard& s) {
   return out;
 }
 
-void expect_close(const std::vector<double>& got, const std::vector<double>& want,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
+::testing::AssertionResult matches(const std::vector<double>& got, const std::vector<double>& want,
+                               double rel) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " elements, want " << want.size();
   double scale = 1e-300;
   for (double w : want) scale = std::max(scale, std::abs(w));
   for (std::size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], 1e-12 * scale) << what << " element " << i;
+    if (std::abs(got[i] - want[i]) > rel * scale)
+      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << " vs " << want[i]
+                                         << " (tolerance " << rel * scale << ")";
+  return ::testing::AssertionSuccess();
 }
+
+// heads and hidden units divide by 4
+ModelConfig micro() { return ModelConfig{"micro-tp", 13, 6, 2, 4, 8}; }
+
+nn::GPTOptions f64(int tp_rank = 0, int tp_size = 1) {
+  nn::GPTOptions o;
+  o.dtype = DType::f64;
+  o.seed = 21;
+  o.tp_rank = tp_rank;
+  o.tp_size = tp_size;
+  return o;
+}
+
+void make_tensor_parallel(nn::GPT& model) {
+  for (int i = model.first_block(); i < model.last_block(); ++i) {
+    model.block(i).reduce_forward = all_reduce;
+    model.block(i).reduce_backward = all_reduce;
+  }
+}
+
+// The old, wrong workaround, emulated through the hook: every rank adds its own copy of the
+// row-parallel bias to its partial sum before the reduce (copies zeroed on all ranks but 0 at
+// the start). The block then adds the local copy after the reduce, so the hook takes it off
+// again. Each copy still gets the whole gradient: after one step the zeroed copies are no longer
+// zero and the output counts sum_r b_r.
+void plant_bias_fault(nn::GPT& model, int rank) {
+  for (int i = model.first_block(); i < model.last_block(); ++i) {
+    nn::Block* b = &model.block(i);
+    if (rank != 0)
+      for (nn::Parameter* bias : {&b->attn.proj.bias, &b->mlp.proj.bias})
+        for (int64_t k = 0; k < bias->numel(); ++k) bias->value.data<double>()[k] = 0;
+    auto calls = std::make_shared<int>(0);  // forward reduces attention, then the MLP
+    b->reduce_forward = [b, calls](Tensor& t) {
+      const Tensor& bias = (*calls)++ % 2 == 0 ? b->attn.proj.bias.value : b->mlp.proj.bias.value;
+      const int64_t C = bias.numel(), N = t.numel() / C;
+      double* y = t.data<double>();
+      const double* v = bias.data<double>();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) y[n * C + c] += v[c];
+      all_reduce(t);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) y[n * C + c] -= v[c];
+    };
+    b->reduce_backward = all_reduce;
+  }
+}
+
+// Trains `model` for `steps` AdamW steps on fixed random batches; after each step, `check(step)`.
+template <class Check>
+void train(nn::GPT& model, int steps, Check check) {
+  optim::AdamW adamw(optim::groups(model.parameters()));
+  for (int s = 0; s < steps; ++s) {
+    Tensor x = random_tokens({2, 6}, 13, 100 + s), y = random_tokens({2, 6}, 13, 200 + s);
+    model.zero_grad();
+    model.forward(x, y);
+    model.backward();
+    adamw.step(1e-2);
+    check(s);
+  }
+}
+
 }  // namespace
 
 TEST(TensorParallel, ShardedBlockMatchesTheWholeBlock) {
-  if (world_size() != 2) GTEST_SKIP() << "runs on 2 ranks";
-  const int rank = world_rank();
-  const int64_t C = 8, NH = 2, L = 2;
-  nn::Block whole(0, C, NH, L), half(0, C, NH, L, rank, 2);
-  nn::ParameterSet ws, hs;
+  const int tp = world_size(), rank = world_rank();
+  const int64_t C = 8, NH = 4, L = 2;
+  nn::Block whole(0, C, NH, L), part(0, C, NH, L, rank, tp);
+  nn::ParameterSet ws, ps;
   ws.bind(whole.parameters(), DType::f64, Device::cpu(), 3);
-  hs.bind(half.parameters(), DType::f64, Device::cpu(), 3);
-  // kept whole on both ranks: ln1 and ln2 (2C each) and the two row-parallel biases (C each)
-  EXPECT_EQ(hs.numel() * 2, ws.numel() + 6 * C)
+  ps.bind(part.parameters(), DType::f64, Device::cpu(), 3);
+  // kept whole on every rank: ln1 and ln2 (2C each) and the two row-parallel biases (C each)
+  EXPECT_EQ(ps.numel() * tp, ws.numel() + (tp - 1) * 6 * C)
       << "only the weights and the column-parallel biases are split";
-  // random values (the same on both ranks: same seed), then cut the shards from them
+  // random values (the same on every rank: same seed), biases included, then cut the shards
   fill_uniform(ws.values(), 4, -0.5, 0.5);
-  for (nn::Parameter* p : half.parameters()) {
-    const nn::Parameter& full = ws.get(p->name);
-    const std::vector<double> v = shard_of(full.value, p->shard);
+  for (nn::Parameter* p : part.parameters()) {
+    const std::vector<double> v = shard_of(ws.get(p->name).value, p->shard);
     for (int64_t i = 0; i < p->numel(); ++i) p->value.data<double>()[i] = v[i];
   }
-  // the row-parallel projections' biases are whole on both ranks: add them once (rank 0)
-  if (rank == 1) {
-    for (nn::Parameter* b : {&half.attn.proj.bias, &half.mlp.proj.bias})
-      for (int64_t i = 0; i < b->numel(); ++i) b->value.data<double>()[i] = 0;
-  }
-  half.reduce_forward = all_reduce;
-  half.reduce_backward = all_reduce;
+  part.reduce_forward = all_reduce;
+  part.reduce_backward = all_reduce;
 
   Tensor x = uniform({2, 5, C}, 5), dout = uniform({2, 5, C}, 6);
-  expect_close(half.forward(x).to_vector(), whole.forward(x).to_vector(), "output");
-  expect_close(half.backward(dout, x).to_vector(), whole.backward(dout, x).to_vector(), "dx");
-  for (nn::Parameter* p : half.parameters())
-    expect_close(p->grad.to_vector(), shard_of(ws.get(p->name).grad, p->shard), p->name);
+  nn::BlockActivations wa, pa;
+  EXPECT_TRUE(matches(part.forward(x, pa).to_vector(), whole.forward(x, wa).to_vector(), 1e-12))
+      << "output (the row-parallel biases count once)";
+  EXPECT_TRUE(matches(part.backward(dout, x, pa).to_vector(), whole.backward(dout, x, wa).to_vector(),
+                    1e-12))
+      << "dx";
+  for (nn::Parameter* p : part.parameters())
+    EXPECT_TRUE(matches(p->grad.to_vector(), shard_of(ws.get(p->name).grad, p->shard), 1e-12))
+        << p->name;
+}
+
+TEST(TensorParallel, GPTOfShardedBlocksTrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
+  const int tp = world_size(), rank = world_rank();
+  nn::GPT single(micro(), f64()), part(micro(), f64(rank, tp));
+  make_tensor_parallel(part);
+  std::vector<std::vector<double>> want;  // the single-device shard of each parameter, per step
+  train(single, 5, [&](int) {
+    for (nn::Parameter* p : part.parameters())
+      want.push_back(shard_of(single.params().get(p->name).value, p->shard));
+  });
+  std::size_t k = 0;
+  train(part, 5, [&](int step) {
+    for (nn::Parameter* p : part.parameters())
+      ASSERT_TRUE(matches(p->value.to_vector(), want[k++], 1e-9))
+          << p->name << " after AdamW step " << step + 1 << " on rank " << rank;
+  });
+}
+
+TEST(TensorParallel, PlantedFaultBiasOnEveryRankIsCaught) {
+  const int tp = world_size(), rank = world_rank();
+  if (tp == 1) GTEST_SKIP() << "one rank has no copy to add twice";
+  nn::GPT single(micro(), f64()), part(micro(), f64(rank, tp));
+  plant_bias_fault(part, rank);
+  std::vector<std::vector<double>> want;
+  train(single, 3, [&](int) {
+    for (nn::Parameter* p : part.parameters())
+      want.push_back(shard_of(single.params().get(p->name).value, p->shard));
+  });
+  std::size_t k = 0;
+  std::vector<int> wrong_after(3, 0);  // parameters off per step
+  train(part, 3, [&](int step) {
+    for (nn::Parameter* p : part.parameters())
+      if (!matches(p->value.to_vector(), want[k++], 1e-9)) ++wrong_after[step];
+  });
+  EXPECT_EQ(wrong_after[0], 0) << "one step looks right: the zeroed copies were still zero";
+  EXPECT_GT(wrong_after[2], 0) << "the check of the test above must fail after several steps";
 }
