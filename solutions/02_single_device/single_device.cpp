@@ -1,6 +1,7 @@
 // Lab 02: single_device. The training loop of one device: the baseline of every later lab.
 #include "single_device.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -115,12 +116,45 @@ struct Header {
   int32_t dtype;
 };
 
-void append(std::string& out, const Tensor& t) {
-  const Tensor host = t.to(Device::cpu());
-  out.append(static_cast<const char*>(host.data_ptr()), host.nbytes());
+// A CUDA tensor goes to and from the file through host pieces of this many elements (16 MiB of
+// f32), so neither saving nor loading holds a second copy of a whole tensor in host memory.
+constexpr int64_t kPieceElements = int64_t(1) << 22;
+
+// Appends t's bytes to `out`: a host tensor straight from its memory, a CUDA one piece by piece.
+void write_tensor(std::ofstream& out, const Tensor& t) {
+  SCALELAB_CHECK(t.is_contiguous(), "checkpoint: tensor {} is not contiguous", t.str());
+  const Tensor flat = t.view({-1});
+  const int64_t n = flat.numel();
+  for (int64_t off = 0; off < n; off += kPieceElements) {
+    const int64_t count = std::min(kPieceElements, n - off);
+    const Tensor piece = flat.flat(off, count);
+    const Tensor host = piece.device().is_cpu() ? piece : piece.to(Device::cpu());
+    out.write(static_cast<const char*>(host.data_ptr()),
+              static_cast<std::streamsize>(host.nbytes()));
+  }
+}
+
+// Reads t's bytes from `in` into t: a host tensor in place, a CUDA one piece by piece.
+bool read_tensor(std::ifstream& in, Tensor& t) {
+  SCALELAB_CHECK(t.is_contiguous(), "checkpoint: tensor {} is not contiguous", t.str());
+  Tensor flat = t.view({-1});
+  const int64_t n = flat.numel();
+  for (int64_t off = 0; off < n; off += kPieceElements) {
+    const int64_t count = std::min(kPieceElements, n - off);
+    Tensor piece = flat.flat(off, count);
+    Tensor host = piece.device().is_cpu() ? piece : Tensor::empty({count}, piece.dtype());
+    in.read(static_cast<char*>(host.data_ptr()), static_cast<std::streamsize>(host.nbytes()));
+    if (!in.good()) return false;
+    if (!piece.device().is_cpu()) piece.copy_from(host);
+  }
+  return true;
 }
 }  // namespace
 
+// The file: the header, then the parameters, m and v (flat, in the model's order, raw bytes of
+// the model's dtype). Written tensor by tensor (CUDA ones in pieces) to `path.tmp`, which is then
+// renamed to `path`: the whole file is never built in memory, and an interrupted write never
+// leaves a torn checkpoint.
 void save_checkpoint(const std::string& path, nn::GPT& model, optim::AdamW& opt,
                      int64_t next_step) {
   Header h{};
@@ -130,13 +164,22 @@ void save_checkpoint(const std::string& path, nn::GPT& model, optim::AdamW& opt,
   h.adam_steps = opt.steps();
   h.n_params = model.num_parameters();
   h.dtype = static_cast<int32_t>(model.params().values().dtype());
-  std::string bytes(reinterpret_cast<const char*>(&h), sizeof h);
-  append(bytes, model.params().values());
-  append(bytes, opt.m());
-  append(bytes, opt.v());
   const auto dir = std::filesystem::path(path).parent_path();
   if (!dir.empty()) std::filesystem::create_directories(dir);
-  data::write_file_atomic(path, bytes.data(), bytes.size());
+  const std::string tmp = path + ".tmp";
+  try {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    SCALELAB_REQUIRE(out.good(), "cannot write '{}'", tmp);
+    out.write(reinterpret_cast<const char*>(&h), sizeof h);
+    for (const Tensor* t : {&model.params().values(), &opt.m(), &opt.v()}) write_tensor(out, *t);
+    out.flush();
+    SCALELAB_REQUIRE(out.good(), "error writing '{}'", tmp);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw;
+  }
+  std::filesystem::rename(tmp, path);
 }
 
 int64_t load_checkpoint(const std::string& path, nn::GPT& model, optim::AdamW& opt) {
@@ -150,12 +193,18 @@ int64_t load_checkpoint(const std::string& path, nn::GPT& model, optim::AdamW& o
                        h.dtype == static_cast<int32_t>(model.params().values().dtype()),
                    "checkpoint '{}' is for model '{}' ({} parameters), not '{}' ({})", path,
                    h.config, h.n_params, model.config().name, model.num_parameters());
-  for (Tensor* t : {&model.params().values(), &opt.m(), &opt.v()}) {
-    Tensor host = Tensor::empty(t->shape(), t->dtype());
-    in.read(static_cast<char*>(host.data_ptr()), static_cast<std::streamsize>(host.nbytes()));
-    SCALELAB_REQUIRE(in.good(), "checkpoint '{}' is truncated", path);
-    t->copy_from(host);
-  }
+  // The size is checked before anything is read into the model, so a short file leaves it as it
+  // was.
+  const std::vector<Tensor*> tensors = {&model.params().values(), &opt.m(), &opt.v()};
+  std::uintmax_t expected = sizeof h;
+  for (const Tensor* t : tensors) expected += t->nbytes();
+  const std::uintmax_t size = std::filesystem::file_size(path);
+  SCALELAB_REQUIRE(size >= expected, "checkpoint '{}' is truncated ({} bytes, expected {})", path,
+                   size, expected);
+  SCALELAB_REQUIRE(size == expected, "checkpoint '{}' has {} bytes, expected {}", path, size,
+                   expected);
+  for (Tensor* t : tensors)
+    SCALELAB_REQUIRE(read_tensor(in, *t), "checkpoint '{}' is truncated", path);
   opt.set_steps(h.adam_steps);
   return h.next_step;
 }
