@@ -1,7 +1,21 @@
 #pragma once
 // The one place scalelab allocates tensor memory. It counts the bytes in use and the peak per
-// device, so every memory figure a lab prints is measured, not guessed. Allocations are plain
-// malloc / cudaMalloc (no caching), so "current" is exactly the bytes held by live tensors.
+// device, so every memory figure a lab prints is measured, not guessed.
+//
+// The counters are exact: "current" is the sum of the sizes of the live tensors' allocations
+// (counted when device_alloc returns, uncounted when device_free is called, in the host
+// program's order), "peak" its maximum. They are not what the operating system or the driver
+// report, which is more:
+//   - host: aligned_alloc / free; glibc keeps freed memory for reuse, and the process also holds
+//     code, MPI's buffers and the like, so its RSS is larger than "current".
+//   - CUDA: a stream-ordered memory pool per device (cudaMallocFromPoolAsync / cudaFreeAsync on
+//     the compute stream, the legacy default stream where the kernels run; allocator_cuda.cu).
+//     A free does not synchronise the device; the pool keeps what it reserved (release threshold
+//     UINT64_MAX) for the next allocation, so nvidia-smi shows the pool's reservation (about the
+//     peak plus fragmentation, plus the CUDA context, cuBLAS and NCCL), larger than "current".
+//     Rule for other streams: a tensor used by work on another stream (the nccl backend's) must
+//     stay alive (a Tensor handle held) until that work has completed on the GPU; the nccl
+//     backend's operations hold their tensors until their completion event has fired.
 #include <cstddef>
 #include <string>
 
@@ -37,10 +51,13 @@ MemoryStats memory_stats(Device device);
 /// Sets the peak to the current figure (call before the phase you want to measure).
 void reset_peak_memory(Device device);
 
-/// Allocates `nbytes` on `device` (64-byte aligned on the host) and counts them.
+/// Allocates `nbytes` on `device` (64-byte aligned on the host) and counts them. CUDA memory is
+/// ready for work queued on the compute stream (or ordered after it) from the return on.
 void* device_alloc(std::size_t nbytes, Device device);
 
-/// Frees memory from device_alloc and uncounts its `nbytes`.
+/// Frees memory from device_alloc and uncounts its `nbytes`. On CUDA the free is stream-ordered:
+/// it returns at once, and the memory is reused only after the work already queued on the
+/// compute stream (which may still read it).
 void device_free(void* ptr, std::size_t nbytes, Device device);
 
 /// Copies `nbytes` between any two devices (synchronous: the data is there on return).
