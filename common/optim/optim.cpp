@@ -1,5 +1,6 @@
 #include "common/optim/optim.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/ops/ops.hpp"
@@ -10,6 +11,23 @@ namespace scalelab::optim {
 std::vector<Group> groups(const std::vector<nn::Parameter*>& params) {
   std::vector<Group> g;
   for (nn::Parameter* p : params) g.push_back({p->value, p->grad, p->weight_decay});
+  return g;
+}
+
+std::vector<Group> groups_in_range(const nn::ParameterSet& set, int64_t lo, int64_t hi,
+                                   const Tensor& values, const Tensor& grads) {
+  SCALELAB_CHECK(0 <= lo && lo <= hi && hi <= set.numel(), "range [{}, {}) outside the {} "
+                 "elements of the parameters", lo, hi, set.numel());
+  SCALELAB_CHECK(values.numel() >= hi - lo && grads.numel() >= hi - lo, "range [{}, {}) needs {} "
+                 "elements; values have {}, grads {}", lo, hi, hi - lo, values.numel(),
+                 grads.numel());
+  std::vector<Group> g;
+  const auto& params = set.list();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const int64_t b = std::max(lo, set.offset(i)), e = std::min(hi, set.offset(i) + params[i]->numel());
+    if (b >= e) continue;  // no overlap
+    g.push_back({values.flat(b - lo, e - b), grads.flat(b - lo, e - b), params[i]->weight_decay});
+  }
   return g;
 }
 

@@ -21,6 +21,14 @@ struct Group {
 /// One group per parameter, weight decay as the parameter says (2-d weights).
 std::vector<Group> groups(const std::vector<nn::Parameter*>& params);
 
+/// Groups over elements [lo, hi) of a parameter set's flat layout only (a ZeRO shard): one group
+/// per parameter that overlaps the range, cut to the overlap, weight decay as the parameter says.
+/// `values` and `grads` hold the range's elements (element lo at index 0): slices of the flat
+/// buffers (ZeRO-1), or this rank's own shard buffers (ZeRO-2 gradients, ZeRO-3 values). So
+/// AdamW's m and v exist for hi - lo elements only.
+std::vector<Group> groups_in_range(const nn::ParameterSet& set, int64_t lo, int64_t hi,
+                                   const Tensor& values, const Tensor& grads);
+
 struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;  // nanoGPT's
 };

@@ -47,3 +47,5 @@ add_test(NAME lab02.program.resume
                  $<TARGET_FILE:lab02_single_device_solution> ${tiny_data})
 set_tests_properties(lab02.program.resume PROPERTIES LABELS "reference;lab02" TIMEOUT 60
                      ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+scalelab_add_test(NAME test_param_storage
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_param_storage.cpp)
