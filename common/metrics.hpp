@@ -31,9 +31,13 @@ enum class Precision { fp32, tf32, bf16 };
 ///   A100: 19.5 / 156 / 312     H100 SXM and H200: 67 / 494.7 / 989.4
 double gpu_peak_tflops(const std::string& device_name, Precision precision);
 
-/// The best of `reps` timed n x n x n fp32 matmuls on `device`, in TFLOP/s (2 n^3 FLOPs each):
-/// a stand-in peak for MFU where no data-sheet figure applies (a CPU). Takes well under a second
-/// at n = 512.
+/// n x n x n fp32 matmuls on `device`, in TFLOP/s (2 n^3 FLOPs each): a stand-in peak for MFU
+/// where no data-sheet figure applies (a CPU). The best of several timings of a longer run: one
+/// 512^3 sgemm takes a few ms, too short to time steadily (a single timing gave 31% to 72% MFU
+/// for the same throughput), so each timing is a run of back-to-back matmuls of at least 20 ms,
+/// and timings go on (after a warm-up) until at least `reps` are done and about 0.5 s has passed;
+/// the fastest counts, since noise (other processes, a frequency change, thread start-up) only
+/// makes a timing slower. Bounded: it stops after 1 s of timings whatever `reps` says.
 double measure_matmul_tflops(Device device, int64_t n = 512, int reps = 5);
 
 /// Wall-clock timer. On a GPU, elapsed() first waits for the device's queued work, so it times
@@ -62,7 +66,9 @@ struct StepStats {
   double tokens_per_s = 0;   // over all ranks
   int world = 1;
   double mfu = 0;            // in [0, 1]; printed only when > 0
-  std::size_t peak_bytes = 0;  // the allocator's peak on this rank
+  // the allocator's peak on this rank: bytes of live tensors (exact), not the process's RSS,
+  // which is larger (glibc keeps freed memory; code, MPI's buffers), nor a GPU pool's reservation
+  std::size_t peak_bytes = 0;
   double lr = -1;            // printed when >= 0
 };
 
