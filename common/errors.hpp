@@ -1,6 +1,6 @@
 #pragma once
-// The three kinds of error a scalelab program can raise, and the exit code each one ends with
-// (design.md "Exit codes"): 0 ok, 1 check failed, 2 bad input or usage, 3 watchdog timeout.
+// The three kinds of error a scalelab program can raise, and the exit code each one ends with:
+// 0 ok, 1 check failed, 2 bad input or usage, 3 watchdog timeout.
 #include <stdexcept>
 #include <string>
 

@@ -1,5 +1,5 @@
 #pragma once
-// Named GPT configurations (design.md "Models and data"). All are byte-level (vocab 256).
+// Named GPT configurations. All are byte-level (vocab 256).
 //   tiny     the tests: 2 layers, 2 heads, 32 wide, context 16 (~34k parameters)
 //   small    the CPU demo: 4 layers, 4 heads, 128 wide, context 64 (~0.8M parameters)
 //   gpt-85m  the workshop's GPU run: 12 layers, 12 heads, 768 wide, context 1024 (~86M)

@@ -6,7 +6,7 @@
 //   }
 //
 // run_main initialises MPI (MPI_THREAD_MULTIPLE: the mpi backend progresses collectives on a
-// worker thread), turns the errors of common/errors.hpp into design.md's exit codes, and makes
+// worker thread), turns the errors of common/errors.hpp into the project's exit codes (errors.hpp), and makes
 // sure a failure ends *every* rank: a rank never waits forever for a peer that has given up.
 #include <functional>
 #include <string>

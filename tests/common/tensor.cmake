@@ -14,8 +14,8 @@ scalelab_add_test(NAME test_gpt_golden SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gp
 target_compile_definitions(test_gpt_golden PRIVATE
                            SCALELAB_TEST_DATA="${PROJECT_SOURCE_DIR}/tests/data")
 
-# Bad input to the programs: one "error:" line on stderr and exit code 2 (design.md "Every
-# binary"). Each runs the program directly (a singleton MPI process) through a small sh check.
+# Bad input to the programs: one "error:" line on stderr and exit code 2, from every
+# binary. Each runs the program directly (a singleton MPI process) through a small sh check.
 function(scalelab_expect_usage_error name target)
   add_test(NAME ${name}
            COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
@@ -31,11 +31,11 @@ scalelab_expect_usage_error(common.scalelab_data.missing_file scalelab_data /non
 # lab 02's program (defined later, in labs/; ctest resolves the target at generate time)
 set(lab02 lab02_single_device_solution)
 set(tiny_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # any text file will do
-scalelab_expect_usage_error(lab02.cli.unknown_config ${lab02} --config huge --data ${tiny_data})
+scalelab_expect_usage_error(lab02.cli.unknown_model ${lab02} --model huge --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.missing_data ${lab02} --data /nonexistent/dir)
 scalelab_expect_usage_error(lab02.cli.batch_zero ${lab02} --batch 0 --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.context_zero ${lab02} --context 0 --data ${tiny_data})
-scalelab_expect_usage_error(lab02.cli.context_too_long ${lab02} --config tiny --context 17
+scalelab_expect_usage_error(lab02.cli.context_too_long ${lab02} --model tiny --context 17
                             --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.bad_option ${lab02} --no-such-option)
 scalelab_add_test(NAME test_nn_tensor_parallel

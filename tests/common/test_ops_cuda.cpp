@@ -1,5 +1,5 @@
 // Every CUDA op against its host twin, and a GPT step on both (label gpu; skipped without a GPU).
-// Tolerance (design.md): fp32 with TF32 off, |cuda - cpu| <= 1e-4 * max(1, |cpu|) per element
+// Tolerance: fp32 with TF32 off, |cuda - cpu| <= 1e-4 * max(1, |cpu|) per element
 // (GPT gradients: relative to the largest |gradient| of the parameter).
 #include <gtest/gtest.h>
 

@@ -10,7 +10,7 @@ namespace scalelab::ops::cpu {
 
 namespace {
 // With more than one rank per machine, each rank gets one BLAS thread: ranks do not fight over
-// cores, and results do not depend on how many threads OpenBLAS picked (design.md "Tolerances").
+// cores, and results do not depend on how many threads OpenBLAS picked.
 void configure_blas_threads() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -1,6 +1,6 @@
 // cuBLAS handles, one per device, with the math mode set explicitly: fp32 matmuls stay fp32
 // (CUBLAS_DEFAULT_MATH, TF32 not allowed) unless set_allow_tf32(true), so CUDA results agree with
-// the host's to 1e-4 relative (design.md "Tolerances").
+// the host's to 1e-4 relative.
 #include <mutex>
 
 #include "common/ops/cuda/kernels.cuh"
