@@ -65,7 +65,7 @@ def time_torch(name, repeats, warmup, **kwargs):
 
 
 def time_scalelab(binary, name, repeats, warmup):
-    out = subprocess.run([binary, "--config", name, "--repeats", str(repeats), "--warmup",
+    out = subprocess.run([binary, "--model", name, "--repeats", str(repeats), "--warmup",
                           str(warmup)], check=True, capture_output=True, text=True).stdout
     m = re.search(r"params=(\d+).*best ([\d.]+) ms, median ([\d.]+) ms", out)
     if not m:
@@ -75,7 +75,7 @@ def time_scalelab(binary, name, repeats, warmup):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="gpt-85m", choices=sorted(CONFIGS))
+    ap.add_argument("--model", default="gpt-85m", choices=sorted(CONFIGS))
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--scalelab", metavar="BINARY", help="scalelab_bench_adamw to run as well")
@@ -87,16 +87,16 @@ def main():
     rows = []
     if args.scalelab:
         rows.append(("scalelab AdamW (one pass, AVX/SSE2)",)
-                    + time_scalelab(args.scalelab, args.config, args.repeats, args.warmup))
+                    + time_scalelab(args.scalelab, args.model, args.repeats, args.warmup))
     variants = [("torch foreach=True (default)", dict(foreach=True, fused=False)),
                 ("torch foreach=False, fused=False", dict(foreach=False, fused=False)),
                 ("torch fused=True", dict(fused=True))]
     for label, kwargs in variants:
         try:
-            rows.append((label,) + time_torch(args.config, args.repeats, args.warmup, **kwargs))
+            rows.append((label,) + time_torch(args.model, args.repeats, args.warmup, **kwargs))
         except (RuntimeError, TypeError, ValueError) as e:  # fused=True is not on every CPU build
             print(f"# {label}: not available ({e})", file=sys.stderr)
-    print(f"AdamW step, {args.config}, one CPU thread, best / median of {args.repeats} steps "
+    print(f"AdamW step, {args.model}, one CPU thread, best / median of {args.repeats} steps "
           f"after {args.warmup} (torch {torch.__version__}, "
           f"{torch.backends.cpu.get_cpu_capability()})")
     print(f"| {'implementation':36} | {'params':>10} | {'best ms':>8} | {'median ms':>9} |")

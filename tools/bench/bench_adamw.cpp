@@ -48,13 +48,13 @@ int main(int argc, char** argv) {
     auto options = cli::make_options(
         "scalelab_bench_adamw",
         "Time AdamW::step over a GPT's parameters (one thread on the host): best and median ms.");
-    options.add_options()("config", "model config (its parameter shapes)",
+    options.add_options()("model", "model config (its parameter shapes)",
                           cxxopts::value<std::string>()->default_value("gpt-85m"))(
         "repeats", "timed steps", cxxopts::value<int>()->default_value("10"))(
         "warmup", "untimed steps first", cxxopts::value<int>()->default_value("2"))(
         "device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cpu"));
     auto r = cli::parse(options, argc, argv);
-    const ModelConfig config = model_config(r["config"].as<std::string>());
+    const ModelConfig config = model_config(r["model"].as<std::string>());
     const int repeats = r["repeats"].as<int>(), warmup = r["warmup"].as<int>();
     SCALELAB_REQUIRE(repeats >= 1 && warmup >= 0, "--repeats must be >= 1 and --warmup >= 0");
     const Device device = Device::parse(r["device"].as<std::string>());
