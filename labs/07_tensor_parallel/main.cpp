@@ -1,0 +1,190 @@
+// Lab 07 driver (not edited by attendees): trains a GPT whose blocks, embedding and LM head are
+// split over all ranks (tensor parallel: tp = the number of ranks), prints the single-device
+// twin's loss beside its own for the first steps, then a table for tp = 1, 2, 4: parameters per
+// rank, activation bytes per rank (measured and formula), bytes communicated per step (byte
+// counters and formula), step time.
+//
+//   ./scalelab run 07 --solution -n 2
+//   ./scalelab run 07 -n 4 -- --steps 10 --twin-steps 3
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "common/cli.hpp"
+#include "common/comm/stats.hpp"
+#include "common/data/sampler.hpp"
+#include "common/log.hpp"
+#include "common/nn/gpt.hpp"
+#include "common/optim/optim.hpp"
+#include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/loop.hpp"
+#include "tensor_parallel.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+struct Row {
+  int tp = 0;
+  int64_t params = 0;
+  std::size_t act = 0, act_formula = 0;
+  int64_t comm_bytes = 0, comm_calls = 0;
+  std::size_t comm_formula = 0;
+  double ms = 0;
+};
+
+// One group of `tp` ranks trains a fresh TPGPT for `reps` steps on `batch` (no optimizer: the
+// figures do not depend on it) and returns its figures; the byte counters and activations are
+// those of the last step, the time the best.
+Row measure(const ModelConfig& config, comm::Communicator& group, const data::Batch& batch,
+            uint64_t seed, int reps) {
+  lab07::TPGPT model(config, group, {.seed = seed});
+  const int64_t B = batch.x.size(0), T = batch.x.size(1);
+  Row row{group.size(), model.num_parameters()};
+  row.act_formula = lab07::activation_bytes_formula(config, B, T, group.size(), sizeof(float));
+  row.comm_formula = lab07::comm_bytes_formula(config, B, T, sizeof(float));
+  row.ms = 1e30;
+  for (int r = 0; r < reps + 1; ++r) {  // the first one warms up
+    group.barrier();
+    const comm::CommStats before = comm::comm_stats();
+    metrics::Timer timer;
+    model.zero_grad();
+    lab07::TPActivations acts;
+    model.forward(batch.x, batch.y, acts);
+    row.act = acts.nbytes();
+    model.backward(acts);
+    const double ms = timer.elapsed() * 1e3;
+    const comm::CommCount moved = comm::comm_total(comm::comm_stats() - before, group.name());
+    row.comm_bytes = moved.bytes;
+    row.comm_calls = moved.calls;
+    if (r > 0) row.ms = std::min(row.ms, ms);
+  }
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options("lab07_tensor_parallel",
+                                     "Lab 07: tensor-parallel GPT training over all ranks");
+    cli::add_run_options(options);
+    train::add_train_options(options, {.batch = 8, .steps = 20});
+    options.add_options("lab 07")
+        ("twin-steps", "steps for which the single-device twin runs beside (its loss printed)",
+         cxxopts::value<int>()->default_value("5"))
+        ("reps", "timed steps per row of the table (the best time is shown)",
+         cxxopts::value<int>()->default_value("3"));
+    const auto parsed = cli::parse(options, argc, argv);
+    const auto run = cli::run_options(parsed);
+    const auto opt = train::read_train_options(parsed);
+    const int twin_steps = parsed["twin-steps"].as<int>();
+    const int reps = parsed["reps"].as<int>();
+    SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
+    SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
+    SCALELAB_REQUIRE(run.device == "cpu", "lab 07 runs on the CPU (--device cpu), got {}",
+                     run.device);
+    const ModelConfig config = model_config(opt.model);
+
+    auto world = comm::Communicator::world(run.backend == "auto" ? "mpi" : run.backend);
+    const int tp = world.size(), rank = world.rank();
+    lab07::check_tp(config, tp);  // a usage error on every rank, before any collective
+    const auto tokens = train::load_train_tokens(opt);
+    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+
+    // the tp group is the whole world here; it gets its own name in the byte counters
+    comm::Communicator group = world.split(0, rank, fmt::format("tp{}", tp));
+    lab07::TPGPT model(config, group, {.seed = run.seed});
+    optim::AdamW adamw(optim::groups(model.parameters()));
+    // The twin: the single-device GPT with the same seed and batches, on rank 0 only.
+    std::optional<nn::GPT> twin;
+    std::optional<optim::AdamW> twin_adamw;
+    if (rank == 0 && twin_steps > 0) {
+      twin.emplace(config, nn::GPTOptions{.seed = run.seed});
+      twin_adamw.emplace(optim::groups(twin->parameters()));
+    }
+    log::info("lab 07 tensor_parallel: model {} ({} parameters, {} on each of {} ranks), global "
+              "batch {} x {} tokens on every rank, {} steps", config.name,
+              metrics::human_count(static_cast<double>(parameter_count(config))),
+              metrics::human_count(static_cast<double>(model.num_parameters())), tp, opt.batch,
+              config.block_size, opt.steps);
+    train::StepReporter reporter(config, opt.batch * config.block_size, Device::cpu(),
+                                 opt.peak_tflops, world);
+    double worst = 0;
+    for (int64_t step = 0; step < opt.steps; ++step) {
+      const double lr = train::learning_rate(opt, step);
+      const data::Batch batch = sampler.batch(step);  // the whole batch on every rank
+      metrics::Timer timer;
+      model.zero_grad();
+      lab07::TPActivations acts;
+      const double loss = model.forward(batch.x, batch.y, acts);
+      model.backward(acts);
+      adamw.step(lr);
+      const double dt = timer.elapsed();
+      std::string line = reporter.line(step, loss, dt, lr);
+      if (twin && step < twin_steps) {
+        twin->zero_grad();
+        const double want = twin->forward(batch.x, batch.y);
+        twin->backward();
+        twin_adamw->step(lr);
+        worst = std::max(worst, std::abs(loss - want));
+        line += fmt::format("  single-device {:.6f} (|diff| {:.1e})", want,
+                            std::abs(loss - want));
+      }
+      log::info("{}", line);
+    }
+    if (twin) log::info("largest |loss - single-device loss| over the first {} steps: {:.2e}",
+                        std::min<int64_t>(twin_steps, opt.steps), worst);
+    twin.reset();
+
+    // The table: for each tp dividing the world (and the model), the ranks [0, tp) measure
+    // while the others wait, so the timings do not share cores with another group.
+    const data::Batch batch = sampler.batch(opt.steps);
+    std::vector<Row> rows;
+    for (int t : {1, 2, 4}) {
+      if (t > tp || tp % t != 0) continue;
+      bool fits = true;
+      try {
+        lab07::check_tp(config, t);
+      } catch (const UsageError&) {
+        fits = false;
+      }
+      if (!fits) continue;
+      comm::Communicator sub =
+          world.split(rank < t ? 0 : 1, rank, fmt::format("table-tp{}", t));
+      if (rank < t) {
+        Row r = measure(config, sub, batch, run.seed, reps);
+        if (rank == 0) rows.push_back(r);
+      }
+      world.barrier();
+    }
+    const int64_t B = batch.x.size(0), T = batch.x.size(1);
+    log::info("");
+    log::info("{} x {} tokens, fp32, best of {} steps; activations: bytes held after forward "
+              "(TPActivations::nbytes, rank 0); comm: payload bytes rank 0 submitted in one "
+              "step (forward + backward), by the byte counters", B, T, reps);
+    log::info("{:>3} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9}", "tp", "params/rank",
+              "act/rank", "act formula", "calls", "comm/step", "formula", "step ms");
+    bool exact = true;
+    for (const Row& r : rows) {
+      log::info("{:>3} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9.1f}", r.tp,
+                metrics::human_count(static_cast<double>(r.params)),
+                metrics::human_bytes(static_cast<double>(r.act)),
+                metrics::human_bytes(static_cast<double>(r.act_formula)), r.comm_calls,
+                metrics::human_bytes(static_cast<double>(r.comm_bytes)),
+                metrics::human_bytes(static_cast<double>(r.comm_formula)), r.ms);
+      exact = exact && r.act == r.act_formula &&
+              static_cast<std::size_t>(r.comm_bytes) == r.comm_formula;
+    }
+    if (rank == 0)
+      log::info("comm formula: (4L + 2) B*T*C + 3 B*T elements per step, whatever tp (L = {}); "
+                "measured == formula for activations and bytes: {}", config.n_layer,
+                exact ? "yes" : "NO");
+    exact = train::on_every_rank(exact, world);
+    return exact ? kExitOk : kExitFailed;
+  });
+}

@@ -1,0 +1,216 @@
+#pragma once
+/// @file tensor_parallel.hpp
+/// Lab 07 contract: tensor parallelism (Megatron-LM). The tp ranks of a group share every layer:
+/// each holds a slice of every weight, computes with its slice, and the ranks talk only where a
+/// partial result must become whole. Two conjugate operators say where:
+///
+///   f   forward: identity (every rank already has the whole input X)
+///       backward: all-reduce (each rank's dX is a partial sum over its slice of the weight)
+///   g   forward: all-reduce (each rank's output is a partial sum)
+///       backward: identity (every rank needs the whole dY, and already has it)
+///
+/// A column-parallel Linear (rank r keeps output features [r*out/tp, (r+1)*out/tp), rows of the
+/// (out, in) weight) starts with f; a row-parallel Linear (input features, columns of the weight)
+/// ends with g. An MLP is f -> column -> GELU -> row -> g: one all-reduce forward, one backward.
+/// Attention is the same with the heads as the columns.
+///
+/// Every rank of `tp` must call these functions in the same order (they are collectives).
+/// Parameters are drawn for the FULL tensor from (seed, name) and cut to the shard a layer holds
+/// (nn::Shard), so a sharded layer holds exactly the single-device values.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/comm/communicator.hpp"
+#include "common/model_config.hpp"
+#include "common/nn/block.hpp"
+#include "common/nn/layernorm.hpp"
+#include "common/nn/linear.hpp"
+
+namespace scalelab::lab07 {
+
+// ---- Step 1: the conjugate operators f and g ---------------------------------------------------
+
+/// Step 1. f's forward: the identity (nothing to do, nothing sent).
+void f_forward(Tensor& x, comm::Communicator& tp);
+/// Step 1. f's backward: `dx` (this rank's partial input gradient) becomes the sum over the tp
+/// ranks, in place: one all-reduce of dx. Call it even with one rank (the byte counters then
+/// show every all-reduce the technique makes).
+void f_backward(Tensor& dx, comm::Communicator& tp);
+/// Step 1. g's forward: `y` (this rank's partial output) becomes the sum over the tp ranks, in
+/// place: one all-reduce. Also with one rank.
+void g_forward(Tensor& y, comm::Communicator& tp);
+/// Step 1. g's backward: the identity (nothing to do, nothing sent).
+void g_backward(Tensor& dy, comm::Communicator& tp);
+
+// ---- Step 2: column- and row-parallel Linear --------------------------------------------------
+
+/// Step 2a. The rows of an (out_features, in) weight rank `rank` of `tp` keeps in a
+/// column-parallel Linear: Shard{0, {[rank*out/tp, (rank+1)*out/tp)}} (the bias is cut the same
+/// way). One range even when tp = 1. scalelab::UsageError when tp does not divide out_features.
+nn::Shard column_shard(int64_t out_features, int rank, int tp);
+/// Step 2a. The columns of an (out, in_features) weight a row-parallel Linear keeps:
+/// Shard{1, {[rank*in/tp, (rank+1)*in/tp)}} (its bias is kept whole). One range even when tp = 1,
+/// so the layer knows it is row parallel (nn::Linear::row_parallel) and leaves the bias to the
+/// caller. scalelab::UsageError when tp does not divide in_features.
+nn::Shard row_shard(int64_t in_features, int rank, int tp);
+
+/// Step 2b. Column-parallel forward: f, then the local GEMM (with the local bias).
+/// x (..., in) the whole input, the same on every rank; returns (..., out/tp), this rank's
+/// output features. No communication.
+Tensor column_parallel_forward(const nn::Linear& layer, const Tensor& x, comm::Communicator& tp);
+/// Step 2b. Column-parallel backward: dW, db += (this rank's slice); returns dx (..., in), the
+/// WHOLE input gradient: the local GEMM's partial sum, then f's backward (one all-reduce).
+Tensor column_parallel_backward(nn::Linear& layer, const Tensor& dy_local, const Tensor& x,
+                                comm::Communicator& tp);
+/// Step 2c. Row-parallel forward: x_local (..., in/tp) this rank's input features; the local
+/// GEMM gives a partial sum of the output; g (one all-reduce); then the bias, ONCE
+/// (layer.add_bias). Returns (..., out), the same on every rank.
+Tensor row_parallel_forward(const nn::Linear& layer, const Tensor& x_local,
+                            comm::Communicator& tp);
+/// Step 2c. Row-parallel backward: dy (..., out), the same on every rank (g's backward is the
+/// identity); dW (this rank's columns) and db (whole, the same on every rank) +=; returns
+/// dx_local (..., in/tp). No communication.
+Tensor row_parallel_backward(nn::Linear& layer, const Tensor& dy, const Tensor& x_local,
+                             comm::Communicator& tp);
+
+// ---- Step 3: the tensor-parallel block -------------------------------------------------------
+
+/// Which rows of the fused (3C, C) QKV weight and which columns of the (C, C) output
+/// projection a rank keeps.
+struct HeadShards {
+  nn::Shard qkv;   // dim 0: the q, k and v rows of this rank's heads (three ranges)
+  nn::Shard proj;  // dim 1: the columns that read this rank's heads' outputs
+};
+
+/// Step 3a. Rank `rank` of `tp` keeps heads [rank*NH/tp, (rank+1)*NH/tp), a contiguous group.
+/// The fused weight stacks all q rows, then all k rows, then all v rows, head after head
+/// (head h's q rows are [h*hs, (h+1)*hs), its k rows C + that, its v rows 2C + that). One set of
+/// ranges also when tp = 1. scalelab::UsageError when tp does not divide n_head.
+HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp);
+
+/// Given. Block `index` of a model with n_layer blocks, holding rank `rank`'s share of `tp`:
+/// attention sharded by head_shards, the MLP's fc by column_shard(4C) and its proj by
+/// row_shard(4C) (set on the parameters before they are bound, so they are what the block
+/// holds). The block's hooks are unset: see make_tensor_parallel.
+std::unique_ptr<nn::Block> make_block(int index, const ModelConfig& config, int rank, int tp);
+
+/// Step 3b. Connects a block's communication to the operators of step 1: the block calls
+/// reduce_forward on each row-parallel projection's partial output (attention, then MLP) before
+/// adding the bias and the residual, and reduce_backward on the gradient leaving each
+/// column-parallel input (ln2's output, then ln1's). Which operator goes where? One all-reduce
+/// per sub-layer forward, one backward: 2 + 2 per block per step.
+void make_tensor_parallel(nn::Block& block, comm::Communicator& tp);
+
+/// Given. scalelab::UsageError (one line) unless tp >= 1 divides the heads, the MLP width 4C and
+/// the vocabulary of `config`.
+void check_tp(const ModelConfig& config, int tp);
+
+// ---- Step 4: vocabulary parallel -------------------------------------------------------------
+
+/// Step 4a. The vocabulary rows [lo, hi) rank `rank` of `tp` keeps: V/tp contiguous token ids.
+/// scalelab::UsageError when tp does not divide V.
+struct VocabRange {
+  int64_t lo = 0, hi = 0;
+};
+VocabRange vocab_range(int64_t vocab_size, int rank, int tp);
+
+/// Step 4b. The embedding with wte sharded by vocabulary rows: out (B, T, C) =
+/// wte[tokens] + wpe[0..T). This rank holds wte rows [lo, lo + wte_local.size(0)) (wte_local,
+/// (V/tp, C)); a token outside them gives a zero row; one all-reduce (g) makes every row whole;
+/// then add the position embedding wpe (whole on every rank) once.
+Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, const Tensor& wpe,
+                                        const Tensor& tokens, comm::Communicator& tp);
+/// Step 4b. dwte_local += dout rows of the tokens this rank holds (the others are not this rank's
+/// rows); dwpe += dout summed over the batch. dout is the same on every rank: no communication.
+void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& dwpe,
+                                       const Tensor& dout, const Tensor& tokens);
+
+/// Step 4c. Cross-entropy over logits split by vocabulary, WITHOUT gathering them.
+/// logits (N, V/tp): this rank's columns [lo, lo + V/tp) of the (N, V) logits; targets (N) i32.
+/// Replaces `logits` IN PLACE by this rank's columns of softmax(full logits) (what backward
+/// needs) and returns the mean loss over the N rows, the same on every rank. Per row, three
+/// all-reduces of N numbers: the max of the local maxima (for a stable softmax), the target's
+/// logit (only the rank holding it contributes), the sum of exp(logit - max).
+/// Allocates only O(N) besides: the (N, V) logits never exist on one rank.
+double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo,
+                                    comm::Communicator& tp);
+/// Step 4c. The backward, in place: probs (N, V/tp) from the forward becomes dlogits =
+/// (probs - onehot(target)) * scale / N on this rank's columns. No communication.
+void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
+                                           double scale = 1.0);
+
+// ---- The tensor-parallel GPT (given: the wiring of the steps above) ---------------------------
+
+/// What one forward of a TPGPT saves for its backward (every tensor its own allocation).
+struct TPActivations {
+  Tensor tokens, targets;                    // (B, T) i32
+  std::vector<Tensor> inputs;                // (B, T, C) each block's input (whole, every rank)
+  std::vector<nn::BlockActivations> blocks;  // each block's (sharded parts: (B, T, C/tp) etc.)
+  Tensor x;                                  // (B, T, C) the last block's output (ln_f's input)
+  Tensor lnf, lnf_mean, lnf_rstd;            // (B, T, C), (B*T), (B*T)
+  Tensor probs;                              // (B*T, V/tp): this rank's softmax columns
+  void reset() { *this = TPActivations{}; }
+  /// Bytes held: blocks' activations and inputs, and the head's (x, lnf and statistics, probs).
+  std::size_t nbytes() const;
+};
+
+struct TPOptions {
+  DType dtype = DType::f32;
+  uint64_t seed = 1337;
+};
+
+/// GPT-2 (as nn::GPT: same parameter names and initial values) with every block tensor
+/// parallel (make_block + make_tensor_parallel), the token embedding sharded by vocabulary
+/// (vocab_range) and the LM head tied to that shard: logits = ln_f(x) @ wte_local^T are this
+/// rank's vocabulary columns, fed to vocab_parallel_cross_entropy. CPU only.
+class TPGPT {
+ public:
+  TPGPT(const ModelConfig& config, comm::Communicator& tp, const TPOptions& options = {});
+  TPGPT(const TPGPT&) = delete;
+  TPGPT& operator=(const TPGPT&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  /// Mean cross-entropy of tokens -> targets (B, T); fills acts.
+  double forward(const Tensor& tokens, const Tensor& targets, TPActivations& acts);
+  /// Gradients (+=) of loss_scale * mean loss; consumes acts.
+  void backward(TPActivations& acts, double loss_scale = 1.0);
+  /// The pieces of forward (for measuring the head alone).
+  Tensor embed(const Tensor& tokens, TPActivations& acts);
+  Tensor forward_blocks(const Tensor& x, TPActivations& acts);
+  double head_forward(const Tensor& x, const Tensor& targets, TPActivations& acts);
+
+  nn::ParameterSet& params() { return params_; }
+  const std::vector<nn::Parameter*>& parameters() const { return params_.list(); }
+  /// Elements this rank holds.
+  int64_t num_parameters() const { return params_.numel(); }
+  void zero_grad() { params_.zero_grad(); }
+  nn::Block& block(int i) { return *blocks_.at(i); }
+
+  nn::Parameter wte, wpe;  // wte: rows [vocab.lo, vocab.hi) of (V, C); wpe whole
+  VocabRange vocab;
+  std::vector<std::unique_ptr<nn::Block>> blocks_;
+  nn::LayerNorm ln_f;
+
+ private:
+  ModelConfig config_;
+  comm::Communicator& tp_;
+  nn::ParameterSet params_;
+};
+
+// ---- Measure (given: the program's table) ----------------------------------------------------
+
+/// Bytes of activations one rank holds after TPGPT::forward on a (B, T) batch (TPActivations::
+/// nbytes), in elements of `elem` bytes: per block the replicated (B, T, C) tensors (input, ln1,
+/// res2, ln2) and statistics, and the sharded ones (q, k, v, y: C/tp; att: NH/tp heads; h, g:
+/// 4C/tp); the head's x, lnf, statistics and probs (V/tp).
+std::size_t activation_bytes_formula(const ModelConfig& config, int64_t B, int64_t T, int tp,
+                                     std::size_t elem);
+/// Payload bytes one training step of a TPGPT moves per rank (the byte counters' measure):
+/// per block 2 all-reduces of B*T*C forward and 2 backward; the embedding's all-reduce of B*T*C;
+/// the head's f backward (B*T*C) and the cross-entropy's three all-reduces of B*T.
+std::size_t comm_bytes_formula(const ModelConfig& config, int64_t B, int64_t T,
+                               std::size_t elem);
+
+}  // namespace scalelab::lab07

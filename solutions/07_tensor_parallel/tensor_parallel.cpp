@@ -1,0 +1,448 @@
+// Lab 07: tensor parallelism: f and g, column- and row-parallel Linear, the TP block,
+// vocabulary-parallel embedding and cross-entropy.
+#include "tensor_parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "common/errors.hpp"
+#include "common/ops/ops.hpp"
+#include "common/trace.hpp"
+
+namespace scalelab::lab07 {
+
+namespace {
+
+// The shape of x with its last dimension replaced by `last`: (..., in) -> (..., last).
+std::vector<int64_t> with_last(const Tensor& x, int64_t last) {
+  std::vector<int64_t> s = x.shape();
+  s.back() = last;
+  return s;
+}
+
+// Calls fn(T{}) with T the C++ type of `dt` (the CPU loops of step 4 are written once).
+template <class Fn>
+void by_dtype(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::f32: fn(float{}); return;
+    case DType::f64: fn(double{}); return;
+    default: throw CheckFailed(fmt::format("lab 07: {} tensors are not supported", dtype_name(dt)));
+  }
+}
+
+void require_cpu(const Tensor& t, const char* what) {
+  SCALELAB_CHECK(t.device().is_cpu(), "lab 07's {} runs on the CPU (got {})", what, t.str());
+}
+
+}  // namespace
+
+// ---- Step 1 -----------------------------------------------------------------------------------
+
+void f_forward(Tensor& x, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 1: f is the identity forward
+  // Every rank already holds the whole input: nothing to do.
+  (void)x;
+  (void)tp;
+  // END SOLUTION
+}
+
+void f_backward(Tensor& dx, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 1: f's backward sums the partial input gradients
+  // HINT: tp.all_reduce(t) sums t over the group in place.
+  tp.all_reduce(dx);
+  // END SOLUTION
+}
+
+void g_forward(Tensor& y, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 1: g sums the partial outputs
+  tp.all_reduce(y);
+  // END SOLUTION
+}
+
+void g_backward(Tensor& dy, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 1: g's backward is the identity
+  // Every rank already holds the whole output gradient: nothing to do.
+  (void)dy;
+  (void)tp;
+  // END SOLUTION
+}
+
+// ---- Step 2 -----------------------------------------------------------------------------------
+
+nn::Shard column_shard(int64_t out_features, int rank, int tp) {
+  // BEGIN SOLUTION step 2: rank r keeps output rows [r*out/tp, (r+1)*out/tp)
+  // HINT: SCALELAB_REQUIRE(condition, "message {}", args) throws scalelab::UsageError.
+  SCALELAB_REQUIRE(tp >= 1 && out_features % tp == 0,
+                   "tensor parallel size {} does not divide {} output features", tp, out_features);
+  const int64_t n = out_features / tp;
+  return nn::Shard{0, {{rank * n, (rank + 1) * n}}};
+  // END SOLUTION
+}
+
+nn::Shard row_shard(int64_t in_features, int rank, int tp) {
+  // BEGIN SOLUTION step 2: rank r keeps input columns [r*in/tp, (r+1)*in/tp)
+  SCALELAB_REQUIRE(tp >= 1 && in_features % tp == 0,
+                   "tensor parallel size {} does not divide {} input features", tp, in_features);
+  const int64_t n = in_features / tp;
+  return nn::Shard{1, {{rank * n, (rank + 1) * n}}};
+  // END SOLUTION
+}
+
+Tensor column_parallel_forward(const nn::Linear& layer, const Tensor& x, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 2: f, then y_local = x @ W_local^T + b_local
+  // HINT: layer.forward(out, in) is the local GEMM (out must be allocated: (..., out_local)).
+  Tensor in = x;  // shares x's storage: f's forward copies nothing
+  f_forward(in, tp);
+  Tensor y = Tensor::empty(with_last(x, layer.out_features()), x.dtype(), x.device());
+  layer.forward(y, in);  // (N, out/tp): this rank's output features, bias included
+  return y;
+  // END SOLUTION
+}
+
+Tensor column_parallel_backward(nn::Linear& layer, const Tensor& dy_local, const Tensor& x,
+                                comm::Communicator& tp) {
+  // BEGIN SOLUTION step 2: local backward, then f's backward on dx
+  // HINT: layer.backward(din, dout, in) accumulates: din must start at zero.
+  Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
+  layer.backward(dx, dy_local, x);  // dx = dy_local @ W_local: this rank's share of the sum
+  f_backward(dx, tp);               // the whole dx = sum over ranks
+  return dx;
+  // END SOLUTION
+}
+
+Tensor row_parallel_forward(const nn::Linear& layer, const Tensor& x_local,
+                            comm::Communicator& tp) {
+  // BEGIN SOLUTION step 2: partial y = x_local @ W_local^T, g, then the bias once
+  Tensor y = Tensor::empty(with_last(x_local, layer.out_features()), x_local.dtype(),
+                           x_local.device());
+  layer.forward(y, x_local);  // a row-parallel Linear leaves out the bias
+  g_forward(y, tp);           // sum of the partial products: the whole x @ W^T
+  layer.add_bias(y);          // once, after the sum (before it, tp copies would add up)
+  return y;
+  // END SOLUTION
+}
+
+Tensor row_parallel_backward(nn::Linear& layer, const Tensor& dy, const Tensor& x_local,
+                             comm::Communicator& tp) {
+  // BEGIN SOLUTION step 2: g's backward, then the local backward
+  Tensor d = dy;  // shares dy's storage
+  g_backward(d, tp);
+  Tensor dx = Tensor::zeros(x_local.shape(), x_local.dtype(), x_local.device());
+  layer.backward(dx, d, x_local);  // dW (our columns) += d^T x_local; db += column sums of d
+  return dx;
+  // END SOLUTION
+}
+
+// ---- Step 3 -----------------------------------------------------------------------------------
+
+HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp) {
+  // BEGIN SOLUTION step 3: this rank's heads: their q, k and v rows, their projection columns
+  // HINT: q rows of heads [h0, h1) are [h0*hs, h1*hs); k rows are n_embd further, v rows 2*n_embd.
+  SCALELAB_REQUIRE(tp >= 1 && n_head % tp == 0,
+                   "tensor parallel size {} does not divide {} attention heads", tp, n_head);
+  const int64_t hs = n_embd / n_head, per = n_head / tp;
+  const int64_t b = rank * per * hs, e = (rank + 1) * per * hs;
+  HeadShards s;
+  s.qkv = nn::Shard{0, {{b, e}, {n_embd + b, n_embd + e}, {2 * n_embd + b, 2 * n_embd + e}}};
+  s.proj = nn::Shard{1, {{b, e}}};
+  return s;
+  // END SOLUTION
+}
+
+std::unique_ptr<nn::Block> make_block(int index, const ModelConfig& c, int rank, int tp) {
+  auto block = std::make_unique<nn::Block>(index, c.n_embd, c.n_head, c.n_layer, rank, tp);
+  // The library's Block already knows how to hold a 1/tp share; here the shards come from this
+  // lab's functions, so the block holds what the attendee's cut says (wrong cuts show up as
+  // wrong numbers or wrong shapes in the graders).
+  const HeadShards heads = head_shards(c.n_embd, c.n_head, rank, tp);
+  nn::Linear& qkv = block->attn.qkv;
+  qkv.weight.shard = heads.qkv;
+  qkv.bias.shard = heads.qkv;  // the bias rows follow the weight rows
+  block->attn.proj.weight.shard = heads.proj;
+  block->attn.proj.bias.shard = {};  // row parallel: the bias is whole
+  block->mlp.fc.weight.shard = column_shard(4 * c.n_embd, rank, tp);
+  block->mlp.fc.bias.shard = block->mlp.fc.weight.shard;
+  block->mlp.proj.weight.shard = row_shard(4 * c.n_embd, rank, tp);
+  block->mlp.proj.bias.shard = {};
+  return block;
+}
+
+void make_tensor_parallel(nn::Block& block, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 3: g after each row-parallel projection, f's backward before each column
+  // HINT: block.reduce_forward and block.reduce_backward are std::function<void(Tensor&)>.
+  comm::Communicator* group = &tp;  // the communicator must outlive the block
+  block.reduce_forward = [group](Tensor& y) { g_forward(y, *group); };
+  block.reduce_backward = [group](Tensor& dx) { f_backward(dx, *group); };
+  // END SOLUTION
+}
+
+void check_tp(const ModelConfig& c, int tp) {
+  SCALELAB_REQUIRE(tp >= 1, "tensor parallel size must be at least 1, got {}", tp);
+  SCALELAB_REQUIRE(c.n_head % tp == 0 && (4 * c.n_embd) % tp == 0 && c.vocab_size % tp == 0,
+                   "tensor parallel size {} must divide the heads ({}), the MLP width ({}) and "
+                   "the vocabulary ({}) of model {}",
+                   tp, c.n_head, 4 * c.n_embd, c.vocab_size, c.name);
+}
+
+// ---- Step 4 -----------------------------------------------------------------------------------
+
+VocabRange vocab_range(int64_t vocab_size, int rank, int tp) {
+  // BEGIN SOLUTION step 4: V/tp contiguous ids per rank
+  SCALELAB_REQUIRE(tp >= 1 && vocab_size % tp == 0,
+                   "tensor parallel size {} does not divide the vocabulary of {}", tp, vocab_size);
+  const int64_t n = vocab_size / tp;
+  return VocabRange{rank * n, (rank + 1) * n};
+  // END SOLUTION
+}
+
+Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, const Tensor& wpe,
+                                        const Tensor& tokens, comm::Communicator& tp) {
+  require_cpu(wte_local, "vocabulary-parallel embedding");
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = wte_local.size(1);
+  Tensor out = Tensor::zeros({B, T, C}, wte_local.dtype(), wte_local.device());  // (B, T, C)
+  // BEGIN SOLUTION step 4: local rows (zero for other ranks' ids), all-reduce, + wpe
+  // HINT: tokens.data<int32_t>(); out.data<T>() with T float or double: see by_dtype.
+  const int64_t n_local = wte_local.size(0);
+  const int32_t* tok = tokens.data<int32_t>();
+  by_dtype(out.dtype(), [&](auto zero) {
+    using F = decltype(zero);
+    const F* w = wte_local.data<F>();
+    F* o = out.data<F>();
+    for (int64_t i = 0; i < B * T; ++i) {
+      const int64_t row = tok[i] - lo;
+      if (row < 0 || row >= n_local) continue;  // another rank's id: stays zero
+      std::copy(w + row * C, w + (row + 1) * C, o + i * C);
+    }
+  });
+  g_forward(out, tp);  // each row came from exactly one rank: the sum is the lookup
+  by_dtype(out.dtype(), [&](auto zero) {
+    using F = decltype(zero);
+    const F* p = wpe.data<F>();
+    F* o = out.data<F>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 0; c < C; ++c) o[(b * T + t) * C + c] += p[t * C + c];
+  });
+  // END SOLUTION
+  return out;
+}
+
+void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& dwpe,
+                                       const Tensor& dout, const Tensor& tokens) {
+  require_cpu(dout, "vocabulary-parallel embedding");
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = dout.size(2);
+  // BEGIN SOLUTION step 4: scatter-add the rows of our ids; wpe gets every row
+  const int64_t n_local = dwte_local.size(0);
+  const int32_t* tok = tokens.data<int32_t>();
+  by_dtype(dout.dtype(), [&](auto zero) {
+    using F = decltype(zero);
+    const F* d = dout.data<F>();
+    F* dw = dwte_local.data<F>();
+    F* dp = dwpe.data<F>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t i = b * T + t, row = tok[i] - lo;
+        for (int64_t c = 0; c < C; ++c) dp[t * C + c] += d[i * C + c];
+        if (row < 0 || row >= n_local) continue;
+        for (int64_t c = 0; c < C; ++c) dw[row * C + c] += d[i * C + c];
+      }
+  });
+  // END SOLUTION
+}
+
+double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo,
+                                    comm::Communicator& tp) {
+  require_cpu(logits, "vocabulary-parallel cross-entropy");
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  const int32_t* tgt = targets.data<int32_t>();
+  double total = 0;
+  // BEGIN SOLUTION step 4: three all-reduces of N numbers; the logits become probabilities
+  // HINT: comm::ReduceOp::max; exp(logit - max) never overflows; loss = log(sum) + max - target.
+  by_dtype(logits.dtype(), [&](auto zero) {
+    using F = decltype(zero);
+    F* z = logits.data<F>();
+    // 1. the max of each row over the whole vocabulary: local max, then all-reduce max
+    Tensor row_max = Tensor::empty({N}, logits.dtype());
+    F* m = row_max.data<F>();
+    for (int64_t i = 0; i < N; ++i) m[i] = *std::max_element(z + i * Vl, z + (i + 1) * Vl);
+    tp.all_reduce(row_max, comm::ReduceOp::max);
+    // 2. the target's logit: only the rank holding the target id has it; the others add 0
+    Tensor target_logit = Tensor::zeros({N}, logits.dtype());
+    F* zt = target_logit.data<F>();
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t col = tgt[i] - lo;
+      if (col >= 0 && col < Vl) zt[i] = z[i * Vl + col];
+    }
+    tp.all_reduce(target_logit);
+    // 3. the softmax's denominator: local sums of exp(z - max), all-reduce sum
+    Tensor sum_exp = Tensor::zeros({N}, logits.dtype());
+    F* s = sum_exp.data<F>();
+    for (int64_t i = 0; i < N; ++i) {
+      F acc = 0;
+      for (int64_t v = 0; v < Vl; ++v) {
+        z[i * Vl + v] = std::exp(z[i * Vl + v] - m[i]);  // in place: no second (N, V/tp)
+        acc += z[i * Vl + v];
+      }
+      s[i] = acc;
+    }
+    tp.all_reduce(sum_exp);
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t v = 0; v < Vl; ++v) z[i * Vl + v] /= s[i];  // our columns of the softmax
+      // -log softmax(target) = log(sum exp(z - max)) + max - z_target
+      total += std::log(static_cast<double>(s[i])) + m[i] - zt[i];
+    }
+  });
+  // END SOLUTION
+  return total / static_cast<double>(N);
+}
+
+void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
+                                           double scale) {
+  require_cpu(probs, "vocabulary-parallel cross-entropy");
+  const int64_t N = probs.size(0), Vl = probs.size(1);
+  const int32_t* tgt = targets.data<int32_t>();
+  // BEGIN SOLUTION step 4: dlogits = (p - onehot) * scale / N on our columns
+  by_dtype(probs.dtype(), [&](auto zero) {
+    using F = decltype(zero);
+    F* p = probs.data<F>();
+    const F k = static_cast<F>(scale / static_cast<double>(N));
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t col = tgt[i] - lo;
+      if (col >= 0 && col < Vl) p[i * Vl + col] -= F(1);
+      for (int64_t v = 0; v < Vl; ++v) p[i * Vl + v] *= k;
+    }
+  });
+  // END SOLUTION
+}
+
+// ---- The tensor-parallel GPT (given) ----------------------------------------------------------
+
+std::size_t TPActivations::nbytes() const {
+  std::size_t n = 0;
+  for (const nn::BlockActivations& a : blocks) n += a.nbytes();
+  for (const Tensor* t : {&x, &lnf, &lnf_mean, &lnf_rstd, &probs})
+    if (t->defined()) n += t->nbytes();
+  for (const Tensor& t : inputs)
+    if (t.defined()) n += t.nbytes();
+  return n;
+}
+
+TPGPT::TPGPT(const ModelConfig& config, comm::Communicator& tp, const TPOptions& options)
+    : ln_f("ln_f", config.n_embd), config_(config), tp_(tp) {
+  const int rank = tp.rank(), size = tp.size();
+  check_tp(config, size);
+  vocab = vocab_range(config.vocab_size, rank, size);
+  // the same names and init as nn::Embedding, so the values are the single-device ones
+  wte.name = "wte.weight";
+  wte.full_shape = {config.vocab_size, config.n_embd};
+  wte.shard = nn::Shard{0, {{vocab.lo, vocab.hi}}};
+  wpe.name = "wpe.weight";
+  wpe.full_shape = {config.block_size, config.n_embd};
+  wte.init_std = wpe.init_std = 0.02;
+  wte.weight_decay = wpe.weight_decay = true;
+  std::vector<nn::Parameter*> order = {&wte, &wpe};
+  for (int i = 0; i < config.n_layer; ++i) {
+    blocks_.push_back(make_block(i, config, rank, size));
+    make_tensor_parallel(*blocks_.back(), tp_);
+    for (nn::Parameter* p : blocks_.back()->parameters()) order.push_back(p);
+  }
+  for (nn::Parameter* p : ln_f.parameters()) order.push_back(p);
+  params_.bind(order, options.dtype, Device::cpu(), options.seed);
+}
+
+Tensor TPGPT::embed(const Tensor& tokens, TPActivations& acts) {
+  trace::Scope scope("embed");
+  acts.tokens = tokens;
+  return vocab_parallel_embedding_forward(wte.value, vocab.lo, wpe.value, tokens, tp_);
+}
+
+Tensor TPGPT::forward_blocks(const Tensor& x, TPActivations& acts) {
+  acts.inputs.assign(blocks_.size(), Tensor());
+  acts.blocks.assign(blocks_.size(), nn::BlockActivations());
+  Tensor h = x;
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    trace::Scope scope("block forward");
+    acts.inputs[i] = h;
+    h = blocks_[i]->forward(h, acts.blocks[i]);  // 2 all-reduces (the hooks)
+  }
+  return h;
+}
+
+double TPGPT::head_forward(const Tensor& x, const Tensor& targets, TPActivations& acts) {
+  trace::Scope scope("head");
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), Vl = vocab.hi - vocab.lo;
+  const DType dt = x.dtype();
+  acts.x = x;
+  acts.targets = targets;
+  acts.lnf = Tensor::empty({B, T, C}, dt);
+  acts.lnf_mean = Tensor::empty({B * T}, dt);
+  acts.lnf_rstd = Tensor::empty({B * T}, dt);
+  ln_f.forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, x);
+  // The tied head is a column-parallel Linear over the vocabulary: f, then our V/tp columns.
+  Tensor in = acts.lnf.view({B * T, C});
+  f_forward(in, tp_);
+  acts.probs = Tensor::empty({B * T, Vl}, dt);                       // (B*T, V/tp)
+  ops::matmul(acts.probs, in, wte.value, false, true);               // logits = lnf @ wte^T
+  return vocab_parallel_cross_entropy(acts.probs, targets.view({B * T}), vocab.lo, tp_);
+}
+
+double TPGPT::forward(const Tensor& tokens, const Tensor& targets, TPActivations& acts) {
+  acts.reset();
+  return head_forward(forward_blocks(embed(tokens, acts), acts), targets, acts);
+}
+
+void TPGPT::backward(TPActivations& acts, double loss_scale) {
+  SCALELAB_CHECK(acts.probs.defined(), "TPGPT::backward without forward");
+  const int64_t B = acts.x.size(0), T = acts.x.size(1), C = acts.x.size(2);
+  const DType dt = acts.x.dtype();
+  Tensor d;
+  {
+    trace::Scope scope("head backward");
+    vocab_parallel_cross_entropy_backward(acts.probs, acts.targets.view({B * T}), vocab.lo,
+                                          loss_scale);
+    const Tensor& dlogits = acts.probs;  // (B*T, V/tp)
+    Tensor dlnf = Tensor::zeros({B, T, C}, dt);
+    Tensor dlnf2 = dlnf.view({B * T, C});
+    ops::matmul(dlnf2, dlogits, wte.value);                                     // partial
+    ops::matmul(wte.grad, dlogits, acts.lnf.view({B * T, C}), true, false, 1.0, 1.0);  // dwte +=
+    f_backward(dlnf, tp_);  // the whole dlnf: every rank's vocabulary columns contribute
+    acts.probs = Tensor();
+    d = Tensor::zeros({B, T, C}, dt);
+    ln_f.backward(d, dlnf, acts.x, acts.lnf_mean, acts.lnf_rstd);
+    acts.x = acts.lnf = acts.lnf_mean = acts.lnf_rstd = Tensor();
+  }
+  for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i) {
+    trace::Scope scope("block backward");
+    d = blocks_[i]->backward(d, acts.inputs[i], acts.blocks[i]);  // 2 all-reduces
+    acts.blocks[i].reset();
+    acts.inputs[i] = Tensor();
+  }
+  vocab_parallel_embedding_backward(wte.grad, vocab.lo, wpe.grad, d, acts.tokens);
+  acts.reset();
+}
+
+// ---- Measure (given) --------------------------------------------------------------------------
+
+std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
+                                     std::size_t elem) {
+  const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size, BT = B * T;
+  // per block: input, ln1, res2, ln2 (B, T, C) whole; 4 statistics of B*T; q, k, v, y
+  // (B, T, C/tp); att (B*NH/tp, T, T); h, g (B, T, 4C/tp)
+  const int64_t block = 4 * BT * C + 4 * BT + 4 * BT * C / tp + B * (NH / tp) * T * T +
+                        2 * BT * 4 * C / tp;
+  // head: x, lnf (B, T, C); mean, rstd (B*T); probs (B*T, V/tp)
+  const int64_t head = 2 * BT * C + 2 * BT + BT * V / tp;
+  return static_cast<std::size_t>(c.n_layer * block + head) * elem;
+}
+
+std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, std::size_t elem) {
+  const int64_t BTC = B * T * c.n_embd, BT = B * T;
+  // blocks: (2 forward + 2 backward) all-reduces of B*T*C each; embedding: 1 (forward);
+  // head: f's backward on dlnf (B*T*C) and the cross-entropy's 3 all-reduces of B*T
+  return static_cast<std::size_t>(4 * c.n_layer * BTC + BTC + BTC + 3 * BT) * elem;
+}
+
+}  // namespace scalelab::lab07

@@ -1,0 +1,243 @@
+// Lab 07 step 2: column- and row-parallel Linear against the single-device nn::Linear, float64.
+// The single-device layer gets random values (biases included, so a bias counted tp times shows);
+// the sharded layer holds the attendee's shard of those same values. Checked:
+//  - what each rank HOLDS: the weight's local shape (out/tp, in) or (out, in/tp);
+//  - what it COMPUTES: its output features (column) or the whole output (row), dx, dW, db, within
+//    kRel = 1e-12 of the largest value (the sharded GEMM and the all-reduce sum in another order);
+//  - what it SENDS (byte counters): column: nothing forward, one all-reduce of dx (N x in)
+//    backward; row: one all-reduce of y (N x out) forward, nothing backward.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "common/nn/linear.hpp"
+#include "common/ops/ops.hpp"
+#include "tensor_parallel.hpp"
+#include "tp_test_support.hpp"
+
+using namespace scalelab;
+using namespace lab07test;
+
+namespace {
+
+constexpr int64_t kIn = 8, kOut = 12, kB = 2, kT = 3, kN = kB * kT;
+
+// A column- or row-parallel implementation, as the check sees it (the attendee's by default;
+// the planted faults below replace a piece).
+struct Impl {
+  std::function<nn::Shard(int64_t, int, int)> shard;
+  std::function<Tensor(const nn::Linear&, const Tensor&, comm::Communicator&)> forward;
+  std::function<Tensor(nn::Linear&, const Tensor&, const Tensor&, comm::Communicator&)> backward;
+};
+Impl column_impl() {
+  return {lab07::column_shard, lab07::column_parallel_forward, lab07::column_parallel_backward};
+}
+Impl row_impl() {
+  return {lab07::row_shard, lab07::row_parallel_forward, lab07::row_parallel_backward};
+}
+
+// Written here, so the planted faults (each replaces one piece) never call the attendee's code.
+nn::Shard even(int dim, int64_t n, int r, int tp) { return nn::Shard{dim, {{r * n / tp, (r + 1) * n / tp}}}; }
+Impl planted_column_base() {
+  return {[](int64_t n, int r, int tp) { return even(0, n, r, tp); },
+          [](const nn::Linear& layer, const Tensor& x, comm::Communicator&) {
+            Tensor y = Tensor::empty({kB, kT, layer.out_features()}, DType::f64);
+            layer.forward(y, x);
+            return y;
+          },
+          [](nn::Linear& layer, const Tensor& dy, const Tensor& x, comm::Communicator& c) {
+            Tensor dx = Tensor::zeros(x.shape(), x.dtype());
+            layer.backward(dx, dy, x);
+            c.all_reduce(dx);
+            return dx;
+          }};
+}
+Impl planted_row_base() {
+  return {[](int64_t n, int r, int tp) { return even(1, n, r, tp); },
+          [](const nn::Linear& layer, const Tensor& x, comm::Communicator& c) {
+            Tensor y = Tensor::empty({kB, kT, layer.out_features()}, DType::f64);
+            layer.forward(y, x);
+            c.all_reduce(y);
+            layer.add_bias(y);
+            return y;
+          },
+          [](nn::Linear& layer, const Tensor& dy, const Tensor& x, comm::Communicator&) {
+            Tensor dx = Tensor::zeros(x.shape(), x.dtype());
+            layer.backward(dx, dy, x);
+            return dx;
+          }};
+}
+
+// The single-device layer with random values, and its forward/backward on x, dy.
+struct Whole {
+  nn::Linear layer{"fc", kIn, kOut};
+  nn::ParameterSet set;
+  Tensor x = random_tensor({kB, kT, kIn}, 11), dy = random_tensor({kB, kT, kOut}, 12);
+  Tensor y = Tensor::empty({kB, kT, kOut}, DType::f64), dx = Tensor::zeros({kB, kT, kIn}, DType::f64);
+  Whole() {
+    set.bind(layer.parameters(), DType::f64, Device::cpu(), 5);
+    set.values().copy_from(random_tensor({set.numel()}, 13));
+    layer.forward(y, x);
+    layer.backward(dx, dy, x);
+  }
+};
+
+// The sharded layer: the impl's shard of `whole`'s values.
+struct Part {
+  nn::Linear layer;
+  nn::ParameterSet set;
+  Part(const Whole& whole, const nn::Shard& shard, int64_t in, int64_t out)
+      : layer("fc", in, out, true, 0.02, shard) {
+    set.bind(layer.parameters(), DType::f64, Device::cpu(), 5);
+    for (nn::Parameter* p : layer.parameters()) {
+      const nn::Parameter& w = p == &layer.weight ? whole.layer.weight : whole.layer.bias;
+      p->value.copy_from(Tensor::from_vector(cut(w.value, p->shard), p->shape(), DType::f64));
+    }
+  }
+};
+
+::testing::AssertionResult check_column(const Impl& impl) {
+  const int tp = size(), r = rank();
+  const int64_t n = kOut / tp, lo = r * n;
+  Whole whole;
+  const nn::Shard shard = impl.shard(kOut, r, tp);
+  Part part(whole, shard, kIn, kOut);
+  if (part.layer.weight.shape() != std::vector<int64_t>{n, kIn} || part.layer.row_parallel())
+    return ::testing::AssertionFailure()
+           << "rank " << r << " must hold rows [" << lo << ", " << lo + n
+           << ") of the weight: a (" << n << ", " << kIn << ") column-parallel shard";
+  Tensor y;
+  const Traffic fwd = traffic_of([&] { y = impl.forward(part.layer, whole.x, group()); });
+  if (auto ok = only_all_reduces(fwd, 0, 0); !ok) return ok << " (column-parallel forward)";
+  if (y.shape() != std::vector<int64_t>{kB, kT, n})
+    return ::testing::AssertionFailure() << "y_local is " << y.str() << ", want (2, 3, " << n << ")";
+  if (auto ok = near(y, cut(whole.y.view({kN, kOut}), nn::Shard{1, {{lo, lo + n}}})); !ok)
+    return ok << " (y_local: output features [" << lo << ", " << lo + n << "))";
+  const Tensor dy_local = columns(whole.dy.view({kN, kOut}), lo, lo + n).view({kB, kT, n});
+  Tensor dx;
+  const Traffic bwd = traffic_of([&] { dx = impl.backward(part.layer, dy_local, whole.x, group()); });
+  if (auto ok = only_all_reduces(bwd, 1, kN * kIn * 8); !ok)
+    return ok << " (column-parallel backward: f's all-reduce of dx)";
+  if (auto ok = near(dx, whole.dx); !ok) return ok << " (dx, the whole input gradient)";
+  if (auto ok = near(part.layer.weight.grad, cut(whole.layer.weight.grad, shard)); !ok)
+    return ok << " (dW rows)";
+  if (auto ok = near(part.layer.bias.grad, cut(whole.layer.bias.grad, shard)); !ok)
+    return ok << " (db)";
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult check_row(const Impl& impl) {
+  const int tp = size(), r = rank();
+  const int64_t n = kIn / tp, lo = r * n;
+  Whole whole;
+  const nn::Shard shard = impl.shard(kIn, r, tp);
+  Part part(whole, shard, kIn, kOut);
+  if (part.layer.weight.shape() != std::vector<int64_t>{kOut, n} || !part.layer.row_parallel())
+    return ::testing::AssertionFailure()
+           << "rank " << r << " must hold columns [" << lo << ", " << lo + n
+           << ") of the weight: a (" << kOut << ", " << n << ") row-parallel shard";
+  const Tensor x_local = columns(whole.x.view({kN, kIn}), lo, lo + n).view({kB, kT, n});
+  Tensor y;
+  const Traffic fwd = traffic_of([&] { y = impl.forward(part.layer, x_local, group()); });
+  if (auto ok = only_all_reduces(fwd, 1, kN * kOut * 8); !ok)
+    return ok << " (row-parallel forward: g's all-reduce of y)";
+  if (auto ok = near(y, whole.y); !ok) return ok << " (y: the bias must count once)";
+  Tensor dx;
+  const Traffic bwd = traffic_of([&] { dx = impl.backward(part.layer, whole.dy, x_local, group()); });
+  if (auto ok = only_all_reduces(bwd, 0, 0); !ok) return ok << " (row-parallel backward)";
+  if (auto ok = near(dx, cut(whole.dx.view({kN, kIn}), nn::Shard{1, {{lo, lo + n}}})); !ok)
+    return ok << " (dx_local: input features [" << lo << ", " << lo + n << "))";
+  if (auto ok = near(part.layer.weight.grad, cut(whole.layer.weight.grad, shard)); !ok)
+    return ok << " (dW columns)";
+  if (auto ok = near(part.layer.bias.grad, whole.layer.bias.grad); !ok)
+    return ok << " (db: whole, the same on every rank)";
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace
+
+// The base of the planted faults passes the checks (else a failing fault would prove nothing).
+TEST(Step2_PlantedFault, TheFaultsBaseItselfPasses) {
+  EXPECT_TRUE(check_column(planted_column_base()));
+  EXPECT_TRUE(check_row(planted_row_base()));
+}
+
+TEST(Step2_Shards, ColumnAndRowShardsCutEvenly) {
+  const int tp = size(), r = rank();
+  const nn::Shard c = lab07::column_shard(kOut, r, tp), w = lab07::row_shard(kIn, r, tp);
+  EXPECT_EQ(c.dim, 0);
+  EXPECT_EQ(c.ranges, (std::vector<std::pair<int64_t, int64_t>>{{r * kOut / tp, (r + 1) * kOut / tp}}));
+  EXPECT_EQ(w.dim, 1);
+  EXPECT_EQ(w.ranges, (std::vector<std::pair<int64_t, int64_t>>{{r * kIn / tp, (r + 1) * kIn / tp}}));
+}
+
+TEST(Step2_Shards, TpNotDividingTheFeaturesIsAUsageError) {
+  EXPECT_THROW(lab07::column_shard(10, 0, 4), UsageError);
+  EXPECT_THROW(lab07::row_shard(9, 1, 2), UsageError);
+}
+
+TEST(Step2_ColumnParallel, EqualsTheSingleDeviceLinear) { EXPECT_TRUE(check_column(column_impl())); }
+
+TEST(Step2_RowParallel, EqualsTheSingleDeviceLinear) { EXPECT_TRUE(check_row(row_impl())); }
+
+// Column parallel then row parallel (the MLP's shape): one all-reduce forward, one backward.
+TEST(Step2_ColumnThenRow, OneAllReduceEachWay) {
+  const int tp = size(), r = rank();
+  nn::Linear fc("fc", kIn, kOut, true, 0.02, lab07::column_shard(kOut, r, tp));
+  nn::Linear proj("proj", kOut, kIn, true, 0.02, lab07::row_shard(kOut, r, tp));
+  nn::ParameterSet set;
+  set.bind({&fc.weight, &fc.bias, &proj.weight, &proj.bias}, DType::f64, Device::cpu(), 9);
+  const Tensor x = random_tensor({kN, kIn}, 21);
+  Tensor y, dx;
+  const Traffic fwd = traffic_of([&] {
+    y = lab07::row_parallel_forward(proj, lab07::column_parallel_forward(fc, x, group()), group());
+  });
+  EXPECT_TRUE(only_all_reduces(fwd, 1, kN * kIn * 8));
+  const Tensor h = lab07::column_parallel_forward(fc, x, group());
+  const Traffic bwd = traffic_of([&] {
+    dx = lab07::column_parallel_backward(
+        fc, lab07::row_parallel_backward(proj, random_tensor({kN, kIn}, 22), h, group()), x, group());
+  });
+  EXPECT_TRUE(only_all_reduces(bwd, 1, kN * kIn * 8));
+}
+
+// f's backward without its all-reduce: dx is this rank's partial sum only. With one rank the
+// numbers are right; the byte check still fails.
+TEST(Step2_PlantedFault, ColumnBackwardWithoutFsAllReduceIsCaught) {
+  Impl wrong = planted_column_base();
+  wrong.backward = [](nn::Linear& layer, const Tensor& dy, const Tensor& x, comm::Communicator&) {
+    Tensor dx = Tensor::zeros(x.shape(), x.dtype());
+    layer.backward(dx, dy, x);
+    return dx;
+  };
+  EXPECT_FALSE(check_column(wrong)) << "the check of Step2_ColumnParallel must fail";
+}
+
+// The bias added by every rank before the reduce: the sum counts it tp times.
+TEST(Step2_PlantedFault, RowBiasAddedOnEveryRankIsCaught) {
+  if (size() == 1) GTEST_SKIP() << "with one rank the bias is added once either way";
+  Impl wrong = planted_row_base();
+  wrong.forward = [](const nn::Linear& layer, const Tensor& x, comm::Communicator& c) {
+    Tensor y = Tensor::empty({kB, kT, kOut}, DType::f64);
+    layer.forward(y, x);
+    layer.add_bias(y);  // before the all-reduce: on every rank
+    c.all_reduce(y);
+    return y;
+  };
+  EXPECT_FALSE(check_row(wrong)) << "the check of Step2_RowParallel must fail";
+}
+
+// Every rank holds the whole weight and computes the whole layer, then keeps its columns: the
+// numbers are right; the shard shape (and the bytes) are not.
+TEST(Step2_PlantedFault, EveryRankComputingTheWholeLayerIsCaught) {
+  if (size() == 1) GTEST_SKIP() << "with one rank the whole layer is the shard";
+  Impl wrong = planted_column_base();
+  wrong.shard = [](int64_t, int, int) { return nn::Shard{}; };
+  wrong.forward = [](const nn::Linear& layer, const Tensor& x, comm::Communicator& c) {
+    Tensor y = Tensor::empty({kN, kOut}, DType::f64);
+    layer.forward(y, x);
+    const int64_t n = kOut / c.size();
+    return columns(y, c.rank() * n, (c.rank() + 1) * n).view({kB, kT, n});
+  };
+  EXPECT_FALSE(check_column(wrong)) << "the check of Step2_ColumnParallel must fail";
+}

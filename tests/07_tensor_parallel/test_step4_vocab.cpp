@@ -1,0 +1,252 @@
+// Lab 07 step 4: vocabulary parallel, float64, against the library's single-device ops.
+//  - embedding: bitwise the single-device lookup (each row comes from one rank, the others add
+//    exact zeros); gradients within kRel; one all-reduce of B*T*C forward, nothing backward;
+//  - cross-entropy: loss, probabilities and dlogits within kRel (the softmax's sums run in
+//    another order); exactly three all-reduces of N numbers and nothing else; besides its input,
+//    it allocates O(N) (the allocator's peak), never the (N, V) logits;
+//  - the TPGPT (tied head on the vocabulary shard) follows the single-device GPT over 5 AdamW
+//    steps within kAdamRel = 1e-9; its head holds (B*T, V/tp) probabilities, and its peak
+//    memory during the head stays below the size of the full logits (tp >= 2).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/allocator.hpp"
+#include "common/nn/gpt.hpp"
+#include "common/ops/ops.hpp"
+#include "common/optim/optim.hpp"
+#include "tensor_parallel.hpp"
+#include "tp_test_support.hpp"
+
+using namespace scalelab;
+using namespace lab07test;
+
+namespace {
+
+constexpr int64_t kV = 256, kC = 8, kB = 3, kT = 5, kN = kB * kT;
+
+using CrossEntropy =
+    std::function<double(Tensor& logits, const Tensor& targets, int64_t lo, comm::Communicator&)>;
+
+struct CEResult {
+  double loss = 0;
+  Tensor probs;
+  std::size_t extra_peak = 0;  // allocator bytes above the start, during the call
+  Traffic moved;
+};
+
+// Runs `ce` on this rank's columns of fixed (N, V) logits.
+CEResult run_ce(const CrossEntropy& ce, const Tensor& full, const Tensor& targets) {
+  const int64_t n = kV / size(), lo = rank() * n;
+  CEResult r;
+  r.probs = columns(full, lo, lo + n);
+  reset_peak_memory(Device::cpu());
+  const std::size_t start = memory_stats(Device::cpu()).current;
+  r.moved = traffic_of([&] { r.loss = ce(r.probs, targets, lo, group()); });
+  r.extra_peak = memory_stats(Device::cpu()).peak - start;
+  return r;
+}
+
+Tensor ce_logits() { return random_tensor({kN, kV}, 41).view({kN, kV}); }
+Tensor ce_targets() { return random_tokens(kN, 1, kV, 42).view({kN}); }
+
+::testing::AssertionResult check_ce(const CrossEntropy& ce) {
+  const Tensor full = ce_logits(), targets = ce_targets();
+  Tensor losses = Tensor::empty({kN}, DType::f64), probs = Tensor::empty({kN, kV}, DType::f64);
+  ops::cross_entropy_forward(losses, probs, full, targets);
+  const double want = ops::sum(losses) / kN;
+  const CEResult r = run_ce(ce, full, targets);
+  if (auto ok = only_all_reduces(r.moved, 3, 3 * kN * 8); !ok)
+    return ok << " (the max, the target logit, the sum of exponentials: N numbers each)";
+  const std::size_t budget = 4 * kN * 8;
+  if (r.extra_peak > budget)
+    return ::testing::AssertionFailure()
+           << "the cross-entropy allocated " << r.extra_peak << " bytes at its peak; O(N) = "
+           << budget << " allowed, the full logits are " << kN * kV * 8;
+  if (auto ok = near({r.loss}, {want}); !ok) return ok << " (mean loss)";
+  const int64_t n = kV / size(), lo = rank() * n;
+  if (auto ok = near(r.probs, cut(probs, nn::Shard{1, {{lo, lo + n}}})); !ok)
+    return ok << " (this rank's columns of the softmax)";
+  return ::testing::AssertionSuccess();
+}
+
+nn::GPTOptions single_f64() {
+  nn::GPTOptions o;
+  o.dtype = DType::f64;
+  o.seed = 23;
+  return o;
+}
+
+}  // namespace
+
+TEST(Step4_Vocab, RangesAreContiguousAndEven) {
+  const lab07::VocabRange v = lab07::vocab_range(kV, rank(), size());
+  EXPECT_EQ(v.lo, rank() * kV / size());
+  EXPECT_EQ(v.hi, (rank() + 1) * kV / size());
+  EXPECT_THROW(lab07::vocab_range(250, 0, 4), UsageError);
+}
+
+TEST(Step4_Embedding, EqualsTheSingleDeviceEmbedding) {
+  const int64_t n = kV / size(), lo = rank() * n;
+  const Tensor wte = random_tensor({kV, kC}, 51), wpe = random_tensor({kT, kC}, 52);
+  const Tensor tokens = random_tokens(kB, kT, kV, 53);
+  Tensor want = Tensor::empty({kB, kT, kC}, DType::f64);
+  ops::embedding_forward(want, tokens, wte, wpe);
+  const Tensor wte_local =
+      Tensor::from_vector(cut(wte, nn::Shard{0, {{lo, lo + n}}}), {n, kC}, DType::f64);
+  Tensor out;
+  const Traffic fwd = traffic_of(
+      [&] { out = lab07::vocab_parallel_embedding_forward(wte_local, lo, wpe, tokens, group()); });
+  EXPECT_TRUE(only_all_reduces(fwd, 1, kB * kT * kC * 8)) << "g: one all-reduce of (B, T, C)";
+  EXPECT_TRUE(labtest::bitwise(out, want)) << "one rank adds the row, the others exact zeros";
+
+  const Tensor dout = random_tensor({kB, kT, kC}, 54);
+  Tensor dwte = Tensor::zeros({kV, kC}, DType::f64), dwpe = Tensor::zeros({kT, kC}, DType::f64);
+  ops::embedding_backward(dwte, dwpe, dout, tokens);
+  Tensor dwte_local = Tensor::zeros({n, kC}, DType::f64),
+         dwpe_got = Tensor::zeros({kT, kC}, DType::f64);
+  const Traffic bwd = traffic_of([&] {
+    lab07::vocab_parallel_embedding_backward(dwte_local, lo, dwpe_got, dout, tokens);
+  });
+  EXPECT_TRUE(only_all_reduces(bwd, 0, 0));
+  EXPECT_TRUE(near(dwte_local, cut(dwte, nn::Shard{0, {{lo, lo + n}}}))) << "dwte rows";
+  EXPECT_TRUE(near(dwpe_got, dwpe)) << "dwpe";
+}
+
+TEST(Step4_CrossEntropy, EqualsTheFullCrossEntropyWithoutTheFullLogits) {
+  EXPECT_TRUE(check_ce(lab07::vocab_parallel_cross_entropy));
+}
+
+TEST(Step4_CrossEntropy, BackwardIsProbsMinusOneHotOnOurColumns) {
+  const Tensor full = ce_logits(), targets = ce_targets();
+  Tensor losses = Tensor::empty({kN}, DType::f64), probs = Tensor::empty({kN, kV}, DType::f64),
+         dlogits = Tensor::empty({kN, kV}, DType::f64);
+  ops::cross_entropy_forward(losses, probs, full, targets);
+  ops::cross_entropy_backward(dlogits, probs, targets, 0.5 / kN);
+  const int64_t n = kV / size(), lo = rank() * n;
+  Tensor mine = columns(probs, lo, lo + n);
+  const Traffic moved =
+      traffic_of([&] { lab07::vocab_parallel_cross_entropy_backward(mine, targets, lo, 0.5); });
+  EXPECT_TRUE(only_all_reduces(moved, 0, 0));
+  EXPECT_TRUE(near(mine, cut(dlogits, nn::Shard{1, {{lo, lo + n}}})));
+}
+
+TEST(Step4_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
+  const ModelConfig c = test_config();
+  nn::GPT single(c, single_f64());
+  lab07::TPGPT part(c, group(), {.dtype = DType::f64, .seed = 23});
+  EXPECT_EQ(part.wte.shape(), (std::vector<int64_t>{c.vocab_size / size(), c.n_embd}))
+      << "wte (and the tied head) sharded by vocabulary rows";
+  optim::AdamW a1(optim::groups(single.parameters())), a2(optim::groups(part.parameters()));
+  for (int step = 0; step < 5; ++step) {
+    const Tensor x = random_tokens(2, 8, c.vocab_size, 300 + step),
+                 y = random_tokens(2, 8, c.vocab_size, 400 + step);
+    single.zero_grad();
+    const double want = single.forward(x, y);
+    single.backward();
+    a1.step(1e-2);
+    part.zero_grad();
+    lab07::TPActivations acts;
+    const double got = part.forward(x, y, acts);
+    part.backward(acts);
+    a2.step(1e-2);
+    EXPECT_NEAR(got, want, 1e-10 * std::abs(want)) << "loss of step " << step + 1;
+    for (nn::Parameter* p : part.parameters())
+      ASSERT_TRUE(near(p->value, cut(single.params().get(p->name).value, p->shard), kAdamRel))
+          << p->name << " after AdamW step " << step + 1 << " on rank " << rank();
+  }
+}
+
+TEST(Step4_GPT, TheFullLogitsNeverExistOnOneRank) {
+  const ModelConfig c = test_config();
+  lab07::TPGPT model(c, group(), {.dtype = DType::f32, .seed = 5});
+  const int64_t B = 4, T = 16, BT = B * T;
+  const Tensor x = random_tokens(B, T, c.vocab_size, 61), y = random_tokens(B, T, c.vocab_size, 62);
+  lab07::TPActivations acts;
+  const Tensor h = model.forward_blocks(model.embed(x, acts), acts);
+  reset_peak_memory(Device::cpu());
+  const std::size_t start = memory_stats(Device::cpu()).current;
+  model.head_forward(h, y, acts);
+  const std::size_t peak = memory_stats(Device::cpu()).peak - start;
+  EXPECT_EQ(acts.probs.shape(), (std::vector<int64_t>{BT, c.vocab_size / size()}));
+  // the head's own tensors: lnf (B*T*C), its statistics (2 B*T), probs (B*T*V/tp); the
+  // cross-entropy's three B*T vectors
+  const std::size_t want = (BT * c.n_embd + 2 * BT + BT * c.vocab_size / size() + 3 * BT) * 4;
+  EXPECT_LE(peak, want) << "the head's peak: ln_f's output, (B*T, V/tp) and O(B*T) besides";
+  if (size() > 1)
+    EXPECT_LT(peak, static_cast<std::size_t>(BT * c.vocab_size * 4))
+        << "below the full (B*T, V) logits";
+}
+
+TEST(Step4_Usage, TpNotDividingTheVocabularyIsAUsageError) {
+  EXPECT_THROW(lab07::check_tp(ModelConfig{"x", 250, 16, 2, 4, 32}, 4), UsageError);
+  EXPECT_THROW(lab07::vocab_range(250, 0, 4), UsageError);
+}
+
+// ---- planted faults (written here; they never call the attendee's code) ----------------------
+
+namespace {
+
+// The base of the faults below: a correct vocabulary-parallel cross-entropy.
+double planted_base(Tensor& z, const Tensor& targets, int64_t lo, comm::Communicator& c,
+                    bool reduce) {
+  const int64_t N = z.size(0), Vl = z.size(1);
+  double* p = z.data<double>();
+  const int32_t* t = targets.data<int32_t>();
+  Tensor m = Tensor::empty({N}, DType::f64), zt = Tensor::zeros({N}, DType::f64),
+         s = Tensor::zeros({N}, DType::f64);
+  for (int64_t i = 0; i < N; ++i) m.data<double>()[i] = *std::max_element(p + i * Vl, p + (i + 1) * Vl);
+  if (reduce) c.all_reduce(m, comm::ReduceOp::max);
+  for (int64_t i = 0; i < N; ++i)
+    if (t[i] - lo >= 0 && t[i] - lo < Vl) zt.data<double>()[i] = p[i * Vl + t[i] - lo];
+  if (reduce) c.all_reduce(zt);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t v = 0; v < Vl; ++v) {
+      p[i * Vl + v] = std::exp(p[i * Vl + v] - m.data<double>()[i]);
+      s.data<double>()[i] += p[i * Vl + v];
+    }
+  if (reduce) c.all_reduce(s);
+  double loss = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t v = 0; v < Vl; ++v) p[i * Vl + v] /= s.data<double>()[i];
+    loss += std::log(s.data<double>()[i]) + m.data<double>()[i] - zt.data<double>()[i];
+  }
+  return loss / N;
+}
+
+}  // namespace
+
+TEST(Step4_PlantedFault, TheFaultsBaseItselfPasses) {
+  EXPECT_TRUE(check_ce([](Tensor& z, const Tensor& t, int64_t lo, comm::Communicator& c) {
+    return planted_base(z, t, lo, c, true);
+  }));
+}
+
+// Each rank's softmax over its own columns only (no all-reduce): a different loss on each rank
+// at tp >= 2; with one rank the numbers are right and the byte check fails.
+TEST(Step4_PlantedFault, CrossEntropyFromLocalLogitsOnlyIsCaught) {
+  EXPECT_FALSE(check_ce([](Tensor& z, const Tensor& t, int64_t lo, comm::Communicator& c) {
+    return planted_base(z, t, lo, c, false);
+  })) << "the check of Step4_CrossEntropy must fail";
+}
+
+// Gathering the logits (what picotron does): right numbers, but every rank allocates the full
+// (N, V) logits and all-gathers them.
+TEST(Step4_PlantedFault, GatheredLogitsAreCaught) {
+  EXPECT_FALSE(check_ce([](Tensor& z, const Tensor& t, int64_t lo, comm::Communicator& c) {
+    const int64_t N = z.size(0), Vl = z.size(1), V = Vl * c.size();
+    Tensor gathered = Tensor::empty({c.size(), N, Vl}, DType::f64);
+    c.all_gather(z, gathered);
+    Tensor full = Tensor::empty({N, V}, DType::f64), probs = Tensor::empty({N, V}, DType::f64),
+           losses = Tensor::empty({N}, DType::f64);
+    for (int r = 0; r < c.size(); ++r)
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t v = 0; v < Vl; ++v)
+          full.data<double>()[i * V + r * Vl + v] = gathered.data<double>()[(r * N + i) * Vl + v];
+    ops::cross_entropy_forward(losses, probs, full, t);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t v = 0; v < Vl; ++v) z.data<double>()[i * Vl + v] = probs.data<double>()[i * V + lo + v];
+    return ops::sum(losses) / N;
+  })) << "the check of Step4_CrossEntropy must fail";
+}

@@ -1,0 +1,135 @@
+#pragma once
+// What lab 07's graders share: the tp group (the whole world), deterministic values, cutting a
+// full tensor to a shard, comparisons with a tolerance relative to the largest value, and reading
+// the byte counters around a call.
+//
+// Tolerances (float64 throughout): values that went through an all-reduce or a sharded GEMM are
+// summed in another order than on one device, so they are compared at kRel = 1e-12 of the largest
+// |value| of the tensor; over 5 AdamW steps at kAdamRel = 1e-9 (AdamW divides by sqrt(v), which
+// amplifies the first rounding differences). Integer-valued tensors (step 1) are exact.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/comm/stats.hpp"
+#include "common/model_config.hpp"
+#include "common/nn/parameter.hpp"
+#include "common/tensor.hpp"
+#include "tests/support/lab_fixture.hpp"
+
+namespace lab07test {
+
+using namespace scalelab;
+
+inline constexpr double kRel = 1e-12;
+inline constexpr double kAdamRel = 1e-9;
+
+/// The tp group of every test: the whole world (1, 2 or 4 ranks).
+inline comm::Communicator& group() { return labtest::world(); }
+inline int rank() { return group().rank(); }
+inline int size() { return group().size(); }
+
+/// Heads (4), MLP width (128) and vocabulary (256) divide by 1, 2 and 4.
+inline ModelConfig test_config() { return ModelConfig{"tp-test", 256, 16, 2, 4, 32}; }
+
+/// Values in [-1, 1) from (seed, index): the same on every rank.
+inline Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, DType dt = DType::f64) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  std::vector<double> v(n);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (double& e : v) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    e = static_cast<double>(x >> 11) / 9007199254740992.0 * 2 - 1;
+  }
+  return Tensor::from_vector(v, shape, dt);
+}
+
+/// Token ids in [0, V) from seed, (B, T) i32, the same on every rank.
+inline Tensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  std::vector<double> v(B * T);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
+  for (double& e : v) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    e = static_cast<double>((x >> 33) % V);
+  }
+  return Tensor::from_vector(v, {B, T}, DType::i32);
+}
+
+/// The part of a full tensor (1-d or 2-d) that `s` keeps, as a flat vector.
+inline std::vector<double> cut(const Tensor& full, const nn::Shard& s) {
+  const std::vector<double> all = full.to_vector();
+  if (s.whole()) return all;
+  const int64_t R = full.size(0), C = full.dim() > 1 ? full.size(1) : 1;
+  std::vector<double> out;
+  if (s.dim == 0) {
+    for (auto [b, e] : s.ranges)
+      for (int64_t r = b; r < e; ++r)
+        for (int64_t c = 0; c < C; ++c) out.push_back(all[r * C + c]);
+  } else {
+    for (int64_t r = 0; r < R; ++r)
+      for (auto [b, e] : s.ranges)
+        for (int64_t c = b; c < e; ++c) out.push_back(all[r * C + c]);
+  }
+  return out;
+}
+
+/// Columns [b, e) of a 2-d (N, C) tensor (as a new (N, e - b) tensor).
+inline Tensor columns(const Tensor& t, int64_t b, int64_t e) {
+  return Tensor::from_vector(cut(t, nn::Shard{1, {{b, e}}}), {t.size(0), e - b}, t.dtype());
+}
+
+/// |got - want| <= rel * max|want| elementwise (and the same number of elements).
+inline ::testing::AssertionResult near(const std::vector<double>& got,
+                                       const std::vector<double>& want, double rel = kRel) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " elements, want " << want.size();
+  double scale = 1e-300;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= rel * scale))
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << got[i] << " vs " << want[i] << " (tolerance "
+             << rel * scale << " = " << rel << " x max |want|)";
+  return ::testing::AssertionSuccess();
+}
+inline ::testing::AssertionResult near(const Tensor& got, const std::vector<double>& want,
+                                       double rel = kRel) {
+  return near(got.to_vector(), want, rel);
+}
+inline ::testing::AssertionResult near(const Tensor& got, const Tensor& want, double rel = kRel) {
+  return near(got.to_vector(), want.to_vector(), rel);
+}
+
+/// What a call submitted on the tp group: calls and payload bytes per op.
+struct Traffic {
+  comm::CommStats stats;
+  comm::CommCount all() const { return comm::comm_total(stats, group().name()); }
+  comm::CommCount op(const std::string& name) const {
+    return comm::comm_total(stats, group().name(), name);
+  }
+  std::string str() const { return comm::format_comm_stats(stats); }
+};
+inline Traffic traffic_of(const std::function<void()>& fn) {
+  const comm::CommStats before = comm::comm_stats();
+  fn();
+  return Traffic{comm::comm_stats() - before};
+}
+
+/// Exactly `calls` all-reduces of `bytes` in total, and nothing else on the tp group.
+inline ::testing::AssertionResult only_all_reduces(const Traffic& t, int64_t calls,
+                                                   int64_t bytes) {
+  const comm::CommCount ar = t.op("all_reduce"), all = t.all();
+  if (ar.calls == calls && ar.bytes == bytes && all.calls == calls && all.bytes == bytes)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "want exactly " << calls << " all-reduce(s) of " << bytes
+                                       << " bytes in total and nothing else; the counters say:\n"
+                                       << t.str();
+}
+
+}  // namespace lab07test
