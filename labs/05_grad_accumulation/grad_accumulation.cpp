@@ -1,5 +1,5 @@
 // Starter generated from solutions/05_grad_accumulation/grad_accumulation.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash e5710ec2f35ca65f (lets make-labs see your edits).
+// step (see README.md). Body hash eea03423ffcbb37e (lets make-labs see your edits).
 // Lab 05: gradient accumulation: micro-batches, scaled losses, one all-reduce per step.
 #include "grad_accumulation.hpp"
 
@@ -28,11 +28,11 @@ std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum) {
 
 double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
   double loss = 0;
-  // TODO step 1: forward, backward with the loss scaled by 1/accum, free activations
+  // TODO step 1: forward, then backward with the loss scaled by 1/accum
   // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
   // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
   throw scalelab::NotImplemented(
-      "lab 05 step 1: forward, backward with the loss scaled by 1/accum, free activations (README.md#step-1)");
+      "lab 05 step 1: forward, then backward with the loss scaled by 1/accum (README.md#step-1)");
   return loss;
 }
 

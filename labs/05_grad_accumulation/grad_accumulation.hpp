@@ -29,8 +29,8 @@ namespace scalelab::lab05 {
 std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum);
 
 /// Step 1b. One micro-batch of an accumulation over `accum`: forward, backward with the loss
-/// scaled by 1/accum (GPT::backward(loss_scale)), then free its activations
-/// (GPT::free_activations) so the next micro-batch does not hold two at once. Gradients
+/// scaled by 1/accum (GPT::backward(loss_scale), which consumes the activations: each is freed as
+/// soon as its backward is done), so the next micro-batch does not hold two at once. Gradients
 /// accumulate (+=). Returns the micro-batch's (unscaled) mean loss.
 double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum);
 

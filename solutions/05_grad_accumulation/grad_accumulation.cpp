@@ -31,13 +31,12 @@ std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum) {
 
 double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
   double loss = 0;
-  // BEGIN SOLUTION step 1: forward, backward with the loss scaled by 1/accum, free activations
+  // BEGIN SOLUTION step 1: forward, then backward with the loss scaled by 1/accum
   // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
   // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
   const data::Batch on = micro.to(model.device());
   loss = model.forward(on.x, on.y);
-  model.backward(1.0 / accum);
-  model.free_activations();  // else the next forward holds two micro-batches at once
+  model.backward(1.0 / accum);  // consumes the activations: one micro-batch held at a time
   // END SOLUTION
   return loss;
 }

@@ -10,6 +10,7 @@
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
 #include "activation_checkpointing.hpp"
+#include "tests/support/lab_fixture.hpp"
 
 using namespace scalelab;
 using lab06::Plan;
@@ -17,26 +18,22 @@ using lab06::Policy;
 
 namespace {
 
-constexpr uint64_t kSeed = 606;
 constexpr int kLayers = 4;
 constexpr int64_t kBatch = 4;
+constexpr labtest::Setup kLab{.seed = 606, .global_batch = kBatch, .corpus_seed = 6,
+                              .n_layer = kLayers};
+constexpr uint64_t kSeed = kLab.seed;
 
-const ModelConfig& config() {
-  static const ModelConfig c = train::test_config(kLayers);
-  return c;
-}
-
-data::Batch batch(int64_t step = 0) {
-  static const std::vector<uint16_t> tokens = train::synthetic_corpus(8192, 6);
-  return data::Sampler(tokens, kBatch, config().block_size, kSeed).batch(step);
-}
+const ModelConfig& config() { return kLab.config(); }
+data::Batch batch(int64_t step = 0) { return kLab.batch(step); }
+using labtest::bitwise;
 
 Plan full_plan(std::vector<bool> full) {
   return Plan{full, std::vector<bool>(full.size(), false)};
 }
 
 // Loss and gradients of the model's own forward + backward: what checkpointing must reproduce.
-train::Reference plain(const data::Batch& b) { return train::single_device_step(config(), kSeed, b); }
+train::Reference plain(const data::Batch& b) { return kLab.reference(b); }
 
 struct Result {
   double loss;
@@ -50,12 +47,6 @@ Result checkpointed(const Plan& plan, const data::Batch& b) {
   const double loss = lab06::forward(model, b, plan, saved);
   lab06::backward(model, saved);
   return {loss, model.params().grads().clone()};
-}
-
-testing::AssertionResult bitwise(const Tensor& got, const Tensor& want) {
-  const train::Diff d = train::compare(got, want);
-  if (d.bitwise) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "not bitwise equal: " << d.str();
 }
 
 // A checkpointed forward written here (full checkpoints only), so step 2 is graded on its own.

@@ -9,8 +9,22 @@ import unittest
 
 EXE = None
 MPIEXEC = os.environ.get("MPIEXEC_EXECUTABLE", "mpiexec")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def mpi_env():
+    """The one list of Open MPI settings (tools/mpi_env), over this process's environment."""
+    env = dict(os.environ)
+    with open(os.path.join(ROOT, "tools", "mpi_env")) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                key, value = line.split("=", 1)
+                env[key] = value
+    return env
+
+
+ENV = mpi_env()
 
 
 def run(suite, ranks=2):
