@@ -1,0 +1,167 @@
+// Lab 09 driver (not edited by attendees): trains a GPT with ZeRO stage --stage (rank 0 also runs
+// the single-device twin for the first steps and prints both losses), then measures every stage
+// 0-3 at n = 1, 2, 4 ranks (the ranks that divide the world): what a rank holds between steps by
+// kind and in the allocator, the peak of a step, the bytes one step communicates, beside the
+// formulas of the ZeRO paper.
+//
+//   ./scalelab run 09 -n 4 -- --stage 2              # your code on 4 ranks
+//   ./scalelab run 09 --solution -n 4 -- --stage 3   # the reference
+#include <memory>
+
+#include "common/allocator.hpp"
+#include "common/cli.hpp"
+#include "common/comm/stats.hpp"
+#include "common/device.hpp"
+#include "common/log.hpp"
+#include "common/optim/optim.hpp"
+#include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/loop.hpp"
+#include "ddp.hpp"
+#include "zero.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Row {
+  int stage = 0, n = 1;
+  lab09::Held held, paper;
+  std::size_t allocator = 0, peak = 0, comm = 0, paper_comm = 0;
+};
+
+// One (stage, n) cell: the world is cut into groups of n ranks that each train on their own; the
+// figures are rank 0's. Held memory is measured after one step (AdamW's state exists, the
+// activations are gone), the peak and the traffic over the second step.
+Row measure(int stage, int n, comm::Communicator& world, const ModelConfig& config,
+            const data::Sampler& sampler, const cli::RunOptions& run, Device device, double lr) {
+  comm::Communicator group =
+      world.split(world.rank() / n, world.rank(), fmt::format("n{}.{}", n, world.rank() / n));
+  Row row{stage, n};
+  group.barrier();  // the communicator keeps its last operation's tensors until the next one
+  const std::size_t base = memory_stats(device).current;
+  {
+    auto t = lab09::make_trainer(stage, config, {.device = device, .seed = run.seed}, group);
+    t->forward_backward(sampler.batch(0));
+    t->step(lr);
+    // The communicator keeps its last operation's tensors (the all-gather's input) until its next
+    // one: a barrier (no tensors) lets them go, so the allocator shows what the trainer holds.
+    group.barrier();
+    row.held = t->held();
+    row.allocator = memory_stats(device).current - base;
+    reset_peak_memory(device);
+    const comm::CommStats before = comm::comm_stats();
+    t->forward_backward(sampler.batch(1));
+    t->step(lr);
+    row.comm = static_cast<std::size_t>(comm::comm_total(comm::comm_stats() - before).bytes);
+    row.peak = memory_stats(device).peak - base;
+    row.paper = lab09::paper_memory(stage, t->model().num_parameters(), n);
+    row.paper_comm = lab09::paper_comm_bytes(stage, t->model().num_parameters());
+  }
+  world.barrier();
+  return row;
+}
+
+std::string mib(std::size_t bytes) { return fmt::format("{:.3f}", static_cast<double>(bytes) / kMiB); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options("lab09_zero", "Lab 09: ZeRO stages 1, 2 and 3");
+    cli::add_run_options(options);
+    train::add_train_options(options, {.steps = 10});
+    options.add_options("lab 09")
+        ("stage", "ZeRO stage to train with (0: DDP, 1, 2, 3)", cxxopts::value<int>()->default_value("1"))
+        ("verify-steps", "rank 0 also runs the single-device model for this many steps and "
+                         "prints both losses (0: off)",
+         cxxopts::value<int64_t>()->default_value("3"))
+        ("table", "measure stages 0-3 at n = 1, 2, 4 after training",
+         cxxopts::value<bool>()->default_value("true"));
+    const auto parsed = cli::parse(options, argc, argv);
+    const auto run = cli::run_options(parsed);
+    const auto opt = train::read_train_options(parsed);
+    const int stage = parsed["stage"].as<int>();
+    const int64_t verify_steps = parsed["verify-steps"].as<int64_t>();
+    const bool table = parsed["table"].as<bool>();
+    SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "--stage must be 0 (DDP), 1, 2 or 3, got {}", stage);
+    SCALELAB_REQUIRE(verify_steps >= 0, "--verify-steps must not be negative");
+
+    auto comm = comm::Communicator::world(run.backend);
+    const Device device = train::rank_device(run.device);
+    const ModelConfig config = model_config(opt.model);
+    const auto tokens = train::load_train_tokens(opt);
+    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    // A bad split (more ranks than rows) is a usage error on every rank, before any training.
+    const int64_t local_rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size())
+                                   .batch_size();
+
+    // Every rank builds the model from the same seed: the same starting point without a broadcast.
+    auto trainer = lab09::make_trainer(stage, config, {.device = device, .seed = run.seed}, comm);
+    std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin, for --verify-steps
+    std::unique_ptr<optim::AdamW> single_opt;
+    if (comm.rank() == 0 && verify_steps > 0) {
+      single = std::make_unique<nn::GPT>(config, nn::GPTOptions{.device = device, .seed = run.seed});
+      single_opt = std::make_unique<optim::AdamW>(optim::groups(single->parameters()));
+    }
+    log::info("lab 09 zero: stage {}, model {} ({} parameters), {} ranks, global batch {} x {} "
+              "tokens = {} rows per rank, {} steps, backend {}", stage, config.name,
+              metrics::human_count(static_cast<double>(trainer->model().num_parameters())),
+              comm.size(), opt.batch, config.block_size, local_rows, opt.steps, comm.backend());
+    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
+                                 comm);
+    log::info("{}", reporter.mfu_note());
+    for (int64_t step = 0; step < opt.steps; ++step) {
+      const data::Batch global = sampler.batch(step);
+      const double lr = train::learning_rate(opt, step);
+      metrics::Timer timer(device);
+      const double loss = trainer->forward_backward(global);
+      trainer->step(lr);
+      log::info("{}", reporter.line(step, loss, timer.elapsed(), lr));
+      if (single && step < verify_steps) {
+        single->zero_grad();
+        const data::Batch g = global.to(device);
+        const double single_loss = single->forward(g.x, g.y);
+        single->backward();
+        single_opt->step(lr);
+        log::info("    single-device loss={:.6f}  |zero - single|={:.2e}", single_loss,
+                  std::abs(loss - single_loss));
+      }
+    }
+    const double divergence = train::max_divergence_from_rank0(trainer->full_parameters(), comm);
+    const lab09::Held held = trainer->held();
+    log::info("after {} steps: max |p - p on rank 0| over {} ranks = {:.3g} ({}); rank 0 holds "
+              "{} MiB of parameters, {} MiB of gradients, {} MiB of optimizer state",
+              opt.steps, comm.size(), divergence,
+              divergence == 0 ? "identical replicas" : "REPLICAS DIFFER", mib(held.params),
+              mib(held.grads), mib(held.optimizer));
+    trainer.reset();
+    single.reset();
+    single_opt.reset();
+
+    if (table) {
+      std::vector<Row> rows;
+      for (int s = 0; s <= 3; ++s)
+        for (int n : {1, 2, 4, 8})
+          if (n <= comm.size() && comm.size() % n == 0)
+            rows.push_back(measure(s, n, comm, config, sampler, run, device,
+                                   train::learning_rate(opt, 0)));
+      log::info("");
+      log::info("per rank (rank 0), MiB; held: between steps (params / grads / optimizer state "
+                "as the trainer counts them, and the allocator's live bytes); paper: the "
+                "formula; peak: the allocator's peak over a step; comm: payload bytes of a step "
+                "(byte counters) beside the formula");
+      log::info("{:>5} {:>2} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}", "stage", "n",
+                "params", "grads", "optim", "held", "allocator", "paper", "peak", "comm",
+                "paper");
+      for (const Row& r : rows)
+        log::info("{:>5} {:>2} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}", r.stage,
+                  r.n, mib(r.held.params), mib(r.held.grads), mib(r.held.optimizer),
+                  mib(r.held.total()), mib(r.allocator), mib(r.paper.total()), mib(r.peak),
+                  mib(r.comm), mib(r.paper_comm));
+    }
+    return divergence == 0 ? kExitOk : kExitFailed;
+  });
+}

@@ -1,0 +1,54 @@
+// Lab 09 step 5: the paper's formulas mapped to this fp32 model (exact integers), and the given
+// DDP trainer measured against them (the allocator's bytes between steps and the byte counters of
+// one step), so the table's formula column is checked against a measurement.
+#include <gtest/gtest.h>
+
+#include "tests/09_zero/zero_checks.hpp"
+
+using namespace scalelab;
+using namespace scalelab::lab09test;
+
+TEST(Step5_Formulas, MemoryPerRankAsThePaperMappedToFp32) {
+  const int64_t P = 1200;
+  for (int n : {1, 2, 4, 8}) {
+    const struct { int stage; int64_t params, grads, optimizer; } want[] = {
+        {0, 4 * P, 4 * P, 8 * P},
+        {1, 4 * P, 4 * P, 8 * P / n},
+        {2, 4 * P, 4 * P / n, 8 * P / n},
+        {3, 4 * P / n, 4 * P / n, 8 * P / n}};
+    for (const auto& w : want) {
+      const lab09::Held h = lab09::paper_memory(w.stage, P, n);
+      EXPECT_EQ(h.params, static_cast<std::size_t>(w.params)) << "stage " << w.stage << ", n " << n;
+      EXPECT_EQ(h.grads, static_cast<std::size_t>(w.grads)) << "stage " << w.stage << ", n " << n;
+      EXPECT_EQ(h.optimizer, static_cast<std::size_t>(w.optimizer)) << "stage " << w.stage << ", n " << n;
+    }
+    // the paper's totals: 16 Psi, 8 Psi + 8 Psi/n, 4 Psi + 12 Psi/n, 16 Psi/n (bytes: x1 here)
+    EXPECT_EQ(lab09::paper_memory(1, P, n).total(), static_cast<std::size_t>(8 * P + 8 * P / n));
+    EXPECT_EQ(lab09::paper_memory(2, P, n).total(), static_cast<std::size_t>(4 * P + 12 * P / n));
+  }
+}
+
+TEST(Step5_Formulas, CommunicationPerStepInPayloadBytes) {
+  const int64_t P = 1000;
+  EXPECT_EQ(lab09::paper_comm_bytes(0, P), 4u * P) << "one all_reduce of the gradients";
+  EXPECT_EQ(lab09::paper_comm_bytes(1, P), 8u * P);
+  EXPECT_EQ(lab09::paper_comm_bytes(2, P), 8u * P) << "the paper's 2 Psi";
+  EXPECT_EQ(lab09::paper_comm_bytes(3, P), 12u * P) << "the paper's 3 Psi";
+}
+
+TEST(Step5_Formulas, DdpMeasuredMatchesItsFormula) {
+  // The given stage 0 on this world: the allocator's bytes between steps are the formula's 16 Psi
+  // exactly (no padding in DDP), and one step all-reduces 4 Psi of gradients (+ 8: the f64 loss).
+  const Footprint f = footprint(0);
+  const int64_t P = psi();
+  EXPECT_EQ(f.held, lab09::paper_memory(0, P, labtest::world().size()).total());
+  auto ddp = lab09::make_trainer(0, kLab.config(), f32(), labtest::world());
+  const comm::CommStats s = one_step_traffic(*ddp);
+  EXPECT_EQ(static_cast<std::size_t>(comm::comm_total(s).bytes), lab09::paper_comm_bytes(0, P) + 8);
+}
+
+TEST(Step5_Formulas, BadStagesAreUsageErrors) {
+  EXPECT_THROW(lab09::paper_memory(4, 10, 1), UsageError);
+  EXPECT_THROW(lab09::paper_comm_bytes(-1, 10), UsageError);
+  EXPECT_THROW(lab09::make_trainer(5, kLab.config(), f32(), labtest::world()), UsageError);
+}

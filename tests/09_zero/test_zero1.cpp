@@ -1,0 +1,125 @@
+// Lab 09 step 2: ZeRO-1. The heart: five AdamW steps BITWISE equal to lab 03's DDP (the same
+// all-reduce, the same elementwise AdamW update of every element by its owner, exact copies
+// back), replicas bitwise identical. What each rank holds: AdamW's m and v for its shard only
+// (state size), read from the optimizer and from the allocator; what it sends: one all_reduce
+// of the gradients and one all_gather of the parameters (byte counters). Planted faults: an
+// AdamW over the whole buffer on every rank (right numbers, no saving: the state check fails) and
+// a step without the all-gather (the replicas diverge).
+#include <gtest/gtest.h>
+
+#include "common/optim/optim.hpp"
+#include "common/train/equivalence.hpp"
+#include "ddp.hpp"
+#include "tests/09_zero/zero_checks.hpp"
+
+using namespace scalelab;
+using namespace scalelab::lab09test;
+using labtest::world;
+
+namespace {
+
+// AdamW state of a stage-1+ rank: m and v for the real elements of its shard, nothing more.
+testing::AssertionResult state_is_the_shard(std::size_t state_bytes, const nn::ShardRange& s,
+                                            DType dtype) {
+  const std::size_t want = static_cast<std::size_t>(s.real()) * 2 * dtype_size(dtype);
+  if (state_bytes == want) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "AdamW holds " << state_bytes << " bytes of state; m and v "
+                                     << "for this rank's " << s.real() << " elements are " << want;
+}
+
+// Stage 1 keeps full parameters and gradients (padded) and 1/n of the state: the allocator must
+// agree, with one shard of slack for a staging buffer an implementation may keep.
+testing::AssertionResult holds_stage1_bytes(const Footprint& f, int64_t padded, const nn::ShardRange& s) {
+  const std::size_t want = static_cast<std::size_t>(2 * padded + 2 * s.real()) * 4;
+  const std::size_t slack = static_cast<std::size_t>(s.size) * 4;
+  if (f.held <= want + slack) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "holds " << f.held << " bytes between steps; stage 1 "
+                                     << "needs " << want << " (+ " << slack << " slack)";
+}
+
+// Parameters equal to the DDP run's and identical on every rank.
+testing::AssertionResult same_as_ddp(const Tensor& got, const Tensor& want) {
+  auto r = labtest::close_on_every_rank(got, want, 0, 0);
+  if (!r) return r;
+  const double d = train::max_divergence_from_rank0(got, world());
+  if (d != 0) return testing::AssertionFailure() << "replicas differ by " << d;
+  return testing::AssertionSuccess();
+}
+
+}  // namespace
+
+TEST(Step2_Zero1, OptimizerStateIsThisRanksShardOnly) {
+  lab09::Zero1 z(kLab.config(), f32(), world());
+  const nn::ParameterSet& ps = z.model().params();
+  const nn::ShardRange want = nn::shard_range(ps.numel(), world().rank(), world().size());
+  EXPECT_EQ(z.shard().lo, want.lo);
+  EXPECT_EQ(z.shard().hi, want.hi);
+  EXPECT_EQ(ps.padded_numel() % world().size(), 0) << "the layout is padded to n";
+  EXPECT_TRUE(state_is_the_shard(z.optimizer().state_bytes(), z.shard(), DType::f32));
+}
+
+TEST(Step2_Zero1, TheAllocatorSeesTheSaving) {
+  const Footprint f = footprint(1);
+  nn::GPTOptions o = f32();
+  o.storage.pad_to = world().size();
+  nn::GPT m(kLab.config(), o);
+  const nn::ShardRange s = nn::shard_range(m.num_parameters(), world().rank(), world().size());
+  EXPECT_TRUE(holds_stage1_bytes(f, m.params().padded_numel(), s));
+}
+
+TEST(Step2_Zero1, FiveAdamWStepsBitwiseEqualToDdp) {
+  // Tolerance: none. Both all-reduce the same flat gradients; AdamW updates each element alone.
+  lab09::Ddp ddp(kLab.config(), f32(), world());
+  lab09::Zero1 z(kLab.config(), f32(), world());
+  const std::vector<double> want = run_steps(ddp, 5), got = run_steps(z, 5);
+  for (std::size_t s = 0; s < want.size(); ++s) EXPECT_EQ(got[s], want[s]) << "loss of step " << s;
+  EXPECT_TRUE(same_as_ddp(z.full_parameters(), ddp.full_parameters()));
+  // and the first loss is the single-device one (lab 03's tolerance for an all-reduced mean)
+  EXPECT_NEAR(got[0], kLab.reference(kLab.batch(0)).loss, 1e-6 * std::abs(got[0]));
+}
+
+TEST(Step2_Zero1, OneAllReduceOfTheGradientsAndOneAllGatherOfTheParameters) {
+  lab09::Zero1 z(kLab.config(), f32(), world());
+  const comm::CommStats s = one_step_traffic(z);
+  const int64_t numel = z.model().num_parameters(), padded = z.model().params().padded_numel();
+  EXPECT_EQ(bytes_of(s, "all_reduce"), numel * 4 + 8) << "the gradients (fp32) and the loss (f64)";
+  EXPECT_EQ(bytes_of(s, "all_gather"), padded * 4) << "the parameters, once";
+  EXPECT_EQ(comm::comm_total(s, "", "all_gather").calls, 1);
+}
+
+TEST(Step2_PlantedFault, WholeBufferOptimizerOnEveryRankIsCaught) {
+  // DDP's optimizer stepping everything on every rank: the right numbers, no saving.
+  lab09::Ddp ddp(kLab.config(), f32(), world());
+  const nn::ShardRange s =
+      nn::shard_range(ddp.model().num_parameters(), world().rank(), world().size());
+  if (world().size() == 1) {
+    EXPECT_TRUE(state_is_the_shard(ddp.optimizer().state_bytes(), s, DType::f32))
+        << "one rank: the shard is everything";
+    return;
+  }
+  EXPECT_FALSE(state_is_the_shard(ddp.optimizer().state_bytes(), s, DType::f32));
+  const Footprint f = footprint(0);
+  EXPECT_FALSE(holds_stage1_bytes(f, s.size * world().size(), s));
+}
+
+TEST(Step2_PlantedFault, MissingAllGatherIsCaught) {
+  // Each rank steps its shard and never sends it: every rank keeps the other shards' OLD values.
+  nn::GPTOptions o = f32();
+  o.storage.pad_to = world().size();
+  nn::GPT model(kLab.config(), o);
+  nn::ParameterSet& ps = model.params();
+  const nn::ShardRange s = nn::shard_range(ps.numel(), world().rank(), world().size());
+  optim::AdamW adamw(optim::groups_in_range(ps, s.lo, s.hi, ps.padded_values().flat(s.lo, s.size),
+                                            ps.padded_grads().flat(s.lo, s.size)));
+  lab09::Ddp ddp(kLab.config(), f32(), world());
+  for (int step = 0; step < 3; ++step) {
+    lab03::forward_backward(model, kLab.batch(step), world());
+    adamw.step(kLr);  // fault: no all-gather
+    ddp.forward_backward(kLab.batch(step));
+    ddp.step(kLr);
+  }
+  if (world().size() > 1)
+    EXPECT_FALSE(same_as_ddp(ps.values(), ddp.full_parameters()));
+  else
+    EXPECT_TRUE(same_as_ddp(ps.values(), ddp.full_parameters())) << "one rank owns everything";
+}

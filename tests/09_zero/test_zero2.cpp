@@ -1,0 +1,144 @@
+// Lab 09 step 3: ZeRO-2. Equal to ZeRO-1 over five AdamW steps (float64, kStageRtol/kStageAtol:
+// reduce-to-owner sums in another order than the all-reduce), the gradient shard equal to the
+// single-device gradient on the shard's elements (1e-5 / 1e-6, as lab 03). The technique: no
+// unit's gradients are left after backward, the allocator's bytes between steps and at the
+// backward peak are below stage 1's by (about) the full gradient, and the traffic is one reduce
+// of the gradients (no all-reduce) and one all-gather. Planted fault: "ZeRO-2" that all-reduces
+// a full gradient buffer and copies its shard out: the right numbers, no saving; the memory
+// check must fail it.
+#include <gtest/gtest.h>
+
+#include "common/optim/optim.hpp"
+#include "common/train/equivalence.hpp"
+#include "ddp.hpp"
+#include "tests/09_zero/zero_checks.hpp"
+
+using namespace scalelab;
+using namespace scalelab::lab09test;
+using labtest::world;
+
+namespace {
+
+struct Sizes {
+  std::size_t grad = 0, shard = 0;  // bytes of the full (padded) gradient and of one shard
+};
+Sizes sizes() {
+  const int n = world().size();
+  const nn::ShardRange s = nn::shard_range(psi(), world().rank(), n);
+  return {static_cast<std::size_t>(s.size * n) * 4, static_cast<std::size_t>(s.size) * 4};
+}
+
+// Stage 2 against stage 1 on the same model and batches: between steps it must hold the full
+// gradient less one shard fewer bytes (one shard of slack), and during backward hold at most half
+// the full gradient in unit gradients (the tied embedding's lives through backward: with 4 blocks
+// the embedding plus a block is ~36% of the model).
+testing::AssertionResult saves_the_gradient(const Footprint& stage2, const Footprint& stage1) {
+  const Sizes z = sizes();
+  const std::size_t held_max = stage1.held - z.grad + 2 * z.shard;
+  const std::size_t peak_max = stage1.peak - z.grad + z.shard + z.grad / 2;
+  if (stage2.held > held_max)
+    return testing::AssertionFailure() << "holds " << stage2.held << " bytes between steps, stage 1 "
+                                       << stage1.held << ": stage 2 must drop the full gradient ("
+                                       << z.grad << ") and keep a shard (" << z.shard << ")";
+  if (stage2.peak > peak_max)
+    return testing::AssertionFailure() << "backward peak " << stage2.peak << " bytes, stage 1 "
+                                       << stage1.peak << ": unit gradients must be released as "
+                                       << "they are reduced (at most " << peak_max << ")";
+  return testing::AssertionSuccess();
+}
+
+// Stage 1 written here (the baseline of the memory check, so the planted fault runs without the
+// attendee's code) and, with copy_shard, the planted fault: the full gradient buffer all-reduced
+// (lab 03) and its shard copied out into a buffer of its own.
+struct FlatGradient {
+  bool copy_shard = false;
+  nn::GPT model;
+  nn::ShardRange s;
+  Tensor shard;
+  optim::AdamW adamw;
+  static nn::GPTOptions options() {
+    nn::GPTOptions o = f32();
+    o.storage.pad_to = world().size();
+    return o;
+  }
+  explicit FlatGradient(bool copy)
+      : copy_shard(copy),
+        model(kLab.config(), options()),
+        s(nn::shard_range(model.num_parameters(), world().rank(), world().size())),
+        shard(copy ? Tensor::zeros({s.size}) : model.params().padded_grads().flat(s.lo, s.size)),
+        adamw(optim::groups_in_range(model.params(), s.lo, s.hi,
+                                     model.params().padded_values().flat(s.lo, s.size), shard)) {}
+  void forward_backward(const data::Batch& b) {
+    lab03::forward_backward(model, b, world());
+    if (copy_shard) shard.copy_from(model.params().padded_grads().flat(s.lo, s.size));
+  }
+  void step() {
+    adamw.step(kLr);
+    Tensor& all = model.params().padded_values();
+    world().all_gather(all.flat(s.lo, s.size).clone(), all);
+  }
+};
+
+Footprint flat_footprint(bool copy_shard) {
+  std::shared_ptr<FlatGradient> t;
+  return footprint([&]() {
+    t = std::make_shared<FlatGradient>(copy_shard);
+    return Steps{[t](const data::Batch& b) { t->forward_backward(b); }, [t]() { t->step(); }};
+  });
+}
+
+}  // namespace
+
+TEST(Step3_Zero2, FiveAdamWStepsEqualZero1) {
+  // Stage 1 is bitwise lab 03's DDP (step 2's test): compared with the given DDP so that this
+  // step is graded on its own.
+  lab09::Ddp one(kLab.config(), f64(), world());
+  lab09::Zero2 two(kLab.config(), f64(), world());
+  const std::vector<double> want = run_steps(one, 5), got = run_steps(two, 5);
+  for (std::size_t s = 0; s < want.size(); ++s)
+    EXPECT_NEAR(got[s], want[s], kStageRtol * std::abs(want[s])) << "loss of step " << s;
+  EXPECT_TRUE(labtest::close_on_every_rank(two.full_parameters(), one.full_parameters(),
+                                           kStageRtol, kStageAtol));
+  EXPECT_EQ(train::max_divergence_from_rank0(two.full_parameters(), world()), 0.0)
+      << "every rank gathers the same shards: identical replicas";
+}
+
+TEST(Step3_Zero2, GradientShardIsTheSingleDeviceGradientOnThisRanksElements) {
+  // 1e-5 relative / 1e-6 absolute: summed over ranks in another order than one device sums rows
+  lab09::Zero2 two(kLab.config(), f32(), world());
+  const data::Batch global = kLab.batch(0);
+  two.forward_backward(global);
+  const nn::ShardRange& s = two.shard();
+  EXPECT_EQ(two.grad_shard().numel(), s.size);
+  const Tensor want = kLab.reference(global).grads.flat(s.lo, s.real());
+  EXPECT_TRUE(labtest::close_on_every_rank(two.grad_shard().flat(0, s.real()), want,
+                                           labtest::kAllReduceRtol, labtest::kAllReduceAtol));
+}
+
+TEST(Step3_Zero2, NoUnitGradientIsLeftAfterBackward) {
+  lab09::Zero2 two(kLab.config(), f32(), world());
+  two.forward_backward(kLab.batch(0));
+  const nn::ParameterSet& ps = two.model().params();
+  for (std::size_t u = 0; u < ps.units().size(); ++u)
+    EXPECT_FALSE(ps.grads_bound(u)) << ps.units()[u].name << "'s gradients were not released";
+}
+
+TEST(Step3_Zero2, TheAllocatorSeesTheFullGradientGone) {
+  const Footprint stage1 = flat_footprint(false), stage2 = footprint(2);
+  EXPECT_TRUE(saves_the_gradient(stage2, stage1));
+}
+
+TEST(Step3_Zero2, GradientsGoToTheirOwnersOnceAndNoAllReduce) {
+  lab09::Zero2 two(kLab.config(), f32(), world());
+  const comm::CommStats s = one_step_traffic(two);
+  const int64_t numel = two.model().num_parameters(), padded = two.model().params().padded_numel();
+  EXPECT_EQ(bytes_of(s, "reduce") + bytes_of(s, "reduce_scatter"), numel * 4)
+      << "every gradient element reduced once, to its owner";
+  EXPECT_EQ(bytes_of(s, "all_reduce"), 8) << "only the loss is all-reduced";
+  EXPECT_EQ(bytes_of(s, "all_gather"), padded * 4) << "the parameters, once";
+}
+
+TEST(Step3_PlantedFault, KeepingTheFullGradientIsCaught) {
+  const Footprint stage1 = flat_footprint(false), bad = flat_footprint(true);
+  EXPECT_FALSE(saves_the_gradient(bad, stage1));
+}

@@ -1,0 +1,97 @@
+#pragma once
+// What lab 09's graders share: the setup, how a trainer is driven for a few steps, and the
+// memory and traffic measurements (allocator and byte counters) that the planted faults must
+// fail too. Everything here is collective where it steps a trainer.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/allocator.hpp"
+#include "common/comm/stats.hpp"
+#include "tests/support/lab_fixture.hpp"
+#include "zero.hpp"
+
+namespace scalelab::lab09test {
+
+inline constexpr labtest::Setup kLab{.seed = 909, .global_batch = 8, .corpus_seed = 9, .n_layer = 4};
+inline constexpr double kLr = 1e-2;
+
+/// Stages against each other over several AdamW steps, in float64: the stages reduce the
+/// gradients in another order (all-reduce, reduce to owners, reduce-scatter), and AdamW divides
+/// by small second moments, which amplifies the last bits; in float64 the drift stays far below
+/// this tolerance after 5 steps.
+inline constexpr double kStageRtol = 1e-9, kStageAtol = 1e-12;
+
+inline nn::GPTOptions f32() { return {.seed = kLab.seed}; }
+inline nn::GPTOptions f64() { return {.dtype = DType::f64, .seed = kLab.seed}; }
+
+inline std::size_t now_bytes() { return memory_stats(Device::cpu()).current; }
+
+/// Runs `steps` forward_backward + step on the global batches 0, 1, ...; returns the losses.
+inline std::vector<double> run_steps(lab09::Trainer& t, int steps) {
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    losses.push_back(t.forward_backward(kLab.batch(s)));
+    t.step(kLr);
+  }
+  return losses;
+}
+
+/// What a trainer costs, from the allocator: `held` the bytes alive after one whole step (what
+/// the rank keeps between steps), `peak` the highest bytes alive during the second step's
+/// forward_backward, both above what was alive before the trainer was built.
+struct Footprint {
+  std::size_t held = 0, peak = 0;
+};
+
+/// `make` builds a trainer-like object and returns two actions: a forward_backward and a step.
+struct Steps {
+  std::function<void(const data::Batch&)> forward_backward;
+  std::function<void()> step;
+};
+inline Footprint footprint(const std::function<Steps()>& make) {
+  Footprint f;
+  labtest::world().barrier();  // drop what the communicator still holds from earlier work
+  const std::size_t base = now_bytes();
+  {
+    Steps s = make();
+    s.forward_backward(kLab.batch(0));
+    s.step();
+    // The communicator keeps the last operation's tensors (the step's all-gather input) until its
+    // next operation: a barrier (no tensors) lets them go, so `held` is what the trainer holds.
+    labtest::world().barrier();
+    f.held = now_bytes() - base;
+    reset_peak_memory(Device::cpu());
+    s.forward_backward(kLab.batch(1));
+    f.peak = memory_stats(Device::cpu()).peak - base;
+    s.step();
+  }
+  return f;
+}
+inline Footprint footprint(int stage, const nn::GPTOptions& options = f32(),
+                           const ModelConfig* config = nullptr) {
+  std::shared_ptr<lab09::Trainer> t;
+  return footprint([&]() {
+    t = lab09::make_trainer(stage, config ? *config : kLab.config(), options, labtest::world());
+    return Steps{[t](const data::Batch& b) { t->forward_backward(b); }, [t]() { t->step(kLr); }};
+  });
+}
+
+/// The payload bytes one step (forward_backward + step) submits, by operation kind.
+inline comm::CommStats one_step_traffic(lab09::Trainer& t, int64_t step = 0) {
+  const comm::CommStats before = comm::comm_stats();
+  t.forward_backward(kLab.batch(step));
+  t.step(kLr);
+  return comm::comm_stats() - before;
+}
+inline int64_t bytes_of(const comm::CommStats& s, const std::string& op) {
+  return comm::comm_total(s, "", op).bytes;
+}
+
+/// Elements of the model's flat layout (no padding) and its fp32 bytes.
+inline int64_t psi(const ModelConfig& c = kLab.config()) {
+  nn::GPT m(c, f32());
+  return m.num_parameters();
+}
+
+}  // namespace scalelab::lab09test
