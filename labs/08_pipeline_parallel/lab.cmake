@@ -1,0 +1,27 @@
+# The simulator and the schedule vocabulary are given (labs/08_pipeline_parallel/schedule.cpp):
+# one library that both builds of the lab link.
+add_library(lab08_schedule STATIC ${CMAKE_CURRENT_LIST_DIR}/schedule.cpp)
+target_include_directories(lab08_schedule PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(lab08_schedule PUBLIC scalelab::common)
+scalelab_add_lab(08 pipeline_parallel SOURCES pipeline_parallel.cpp STEPS 6 RANKS 1 2 4
+                 STEP_RANKS "2:2,4" "3:1" LIBS lab08_schedule TIMEOUT 60)
+# Bad configurations of the program: exit 2 and one distinct "error: ..." line (mpiexec adds its
+# own notice about the exit code), never a hang. The pipeline has one stage per rank, so "more stages than layers" runs
+# 3 ranks on the 2-layer tiny model.
+if(SCALELAB_BUILD_TESTS)
+  set(lab08_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
+  foreach(case "3;more_stages_than_layers;--model;tiny"
+               "1;zero_micro_batches;--model;tiny;--micro-batches;0"
+               "1;interleaved_layers_not_divisible;--model;tiny;--schedule;interleaved;--chunks;4"
+               "1;unknown_schedule;--model;tiny;--schedule;zigzag")
+    list(POP_FRONT case ranks name)
+    add_test(NAME lab08.cli.${name}
+             COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
+n=$(grep '^error: ' \"$e\" | sort -u | wc -l); rm -f \"$e\"; [ $rc -eq 2 ] && [ $n -eq 1 ]"
+                     ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
+                     $<TARGET_FILE:lab08_pipeline_parallel_solution> ${MPIEXEC_POSTFLAGS} ${case}
+                     --data ${lab08_data})
+    set_tests_properties(lab08.cli.${name} PROPERTIES LABELS "reference;lab08" TIMEOUT 30
+                         PROCESSORS ${ranks} ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+  endforeach()
+endif()

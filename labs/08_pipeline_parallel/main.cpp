@@ -1,0 +1,227 @@
+// Lab 08 driver (not edited by attendees): pipeline-parallel training, one stage per rank, then
+// the timeline of one step and the table of measured bubbles and activation memory.
+//
+//   ./scalelab run 08 -n 4                                        # your code, 1F1B on 4 stages
+//   ./scalelab run 08 --solution -n 4 -- --schedule afab --micro-batches 8
+//   ./scalelab run 08 --solution -n 2 -- --schedule interleaved --chunks 2 --trace pp.json
+#include <algorithm>
+
+#include "common/allocator.hpp"
+#include "common/cli.hpp"
+#include "common/device.hpp"
+#include "common/log.hpp"
+#include "common/optim/optim.hpp"
+#include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/loop.hpp"
+#include "pipeline_parallel.hpp"
+
+using namespace scalelab;
+using namespace scalelab::lab08;
+
+namespace {
+
+std::vector<nn::Parameter*> all_parameters(const std::vector<nn::GPT*>& pieces) {
+  std::vector<nn::Parameter*> out;
+  for (nn::GPT* g : pieces)
+    for (nn::Parameter* x : g->parameters()) out.push_back(x);
+  return out;
+}
+
+// Every rank's value of x, on every rank.
+std::vector<double> gather(double x, comm::Communicator& comm) {
+  Tensor in = Tensor::from_vector({x}, {1}, DType::f64);
+  Tensor out = Tensor::zeros({comm.size()}, DType::f64);
+  comm.all_gather(in, out);
+  return out.to_vector();
+}
+
+// Every rank's forwards and backwards of one step (seconds), on rank 0 (collective).
+std::vector<std::vector<Span>> gather_spans(const ExecStats& stats, int max_units,
+                                            comm::Communicator& comm) {
+  std::vector<double> mine(static_cast<std::size_t>(max_units) * 5, -1.0);
+  int n = 0;
+  for (const Timed& t : stats.actions)
+    if ((t.action.op == Op::forward || t.action.op == Op::backward) && n < max_units) {
+      double* row = &mine[static_cast<std::size_t>(n++) * 5];
+      row[0] = t.action.op == Op::forward ? 0 : 1;
+      row[1] = t.action.mb;
+      row[2] = t.action.chunk;
+      row[3] = t.begin_s;
+      row[4] = t.end_s;
+    }
+  Tensor in = Tensor::from_vector(mine, {static_cast<int64_t>(mine.size())}, DType::f64);
+  Tensor out = Tensor::zeros({static_cast<int64_t>(mine.size()) * comm.size()}, DType::f64);
+  comm.all_gather(in, out);
+  const std::vector<double> all = out.to_vector();
+  std::vector<std::vector<Span>> spans(comm.size());
+  for (int r = 0; r < comm.size(); ++r)
+    for (int i = 0; i < max_units; ++i) {
+      const double* row = &all[(static_cast<std::size_t>(r) * max_units + i) * 5];
+      if (row[0] < 0) break;
+      spans[r].push_back({{row[0] == 0 ? Op::forward : Op::backward, static_cast<int>(row[1]),
+                           static_cast<int>(row[2])},
+                          row[3], row[4]});
+    }
+  return spans;
+}
+
+std::string list(const std::vector<double>& xs, const char* fmt_spec) {
+  std::string s;
+  for (double x : xs) s += (s.empty() ? "" : " ") + fmt::format(fmt::runtime(fmt_spec), x);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options("lab08_pipeline_parallel",
+                                     "Lab 08: pipeline-parallel training, one stage per rank");
+    cli::add_run_options(options);
+    train::add_train_options(options, {.batch = 16, .steps = 20});
+    options.add_options("lab 08")
+        ("schedule", "afab, 1f1b or interleaved",
+         cxxopts::value<std::string>()->default_value("1f1b"))
+        ("micro-batches", "micro-batches per step (m)", cxxopts::value<int>()->default_value("8"))
+        ("chunks", "model chunks per rank for --schedule interleaved (v)",
+         cxxopts::value<int>()->default_value("2"))
+        ("twin-steps", "steps compared with the single-device twin (rank 0)",
+         cxxopts::value<int>()->default_value("3"))
+        ("reps", "repetitions per row of the bubble table (the fastest is shown)",
+         cxxopts::value<int>()->default_value("3"));
+    const auto parsed = cli::parse(options, argc, argv);
+    const auto run = cli::run_options(parsed);
+    const auto opt = train::read_train_options(parsed);
+    const Kind kind = parse_kind(parsed["schedule"].as<std::string>());
+    const int m = parsed["micro-batches"].as<int>();
+    const int v = kind == Kind::interleaved ? parsed["chunks"].as<int>() : 1;
+    const int twin_steps = parsed["twin-steps"].as<int>();
+    const int reps = parsed["reps"].as<int>();
+    SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
+
+    auto comm = comm::Communicator::world(run.backend);
+    const int p = comm.size(), stage = comm.rank();
+    const ModelConfig config = model_config(opt.model);
+    const int L = static_cast<int>(config.n_layer);
+    // Bad configurations are usage errors on every rank, before any data is read.
+    stage_layers(L, p, stage);
+    if (kind == Kind::interleaved) chunk_layers(L, p, v, stage, 0);
+    const Schedule schedule = make_schedule(kind, p, m, v, stage);
+    SCALELAB_REQUIRE(opt.batch % m == 0, "--batch {} does not split into {} equal micro-batches",
+                     opt.batch, m);
+
+    const Device device = train::rank_device(run.device);
+    const auto tokens = train::load_train_tokens(opt);
+    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    auto pieces = build_pieces(config, kind, p, v, stage, {.device = device, .seed = run.seed});
+    const std::vector<nn::GPT*> mine = pointers(pieces);
+    optim::AdamW adamw(optim::groups(all_parameters(mine)));
+    std::string blocks;
+    for (nn::GPT* g : mine)
+      blocks += fmt::format("{}[{}, {})", blocks.empty() ? "" : " ", g->first_block(),
+                            g->last_block());
+    log::info("lab 08 pipeline_parallel: model {} ({} layers), {} stages, schedule {}{}, {} "
+              "micro-batches of {} rows, {} steps", config.name, L, p, kind_name(kind),
+              v > 1 ? fmt::format(" with {} chunks per rank", v) : std::string(), m,
+              opt.batch / m, opt.steps);
+    log::info("rank {}: blocks {}{}{}", stage, blocks,
+              mine.front()->has_embedding() ? ", embedding" : "",
+              mine.back()->has_head() ? ", ln_f and head" : "");
+
+    // The single-device twin (rank 0): the same seed, the same global batches, AdamW.
+    std::unique_ptr<nn::GPT> twin;
+    std::unique_ptr<optim::AdamW> twin_opt;
+    if (stage == 0 && twin_steps > 0) {
+      twin = std::make_unique<nn::GPT>(config, nn::GPTOptions{.device = device, .seed = run.seed});
+      twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
+    }
+    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
+                                 comm);
+    ExecStats last;
+    for (int64_t step = 0; step < opt.steps; ++step) {
+      const double lr = train::learning_rate(opt, step);
+      metrics::Timer timer(device);
+      const data::Batch batch = sampler.batch(step);
+      const double loss = pipeline_step(mine, schedule, batch, m, comm, &last);
+      adamw.step(lr);
+      log::info("{}", reporter.line(step, loss, timer.elapsed(), lr));
+      if (twin && step < twin_steps) {
+        const data::Batch on = batch.to(device);
+        twin->zero_grad();
+        const double want = twin->forward(on.x, on.y);
+        twin->backward();
+        twin_opt->step(lr);
+        log::info("  single-device twin step={} loss={:.6f} (pipeline - twin: {:+.2e})", step, want,
+                  loss - want);
+      }
+    }
+
+    // The timeline of the last step, measured, and the simulator's for the same schedule.
+    const auto spans = gather_spans(last, 2 * m * v, comm);
+    double measured_end = 0;
+    for (const auto& row : spans)
+      for (const Span& s : row) measured_end = std::max(measured_end, s.end);
+    const double column = measured_end / 100;  // 100 columns for the whole step
+    std::vector<Schedule> all;
+    for (int s = 0; s < p; ++s) all.push_back(make_schedule(kind, p, m, v, s));
+    const SimResult sim = simulate(all, m, v);
+    log::info("");
+    log::info("simulated timeline of one step (forward 1 tick, backward 2; Fi/Bi = micro-batch "
+              "i{}, . idle):", v > 1 ? ", letter = chunk" : "");
+    log::info("{}", ascii_timeline(sim.spans, 1.0 / v, 120));
+    log::info("measured timeline of the last step on the ranks (one column = {:.2f} ms; an action "
+              "shorter than a column may not show: --trace keeps every one):", column * 1e3);
+    log::info("{}", ascii_timeline(spans, column, 100));
+
+    // The table: each schedule and m, the bubble measured on every rank beside the formula and
+    // the simulator, and the peak activation memory per stage.
+    log::info("bubble = 1 - compute / step time per rank (fastest of {}); peak = allocator peak "
+              "of one step above the model, per stage", reps);
+    log::info("{:<12} {:>3} {:>8} {:>8}  {:<28} {:<16} {:<40}", "schedule", "m", "formula",
+              "sim", "measured per rank", "in flight", "peak activations per rank");
+    std::vector<Kind> kinds = {Kind::afab, Kind::one_f_one_b};
+    if (L % (p * 2) == 0) kinds.push_back(Kind::interleaved);
+    bool sane = true;
+    for (Kind k : kinds) {
+      const int vk = k == Kind::interleaved ? (kind == Kind::interleaved ? v : 2) : 1;
+      auto table_pieces = build_pieces(config, k, p, vk, stage, {.device = device, .seed = run.seed});
+      const auto ptrs = pointers(table_pieces);
+      for (int mm : {1, 2, 4, 8, 16}) {
+        if (opt.batch % mm != 0 || (k == Kind::interleaved && mm % p != 0)) continue;
+        const Schedule sched = make_schedule(k, p, mm, vk, stage);
+        std::vector<Schedule> sall;
+        for (int s = 0; s < p; ++s) sall.push_back(make_schedule(k, p, mm, vk, s));
+        const SimResult sr = simulate(sall, mm, vk);
+        const data::Batch batch = sampler.batch(opt.steps);
+        StageTime best;
+        best.step_s = 1e30;
+        for (int r = 0; r < reps; ++r) {
+          ExecStats st;
+          comm.barrier();  // every rank starts together
+          pipeline_step(ptrs, sched, batch, mm, comm, &st);
+          const StageTime t = measure_stage_time(st);
+          if (t.step_s < best.step_s) best = t;
+        }
+        std::vector<data::Batch> micro;
+        for (int i = 0; i < mm; ++i)
+          micro.push_back(batch.rows(i * (opt.batch / mm), (i + 1) * (opt.batch / mm)));
+        comm.barrier();
+        const double peak =
+            static_cast<double>(measure_peak_activation_bytes(ptrs, sched, micro, comm));
+        const std::vector<double> bubbles = gather(best.bubble, comm);
+        const std::vector<double> peaks = gather(peak, comm);
+        std::vector<double> flights;
+        for (int x : sr.max_in_flight) flights.push_back(x);
+        std::string peak_text;
+        for (double b : peaks) peak_text += (peak_text.empty() ? "" : " ") + metrics::human_bytes(b);
+        log::info("{:<12} {:>3} {:>8.3f} {:>8.3f}  {:<28} {:<16} {:<40}",
+                  k == Kind::interleaved ? fmt::format("interleaved{}", vk) : kind_name(k), mm,
+                  bubble_formula(k, p, mm, vk), sr.bubble.empty() ? 0.0 : sr.bubble[0],
+                  list(bubbles, "{:.2f}"), list(flights, "{:.0f}"), peak_text);
+        sane = sane && !sr.deadlock;
+      }
+    }
+    return train::on_every_rank(sane, comm) ? kExitOk : kExitFailed;
+  });
+}

@@ -1,0 +1,192 @@
+// Lab 08 graders' shared helpers (see pp_test.hpp). Written for the tests; no lab08 code.
+#include "pp_test.hpp"
+
+#include <fmt/format.h>
+
+#include "common/allocator.hpp"
+#include "common/ops/ops.hpp"
+
+namespace scalelab::pptest {
+
+std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch, double* loss) {
+  auto model = std::make_unique<nn::GPT>(kLab.config(), nn::GPTOptions{.seed = kLab.seed});
+  nn::GPTActivations acts;
+  const double l = model->forward(batch.x, batch.y, acts);
+  model->backward(acts);
+  if (loss != nullptr) *loss = l;
+  return model;
+}
+
+std::vector<data::Batch> split(const data::Batch& batch, int m) {
+  std::vector<data::Batch> out;
+  const int64_t b = batch.batch_size() / m;
+  for (int i = 0; i < m; ++i) out.push_back(batch.rows(i * b, (i + 1) * b));
+  return out;
+}
+
+std::pair<int, int> blocks_of(int n_layer, int p, int stage) {
+  const int base = n_layer / p, extra = n_layer % p;
+  const int first = stage * base + std::min(stage, extra);
+  return {first, first + base + (stage < extra ? 1 : 0)};
+}
+
+std::vector<std::unique_ptr<nn::GPT>> pieces_of(int p, int v, int stage) {
+  const int L = static_cast<int>(kLab.config().n_layer);
+  std::vector<std::unique_ptr<nn::GPT>> out;
+  for (int c = 0; c < v; ++c) {
+    auto [first, last] = blocks_of(L, p, stage);
+    if (v > 1) {
+      const int per = L / (p * v), vs = c * p + stage;
+      first = vs * per;
+      last = first + per;
+    }
+    out.push_back(std::make_unique<nn::GPT>(
+        kLab.config(), nn::GPTOptions{.seed = kLab.seed, .first_block = first, .last_block = last}));
+  }
+  return out;
+}
+
+std::vector<nn::GPT*> raw(const std::vector<std::unique_ptr<nn::GPT>>& pieces) {
+  std::vector<nn::GPT*> out;
+  for (const auto& x : pieces) out.push_back(x.get());
+  return out;
+}
+
+testing::AssertionResult grads_match(const std::vector<nn::GPT*>& pieces, nn::GPT& reference,
+                                     bool bitwise_except_tied) {
+  for (nn::GPT* piece : pieces)
+    for (nn::Parameter* p : piece->parameters()) {
+      const bool tied = p->name == "wte.weight" || p->name == "lm_head.weight";
+      const std::string ref_name = p->name == "lm_head.weight" ? "wte.weight" : p->name;
+      const train::Diff d = train::compare(p->grad, reference.params().get(ref_name).grad);
+      if (bitwise_except_tied && !tied && !d.bitwise)
+        return testing::AssertionFailure()
+               << "gradient of " << p->name << " is not bitwise the single-device one: " << d.str();
+      if (!d.within(kRtol, kAtol))
+        return testing::AssertionFailure()
+               << "gradient of " << p->name << " differs from the single-device one (rtol "
+               << kRtol << ", atol " << kAtol << "): " << d.str();
+    }
+  return testing::AssertionSuccess();
+}
+
+testing::AssertionResult on_every_rank(const testing::AssertionResult& ok) {
+  const bool all = train::on_every_rank(static_cast<bool>(ok), labtest::world());
+  if (all) return testing::AssertionSuccess();
+  if (!ok)
+    return testing::AssertionFailure() << "rank " << labtest::world().rank() << ": "
+                                       << ok.message();
+  return testing::AssertionFailure() << "failed on another rank";
+}
+
+double local_pipeline(const std::vector<nn::GPT*>& stages, const std::vector<data::Batch>& micro,
+                      const LocalFaults& faults) {
+  const int p = static_cast<int>(stages.size()), m = static_cast<int>(micro.size());
+  for (nn::GPT* s : stages) s->zero_grad();
+  // acts[s][i]: stage s's activations of micro-batch i; out[s][i]: what it sends on.
+  std::vector<std::vector<nn::GPTActivations>> acts(p, std::vector<nn::GPTActivations>(m));
+  std::vector<std::vector<Tensor>> out(p, std::vector<Tensor>(m));
+  double loss = 0;
+  for (int s = 0; s < p; ++s)  // stage by stage: every input of stage s exists before it runs
+    for (int i = 0; i < m; ++i) {
+      nn::GPT& g = *stages[s];
+      // the fault: stage 1 takes the next micro-batch's activation as its input
+      const int from = faults.wrong_micro_batch && s == 1 ? (i + 1) % m : i;
+      Tensor x = s == 0 ? g.embed(micro[i].x, acts[s][i]) : out[s - 1][from];
+      Tensor y = g.forward_blocks(x, acts[s][i]);
+      if (g.has_head())
+        loss += g.head_forward(y, micro[i].y, acts[s][i]) / m;
+      else
+        out[s][i] = y;
+    }
+  for (int i = 0; i < m; ++i) {
+    if (faults.zero_grad_each_micro_batch)
+      for (nn::GPT* s : stages) s->zero_grad();  // the fault: only the last micro-batch is left
+    Tensor d;
+    for (int s = p - 1; s >= 0; --s) {
+      nn::GPT& g = *stages[s];
+      Tensor dy = g.has_head() ? g.head_backward(acts[s][i], 1.0 / m) : d;
+      d = g.backward_blocks(dy, acts[s][i]);
+      if (g.has_embedding()) g.embed_backward(d, acts[s][i]);
+    }
+  }
+  if (p > 1 && !faults.skip_tied_sum) {
+    Tensor& w = stages.front()->params().get("wte.weight").grad;
+    Tensor& h = stages.back()->params().get("lm_head.weight").grad;
+    Tensor sum = w.clone();
+    ops::axpy(sum, 1.0, h);
+    ops::copy(w, sum);
+    ops::copy(h, sum);
+  }
+  return loss;
+}
+
+namespace {
+
+Tensor noise(const std::vector<int64_t>& shape, uint64_t seed) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<double> v(static_cast<std::size_t>(n));
+  uint64_t x = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+  for (double& e : v) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    e = (static_cast<double>(x >> 11) / 9007199254740992.0 - 0.5) * 0.02;
+  }
+  return Tensor::from_vector(v, shape, DType::f32);
+}
+
+}  // namespace
+
+std::size_t local_stage_peak(nn::GPT& g, const lab08::Schedule& schedule,
+                             const std::vector<data::Batch>& micro) {
+  const int m = static_cast<int>(micro.size());
+  const int64_t C = g.config().n_embd;
+  std::vector<nn::GPTActivations> acts(m);
+  std::vector<Tensor> received(m);
+  g.zero_grad();
+  reset_peak_memory(g.device());
+  const std::size_t before = memory_stats(g.device()).current;
+  for (const lab08::Action& a : schedule) {
+    const std::vector<int64_t> shape = {micro[a.mb].batch_size(), micro[a.mb].x.size(1), C};
+    switch (a.op) {
+      case lab08::Op::recv_activation:
+      case lab08::Op::recv_gradient:
+        received[a.mb] = noise(shape, static_cast<uint64_t>(a.mb) + 1);
+        break;
+      case lab08::Op::forward: {
+        if (!g.has_embedding() && !received[a.mb].defined())  // a schedule without receives
+          received[a.mb] = noise(shape, static_cast<uint64_t>(a.mb) + 1);
+        Tensor x = g.has_embedding() ? g.embed(micro[a.mb].x, acts[a.mb]) : received[a.mb];
+        received[a.mb] = Tensor();
+        Tensor y = g.forward_blocks(x, acts[a.mb]);
+        if (g.has_head()) g.head_forward(y, micro[a.mb].y, acts[a.mb]);
+        break;  // a send would take y away: dropped here
+      }
+      case lab08::Op::backward: {
+        if (!g.has_head() && !received[a.mb].defined())
+          received[a.mb] = noise(shape, static_cast<uint64_t>(a.mb) + 1);
+        Tensor dy = g.has_head() ? g.head_backward(acts[a.mb], 1.0 / m) : received[a.mb];
+        received[a.mb] = Tensor();
+        Tensor dx = g.backward_blocks(dy, acts[a.mb]);
+        if (g.has_embedding()) g.embed_backward(dx, acts[a.mb]);
+        acts[a.mb].reset();
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  return memory_stats(g.device()).peak - before;
+}
+
+std::size_t one_micro_batch_bytes(nn::GPT& g, const data::Batch& micro) {
+  nn::GPTActivations acts;
+  const int64_t C = g.config().n_embd;
+  Tensor x = g.has_embedding() ? g.embed(micro.x, acts)
+                               : noise({micro.batch_size(), micro.x.size(1), C}, 99);
+  Tensor y = g.forward_blocks(x, acts);
+  if (g.has_head()) g.head_forward(y, micro.y, acts);
+  return acts.nbytes();
+}
+
+}  // namespace scalelab::pptest

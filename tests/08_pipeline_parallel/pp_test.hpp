@@ -1,0 +1,77 @@
+#pragma once
+// What lab 08's graders share: the setup, the single-device reference by parameter name, the
+// check that a stage's gradients are the single-device ones, and a pipeline run IN ONE PROCESS
+// (every stage model here, no messages) written in the test, so the planted faults can break it
+// without calling the attendee's code. Nothing here uses lab08's functions except the types of
+// schedule.hpp (given).
+//
+// Tolerances (stated once, used by every step):
+//  - m micro-batches against the whole batch: the same terms summed in another grouping (each
+//    matmul sums over B/m rows, then the micro-batches add up), and the tied embedding's two
+//    halves added in another order: 1e-5 relative / 1e-6 absolute per element (float32).
+//  - m = 1: the same kernels on the same rows in the same order, so every parameter but the tied
+//    wte is bitwise the single-device one; wte is (head + embedding) vs (embedding + head)
+//    accumulated token by token: 1e-5 / 1e-6.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/data/sampler.hpp"
+#include "common/nn/gpt.hpp"
+#include "common/train/equivalence.hpp"
+#include "schedule.hpp"
+#include "tests/support/lab_fixture.hpp"
+
+namespace scalelab::pptest {
+
+/// 4 layers (stages of 1, 2 or 4 blocks), a global batch of 8 rows of 16 tokens.
+inline constexpr labtest::Setup kLab{.seed = 808, .global_batch = 8, .corpus_seed = 8,
+                                     .n_layer = 4};
+inline constexpr double kRtol = 1e-5, kAtol = 1e-6;
+
+/// The single-device model after one forward + backward of `batch` (its loss in *loss).
+std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch, double* loss = nullptr);
+
+/// m equal row slices of `batch` (views).
+std::vector<data::Batch> split(const data::Batch& batch, int m);
+
+/// The test's own stage rule (stage s of p over L layers: L/p each, the first L%p one more).
+std::pair<int, int> blocks_of(int n_layer, int p, int stage);
+
+/// The test's own model pieces for stage s of p: one GPT with blocks_of(...) when v == 1, else
+/// the v chunk models of piece vs = chunk * p + s (L / (p v) blocks each). Built here, not by
+/// the attendee's step 1 or 6, so later steps are graded on their own.
+std::vector<std::unique_ptr<nn::GPT>> pieces_of(int p, int v, int stage);
+std::vector<nn::GPT*> raw(const std::vector<std::unique_ptr<nn::GPT>>& pieces);
+
+/// Every gradient `pieces` hold equals the reference's parameter of the same name
+/// (lm_head.weight is the head's copy of wte.weight); `bitwise_except_tied`: all but the tied
+/// copies must be identical. This rank only.
+testing::AssertionResult grads_match(const std::vector<nn::GPT*>& pieces, nn::GPT& reference,
+                                     bool bitwise_except_tied = false);
+
+/// `ok` on every rank of the world (collective); the message of this rank's failure, if any.
+testing::AssertionResult on_every_rank(const testing::AssertionResult& ok);
+
+/// A pipeline in one process: stages[s] is stage s's model; AFAB order, every micro-batch through
+/// every stage. The faults a planted test can switch on:
+struct LocalFaults {
+  bool zero_grad_each_micro_batch = false;  ///< gradients not accumulated over micro-batches
+  bool skip_tied_sum = false;               ///< wte / lm_head gradients not summed
+  bool wrong_micro_batch = false;           ///< stage 1 receives micro-batch (i + 1) % m's input
+};
+double local_pipeline(const std::vector<nn::GPT*>& stages, const std::vector<data::Batch>& micro,
+                      const LocalFaults& faults = {});
+
+/// One stage's share of a schedule run alone, in one process: receives are random tensors of
+/// the right shape, sends are dropped; forwards and backwards are real. Returns the allocator's
+/// peak above the start: what that stage holds under that schedule.
+std::size_t local_stage_peak(nn::GPT& stage_model, const lab08::Schedule& schedule,
+                             const std::vector<data::Batch>& micro);
+
+/// Bytes of one micro-batch's activations on this stage (a GPTActivations after one forward).
+std::size_t one_micro_batch_bytes(nn::GPT& stage_model, const data::Batch& micro);
+
+}  // namespace scalelab::pptest

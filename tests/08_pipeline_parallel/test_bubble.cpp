@@ -1,0 +1,120 @@
+// Lab 08 step 5 graders: the bubble formula, the bubble measured from a run's own timings, and
+// the activation memory each schedule holds, from the allocator's counters (exact, repeatable:
+// no timing is asserted against a formula, since CI's ranks share 2 cores).
+// Memory: A = one micro-batch's activations on this stage (GPTActivations::nbytes after one
+// forward), P1 = the peak of one micro-batch's forward + backward (A plus backward's
+// temporaries). A schedule that holds k micro-batches peaks near P1 + (k - 1) A; the check
+// allows half an A over that (messages in flight), and the planted 1F1B with a warm-up one too
+// long holds one more, a whole A more.
+#include <gtest/gtest.h>
+
+#include "common/allocator.hpp"
+#include "pipeline_parallel.hpp"
+#include "pp_test.hpp"
+
+using namespace scalelab;
+using namespace scalelab::lab08;
+using pptest::kLab;
+
+TEST(Step5_Formula, BubbleFractions) {
+  EXPECT_DOUBLE_EQ(bubble_formula(Kind::afab, 4, 1), 0.75);
+  EXPECT_DOUBLE_EQ(bubble_formula(Kind::one_f_one_b, 4, 4), 3.0 / 7.0);
+  EXPECT_DOUBLE_EQ(bubble_formula(Kind::one_f_one_b, 4, 16), 3.0 / 19.0);
+  EXPECT_DOUBLE_EQ(bubble_formula(Kind::afab, 1, 8), 0.0);
+  EXPECT_DOUBLE_EQ(bubble_formula(Kind::interleaved, 4, 4, 2), 3.0 / 11.0);
+  EXPECT_DOUBLE_EQ(bubble_formula(Kind::interleaved, 2, 8, 4), 1.0 / 33.0);
+}
+
+TEST(Step5_Measure, ComputeAndWaitFromTheTimeline) {
+  ExecStats st;
+  st.actions = {{{Op::recv_activation, 0}, 0.0, 0.5}, {{Op::forward, 0}, 0.5, 1.5},
+                {{Op::send_activation, 0}, 1.5, 1.5}, {{Op::recv_gradient, 0}, 1.5, 3.0},
+                {{Op::backward, 0}, 3.0, 5.0},        {{Op::send_gradient, 0}, 5.0, 5.0}};
+  st.step_s = 6.0;
+  const StageTime t = measure_stage_time(st);
+  EXPECT_DOUBLE_EQ(t.compute_s, 3.0);
+  EXPECT_DOUBLE_EQ(t.wait_s, 2.0);
+  EXPECT_DOUBLE_EQ(t.step_s, 6.0);
+  EXPECT_DOUBLE_EQ(t.bubble, 0.5);
+}
+
+TEST(Step5_Measure, FromARealRun) {
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  auto pieces = pptest::pieces_of(p, 1, s);
+  ExecStats st;
+  pipeline_step(pptest::raw(pieces), schedule_1f1b(p, 4, s), kLab.batch(0), 4, pp, &st);
+  const StageTime t = measure_stage_time(st);
+  EXPECT_GT(t.compute_s, 0.0);
+  EXPECT_LE(t.compute_s + t.wait_s, t.step_s * (1 + 1e-9)) << "compute and waiting do not overlap";
+  EXPECT_GE(t.bubble, 0.0);
+  EXPECT_LT(t.bubble, 1.0);
+  if (p == 1) EXPECT_EQ(t.wait_s, 0.0) << "one stage never waits";
+}
+
+namespace {
+
+struct MemoryBounds {
+  double a = 0, p1 = 0;
+  // holds k micro-batches: between (k - 1/2) A + (P1 - A) and (k + 1/2) A + (P1 - A)
+  testing::AssertionResult holds(std::size_t peak, int k, const std::string& what) const {
+    const double lo = p1 + (k - 1.5) * a, hi = p1 + (k - 0.5) * a;
+    if (peak < lo || peak > hi)
+      return testing::AssertionFailure()
+             << what << ": peak " << peak << " bytes is not " << k << " micro-batches' worth [" << lo
+             << ", " << hi << "] (one micro-batch: " << a << " bytes, one F+B peak " << p1 << ")";
+    return testing::AssertionSuccess();
+  }
+};
+
+MemoryBounds bounds(nn::GPT& stage, const std::vector<data::Batch>& micro) {
+  MemoryBounds b;
+  b.a = static_cast<double>(pptest::one_micro_batch_bytes(stage, micro[0]));
+  const Schedule one = {{Op::recv_activation, 0}, {Op::forward, 0}, {Op::recv_gradient, 0},
+                        {Op::backward, 0}};
+  b.p1 = static_cast<double>(pptest::local_stage_peak(stage, one, {micro[0]}));
+  return b;
+}
+
+}  // namespace
+
+TEST(Step5_Memory, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  constexpr int kM = 8;
+  auto pieces = pptest::pieces_of(p, 1, s);
+  const std::vector<data::Batch> micro = pptest::split(kLab.batch(0), kM);
+  const MemoryBounds b = bounds(*pieces[0], micro);
+  const std::size_t afab =
+      measure_peak_activation_bytes(pptest::raw(pieces), schedule_afab(p, kM, s), micro, pp);
+  const std::size_t ofob =
+      measure_peak_activation_bytes(pptest::raw(pieces), schedule_1f1b(p, kM, s), micro, pp);
+  testing::AssertionResult ok = b.holds(afab, kM, fmt::format("AFAB stage {}", s));
+  if (ok) ok = b.holds(ofob, std::min(p - s, kM), fmt::format("1F1B stage {} of {}", s, p));
+  EXPECT_TRUE(pptest::on_every_rank(ok));
+}
+
+TEST(Step5_PlantedFault, WarmupOneTooLongHoldsOneMore) {
+  // The same memory check on a stage run alone (pp_test.cpp) under 1F1B and under 1F1B with a
+  // warm-up of p - stage forwards: the second holds one micro-batch more and fails it.
+  constexpr int kP = 4, kM = 8;
+  const std::vector<data::Batch> micro = pptest::split(kLab.batch(0), kM);
+  for (int s = 0; s < kP; ++s) {
+    const auto [first, last] = pptest::blocks_of(4, kP, s);
+    nn::GPT stage(kLab.config(), {.seed = kLab.seed, .first_block = first, .last_block = last});
+    const MemoryBounds b = bounds(stage, micro);
+    // the planted schedule's compute order; messages do not matter to a stage run alone
+    Schedule planted;
+    const int warmup = std::min(kP - s, kM);
+    int f = 0, k = 0;
+    for (; f < warmup; ++f) planted.push_back({Op::forward, f});
+    while (f < kM) {
+      planted.push_back({Op::forward, f++});
+      planted.push_back({Op::backward, k++});
+    }
+    while (k < kM) planted.push_back({Op::backward, k++});
+    const std::size_t peak = pptest::local_stage_peak(stage, planted, micro);
+    EXPECT_FALSE(b.holds(peak, std::min(kP - s, kM), "planted"))
+        << "stage " << s << ": the memory check must fail when the warm-up is one too long";
+  }
+}

@@ -1,0 +1,187 @@
+// Lab 08 step 4 (and step 6's execution) graders: the schedules run with the stage models on
+// p = 1, 2, 4 ranks (one stage per rank) give the single-device step: the loss, and every
+// stage's gradients by parameter name (tolerances in pp_test.hpp: 1e-5 / 1e-6, and bitwise
+// for m = 1 but the tied wte). What the technique must look like is checked too: each rank
+// sends exactly one (B/m, T, C) activation and one gradient per
+// micro-batch to its neighbours (byte counters), holds as many micro-batches as its schedule
+// says, and the tied copies stay equal over optimizer steps. The stage models are built by the
+// test (pp_test.cpp), so this step is graded apart from step 1's build_stage.
+// The planted faults run the test's own one-process pipeline (pp_test.cpp) through the same
+// gradient check.
+#include <gtest/gtest.h>
+
+#include "common/comm/stats.hpp"
+#include "common/errors.hpp"
+#include "common/optim/optim.hpp"
+#include "pipeline_parallel.hpp"
+#include "pp_test.hpp"
+
+using namespace scalelab;
+using namespace scalelab::lab08;
+using pptest::kLab;
+
+namespace {
+
+struct Run {
+  double loss = 0;
+  comm::CommStats moved;
+  ExecStats stats;
+};
+
+Run run_pipeline(const std::vector<nn::GPT*>& pieces, Kind kind, int m, int v,
+                 const data::Batch& batch) {
+  comm::Communicator& pp = labtest::world();
+  Run r;
+  const Schedule schedule = make_schedule(kind, pp.size(), m, v, pp.rank());
+  const comm::CommStats c0 = comm::comm_stats();
+  r.loss = pipeline_step(pieces, schedule, batch, m, pp, &r.stats);
+  r.moved = comm::comm_stats() - c0;
+  return r;
+}
+
+// One (B/m, T, C) float32 tensor per micro-batch and direction; the two ends also exchange
+// one copy of wte; the loss broadcast is not a send.
+int64_t expected_send_bytes(int p, int s, int m, int v) {
+  const ModelConfig& c = kLab.config();
+  const int64_t msg = kLab.global_batch / m * c.block_size * c.n_embd * 4;
+  int64_t pieces_sending = 0;  // forward messages this rank sends (and as many backward)
+  for (int chunk = 0; chunk < v; ++chunk) {
+    pieces_sending += next_piece(p, v, s, chunk).exists ? 1 : 0;
+    pieces_sending += prev_piece(p, v, s, chunk).exists ? 1 : 0;
+  }
+  const bool tied = p > 1 && (s == 0 || s == p - 1);
+  return pieces_sending * m * msg + (tied ? c.vocab_size * c.n_embd * 4 : 0);
+}
+
+void check_against_single_device(Kind kind, int m, int v) {
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  const data::Batch batch = kLab.batch(0);
+  double want_loss = 0;
+  auto ref = pptest::reference_model(batch, &want_loss);
+  auto pieces = pptest::pieces_of(p, v, s);
+  const std::vector<nn::GPT*> mine = pptest::raw(pieces);
+  const Run r = run_pipeline(mine, kind, m, v, batch);
+  const std::string what = fmt::format("{} p {} m {} v {}", kind_name(kind), p, m, v);
+  EXPECT_NEAR(r.loss, want_loss, 1e-6 * want_loss) << what << ": the loss, on every rank";
+  EXPECT_TRUE(pptest::on_every_rank(pptest::grads_match(mine, *ref, m == 1))) << what;
+  EXPECT_EQ(comm::comm_total(r.moved, "", "send").bytes, expected_send_bytes(p, s, m, v))
+      << what << ", stage " << s << ": one activation and one gradient per micro-batch";
+  // As many micro-batches in flight as the simulator says for this schedule.
+  std::vector<Schedule> all;
+  for (int x = 0; x < p; ++x) all.push_back(make_schedule(kind, p, m, v, x));
+  EXPECT_EQ(r.stats.max_in_flight, simulate(all, m, v).max_in_flight[s]) << what << " stage " << s;
+}
+
+}  // namespace
+
+// ---- Step 4 -------------------------------------------------------------------------------------
+
+TEST(Step4_Execute, AfabEqualsSingleDevice) {
+  for (int m : {1, 2, 8}) check_against_single_device(Kind::afab, m, 1);
+}
+
+TEST(Step4_Execute, OneFOneBEqualsSingleDevice) {
+  for (int m : {1, 2, 8}) check_against_single_device(Kind::one_f_one_b, m, 1);
+}
+
+TEST(Step4_Execute, SgdStepsKeepTheTiedCopiesEqualAndFollowTheTwin) {
+  // Three SGD steps (lr 0.5: rounding differences stay as small as they start, unlike AdamW's):
+  // every stage's parameters equal the single-device model's (1e-5 / 1e-6), and the first
+  // stage's wte equals the last stage's lm_head.weight bitwise (same sums, same updates).
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  constexpr double kLr = 0.5;
+  auto pieces = pptest::pieces_of(p, 1, s);
+  const std::vector<nn::GPT*> mine = pptest::raw(pieces);
+  nn::GPT twin(kLab.config(), {.seed = kLab.seed});
+  optim::SGD sgd(optim::groups(mine[0]->parameters())), sgd1(optim::groups(twin.parameters()));
+  const data::Sampler sampler = kLab.sampler();
+  for (int step = 0; step < 3; ++step) {
+    const data::Batch b = sampler.batch(step);
+    pipeline_step(mine, schedule_1f1b(p, 4, s), b, 4, pp);
+    sgd.step(kLr);
+    twin.zero_grad();
+    twin.forward(b.x, b.y);
+    twin.backward();
+    sgd1.step(kLr);
+  }
+  testing::AssertionResult ok = testing::AssertionSuccess();
+  for (nn::Parameter* x : mine[0]->parameters()) {
+    const std::string name = x->name == "lm_head.weight" ? "wte.weight" : x->name;
+    const train::Diff d = train::compare(x->value, twin.params().get(name).value);
+    if (!d.within(pptest::kRtol, pptest::kAtol)) {
+      ok = testing::AssertionFailure() << x->name << " after 3 SGD steps: " << d.str();
+      break;
+    }
+  }
+  EXPECT_TRUE(pptest::on_every_rank(ok));
+  if (p > 1) {  // the last stage sends its lm_head.weight to the first stage
+    const ModelConfig& c = kLab.config();
+    Tensor head = Tensor::empty({c.vocab_size, c.n_embd});
+    if (s == p - 1) pp.send(mine[0]->params().get("lm_head.weight").value, 0, 77);
+    if (s == 0) {
+      pp.recv(head, p - 1, 77);
+      EXPECT_TRUE(labtest::bitwise(mine[0]->params().get("wte.weight").value, head))
+          << "the two copies of the tied embedding drifted apart";
+    }
+  }
+}
+
+TEST(Step4_Execute, BadMicroBatchCountsAreUsageErrors) {
+  comm::Communicator& pp = labtest::world();
+  auto pieces = pptest::pieces_of(pp.size(), 1, pp.rank());
+  const Schedule sched = schedule_afab(pp.size(), 2, pp.rank());
+  EXPECT_THROW(pipeline_step(pptest::raw(pieces), sched, kLab.batch(0), 3, pp), UsageError)
+      << "8 rows into 3 micro-batches";
+  EXPECT_THROW(pipeline_step(pptest::raw(pieces), sched, kLab.batch(0), 0, pp), UsageError) << "m 0";
+}
+
+// The planted faults: the same gradient check on the test's one-process pipeline of 2 stages.
+namespace {
+
+testing::AssertionResult local_check(int p, const pptest::LocalFaults& faults) {
+  const data::Batch batch = kLab.batch(0);
+  auto ref = pptest::reference_model(batch);
+  std::vector<std::unique_ptr<nn::GPT>> stages;
+  std::vector<nn::GPT*> ptrs;
+  for (int s = 0; s < p; ++s) {
+    const auto [first, last] = pptest::blocks_of(static_cast<int>(kLab.config().n_layer), p, s);
+    stages.push_back(std::make_unique<nn::GPT>(
+        kLab.config(), nn::GPTOptions{.seed = kLab.seed, .first_block = first, .last_block = last}));
+    ptrs.push_back(stages.back().get());
+  }
+  pptest::local_pipeline(ptrs, pptest::split(batch, 4), faults);
+  return pptest::grads_match(ptrs, *ref);
+}
+
+}  // namespace
+
+TEST(Step4_PlantedFault, TheOneProcessPipelinePassesWithoutAFault) {
+  EXPECT_TRUE(local_check(2, {})) << "so the failures below come from the faults";
+}
+
+TEST(Step4_PlantedFault, GradientsNotAccumulatedIsCaught) {
+  EXPECT_FALSE(local_check(2, {.zero_grad_each_micro_batch = true}))
+      << "the gradient check must fail when only the last micro-batch's gradient is kept";
+}
+
+TEST(Step4_PlantedFault, TiedGradientNotSummedIsCaught) {
+  EXPECT_FALSE(local_check(2, {.skip_tied_sum = true}))
+      << "the gradient check must fail when wte and lm_head.weight keep half the gradient each";
+}
+
+TEST(Step4_PlantedFault, WrongMicroBatchReceivedIsCaught) {
+  EXPECT_FALSE(local_check(2, {.wrong_micro_batch = true}))
+      << "the gradient check must fail when a stage computes on another micro-batch's input";
+}
+
+// ---- Step 6 (interleaved, executed) -------------------------------------------------------------
+
+TEST(Step6_Execute, InterleavedEqualsSingleDevice) {
+  // 4 layers: v = 2 and 4 chunks on 1 rank, v = 2 on 2 ranks, v = 1 on 4 ranks
+  const int p = labtest::world().size();
+  for (int v = 2; v * p <= 4; v *= 2)
+    for (int m : {p, 2 * p, 8}) check_against_single_device(Kind::interleaved, m, v);
+  if (p == 4) check_against_single_device(Kind::interleaved, 4, 1);  // 4 layers: 1 chunk each
+}

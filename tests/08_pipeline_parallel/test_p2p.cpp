@@ -1,0 +1,157 @@
+// Lab 08 step 2 graders: tags that name the micro-batch, non-blocking sends, receives that get
+// exactly the message they name whatever order the messages arrive in. Checked on the payloads
+// (each message carries its sender, flow and micro-batch in its values) and on the byte
+// counters. Every test gets its own communicator (labtest::new_world), so a message a wrong
+// answer leaves behind cannot reach the next test.
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "common/comm/stats.hpp"
+#include "common/ops/ops.hpp"
+#include "pipeline_parallel.hpp"
+#include "pp_test.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+constexpr int kM = 4;
+const std::vector<int64_t> kShape = {2, 16, 32};  // (B, T, C) of a tiny micro-batch
+// Each receive is waited in this order: not the order the messages were sent.
+const std::vector<int> kReceiveOrder = {3, 1, 0, 2};
+
+// The value every element of a message carries: who sent it, what and which micro-batch.
+double payload(int sender, lab08::Flow flow, int mb) {
+  return 1000.0 * sender + (flow == lab08::Flow::gradient ? 100.0 : 0.0) + mb;
+}
+
+Tensor filled(double value) {
+  Tensor t = Tensor::empty(kShape);
+  ops::fill(t, value);
+  return t;
+}
+
+// What a stage got: for each micro-batch, does its buffer hold the message meant for it?
+testing::AssertionResult got_the_right_ones(const std::vector<Tensor>& got, int sender,
+                                            lab08::Flow flow) {
+  for (int mb = 0; mb < static_cast<int>(got.size()); ++mb) {
+    if (got[mb].shape() != kShape)
+      return testing::AssertionFailure() << "micro-batch " << mb << " arrived with another shape";
+    const double want = payload(sender, flow, mb);
+    if (got[mb].item(0) != want || got[mb].item(got[mb].numel() - 1) != want)
+      return testing::AssertionFailure()
+             << (flow == lab08::Flow::activation ? "activation" : "gradient") << " of micro-batch "
+             << mb << " from rank " << sender << " holds " << got[mb].item(0) << ", the payload of "
+             << "another message (want " << want << ")";
+  }
+  return testing::AssertionSuccess();
+}
+
+}  // namespace
+
+TEST(Step2_Tags, OnePerFlowMicroBatchAndChunk) {
+  std::set<int> seen;
+  for (lab08::Flow f : {lab08::Flow::activation, lab08::Flow::gradient})
+    for (int c = 0; c < lab08::kMaxChunks; ++c)
+      for (int mb = 0; mb < lab08::kMaxMicroBatches; ++mb) {
+        const int tag = lab08::message_tag(f, mb, c);
+        ASSERT_GE(tag, 0);
+        ASSERT_LT(tag, 2 * lab08::kMaxChunks * lab08::kMaxMicroBatches) << "MPI's tag space";
+        ASSERT_TRUE(seen.insert(tag).second)
+            << "two messages share tag " << tag << " (micro-batch " << mb << ", chunk " << c << ")";
+      }
+}
+
+TEST(Step2_SendRecv, EachReceiveGetsTheMicroBatchItNames) {
+  comm::Communicator pp = labtest::new_world();
+  const int p = pp.size(), s = pp.rank();
+  const bool has_next = s + 1 < p, has_prev = s > 0;
+  const comm::CommStats c0 = comm::comm_stats();
+  // Every stage first starts all its sends (activations forward, gradients backward: both
+  // neighbours send to each other at once, a deadlock if a send waited for its receive) ...
+  std::vector<Tensor> out;
+  std::vector<comm::Work> sends;
+  for (int mb = 0; mb < kM; ++mb) {
+    if (has_next) {
+      out.push_back(filled(payload(s, lab08::Flow::activation, mb)));
+      sends.push_back(lab08::send_to(pp, out.back(), s + 1, lab08::Flow::activation, mb));
+    }
+    if (has_prev) {
+      out.push_back(filled(payload(s, lab08::Flow::gradient, mb)));
+      sends.push_back(lab08::send_to(pp, out.back(), s - 1, lab08::Flow::gradient, mb));
+    }
+  }
+  // ... then receives them in another order.
+  std::vector<Tensor> acts(kM), grads(kM);
+  for (int mb : kReceiveOrder) {
+    if (has_prev) {
+      lab08::Incoming in = lab08::recv_from(pp, kShape, s - 1, lab08::Flow::activation, mb);
+      in.work.wait();
+      acts[mb] = in.t;
+    }
+    if (has_next) {
+      lab08::Incoming in = lab08::recv_from(pp, kShape, s + 1, lab08::Flow::gradient, mb);
+      in.work.wait();
+      grads[mb] = in.t;
+    }
+  }
+  comm::wait_all(sends);
+  testing::AssertionResult ok = testing::AssertionSuccess();
+  if (has_prev) ok = got_the_right_ones(acts, s - 1, lab08::Flow::activation);
+  if (ok && has_next) ok = got_the_right_ones(grads, s + 1, lab08::Flow::gradient);
+  EXPECT_TRUE(pptest::on_every_rank(ok));
+  // One message per micro-batch and direction, each exactly one (B, T, C) float32 tensor.
+  const comm::CommStats moved = comm::comm_stats() - c0;
+  const int64_t msg = 2 * 16 * 32 * 4;
+  const int64_t n_send = kM * ((has_next ? 1 : 0) + (has_prev ? 1 : 0));
+  EXPECT_EQ(comm::comm_total(moved, "", "send").calls, n_send);
+  EXPECT_EQ(comm::comm_total(moved, "", "send").bytes, n_send * msg);
+  EXPECT_EQ(comm::comm_total(moved, "", "recv").bytes, n_send * msg);
+}
+
+TEST(Step2_SendRecv, ChunksAreDifferentMessages) {
+  // The same micro-batch for two chunks (interleaved): two messages, never confused.
+  comm::Communicator pp = labtest::new_world();
+  const int p = pp.size(), s = pp.rank();
+  const int next = (s + 1) % p, prev = (s + p - 1) % p;
+  Tensor c0 = filled(10.0 + s), c1 = filled(20.0 + s);
+  std::vector<comm::Work> sends = {lab08::send_to(pp, c0, next, lab08::Flow::activation, 0, 0),
+                                   lab08::send_to(pp, c1, next, lab08::Flow::activation, 0, 1)};
+  lab08::Incoming in1 = lab08::recv_from(pp, kShape, prev, lab08::Flow::activation, 0, 1);
+  lab08::Incoming in0 = lab08::recv_from(pp, kShape, prev, lab08::Flow::activation, 0, 0);
+  in1.work.wait();
+  in0.work.wait();
+  comm::wait_all(sends);
+  const bool ok = in0.t.item(0) == 10.0 + prev && in1.t.item(0) == 20.0 + prev;
+  EXPECT_TRUE(pptest::on_every_rank(ok ? testing::AssertionSuccess()
+                                       : testing::AssertionFailure()
+                                             << "chunk 0 got " << in0.t.item(0) << ", chunk 1 got "
+                                             << in1.t.item(0)));
+}
+
+TEST(Step2_PlantedFault, ReceiveThatIgnoresTheMicroBatchIsCaught) {
+  // The fault: every message of a pair of stages under one tag. Messages with the same tag
+  // arrive in the order they were sent, so receiving micro-batch 3 first gets micro-batch 0.
+  comm::Communicator pp = labtest::new_world();
+  const int p = pp.size(), s = pp.rank();
+  std::vector<Tensor> out;
+  std::vector<comm::Work> sends;
+  if (s + 1 < p)
+    for (int mb = 0; mb < kM; ++mb) {
+      out.push_back(filled(payload(s, lab08::Flow::activation, mb)));
+      sends.push_back(pp.send_async(out.back(), s + 1, /*tag=*/0));
+    }
+  std::vector<Tensor> acts(kM);
+  if (s > 0)
+    for (int mb : kReceiveOrder) {
+      acts[mb] = Tensor::empty(kShape);
+      pp.recv(acts[mb], s - 1, /*tag=*/0);
+    }
+  comm::wait_all(sends);
+  const testing::AssertionResult ok =
+      s > 0 ? got_the_right_ones(acts, s - 1, lab08::Flow::activation) : testing::AssertionSuccess();
+  if (p > 1)
+    EXPECT_FALSE(pptest::on_every_rank(ok))
+        << "the check of Step2_SendRecv must fail when a receive does not name its micro-batch";
+}

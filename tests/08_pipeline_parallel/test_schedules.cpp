@@ -1,0 +1,205 @@
+// Lab 08 step 3 (and step 6's schedule) graders: schedules are data, so they are graded without
+// a single message: against golden tables of actions, and through the given simulator
+// (schedule.hpp), which runs every stage's list together and says whether they finish, how many
+// micro-batches each stage holds at once, and the bubble. Exact: the simulator counts ticks
+// (forward 1, backward 2), so the bubble is compared with the formula to 1e-12.
+#include <gtest/gtest.h>
+
+#include "common/errors.hpp"
+#include "pipeline_parallel.hpp"
+
+using namespace scalelab;
+using namespace scalelab::lab08;
+
+namespace {
+
+std::vector<Schedule> all_stages(Kind kind, int p, int m, int v = 1) {
+  std::vector<Schedule> out;
+  for (int s = 0; s < p; ++s) out.push_back(make_schedule(kind, p, m, v, s));
+  return out;
+}
+
+// The planted fault of the memory check: 1F1B with a warm-up one forward too long.
+Schedule long_warmup_1f1b(int p, int m, int stage) {
+  Schedule s;
+  const bool first = stage == 0, last = stage == p - 1;
+  auto fwd = [&](int i) {
+    if (!first) s.push_back({Op::recv_activation, i});
+    s.push_back({Op::forward, i});
+    if (!last) s.push_back({Op::send_activation, i});
+  };
+  auto bwd = [&](int i) {
+    if (!last) s.push_back({Op::recv_gradient, i});
+    s.push_back({Op::backward, i});
+    if (!first) s.push_back({Op::send_gradient, i});
+  };
+  const int warmup = std::min(p - stage, m);  // the fault: p - stage, not p - stage - 1
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) fwd(f);
+  while (f < m) {
+    fwd(f++);
+    bwd(b++);
+  }
+  while (b < m) bwd(b++);
+  return s;
+}
+
+// The check 1F1B must pass: the simulation finishes and stage s never holds more than
+// min(p - s, m) micro-batches.
+testing::AssertionResult one_f_one_b_memory_ok(const SimResult& r, int p, int m) {
+  if (!r.errors.empty()) return testing::AssertionFailure() << r.errors.front();
+  if (r.deadlock) return testing::AssertionFailure() << "deadlock:\n" << r.report;
+  for (int s = 0; s < p; ++s)
+    if (r.max_in_flight[s] > std::min(p - s, m))
+      return testing::AssertionFailure()
+             << "p " << p << " m " << m << ": stage " << s << " holds " << r.max_in_flight[s]
+             << " micro-batches at once; 1F1B holds at most p - stage = " << p - s;
+  return testing::AssertionSuccess();
+}
+
+}  // namespace
+
+// ---- Step 3 -------------------------------------------------------------------------------------
+
+TEST(Step3_Golden, AfabActions) {
+  EXPECT_EQ(to_string(schedule_afab(3, 2, 0)), "F0 sA0 F1 sA1 rG0 B0 rG1 B1");
+  EXPECT_EQ(to_string(schedule_afab(3, 2, 1)), "rA0 F0 sA0 rA1 F1 sA1 rG0 B0 sG0 rG1 B1 sG1");
+  EXPECT_EQ(to_string(schedule_afab(3, 2, 2)), "rA0 F0 rA1 F1 B0 sG0 B1 sG1");
+  EXPECT_EQ(to_string(schedule_afab(1, 2, 0)), "F0 F1 B0 B1");
+}
+
+TEST(Step3_Golden, OneFOneBActions) {
+  EXPECT_EQ(to_string(schedule_1f1b(2, 3, 0)), "F0 sA0 F1 sA1 rG0 B0 F2 sA2 rG1 B1 rG2 B2");
+  EXPECT_EQ(to_string(schedule_1f1b(2, 3, 1)), "rA0 F0 B0 sG0 rA1 F1 B1 sG1 rA2 F2 B2 sG2");
+  EXPECT_EQ(to_string(schedule_1f1b(1, 2, 0)), "F0 B0 F1 B1");
+}
+
+TEST(Step3_Golden, OneFOneBOrderP4M8) {
+  const std::vector<std::string> want = {
+      "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7",
+      "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7",
+      "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7",
+      "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"};
+  for (int s = 0; s < 4; ++s)
+    EXPECT_EQ(compute_order(schedule_1f1b(4, 8, s)), want[s]) << "stage " << s;
+}
+
+TEST(Step3_Golden, FewerMicroBatchesThanStages) {
+  // m < p: the warm-up is cut to m; m = 1 is forward then backward on every stage.
+  EXPECT_EQ(compute_order(schedule_1f1b(4, 2, 0)), "F0 F1 B0 B1");
+  EXPECT_EQ(compute_order(schedule_1f1b(4, 2, 2)), "F0 F1 B0 B1");
+  EXPECT_EQ(compute_order(schedule_1f1b(4, 2, 3)), "F0 B0 F1 B1");
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(compute_order(schedule_1f1b(4, 1, s)), "F0 B0");
+}
+
+TEST(Step3_Simulated, EveryGridFinishesWithTheFormulasBubble) {
+  for (int p : {1, 2, 3, 4})
+    for (int m : {1, 2, 3, 4, 8}) {
+      const double formula = static_cast<double>(p - 1) / (m + p - 1);
+      for (Kind k : {Kind::afab, Kind::one_f_one_b}) {
+        const SimResult r = simulate(all_stages(k, p, m), m);
+        ASSERT_TRUE(r.errors.empty()) << kind_name(k) << " p " << p << " m " << m << ": "
+                                      << r.errors.front();
+        ASSERT_FALSE(r.deadlock) << kind_name(k) << " p " << p << " m " << m << ":\n" << r.report;
+        EXPECT_EQ(r.makespan, 3.0 * (m + p - 1)) << kind_name(k) << " p " << p << " m " << m;
+        for (int s = 0; s < p; ++s)
+          EXPECT_NEAR(r.bubble[s], formula, 1e-12)
+              << kind_name(k) << " p " << p << " m " << m << " stage " << s;
+      }
+    }
+}
+
+TEST(Step3_Simulated, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
+  for (int p : {1, 2, 3, 4})
+    for (int m : {1, 2, 3, 4, 8}) {
+      const SimResult afab = simulate(all_stages(Kind::afab, p, m), m);
+      for (int s = 0; s < p; ++s) EXPECT_EQ(afab.max_in_flight[s], m) << "AFAB p " << p << " s " << s;
+      const SimResult r = simulate(all_stages(Kind::one_f_one_b, p, m), m);
+      EXPECT_TRUE(one_f_one_b_memory_ok(r, p, m));
+      for (int s = 0; s < p; ++s)
+        EXPECT_EQ(r.max_in_flight[s], std::min(p - s, m)) << "1F1B p " << p << " m " << m
+                                                          << " stage " << s;
+    }
+}
+
+TEST(Step3_Schedules, BadArgumentsAreUsageErrors) {
+  EXPECT_THROW(schedule_afab(4, 0, 0), UsageError) << "m < 1";
+  EXPECT_THROW(schedule_1f1b(4, 0, 0), UsageError) << "m < 1";
+  EXPECT_THROW(schedule_1f1b(0, 4, 0), UsageError) << "p < 1";
+  EXPECT_THROW(schedule_1f1b(4, 4, 4), UsageError) << "stage out of range";
+  EXPECT_THROW(schedule_afab(4, 4, -1), UsageError) << "stage out of range";
+}
+
+TEST(Step3_PlantedFault, WarmupOneTooLongIsCaught) {
+  for (int p : {2, 4}) {
+    std::vector<Schedule> planted;
+    for (int s = 0; s < p; ++s) planted.push_back(long_warmup_1f1b(p, 8, s));
+    const SimResult r = simulate(planted, 8);
+    EXPECT_FALSE(r.deadlock) << "a longer warm-up still finishes: only memory shows it";
+    EXPECT_FALSE(one_f_one_b_memory_ok(r, p, 8))
+        << "the in-flight check must fail when the warm-up is one forward too long";
+  }
+}
+
+TEST(Step3_PlantedFault, DeadlockIsFoundAndTheStagesNamed) {
+  // Stage 0 waits for the gradient of micro-batch 0 before its second forward; stage 1 runs
+  // both forwards before its first backward: each waits for the other.
+  const std::vector<Schedule> planted = {
+      {{Op::forward, 0}, {Op::send_activation, 0}, {Op::recv_gradient, 0}, {Op::backward, 0},
+       {Op::forward, 1}, {Op::send_activation, 1}, {Op::recv_gradient, 1}, {Op::backward, 1}},
+      {{Op::recv_activation, 0}, {Op::forward, 0}, {Op::recv_activation, 1}, {Op::forward, 1},
+       {Op::backward, 0}, {Op::send_gradient, 0}, {Op::backward, 1}, {Op::send_gradient, 1}}};
+  const SimResult r = simulate(planted, 2);
+  ASSERT_TRUE(r.errors.empty()) << "each list is well formed on its own: " << r.errors.front();
+  EXPECT_TRUE(r.deadlock);
+  EXPECT_NE(r.report.find("stage 0 waits at its action 2"), std::string::npos) << r.report;
+  EXPECT_NE(r.report.find("rG0"), std::string::npos) << r.report;
+  EXPECT_NE(r.report.find("stage 1 waits at its action 2"), std::string::npos) << r.report;
+  EXPECT_NE(r.report.find("rA1"), std::string::npos) << r.report;
+  // and the attendee's 1F1B for the same grid finishes
+  EXPECT_FALSE(simulate(all_stages(Kind::one_f_one_b, 2, 2), 2).deadlock);
+}
+
+// ---- Step 6 (the interleaved schedule as data) ---------------------------------------------------
+
+TEST(Step6_Golden, InterleavedOrderP2V2M4) {
+  EXPECT_EQ(compute_order(schedule_interleaved(2, 4, 2, 0)),
+            "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3");
+  EXPECT_EQ(compute_order(schedule_interleaved(2, 4, 2, 1)),
+            "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3");
+  // messages: stage 1's chunk 0 sends to stage 0's chunk 1 (the next piece), and back
+  const Schedule s1 = schedule_interleaved(2, 4, 2, 1);
+  EXPECT_EQ(to_string(Schedule(s1.begin(), s1.begin() + 6)), "rA0 F0 sA0 rA1 F1 sA1");
+}
+
+TEST(Step6_Simulated, InterleavedFinishesWithTheSmallerBubble) {
+  for (int p : {1, 2, 4})
+    for (int v : {1, 2, 3})
+      for (int m : {p, 2 * p, 4 * p}) {
+        const SimResult r = simulate(all_stages(Kind::interleaved, p, m, v), m, v);
+        ASSERT_TRUE(r.errors.empty()) << "p " << p << " v " << v << " m " << m << ": "
+                                      << r.errors.front();
+        ASSERT_FALSE(r.deadlock) << "p " << p << " v " << v << " m " << m << ":\n" << r.report;
+        const double formula = static_cast<double>(p - 1) / (v * m + p - 1);
+        for (int s = 0; s < p; ++s)
+          EXPECT_NEAR(r.bubble[s], formula, 1e-12)
+              << "p " << p << " v " << v << " m " << m << " stage " << s;
+      }
+}
+
+TEST(Step6_Schedules, BadArgumentsAreUsageErrors) {
+  EXPECT_THROW(schedule_interleaved(2, 3, 2, 0), UsageError) << "m not a multiple of p";
+  EXPECT_THROW(schedule_interleaved(2, 0, 2, 0), UsageError) << "m < 1";
+  EXPECT_THROW(schedule_interleaved(2, 2, 0, 0), UsageError) << "v < 1";
+  EXPECT_THROW(chunk_layers(4, 2, 4, 0, 0), UsageError) << "4 layers over 2 x 4 pieces";
+  EXPECT_THROW(chunk_layers(6, 2, 2, 0, 0), UsageError) << "6 layers over 2 x 2 pieces";
+}
+
+TEST(Step6_ChunkLayers, PieceVsHoldsItsBlocks) {
+  // 8 layers, 2 stages x 2 chunks: stage 0 holds [0,2) and [4,6), stage 1 [2,4) and [6,8)
+  EXPECT_EQ(chunk_layers(8, 2, 2, 0, 0), (LayerRange{0, 2}));
+  EXPECT_EQ(chunk_layers(8, 2, 2, 1, 0), (LayerRange{2, 4}));
+  EXPECT_EQ(chunk_layers(8, 2, 2, 0, 1), (LayerRange{4, 6}));
+  EXPECT_EQ(chunk_layers(8, 2, 2, 1, 1), (LayerRange{6, 8}));
+  EXPECT_EQ(chunk_layers(4, 1, 4, 0, 3), (LayerRange{3, 4}));
+}

@@ -1,0 +1,107 @@
+// Lab 08 step 1 graders: the stage split, each stage's model, the tied embedding's gradients.
+// A stage must hold exactly its blocks with the single-device values (bitwise: every parameter
+// is drawn from (seed, name)); the tied copies' gradients are checked after the exchange
+// (a + b on both ends: bitwise equal to each other), with the bytes the exchange moved.
+#include <gtest/gtest.h>
+
+#include "common/comm/stats.hpp"
+#include "common/errors.hpp"
+#include "common/ops/ops.hpp"
+#include "pipeline_parallel.hpp"
+#include "pp_test.hpp"
+
+using namespace scalelab;
+using pptest::kLab;
+
+TEST(Step1_StageLayers, BalancedByLayerCount) {
+  struct Case {
+    int L, p;
+    std::vector<int> sizes;
+  };
+  for (const Case& c : {Case{10, 4, {3, 3, 2, 2}}, Case{4, 4, {1, 1, 1, 1}}, Case{4, 1, {4}},
+                        Case{5, 2, {3, 2}}, Case{12, 5, {3, 3, 2, 2, 2}}, Case{3, 3, {1, 1, 1}}}) {
+    int next = 0;
+    for (int s = 0; s < c.p; ++s) {
+      const lab08::LayerRange r = lab08::stage_layers(c.L, c.p, s);
+      EXPECT_EQ(r.first, next) << c.L << " layers, " << c.p << " stages: stage " << s
+                               << " starts where the previous one ended";
+      EXPECT_EQ(r.size(), c.sizes[s]) << c.L << " layers, " << c.p << " stages: stage " << s;
+      next = r.last;
+    }
+    EXPECT_EQ(next, c.L) << "the stages cover every layer";
+  }
+}
+
+TEST(Step1_StageLayers, BadSplitsAreUsageErrors) {
+  EXPECT_THROW(lab08::stage_layers(4, 5, 0), UsageError) << "more stages than layers";
+  EXPECT_THROW(lab08::stage_layers(4, 0, 0), UsageError) << "no stage";
+  EXPECT_THROW(lab08::stage_layers(4, 2, 2), UsageError) << "stage out of range";
+  EXPECT_THROW(lab08::stage_layers(4, 2, -1), UsageError) << "stage out of range";
+}
+
+TEST(Step1_BuildStage, HoldsItsBlocksWithTheSingleDeviceValues) {
+  const ModelConfig& cfg = kLab.config();
+  nn::GPT whole(cfg, {.seed = kLab.seed});
+  for (int p : {1, 2, 4}) {
+    int64_t total = 0;
+    for (int s = 0; s < p; ++s) {
+      auto stage = lab08::build_stage(cfg, p, s, {.seed = kLab.seed});
+      const auto [first, last] = pptest::blocks_of(static_cast<int>(cfg.n_layer), p, s);
+      EXPECT_EQ(stage->first_block(), first) << "p " << p << " stage " << s;
+      EXPECT_EQ(stage->last_block(), last) << "p " << p << " stage " << s;
+      EXPECT_EQ(stage->has_embedding(), s == 0) << "the embedding lives on the first stage only";
+      EXPECT_EQ(stage->has_head(), s == p - 1) << "ln_f and the head live on the last stage only";
+      total += stage->num_parameters();
+      for (nn::Parameter* x : stage->parameters()) {
+        const std::string name = x->name == "lm_head.weight" ? "wte.weight" : x->name;
+        EXPECT_TRUE(labtest::bitwise(x->value, whole.params().get(name).value))
+            << "p " << p << " stage " << s << ": " << x->name << " is not the single-device "
+            << name;
+      }
+    }
+    const int64_t head_copy = p > 1 ? cfg.vocab_size * cfg.n_embd : 0;
+    EXPECT_EQ(total, whole.num_parameters() + head_copy)
+        << "p " << p << ": the stages hold the model once (plus the last stage's copy of wte)";
+  }
+}
+
+TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  const ModelConfig& cfg = kLab.config();
+  auto stage = lab08::build_stage(cfg, p, s, {.seed = kLab.seed});
+  // Known gradients: the first stage's wte gets 1 + i * 1e-3, the last stage's head copy 2 - i.
+  auto pattern = [](int64_t n, double a, double b) {
+    std::vector<double> v(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = a + b * static_cast<double>(i % 97);
+    return v;
+  };
+  const int64_t n = cfg.vocab_size * cfg.n_embd;
+  const std::vector<int64_t> shape = {cfg.vocab_size, cfg.n_embd};
+  const Tensor emb_part = Tensor::from_vector(pattern(n, 1.0, 1e-3), shape);
+  const Tensor head_part = Tensor::from_vector(pattern(n, 2.0, -1.0), shape);
+  Tensor want = emb_part.clone();
+  ops::axpy(want, 1.0, head_part);
+  stage->zero_grad();
+  if (p > 1 && s == 0) stage->params().get("wte.weight").grad.copy_from(emb_part);
+  if (p > 1 && s == p - 1) stage->params().get("lm_head.weight").grad.copy_from(head_part);
+  if (p == 1) stage->params().get("wte.weight").grad.copy_from(want);  // one model: summed already
+  const Tensor before = stage->params().grads().clone();
+  const comm::CommStats c0 = comm::comm_stats();
+  lab08::sync_tied_gradients({stage.get()}, pp);
+  const comm::CommStats moved = comm::comm_stats() - c0;
+  testing::AssertionResult ok = testing::AssertionSuccess();
+  if (s == 0 || s == p - 1) {
+    const char* name = s == 0 ? "wte.weight" : "lm_head.weight";
+    ok = labtest::bitwise(stage->params().get(name).grad, want);
+    if (!ok) ok << " (" << name << " on stage " << s << " must hold the sum of both uses)";
+  } else {
+    ok = labtest::bitwise(stage->params().grads(), before);
+    if (!ok) ok << " (a middle stage holds no tied copy: its gradients stay as they were)";
+  }
+  EXPECT_TRUE(pptest::on_every_rank(ok));
+  const int64_t sent = comm::comm_total(moved, "", "send").bytes;
+  const int64_t expected = p > 1 && (s == 0 || s == p - 1) ? n * 4 : 0;
+  EXPECT_EQ(sent, expected) << "stage " << s << " of " << p
+                            << ": only the two ends exchange, one copy of wte each";
+}
