@@ -30,7 +30,7 @@ void add_train_options(cxxopts::Options& options, const TrainOptions& defaults =
 /// Reads and validates them (UsageError on a bad value).
 TrainOptions read_train_options(const cxxopts::ParseResult& result);
 
-/// The corpus's train split: <data>/train.bin (UsageError naming `./scalelab data` if missing).
+/// The corpus's train split: `<data>/train.bin` (UsageError naming `./scalelab data` if missing).
 std::vector<uint16_t> load_train_tokens(const TrainOptions& options);
 
 /// The device this rank computes on for `--device` (cpu or cuda): the CPU, or the GPU of its
