@@ -5,7 +5,9 @@
 // values (12 blocks: a block and its prefetched successor are ~16% of it); the traffic is two
 // all-gathers of the parameters and one reduce-scatter of the gradients. Planted fault: a ZeRO-3
 // that gathers every unit before forward and frees them only after backward: the right numbers,
-// no saving during the step; the peak check must fail it.
+// no saving during the step; the peak check must fail it. Prefetch: while block i computes its
+// forward, the gather of the next unit has been started (seen from the block's reduce_forward
+// hook); the planted fault gathers each unit only when it is needed.
 #include <gtest/gtest.h>
 
 #include "common/ops/ops.hpp"
@@ -62,13 +64,16 @@ testing::AssertionResult keeps_only_shards(const Footprint& stage3, const Footpr
   return testing::AssertionSuccess();
 }
 
-// The planted fault: every unit gathered at the start of forward_backward, released at its end.
+// The planted faults: every unit gathered at the start of forward_backward and released at its
+// end (not freeing gathered parameters), or, with on_demand, each unit gathered just before its
+// forward and kept (no prefetch: the transfer never overlaps compute).
 struct GathersEverything {
+  bool on_demand = false;
   std::vector<nn::ShardRange> shards;
   std::vector<Tensor> values, grads;
   std::unique_ptr<nn::GPT> model;
   std::unique_ptr<optim::AdamW> adamw;
-  explicit GathersEverything(const ModelConfig& config) {
+  explicit GathersEverything(const ModelConfig& config, bool demand = false) : on_demand(demand) {
     nn::GPTOptions o = f32();
     o.storage.values = o.storage.grads = nn::Storage::per_unit;
     o.on_init = [this](const nn::Unit& u, const Tensor& v) {
@@ -88,17 +93,35 @@ struct GathersEverything {
         groups.push_back(g);
     adamw = std::make_unique<optim::AdamW>(groups);
   }
+  void gather(std::size_t u) {
+    Tensor all = Tensor::empty({shards[u].size * world().size()});
+    world().all_gather(values[u], all);
+    model->params().bind_values(u).copy_from(all.flat(0, model->params().units()[u].numel()));
+  }
   void forward_backward(const data::Batch& global) {
     nn::ParameterSet& ps = model->params();
     const int n = world().size();
-    for (std::size_t u = 0; u < ps.units().size(); ++u) {  // fault: all of them, now
-      Tensor all = Tensor::empty({shards[u].size * n});
-      world().all_gather(values[u], all);
-      ps.bind_values(u).copy_from(all.flat(0, ps.units()[u].numel()));
-    }
     const data::Batch mine = labtest::my_rows(global);
-    model->forward(mine.x, mine.y);
-    model->backward();
+    if (on_demand) {  // fault: a unit's gather starts only when its compute needs it
+      const int L = static_cast<int>(model->config().n_layer);
+      nn::GPTActivations acts;
+      acts.inputs.assign(L, Tensor());
+      acts.blocks.assign(L, nn::BlockActivations());
+      gather(model->embedding_unit());
+      Tensor x = model->embed(mine.x, acts);
+      for (int i = 0; i < L; ++i) {
+        gather(model->block_unit(i));
+        acts.inputs[i] = x;
+        x = model->block(i).forward(x, acts.blocks[i]);
+      }
+      gather(model->head_unit());
+      model->head_forward(x, mine.y, acts);
+      model->backward(acts);
+    } else {
+      for (std::size_t u = 0; u < ps.units().size(); ++u) gather(u);  // fault: all of them, now
+      model->forward(mine.x, mine.y);
+      model->backward();
+    }
     for (std::size_t u = 0; u < ps.units().size(); ++u) {
       Tensor padded = Tensor::zeros({shards[u].size * n});
       padded.flat(0, ps.units()[u].numel()).copy_from(ps.unit_grads(u));
@@ -112,6 +135,33 @@ struct GathersEverything {
 };
 
 Footprint ddp_footprint(const ModelConfig& config) { return footprint(0, f32(), &config); }
+
+// How many all-gathers had been submitted (since `run` started) when each block's forward was
+// computing: seen from the block's reduce_forward hook (lab 07's g operator; a no-op here), called
+// after its attention projection.
+std::vector<int64_t> gathers_during_block_forward(nn::GPT& model, const std::function<void()>& run) {
+  const int L = static_cast<int>(model.config().n_layer);
+  std::vector<int64_t> seen(L, -1);
+  const comm::CommStats start = comm::comm_stats();
+  for (int i = 0; i < L; ++i)
+    model.block(i).reduce_forward = [&seen, &start, i](Tensor&) {
+      if (seen[i] < 0) seen[i] = comm::comm_total(comm::comm_stats() - start, "", "all_gather").calls;
+    };
+  run();
+  for (int i = 0; i < L; ++i) model.block(i).reduce_forward = nullptr;
+  return seen;
+}
+
+// Prefetch: while block i computes, the gathers of the embedding, blocks 0..i AND the next unit
+// (block i + 1, or the head) have been started: at least i + 3.
+testing::AssertionResult prefetches(const std::vector<int64_t>& seen) {
+  for (std::size_t i = 0; i < seen.size(); ++i)
+    if (seen[i] < static_cast<int64_t>(i) + 3)
+      return testing::AssertionFailure() << "while block " << i << " computed its forward, "
+                                         << seen[i] << " all-gathers had been started; the next "
+                                         << "unit's gather must be in flight (>= " << i + 3 << ")";
+  return testing::AssertionSuccess();
+}
 
 }  // namespace
 
@@ -171,4 +221,18 @@ TEST(Step4_PlantedFault, NotFreeingGatheredParametersIsCaught) {
   });
   t.reset();
   EXPECT_FALSE(keeps_only_shards(bad, ddp_footprint(deep()), deep()));
+}
+
+TEST(Step4_Zero3, TheNextBlocksGatherIsInFlightDuringEachBlock) {
+  lab09::Zero3 three(kLab.config(), f32(), world());
+  const std::vector<int64_t> seen = gathers_during_block_forward(
+      three.model(), [&] { three.forward_backward(kLab.batch(0)); });
+  EXPECT_TRUE(prefetches(seen));
+}
+
+TEST(Step4_PlantedFault, GatheringOnlyWhenNeededIsCaught) {
+  GathersEverything on_demand(kLab.config(), true);
+  const std::vector<int64_t> seen = gathers_during_block_forward(
+      *on_demand.model, [&] { on_demand.forward_backward(kLab.batch(0)); });
+  EXPECT_FALSE(prefetches(seen));
 }
