@@ -161,6 +161,9 @@ void Zero2::on_ready(const std::vector<nn::Parameter*>& done) {
       const int64_t b = std::max(unit.lo, owner.lo), e = std::min(unit.hi, owner.hi);
       if (b < e) works.push_back(comm_.reduce_async(g.flat(b - unit.lo, e - b), q));
     }
+    // Wait before copying and releasing: a reduce reads (and on the root writes) the unit's
+    // buffer while it runs. Keeping the Works and releasing later would let the reduces overlap
+    // the next layers' backward (lab 04's trick) at the price of more units alive at once.
     comm::wait_all(works);
     const int64_t b = std::max(unit.lo, shard_.lo), e = std::min(unit.hi, shard_.hi);
     if (b < e) {  // my piece: the sum over the ranks arrived here
