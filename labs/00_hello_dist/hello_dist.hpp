@@ -51,7 +51,8 @@ Placement placement_from_env(const EnvLookup& env);
 /// their lowest rank in `comm`. source = "MPI_Comm_split_type". Collective over `comm`.
 Placement placement_from_comm(MPI_Comm comm);
 
-/// Step 1c. The environment first; every field it left at -1 comes from placement_from_comm.
+/// Given (not a step: the starter implements it, on top of steps 1a and 1b). The environment
+/// first; every field it left at -1 comes from placement_from_comm.
 /// Collective over `comm` (every rank calls placement_from_comm, so no rank waits alone).
 Placement find_placement(const EnvLookup& env, MPI_Comm comm);
 

@@ -1,5 +1,5 @@
 // Starter generated from solutions/03_ddp/ddp.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 54d00d0fac2d96fe (lets make-labs see your edits).
+// step (see README.md). Body hash ebace4126dd11534 (lets make-labs see your edits).
 // Lab 03: DDP. Broadcast one starting point, give each rank its rows, average the gradients.
 #include "ddp.hpp"
 
@@ -28,14 +28,16 @@ data::Batch local_batch(const data::Batch& global, int rank, int world) {
 void all_reduce_gradients(nn::GPT& model, comm::Communicator& comm) {
   trace::Scope scope("all_reduce_gradients", "comm");
   // TODO step 3: all-reduce the flat gradient buffer and average it
-  // HINT: sum with comm.all_reduce, then ops::scale by 1 / comm.size().
+  // HINT: the gradients are one flat buffer: one collective that leaves the sum on every rank,
+  // HINT: then the division that turns the sum into the average (common/ops/ops.hpp).
   throw scalelab::NotImplemented(
       "lab 03 step 3: all-reduce the flat gradient buffer and average it (README.md#step-3)");
 }
 
 double forward_backward(nn::GPT& model, const data::Batch& global, comm::Communicator& comm) {
   // TODO step 4: zero grads, forward/backward this rank's rows, average gradients
-  // HINT: the global loss is the average of the ranks' losses: all-reduce a one-element tensor.
+  // HINT: model.zero_grad(), model.forward(x, y), model.backward() (README step 4); only this
+  // HINT: rank's rows, on the model's device. The global loss is the average of the ranks' losses.
   throw scalelab::NotImplemented(
       "lab 03 step 4: zero grads, forward/backward this rank's rows, average gradients (README.md#step-4)");
 }

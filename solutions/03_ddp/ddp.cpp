@@ -32,7 +32,8 @@ data::Batch local_batch(const data::Batch& global, int rank, int world) {
 void all_reduce_gradients(nn::GPT& model, comm::Communicator& comm) {
   trace::Scope scope("all_reduce_gradients", "comm");
   // BEGIN SOLUTION step 3: all-reduce the flat gradient buffer and average it
-  // HINT: sum with comm.all_reduce, then ops::scale by 1 / comm.size().
+  // HINT: the gradients are one flat buffer: one collective that leaves the sum on every rank,
+  // HINT: then the division that turns the sum into the average (common/ops/ops.hpp).
   Tensor& g = model.params().grads();
   comm.all_reduce(g, comm::ReduceOp::sum);
   ops::scale(g, 1.0 / comm.size());
@@ -41,7 +42,8 @@ void all_reduce_gradients(nn::GPT& model, comm::Communicator& comm) {
 
 double forward_backward(nn::GPT& model, const data::Batch& global, comm::Communicator& comm) {
   // BEGIN SOLUTION step 4: zero grads, forward/backward this rank's rows, average gradients
-  // HINT: the global loss is the average of the ranks' losses: all-reduce a one-element tensor.
+  // HINT: model.zero_grad(), model.forward(x, y), model.backward() (README step 4); only this
+  // HINT: rank's rows, on the model's device. The global loss is the average of the ranks' losses.
   model.zero_grad();
   const data::Batch mine = local_batch(global, comm.rank(), comm.size()).to(model.device());
   double loss = 0;

@@ -62,6 +62,35 @@ testing::AssertionResult rows_of_every_rank(Slice slice) {
   return testing::AssertionSuccess();
 }
 
+// The gradient a rank's backward produced BEFORE any all-reduce, as seen from the model's
+// backward hook (it fires as each part's gradients become final; the last firing is the
+// embedding, after which the flat buffer holds this rank's whole local gradient). `step` runs one
+// training step on `model` and the global batch (the attendee's forward_backward, or a planted
+// variant); the check passes when that local gradient is the gradient of THIS rank's rows
+// [r*b, (r+1)*b) alone: the data was split. Running every rank on the whole global batch gives
+// the same averaged gradient (so the other checks pass), but its local gradient is the global
+// one. Tolerance 1e-6 relative / 1e-7 absolute: the same kernels on the same rows (exact on the
+// CPU; room for another device). Collective; the same verdict on every rank.
+template <class Step>
+testing::AssertionResult backward_saw_only_this_ranks_rows(Step step) {
+  const data::Batch global = kLab.batch(0);
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  Tensor local;  // the gradient buffer at the hook's last firing
+  model.set_backward_hook(
+      [&](const std::vector<nn::Parameter*>&) { local = model.params().grads().clone(); });
+  step(model, global);
+  model.set_backward_hook({});
+  if (!local.defined())  // no backward ran on this model
+    local = Tensor::zeros(model.params().grads().shape(), model.params().grads().dtype());
+  const Tensor mine = ddp_gradient(labtest::my_rows(global), [](nn::GPT&) {});  // no reduce
+  testing::AssertionResult r = close_on_every_rank(local, mine, 1e-6, 1e-7);
+  if (!r)
+    r << "\n(the gradient your backward produced, before the all-reduce, is not the gradient of "
+         "this rank's rows alone: forward and backward local_batch(global, rank, world), not "
+         "the whole global batch)";
+  return r;
+}
+
 // A correct average, written here so steps 2 and 3 are graded on their own.
 void test_average(nn::GPT& model) {
   world().all_reduce(model.params().grads(), comm::ReduceOp::avg);
@@ -222,6 +251,27 @@ TEST(Step4_Training, SgdStepsFollowSingleDeviceAndReplicasStayIdentical) {
   EXPECT_LT(ref.losses.back(), ref.losses.front()) << "the run should learn something";
   EXPECT_TRUE(close_on_every_rank(model.params().values(), ref.params, kGradRtol, kGradAtol));
   EXPECT_EQ(lab03::parameter_divergence(model, world()), 0.0) << "replicas must be identical";
+}
+
+TEST(Step4_Training, EachRankRunsTheModelOnItsOwnRowsOnly) {
+  EXPECT_TRUE(backward_saw_only_this_ranks_rows([](nn::GPT& model, const data::Batch& global) {
+    lab03::forward_backward(model, global, world());
+  }));
+}
+
+TEST(Step4_PlantedFault, WholeBatchOnEveryRankIsCaught) {
+  if (world().size() == 1) GTEST_SKIP() << "one rank: its rows are the whole batch";
+  // fault: every rank runs forward/backward on the WHOLE global batch, then averages. The
+  // averaged gradient (and so every other check of step 4) is right; the work is not split.
+  const auto whole_batch = [](nn::GPT& model, const data::Batch& global) {
+    model.zero_grad();
+    model.forward(global.x, global.y);
+    model.backward();
+    test_average(model);
+  };
+  EXPECT_FALSE(backward_saw_only_this_ranks_rows(whole_batch))
+      << "the check of Step4_Training.EachRankRunsTheModelOnItsOwnRowsOnly must fail when every "
+         "rank runs the whole global batch";
 }
 
 TEST(Step4_Training, DivergenceSeesOneDifferentRank) {
