@@ -30,6 +30,7 @@ namespace {
 
 struct Row {
   int tp = 0;
+  bool sp = false;
   int64_t params = 0;
   std::size_t act = 0, act_formula = 0;
   int64_t comm_bytes = 0, comm_calls = 0;
@@ -41,12 +42,13 @@ struct Row {
 // figures do not depend on it) and returns its figures; the byte counters and activations are
 // those of the last step, the time the best.
 Row measure(const ModelConfig& config, comm::Communicator& group, const data::Batch& batch,
-            uint64_t seed, int reps) {
-  lab07::TPGPT model(config, group, {.seed = seed});
+            uint64_t seed, bool sp, int reps) {
+  lab07::TPGPT model(config, group, {.seed = seed, .sequence_parallel = sp});
   const int64_t B = batch.x.size(0), T = batch.x.size(1);
-  Row row{group.size(), model.num_parameters()};
-  row.act_formula = lab07::activation_bytes_formula(config, B, T, group.size(), sizeof(float));
-  row.comm_formula = lab07::comm_bytes_formula(config, B, T, sizeof(float));
+  Row row{group.size(), sp, model.num_parameters()};
+  row.act_formula =
+      lab07::activation_bytes_formula(config, B, T, group.size(), sizeof(float), sp);
+  row.comm_formula = lab07::comm_bytes_formula(config, B, T, sizeof(float), sp);
   row.ms = 1e30;
   for (int r = 0; r < reps + 1; ++r) {  // the first one warms up
     group.barrier();
@@ -78,12 +80,14 @@ int main(int argc, char** argv) {
         ("twin-steps", "steps for which the single-device twin runs beside (its loss printed)",
          cxxopts::value<int>()->default_value("5"))
         ("reps", "timed steps per row of the table (the best time is shown)",
-         cxxopts::value<int>()->default_value("3"));
+         cxxopts::value<int>()->default_value("3"))
+        ("sequence-parallel", "train with sequence parallelism (step 5)");
     const auto parsed = cli::parse(options, argc, argv);
     const auto run = cli::run_options(parsed);
     const auto opt = train::read_train_options(parsed);
     const int twin_steps = parsed["twin-steps"].as<int>();
     const int reps = parsed["reps"].as<int>();
+    const bool sp = parsed.count("sequence-parallel") > 0;
     SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
     SCALELAB_REQUIRE(run.device == "cpu", "lab 07 runs on the CPU (--device cpu), got {}",
@@ -93,12 +97,13 @@ int main(int argc, char** argv) {
     auto world = comm::Communicator::world(run.backend == "auto" ? "mpi" : run.backend);
     const int tp = world.size(), rank = world.rank();
     lab07::check_tp(config, tp);  // a usage error on every rank, before any collective
+    if (sp) lab07::sequence_rows(opt.batch * config.block_size, rank, tp);  // the same
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
 
     // the tp group is the whole world here; it gets its own name in the byte counters
     comm::Communicator group = world.split(0, rank, fmt::format("tp{}", tp));
-    lab07::TPGPT model(config, group, {.seed = run.seed});
+    lab07::TPGPT model(config, group, {.seed = run.seed, .sequence_parallel = sp});
     optim::AdamW adamw(optim::groups(model.parameters()));
     // The twin: the single-device GPT with the same seed and batches, on rank 0 only.
     std::optional<nn::GPT> twin;
@@ -108,10 +113,10 @@ int main(int argc, char** argv) {
       twin_adamw.emplace(optim::groups(twin->parameters()));
     }
     log::info("lab 07 tensor_parallel: model {} ({} parameters, {} on each of {} ranks), global "
-              "batch {} x {} tokens on every rank, {} steps", config.name,
+              "batch {} x {} tokens on every rank, {} steps{}", config.name,
               metrics::human_count(static_cast<double>(parameter_count(config))),
               metrics::human_count(static_cast<double>(model.num_parameters())), tp, opt.batch,
-              config.block_size, opt.steps);
+              config.block_size, opt.steps, sp ? ", sequence parallel" : "");
     train::StepReporter reporter(config, opt.batch * config.block_size, Device::cpu(),
                                  opt.peak_tflops, world);
     double worst = 0;
@@ -156,22 +161,28 @@ int main(int argc, char** argv) {
       if (!fits) continue;
       comm::Communicator sub =
           world.split(rank < t ? 0 : 1, rank, fmt::format("table-tp{}", t));
-      if (rank < t) {
-        Row r = measure(config, sub, batch, run.seed, reps);
-        if (rank == 0) rows.push_back(r);
+      for (bool with_sp : {false, true}) {
+        // one rank: nothing to split; the tokens must divide by t
+        if (with_sp && (t == 1 || (batch.x.numel() % t) != 0)) continue;
+        if (rank < t) {
+          Row r = measure(config, sub, batch, run.seed, with_sp, reps);
+          if (rank == 0) rows.push_back(r);
+        }
+        world.barrier();
       }
-      world.barrier();
     }
     const int64_t B = batch.x.size(0), T = batch.x.size(1);
     log::info("");
     log::info("{} x {} tokens, fp32, best of {} steps; activations: bytes held after forward "
               "(TPActivations::nbytes, rank 0); comm: payload bytes rank 0 submitted in one "
               "step (forward + backward), by the byte counters", B, T, reps);
-    log::info("{:>3} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9}", "tp", "params/rank",
+    log::info("{:>3} {:>3} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9}", "tp", "sp",
+              "params/rank",
               "act/rank", "act formula", "calls", "comm/step", "formula", "step ms");
     bool exact = true;
     for (const Row& r : rows) {
-      log::info("{:>3} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9.1f}", r.tp,
+      log::info("{:>3} {:>3} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9.1f}", r.tp,
+                r.sp ? "yes" : "no",
                 metrics::human_count(static_cast<double>(r.params)),
                 metrics::human_bytes(static_cast<double>(r.act)),
                 metrics::human_bytes(static_cast<double>(r.act_formula)), r.comm_calls,
@@ -181,9 +192,9 @@ int main(int argc, char** argv) {
               static_cast<std::size_t>(r.comm_bytes) == r.comm_formula;
     }
     if (rank == 0)
-      log::info("comm formula: (4L + 2) B*T*C + 3 B*T elements per step, whatever tp (L = {}); "
-                "measured == formula for activations and bytes: {}", config.n_layer,
-                exact ? "yes" : "NO");
+      log::info("comm formula (payload): (4L + 2) B*T*C + 3 B*T elements per step whatever tp; "
+                "sequence parallel (10L + 5) B*T*C + 3 B*T + (4L + 2) C (L = {}); measured == "
+                "formula for activations and bytes: {}", config.n_layer, exact ? "yes" : "NO");
     exact = train::on_every_rank(exact, world);
     return exact ? kExitOk : kExitFailed;
   });

@@ -141,15 +141,77 @@ double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64
 void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
                                            double scale = 1.0);
 
+// ---- Step 5: sequence parallelism -----------------------------------------------------------
+
+/// Between the tensor-parallel regions (LayerNorm, bias, residual) every rank of step 3 computes
+/// the same thing on the whole (B, T, C) activation, and keeps it. Sequence parallelism splits
+/// those regions by token instead: rank r holds rows [lo, hi) of the (B*T, C) activation. The
+/// rows are the flattened tokens, so a rank's rows are contiguous in memory (in Megatron's
+/// (s, b, h) layout the same idea splits s); LayerNorm, bias and residual act on each token
+/// alone, so any split by token gives the same numbers. scalelab::UsageError when tp does not
+/// divide the number of tokens.
+struct TokenRange {
+  int64_t lo = 0, hi = 0;
+};
+/// Step 5a. Rank `rank`'s token rows of `tokens` = B*T: [rank*tokens/tp, (rank+1)*tokens/tp).
+TokenRange sequence_rows(int64_t tokens, int rank, int tp);
+
+/// Step 5a. Entering a tensor-parallel region (before a column-parallel layer, in place of f):
+/// forward, all-gather this rank's rows x_sp (N/tp, C) into the whole (N, C), rank 0's rows
+/// first; ...
+Tensor gather_sequence(const Tensor& x_sp, comm::Communicator& tp);
+/// ... backward, the gradient of the whole (N, C) input is a partial sum on each rank (as in
+/// f's backward), and each rank needs only its rows: one reduce-scatter to (N/tp, C).
+Tensor gather_sequence_backward(const Tensor& dx_full, comm::Communicator& tp);
+/// Step 5a. Leaving a tensor-parallel region (after a row-parallel layer, in place of g):
+/// forward, reduce-scatter the partial (N, C) output: rank r gets the SUM of its rows; ...
+Tensor scatter_sequence(const Tensor& y_partial, comm::Communicator& tp);
+/// ... backward, all-gather the rows' gradients into the whole (N, C) gradient.
+Tensor scatter_sequence_backward(const Tensor& dy_sp, comm::Communicator& tp);
+
+/// What sp_block_forward keeps: the LayerNorm outputs, their statistics and the residual on
+/// this rank's N/tp token rows; attention and MLP activations sharded by heads / hidden units
+/// (as in step 3). NOT the gathered LayerNorm outputs: backward gathers them again.
+struct SPBlockActivations {
+  Tensor ln1, ln1_mean, ln1_rstd;  // (N/tp, C), (N/tp), (N/tp)
+  nn::AttentionActivations attn;   // q, k, v (B, NH/tp, T, hs), att, y (B, T, C/tp)
+  Tensor res2;                     // (N/tp, C)
+  Tensor ln2, ln2_mean, ln2_rstd;  // (N/tp, C), (N/tp), (N/tp)
+  nn::MLPActivations mlp;          // h, g (B, T, 4C/tp)
+  void reset() { *this = SPBlockActivations{}; }
+  std::size_t nbytes() const;
+};
+
+/// Step 5b. The block of step 3 with sequence parallelism: x_sp (N/tp, C) this rank's token rows
+/// of the block's input (B, T, C) (N = B*T); returns this rank's rows of the output. Per
+/// sub-layer: LayerNorm on the rows, gather_sequence, the sharded attention or MLP
+/// (block.attn / block.mlp forward: a partial sum), scatter_sequence, the row-parallel bias
+/// (once, on the rows), the residual on the rows. The block's hooks are not used.
+/// Communication: 2 all-gathers and 2 reduce-scatters of N*C, no all-reduce.
+Tensor sp_block_forward(const nn::Block& block, const Tensor& x_sp, int64_t B, int64_t T,
+                        SPBlockActivations& acts, comm::Communicator& tp);
+/// Step 5b. Its backward: returns dx_sp (N/tp, C); gradients += (weights: this rank's shards; the
+/// row-parallel biases: whole, from the gathered output gradient). LayerNorm weights see only
+/// this rank's rows, so their gradients are partial sums: all-reduce them (4 tensors of C per
+/// block), keeping what the gradients held before (they accumulate).
+/// Communication: per sub-layer an all-gather of the output gradient, an all-gather of the
+/// LayerNorm output again (it was not kept), a reduce-scatter of the input gradient.
+Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& x_sp, int64_t B,
+                         int64_t T, const SPBlockActivations& acts, comm::Communicator& tp);
+
 // ---- The tensor-parallel GPT (given: the wiring of the steps above) ---------------------------
 
 /// What one forward of a TPGPT saves for its backward (every tensor its own allocation).
 struct TPActivations {
   Tensor tokens, targets;                    // (B, T) i32
-  std::vector<Tensor> inputs;                // (B, T, C) each block's input (whole, every rank)
+  std::vector<Tensor> inputs;                // (B, T, C) each block's input (whole, every rank);
+                                             // sequence parallel: this rank's rows (N/tp, C)
   std::vector<nn::BlockActivations> blocks;  // each block's (sharded parts: (B, T, C/tp) etc.)
-  Tensor x;                                  // (B, T, C) the last block's output (ln_f's input)
-  Tensor lnf, lnf_mean, lnf_rstd;            // (B, T, C), (B*T), (B*T)
+  std::vector<SPBlockActivations> sp_blocks; // the same, sequence parallel
+  Tensor x;                                  // (B, T, C) the last block's output (ln_f's input);
+                                             // sequence parallel: (N/tp, C)
+  Tensor lnf, lnf_mean, lnf_rstd;            // (B, T, C), (B*T), (B*T); sequence parallel: our
+                                             // rows (N/tp, C), (N/tp), gathered again in backward
   Tensor probs;                              // (B*T, V/tp): this rank's softmax columns
   void reset() { *this = TPActivations{}; }
   /// Bytes held: blocks' activations and inputs, and the head's (x, lnf and statistics, probs).
@@ -159,12 +221,18 @@ struct TPActivations {
 struct TPOptions {
   DType dtype = DType::f32;
   uint64_t seed = 1337;
+  /// Sequence parallel (step 5) between the tensor-parallel regions of every block and around
+  /// ln_f; B*T must divide by tp.
+  bool sequence_parallel = false;
 };
 
 /// GPT-2 (as nn::GPT: same parameter names and initial values) with every block tensor
 /// parallel (make_block + make_tensor_parallel), the token embedding sharded by vocabulary
 /// (vocab_range) and the LM head tied to that shard: logits = ln_f(x) @ wte_local^T are this
-/// rank's vocabulary columns, fed to vocab_parallel_cross_entropy. CPU only.
+/// rank's vocabulary columns, fed to vocab_parallel_cross_entropy. With sequence_parallel,
+/// the blocks run sp_block_forward/backward on this rank's token rows: the embedding's output
+/// rows are taken after its all-reduce, ln_f runs on the rows and its output is gathered
+/// (gather_sequence) before the vocabulary-parallel head. CPU only.
 class TPGPT {
  public:
   TPGPT(const ModelConfig& config, comm::Communicator& tp, const TPOptions& options = {});
@@ -196,6 +264,7 @@ class TPGPT {
  private:
   ModelConfig config_;
   comm::Communicator& tp_;
+  bool sp_;
   nn::ParameterSet params_;
 };
 
@@ -206,11 +275,15 @@ class TPGPT {
 /// res2, ln2) and statistics, and the sharded ones (q, k, v, y: C/tp; att: NH/tp heads; h, g:
 /// 4C/tp); the head's x, lnf, statistics and probs (V/tp).
 std::size_t activation_bytes_formula(const ModelConfig& config, int64_t B, int64_t T, int tp,
-                                     std::size_t elem);
+                                     std::size_t elem, bool sequence_parallel = false);
 /// Payload bytes one training step of a TPGPT moves per rank (the byte counters' measure):
 /// per block 2 all-reduces of B*T*C forward and 2 backward; the embedding's all-reduce of B*T*C;
 /// the head's f backward (B*T*C) and the cross-entropy's three all-reduces of B*T.
+/// Sequence parallel: per block 2 all-gathers and 2 reduce-scatters of B*T*C forward, 4
+/// all-gathers and 2 reduce-scatters backward, 4 all-reduces of C (LayerNorm gradients); the
+/// embedding's all-reduce, ln_f's gather forward and reduce-scatter backward, its 2 gradients'
+/// all-reduces, the gather of the embedding's gradient, the cross-entropy's 3 of B*T.
 std::size_t comm_bytes_formula(const ModelConfig& config, int64_t B, int64_t T,
-                               std::size_t elem);
+                               std::size_t elem, bool sequence_parallel = false);
 
 }  // namespace scalelab::lab07

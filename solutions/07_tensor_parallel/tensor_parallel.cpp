@@ -17,7 +17,7 @@ namespace scalelab::lab07 {
 namespace {
 
 // The shape of x with its last dimension replaced by `last`: (..., in) -> (..., last).
-std::vector<int64_t> with_last(const Tensor& x, int64_t last) {
+[[maybe_unused]] std::vector<int64_t> with_last(const Tensor& x, int64_t last) {
   std::vector<int64_t> s = x.shape();
   s.back() = last;
   return s;
@@ -318,11 +318,157 @@ void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets,
   // END SOLUTION
 }
 
+// ---- Step 5 -----------------------------------------------------------------------------------
+
+TokenRange sequence_rows(int64_t tokens, int rank, int tp) {
+  // BEGIN SOLUTION step 5: tokens/tp contiguous rows per rank
+  SCALELAB_REQUIRE(tp >= 1 && tokens % tp == 0,
+                   "tensor parallel size {} does not divide the {} tokens of a batch (sequence "
+                   "parallel)", tp, tokens);
+  const int64_t n = tokens / tp;
+  return TokenRange{rank * n, (rank + 1) * n};
+  // END SOLUTION
+}
+
+Tensor gather_sequence(const Tensor& x_sp, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 5: all-gather the rows
+  // HINT: tp.all_gather(in, out): out holds rank 0's in, then rank 1's, ...
+  Tensor full = Tensor::empty({tp.size() * x_sp.size(0), x_sp.size(1)}, x_sp.dtype(),
+                              x_sp.device());  // (N, C)
+  tp.all_gather(x_sp, full);
+  return full;
+  // END SOLUTION
+}
+
+Tensor gather_sequence_backward(const Tensor& dx_full, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 5: reduce-scatter the partial gradient
+  // HINT: tp.reduce_scatter(in, out): rank r gets the sum of every rank's r-th chunk of in.
+  const int64_t C = dx_full.size(dx_full.dim() - 1), N = dx_full.numel() / C;
+  Tensor mine = Tensor::empty({N / tp.size(), C}, dx_full.dtype(), dx_full.device());
+  tp.reduce_scatter(dx_full, mine);
+  return mine;
+  // END SOLUTION
+}
+
+Tensor scatter_sequence(const Tensor& y_partial, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 5: reduce-scatter the partial output
+  const int64_t C = y_partial.size(y_partial.dim() - 1), N = y_partial.numel() / C;
+  Tensor mine = Tensor::empty({N / tp.size(), C}, y_partial.dtype(), y_partial.device());
+  tp.reduce_scatter(y_partial, mine);  // the sum over ranks, only our rows of it
+  return mine;
+  // END SOLUTION
+}
+
+Tensor scatter_sequence_backward(const Tensor& dy_sp, comm::Communicator& tp) {
+  // BEGIN SOLUTION step 5: all-gather the rows' gradients
+  Tensor full = Tensor::empty({tp.size() * dy_sp.size(0), dy_sp.size(1)}, dy_sp.dtype(),
+                              dy_sp.device());
+  tp.all_gather(dy_sp, full);
+  return full;
+  // END SOLUTION
+}
+
+std::size_t SPBlockActivations::nbytes() const {
+  std::size_t n = 0;
+  for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &attn.q, &attn.k, &attn.v, &attn.att,
+                          &attn.y, &res2, &ln2, &ln2_mean, &ln2_rstd, &mlp.h, &mlp.g})
+    if (t->defined()) n += t->nbytes();
+  return n;
+}
+
+namespace {
+
+// LayerNorm backward on this rank's rows, whose weight and bias gradients are partial sums over
+// the ranks' rows: computed apart, all-reduced, then added (the gradients accumulate).
+[[maybe_unused]] void layernorm_backward_rows(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
+                             const Tensor& mean, const Tensor& rstd, comm::Communicator& tp) {
+  Tensor dw = Tensor::zeros(ln.weight.grad.shape(), din.dtype(), din.device());
+  Tensor db = Tensor::zeros(ln.bias.grad.shape(), din.dtype(), din.device());
+  ops::layernorm_backward(din, dw, db, dout, in, ln.weight.value, mean, rstd);
+  tp.all_reduce(dw);
+  tp.all_reduce(db);
+  ops::add(ln.weight.grad, ln.weight.grad, dw);
+  ops::add(ln.bias.grad, ln.bias.grad, db);
+}
+
+}  // namespace
+
+Tensor sp_block_forward(const nn::Block& block, const Tensor& x_sp, int64_t B, int64_t T,
+                        SPBlockActivations& a, comm::Communicator& tp) {
+  const int64_t n = x_sp.size(0), C = x_sp.size(1);
+  const DType dt = x_sp.dtype();
+  const Device dev = x_sp.device();
+  a.reset();
+  Tensor out;
+  // BEGIN SOLUTION step 5: LayerNorm on the rows, gather, sharded sub-layer, scatter, bias, residual
+  // HINT: block.ln1.forward(out, mean, rstd, in); block.attn.forward(out, x (B, T, C), a.attn);
+  // HINT: block.attn.proj.add_bias(t); ops::add(out, a, b). Same for ln2 and block.mlp.
+  a.ln1 = Tensor::empty({n, C}, dt, dev);
+  a.ln1_mean = Tensor::empty({n}, dt, dev);
+  a.ln1_rstd = Tensor::empty({n}, dt, dev);
+  block.ln1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_sp);
+  a.res2 = Tensor::empty({n, C}, dt, dev);
+  {
+    const Tensor ln1_full = gather_sequence(a.ln1, tp).view({B, T, C});  // not kept
+    Tensor partial = Tensor::empty({B, T, C}, dt, dev);
+    block.attn.forward(partial, ln1_full, a.attn);  // our heads' share of the projection
+    Tensor attn_sp = scatter_sequence(partial, tp);  // (n, C): the sum, our rows only
+    block.attn.proj.add_bias(attn_sp);
+    ops::add(a.res2, x_sp, attn_sp);
+  }
+  a.ln2 = Tensor::empty({n, C}, dt, dev);
+  a.ln2_mean = Tensor::empty({n}, dt, dev);
+  a.ln2_rstd = Tensor::empty({n}, dt, dev);
+  block.ln2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2);
+  {
+    const Tensor ln2_full = gather_sequence(a.ln2, tp).view({B, T, C});
+    Tensor partial = Tensor::empty({B, T, C}, dt, dev);
+    block.mlp.forward(partial, ln2_full, a.mlp);
+    out = scatter_sequence(partial, tp);
+    block.mlp.proj.add_bias(out);
+    ops::add(out, out, a.res2);
+  }
+  // END SOLUTION
+  return out;
+}
+
+Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& x_sp, int64_t B,
+                         int64_t T, const SPBlockActivations& a, comm::Communicator& tp) {
+  const int64_t C = x_sp.size(1);
+  const DType dt = x_sp.dtype();
+  const Device dev = x_sp.device();
+  Tensor dx;
+  // BEGIN SOLUTION step 5: each sub-layer backwards: gather dout and the LayerNorm output again,
+  // HINT: the sharded backward, reduce-scatter the input gradient, LayerNorm backward on the rows
+  // HINT: (layernorm_backward_rows: its weight gradients are all-reduced), residual.
+  Tensor dres2 = dout_sp.clone();  // the residual passes the gradient straight through
+  {
+    const Tensor dmlp = scatter_sequence_backward(dout_sp, tp).view({B, T, C});
+    const Tensor ln2_full = gather_sequence(a.ln2, tp).view({B, T, C});  // again: not kept
+    Tensor dln2 = Tensor::zeros({B, T, C}, dt, dev);
+    block.mlp.backward(dln2, dmlp, ln2_full, a.mlp);  // dln2: a partial sum (our hidden units)
+    const Tensor dln2_sp = gather_sequence_backward(dln2, tp);
+    layernorm_backward_rows(block.ln2, dres2, dln2_sp, a.res2, a.ln2_mean, a.ln2_rstd, tp);
+  }
+  dx = dres2.clone();
+  {
+    const Tensor dattn = scatter_sequence_backward(dres2, tp).view({B, T, C});
+    const Tensor ln1_full = gather_sequence(a.ln1, tp).view({B, T, C});
+    Tensor dln1 = Tensor::zeros({B, T, C}, dt, dev);
+    block.attn.backward(dln1, dattn, ln1_full, a.attn);
+    const Tensor dln1_sp = gather_sequence_backward(dln1, tp);
+    layernorm_backward_rows(block.ln1, dx, dln1_sp, x_sp, a.ln1_mean, a.ln1_rstd, tp);
+  }
+  // END SOLUTION
+  return dx;
+}
+
 // ---- The tensor-parallel GPT (given) ----------------------------------------------------------
 
 std::size_t TPActivations::nbytes() const {
   std::size_t n = 0;
   for (const nn::BlockActivations& a : blocks) n += a.nbytes();
+  for (const SPBlockActivations& a : sp_blocks) n += a.nbytes();
   for (const Tensor* t : {&x, &lnf, &lnf_mean, &lnf_rstd, &probs})
     if (t->defined()) n += t->nbytes();
   for (const Tensor& t : inputs)
@@ -331,7 +477,7 @@ std::size_t TPActivations::nbytes() const {
 }
 
 TPGPT::TPGPT(const ModelConfig& config, comm::Communicator& tp, const TPOptions& options)
-    : ln_f("ln_f", config.n_embd), config_(config), tp_(tp) {
+    : ln_f("ln_f", config.n_embd), config_(config), tp_(tp), sp_(options.sequence_parallel) {
   const int rank = tp.rank(), size = tp.size();
   check_tp(config, size);
   vocab = vocab_range(config.vocab_size, rank, size);
@@ -356,34 +502,47 @@ TPGPT::TPGPT(const ModelConfig& config, comm::Communicator& tp, const TPOptions&
 Tensor TPGPT::embed(const Tensor& tokens, TPActivations& acts) {
   trace::Scope scope("embed");
   acts.tokens = tokens;
-  return vocab_parallel_embedding_forward(wte.value, vocab.lo, wpe.value, tokens, tp_);
+  Tensor x = vocab_parallel_embedding_forward(wte.value, vocab.lo, wpe.value, tokens, tp_);
+  if (!sp_) return x;
+  // Sequence parallel: keep our token rows. (Megatron reduce-scatters the embedding's partial
+  // lookup here; this reuses step 4's all-reduce and takes the rows: the same numbers.)
+  const int64_t C = x.size(2);
+  const TokenRange rows = sequence_rows(tokens.numel(), tp_.rank(), tp_.size());
+  return x.view({tokens.numel(), C}).rows(rows.lo, rows.hi).clone();  // (N/tp, C)
 }
 
 Tensor TPGPT::forward_blocks(const Tensor& x, TPActivations& acts) {
   acts.inputs.assign(blocks_.size(), Tensor());
-  acts.blocks.assign(blocks_.size(), nn::BlockActivations());
+  if (sp_) acts.sp_blocks.assign(blocks_.size(), SPBlockActivations());
+  else acts.blocks.assign(blocks_.size(), nn::BlockActivations());
+  const int64_t B = acts.tokens.size(0), T = acts.tokens.size(1);
   Tensor h = x;
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     trace::Scope scope("block forward");
     acts.inputs[i] = h;
-    h = blocks_[i]->forward(h, acts.blocks[i]);  // 2 all-reduces (the hooks)
+    if (sp_) h = sp_block_forward(*blocks_[i], h, B, T, acts.sp_blocks[i], tp_);  // 2 AG + 2 RS
+    else h = blocks_[i]->forward(h, acts.blocks[i]);  // 2 all-reduces (the hooks)
   }
   return h;
 }
 
 double TPGPT::head_forward(const Tensor& x, const Tensor& targets, TPActivations& acts) {
   trace::Scope scope("head");
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), Vl = vocab.hi - vocab.lo;
+  const int64_t B = targets.size(0), T = targets.size(1), C = config_.n_embd,
+                Vl = vocab.hi - vocab.lo;
+  const int64_t n = sp_ ? B * T / tp_.size() : B * T;  // rows ln_f runs on
   const DType dt = x.dtype();
   acts.x = x;
   acts.targets = targets;
-  acts.lnf = Tensor::empty({B, T, C}, dt);
-  acts.lnf_mean = Tensor::empty({B * T}, dt);
-  acts.lnf_rstd = Tensor::empty({B * T}, dt);
-  ln_f.forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, x);
-  // The tied head is a column-parallel Linear over the vocabulary: f, then our V/tp columns.
-  Tensor in = acts.lnf.view({B * T, C});
-  f_forward(in, tp_);
+  acts.lnf = Tensor::empty({n, C}, dt);
+  acts.lnf_mean = Tensor::empty({n}, dt);
+  acts.lnf_rstd = Tensor::empty({n}, dt);
+  ln_f.forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, x.view({n, C}));
+  // The tied head is a column-parallel Linear over the vocabulary: f (sequence parallel: the
+  // gather of the rows), then our V/tp columns.
+  Tensor in = acts.lnf;
+  if (sp_) in = gather_sequence(acts.lnf, tp_);  // (B*T, C), not kept
+  else f_forward(in, tp_);
   acts.probs = Tensor::empty({B * T, Vl}, dt);                       // (B*T, V/tp)
   ops::matmul(acts.probs, in, wte.value, false, true);               // logits = lnf @ wte^T
   return vocab_parallel_cross_entropy(acts.probs, targets.view({B * T}), vocab.lo, tp_);
@@ -396,7 +555,8 @@ double TPGPT::forward(const Tensor& tokens, const Tensor& targets, TPActivations
 
 void TPGPT::backward(TPActivations& acts, double loss_scale) {
   SCALELAB_CHECK(acts.probs.defined(), "TPGPT::backward without forward");
-  const int64_t B = acts.x.size(0), T = acts.x.size(1), C = acts.x.size(2);
+  const int64_t B = acts.tokens.size(0), T = acts.tokens.size(1), C = config_.n_embd;
+  const int64_t n = acts.lnf.size(0);  // rows ln_f ran on (B*T, or B*T/tp sequence parallel)
   const DType dt = acts.x.dtype();
   Tensor d;
   {
@@ -404,45 +564,67 @@ void TPGPT::backward(TPActivations& acts, double loss_scale) {
     vocab_parallel_cross_entropy_backward(acts.probs, acts.targets.view({B * T}), vocab.lo,
                                           loss_scale);
     const Tensor& dlogits = acts.probs;  // (B*T, V/tp)
-    Tensor dlnf = Tensor::zeros({B, T, C}, dt);
-    Tensor dlnf2 = dlnf.view({B * T, C});
-    ops::matmul(dlnf2, dlogits, wte.value);                                     // partial
-    ops::matmul(wte.grad, dlogits, acts.lnf.view({B * T, C}), true, false, 1.0, 1.0);  // dwte +=
-    f_backward(dlnf, tp_);  // the whole dlnf: every rank's vocabulary columns contribute
+    const Tensor lnf = sp_ ? gather_sequence(acts.lnf, tp_) : acts.lnf;  // (B*T, C)
+    Tensor dlnf = Tensor::zeros({B * T, C}, dt);
+    ops::matmul(dlnf, dlogits, wte.value);                              // partial
+    ops::matmul(wte.grad, dlogits, lnf, true, false, 1.0, 1.0);         // dwte +=
     acts.probs = Tensor();
-    d = Tensor::zeros({B, T, C}, dt);
-    ln_f.backward(d, dlnf, acts.x, acts.lnf_mean, acts.lnf_rstd);
+    d = Tensor::zeros({n, C}, dt);
+    if (sp_) {  // our rows of the summed dlnf; ln_f's weights saw only our rows: all-reduce
+      const Tensor dlnf_sp = gather_sequence_backward(dlnf, tp_);
+      layernorm_backward_rows(ln_f, d, dlnf_sp, acts.x, acts.lnf_mean, acts.lnf_rstd, tp_);
+    } else {
+      f_backward(dlnf, tp_);  // the whole dlnf: every rank's vocabulary columns contribute
+      ln_f.backward(d, dlnf, acts.x.view({n, C}), acts.lnf_mean, acts.lnf_rstd);
+    }
     acts.x = acts.lnf = acts.lnf_mean = acts.lnf_rstd = Tensor();
   }
   for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i) {
     trace::Scope scope("block backward");
-    d = blocks_[i]->backward(d, acts.inputs[i], acts.blocks[i]);  // 2 all-reduces
-    acts.blocks[i].reset();
+    if (sp_) {
+      d = sp_block_backward(*blocks_[i], d, acts.inputs[i], B, T, acts.sp_blocks[i], tp_);
+      acts.sp_blocks[i].reset();
+    } else {
+      d = blocks_[i]->backward(d.view({B, T, C}), acts.inputs[i], acts.blocks[i]);  // 2 ARs
+      acts.blocks[i].reset();
+    }
     acts.inputs[i] = Tensor();
   }
-  vocab_parallel_embedding_backward(wte.grad, vocab.lo, wpe.grad, d, acts.tokens);
+  // the embedding's backward needs the whole gradient (its forward ended in an all-reduce)
+  if (sp_) d = scatter_sequence_backward(d, tp_);
+  vocab_parallel_embedding_backward(wte.grad, vocab.lo, wpe.grad, d.view({B, T, C}), acts.tokens);
   acts.reset();
 }
 
 // ---- Measure (given) --------------------------------------------------------------------------
 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
-                                     std::size_t elem) {
-  const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size, BT = B * T;
-  // per block: input, ln1, res2, ln2 (B, T, C) whole; 4 statistics of B*T; q, k, v, y
+                                     std::size_t elem, bool sp) {
+  const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size, N = B * T;
+  // what every rank keeps whole in step 3 and only its rows with sequence parallelism
+  const int64_t rows = sp ? N / tp : N;
+  // per block: input, ln1, res2, ln2 (rows, C) and 4 statistics (rows); q, k, v, y
   // (B, T, C/tp); att (B*NH/tp, T, T); h, g (B, T, 4C/tp)
-  const int64_t block = 4 * BT * C + 4 * BT + 4 * BT * C / tp + B * (NH / tp) * T * T +
-                        2 * BT * 4 * C / tp;
-  // head: x, lnf (B, T, C); mean, rstd (B*T); probs (B*T, V/tp)
-  const int64_t head = 2 * BT * C + 2 * BT + BT * V / tp;
+  const int64_t block = 4 * rows * C + 4 * rows + 4 * N * C / tp + B * (NH / tp) * T * T +
+                        2 * N * 4 * C / tp;
+  // head: x, lnf (rows, C); mean, rstd (rows); probs (B*T, V/tp)
+  const int64_t head = 2 * rows * C + 2 * rows + N * V / tp;
   return static_cast<std::size_t>(c.n_layer * block + head) * elem;
 }
 
-std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, std::size_t elem) {
-  const int64_t BTC = B * T * c.n_embd, BT = B * T;
-  // blocks: (2 forward + 2 backward) all-reduces of B*T*C each; embedding: 1 (forward);
-  // head: f's backward on dlnf (B*T*C) and the cross-entropy's 3 all-reduces of B*T
-  return static_cast<std::size_t>(4 * c.n_layer * BTC + BTC + BTC + 3 * BT) * elem;
+std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, std::size_t elem,
+                               bool sp) {
+  const int64_t NC = B * T * c.n_embd, N = B * T, C = c.n_embd, L = c.n_layer;
+  if (!sp)
+    // blocks: (2 forward + 2 backward) all-reduces of B*T*C each; embedding: 1 (forward);
+    // head: f's backward on dlnf (B*T*C) and the cross-entropy's 3 all-reduces of B*T
+    return static_cast<std::size_t>(4 * L * NC + NC + NC + 3 * N) * elem;
+  // blocks: forward 2 AG + 2 RS, backward 4 AG + 2 RS (of B*T*C payload each) and 4 all-reduces
+  // of C; embedding: its all-reduce forward, the gather of its gradient; head: ln_f's gather
+  // forward, gather again + reduce-scatter backward, its 2 gradients' all-reduces of C; the
+  // cross-entropy's 3 of B*T
+  return static_cast<std::size_t>(10 * L * NC + 4 * L * C + 2 * NC + 3 * NC + 2 * C + 3 * N) *
+         elem;
 }
 
 }  // namespace scalelab::lab07

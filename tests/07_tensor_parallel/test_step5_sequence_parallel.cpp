@@ -1,0 +1,327 @@
+// Lab 07 step 5: sequence parallelism, float64.
+//  - the operators: all-gather / reduce-scatter of rows on integer-valued tensors (exact), with
+//    their byte counts (payload: all-gather its output, reduce-scatter its input);
+//  - the SP block against the single-device nn::Block: this rank's rows of the output and of dx,
+//    every gradient shard (LayerNorm gradients whole after their all-reduce) within kRel = 1e-12;
+//  - what it SENDS: forward exactly 2 all-gathers + 2 reduce-scatters of N*C, no all-reduce;
+//    backward 4 all-gathers + 2 reduce-scatters of N*C and all-reduces of the 4 LayerNorm
+//    gradients only (4*C numbers);
+//  - what it HOLDS: the activations' bytes equal the formula, the replicated (B, T, C) tensors
+//    cut to N/tp rows: less than the block of step 3 holds for tp >= 2 (allocator-exact sizes);
+//  - the TPGPT with sequence_parallel follows the single-device GPT over 5 AdamW steps (kAdamRel).
+#include <gtest/gtest.h>
+
+#include "common/nn/gpt.hpp"
+#include "common/ops/ops.hpp"
+#include "common/optim/optim.hpp"
+#include "tensor_parallel.hpp"
+#include "tp_test_support.hpp"
+
+using namespace scalelab;
+using namespace lab07test;
+
+namespace {
+
+constexpr int64_t kB = 2, kT = 4, kN = kB * kT;
+
+// A sequence-parallel block implementation, as the check sees it.
+using Forward = std::function<Tensor(const nn::Block&, const Tensor&, lab07::SPBlockActivations&)>;
+using Backward = std::function<Tensor(nn::Block&, const Tensor&, const Tensor&,
+                                      const lab07::SPBlockActivations&)>;
+
+struct Whole {
+  ModelConfig c = test_config();
+  nn::Block block{0, c.n_embd, c.n_head, c.n_layer};
+  nn::ParameterSet set;
+  Tensor x = random_tensor({kB, kT, c.n_embd}, 71), dout = random_tensor({kB, kT, c.n_embd}, 72);
+  Tensor y, dx;
+  Whole() {
+    set.bind(block.parameters(), DType::f64, Device::cpu(), 3);
+    set.values().copy_from(random_tensor({set.numel()}, 73));
+    nn::BlockActivations a;
+    y = block.forward(x, a);
+    dx = block.backward(dout, x, a);
+  }
+};
+
+// Rows [lo, hi) of a (B, T, C) tensor flattened to (N, C).
+Tensor rows_of(const Tensor& t, int64_t lo, int64_t hi) {
+  const int64_t C = t.size(t.dim() - 1);
+  return t.view({t.numel() / C, C}).rows(lo, hi).clone();
+}
+
+// Per block with sequence parallelism, in float64: (input, ln1, res2, ln2 and 4 statistics)
+// on N/tp rows; q, k, v, y, h, g and att sharded as in step 3. The input is the caller's.
+std::size_t sp_block_bytes(const ModelConfig& c, int tp) {
+  const int64_t C = c.n_embd, rows = kN / tp;
+  return static_cast<std::size_t>(3 * rows * C + 4 * rows + 4 * kN * C / tp +
+                                  kB * (c.n_head / tp) * kT * kT + 2 * kN * 4 * C / tp) * 8;
+}
+
+::testing::AssertionResult check_sp_block(nn::Block& part, const Whole& whole,
+                                          const Forward& forward, const Backward& backward) {
+  const int tp = size(), r = rank();
+  const int64_t C = whole.c.n_embd, n = kN / tp, lo = r * n, NC8 = kN * C * 8;
+  const Tensor x_sp = rows_of(whole.x, lo, lo + n);
+  lab07::SPBlockActivations a;
+  Tensor y_sp, dx_sp;
+  const Traffic fwd = traffic_of([&] { y_sp = forward(part, x_sp, a); });
+  if (a.nbytes() != sp_block_bytes(whole.c, tp))
+    return ::testing::AssertionFailure()
+           << "the block holds " << a.nbytes() << " bytes of activations, the formula (LayerNorm "
+           << "outputs, statistics and residual on N/tp rows; the gathered inputs not kept) says "
+           << sp_block_bytes(whole.c, tp);
+  if (fwd.op("all_gather").calls != 2 || fwd.op("all_gather").bytes != 2 * NC8 ||
+      fwd.op("reduce_scatter").calls != 2 || fwd.op("reduce_scatter").bytes != 2 * NC8 ||
+      fwd.all().calls != 4)
+    return ::testing::AssertionFailure()
+           << "forward: want exactly 2 all-gathers and 2 reduce-scatters of " << NC8
+           << " bytes (N x C) and nothing else; the counters say:\n" << fwd.str();
+  if (auto ok = near(y_sp, rows_of(whole.y, lo, lo + n)); !ok) return ok << " (our output rows)";
+  const Tensor dout_sp = rows_of(whole.dout, lo, lo + n);
+  const Traffic bwd = traffic_of([&] { dx_sp = backward(part, dout_sp, x_sp, a); });
+  if (bwd.op("all_gather").calls != 4 || bwd.op("all_gather").bytes != 4 * NC8 ||
+      bwd.op("reduce_scatter").calls != 2 || bwd.op("reduce_scatter").bytes != 2 * NC8 ||
+      bwd.op("all_reduce").bytes != 4 * C * 8 ||
+      bwd.all().bytes != 6 * NC8 + 4 * C * 8)
+    return ::testing::AssertionFailure()
+           << "backward: want 4 all-gathers (output gradient, LayerNorm output again) and 2 "
+              "reduce-scatters of " << NC8 << " bytes, all-reduces of the LayerNorm gradients ("
+           << 4 * C * 8 << " bytes) and nothing else; the counters say:\n" << bwd.str();
+  if (auto ok = near(dx_sp, rows_of(whole.dx, lo, lo + n)); !ok) return ok << " (our dx rows)";
+  for (nn::Parameter* p : part.parameters())
+    if (auto ok = near(p->grad, cut(whole.set.get(p->name).grad, p->shard)); !ok)
+      return ok << " (" << p->name << " gradient)";
+  return ::testing::AssertionSuccess();
+}
+
+void take_shard(nn::Block& part, nn::ParameterSet& set, const Whole& whole) {
+  set.bind(part.parameters(), DType::f64, Device::cpu(), 3);
+  for (nn::Parameter* p : part.parameters())
+    p->value.copy_from(
+        Tensor::from_vector(cut(whole.set.get(p->name).value, p->shard), p->shape(), DType::f64));
+}
+
+Forward attendee_forward() {
+  return [](const nn::Block& b, const Tensor& x, lab07::SPBlockActivations& a) {
+    return lab07::sp_block_forward(b, x, kB, kT, a, group());
+  };
+}
+Backward attendee_backward() {
+  return [](nn::Block& b, const Tensor& d, const Tensor& x, const lab07::SPBlockActivations& a) {
+    return lab07::sp_block_backward(b, d, x, kB, kT, a, group());
+  };
+}
+
+// ---- the planted faults' base, written here (never the attendee's code) -----------------------
+
+// Leaving the TP region: a reduce-scatter, or (the fault) an all-reduce of the whole partial
+// output followed by taking our rows.
+Tensor planted_scatter(const Tensor& partial, bool by_all_reduce) {
+  const int64_t C = partial.size(partial.dim() - 1), n = partial.numel() / C / size();
+  if (by_all_reduce) {
+    Tensor whole = partial.clone();
+    group().all_reduce(whole);
+    return whole.view({n * size(), C}).rows(rank() * n, (rank() + 1) * n).clone();
+  }
+  Tensor mine = Tensor::empty({n, C}, partial.dtype());
+  group().reduce_scatter(partial, mine);
+  return mine;
+}
+Tensor planted_gather(const Tensor& rows) {
+  Tensor full = Tensor::empty({size() * rows.size(0), rows.size(1)}, rows.dtype());
+  group().all_gather(rows, full);
+  return full;
+}
+
+Forward planted_forward(bool by_all_reduce) {
+  return [by_all_reduce](const nn::Block& b, const Tensor& x, lab07::SPBlockActivations& a) {
+    const int64_t n = x.size(0), C = x.size(1);
+    a.ln1 = Tensor::empty({n, C}, DType::f64);
+    a.ln1_mean = Tensor::empty({n}, DType::f64);
+    a.ln1_rstd = Tensor::empty({n}, DType::f64);
+    b.ln1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x);
+    Tensor partial = Tensor::empty({kB, kT, C}, DType::f64);
+    b.attn.forward(partial, planted_gather(a.ln1).view({kB, kT, C}), a.attn);
+    Tensor attn = planted_scatter(partial, by_all_reduce);
+    if (b.attn.proj.row_parallel()) b.attn.proj.add_bias(attn);  // as Block does
+    a.res2 = Tensor::empty({n, C}, DType::f64);
+    ops::add(a.res2, x, attn);
+    a.ln2 = Tensor::empty({n, C}, DType::f64);
+    a.ln2_mean = Tensor::empty({n}, DType::f64);
+    a.ln2_rstd = Tensor::empty({n}, DType::f64);
+    b.ln2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2);
+    b.mlp.forward(partial, planted_gather(a.ln2).view({kB, kT, C}), a.mlp);
+    Tensor out = planted_scatter(partial, by_all_reduce);
+    if (b.mlp.proj.row_parallel()) b.mlp.proj.add_bias(out);
+    ops::add(out, out, a.res2);
+    return out;
+  };
+}
+
+void planted_ln_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
+                         const Tensor& mean, const Tensor& rstd) {
+  Tensor dw = Tensor::zeros(ln.weight.grad.shape(), DType::f64),
+         db = Tensor::zeros(ln.bias.grad.shape(), DType::f64);
+  ops::layernorm_backward(din, dw, db, dout, in, ln.weight.value, mean, rstd);
+  group().all_reduce(dw);
+  group().all_reduce(db);
+  ops::add(ln.weight.grad, ln.weight.grad, dw);
+  ops::add(ln.bias.grad, ln.bias.grad, db);
+}
+
+Backward planted_backward() {
+  return [](nn::Block& b, const Tensor& dout, const Tensor& x, const lab07::SPBlockActivations& a) {
+    const int64_t C = x.size(1);
+    Tensor dres2 = dout.clone();
+    Tensor dln2 = Tensor::zeros({kB, kT, C}, DType::f64);
+    b.mlp.backward(dln2, planted_gather(dout).view({kB, kT, C}),
+                   planted_gather(a.ln2).view({kB, kT, C}), a.mlp);
+    planted_ln_backward(b.ln2, dres2, planted_scatter(dln2, false), a.res2, a.ln2_mean, a.ln2_rstd);
+    Tensor dx = dres2.clone();
+    Tensor dln1 = Tensor::zeros({kB, kT, C}, DType::f64);
+    b.attn.backward(dln1, planted_gather(dres2).view({kB, kT, C}),
+                    planted_gather(a.ln1).view({kB, kT, C}), a.attn);
+    planted_ln_backward(b.ln1, dx, planted_scatter(dln1, false), x, a.ln1_mean, a.ln1_rstd);
+    return dx;
+  };
+}
+
+std::unique_ptr<nn::Block> library_tp_block(const ModelConfig& c) {
+  return std::make_unique<nn::Block>(0, c.n_embd, c.n_head, c.n_layer, rank(), size());
+}
+
+}  // namespace
+
+TEST(Step5_Operators, GatherAndScatterRowsExactly) {
+  const int tp = size(), r = rank();
+  const int64_t C = 3, n = 2;
+  // gather: rank r's rows hold r*100 + i; the whole tensor is every rank's rows in rank order
+  std::vector<double> mine(n * C);
+  for (int64_t i = 0; i < n * C; ++i) mine[i] = r * 100 + i;
+  Tensor full;
+  const Traffic g = traffic_of([&] {
+    full = lab07::gather_sequence(Tensor::from_vector(mine, {n, C}, DType::f64), group());
+  });
+  ASSERT_EQ(full.shape(), (std::vector<int64_t>{tp * n, C}));
+  for (int q = 0; q < tp; ++q)
+    for (int64_t i = 0; i < n * C; ++i) EXPECT_EQ(full.item(q * n * C + i), q * 100 + i);
+  EXPECT_EQ(g.op("all_gather").bytes, tp * n * C * 8) << g.str();
+  EXPECT_EQ(g.all().calls, 1) << g.str();
+  // scatter: every rank contributes (r + 1) * (i + 1); rank r gets its rows of the sum
+  std::vector<double> part(tp * n * C);
+  for (int64_t i = 0; i < tp * n * C; ++i) part[i] = (r + 1) * (i + 1);
+  Tensor rows;
+  const Traffic s = traffic_of([&] {
+    rows = lab07::scatter_sequence(Tensor::from_vector(part, {tp * n, C}, DType::f64), group());
+  });
+  ASSERT_EQ(rows.shape(), (std::vector<int64_t>{n, C}));
+  for (int64_t i = 0; i < n * C; ++i)
+    EXPECT_EQ(rows.item(i), (r * n * C + i + 1) * tp * (tp + 1) / 2.0);
+  EXPECT_EQ(s.op("reduce_scatter").bytes, tp * n * C * 8) << s.str();
+  EXPECT_EQ(s.all().calls, 1) << s.str();
+  // the backwards are the other collective
+  const Traffic gb = traffic_of([&] { lab07::gather_sequence_backward(full, group()); });
+  EXPECT_EQ(gb.op("reduce_scatter").calls, 1) << gb.str();
+  const Traffic sb = traffic_of([&] { lab07::scatter_sequence_backward(rows, group()); });
+  EXPECT_EQ(sb.op("all_gather").calls, 1) << sb.str();
+  EXPECT_EQ(lab07::sequence_rows(kN, r, tp).lo, r * kN / tp);
+  EXPECT_EQ(lab07::sequence_rows(kN, r, tp).hi, (r + 1) * kN / tp);
+  EXPECT_THROW(lab07::sequence_rows(6, 0, 4), UsageError);
+}
+
+TEST(Step5_Block, EqualsTheSingleDeviceBlockOnOurRows) {
+  Whole whole;
+  auto part = lab07::make_block(0, whole.c, rank(), size());
+  nn::ParameterSet set;
+  take_shard(*part, set, whole);
+  EXPECT_TRUE(check_sp_block(*part, whole, attendee_forward(), attendee_backward()));
+}
+
+TEST(Step5_Block, HoldsLessThanTheTensorParallelBlock) {
+  const ModelConfig c = test_config();
+  const int tp = size();
+  // step 3's block keeps input, ln1, res2, ln2 and their statistics whole on every rank
+  const int64_t C = c.n_embd;
+  const std::size_t tp_bytes = static_cast<std::size_t>(
+      4 * kN * C + 4 * kN + 4 * kN * C / tp + kB * (c.n_head / tp) * kT * kT + 8 * kN * C / tp) * 8;
+  const std::size_t sp_bytes = sp_block_bytes(c, tp) + kN / tp * C * 8;  // + its input rows
+  EXPECT_EQ(lab07::activation_bytes_formula(c, kB, kT, tp, 8, true) -
+                lab07::activation_bytes_formula(c, kB, kT, tp, 8, false),
+            c.n_layer * (sp_bytes - tp_bytes) + (2 * (kN / tp) * C + 2 * (kN / tp)) * 8 -
+                (2 * kN * C + 2 * kN) * 8)
+      << "the program's formula agrees with this test's";
+  if (tp > 1) EXPECT_LT(sp_bytes, tp_bytes);
+}
+
+TEST(Step5_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
+  const ModelConfig c = test_config();
+  nn::GPTOptions o;
+  o.dtype = DType::f64;
+  o.seed = 29;
+  nn::GPT single(c, o);
+  lab07::TPGPT part(c, group(), {.dtype = DType::f64, .seed = 29, .sequence_parallel = true});
+  optim::AdamW a1(optim::groups(single.parameters())), a2(optim::groups(part.parameters()));
+  for (int step = 0; step < 5; ++step) {
+    const Tensor x = random_tokens(2, 8, c.vocab_size, 500 + step),
+                 y = random_tokens(2, 8, c.vocab_size, 600 + step);
+    single.zero_grad();
+    const double want = single.forward(x, y);
+    single.backward();
+    a1.step(1e-2);
+    part.zero_grad();
+    lab07::TPActivations acts;
+    const double got = part.forward(x, y, acts);
+    EXPECT_EQ(acts.nbytes(), lab07::activation_bytes_formula(c, 2, 8, size(), 8, true));
+    part.backward(acts);
+    a2.step(1e-2);
+    EXPECT_NEAR(got, want, 1e-10 * std::abs(want)) << "loss of step " << step + 1;
+    for (nn::Parameter* p : part.parameters())
+      ASSERT_TRUE(near(p->value, cut(single.params().get(p->name).value, p->shard), kAdamRel))
+          << p->name << " after AdamW step " << step + 1 << " on rank " << rank();
+  }
+}
+
+TEST(Step5_PlantedFault, TheFaultsBaseItselfPasses) {
+  Whole whole;
+  auto part = library_tp_block(whole.c);
+  nn::ParameterSet set;
+  take_shard(*part, set, whole);
+  EXPECT_TRUE(check_sp_block(*part, whole, planted_forward(false), planted_backward()));
+}
+
+// The reduce-scatter replaced by an all-reduce and a slice: the same numbers; the byte check
+// catches it (and the full partial output is reduced on every rank).
+TEST(Step5_PlantedFault, ReduceScatterReplacedByAllReduceIsCaught) {
+  Whole whole;
+  auto part = library_tp_block(whole.c);
+  nn::ParameterSet set;
+  take_shard(*part, set, whole);
+  EXPECT_FALSE(check_sp_block(*part, whole, planted_forward(true), planted_backward()))
+      << "the check of Step5_Block must fail";
+}
+
+// Keeping the gathered LayerNorm output instead of gathering it again in backward: the same
+// numbers and fewer bytes sent, but each rank holds a whole (B, T, C) more per sub-layer.
+TEST(Step5_PlantedFault, KeepingTheGatheredInputIsCaught) {
+  Whole whole;
+  auto part = library_tp_block(whole.c);
+  nn::ParameterSet set;
+  take_shard(*part, set, whole);
+  const Forward keeps = [](const nn::Block& b, const Tensor& x, lab07::SPBlockActivations& a) {
+    Tensor out = planted_forward(false)(b, x, a);
+    a.ln1 = planted_gather(a.ln1);  // (N, C) kept in place of our rows
+    a.ln2 = planted_gather(a.ln2);
+    return out;
+  };
+  const Backward uses = [](nn::Block& b, const Tensor& d, const Tensor& x,
+                           const lab07::SPBlockActivations& a) {
+    lab07::SPBlockActivations rows = a;
+    const int64_t n = x.size(0);
+    rows.ln1 = a.ln1.rows(rank() * n, (rank() + 1) * n);
+    rows.ln2 = a.ln2.rows(rank() * n, (rank() + 1) * n);
+    return planted_backward()(b, d, x, rows);
+  };
+  if (size() == 1) GTEST_SKIP() << "with one rank the gathered input is our rows";
+  EXPECT_FALSE(check_sp_block(*part, whole, keeps, uses)) << "the check of Step5_Block must fail";
+}
