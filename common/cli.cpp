@@ -1,5 +1,12 @@
 #include "common/cli.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/runtime.hpp"
@@ -40,8 +47,67 @@ RunOptions run_options(const cxxopts::ParseResult& r) {
   // Issue 4 (comm): communicators start the watchdog with --timeout; --trace starts recording,
   // and run_main writes the merged trace when the program's body returns.
   watchdog::set_timeout(o.timeout_s);
+  // Issue 9: an unwritable --trace is a usage error now, not after the whole run.
+  require_writable(o.trace, "--trace");
   if (!o.trace.empty()) trace::enable(o.trace);
   return o;
+}
+
+std::string writable_error(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return "";
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec))
+    return fmt::format("{} {} is a directory: give a file name (e.g. {}/out)", what, path, path);
+  if (path.back() == '/')
+    return fmt::format("{} {} ends with '/': give a file name", what, path);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  if (!fs::exists(dir, ec))
+    return fmt::format("{} {}: the directory {} does not exist (create it first)", what, path,
+                       dir.string());
+  if (!fs::is_directory(dir, ec))
+    return fmt::format("{} {}: {} is not a directory", what, path, dir.string());
+  if (fs::exists(p, ec) && !fs::is_regular_file(p, ec))
+    return fmt::format("{} {} exists and is not a regular file", what, path);
+  // Create a probe file beside it: the real test of permissions (also for root, read-only
+  // filesystems and full quotas), without touching `path`.
+  const fs::path probe =
+      dir / fmt::format(".{}.writable-probe.{}", p.filename().string(), ::getpid());
+  {
+    std::ofstream f(probe, std::ios::binary | std::ios::trunc);
+    if (!f) {
+      const int err = errno;
+      return fmt::format("{} {}: cannot create a file in {} ({})", what, path, dir.string(),
+                         std::strerror(err));
+    }
+  }
+  fs::remove(probe, ec);
+  if (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0) {
+    const int err = errno;
+    return fmt::format("{} {}: cannot write it ({})", what, path, std::strerror(err));
+  }
+  return "";
+}
+
+void require_writable(const std::string& path, const std::string& what) {
+  if (path.empty()) return;  // no output (the same on every rank: no collective)
+  std::string error;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized || world_size() == 1) {
+    error = writable_error(path, what);
+  } else {
+    // rank 0 checks (it writes the outputs); every rank gets its verdict
+    if (world_rank() == 0) error = writable_error(path, what);
+    int n = static_cast<int>(error.size());
+    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    error.resize(static_cast<std::size_t>(n));
+    if (n > 0) MPI_Bcast(error.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  }
+  if (!error.empty()) throw UsageError(error);
 }
 
 cxxopts::ParseResult parse(cxxopts::Options& options, int argc, char** argv) {

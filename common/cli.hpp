@@ -22,8 +22,23 @@ struct RunOptions {
   std::string trace;              // Chrome trace file, empty for none
 };
 
-/// Reads (and validates) the options added by add_run_options.
+/// Reads (and validates) the options added by add_run_options; --trace must be writable
+/// (require_writable: collective when a trace is asked for).
 RunOptions run_options(const cxxopts::ParseResult& result);
+
+/// Checks, before any work starts, that the program will be able to write the file `path` at
+/// the end: it is not a directory, its directory exists, and a file can be created there (a probe
+/// file next to it, removed at once; `path` itself is not created or touched). Otherwise throws
+/// UsageError naming `what` (the option, e.g. "--trace") and the path. An empty path is fine (no
+/// output). Collective over MPI_COMM_WORLD when MPI is running: rank 0, which writes the outputs,
+/// checks and every rank throws the same error (one line, exit 2 on every rank), so call it on
+/// every rank with the same arguments. run_options() calls it for --trace; a program calls it for
+/// its own outputs (lab 02's --checkpoint).
+void require_writable(const std::string& path, const std::string& what);
+
+/// The same check on this process alone (not collective): the error message, or "" when `path`
+/// can be written. What require_writable runs on rank 0.
+std::string writable_error(const std::string& path, const std::string& what);
 
 /// Parses argv. --help prints the help on rank 0 and exits 0 on every rank; an unknown option, a
 /// malformed value or a stray argument throws UsageError (exit 2 on every rank).

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "common/device.hpp"
 #include "common/ops/ops.hpp"
 #include "common/tensor.hpp"
 
@@ -42,6 +43,24 @@ double gpu_peak_tflops(const std::string& device_name, Precision p) {
     }
   }
   return 0.0;
+}
+
+std::string Peak::str() const {
+  if (tflops <= 0) return "no known peak (pass --peak-tflops)";
+  return fmt::format("{:.1f} {} ({})", tflops >= 1 ? tflops : tflops * 1e3,
+                     tflops >= 1 ? "TFLOP/s" : "GFLOP/s", source);
+}
+
+Peak peak_for(Device device, double given, Precision precision) {
+  if (given > 0) return {given, "--peak-tflops"};
+  if (device.is_cuda()) {
+    const std::string name = cuda_device_name(device.index);
+    const char* p = precision == Precision::fp32 ? "fp32"
+                    : precision == Precision::tf32 ? "tf32" : "bf16";
+    return {gpu_peak_tflops(name, precision), fmt::format("{} {} data sheet", name, p)};
+  }
+  // no data sheet for a CPU: the best sgemm this process achieves stands in for the peak
+  return {measure_matmul_tflops(device), "this CPU's measured 512^3 sgemm; --peak-tflops overrides"};
 }
 
 double measure_matmul_tflops(Device device, int64_t n, int reps) {

@@ -40,6 +40,25 @@ double gpu_peak_tflops(const std::string& device_name, Precision precision);
 /// makes a timing slower. Bounded: it stops after 1 s of timings whatever `reps` says.
 double measure_matmul_tflops(Device device, int64_t n = 512, int reps = 5);
 
+/// The per-rank peak TFLOP/s that MFU divides by, and where it comes from (printed once).
+struct Peak {
+  double tflops = 0;   ///< 0: unknown (MFU not shown)
+  std::string source;  ///< e.g. "--peak-tflops", "NVIDIA H100 fp32 data sheet"
+  /// "12.3 GFLOP/s (this CPU's measured 512^3 sgemm; --peak-tflops overrides)", or
+  /// "no known peak (pass --peak-tflops)".
+  std::string str() const;
+};
+
+/// THE rule for the peak of every program (lab 02's loop and the shared reporter of labs 03 and
+/// up): `given` (--peak-tflops) when > 0; else on a GPU its data-sheet figure for `precision`
+/// (gpu_peak_tflops: 0 for an unknown GPU); else on a CPU the measured sgemm
+/// (measure_matmul_tflops, about 0.5 s). Several ranks on one machine should measure at the same
+/// time, so each measures its share of the cores (train::StepReporter does: every rank measures
+/// at once, and the best rank's figure is used). On a machine shared with other work the
+/// figure moves with the load: MFU can read above 100% when the load drops after the
+/// measurement. Pass --peak-tflops for figures comparable across runs.
+Peak peak_for(Device device, double given, Precision precision = Precision::fp32);
+
 /// Wall-clock timer. On a GPU, elapsed() first waits for the device's queued work, so it times
 /// the kernels, not their launches.
 class Timer {

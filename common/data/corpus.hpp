@@ -3,6 +3,7 @@
 // last 10% of its tokens, as little-endian uint16 ids) and meta.json (vocabulary and sizes).
 // The default corpus is the King James Bible from Debian's bible-kjv package: the `bible` program
 // dumps every verse, one per line, and the verse references ("Ge1:1 ") are stripped.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,15 +29,55 @@ std::string strip_verse_references(const std::string& text);
 /// UsageError naming the package if it is not installed.
 std::string kjv_text();
 
-/// Writes out_dir/{train.bin, val.bin, meta.json} from `text` (90/10 split). The files are written
-/// under temporary names and renamed, so a reader never sees half a file.
+/// What meta.json says about a corpus directory. It is the corpus's commit record: written last,
+/// it carries the size and a checksum of both .bin files, so a loader can tell a complete,
+/// matching corpus from a truncated, replaced or half-published one.
+struct CorpusMeta {
+  int format = 0;  ///< kCorpusFormat; older meta.json files (no checksums) have none: 0
+  std::string tokenizer, dtype, source;
+  int64_t vocab_size = 0, train_tokens = 0, val_tokens = 0;
+  uint64_t train_checksum = 0, val_checksum = 0;  ///< fnv1a64 of each .bin's bytes
+};
+/// The meta.json format this code writes and reads (2: sizes and checksums of both splits).
+inline constexpr int kCorpusFormat = 2;
+
+/// 64-bit FNV-1a of `nbytes` bytes: the corpus checksum.
+uint64_t fnv1a64(const void* data, std::size_t nbytes);
+
+/// Writes out_dir/{train.bin, val.bin, meta.json} from `text` (90/10 split) so that a reader
+/// never uses a mixture: the three files are written under temporary names (NAME.tmp.PID, synced
+/// to disk), then published: meta.json is removed, train.bin and val.bin are renamed into place,
+/// and meta.json (carrying both files' sizes and checksums) is renamed last. A run killed at any
+/// point leaves either the old corpus, or files that the loaders reject with a UsageError
+/// (no meta.json, or a .bin that does not match it). Temporaries left by killed runs (of a
+/// process that no longer exists) are removed first.
 CorpusInfo prepare_corpus(const std::string& text, const std::string& out_dir,
                           const std::string& source);
 
-/// Reads a .bin of uint16 ids; UsageError (naming `./scalelab data`) if it is missing.
+/// Removes NAME.tmp and NAME.tmp.PID (PID no longer running) for NAME in train.bin, val.bin,
+/// meta.json in `dir`: what a killed `./scalelab data` leaves. Returns how many were removed.
+int remove_stale_temporaries(const std::string& dir);
+
+/// Reads and validates dir/meta.json: UsageError naming the file (and `./scalelab data`) when it
+/// is missing (then the corpus is incomplete: an interrupted ./scalelab data), unreadable, of an
+/// older format, or names another tokenizer, vocabulary or dtype than this code's.
+CorpusMeta read_corpus_meta(const std::string& dir);
+
+/// Loads dir/SPLIT.bin (split: "train" or "val") and checks it against dir/meta.json: its size
+/// (token count), its checksum and every id inside the vocabulary. Any mismatch is a UsageError
+/// naming the file: a truncated, replaced, random or half-published .bin is never used.
+std::vector<uint16_t> load_split(const std::string& dir, const std::string& split);
+
+/// Loads DIR/train.bin or DIR/val.bin with load_split (checked against DIR/meta.json); UsageError
+/// (naming `./scalelab data`) if it is missing, or for any other name.
 std::vector<uint16_t> load_tokens(const std::string& path);
 
-/// Writes bytes to `path` via `path.tmp` + rename (checkpoints use it too).
+/// Checks both splits of dir (as load_split does); returns the meta. UsageError on any problem.
+CorpusMeta check_corpus(const std::string& dir);
+
+/// Writes bytes to `path` via a temporary beside it (synced) + rename: a reader sees the old file
+/// or the new one, never half of one (checkpoints use it too). The temporary is removed when the
+/// write fails.
 void write_file_atomic(const std::string& path, const void* data, std::size_t nbytes);
 
 }  // namespace scalelab::data

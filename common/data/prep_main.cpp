@@ -1,5 +1,7 @@
 // scalelab_data [FILE] [--out DIR]: makes train.bin, val.bin and meta.json from a text file, or
 // from the King James Bible (Debian's bible-kjv) when no file is given. `./scalelab data` runs it.
+// The three files are published together (common/data/corpus.hpp: prepare_corpus); --check only
+// verifies a corpus directory (exit 0, or 2 naming what is wrong).
 #include "common/cli.hpp"
 #include "common/data/corpus.hpp"
 #include "common/log.hpp"
@@ -13,11 +15,20 @@ int main(int argc, char** argv) {
                          "split) and meta.json. Without FILE: the King James Bible (bible-kjv).");
     options.add_options()("out", "output directory",
                           cxxopts::value<std::string>()->default_value(data::default_data_dir()))(
+        "check", "only check the corpus in --out (sizes, checksums, vocabulary against "
+                 "meta.json): exit 0 if it is complete, 2 with the reason if not")(
         "file", "text file (default: the King James Bible)",
         cxxopts::value<std::vector<std::string>>());
     options.parse_positional({"file"});
     options.positional_help("[FILE]");
     auto r = cli::parse(options, argc, argv);
+    if (r.count("check")) {
+      SCALELAB_REQUIRE(r.count("file") == 0, "--check takes no text file");
+      const data::CorpusMeta m = data::check_corpus(r["out"].as<std::string>());
+      log::info("{}: {} train + {} val tokens, checksums match meta.json ({})",
+                r["out"].as<std::string>(), m.train_tokens, m.val_tokens, m.source);
+      return 0;
+    }
     std::string source = "King James Bible (bible-kjv)", text;
     if (r.count("file")) {
       const auto files = r["file"].as<std::vector<std::string>>();

@@ -35,8 +35,8 @@ void add_train_options(cxxopts::Options& options, const TrainOptions& d) {
       ("steps", "training steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.steps)))
       ("lr", "peak learning rate (AdamW)", cxxopts::value<double>()->default_value(fmt::format("{}", d.lr)))
       ("warmup", "warmup steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.warmup)))
-      ("peak-tflops", "dense peak TFLOP/s of one rank's device for MFU (0: the GPU's data sheet; "
-                      "unknown on a CPU)",
+      ("peak-tflops", "dense peak TFLOP/s of one rank's device for MFU (0: the GPU's data sheet, "
+                      "or on a CPU the sgemm every rank measures at once)",
        cxxopts::value<double>()->default_value(fmt::format("{}", d.peak_tflops)));
 }
 
@@ -71,18 +71,32 @@ double learning_rate(const TrainOptions& o, int64_t step) {
 StepReporter::StepReporter(const ModelConfig& config, int64_t tokens_per_step, Device device,
                            double peak_tflops, comm::Communicator& comm)
     : config_(config), tokens_per_step_(tokens_per_step), device_(device), comm_(comm) {
-  peak_tflops_ = peak_tflops;
-  if (peak_tflops_ <= 0 && device.is_cuda())
-    peak_tflops_ = metrics::gpu_peak_tflops(cuda_device_name(device.index),
-                                            metrics::Precision::fp32);
+  // The one rule of every program (metrics::peak_for, as lab 02): --peak-tflops, a GPU's data
+  // sheet, or on a CPU the measured sgemm. On a CPU every rank measures at the same time (after
+  // a barrier), so each measures the share of the cores it gets while the others compute too;
+  // the best rank's figure is every rank's peak (the same number everywhere). The best, as
+  // measure_matmul_tflops takes its fastest timing: noise (other processes) only slows a rank.
+  const bool measure = peak_tflops <= 0 && device.is_cpu();
+  if (measure) comm_.barrier();
+  metrics::Peak peak = metrics::peak_for(device, peak_tflops, metrics::Precision::fp32);
+  if (measure) {
+    Tensor t = Tensor::from_vector({peak.tflops}, {1}, DType::f64);
+    comm_.all_reduce(t, comm::ReduceOp::max);
+    peak.tflops = t.item();
+    if (comm_.size() > 1)
+      peak.source = fmt::format("this CPU's 512^3 sgemm, the best of {} ranks measuring at once; "
+                                "--peak-tflops overrides", comm_.size());
+  }
+  peak_tflops_ = peak.tflops;
+  peak_ = peak.str();
 }
 
 std::string StepReporter::mfu_note() const {
   if (peak_tflops_ > 0)
-    return fmt::format("MFU against {:.1f} TFLOP/s per rank, {:.3g} FLOPs per token", peak_tflops_,
+    return fmt::format("MFU against {} per rank, {:.3g} FLOPs per token", peak_,
                        metrics::flops_per_token(config_, config_.block_size));
-  return fmt::format("MFU not shown: the peak of a {} is unknown (pass --peak-tflops)",
-                     device_.is_cpu() ? "CPU core" : "this GPU");
+  return fmt::format("MFU not shown: the peak of {} is unknown (pass --peak-tflops)",
+                     device_.is_cpu() ? "this CPU" : "this GPU");
 }
 
 std::string StepReporter::line(int64_t step, double loss, double dt_s, double lr) {

@@ -22,7 +22,7 @@ struct TrainOptions {
   int64_t steps = 20;
   double lr = 1e-3;
   int64_t warmup = 5;
-  double peak_tflops = 0;       // per rank; 0: the GPU's data-sheet figure, unknown on a CPU
+  double peak_tflops = 0;       // per rank; 0: the GPU's data sheet, or a CPU's measured sgemm
 };
 
 /// Adds --model --data --batch --steps --lr --warmup --peak-tflops with `defaults`.
@@ -45,6 +45,9 @@ double learning_rate(const TrainOptions& options, int64_t step);
 /// Formats step lines. Collective over `comm` (the peak memory is the max over ranks).
 class StepReporter {
  public:
+  /// The MFU peak follows metrics::peak_for, the rule of every program: `peak_tflops` when > 0,
+  /// a GPU's data sheet, or on a CPU the sgemm every rank measures at the same time, the best
+  /// rank's figure (about 0.5 s; collective over `comm` then).
   StepReporter(const ModelConfig& config, int64_t tokens_per_step, Device device,
                double peak_tflops, comm::Communicator& comm);
   /// "step=3 loss=4.1234 lr=1.00e-03 dt=120ms tps=34k tps/rank=8k mfu=..% mem=3.1MiB"
@@ -59,6 +62,7 @@ class StepReporter {
   int64_t tokens_per_step_;
   Device device_;
   double peak_tflops_;
+  std::string peak_;  // the peak and its source, for mfu_note
   comm::Communicator& comm_;
 };
 

@@ -109,24 +109,27 @@ int main(int argc, char** argv) {
     const int64_t eval_every = r["eval-every"].as<int64_t>(), log_every = std::max<int64_t>(1, r["log-every"].as<int64_t>());
     const int eval_batches = r["eval-batches"].as<int>();
     SCALELAB_REQUIRE(eval_batches > 0, "--eval-batches must be positive");
+    SCALELAB_REQUIRE(eval_every >= 0, "--eval-every must not be negative (0: only at the end), "
+                     "got {}", eval_every);
+    // Outputs are checked before the work starts, not when the run is over (issue 9).
+    const std::string ckpt = r["checkpoint"].as<std::string>();
+    const int64_t ckpt_every = r["checkpoint-every"].as<int64_t>();
+    SCALELAB_REQUIRE(ckpt_every >= 0, "--checkpoint-every must not be negative (0: only at the "
+                     "end), got {}", ckpt_every);
+    SCALELAB_REQUIRE(!ckpt.empty(), "--checkpoint must name a file");
+    cli::require_writable(ckpt, "--checkpoint");
 
     const Device device = run.device == "cuda" ? Device::cuda(0) : Device::cpu();
     SCALELAB_REQUIRE(device.is_cpu() || cuda_device_count() > 0,
                      "--device cuda, but no GPU is visible (built with CUDA: {})",
                      cuda_compiled() ? "yes" : "no");
     ops::set_allow_tf32(r.count("tf32") > 0);
-    double peak = r["peak-tflops"].as<double>();
-    std::string peak_source = "--peak-tflops";
-    if (peak <= 0 && device.is_cuda()) {
-      peak = metrics::gpu_peak_tflops(cuda_device_name(0), r.count("tf32") ? metrics::Precision::tf32
-                                                                          : metrics::Precision::fp32);
-      peak_source = cuda_device_name(0) + (r.count("tf32") ? " tf32" : " fp32") + " data sheet";
-    }
-    if (peak <= 0 && device.is_cpu()) {
-      // no data sheet for a CPU: the best sgemm this process achieves stands in for the peak
-      peak = metrics::measure_matmul_tflops(device);
-      peak_source = "this CPU's measured 512^3 sgemm; --peak-tflops overrides";
-    }
+    // the one rule of every program (metrics::peak_for): --peak-tflops, a GPU's data sheet, or
+    // on a CPU the measured sgemm
+    const metrics::Peak peak_info = metrics::peak_for(
+        device, r["peak-tflops"].as<double>(),
+        r.count("tf32") ? metrics::Precision::tf32 : metrics::Precision::fp32);
+    const double peak = peak_info.tflops;
 
     const Corpus corpus = load_corpus(r["data"].as<std::string>());
     const data::Sampler train(corpus.train, B, T, run.seed);
@@ -134,7 +137,6 @@ int main(int argc, char** argv) {
 
     nn::GPT model(config, {.device = device, .seed = run.seed});
     optim::AdamW opt(optim::groups(model.parameters()));
-    const std::string ckpt = r["checkpoint"].as<std::string>();
     int64_t start = 0;
     if (r.count("resume")) {
       start = lab02::load_checkpoint(ckpt, model, opt);
@@ -143,14 +145,11 @@ int main(int argc, char** argv) {
     log::info("model {}: {} parameters, {} layers, {} heads, {} wide; batch {} x {} tokens on {}",
               config.name, model.num_parameters(), config.n_layer, config.n_head, config.n_embd,
               B, T, device.str());
-    log::info("MFU against {}", peak > 0 ? fmt::format("{:.1f} {} ({})", peak >= 1 ? peak : peak * 1e3,
-                                                     peak >= 1 ? "TFLOP/s" : "GFLOP/s", peak_source)
-                                         : std::string("no known peak (pass --peak-tflops)"));
+    log::info("MFU against {}", peak_info.str());
 
     const double fpt = lab02::flops_per_token(config, T);
     std::size_t activations_measured = 0;
     reset_peak_memory(device);
-    const int64_t ckpt_every = r["checkpoint-every"].as<int64_t>();
     const int64_t stop_at = r["stop-at"].as<int64_t>() < 0 ? tc.steps : std::min(tc.steps, r["stop-at"].as<int64_t>());
     for (int64_t step = start; step < stop_at; ++step) {
       const data::Batch batch = train.batch(step).to(device);

@@ -38,6 +38,39 @@ scalelab_expect_usage_error(lab02.cli.context_zero ${lab02} --context 0 --data $
 scalelab_expect_usage_error(lab02.cli.context_too_long ${lab02} --model tiny --context 17
                             --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.bad_option ${lab02} --no-such-option)
+# Outputs are checked before the work starts (issue 9): a checkpoint that names a directory or
+# lies in a missing directory, a negative --checkpoint-every, an unwritable --trace.
+scalelab_expect_usage_error(lab02.cli.checkpoint_is_directory ${lab02}
+                            --checkpoint ${CMAKE_CURRENT_BINARY_DIR} --data ${tiny_data})
+scalelab_expect_usage_error(lab02.cli.checkpoint_dir_missing ${lab02}
+                            --checkpoint /nonexistent/dir/lab02.ckpt --data ${tiny_data})
+scalelab_expect_usage_error(lab02.cli.checkpoint_every_negative ${lab02} --checkpoint-every -1
+                            --data ${tiny_data})
+scalelab_expect_usage_error(lab02.cli.trace_dir_missing ${lab02} --trace /nonexistent/dir/t.json
+                            --data ${tiny_data})
+scalelab_expect_usage_error(lab02.cli.trace_is_directory ${lab02} --trace ${CMAKE_CURRENT_BINARY_DIR}
+                            --data ${tiny_data})
+# A corrupt corpus (a train.bin that does not match its meta.json: what random bytes, a copy from
+# another run or an interrupted ./scalelab data leave) is a usage error naming the file, never
+# trained on and never an internal check (exit 1). Made at configure time; never written to.
+set(corrupt_corpus ${CMAKE_CURRENT_BINARY_DIR}/corrupt_corpus)
+file(WRITE ${corrupt_corpus}/train.bin "garbage!")  # 4 uint16 ids, none a byte's id
+file(WRITE ${corrupt_corpus}/val.bin "ok")
+file(WRITE ${corrupt_corpus}/meta.json "{\n  \"format\": 2,\n  \"tokenizer\": \"bytes\",\n\
+  \"vocab_size\": 256,\n  \"dtype\": \"uint16\",\n  \"source\": \"test\",\n\
+  \"train_tokens\": 4,\n  \"val_tokens\": 1,\n  \"train_fnv1a64\": \"0000000000000000\",\n\
+  \"val_fnv1a64\": \"0000000000000000\"\n}\n")
+scalelab_expect_usage_error(common.scalelab_data.check_corrupt_corpus scalelab_data --check
+                            --out ${corrupt_corpus})
+scalelab_expect_usage_error(lab02.cli.corrupt_corpus ${lab02} --data ${corrupt_corpus})
+scalelab_expect_usage_error(lab03.cli.corrupt_corpus lab03_ddp_solution --data ${corrupt_corpus})
+# every lab program checks --trace in cli::run_options, before it loads data or trains
+foreach(program lab00_hello_dist lab01_collectives lab03_ddp lab04_ddp_overlap
+                lab05_grad_accumulation lab06_activation_checkpointing)
+  string(SUBSTRING ${program} 0 5 nn)
+  scalelab_expect_usage_error(${nn}.cli.trace_dir_missing ${program}_solution
+                              --trace /nonexistent/dir/t.json)
+endforeach()
 scalelab_add_test(NAME test_nn_tensor_parallel
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_nn_tensor_parallel.cpp RANKS 1 2 4
                   TIMEOUT 60)
