@@ -25,3 +25,7 @@ TEST(SelfTest_NotImplemented, Throws) {
 }
 
 TEST(SelfTest_Passes, Passes) { EXPECT_EQ(1 + 1, 2); }
+
+// A skip written in a test: the per-rank XML report says where (the grader accepts only skips
+// written in the pristine tests).
+TEST(SelfTest_Skips, Skips) { GTEST_SKIP() << "planted skip"; }

@@ -1,47 +1,113 @@
 #!/usr/bin/env python3
-"""Tests of the grader itself: planted submissions must get the right verdict, in bounded time.
+"""Tests of the grader itself: planted submissions must get the right verdict, in bounded time,
+and no cheat may pass.
 
-Each submission is lab 00's reference solution with one fault planted in it. The grader copies
-only labs/NN_*/*.cpp from the submission onto a pristine tree, builds each lab on its own and
-runs the starter tests, so a broken lab 00 must not stop another lab from being graded.
+Each submission is lab 00's reference solution (or its untouched starter) with one fault or one
+cheat planted in it. The grader copies only labs/NN_name/name.cpp from the submission onto a
+pristine tree, builds each lab on its own and runs the starter tests; a run passes only when
+GoogleTest's XML report of every rank lists every expected test as passed. All submissions share
+one pristine tree and build (only hello_dist.cpp changes between them), and only one of them also
+grades a second lab, so the whole file stays within a few minutes on 2 cores.
 Run by ctest (label reference;tools) or directly: python3 tests/tools/test_grade.py
 """
+import importlib.machinery
+import importlib.util
 import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+import xml.etree.ElementTree as ET
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LAB = "00_hello_dist"
-SOLUTION = (ROOT / "solutions" / LAB / "hello_dist.cpp").read_text()
+
+
+def pristine(rel):
+    """A file as this repository's HEAD has it (what the grader grades against), else as it is."""
+    proc = subprocess.run(["git", "-C", str(ROOT), "show", f"HEAD:{rel}"], capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else (ROOT / rel).read_text()
+
+
+SOLUTION = pristine(f"solutions/{LAB}/hello_dist.cpp")
+STARTER = pristine(f"labs/{LAB}/hello_dist.cpp")  # the untouched starter, even if labs/ is edited
 TEST_TIMEOUT = 30  # seconds a test run may take before the grader kills it ("timed out")
 WATCHDOG_TIMEOUT = 8  # the watchdog ends a hung collective first, with its report (exit 3)
 
+loader = importlib.machinery.SourceFileLoader("grade", str(ROOT / "tools" / "grade"))
+spec = importlib.util.spec_from_loader("grade", loader)
+grade = importlib.util.module_from_spec(spec)
+loader.exec_module(grade)
 
-def plant(old, new):
-    assert old in SOLUTION, f"planting site not found: {old!r}"
-    return SOLUTION.replace(old, new, 1)
 
+def plant(old, new, base=SOLUTION):
+    assert old in base, f"planting site not found: {old!r}"
+    return base.replace(old, new, 1)
+
+
+VERDICT = 'std::printf("[scalelab] verdict: passed\\n"); std::fflush(stdout);'
+ALL_REDUCE = "  comm.all_reduce(id, comm::ReduceOp::sum);"
+STEP2_SITE = '  if (!want_gpu || gpu_count == 0) return "cpu";'
+STEP1_SITE = "Placement placement_from_env(const EnvLookup& env) {\n"
+STEP1_COMM_SITE = "Placement placement_from_comm(MPI_Comm comm) {\n"
 
 SUBMISSIONS = {
     "correct": SOLUTION,
     # Rank 1 skips the all-reduce: every other rank waits in it forever.
-    "hangs": plant("  comm.all_reduce(id, comm::ReduceOp::sum);",
-                   "  if (comm.rank() != 1) comm.all_reduce(id, comm::ReduceOp::sum);"),
-    # Step 2 dereferences a null pointer.
-    "segfaults": plant('  if (!want_gpu || gpu_count == 0) return "cpu";',
-                       '  if (!want_gpu || gpu_count == 0) { volatile int* p = nullptr; *p = 1; }'),
-    # Rank 1 reports a wrong sum.
-    "wrong": plant("  return static_cast<long long>(id.item(0));",
-                   "  return static_cast<long long>(id.item(0)) + (comm.rank() == 1);"),
+    "hangs": plant(ALL_REDUCE, "  if (comm.rank() != 1) comm.all_reduce(id, comm::ReduceOp::sum);"),
+    # One fault per step, each on rank 1 only (so every step passes at one rank):
+    #   step 1: an exception while the other ranks wait in MPI_Comm_split_type;
+    #   step 2: a null pointer dereference;
+    #   step 3: a wrong sum.
+    "faults": plant("  return static_cast<long long>(id.item(0));",
+                    "  return static_cast<long long>(id.item(0)) + (comm.rank() == 1);",
+                    plant(STEP2_SITE, '  if (!want_gpu || gpu_count == 0) {\n'
+                          '    int r = 0; MPI_Comm_rank(MPI_COMM_WORLD, &r);\n'
+                          '    if (r == 1) { volatile int* p = nullptr; *p = 1; }\n'
+                          '    return "cpu";\n  }',
+                          plant(STEP1_COMM_SITE, STEP1_COMM_SITE + "  { int r = 0; MPI_Comm_rank(MPI_COMM_WORLD, &r);\n"
+                                '    if (r == 1) throw std::runtime_error("planted exception on rank 1"); }\n'))),
     # Does not compile.
     "no_compile": plant("  Placement p;\n", "  Placement p = ;\n"),
+    # Cheat (a) and (b, weak): the untouched starter, plus an atexit handler that prints a
+    # passing verdict and exits 0 after the test main printed its own (not implemented), plus a
+    # weak main that prints a passing verdict (the test main's strong main must win).
+    "cheat_atexit_weak_main": STARTER + "\n#include <cstdio>\n#include <cstdlib>\nnamespace {\n"
+                              "struct Cheat { Cheat() { std::atexit([] { " + VERDICT + " std::_Exit(0); }); } } cheat;\n}\n"
+                              "__attribute__((weak)) int main() { " + VERDICT + " return 0; }\n",
+    # Cheat (b, strong): its own main that prints a passing verdict: a link error.
+    "cheat_main": STARTER + "\n#include <cstdio>\nint main() { " + VERDICT + " return 0; }\n",
+    # Cheat (c): step 1 prints a passing verdict, finalizes MPI and exits 0 before any check.
+    "cheat_exit_in_step": "#include <cstdio>\n" + plant(STEP1_SITE, STEP1_SITE + "  " + VERDICT +
+                                                      " MPI_Finalize(); std::_Exit(0);\n"),
 }
+
+
+def processes_mentioning(text):
+    """Pids of live processes whose command line contains text (not this one)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append((int(entry), cmdline.strip()))
+    return found
+
+
+def assert_well_formed_xml(testcase, path):
+    ET.parse(path)  # raises on malformed XML
+    if shutil.which("xmllint"):
+        proc = subprocess.run(["xmllint", "--noout", str(path)], capture_output=True, text=True)
+        testcase.assertEqual(proc.returncode, 0, proc.stderr)
 
 
 class GraderTest(unittest.TestCase):
@@ -59,67 +125,243 @@ class GraderTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.work, ignore_errors=True)
 
-    def grade(self, kind):
+    def write_submission(self, kind):
         sub = self.work / f"sub-{kind}"
         (sub / "labs" / LAB).mkdir(parents=True, exist_ok=True)
         (sub / "labs" / LAB / "hello_dist.cpp").write_text(SUBMISSIONS[kind])
+        return sub
+
+    def grade_cmd(self, kind, labs=("00",), test_timeout=TEST_TIMEOUT, keep_files=False):
+        sub = self.work / f"sub-{kind}" if keep_files else self.write_submission(kind)
+        return [str(ROOT / "scalelab"), "grade", *labs, "--submission", str(sub),
+                "--work-dir", str(self.work / "tree-work"), "--json", str(self.work / f"{kind}.json"),
+                "--junit", str(self.work / f"{kind}.xml"), "--test-timeout", str(test_timeout)]
+
+    def grade(self, kind, with_other_lab=False, keep_files=False):
+        labs = ["00"] + ([self.other_lab[:2]] if with_other_lab and self.other_lab else [])
         report = self.work / f"{kind}.json"
-        labs = ["00"] + ([self.other_lab[:2]] if self.other_lab else [])
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, str(ROOT / "tools" / "grade"), *labs, "--submission", str(sub),
-                               "--work-dir", str(self.work / "tree-work"), "--json", str(report),
-                               "--junit", str(self.work / f"{kind}.xml"), "--test-timeout", str(TEST_TIMEOUT)],
-                              capture_output=True, text=True, timeout=1500,
+        proc = subprocess.run(self.grade_cmd(kind, labs, keep_files=keep_files), capture_output=True, text=True, timeout=1500,
                               env=dict(os.environ, SCALELAB_TIMEOUT=str(WATCHDOG_TIMEOUT)))
         elapsed = time.monotonic() - start
         self.assertTrue(report.exists(), proc.stdout + proc.stderr)
         data = json.loads(report.read_text())
         labs = {l["lab"]: l for l in data["labs"]}
         steps = {s["step"]: s for s in labs["00"]["steps"]}
-        if self.other_lab:
+        if with_other_lab and self.other_lab:
             other = labs[self.other_lab[:2]]
             self.assertEqual(other["build"], "ok", f"lab {self.other_lab} must still be built and graded")
             self.assertTrue(all(s["verdict"] != "build failed" for s in other["steps"]))
+        for s in steps.values():
+            if s["verdict"] != "passed":  # every step that did not pass says where its output is
+                self.assertTrue(pathlib.Path(s["log"]).is_file(), s)
+                self.assertIn(f"full output: {s['log']}", proc.stdout)
+        # nothing of the runs is left: no report or watchdog directory
+        reports = self.work / "tree-work" / "tree" / "build" / "grade" / "reports"
+        self.assertEqual(list(reports.iterdir()) if reports.exists() else [], [])
         return proc, steps, elapsed
 
-    def test_correct_submission_passes(self):
-        proc, steps, _ = self.grade("correct")
-        self.assertEqual({s["verdict"] for s in steps.values()}, {"passed"}, proc.stdout)
-        self.assertEqual(sorted(steps), [1, 2, 3])
-        if not self.other_lab:  # lab 00 is all there is: every step passed, so exit 0
-            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+    # ---- faults: the verdict, the rank, the detail -----------------------------------------------
 
-    def test_hang_is_timed_out(self):
+    def test_correct_submission_passes_and_only_the_attendee_file_is_taken(self):
+        sub = self.write_submission("correct")
+        # a submission's main.cpp and other files are never compiled
+        (sub / "labs" / LAB / "main.cpp").write_text("#error a submission's main.cpp must not be compiled\n")
+        (sub / "labs" / LAB / "extra.cpp").write_text("#error nor an extra file\n")
+        proc, steps, _ = self.grade("correct", keep_files=True)
+        self.assertEqual({s["verdict"] for s in steps.values()}, {"passed"}, proc.stdout + proc.stderr)
+        self.assertEqual(sorted(steps), [1, 2, 3])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn(f"ignored (not an attendee file; the pristine copy is used): labs/{LAB}/extra.cpp, "
+                      f"labs/{LAB}/main.cpp", proc.stderr)
+
+    def test_hang_is_timed_out_with_every_ranks_line(self):
         proc, steps, elapsed = self.grade("hangs")
         self.assertEqual(steps[3]["verdict"], "timed out", proc.stdout)
         self.assertEqual(steps[3]["ranks"], [2, 4], "one rank passes, more ranks hang")
-        # the watchdog, not the grader's kill, ended it: its report names the collective
-        self.assertIn("all_reduce", steps[3]["detail"])
+        # the watchdog, not the grader's kill, ended it: its whole report, every rank's line
+        detail = steps[3]["detail"]
+        self.assertIn("all_reduce", detail)
+        self.assertIn("sequence numbers", detail)
+        run4 = next(r for r in steps[3]["runs"] if r["ranks"] == 4)
+        for rank in range(4):
+            self.assertIn(f"rank {rank}", run4["detail"])
         self.assertEqual(steps[1]["verdict"], "passed")
         self.assertNotEqual(proc.returncode, 0)
         # two hanging runs, each bounded by the test timeout plus the kill grace period
         self.assertLess(elapsed, 2 * (TEST_TIMEOUT + 10) + 240)
+        assert_well_formed_xml(self, self.work / "hangs.xml")
 
-    def test_segfault_is_crashed(self):
-        proc, steps, _ = self.grade("segfaults")
+    def test_faults_name_their_rank_and_cause(self):
+        proc, steps, _ = self.grade("faults")
+        # step 1: an exception on rank 1 alone is "failed" with the rank and the message, not
+        # "crashed" with Open MPI's help text
+        self.assertEqual(steps[1]["verdict"], "failed", proc.stdout)
+        self.assertEqual(steps[1]["ranks"], [2, 4])
+        self.assertIn("on rank 1: planted exception on rank 1", steps[1]["detail"])
+        self.assertNotIn("ORTE", steps[1]["detail"])
+        # step 2: a segfault on rank 1 is "crashed", naming the rank and the signal
         self.assertEqual(steps[2]["verdict"], "crashed", proc.stdout)
-        self.assertIn("SIGSEGV", steps[2]["detail"])
-        self.assertEqual(steps[1]["verdict"], "passed")
-        self.assertNotEqual(proc.returncode, 0)
-
-    def test_wrong_result_is_failed_naming_the_rank(self):
-        proc, steps, _ = self.grade("wrong")
+        self.assertEqual(steps[2]["ranks"], [2, 4])
+        for run in steps[2]["runs"][1:]:
+            self.assertEqual(run["detail"], "rank 1 killed by SIGSEGV (signal 11)")
+        # step 3: a wrong value on rank 1 is "failed", naming the rank
         self.assertEqual(steps[3]["verdict"], "failed", proc.stdout)
         self.assertIn("on rank 1", steps[3]["detail"])
         self.assertEqual(steps[3]["ranks"], [2, 4])
-        self.assertNotEqual(proc.returncode, 0)
+        self.assertEqual(proc.returncode, 1)
+        assert_well_formed_xml(self, self.work / "faults.xml")  # failing and crashing runs
 
-    def test_compile_error_is_build_failed(self):
-        proc, steps, _ = self.grade("no_compile")
+    def test_compile_error_is_build_failed_and_other_labs_still_graded(self):
+        proc, steps, _ = self.grade("no_compile", with_other_lab=True)
         self.assertEqual({s["verdict"] for s in steps.values()}, {"build failed"}, proc.stdout)
         self.assertIn("error", steps[1]["detail"])
         self.assertNotEqual(proc.returncode, 0)
         self.assertIn("build failed", proc.stdout)
+
+    # ---- cheats: never passed --------------------------------------------------------------------
+
+    def assert_no_step_passes(self, proc, steps):
+        self.assertNotIn("passed", {s["verdict"] for s in steps.values()}, proc.stdout)
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+
+    def test_cheat_atexit_and_weak_main_are_not_passed(self):
+        proc, steps, _ = self.grade("cheat_atexit_weak_main")
+        self.assert_no_step_passes(proc, steps)
+        # the test main ran (not the weak main) and its verdict stands
+        self.assertEqual({s["verdict"] for s in steps.values()}, {"not implemented"}, proc.stdout)
+
+    def test_cheat_own_main_is_build_failed(self):
+        proc, steps, _ = self.grade("cheat_main")
+        self.assert_no_step_passes(proc, steps)
+        self.assertEqual({s["verdict"] for s in steps.values()}, {"build failed"}, proc.stdout)
+        self.assertIn("multiple definition of `main'", steps[1]["detail"])
+
+    def test_cheat_exit_0_in_a_step_is_not_passed(self):
+        proc, steps, _ = self.grade("cheat_exit_in_step")
+        self.assertNotEqual(steps[1]["verdict"], "passed", proc.stdout)
+        self.assertIn("no GoogleTest report", steps[1]["detail"])
+        self.assertEqual(steps[2]["verdict"], "passed", "the other steps are graded as they are")
+        self.assertNotEqual(proc.returncode, 0)
+
+    # ---- stopping the grader ---------------------------------------------------------------------
+
+    def test_sigterm_leaves_no_process_behind(self):
+        tree = str(self.work / "tree-work" / "tree")
+        proc = subprocess.Popen(self.grade_cmd("hangs", test_timeout=120), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True,
+                                env=dict(os.environ, SCALELAB_TIMEOUT="100"))
+        try:
+            deadline = time.monotonic() + 900
+            # wait until a hanging run (step 3 at 2 ranks: two rank processes) is under way
+            while time.monotonic() < deadline and proc.poll() is None:
+                ranks = [p for p, cmd in processes_mentioning("test_lab00") if "gtest_filter=Step3" in cmd
+                         and tree in cmd]
+                if len(ranks) >= 2:
+                    break
+                time.sleep(0.5)
+            self.assertIsNone(proc.poll(), "the grader ended before the hanging run started")
+            time.sleep(1)
+            proc.send_signal(signal.SIGTERM)  # the launcher execs the grader: this pid is it
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, out)
+        time.sleep(0.5)
+        self.assertEqual(processes_mentioning(tree), [], "mpiexec or ranks were left running")
+
+
+class ClassifyTest(unittest.TestCase):
+    """The verdict logic on outputs that are slow or hard to plant for real (labs 01 and 03)."""
+    NO_REPORT = (False, ["no GoogleTest report from ranks 0,1,2,3 (the run ended before its tests finished)"], [])
+
+    def test_exception_on_one_rank_with_open_mpi_help_text(self):
+        out = ("[rank 2] [scalelab] verdict: error: exception in Step2_Ring.AllReduce on rank 2: "
+               "recv from rank 1: MPI_ERR_TRUNCATE: message truncated\n"
+               "--------------------------------------------------------------------------\n"
+               "MPI_ABORT was invoked on rank 2 in communicator MPI_COMM_WORLD\nwith errorcode 1.\n"
+               "[vm:01234] 3 more processes have sent help message help-mpi-api.txt / mpi-abort\n"
+               "[vm:01234] ORTE_ERROR_LOG: ... exited on signal 15 (Terminated).\n")
+        verdict, detail = grade.classify(1, out, 60, self.NO_REPORT)
+        self.assertEqual(verdict, "failed")
+        self.assertIn("on rank 2", detail)
+        self.assertIn("MPI_ERR_TRUNCATE", detail)
+
+    def test_crash_names_the_rank(self):
+        out = "mpiexec noticed that process rank 3 with PID 0 on node vm exited on signal 11 (Segmentation fault).\n"
+        self.assertEqual(grade.classify(139, out, 60, self.NO_REPORT),
+                         ("crashed", "rank 3 killed by SIGSEGV (signal 11)"))
+
+    def test_printed_verdict_and_exit_0_without_report_is_not_passed(self):
+        verdict, detail = grade.classify(0, "[scalelab] verdict: passed\n", 60, self.NO_REPORT)
+        self.assertEqual(verdict, "crashed")
+        self.assertIn("not evidence", detail)
+
+    def test_report_with_exit_0_passes_and_report_failure_fails(self):
+        self.assertEqual(grade.classify(0, "", 60, (True, [], [])), ("passed", ""))
+        verdict, detail = grade.classify(1, "", 60, (False, [], [(1, "Step1_A.B", "x.cpp:3: boom")]))
+        self.assertEqual((verdict, detail), ("failed", "Step1_A.B on rank 1: x.cpp:3: boom"))
+
+    def test_hang_shows_every_line_of_the_watchdog_report(self):
+        out = ("[scalelab] watchdog: rank 2 waits in send #61 to rank 3 for 8.0 s;\n"
+               "  rank 0 is in send #61 to rank 1;\n  rank 1 is in send #61 to rank 2;\n"
+               "  rank 3 is in send #61 to rank 0\nother output\n")
+        verdict, detail = grade.classify(3, out, 60, self.NO_REPORT)
+        self.assertEqual(verdict, "timed out")
+        for rank in range(4):
+            self.assertIn(f"rank {rank} ", detail)
+        self.assertNotIn("other output", detail)
+
+    def test_junit_is_well_formed_with_escapes_and_control_characters(self):
+        run = {"ranks": 2, "test": "lab00.step3.np2.starter", "verdict": "failed", "seconds": 1.0,
+               "detail": "\x1b[0;31m[  FAILED  ]\x1b[m A.B on rank 1: \x01\x08 bad <&>",
+               "log": "/x/lab00.step3.np2.starter.log", "output": "\x1b[0;32m[ RUN ]\x1b[m\x00\x0c\ufffe end"}
+        report = {"labs": [{"lab": "00", "name": "hello_dist", "steps": [{"step": 3, "runs": [run]}]}]}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "g.xml"
+            grade.write_junit(report, path)
+            assert_well_formed_xml(self, path)
+            failure = ET.parse(path).getroot().find(".//failure")
+            self.assertEqual(failure.get("message"), "failed: [  FAILED  ] A.B on rank 1:  bad <&>")
+
+
+class UsageTest(unittest.TestCase):
+    """Bad options: one error line, exit 2, before anything is built or written."""
+
+    def run_grade(self, *args, env=None):
+        return subprocess.run([str(ROOT / "scalelab"), "grade", *args], capture_output=True, text=True,
+                              timeout=60, env=dict(os.environ, **(env or {})))
+
+    def assert_usage_error(self, proc, words):
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        self.assertEqual(len(lines), 1, f"want one error line, got: {proc.stderr!r}")
+        self.assertTrue(lines[0].startswith("error: "), lines[0])
+        self.assertIn(words, lines[0])
+
+    def test_bad_timeouts(self):
+        for value in ("-1", "0", "nan", "soon"):
+            self.assert_usage_error(self.run_grade("00", "--test-timeout", value), value)
+        self.assert_usage_error(self.run_grade("00", "--build-timeout", "0"), "0")
+        self.assert_usage_error(self.run_grade("00", env={"SCALELAB_TIMEOUT": "-3"}), "SCALELAB_TIMEOUT")
+
+    def test_unwritable_report_paths(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            self.assert_usage_error(self.run_grade("00", "--json", f"{tmp}/no/such/dir/g.json"), "does not exist")
+            self.assert_usage_error(self.run_grade("00", "--junit", tmp), "is a directory")
+
+    def test_unknown_lab_with_submission_creates_nothing(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            sub = pathlib.Path(tmp) / "sub"
+            (sub / "labs").mkdir(parents=True)
+            work = pathlib.Path(tmp) / "work"
+            self.assert_usage_error(self.run_grade("99", "--submission", str(sub), "--work-dir", str(work)),
+                                    "no lab 99")
+            self.assertFalse(work.exists(), "nothing may be created before the usage check")
+            self.assert_usage_error(self.run_grade("00", "--submission", str(pathlib.Path(tmp) / "none"),
+                                                   "--work-dir", str(work)), "no labs/ directory")
+            self.assertFalse(work.exists())
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ argv[1]: the test_main_selftest binary; mpiexec from $MPIEXEC_EXECUTABLE (set by
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
+import xml.etree.ElementTree as ET
 
 EXE = None
 MPIEXEC = os.environ.get("MPIEXEC_EXECUTABLE", "mpiexec")
@@ -27,9 +29,9 @@ def mpi_env():
 ENV = mpi_env()
 
 
-def run(suite, ranks=2):
+def run(suite, ranks=2, *extra):
     start = time.monotonic()
-    proc = subprocess.run([MPIEXEC, "-n", str(ranks), EXE, f"--gtest_filter={suite}.*"],
+    proc = subprocess.run([MPIEXEC, "-n", str(ranks), EXE, f"--gtest_filter={suite}.*", *extra],
                           capture_output=True, text=True, timeout=60, env=ENV)
     return proc, proc.stdout + proc.stderr, time.monotonic() - start
 
@@ -57,6 +59,26 @@ class TestMainTest(unittest.TestCase):
         proc, out, _ = run("SelfTest_Passes", ranks=3)
         self.assertEqual(proc.returncode, 0, out)
         self.assertIn("[scalelab] verdict: passed", out)
+
+    def test_every_rank_writes_its_own_report(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, out, _ = run("SelfTest_Passes.*:SelfTest_Skips", 3, f"--gtest_output=xml:{tmp}/report.xml")
+            self.assertEqual(proc.returncode, 0, out)
+            self.assertEqual(sorted(os.listdir(tmp)), [f"report.rank{r}.xml" for r in range(3)])
+            for r in range(3):
+                cases = {c.get("name"): c for c in ET.parse(f"{tmp}/report.rank{r}.xml").getroot().iter("testcase")}
+                self.assertEqual(cases["Passes"].get("status"), "run")
+                self.assertIsNone(cases["Passes"].find("failure"))
+                # a skip says where it was written (the grader accepts skips in tests/ only)
+                self.assertEqual(cases["Skips"].get("result"), "skipped")
+                self.assertIn("test_main_selftest.cpp", cases["Skips"].find("skipped").get("message"))
+
+    def test_failure_on_one_rank_is_in_that_ranks_report(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, out, _ = run("SelfTest_FailOnRank1", 2, f"--gtest_output=xml:{tmp}/report.xml")
+            self.assertEqual(proc.returncode, 1, out)
+            failed = [r for r in range(2) if ET.parse(f"{tmp}/report.rank{r}.xml").getroot().find(".//failure") is not None]
+            self.assertEqual(failed, [1])
 
 
 if __name__ == "__main__":
