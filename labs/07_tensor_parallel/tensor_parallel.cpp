@@ -1,5 +1,5 @@
 // Starter generated from solutions/07_tensor_parallel/tensor_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 69a120c13aee5f93 (lets make-labs see your edits).
+// step (see README.md). Body hash 02cf456b70d805b7 (lets make-labs see your edits).
 // Lab 07: tensor parallelism: f and g, column- and row-parallel Linear, the TP block,
 // vocabulary-parallel embedding and cross-entropy.
 #include "tensor_parallel.hpp"
@@ -427,35 +427,23 @@ void TPGPT::backward(TPActivations& acts, double loss_scale) {
   acts.reset();
 }
 
-// ---- Measure (given) --------------------------------------------------------------------------
+// ---- Step 6: measure --------------------------------------------------------------------------
 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
                                      std::size_t elem, bool sp) {
-  const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size, N = B * T;
-  // what every rank keeps whole in step 3 and only its rows with sequence parallelism
-  const int64_t rows = sp ? N / tp : N;
-  // per block: input, ln1, res2, ln2 (rows, C) and 4 statistics (rows); q, k, v, y
-  // (B, T, C/tp); att (B*NH/tp, T, T); h, g (B, T, 4C/tp)
-  const int64_t block = 4 * rows * C + 4 * rows + 4 * N * C / tp + B * (NH / tp) * T * T +
-                        2 * N * 4 * C / tp;
-  // head: x, lnf (rows, C); mean, rstd (rows); probs (B*T, V/tp)
-  const int64_t head = 2 * rows * C + 2 * rows + N * V / tp;
-  return static_cast<std::size_t>(c.n_layer * block + head) * elem;
+  // TODO step 6: count what TPActivations holds, tensor by tensor
+  // HINT: see BlockActivations / SPBlockActivations / TPActivations: which are (B*T, C) on every
+  // HINT: rank, which are cut by tp (heads, hidden units, vocabulary), which by sequence rows?
+  throw scalelab::NotImplemented(
+      "lab 07 step 6: count what TPActivations holds, tensor by tensor (README.md#step-6)");
 }
 
 std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, std::size_t elem,
                                bool sp) {
-  const int64_t NC = B * T * c.n_embd, N = B * T, C = c.n_embd, L = c.n_layer;
-  if (!sp)
-    // blocks: (2 forward + 2 backward) all-reduces of B*T*C each; embedding: 1 (forward);
-    // head: f's backward on dlnf (B*T*C) and the cross-entropy's 3 all-reduces of B*T
-    return static_cast<std::size_t>(4 * L * NC + NC + NC + 3 * N) * elem;
-  // blocks: forward 2 AG + 2 RS, backward 4 AG + 2 RS (of B*T*C payload each) and 4 all-reduces
-  // of C; embedding: its all-reduce forward, the gather of its gradient; head: ln_f's gather
-  // forward, gather again + reduce-scatter backward, its 2 gradients' all-reduces of C; the
-  // cross-entropy's 3 of B*T
-  return static_cast<std::size_t>(10 * L * NC + 4 * L * C + 2 * NC + 3 * NC + 2 * C + 3 * N) *
-         elem;
+  // TODO step 6: count the payload of every collective of one step
+  // HINT: follow one forward and one backward of TPGPT (embed, blocks, head) and list each call.
+  throw scalelab::NotImplemented(
+      "lab 07 step 6: count the payload of every collective of one step (README.md#step-6)");
 }
 
 }  // namespace scalelab::lab07

@@ -268,21 +268,24 @@ class TPGPT {
   nn::ParameterSet params_;
 };
 
-// ---- Measure (given: the program's table) ----------------------------------------------------
+// ---- Step 6: measure ------------------------------------------------------------------------
 
-/// Bytes of activations one rank holds after TPGPT::forward on a (B, T) batch (TPActivations::
-/// nbytes), in elements of `elem` bytes: per block the replicated (B, T, C) tensors (input, ln1,
-/// res2, ln2) and statistics, and the sharded ones (q, k, v, y: C/tp; att: NH/tp heads; h, g:
-/// 4C/tp); the head's x, lnf, statistics and probs (V/tp).
+/// Step 6a. The bytes of activations one rank holds after TPGPT::forward on a (B, T) batch
+/// (exactly TPActivations::nbytes, in elements of `elem` bytes): per block the tensors every rank
+/// keeps whole (input, ln1, res2, ln2 (B*T, C) and 4 statistics (B*T); with sequence parallelism
+/// only its B*T/tp rows of them) and the sharded ones (q, k, v, y: C/tp; att: NH/tp heads of
+/// (T, T); h, g: 4C/tp); the head's x and lnf (rows, C), 2 statistics (rows), probs (B*T, V/tp).
 std::size_t activation_bytes_formula(const ModelConfig& config, int64_t B, int64_t T, int tp,
                                      std::size_t elem, bool sequence_parallel = false);
-/// Payload bytes one training step of a TPGPT moves per rank (the byte counters' measure):
-/// per block 2 all-reduces of B*T*C forward and 2 backward; the embedding's all-reduce of B*T*C;
-/// the head's f backward (B*T*C) and the cross-entropy's three all-reduces of B*T.
-/// Sequence parallel: per block 2 all-gathers and 2 reduce-scatters of B*T*C forward, 4
-/// all-gathers and 2 reduce-scatters backward, 4 all-reduces of C (LayerNorm gradients); the
-/// embedding's all-reduce, ln_f's gather forward and reduce-scatter backward, its 2 gradients'
-/// all-reduces, the gather of the embedding's gradient, the cross-entropy's 3 of B*T.
+/// Step 6b. The payload bytes one training step (forward + backward) of a TPGPT submits per rank,
+/// exactly as the byte counters count them (common/comm/stats.hpp: all-reduce the tensor,
+/// all-gather its output, reduce-scatter its input). Without sequence parallelism: per block 2
+/// all-reduces of B*T*C forward and 2 backward; the embedding's all-reduce of B*T*C; the head's
+/// f backward (B*T*C) and the cross-entropy's three all-reduces of B*T. With it: per block 2
+/// all-gathers and 2 reduce-scatters of B*T*C forward, 4 all-gathers and 2 reduce-scatters
+/// backward, 4 all-reduces of C (LayerNorm gradients); the embedding's all-reduce; ln_f's gather
+/// forward, gather again and reduce-scatter backward, its 2 gradients' all-reduces of C; the
+/// gather of the embedding's gradient; the cross-entropy's 3 of B*T.
 std::size_t comm_bytes_formula(const ModelConfig& config, int64_t B, int64_t T,
                                std::size_t elem, bool sequence_parallel = false);
 

@@ -596,10 +596,13 @@ void TPGPT::backward(TPActivations& acts, double loss_scale) {
   acts.reset();
 }
 
-// ---- Measure (given) --------------------------------------------------------------------------
+// ---- Step 6: measure --------------------------------------------------------------------------
 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
                                      std::size_t elem, bool sp) {
+  // BEGIN SOLUTION step 6: count what TPActivations holds, tensor by tensor
+  // HINT: see BlockActivations / SPBlockActivations / TPActivations: which are (B*T, C) on every
+  // HINT: rank, which are cut by tp (heads, hidden units, vocabulary), which by sequence rows?
   const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size, N = B * T;
   // what every rank keeps whole in step 3 and only its rows with sequence parallelism
   const int64_t rows = sp ? N / tp : N;
@@ -610,10 +613,13 @@ std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T,
   // head: x, lnf (rows, C); mean, rstd (rows); probs (B*T, V/tp)
   const int64_t head = 2 * rows * C + 2 * rows + N * V / tp;
   return static_cast<std::size_t>(c.n_layer * block + head) * elem;
+  // END SOLUTION
 }
 
 std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, std::size_t elem,
                                bool sp) {
+  // BEGIN SOLUTION step 6: count the payload of every collective of one step
+  // HINT: follow one forward and one backward of TPGPT (embed, blocks, head) and list each call.
   const int64_t NC = B * T * c.n_embd, N = B * T, C = c.n_embd, L = c.n_layer;
   if (!sp)
     // blocks: (2 forward + 2 backward) all-reduces of B*T*C each; embedding: 1 (forward);
@@ -625,6 +631,7 @@ std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, std::
   // cross-entropy's 3 of B*T
   return static_cast<std::size_t>(10 * L * NC + 4 * L * C + 2 * NC + 3 * NC + 2 * C + 3 * N) *
          elem;
+  // END SOLUTION
 }
 
 }  // namespace scalelab::lab07
