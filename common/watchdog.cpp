@@ -1,9 +1,11 @@
 #include "common/watchdog.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -90,6 +93,103 @@ std::string sanitize(std::string s) {
 std::string status_path(const std::string& dir, int rank) {
   return fmt::format("{}/rank-{}.txt", dir, rank);
 }
+
+// ---- owners: which processes a run directory belongs to ------------------------------------
+
+std::string owner_path(const std::string& dir, int rank) {
+  return fmt::format("{}/owner-{}.txt", dir, rank);
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+// Fields 3 (state: R, S, ..., Z for a zombie) and 22 (start time in clock ticks since boot) of
+// /proc/PID/stat: with the pid, the start time names one process even after the pid is reused.
+// Empty strings where /proc is not there.
+std::pair<std::string, std::string> proc_state_start(long pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  if (!std::getline(f, stat)) return {};
+  const std::size_t close = stat.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos || close + 2 > stat.size()) return {};
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field, state;
+  for (int i = 3; i <= 22 && (rest >> field); ++i) {
+    if (i == 3) state = field;
+    if (i == 22) return {state, field};
+  }
+  return {state, ""};
+}
+
+std::string start_time(long pid) { return proc_state_start(pid).second; }
+
+// "host\tpid\tstart": what owner-RANK.txt holds.
+std::string owner_line(long pid) {
+  return fmt::format("{}\t{}\t{}\n", host_name(), pid, start_time(pid));
+}
+
+}  // namespace
+
+bool owner_alive(const std::string& line) {
+  std::istringstream in(line);
+  std::string host, start;
+  long pid = 0;
+  std::getline(in, host, '\t');
+  if (!(in >> pid)) return true;  // unreadable (being written?): assume alive
+  in.ignore(1);
+  std::getline(in, start);
+  if (host != host_name()) return true;  // another node's process: cannot tell, keep
+  if (pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return false;
+  const auto [state, now] = proc_state_start(pid);
+  if (state == "Z" || state == "X") return false;  // killed, not yet reaped: it never runs again
+  return start.empty() || now.empty() || now == start;  // the same pid, another process: gone
+}
+
+int remove_stale_run_dirs(const std::string& base, const std::string& keep,
+                          double ownerless_age_s) {
+  int removed = 0;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& entry : fs::directory_iterator(base, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("scalelab-watchdog-", 0) != 0) continue;
+    std::error_code e2;
+    if (!entry.is_directory(e2) || entry.is_symlink(e2)) continue;
+    if (!keep.empty() && fs::equivalent(entry.path(), keep, e2)) continue;
+    int owners = 0;
+    bool alive = false;
+    for (const auto& f : fs::directory_iterator(entry.path(), e2)) {
+      const std::string fname = f.path().filename().string();
+      if (fname.rfind("owner-", 0) != 0 || fname.find(".tmp") != std::string::npos) continue;
+      ++owners;
+      std::ifstream in(f.path());
+      std::string line;
+      std::getline(in, line);
+      if (owner_alive(line)) {
+        alive = true;
+        break;
+      }
+    }
+    if (alive) continue;
+    if (owners == 0) {
+      // No owner recorded: a directory of an older build, or one whose first rank has not
+      // written its owner file yet. Only once nothing has changed in it for a while.
+      const auto mtime = fs::last_write_time(entry.path(), e2);
+      if (e2) continue;
+      const double age = std::chrono::duration<double>(now - mtime).count();
+      if (age < ownerless_age_s) continue;
+    }
+    fs::remove_all(entry.path(), e2);
+    if (!e2) ++removed;
+  }
+  return removed;
+}
+
+namespace {
 
 // One line per fact, tab-separated fields (names never contain tabs).
 std::string serialize(State& s) {
@@ -384,6 +484,10 @@ void start(double timeout_s) {
   fs::create_directories(s.dir, ec);
   SCALELAB_REQUIRE(fs::is_directory(s.dir), "watchdog: cannot create the run directory '{}'",
                    s.dir);
+  // Who owns this directory: when every owner is gone (killed, crashed, aborted), a later start
+  // of any job removes it; while one lives, nobody does.
+  write_file(owner_path(s.dir, world_rank()), owner_line(static_cast<long>(::getpid())));
+  remove_stale_run_dirs(base, s.dir, kOwnerlessAge);
   s.started = true;
   s.version++;
   std::thread(thread_main).detach();
@@ -436,6 +540,7 @@ void stop() {
   // A rank that has exited has no status file (the report says so); the last rank out finds the
   // directory empty and removes it.
   std::remove(status_path(s.dir, world_rank()).c_str());
+  std::remove(owner_path(s.dir, world_rank()).c_str());
   ::rmdir(s.dir.c_str());
 }
 

@@ -24,6 +24,14 @@
 // the same parent), else this process's id (a singleton). For jobs across nodes set
 // SCALELAB_RUN_DIR to a directory on a shared file system (otherwise each node's report only
 // sees that node's ranks).
+//
+// Cleaning up: every rank writes owner-<rank>.txt (host, pid, the process's start time) into the
+// run directory; a rank that ends normally removes its files and the last one the directory. A
+// job killed, aborted or crashed leaves it: the next start() of any job removes every
+// scalelab-watchdog-* directory under the same base whose owners on this host are all gone (a
+// pid reused by another process counts as gone). A directory with a live owner, or with owners
+// on another host, is never touched; one with no owner file (an older build's, or one being
+// created) only after kOwnerlessAge seconds without a change.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -46,6 +54,20 @@ double timeout();
 
 /// Reads SCALELAB_TIMEOUT (seconds) if set and valid, else `fallback`.
 double timeout_from_env(double fallback);
+
+/// Seconds after which a run directory without owner files counts as abandoned.
+constexpr double kOwnerlessAge = 600.0;
+
+/// Removes the scalelab-watchdog-* directories under `base` whose owners are all gone (see
+/// above), except `keep` (this job's). Returns how many were removed. start() calls it; exposed
+/// for tests.
+int remove_stale_run_dirs(const std::string& base, const std::string& keep = "",
+                          double ownerless_age_s = kOwnerlessAge);
+
+/// Whether the process an owner file's line names ("host\tpid\tstart") may still run: true for
+/// another host's process and for an unreadable line; false when the pid is gone or now
+/// belongs to a process with another start time.
+bool owner_alive(const std::string& owner_line);
 
 /// The shared run directory (created on start()).
 std::string run_dir();

@@ -1,7 +1,11 @@
 // The watchdog's bookkeeping, in process: status files, the report built from them, and the
 // byte format. (The end-to-end hang tests, which need a job that really hangs and exits 3, are
 // the common.watchdog.* entries in tests/common/comm.cmake.)
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -103,4 +107,117 @@ TEST(Watchdog, ReportNamesTheRankThatIsBehind) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (t) watchdog::leave(t);
+}
+
+// ---- run directories left by killed jobs (issue 9) ------------------------------------------------
+// A job killed, aborted or crashed leaves its scalelab-watchdog-* directory; the next start of
+// any job removes those whose owner processes are all gone, and never one with a live owner.
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string this_host() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// Field 22 of /proc/PID/stat, as the watchdog records it.
+std::string proc_start(long pid) {
+  std::string stat = slurp(fmt::format("/proc/{}/stat", pid));
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && (rest >> field); ++i)
+    if (i == 22) return field;
+  return "";
+}
+
+constexpr long kDeadPid = 0x7ffffff0;  // above any pid_max: no such process
+
+void make_run_dir(const fs::path& dir, const std::vector<std::string>& owners) {
+  fs::create_directories(dir);
+  std::ofstream(dir / "rank-0.txt") << "rank\t0\n";
+  for (std::size_t r = 0; r < owners.size(); ++r)
+    std::ofstream(dir / fmt::format("owner-{}.txt", r)) << owners[r] << "\n";
+}
+
+}  // namespace
+
+TEST(WatchdogRunDirs, OwnerLinesTellLiveFromGone) {
+  const long me = ::getpid();
+  EXPECT_TRUE(watchdog::owner_alive(fmt::format("{}\t{}\t{}", this_host(), me, proc_start(me))));
+  EXPECT_FALSE(watchdog::owner_alive(fmt::format("{}\t{}\t1", this_host(), kDeadPid)));
+  EXPECT_FALSE(watchdog::owner_alive(fmt::format("{}\t{}\t{}1", this_host(), me, proc_start(me))))
+      << "our pid with another start time: the owner was another process, now gone";
+  EXPECT_TRUE(watchdog::owner_alive(fmt::format("elsewhere.example\t{}\t1", kDeadPid)))
+      << "another host's process cannot be checked from here: keep its directory";
+  EXPECT_TRUE(watchdog::owner_alive("")) << "a line being written: keep";
+}
+
+TEST(WatchdogRunDirs, RemovesOnlyDirectoriesWhoseOwnersAreAllGone) {
+  if (world_rank() != 0) GTEST_SKIP() << "files only, rank 0 does it";
+  const fs::path base = fs::temp_directory_path() / fmt::format("scalelab_wd_base_{}", ::getpid());
+  fs::remove_all(base);
+  const long me = ::getpid();
+  const std::string live = fmt::format("{}\t{}\t{}", this_host(), me, proc_start(me));
+  const std::string dead = fmt::format("{}\t{}\t1", this_host(), kDeadPid);
+  const std::string reused = fmt::format("{}\t{}\t{}1", this_host(), me, proc_start(me));
+  const std::string remote = fmt::format("elsewhere.example\t{}\t1", kDeadPid);
+  make_run_dir(base / "scalelab-watchdog-killed", {dead, dead});            // every rank killed
+  make_run_dir(base / "scalelab-watchdog-pidreused", {reused});             // pid reused since
+  make_run_dir(base / "scalelab-watchdog-running", {dead, live});           // one rank still runs
+  make_run_dir(base / "scalelab-watchdog-remote", {remote});                // a rank on another node
+  make_run_dir(base / "scalelab-watchdog-ownerless-new", {});               // being created
+  make_run_dir(base / "scalelab-watchdog-ownerless-old", {});               // an older build's
+  fs::last_write_time(base / "scalelab-watchdog-ownerless-old",
+                      fs::file_time_type::clock::now() - std::chrono::hours(1));
+  make_run_dir(base / "scalelab-watchdog-mine", {dead});                    // this job's: kept
+  make_run_dir(base / "not-a-watchdog-dir", {dead});                        // not ours at all
+
+  EXPECT_EQ(watchdog::remove_stale_run_dirs(base.string(),
+                                            (base / "scalelab-watchdog-mine").string(), 600), 3);
+  EXPECT_FALSE(fs::exists(base / "scalelab-watchdog-killed"));
+  EXPECT_FALSE(fs::exists(base / "scalelab-watchdog-pidreused"));
+  EXPECT_FALSE(fs::exists(base / "scalelab-watchdog-ownerless-old"));
+  EXPECT_TRUE(fs::exists(base / "scalelab-watchdog-running")) << "a live job's directory";
+  EXPECT_TRUE(fs::exists(base / "scalelab-watchdog-remote"));
+  EXPECT_TRUE(fs::exists(base / "scalelab-watchdog-ownerless-new"));
+  EXPECT_TRUE(fs::exists(base / "scalelab-watchdog-mine"));
+  EXPECT_TRUE(fs::exists(base / "not-a-watchdog-dir"));
+  fs::remove_all(base);
+}
+
+TEST(WatchdogRunDirs, EveryRankRecordsItselfAsAnOwner) {
+  // the test main started the watchdog: this rank's owner file names this process
+  const std::string line =
+      slurp(fmt::format("{}/owner-{}.txt", watchdog::run_dir(), world_rank()));
+  EXPECT_NE(line.find(fmt::format("\t{}\t", ::getpid())), std::string::npos) << line;
+  EXPECT_TRUE(watchdog::owner_alive(line));
+}
+
+TEST(WatchdogRunDirs, AKilledJobsDirectoryIsRemovedByTheNextStart) {
+  // End to end: a singleton program (its own job) is SIGKILLed after it started its watchdog;
+  // its directory stays. The next program's start removes it.
+  if (world_rank() != 0) GTEST_SKIP() << "rank 0 runs the programs";
+  const fs::path owner = fs::read_symlink("/proc/self/exe").parent_path() / "watchdog_owner";
+  if (!fs::exists(owner)) GTEST_SKIP() << "build the target watchdog_owner (" << owner << ")";
+  const fs::path base = fs::temp_directory_path() / fmt::format("scalelab_wd_e2e_{}", ::getpid());
+  fs::remove_all(base);
+  fs::create_directories(base);
+  const auto run_dirs = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(base))
+      n += e.path().filename().string().rfind("scalelab-watchdog-", 0) == 0;
+    return n;
+  };
+  // its own job (no launcher variables), its run directory under `base`
+  const std::string env = fmt::format("env -u PMIX_NAMESPACE -u SLURM_JOB_ID -u SCALELAB_JOB_ID "
+                                      "SCALELAB_RUN_DIR={} ", base.string());
+  ASSERT_EQ(std::system((env + "timeout -s KILL 2 " + owner.string() + " 30 >/dev/null").c_str()) != 0, true);
+  ASSERT_EQ(run_dirs(), 1) << "the killed program left its directory (the case to clean up)";
+  // the next start removes it; that program's own directory goes when it ends normally
+  ASSERT_EQ(std::system((env + owner.string() + " 0 >/dev/null").c_str()), 0);
+  EXPECT_EQ(run_dirs(), 0) << "a watchdog directory is left under " << base;
+  fs::remove_all(base);
 }
