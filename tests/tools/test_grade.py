@@ -313,6 +313,33 @@ class ClassifyTest(unittest.TestCase):
             self.assertIn(f"rank {rank} ", detail)
         self.assertNotIn("other output", detail)
 
+    def test_reports_must_list_every_expected_test_on_every_rank(self):
+        case = ('<testcase name="{n}" status="run" result="{r}" classname="Step1_A">{body}</testcase>')
+        skip = '<skipped message="{f}:3&#x0A;why"/>'
+
+        def report(*cases):
+            return '<?xml version="1.0"?><testsuites><testsuite name="Step1_A">' + "".join(cases) + "</testsuite></testsuites>"
+
+        expected = ["Step1_A.B", "Step1_A.C"]
+        tests_dir = pathlib.Path("/x/tests/00_hello_dist")
+        with tempfile.TemporaryDirectory() as tmp:
+            d = pathlib.Path(tmp)
+            good = report(case.format(n="B", r="completed", body=""),
+                          case.format(n="C", r="skipped", body=skip.format(f="/x/tests/00_hello_dist/t.cpp")))
+            (d / "report.rank0.xml").write_text(good)
+            (d / "report.rank1.xml").write_text(good)
+            self.assertEqual(grade.read_reports(d, 2, expected, tests_dir), (True, [], []))
+            ok, problems, _ = grade.read_reports(d, 3, expected, tests_dir)
+            self.assertFalse(ok)
+            self.assertIn("no GoogleTest report from rank 2", problems[0])
+            # a test missing from one rank's report, a skip written outside the tests
+            (d / "report.rank1.xml").write_text(report(
+                case.format(n="C", r="skipped", body=skip.format(f="/x/labs/00_hello_dist/hello_dist.cpp"))))
+            ok, problems, _ = grade.read_reports(d, 2, expected, tests_dir)
+            self.assertFalse(ok)
+            self.assertEqual(problems, ["rank 1's report lacks Step1_A.B",
+                                        "Step1_A.C was skipped on rank 1 outside the tests"])
+
     def test_junit_is_well_formed_with_escapes_and_control_characters(self):
         run = {"ranks": 2, "test": "lab00.step3.np2.starter", "verdict": "failed", "seconds": 1.0,
                "detail": "\x1b[0;31m[  FAILED  ]\x1b[m A.B on rank 1: \x01\x08 bad <&>",
