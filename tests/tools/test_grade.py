@@ -313,6 +313,19 @@ class ClassifyTest(unittest.TestCase):
             self.assertIn(f"rank {rank} ", detail)
         self.assertNotIn("other output", detail)
 
+    def test_watchdog_fires_before_the_test_timeout(self):
+        old = os.environ.pop("SCALELAB_TIMEOUT", None)
+        try:
+            self.assertEqual(grade.watchdog_timeout(120), 45)  # the test main's default
+            self.assertEqual(grade.watchdog_timeout(20), 15)   # 5 s before a shorter limit
+            self.assertEqual(grade.watchdog_timeout(6), 3)
+            os.environ["SCALELAB_TIMEOUT"] = "8"
+            self.assertEqual(grade.watchdog_timeout(30), 8)    # a shorter watchdog is kept
+        finally:
+            os.environ.pop("SCALELAB_TIMEOUT", None)
+            if old is not None:
+                os.environ["SCALELAB_TIMEOUT"] = old
+
     def test_reports_must_list_every_expected_test_on_every_rank(self):
         case = ('<testcase name="{n}" status="run" result="{r}" classname="Step1_A">{body}</testcase>')
         skip = '<skipped message="{f}:3&#x0A;why"/>'

@@ -27,6 +27,9 @@ def mpi_env():
 
 
 ENV = mpi_env()
+# The watchdog's run directories go here (removed at the end): the planted aborts leave none in /tmp.
+RUN_DIR = tempfile.mkdtemp(prefix="scalelab-test-main-")
+ENV["SCALELAB_RUN_DIR"] = RUN_DIR
 
 
 def run(suite, ranks=2, *extra):
@@ -83,4 +86,8 @@ class TestMainTest(unittest.TestCase):
 
 if __name__ == "__main__":
     EXE = sys.argv.pop(1)
-    unittest.main(verbosity=2)
+    try:
+        unittest.main(verbosity=2)
+    finally:
+        import shutil
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
