@@ -1,1 +1,14 @@
 scalelab_add_lab(07 tensor_parallel SOURCES tensor_parallel.cpp STEPS 6 RANKS 1 2 4 TIMEOUT 60)
+# tp (= the number of ranks) must divide the heads, the MLP width and the vocabulary: tiny has 2
+# heads, so 4 ranks are a usage error, exit 2 on every rank (checked before any data is read).
+if(SCALELAB_BUILD_TESTS)
+  set(lab07_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
+      $<TARGET_FILE:lab07_tensor_parallel_solution> ${MPIEXEC_POSTFLAGS} --model tiny)
+  list(JOIN lab07_cmd "|" lab07_cmd)
+  add_test(NAME lab07.cli.tp_not_dividing_heads.np4
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${lab07_cmd}" -DEXPECT_CODE=2
+                   "-DEXPECT_REGEX=error: tensor parallel size 4 must divide the heads \\(2\\)"
+                   -DMAX_SECONDS=20 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(lab07.cli.tp_not_dividing_heads.np4 PROPERTIES PROCESSORS 4 TIMEOUT 40
+                       LABELS "reference;lab07" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+endif()

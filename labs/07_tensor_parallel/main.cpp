@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "common/allocator.hpp"
 #include "common/cli.hpp"
 #include "common/comm/stats.hpp"
 #include "common/data/sampler.hpp"
@@ -32,7 +33,7 @@ struct Row {
   int tp = 0;
   bool sp = false;
   int64_t params = 0;
-  std::size_t act = 0, act_formula = 0;
+  std::size_t act = 0, act_formula = 0, peak = 0;
   int64_t comm_bytes = 0, comm_calls = 0;
   std::size_t comm_formula = 0;
   double ms = 0;
@@ -55,11 +56,14 @@ Row measure(const ModelConfig& config, comm::Communicator& group, const data::Ba
     const comm::CommStats before = comm::comm_stats();
     metrics::Timer timer;
     model.zero_grad();
+    reset_peak_memory(Device::cpu());
+    const std::size_t start = memory_stats(Device::cpu()).current;
     lab07::TPActivations acts;
     model.forward(batch.x, batch.y, acts);
     row.act = acts.nbytes();
     model.backward(acts);
     const double ms = timer.elapsed() * 1e3;
+    row.peak = memory_stats(Device::cpu()).peak - start;
     const comm::CommCount moved = comm::comm_total(comm::comm_stats() - before, group.name());
     row.comm_bytes = moved.bytes;
     row.comm_calls = moved.calls;
@@ -174,18 +178,20 @@ int main(int argc, char** argv) {
     const int64_t B = batch.x.size(0), T = batch.x.size(1);
     log::info("");
     log::info("{} x {} tokens, fp32, best of {} steps; activations: bytes held after forward "
-              "(TPActivations::nbytes, rank 0); comm: payload bytes rank 0 submitted in one "
-              "step (forward + backward), by the byte counters", B, T, reps);
-    log::info("{:>3} {:>3} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9}", "tp", "sp",
+              "(TPActivations::nbytes, rank 0); peak: the allocator's peak over forward + backward "
+              "above the start; comm: payload bytes rank 0 submitted in one step (forward + "
+              "backward), by the byte counters", B, T, reps);
+    log::info("{:>3} {:>3} {:>12} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9}", "tp", "sp",
               "params/rank",
-              "act/rank", "act formula", "calls", "comm/step", "formula", "step ms");
+              "act/rank", "act formula", "peak/rank", "calls", "comm/step", "formula", "step ms");
     bool exact = true;
     for (const Row& r : rows) {
-      log::info("{:>3} {:>3} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9.1f}", r.tp,
+      log::info("{:>3} {:>3} {:>12} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9.1f}", r.tp,
                 r.sp ? "yes" : "no",
                 metrics::human_count(static_cast<double>(r.params)),
                 metrics::human_bytes(static_cast<double>(r.act)),
-                metrics::human_bytes(static_cast<double>(r.act_formula)), r.comm_calls,
+                metrics::human_bytes(static_cast<double>(r.act_formula)),
+                metrics::human_bytes(static_cast<double>(r.peak)), r.comm_calls,
                 metrics::human_bytes(static_cast<double>(r.comm_bytes)),
                 metrics::human_bytes(static_cast<double>(r.comm_formula)), r.ms);
       exact = exact && r.act == r.act_formula &&

@@ -46,9 +46,9 @@ using CommFormula =
 
 ::testing::AssertionResult formulas_match(const ActFormula& act, const CommFormula& comm) {
   for (bool sp : {false, true}) {
-    const Measured m = measure(sp);
     const std::size_t a = act(config(), kB, kT, size(), 4, sp);
     const std::size_t c = comm(config(), kB, kT, 4, sp);
+    const Measured m = measure(sp);
     if (a != m.act)
       return ::testing::AssertionFailure() << (sp ? "sequence parallel: " : "") << "activations "
                                            << m.act << " bytes measured, formula " << a;
