@@ -54,7 +54,7 @@ struct Peak {
 /// (gpu_peak_tflops: 0 for an unknown GPU); else on a CPU the measured sgemm
 /// (measure_matmul_tflops, about 0.5 s). Several ranks on one machine should measure at the same
 /// time, so each measures its share of the cores (train::StepReporter does: every rank measures
-/// at once, and the best rank's figure is used). On a machine shared with other work the
+/// at once, and the average over the ranks is used). On a machine shared with other work the
 /// figure moves with the load: MFU can read above 100% when the load drops after the
 /// measurement. Pass --peak-tflops for figures comparable across runs.
 Peak peak_for(Device device, double given, Precision precision = Precision::fp32);

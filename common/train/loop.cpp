@@ -73,18 +73,19 @@ StepReporter::StepReporter(const ModelConfig& config, int64_t tokens_per_step, D
     : config_(config), tokens_per_step_(tokens_per_step), device_(device), comm_(comm) {
   // The one rule of every program (metrics::peak_for, as lab 02): --peak-tflops, a GPU's data
   // sheet, or on a CPU the measured sgemm. On a CPU every rank measures at the same time (after
-  // a barrier), so each measures the share of the cores it gets while the others compute too;
-  // the best rank's figure is every rank's peak (the same number everywhere). The best, as
-  // measure_matmul_tflops takes its fastest timing: noise (other processes) only slows a rank.
+  // a barrier), while the others run too, and the average over the ranks is every rank's peak
+  // (the same number everywhere), so one rank that happened to run alone does not set it. With
+  // more ranks than cores the figure is still above a rank's fair share (each rank keeps its
+  // fastest 20 ms window, measure_matmul_tflops): MFU is then a lower bound.
   const bool measure = peak_tflops <= 0 && device.is_cpu();
   if (measure) comm_.barrier();
   metrics::Peak peak = metrics::peak_for(device, peak_tflops, metrics::Precision::fp32);
   if (measure) {
     Tensor t = Tensor::from_vector({peak.tflops}, {1}, DType::f64);
-    comm_.all_reduce(t, comm::ReduceOp::max);
-    peak.tflops = t.item();
+    comm_.all_reduce(t, comm::ReduceOp::sum);
+    peak.tflops = t.item() / comm_.size();
     if (comm_.size() > 1)
-      peak.source = fmt::format("this CPU's 512^3 sgemm, the best of {} ranks measuring at once; "
+      peak.source = fmt::format("this CPU's 512^3 sgemm measured by {} ranks at once, averaged; "
                                 "--peak-tflops overrides", comm_.size());
   }
   peak_tflops_ = peak.tflops;

@@ -46,8 +46,8 @@ double learning_rate(const TrainOptions& options, int64_t step);
 class StepReporter {
  public:
   /// The MFU peak follows metrics::peak_for, the rule of every program: `peak_tflops` when > 0,
-  /// a GPU's data sheet, or on a CPU the sgemm every rank measures at the same time, the best
-  /// rank's figure (about 0.5 s; collective over `comm` then).
+  /// a GPU's data sheet, or on a CPU the sgemm every rank measures at the same time, averaged
+  /// over the ranks (about 0.5 s; collective over `comm` then).
   StepReporter(const ModelConfig& config, int64_t tokens_per_step, Device device,
                double peak_tflops, comm::Communicator& comm);
   /// "step=3 loss=4.1234 lr=1.00e-03 dt=120ms tps=34k tps/rank=8k mfu=..% mem=3.1MiB"
