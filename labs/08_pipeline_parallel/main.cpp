@@ -117,17 +117,20 @@ int main(int argc, char** argv) {
     auto pieces = build_pieces(config, kind, p, v, stage, {.device = device, .seed = run.seed});
     const std::vector<nn::GPT*> mine = pointers(pieces);
     optim::AdamW adamw(optim::groups(all_parameters(mine)));
-    std::string blocks;
-    for (nn::GPT* g : mine)
-      blocks += fmt::format("{}[{}, {})", blocks.empty() ? "" : " ", g->first_block(),
-                            g->last_block());
     log::info("lab 08 pipeline_parallel: model {} ({} layers), {} stages, schedule {}{}, {} "
               "micro-batches of {} rows, {} steps", config.name, L, p, kind_name(kind),
               v > 1 ? fmt::format(" with {} chunks per rank", v) : std::string(), m,
               opt.batch / m, opt.steps);
-    log::info("rank {}: blocks {}{}{}", stage, blocks,
-              mine.front()->has_embedding() ? ", embedding" : "",
-              mine.back()->has_head() ? ", ln_f and head" : "");
+    for (int r = 0; r < p; ++r) {  // what every stage holds (the same rule on every rank)
+      std::string blocks;
+      for (int c = 0; c < v; ++c) {
+        const LayerRange x = kind == Kind::interleaved ? chunk_layers(L, p, v, r, c)
+                                                       : stage_layers(L, p, r);
+        blocks += fmt::format("{}[{}, {})", c == 0 ? "" : " ", x.first, x.last);
+      }
+      log::info("stage {} (rank {}): blocks {}{}{}", r, r, blocks, r == 0 ? ", embedding" : "",
+                r == p - 1 ? ", ln_f and head" : "");
+    }
 
     // The single-device twin (rank 0): the same seed, the same global batches, AdamW.
     std::unique_ptr<nn::GPT> twin;
@@ -157,7 +160,11 @@ int main(int argc, char** argv) {
       }
     }
 
-    // The timeline of the last step, measured, and the simulator's for the same schedule.
+    // One more step, timed alone (the twin and the optimizer are not in it; every rank starts
+    // after a barrier, so the ranks' clocks, each started at its own entry, line up), for the
+    // measured timeline; beside it the simulator's for the same schedule.
+    comm.barrier();
+    pipeline_step(mine, schedule, sampler.batch(opt.steps), m, comm, &last);
     const auto spans = gather_spans(last, 2 * m * v, comm);
     double measured_end = 0;
     for (const auto& row : spans)
@@ -170,7 +177,7 @@ int main(int argc, char** argv) {
     log::info("simulated timeline of one step (forward 1 tick, backward 2; Fi/Bi = micro-batch "
               "i{}, . idle):", v > 1 ? ", letter = chunk" : "");
     log::info("{}", ascii_timeline(sim.spans, 1.0 / v, 120));
-    log::info("measured timeline of the last step on the ranks (one column = {:.2f} ms; an action "
+    log::info("measured timeline of one step on the ranks (one column = {:.2f} ms; an action "
               "shorter than a column may not show: --trace keeps every one):", column * 1e3);
     log::info("{}", ascii_timeline(spans, column, 100));
 
@@ -178,8 +185,9 @@ int main(int argc, char** argv) {
     // the simulator, and the peak activation memory per stage.
     log::info("bubble = 1 - compute / step time per rank (fastest of {}); peak = allocator peak "
               "of one step above the model, per stage", reps);
-    log::info("{:<12} {:>3} {:>8} {:>8}  {:<28} {:<16} {:<40}", "schedule", "m", "formula",
-              "sim", "measured per rank", "in flight", "peak activations per rank");
+    log::info("{:<12} {:>3} {:>7} {:>7}  {:<24} {:<24} {:>8}  {:<12} {}", "schedule", "m",
+              "formula", "sim", "measured per rank", "compute ms per rank", "step ms",
+              "in flight", "peak activations per rank");
     std::vector<Kind> kinds = {Kind::afab, Kind::one_f_one_b};
     if (L % (p * 2) == 0) kinds.push_back(Kind::interleaved);
     bool sane = true;
@@ -210,15 +218,19 @@ int main(int argc, char** argv) {
         const double peak =
             static_cast<double>(measure_peak_activation_bytes(ptrs, sched, micro, comm));
         const std::vector<double> bubbles = gather(best.bubble, comm);
+        std::vector<double> compute_ms = gather(best.compute_s * 1e3, comm);
+        const std::vector<double> step_ms = gather(best.step_s * 1e3, comm);
         const std::vector<double> peaks = gather(peak, comm);
         std::vector<double> flights;
         for (int x : sr.max_in_flight) flights.push_back(x);
         std::string peak_text;
         for (double b : peaks) peak_text += (peak_text.empty() ? "" : " ") + metrics::human_bytes(b);
-        log::info("{:<12} {:>3} {:>8.3f} {:>8.3f}  {:<28} {:<16} {:<40}",
+        log::info("{:<12} {:>3} {:>7.3f} {:>7.3f}  {:<24} {:<24} {:>8.1f}  {:<12} {}",
                   k == Kind::interleaved ? fmt::format("interleaved{}", vk) : kind_name(k), mm,
                   bubble_formula(k, p, mm, vk), sr.bubble.empty() ? 0.0 : sr.bubble[0],
-                  list(bubbles, "{:.2f}"), list(flights, "{:.0f}"), peak_text);
+                  list(bubbles, "{:.2f}"), list(compute_ms, "{:.1f}"),
+                  *std::max_element(step_ms.begin(), step_ms.end()), list(flights, "{:.0f}"),
+                  peak_text);
         sane = sane && !sr.deadlock;
       }
     }

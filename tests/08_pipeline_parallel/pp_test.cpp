@@ -52,6 +52,31 @@ std::vector<nn::GPT*> raw(const std::vector<std::unique_ptr<nn::GPT>>& pieces) {
   return out;
 }
 
+lab08::Schedule test_schedule(bool afab, int p, int m, int stage, int extra_warmup) {
+  using lab08::Op;
+  lab08::Schedule s;
+  const bool first = stage == 0, last = stage == p - 1;
+  auto fwd = [&](int i) {
+    if (!first) s.push_back({Op::recv_activation, i});
+    s.push_back({Op::forward, i});
+    if (!last) s.push_back({Op::send_activation, i});
+  };
+  auto bwd = [&](int i) {
+    if (!last) s.push_back({Op::recv_gradient, i});
+    s.push_back({Op::backward, i});
+    if (!first) s.push_back({Op::send_gradient, i});
+  };
+  const int warmup = afab ? m : std::min(p - stage - 1 + extra_warmup, m);
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) fwd(f);
+  while (f < m) {
+    fwd(f++);
+    bwd(b++);
+  }
+  while (b < m) bwd(b++);
+  return s;
+}
+
 testing::AssertionResult grads_match(const std::vector<nn::GPT*>& pieces, nn::GPT& reference,
                                      bool bitwise_except_tied) {
   for (nn::GPT* piece : pieces)

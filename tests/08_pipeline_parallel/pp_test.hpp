@@ -46,6 +46,11 @@ std::pair<int, int> blocks_of(int n_layer, int p, int stage);
 std::vector<std::unique_ptr<nn::GPT>> pieces_of(int p, int v, int stage);
 std::vector<nn::GPT*> raw(const std::vector<std::unique_ptr<nn::GPT>>& pieces);
 
+/// The test's own AFAB (warmup < 0) or 1F1B schedule with a warm-up of
+/// min(p - stage - 1 + extra_warmup, m) forwards: what steps 4 and 5 run, so they are graded
+/// apart from step 3; extra_warmup = 1 is the planted "warm-up one too long".
+lab08::Schedule test_schedule(bool afab, int p, int m, int stage, int extra_warmup = 0);
+
 /// Every gradient `pieces` hold equals the reference's parameter of the same name
 /// (lm_head.weight is the head's copy of wte.weight); `bitwise_except_tied`: all but the tied
 /// copies must be identical. This rank only.

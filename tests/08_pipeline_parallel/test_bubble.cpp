@@ -43,7 +43,7 @@ TEST(Step5_Measure, FromARealRun) {
   const int p = pp.size(), s = pp.rank();
   auto pieces = pptest::pieces_of(p, 1, s);
   ExecStats st;
-  pipeline_step(pptest::raw(pieces), schedule_1f1b(p, 4, s), kLab.batch(0), 4, pp, &st);
+  pipeline_step(pptest::raw(pieces), pptest::test_schedule(false, p, 4, s), kLab.batch(0), 4, pp, &st);
   const StageTime t = measure_stage_time(st);
   EXPECT_GT(t.compute_s, 0.0);
   EXPECT_LE(t.compute_s + t.wait_s, t.step_s * (1 + 1e-9)) << "compute and waiting do not overlap";
@@ -86,9 +86,9 @@ TEST(Step5_Memory, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
   const std::vector<data::Batch> micro = pptest::split(kLab.batch(0), kM);
   const MemoryBounds b = bounds(*pieces[0], micro);
   const std::size_t afab =
-      measure_peak_activation_bytes(pptest::raw(pieces), schedule_afab(p, kM, s), micro, pp);
+      measure_peak_activation_bytes(pptest::raw(pieces), pptest::test_schedule(true, p, kM, s), micro, pp);
   const std::size_t ofob =
-      measure_peak_activation_bytes(pptest::raw(pieces), schedule_1f1b(p, kM, s), micro, pp);
+      measure_peak_activation_bytes(pptest::raw(pieces), pptest::test_schedule(false, p, kM, s), micro, pp);
   testing::AssertionResult ok = b.holds(afab, kM, fmt::format("AFAB stage {}", s));
   if (ok) ok = b.holds(ofob, std::min(p - s, kM), fmt::format("1F1B stage {} of {}", s, p));
   EXPECT_TRUE(pptest::on_every_rank(ok));
@@ -103,16 +103,7 @@ TEST(Step5_PlantedFault, WarmupOneTooLongHoldsOneMore) {
     const auto [first, last] = pptest::blocks_of(4, kP, s);
     nn::GPT stage(kLab.config(), {.seed = kLab.seed, .first_block = first, .last_block = last});
     const MemoryBounds b = bounds(stage, micro);
-    // the planted schedule's compute order; messages do not matter to a stage run alone
-    Schedule planted;
-    const int warmup = std::min(kP - s, kM);
-    int f = 0, k = 0;
-    for (; f < warmup; ++f) planted.push_back({Op::forward, f});
-    while (f < kM) {
-      planted.push_back({Op::forward, f++});
-      planted.push_back({Op::backward, k++});
-    }
-    while (k < kM) planted.push_back({Op::backward, k++});
+    const Schedule planted = pptest::test_schedule(false, kP, kM, s, /*extra_warmup=*/1);
     const std::size_t peak = pptest::local_stage_peak(stage, planted, micro);
     EXPECT_FALSE(b.holds(peak, std::min(kP - s, kM), "planted"))
         << "stage " << s << ": the memory check must fail when the warm-up is one too long";

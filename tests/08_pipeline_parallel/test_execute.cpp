@@ -32,7 +32,10 @@ Run run_pipeline(const std::vector<nn::GPT*>& pieces, Kind kind, int m, int v,
                  const data::Batch& batch) {
   comm::Communicator& pp = labtest::world();
   Run r;
-  const Schedule schedule = make_schedule(kind, pp.size(), m, v, pp.rank());
+  // AFAB and 1F1B: the test's own schedules (pp_test.cpp), so step 4 does not need step 3
+  const Schedule schedule = kind == Kind::interleaved
+                                ? schedule_interleaved(pp.size(), m, v, pp.rank())
+                                : pptest::test_schedule(kind == Kind::afab, pp.size(), m, pp.rank());
   const comm::CommStats c0 = comm::comm_stats();
   r.loss = pipeline_step(pieces, schedule, batch, m, pp, &r.stats);
   r.moved = comm::comm_stats() - c0;
@@ -69,7 +72,9 @@ void check_against_single_device(Kind kind, int m, int v) {
       << what << ", stage " << s << ": one activation and one gradient per micro-batch";
   // As many micro-batches in flight as the simulator says for this schedule.
   std::vector<Schedule> all;
-  for (int x = 0; x < p; ++x) all.push_back(make_schedule(kind, p, m, v, x));
+  for (int x = 0; x < p; ++x)
+    all.push_back(kind == Kind::interleaved ? schedule_interleaved(p, m, v, x)
+                                            : pptest::test_schedule(kind == Kind::afab, p, m, x));
   EXPECT_EQ(r.stats.max_in_flight, simulate(all, m, v).max_in_flight[s]) << what << " stage " << s;
 }
 
@@ -99,7 +104,7 @@ TEST(Step4_Execute, SgdStepsKeepTheTiedCopiesEqualAndFollowTheTwin) {
   const data::Sampler sampler = kLab.sampler();
   for (int step = 0; step < 3; ++step) {
     const data::Batch b = sampler.batch(step);
-    pipeline_step(mine, schedule_1f1b(p, 4, s), b, 4, pp);
+    pipeline_step(mine, pptest::test_schedule(false, p, 4, s), b, 4, pp);
     sgd.step(kLr);
     twin.zero_grad();
     twin.forward(b.x, b.y);
@@ -131,7 +136,7 @@ TEST(Step4_Execute, SgdStepsKeepTheTiedCopiesEqualAndFollowTheTwin) {
 TEST(Step4_Execute, BadMicroBatchCountsAreUsageErrors) {
   comm::Communicator& pp = labtest::world();
   auto pieces = pptest::pieces_of(pp.size(), 1, pp.rank());
-  const Schedule sched = schedule_afab(pp.size(), 2, pp.rank());
+  const Schedule sched = pptest::test_schedule(true, pp.size(), 2, pp.rank());
   EXPECT_THROW(pipeline_step(pptest::raw(pieces), sched, kLab.batch(0), 3, pp), UsageError)
       << "8 rows into 3 micro-batches";
   EXPECT_THROW(pipeline_step(pptest::raw(pieces), sched, kLab.batch(0), 0, pp), UsageError) << "m 0";
