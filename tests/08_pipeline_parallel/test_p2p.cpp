@@ -110,6 +110,41 @@ TEST(Step2_SendRecv, EachReceiveGetsTheMicroBatchItNames) {
   EXPECT_EQ(comm::comm_total(moved, "", "recv").bytes, n_send * msg);
 }
 
+TEST(Step2_SendRecv, LargeMessagesBothWaysAtOnce) {
+  // 1F1B's steady state with messages past MPI's eager limit (256 KiB): every stage sends to
+  // both neighbours before receiving. A send that waits for its receive hangs here (the
+  // watchdog then names the rank and the send it waits in).
+  comm::Communicator pp = labtest::new_world();
+  const int p = pp.size(), s = pp.rank();
+  const std::vector<int64_t> big = {2, 64, 512};
+  std::vector<Tensor> out;
+  std::vector<comm::Work> sends;
+  if (s + 1 < p) {
+    out.push_back(Tensor::empty(big));
+    ops::fill(out.back(), s + 0.5);
+    sends.push_back(lab08::send_to(pp, out.back(), s + 1, lab08::Flow::activation, 1));
+  }
+  if (s > 0) {
+    out.push_back(Tensor::empty(big));
+    ops::fill(out.back(), -s - 0.5);
+    sends.push_back(lab08::send_to(pp, out.back(), s - 1, lab08::Flow::gradient, 0));
+  }
+  bool ok = true;
+  if (s > 0) {
+    lab08::Incoming in = lab08::recv_from(pp, big, s - 1, lab08::Flow::activation, 1);
+    in.work.wait();
+    ok = ok && in.t.item(0) == s - 1 + 0.5;
+  }
+  if (s + 1 < p) {
+    lab08::Incoming in = lab08::recv_from(pp, big, s + 1, lab08::Flow::gradient, 0);
+    in.work.wait();
+    ok = ok && in.t.item(in.t.numel() - 1) == -(s + 1) - 0.5;
+  }
+  comm::wait_all(sends);
+  EXPECT_TRUE(pptest::on_every_rank(ok ? testing::AssertionSuccess()
+                                       : testing::AssertionFailure() << "wrong payload"));
+}
+
 TEST(Step2_SendRecv, ChunksAreDifferentMessages) {
   // The same micro-batch for two chunks (interleaved): two messages, never confused.
   comm::Communicator pp = labtest::new_world();
