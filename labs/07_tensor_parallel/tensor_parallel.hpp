@@ -182,6 +182,12 @@ struct SPBlockActivations {
   std::size_t nbytes() const;
 };
 
+/// Given. LayerNorm backward on this rank's token rows: din += the input gradient of the rows;
+/// the weight and bias gradients, partial sums over the ranks' rows, are computed apart,
+/// all-reduced over `tp` (2 all-reduces of C) and then added to ln's gradients (they accumulate).
+void layernorm_backward_rows(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
+                             const Tensor& mean, const Tensor& rstd, comm::Communicator& tp);
+
 /// Step 5b. The block of step 3 with sequence parallelism: x_sp (N/tp, C) this rank's token rows
 /// of the block's input (B, T, C) (N = B*T); returns this rank's rows of the output. Per
 /// sub-layer: LayerNorm on the rows, gather_sequence, the sharded attention or MLP
@@ -193,7 +199,7 @@ Tensor sp_block_forward(const nn::Block& block, const Tensor& x_sp, int64_t B, i
 /// Step 5b. Its backward: returns dx_sp (N/tp, C); gradients += (weights: this rank's shards; the
 /// row-parallel biases: whole, from the gathered output gradient). LayerNorm weights see only
 /// this rank's rows, so their gradients are partial sums: all-reduce them (4 tensors of C per
-/// block), keeping what the gradients held before (they accumulate).
+/// block: layernorm_backward_rows does it), keeping what the gradients held before.
 /// Communication: per sub-layer an all-gather of the output gradient, an all-gather of the
 /// LayerNorm output again (it was not kept), a reduce-scatter of the input gradient.
 Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& x_sp, int64_t B,

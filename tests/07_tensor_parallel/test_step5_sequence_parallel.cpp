@@ -159,17 +159,6 @@ Forward planted_forward(bool by_all_reduce) {
   };
 }
 
-void planted_ln_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
-                         const Tensor& mean, const Tensor& rstd) {
-  Tensor dw = Tensor::zeros(ln.weight.grad.shape(), DType::f64),
-         db = Tensor::zeros(ln.bias.grad.shape(), DType::f64);
-  ops::layernorm_backward(din, dw, db, dout, in, ln.weight.value, mean, rstd);
-  group().all_reduce(dw);
-  group().all_reduce(db);
-  ops::add(ln.weight.grad, ln.weight.grad, dw);
-  ops::add(ln.bias.grad, ln.bias.grad, db);
-}
-
 Backward planted_backward() {
   return [](nn::Block& b, const Tensor& dout, const Tensor& x, const lab07::SPBlockActivations& a) {
     const int64_t C = x.size(1);
@@ -177,12 +166,14 @@ Backward planted_backward() {
     Tensor dln2 = Tensor::zeros({kB, kT, C}, DType::f64);
     b.mlp.backward(dln2, planted_gather(dout).view({kB, kT, C}),
                    planted_gather(a.ln2).view({kB, kT, C}), a.mlp);
-    planted_ln_backward(b.ln2, dres2, planted_scatter(dln2, false), a.res2, a.ln2_mean, a.ln2_rstd);
+    lab07::layernorm_backward_rows(b.ln2, dres2, planted_scatter(dln2, false), a.res2, a.ln2_mean,
+                                   a.ln2_rstd, group());  // given, not the attendee's
     Tensor dx = dres2.clone();
     Tensor dln1 = Tensor::zeros({kB, kT, C}, DType::f64);
     b.attn.backward(dln1, planted_gather(dres2).view({kB, kT, C}),
                     planted_gather(a.ln1).view({kB, kT, C}), a.attn);
-    planted_ln_backward(b.ln1, dx, planted_scatter(dln1, false), x, a.ln1_mean, a.ln1_rstd);
+    lab07::layernorm_backward_rows(b.ln1, dx, planted_scatter(dln1, false), x, a.ln1_mean,
+                                   a.ln1_rstd, group());
     return dx;
   };
 }
