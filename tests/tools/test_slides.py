@@ -130,6 +130,19 @@ class PlotTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 2, proc.stderr)
 
 
+class LauncherTest(unittest.TestCase):
+    def test_usage_errors(self):
+        for args, words in ((["slides", "99"], ""), (["slides", "--bogus"], "unknown option"),
+                            (["docs", "extra"], "no arguments")):
+            with self.subTest(args=args):
+                proc = subprocess.run([str(ROOT / "scalelab"), *args], capture_output=True, text=True, timeout=120)
+                self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+                lines = [l for l in proc.stderr.splitlines() if l.strip()]
+                self.assertEqual(len(lines), 1, proc.stderr)
+                self.assertTrue(lines[0].startswith("error: "), lines[0])
+                self.assertIn(words, lines[0])
+
+
 @unittest.skipUnless(shutil.which("pandoc"), "pandoc is not installed (./scalelab setup --docs): decks not rendered")
 class RenderTest(unittest.TestCase):
     @classmethod
