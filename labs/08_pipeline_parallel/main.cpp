@@ -183,10 +183,11 @@ int main(int argc, char** argv) {
 
     // The table: each schedule and m, the bubble measured on every rank beside the formula and
     // the simulator, and the peak activation memory per stage.
-    log::info("bubble = 1 - compute / step time per rank (fastest of {}); peak = allocator peak "
-              "of one step above the model, per stage", reps);
-    log::info("{:<12} {:>3} {:>7} {:>7}  {:<24} {:<24} {:>8}  {:<12} {}", "schedule", "m",
-              "formula", "sim", "measured per rank", "compute ms per rank", "step ms",
+    log::info("bubble = 1 - compute / step time per rank (fastest of {} steps); compute/wait: "
+              "time in forwards and backwards / in receives; peak = allocator peak of one step "
+              "above the model, per stage", reps);
+    log::info("{:<12} {:>3} {:>7} {:>7}  {:<24} {:<36} {:>8}  {:<12} {}", "schedule", "m",
+              "formula", "sim", "measured per rank", "compute/wait ms per rank", "step ms",
               "in flight", "peak activations per rank");
     std::vector<Kind> kinds = {Kind::afab, Kind::one_f_one_b};
     if (L % (p * 2) == 0) kinds.push_back(Kind::interleaved);
@@ -218,17 +219,21 @@ int main(int argc, char** argv) {
         const double peak =
             static_cast<double>(measure_peak_activation_bytes(ptrs, sched, micro, comm));
         const std::vector<double> bubbles = gather(best.bubble, comm);
-        std::vector<double> compute_ms = gather(best.compute_s * 1e3, comm);
+        const std::vector<double> compute_ms = gather(best.compute_s * 1e3, comm);
+        const std::vector<double> wait_ms = gather(best.wait_s * 1e3, comm);
+        std::string times;
+        for (int r = 0; r < p; ++r)
+          times += fmt::format("{}{:.1f}/{:.1f}", r == 0 ? "" : " ", compute_ms[r], wait_ms[r]);
         const std::vector<double> step_ms = gather(best.step_s * 1e3, comm);
         const std::vector<double> peaks = gather(peak, comm);
         std::vector<double> flights;
         for (int x : sr.max_in_flight) flights.push_back(x);
         std::string peak_text;
         for (double b : peaks) peak_text += (peak_text.empty() ? "" : " ") + metrics::human_bytes(b);
-        log::info("{:<12} {:>3} {:>7.3f} {:>7.3f}  {:<24} {:<24} {:>8.1f}  {:<12} {}",
+        log::info("{:<12} {:>3} {:>7.3f} {:>7.3f}  {:<24} {:<36} {:>8.1f}  {:<12} {}",
                   k == Kind::interleaved ? fmt::format("interleaved{}", vk) : kind_name(k), mm,
                   bubble_formula(k, p, mm, vk), sr.bubble.empty() ? 0.0 : sr.bubble[0],
-                  list(bubbles, "{:.2f}"), list(compute_ms, "{:.1f}"),
+                  list(bubbles, "{:.2f}"), times,
                   *std::max_element(step_ms.begin(), step_ms.end()), list(flights, "{:.0f}"),
                   peak_text);
         sane = sane && !sr.deadlock;

@@ -1,5 +1,5 @@
 // Starter generated from solutions/08_pipeline_parallel/pipeline_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 445c2a7790691fd8 (lets make-labs see your edits).
+// step (see README.md). Body hash 9b3849a3e3ab2c10 (lets make-labs see your edits).
 // Lab 08: pipeline parallelism: stages, activations over send/recv, schedules as data (AFAB,
 // 1F1B, interleaved 1F1B), executed with one GPTActivations per micro-batch in flight.
 #include "pipeline_parallel.hpp"
@@ -125,6 +125,8 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
   // HINT: keep per (chunk, micro-batch): its GPTActivations, the input received, the output to
   // HINT: send, the gradient received; release each as soon as it is used.
   // HINT: keep each send's Work AND its tensor until it is done (test() them as you go).
+  // HINT: stats (when given): one Timed{action, begin, seconds_since(t0)} per action, and the
+  // HINT: most micro-batches in flight; a trace::Scope per action shows it in --trace.
   throw scalelab::NotImplemented(
       "lab 08 step 4: execute the actions: one GPTActivations per micro-batch in flight (README.md#step-4)");
   if (stats != nullptr) stats->step_s = seconds_since(t0);

@@ -188,6 +188,8 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
   // HINT: keep per (chunk, micro-batch): its GPTActivations, the input received, the output to
   // HINT: send, the gradient received; release each as soon as it is used.
   // HINT: keep each send's Work AND its tensor until it is done (test() them as you go).
+  // HINT: stats (when given): one Timed{action, begin, seconds_since(t0)} per action, and the
+  // HINT: most micro-batches in flight; a trace::Scope per action shows it in --trace.
   std::vector<std::vector<nn::GPTActivations>> acts(v, std::vector<nn::GPTActivations>(m));
   std::vector<std::vector<Tensor>> received(v, std::vector<Tensor>(m));  // from the neighbour
   std::vector<std::vector<Tensor>> to_send(v, std::vector<Tensor>(m));   // for the neighbour
