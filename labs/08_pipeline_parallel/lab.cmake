@@ -13,7 +13,9 @@ if(SCALELAB_BUILD_TESTS)
   foreach(case "3;more_stages_than_layers;--model;tiny"
                "1;zero_micro_batches;--model;tiny;--micro-batches;0"
                "1;interleaved_layers_not_divisible;--model;tiny;--schedule;interleaved;--chunks;4"
-               "1;unknown_schedule;--model;tiny;--schedule;zigzag")
+               "1;unknown_schedule;--model;tiny;--schedule;zigzag"
+               "1;batch_not_divisible;--model;tiny;--batch;16;--micro-batches;3"
+               "2;interleaved_m_not_multiple_of_p;--model;tiny;--schedule;interleaved;--chunks;1;--micro-batches;3")
     list(POP_FRONT case ranks name)
     add_test(NAME lab08.cli.${name}
              COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \

@@ -177,3 +177,49 @@ TEST(Step6_ChunkLayers, PieceVsHoldsItsBlocks) {
   EXPECT_EQ(chunk_layers(8, 2, 2, 1, 1), (LayerRange{6, 8}));
   EXPECT_EQ(chunk_layers(4, 1, 4, 0, 3), (LayerRange{3, 4}));
 }
+
+namespace {
+
+// The planted fault of step 6: the interleaved order with the backward chunks NOT reversed
+// (chunk 0's backward first, as in forward). Written here, from the README's rule.
+Schedule interleaved_not_reversed(int p, int m, int v, int stage) {
+  Schedule s;
+  auto unit = [&](int k) {
+    const int group = k / (p * v), within = k % (p * v);
+    return std::pair<int, int>{group * p + within % p, within / p};  // the fault: no v-1-...
+  };
+  auto fwd = [&](int k) {
+    const auto [mb, c] = unit(k);
+    if (prev_piece(p, v, stage, c).exists) s.push_back({Op::recv_activation, mb, c});
+    s.push_back({Op::forward, mb, c});
+    if (next_piece(p, v, stage, c).exists) s.push_back({Op::send_activation, mb, c});
+  };
+  auto bwd = [&](int k) {
+    const auto [mb, c] = unit(k);
+    if (next_piece(p, v, stage, c).exists) s.push_back({Op::recv_gradient, mb, c});
+    s.push_back({Op::backward, mb, c});
+    if (prev_piece(p, v, stage, c).exists) s.push_back({Op::send_gradient, mb, c});
+  };
+  const int total = m * v, warmup = std::min((p - stage - 1) * 2 + (v - 1) * p, total);
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) fwd(f);
+  while (f < total) {
+    fwd(f++);
+    bwd(b++);
+  }
+  while (b < total) bwd(b++);
+  return s;
+}
+
+}  // namespace
+
+TEST(Step6_PlantedFault, BackwardChunksNotReversedDeadlocks) {
+  // Chunk 0's backward needs the gradient of chunk 1's input, which only exists after chunk 1's
+  // backward: the simulator reports every stage waiting.
+  std::vector<Schedule> planted;
+  for (int s = 0; s < 2; ++s) planted.push_back(interleaved_not_reversed(2, 4, 2, s));
+  const SimResult r = simulate(planted, 4, 2);
+  ASSERT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_TRUE(r.deadlock) << "the same check Step6_Simulated relies on must fail";
+  EXPECT_NE(r.report.find("stage 0 waits"), std::string::npos) << r.report;
+}
