@@ -124,7 +124,7 @@ std::vector<std::size_t> bench_sizes(const BenchConfig& config);
 /// Runs the bench for one all-reduce implementation (`ring` true: ring_all_reduce, false:
 /// comm.all_reduce) on f32 buffers of every size of bench_sizes(config): `warmup` untimed runs,
 /// then `iters` timed runs (each starts after a barrier; an iteration's time is the slowest
-/// rank's), then one checked run on integer-valued data (#wrong). Returns the same rows on every
+/// rank's), then one checked run on integer-valued data (\#wrong). Returns the same rows on every
 /// rank. Given: it calls your make_bench_row.
 std::vector<BenchRow> run_bench(Communicator& comm, bool ring, const BenchConfig& config);
 
