@@ -175,7 +175,33 @@ uint64_t fnv1a64(const void* data, std::size_t nbytes) {
   return h;
 }
 
+namespace {
+
+// Removes FILE.tmp (the old scheme's: no owner recorded) and FILE.tmp.PID whose PID no longer
+// runs, beside `file`: what a killed writer left. A running writer's temporary stays.
+int remove_stale_temporaries_of(const fs::path& file) {
+  int removed = 0;
+  const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  const std::string prefix = file.filename().string() + ".tmp";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string rest = name.substr(prefix.size());
+    bool stale = rest.empty();
+    if (rest.size() > 1 && rest.size() < 12 && rest[0] == '.' &&
+        rest.find_first_not_of("0123456789", 1) == std::string::npos)
+      stale = !process_alive(std::stol(rest.substr(1)));
+    std::error_code rm;
+    if (stale && fs::remove(entry.path(), rm)) ++removed;
+  }
+  return removed;
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const void* data, std::size_t nbytes) {
+  remove_stale_temporaries_of(path);  // what a writer killed before its rename left
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   write_synced(tmp, data, nbytes);
   std::error_code ec;
@@ -190,21 +216,7 @@ void write_file_atomic(const std::string& path, const void* data, std::size_t nb
 
 int remove_stale_temporaries(const std::string& dir) {
   int removed = 0;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    for (const char* file : kCorpusFiles) {
-      const std::string prefix = std::string(file) + ".tmp";
-      if (name.rfind(prefix, 0) != 0) continue;
-      const std::string rest = name.substr(prefix.size());
-      bool stale = rest.empty();  // NAME.tmp: the old scheme's, no owner recorded
-      if (rest.size() > 1 && rest[0] == '.' &&
-          rest.find_first_not_of("0123456789", 1) == std::string::npos)
-        stale = !process_alive(std::stol(rest.substr(1)));
-      std::error_code rm;
-      if (stale && fs::remove(entry.path(), rm)) ++removed;
-    }
-  }
+  for (const char* file : kCorpusFiles) removed += remove_stale_temporaries_of(fs::path(dir) / file);
   return removed;
 }
 

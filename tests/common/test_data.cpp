@@ -264,6 +264,23 @@ TEST(CorpusFiles, StaleTemporariesOfDeadProcessesOnlyAreRemoved) {
   fs::remove_all(dir);
 }
 
+TEST(CorpusFiles, AtomicWritesRemoveTheTemporariesOfKilledWriters) {
+  // checkpoints (lab 02) use write_file_atomic: a writer killed before its rename leaves
+  // PATH.tmp.PID; the next write removes it (and the old scheme's PATH.tmp), not a live one's
+  const std::string dir = temp_dir("atomic");
+  const std::string path = dir + "/lab02.ckpt";
+  const std::string dead = fmt::format("{}.tmp.{}", path, kDeadPid);
+  const std::string live = fmt::format("{}.tmp.{}", path, ::getppid());
+  for (const std::string& f : {dead, live, path + ".tmp"}) write_all(f, "partial");
+  data::write_file_atomic(path, "new", 3);
+  EXPECT_EQ(read_all(path), "new");
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_FALSE(fs::exists(fmt::format("{}.tmp.{}", path, ::getpid()))) << "its own is renamed";
+  fs::remove_all(dir);
+}
+
 TEST(CorpusFiles, AnythingButACorpusFileIsAUsageError) {
   EXPECT_TRUE(usage_error_naming([] { data::load_tokens("/nonexistent/train.bin"); },
                                  {"/nonexistent/train.bin"}));
