@@ -64,6 +64,19 @@ scalelab_expect_usage_error(common.scalelab_data.check_corrupt_corpus scalelab_d
                             --out ${corrupt_corpus})
 scalelab_expect_usage_error(lab02.cli.corrupt_corpus ${lab02} --data ${corrupt_corpus})
 scalelab_expect_usage_error(lab03.cli.corrupt_corpus lab03_ddp_solution --data ${corrupt_corpus})
+# On 2 ranks too: rank 0 checks the output, every rank exits 2 with the same one line (mpiexec
+# adds its own notice about the exit code), before any work.
+foreach(case "lab03_trace_dir_missing;lab03_ddp_solution;--trace;/nonexistent/dir/t.json"
+             "lab03_corrupt_corpus;lab03_ddp_solution;--data;${corrupt_corpus}")
+  list(POP_FRONT case name program)
+  add_test(NAME common.cli.${name}.np2
+           COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
+n=$(grep '^error: ' \"$e\" | sort -u | wc -l); rm -f \"$e\"; [ $rc -eq 2 ] && [ $n -eq 1 ]"
+                   ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:${program}> ${MPIEXEC_POSTFLAGS} ${case})
+  set_tests_properties(common.cli.${name}.np2 PROPERTIES LABELS "reference;common" TIMEOUT 30
+                       PROCESSORS 2 ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+endforeach()
 # every lab program checks --trace in cli::run_options, before it loads data or trains
 foreach(program lab00_hello_dist lab01_collectives lab03_ddp lab04_ddp_overlap
                 lab05_grad_accumulation lab06_activation_checkpointing)
