@@ -10,6 +10,8 @@
 
 #include <functional>
 
+#include <fmt/format.h>
+
 #include "common/nn/linear.hpp"
 #include "common/ops/ops.hpp"
 #include "tensor_parallel.hpp"
@@ -102,28 +104,30 @@ struct Part {
   Whole whole;
   const nn::Shard shard = impl.shard(kOut, r, tp);
   Part part(whole, shard, kIn, kOut);
-  if (part.layer.weight.shape() != std::vector<int64_t>{n, kIn} || part.layer.row_parallel())
+  if (!on_every_rank(part.layer.weight.shape() == std::vector<int64_t>{n, kIn} &&
+                     !part.layer.row_parallel()))
     return ::testing::AssertionFailure()
            << "rank " << r << " must hold rows [" << lo << ", " << lo + n
-           << ") of the weight: a (" << n << ", " << kIn << ") column-parallel shard";
+           << ") of the weight: a (" << n << ", " << kIn
+           << ") column-parallel shard (on every rank)";
   Tensor y;
   const Traffic fwd = traffic_of([&] { y = impl.forward(part.layer, whole.x, group()); });
-  if (auto ok = only_all_reduces(fwd, 0, 0); !ok) return ok << " (column-parallel forward)";
-  if (y.shape() != std::vector<int64_t>{kB, kT, n})
-    return ::testing::AssertionFailure() << "y_local is " << y.str() << ", want (2, 3, " << n << ")";
-  if (auto ok = near(y, cut(whole.y.view({kN, kOut}), nn::Shard{1, {{lo, lo + n}}})); !ok)
-    return ok << " (y_local: output features [" << lo << ", " << lo + n << "))";
+  Verdict v;
+  v(only_all_reduces(fwd, 0, 0), " (column-parallel forward)");
+  if (!on_every_rank(y.shape() == std::vector<int64_t>{kB, kT, n}))
+    return ::testing::AssertionFailure() << "y_local is " << y.str() << ", want (2, 3, " << n
+                                         << ") (on every rank)";
+  v(near(y, cut(whole.y.view({kN, kOut}), nn::Shard{1, {{lo, lo + n}}})),
+    fmt::format(" (y_local: output features [{}, {}))", lo, lo + n));
   const Tensor dy_local = columns(whole.dy.view({kN, kOut}), lo, lo + n).view({kB, kT, n});
   Tensor dx;
-  const Traffic bwd = traffic_of([&] { dx = impl.backward(part.layer, dy_local, whole.x, group()); });
-  if (auto ok = only_all_reduces(bwd, 1, kN * kIn * 8); !ok)
-    return ok << " (column-parallel backward: f's all-reduce of dx)";
-  if (auto ok = near(dx, whole.dx); !ok) return ok << " (dx, the whole input gradient)";
-  if (auto ok = near(part.layer.weight.grad, cut(whole.layer.weight.grad, shard)); !ok)
-    return ok << " (dW rows)";
-  if (auto ok = near(part.layer.bias.grad, cut(whole.layer.bias.grad, shard)); !ok)
-    return ok << " (db)";
-  return ::testing::AssertionSuccess();
+  const Traffic bwd =
+      traffic_of([&] { dx = impl.backward(part.layer, dy_local, whole.x, group()); });
+  v(only_all_reduces(bwd, 1, kN * kIn * 8), " (column-parallel backward: f's all-reduce of dx)");
+  v(near(dx, whole.dx), " (dx, the whole input gradient)");
+  v(near(part.layer.weight.grad, cut(whole.layer.weight.grad, shard)), " (dW rows)");
+  v(near(part.layer.bias.grad, cut(whole.layer.bias.grad, shard)), " (db)");
+  return v.first;
 }
 
 ::testing::AssertionResult check_row(const Impl& impl) {
@@ -132,26 +136,27 @@ struct Part {
   Whole whole;
   const nn::Shard shard = impl.shard(kIn, r, tp);
   Part part(whole, shard, kIn, kOut);
-  if (part.layer.weight.shape() != std::vector<int64_t>{kOut, n} || !part.layer.row_parallel())
+  if (!on_every_rank(part.layer.weight.shape() == std::vector<int64_t>{kOut, n} &&
+                     part.layer.row_parallel()))
     return ::testing::AssertionFailure()
            << "rank " << r << " must hold columns [" << lo << ", " << lo + n
-           << ") of the weight: a (" << kOut << ", " << n << ") row-parallel shard";
+           << ") of the weight: a (" << kOut << ", " << n
+           << ") row-parallel shard (on every rank)";
   const Tensor x_local = columns(whole.x.view({kN, kIn}), lo, lo + n).view({kB, kT, n});
   Tensor y;
   const Traffic fwd = traffic_of([&] { y = impl.forward(part.layer, x_local, group()); });
-  if (auto ok = only_all_reduces(fwd, 1, kN * kOut * 8); !ok)
-    return ok << " (row-parallel forward: g's all-reduce of y)";
-  if (auto ok = near(y, whole.y); !ok) return ok << " (y: the bias must count once)";
+  Verdict v;
+  v(only_all_reduces(fwd, 1, kN * kOut * 8), " (row-parallel forward: g's all-reduce of y)");
+  v(near(y, whole.y), " (y: the bias must count once)");
   Tensor dx;
-  const Traffic bwd = traffic_of([&] { dx = impl.backward(part.layer, whole.dy, x_local, group()); });
-  if (auto ok = only_all_reduces(bwd, 0, 0); !ok) return ok << " (row-parallel backward)";
-  if (auto ok = near(dx, cut(whole.dx.view({kN, kIn}), nn::Shard{1, {{lo, lo + n}}})); !ok)
-    return ok << " (dx_local: input features [" << lo << ", " << lo + n << "))";
-  if (auto ok = near(part.layer.weight.grad, cut(whole.layer.weight.grad, shard)); !ok)
-    return ok << " (dW columns)";
-  if (auto ok = near(part.layer.bias.grad, whole.layer.bias.grad); !ok)
-    return ok << " (db: whole, the same on every rank)";
-  return ::testing::AssertionSuccess();
+  const Traffic bwd =
+      traffic_of([&] { dx = impl.backward(part.layer, whole.dy, x_local, group()); });
+  v(only_all_reduces(bwd, 0, 0), " (row-parallel backward)");
+  v(near(dx, cut(whole.dx.view({kN, kIn}), nn::Shard{1, {{lo, lo + n}}})),
+    fmt::format(" (dx_local: input features [{}, {}))", lo, lo + n));
+  v(near(part.layer.weight.grad, cut(whole.layer.weight.grad, shard)), " (dW columns)");
+  v(near(part.layer.bias.grad, whole.layer.bias.grad), " (db: whole, the same on every rank)");
+  return v.first;
 }
 
 }  // namespace

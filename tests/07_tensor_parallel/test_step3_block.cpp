@@ -51,33 +51,34 @@ void take_shard(nn::Block& part, nn::ParameterSet& set, const Whole& whole) {
 ::testing::AssertionResult check_block(nn::Block& part, const Whole& whole) {
   const int tp = size();
   const int64_t C = whole.c.n_embd, hs = C / whole.c.n_head;
-  if (part.attn.qkv.weight.shape() != std::vector<int64_t>{3 * C / tp, C} ||
-      part.attn.proj.weight.shape() != std::vector<int64_t>{C, C / tp} ||
-      part.mlp.fc.weight.shape() != std::vector<int64_t>{4 * C / tp, C} ||
-      part.mlp.proj.weight.shape() != std::vector<int64_t>{C, 4 * C / tp})
+  const bool shapes = part.attn.qkv.weight.shape() == std::vector<int64_t>{3 * C / tp, C} &&
+                      part.attn.proj.weight.shape() == std::vector<int64_t>{C, C / tp} &&
+                      part.mlp.fc.weight.shape() == std::vector<int64_t>{4 * C / tp, C} &&
+                      part.mlp.proj.weight.shape() == std::vector<int64_t>{C, 4 * C / tp};
+  if (!on_every_rank(shapes))
     return ::testing::AssertionFailure()
            << "each rank holds 1/" << tp << " of every weight: qkv (" << 3 * C / tp << ", " << C
            << "), attn proj (" << C << ", " << C / tp << "), fc (" << 4 * C / tp << ", " << C
-           << "), mlp proj (" << C << ", " << 4 * C / tp << ")";
+           << "), mlp proj (" << C << ", " << 4 * C / tp << ") (on every rank)";
+  Verdict v;
   for (const auto& [b, e] : part.attn.qkv.weight.shard.ranges)
     if (b % hs != 0 || e % hs != 0)
-      return ::testing::AssertionFailure() << "qkv rows [" << b << ", " << e
-                                           << ") cut a head of " << hs << " rows";
+      v(::testing::AssertionFailure() << "qkv rows [" << b << ", " << e << ") cut a head of "
+                                      << hs << " rows", "");
   const int64_t act = kB * kT * C * 8;
   nn::BlockActivations a;
   Tensor y, dx;
   const Traffic fwd = traffic_of([&] { y = part.forward(whole.x, a); });
-  if (auto ok = only_all_reduces(fwd, 2, 2 * act); !ok)
-    return ok << " (forward: one all-reduce after attention, one after the MLP)";
-  if (auto ok = near(y, whole.y); !ok) return ok << " (block output)";
+  v(only_all_reduces(fwd, 2, 2 * act), " (forward: one all-reduce after attention, one after "
+                                       "the MLP)");
+  v(near(y, whole.y), " (block output)");
   const Traffic bwd = traffic_of([&] { dx = part.backward(whole.dout, whole.x, a); });
-  if (auto ok = only_all_reduces(bwd, 2, 2 * act); !ok)
-    return ok << " (backward: one all-reduce into ln2's gradient, one into ln1's)";
-  if (auto ok = near(dx, whole.dx); !ok) return ok << " (dx)";
+  v(only_all_reduces(bwd, 2, 2 * act), " (backward: one all-reduce into ln2's gradient, one "
+                                       "into ln1's)");
+  v(near(dx, whole.dx), " (dx)");
   for (nn::Parameter* p : part.parameters())
-    if (auto ok = near(p->grad, cut(whole.set.get(p->name).grad, p->shard)); !ok)
-      return ok << " (" << p->name << " gradient)";
-  return ::testing::AssertionSuccess();
+    v(near(p->grad, cut(whole.set.get(p->name).grad, p->shard)), " (" + p->name + " gradient)");
+  return v.first;
 }
 
 // Written here for the planted faults (they never call the attendee's code): the library's own

@@ -65,34 +65,33 @@ std::size_t sp_block_bytes(const ModelConfig& c, int tp) {
   const Tensor x_sp = rows_of(whole.x, lo, lo + n);
   lab07::SPBlockActivations a;
   Tensor y_sp, dx_sp;
+  Verdict v;
   const Traffic fwd = traffic_of([&] { y_sp = forward(part, x_sp, a); });
   if (a.nbytes() != sp_block_bytes(whole.c, tp))
-    return ::testing::AssertionFailure()
-           << "the block holds " << a.nbytes() << " bytes of activations, the formula (LayerNorm "
-           << "outputs, statistics and residual on N/tp rows; the gathered inputs not kept) says "
-           << sp_block_bytes(whole.c, tp);
+    v(::testing::AssertionFailure()
+          << "the block holds " << a.nbytes() << " bytes of activations, the formula (LayerNorm "
+          << "outputs, statistics and residual on N/tp rows; the gathered inputs not kept) says "
+          << sp_block_bytes(whole.c, tp), "");
   if (fwd.op("all_gather").calls != 2 || fwd.op("all_gather").bytes != 2 * NC8 ||
       fwd.op("reduce_scatter").calls != 2 || fwd.op("reduce_scatter").bytes != 2 * NC8 ||
       fwd.all().calls != 4)
-    return ::testing::AssertionFailure()
-           << "forward: want exactly 2 all-gathers and 2 reduce-scatters of " << NC8
-           << " bytes (N x C) and nothing else; the counters say:\n" << fwd.str();
-  if (auto ok = near(y_sp, rows_of(whole.y, lo, lo + n)); !ok) return ok << " (our output rows)";
+    v(::testing::AssertionFailure()
+          << "forward: want exactly 2 all-gathers and 2 reduce-scatters of " << NC8
+          << " bytes (N x C) and nothing else; the counters say:\n" << fwd.str(), "");
+  v(near(y_sp, rows_of(whole.y, lo, lo + n)), " (our output rows)");
   const Tensor dout_sp = rows_of(whole.dout, lo, lo + n);
   const Traffic bwd = traffic_of([&] { dx_sp = backward(part, dout_sp, x_sp, a); });
   if (bwd.op("all_gather").calls != 4 || bwd.op("all_gather").bytes != 4 * NC8 ||
       bwd.op("reduce_scatter").calls != 2 || bwd.op("reduce_scatter").bytes != 2 * NC8 ||
-      bwd.op("all_reduce").bytes != 4 * C * 8 ||
-      bwd.all().bytes != 6 * NC8 + 4 * C * 8)
-    return ::testing::AssertionFailure()
-           << "backward: want 4 all-gathers (output gradient, LayerNorm output again) and 2 "
-              "reduce-scatters of " << NC8 << " bytes, all-reduces of the LayerNorm gradients ("
-           << 4 * C * 8 << " bytes) and nothing else; the counters say:\n" << bwd.str();
-  if (auto ok = near(dx_sp, rows_of(whole.dx, lo, lo + n)); !ok) return ok << " (our dx rows)";
+      bwd.op("all_reduce").bytes != 4 * C * 8 || bwd.all().bytes != 6 * NC8 + 4 * C * 8)
+    v(::testing::AssertionFailure()
+          << "backward: want 4 all-gathers (output gradient, LayerNorm output again) and 2 "
+             "reduce-scatters of " << NC8 << " bytes, all-reduces of the LayerNorm gradients ("
+          << 4 * C * 8 << " bytes) and nothing else; the counters say:\n" << bwd.str(), "");
+  v(near(dx_sp, rows_of(whole.dx, lo, lo + n)), " (our dx rows)");
   for (nn::Parameter* p : part.parameters())
-    if (auto ok = near(p->grad, cut(whole.set.get(p->name).grad, p->shard)); !ok)
-      return ok << " (" << p->name << " gradient)";
-  return ::testing::AssertionSuccess();
+    v(near(p->grad, cut(whole.set.get(p->name).grad, p->shard)), " (" + p->name + " gradient)");
+  return v.first;
 }
 
 void take_shard(nn::Block& part, nn::ParameterSet& set, const Whole& whole) {

@@ -45,18 +45,20 @@ using CommFormula =
     std::function<std::size_t(const ModelConfig&, int64_t, int64_t, std::size_t, bool)>;
 
 ::testing::AssertionResult formulas_match(const ActFormula& act, const CommFormula& comm) {
+  Verdict v;
   for (bool sp : {false, true}) {
     const std::size_t a = act(config(), kB, kT, size(), 4, sp);
     const std::size_t c = comm(config(), kB, kT, 4, sp);
     const Measured m = measure(sp);
+    const char* which = sp ? "sequence parallel: " : "";
     if (a != m.act)
-      return ::testing::AssertionFailure() << (sp ? "sequence parallel: " : "") << "activations "
-                                           << m.act << " bytes measured, formula " << a;
+      v(::testing::AssertionFailure() << which << "activations " << m.act
+                                      << " bytes measured, formula " << a, "");
     if (c != static_cast<std::size_t>(m.bytes))
-      return ::testing::AssertionFailure() << (sp ? "sequence parallel: " : "") << "payload "
-                                           << m.bytes << " bytes counted, formula " << c;
+      v(::testing::AssertionFailure() << which << "payload " << m.bytes
+                                      << " bytes counted, formula " << c, "");
   }
-  return ::testing::AssertionSuccess();
+  return v.first;
 }
 
 }  // namespace

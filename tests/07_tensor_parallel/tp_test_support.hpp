@@ -106,6 +106,25 @@ inline ::testing::AssertionResult near(const Tensor& got, const Tensor& want, do
   return near(got.to_vector(), want.to_vector(), rel);
 }
 
+/// True on every rank iff `ok` on every rank (collective; not counted inside a traffic_of).
+/// A check that would stop early on one rank must agree first: the others would wait for it in
+/// the next collective.
+inline bool on_every_rank(bool ok) {
+  Tensor flag = Tensor::from_vector({ok ? 1.0 : 0.0}, {1}, DType::f64);
+  group().all_reduce(flag, comm::ReduceOp::min);
+  return flag.item() == 1.0;
+}
+
+/// Collects the first failure of a check and lets it go on, so every rank runs every collective
+/// of the check whatever it finds (a rank that returned early would leave the others waiting).
+struct Verdict {
+  ::testing::AssertionResult first = ::testing::AssertionSuccess();
+  void operator()(::testing::AssertionResult r, const std::string& what) {
+    if (first && !r) first = ::testing::AssertionFailure() << r.message() << what;
+  }
+  explicit operator bool() const { return static_cast<bool>(first); }
+};
+
 /// What a call submitted on the tp group: calls and payload bytes per op.
 struct Traffic {
   comm::CommStats stats;
