@@ -1,5 +1,8 @@
 # Test helpers. Every test binary links the MPI-aware GoogleTest main (tests/support) and runs
 # under mpiexec, even at one rank, so a test sees the same start-up as a lab program.
+# scalelab::test_main is an OBJECT library: link it directly to each test executable (objects do
+# not travel through other libraries), so its strong `main` is always linked in and a lab's own
+# `main` is a link error (the grader relies on it: docs/grading.md).
 
 # What lets Open MPI start as root and with more ranks than cores (a 2-core laptop or CI runner
 # running 4 ranks): the KEY=VALUE lines of tools/mpi_env, the one list the launcher and the
