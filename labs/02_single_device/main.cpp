@@ -31,6 +31,10 @@ struct Corpus {
 // tokenised and split 90/10 here.
 Corpus load_corpus(const std::string& where) {
   Corpus c;
+  const std::string ext = std::filesystem::path(where).extension().string();
+  SCALELAB_REQUIRE(!(std::filesystem::is_regular_file(where) && (ext == ".bin" || ext == ".json")),
+                   "--data {} is a corpus file, not a text: pass its directory (train.bin, val.bin "
+                   "and meta.json are checked together)", where);
   if (std::filesystem::is_regular_file(where)) {
     auto ids = data::encode(data::read_text_file(where));
     const std::size_t n = ids.size() * 9 / 10;

@@ -63,6 +63,7 @@ file(WRITE ${corrupt_corpus}/meta.json "{\n  \"format\": 2,\n  \"tokenizer\": \"
 scalelab_expect_usage_error(common.scalelab_data.check_corrupt_corpus scalelab_data --check
                             --out ${corrupt_corpus})
 scalelab_expect_usage_error(lab02.cli.corrupt_corpus ${lab02} --data ${corrupt_corpus})
+scalelab_expect_usage_error(lab02.cli.bin_file_as_text ${lab02} --data ${corrupt_corpus}/train.bin)
 scalelab_expect_usage_error(lab03.cli.corrupt_corpus lab03_ddp_solution --data ${corrupt_corpus})
 # On 2 ranks too: rank 0 checks the output, every rank exits 2 with the same one line (mpiexec
 # adds its own notice about the exit code), before any work.
