@@ -1,9 +1,11 @@
-// Lab 07 step 6: the formulas of the program's table, against what a TPGPT (float32, `small`'s
-// shape cut down to 2 layers) actually holds and sends at this run's tp, with and without
+// Lab 07 step 6: the formulas of the program's table, against what a TPGPT (float32; 2 layers,
+// 4 heads, C = 64, V = 256, T = 16) actually holds and sends at this run's tp, with and without
 // sequence parallelism: activation bytes equal TPActivations::nbytes (every tensor its own
 // allocation, so this is the allocator's count) and payload bytes equal the byte counters, both
 // EXACTLY (integers; no tolerance). Planted: a count that forgets the LayerNorm statistics and one
-// that counts an all-reduce's wire bytes (2(n-1)/n) instead of the payload must both fail.
+// that counts a ring's wire bytes instead of the payload must both fail. Unlike the other steps'
+// planted faults, these measure a TPGPT, so they need steps 1-5 working (on the untouched starter
+// they stop at the first step not implemented).
 #include <gtest/gtest.h>
 
 #include <functional>
