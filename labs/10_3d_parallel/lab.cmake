@@ -1,0 +1,26 @@
+# Lab 10 links the reference solutions of lab 07 (the tensor-parallel block's operators) and lab 08
+# (stages, 1F1B, the executor, the tied gradient): the attendee composes them.
+# Step 1 (the grid) is pure index math: one rank. Steps 2-3 run real grids: 4 ranks (dp x tp x pp
+# = 1x2x2, 2x1x2, 2x2x1) and, for step 3, 8 ranks (2x2x2, 1x2x4, 2x4x1, 4x1x2).
+scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp STEPS 3 RANKS 4
+                 STEP_RANKS "1:1" "3:4,8"
+                 LIBS lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
+                 TIMEOUT 60)
+# Bad grids: exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
+# about the exit code), never a hang; checked before any data is read.
+if(SCALELAB_BUILD_TESTS)
+  set(lab10_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
+  foreach(case "2;grid_not_world;--dp;2;--tp;2;--pp;1"
+               "4;tp_not_dividing_heads;--dp;1;--tp;4;--pp;1"
+               "4;more_stages_than_layers;--dp;1;--tp;1;--pp;4")
+    list(POP_FRONT case ranks name)
+    add_test(NAME lab10.cli.${name}
+             COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
+n=$(grep '^error: ' \"$e\" | sort -u | wc -l); rm -f \"$e\"; [ $rc -eq 2 ] && [ $n -eq 1 ]"
+                     ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
+                     $<TARGET_FILE:lab10_3d_parallel_solution> ${MPIEXEC_POSTFLAGS}
+                     --model tiny ${case} --data ${lab10_data})
+    set_tests_properties(lab10.cli.${name} PROPERTIES LABELS "reference;lab10" TIMEOUT 30
+                         PROCESSORS ${ranks} ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+  endforeach()
+endif()

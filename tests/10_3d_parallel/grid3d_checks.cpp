@@ -1,0 +1,88 @@
+#include "grid3d_checks.hpp"
+
+#include <fmt/format.h>
+
+namespace scalelab::lab10test {
+
+ModelConfig config() {
+  ModelConfig c = kLab.config();
+  c.n_head = 4;  // head size 8: tp = 4 keeps one head per rank
+  return c;
+}
+
+std::vector<lab10::GridShape> grids_for(int world) {
+  if (world == 8) return {{2, 2, 2}, {1, 2, 4}, {2, 4, 1}, {4, 1, 2}};
+  if (world == 4) return {{1, 2, 2}, {2, 1, 2}, {2, 2, 1}};
+  if (world == 2) return {{1, 1, 2}, {2, 1, 1}, {1, 2, 1}};
+  return {{1, 1, 1}};
+}
+
+std::string name(const lab10::GridShape& s) {
+  return fmt::format("dp {} x tp {} x pp {}", s.dp, s.tp, s.pp);
+}
+
+std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch) {
+  auto ref = std::make_unique<nn::GPT>(config(), f64());
+  ref->zero_grad();
+  ref->forward(batch.x, batch.y);
+  ref->backward();
+  return ref;
+}
+
+namespace {
+
+// The part of `full` (a whole parameter's values or gradients) that `shard` keeps, flattened.
+void append_shard(std::vector<double>& out, const Tensor& full, const nn::Shard& shard) {
+  const std::vector<double> v = full.to_vector();
+  if (shard.whole()) {
+    out.insert(out.end(), v.begin(), v.end());
+    return;
+  }
+  const int64_t cols = full.dim() == 2 ? full.size(1) : 1;
+  const int64_t rows = full.size(0);
+  if (shard.dim == 0) {  // rows [a, b) of each range, in order
+    for (const auto& [a, b] : shard.ranges)
+      out.insert(out.end(), v.begin() + a * cols, v.begin() + b * cols);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)  // columns: each row keeps its ranges' columns
+    for (const auto& [a, b] : shard.ranges)
+      out.insert(out.end(), v.begin() + r * cols + a, v.begin() + r * cols + b);
+}
+
+}  // namespace
+
+Tensor expected(const nn::GPT& local, nn::GPT& reference, bool grads) {
+  std::vector<double> out;
+  for (const nn::Parameter* p : local.parameters()) {
+    const nn::Parameter& full =
+        reference.params().get(p->name == "lm_head.weight" ? "wte.weight" : p->name);
+    append_shard(out, grads ? full.grad : full.value, p->shard);
+  }
+  return Tensor::from_vector(out, {static_cast<int64_t>(out.size())}, DType::f64);
+}
+
+std::unique_ptr<nn::GPT> own_model(lab10::Groups& g) {
+  const ModelConfig c = config();
+  const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(c.n_layer), g.shape.pp,
+                                                  g.coord.pp);
+  nn::GPTOptions o = f64();
+  o.first_block = r.first;
+  o.last_block = r.last;
+  o.tp_rank = g.coord.tp;
+  o.tp_size = g.shape.tp;
+  auto model = std::make_unique<nn::GPT>(c, o);
+  for (int i = r.first; i < r.last; ++i) lab07::make_tensor_parallel(model->block(i), g.tp);
+  return model;
+}
+
+int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group) {
+  return comm::comm_total(comm::comm_stats() - before, group, "all_reduce").bytes;
+}
+
+int64_t tp_block_bytes(int blocks, int64_t rows) {
+  const ModelConfig c = config();
+  return int64_t{4} * blocks * rows * c.block_size * c.n_embd * 8;  // float64
+}
+
+}  // namespace scalelab::lab10test

@@ -1,0 +1,50 @@
+#pragma once
+// What lab 10's graders share: the model and data, the single-device reference cut to what one
+// rank of a grid holds, the test's OWN 3D model (so step 3 is graded without the attendee's step
+// 2), and the byte counts a 3D step must show per group.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "3d_parallel.hpp"
+#include "common/comm/stats.hpp"
+#include "tests/support/lab_fixture.hpp"
+
+namespace scalelab::lab10test {
+
+// tiny (32 wide, context 16, vocabulary 256) with 4 layers (pp up to 4) and 4 heads (tp up to 4).
+inline constexpr labtest::Setup kLab{.seed = 1010, .global_batch = 8, .corpus_seed = 10,
+                                     .n_layer = 4};
+ModelConfig config();
+
+// Float64 throughout: the tp all-reduces and the dp average add the same numbers in another order
+// than the single device, which in float64 moves the last of ~16 digits; these bounds leave room
+// for that and nothing else (a wrong group or a missing term moves the gradients by O(1e-3)).
+inline constexpr double kRtol = 1e-9, kAtol = 1e-12;
+
+inline nn::GPTOptions f64() { return {.dtype = DType::f64, .seed = kLab.seed}; }
+
+/// The grids of `world` ranks the graders run (dp x tp x pp).
+std::vector<lab10::GridShape> grids_for(int world);
+std::string name(const lab10::GridShape& s);
+
+/// The single-device step on `batch` (float64, the same seed): its model, with gradients.
+std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch);
+
+/// What `local` (a 3D rank's model, parameter by parameter, in its flat order) should hold,
+/// cut from the full reference tensors by each parameter's shard: the values (grads = false) or
+/// the gradients. A stage's lm_head.weight is the tied wte: its gradient is wte's (both uses).
+Tensor expected(const nn::GPT& local, nn::GPT& reference, bool grads);
+
+/// The test's own 3D model (not the attendee's step 2): the stage of lab 08 with 1/tp of every
+/// block, the blocks' hooks set to lab 07's operators on g.tp.
+std::unique_ptr<nn::GPT> own_model(lab10::Groups& g);
+
+/// Payload bytes of all-reduces on the communicator named `group` since `before`.
+int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group);
+
+/// The payload of lab 07's operators in one training step of a stage with `blocks` blocks on
+/// `rows` rows per replica: per block 2 all-reduces of (rows, T, C) forward and 2 backward.
+int64_t tp_block_bytes(int blocks, int64_t rows);
+
+}  // namespace scalelab::lab10test

@@ -1,0 +1,183 @@
+// Step 1: the grid. Pure index math on one rank: golden tables written out for 8 ranks in both
+// orders, then every grid of 8 and 16 ranks against the library's functions
+// (common/comm/process_grid.hpp, the reference: the attendee's code must not call them).
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "3d_parallel.hpp"
+
+namespace {
+
+using namespace scalelab;
+using lab10::Axis;
+using lab10::GridCoord;
+using lab10::GridOrder;
+using lab10::GridShape;
+
+// One layout: what a grid implementation answers.
+struct Layout {
+  std::function<int(const GridShape&, const GridCoord&)> rank;
+  std::function<GridCoord(const GridShape&, int)> coord;
+  std::function<std::vector<int>(const GridShape&, int, Axis)> group;
+};
+
+Layout attendee() { return {lab10::grid_rank, lab10::grid_coord, lab10::group_ranks}; }
+
+Layout library() {
+  return {comm::grid_rank, comm::grid_coord, [](const GridShape& s, int r, Axis a) {
+            return a == Axis::tp   ? comm::tp_group_ranks(s, r)
+                   : a == Axis::dp ? comm::dp_group_ranks(s, r)
+                                   : comm::pp_group_ranks(s, r);
+          }};
+}
+
+std::string str(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : " ") + std::to_string(x);
+  return "[" + s + "]";
+}
+
+// Every rank of `shape`: its coordinate, the inverse, and its three groups, against `want`.
+testing::AssertionResult same_layout(const Layout& got, const Layout& want, const GridShape& shape) {
+  const char* order = comm::grid_order_name(shape.order);
+  for (int r = 0; r < shape.world_size(); ++r) {
+    const GridCoord c = got.coord(shape, r), w = want.coord(shape, r);
+    if (!(c == w))
+      return testing::AssertionFailure()
+             << fmt::format("dp {} x tp {} x pp {} ({}): rank {} at (dp {}, tp {}, pp {}), "
+                            "want (dp {}, tp {}, pp {})", shape.dp, shape.tp, shape.pp, order, r,
+                            c.dp, c.tp, c.pp, w.dp, w.tp, w.pp);
+    if (got.rank(shape, w) != r)
+      return testing::AssertionFailure() << fmt::format(
+                 "dp {} x tp {} x pp {} ({}): grid_rank(dp {}, tp {}, pp {}) = {}, want {}",
+                 shape.dp, shape.tp, shape.pp, order, w.dp, w.tp, w.pp, got.rank(shape, w), r);
+    for (Axis a : {Axis::tp, Axis::dp, Axis::pp}) {
+      const auto g = got.group(shape, r, a), wg = want.group(shape, r, a);
+      const char* axis = a == Axis::tp ? "tp" : a == Axis::dp ? "dp" : "pp";
+      if (g != wg)
+        return testing::AssertionFailure()
+               << fmt::format("dp {} x tp {} x pp {} ({}): rank {}'s {} group {}, want {}",
+                              shape.dp, shape.tp, shape.pp, order, r, axis, str(g), str(wg));
+    }
+  }
+  return testing::AssertionSuccess();
+}
+
+// Every (dp, tp, pp) with dp*tp*pp = n, in both orders.
+std::vector<GridShape> all_grids(int n) {
+  std::vector<GridShape> out;
+  for (GridOrder o : {GridOrder::megatron, GridOrder::picotron})
+    for (int dp = 1; dp <= n; ++dp)
+      for (int tp = 1; dp * tp <= n; ++tp)
+        if (n % (dp * tp) == 0) out.push_back({dp, tp, n / (dp * tp), o});
+  return out;
+}
+
+// The golden tables (written out by hand from the layout formulas, not computed): 8 ranks,
+// dp 2 x tp 2 x pp 2. Row r: rank r's coordinate (dp, tp, pp), then its tp, dp, pp groups.
+struct Row {
+  GridCoord c;
+  std::vector<int> tp, dp, pp;
+};
+// Megatron: rank = pp*4 + dp*2 + tp.
+const std::vector<Row> kMegatron8 = {
+    {{0, 0, 0}, {0, 1}, {0, 2}, {0, 4}}, {{0, 1, 0}, {0, 1}, {1, 3}, {1, 5}},
+    {{1, 0, 0}, {2, 3}, {0, 2}, {2, 6}}, {{1, 1, 0}, {2, 3}, {1, 3}, {3, 7}},
+    {{0, 0, 1}, {4, 5}, {4, 6}, {0, 4}}, {{0, 1, 1}, {4, 5}, {5, 7}, {1, 5}},
+    {{1, 0, 1}, {6, 7}, {4, 6}, {2, 6}}, {{1, 1, 1}, {6, 7}, {5, 7}, {3, 7}}};
+// picotron: rank = dp*4 + pp*2 + tp.
+const std::vector<Row> kPicotron8 = {
+    {{0, 0, 0}, {0, 1}, {0, 4}, {0, 2}}, {{0, 1, 0}, {0, 1}, {1, 5}, {1, 3}},
+    {{0, 0, 1}, {2, 3}, {2, 6}, {0, 2}}, {{0, 1, 1}, {2, 3}, {3, 7}, {1, 3}},
+    {{1, 0, 0}, {4, 5}, {0, 4}, {4, 6}}, {{1, 1, 0}, {4, 5}, {1, 5}, {5, 7}},
+    {{1, 0, 1}, {6, 7}, {2, 6}, {4, 6}}, {{1, 1, 1}, {6, 7}, {3, 7}, {5, 7}}};
+
+testing::AssertionResult matches_golden(const Layout& got, const GridShape& shape,
+                                        const std::vector<Row>& rows) {
+  for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+    const Row& w = rows[r];
+    const GridCoord c = got.coord(shape, r);
+    if (!(c == w.c) || got.rank(shape, w.c) != r || got.group(shape, r, Axis::tp) != w.tp ||
+        got.group(shape, r, Axis::dp) != w.dp || got.group(shape, r, Axis::pp) != w.pp)
+      return testing::AssertionFailure() << fmt::format(
+                 "rank {}: got (dp {}, tp {}, pp {}) tp {} dp {} pp {}; want (dp {}, tp {}, pp {}) "
+                 "tp {} dp {} pp {}", r, c.dp, c.tp, c.pp, str(got.group(shape, r, Axis::tp)),
+                 str(got.group(shape, r, Axis::dp)), str(got.group(shape, r, Axis::pp)), w.c.dp,
+                 w.c.tp, w.c.pp, str(w.tp), str(w.dp), str(w.pp));
+  }
+  return testing::AssertionSuccess();
+}
+
+TEST(Step1_Grid, MegatronGoldenTable8) {
+  EXPECT_TRUE(matches_golden(attendee(), {2, 2, 2, GridOrder::megatron}, kMegatron8));
+}
+
+TEST(Step1_Grid, PicotronGoldenTable8) {
+  EXPECT_TRUE(matches_golden(attendee(), {2, 2, 2, GridOrder::picotron}, kPicotron8));
+}
+
+// The golden tables are what the library computes too (so the next test's reference is right).
+TEST(Step1_Grid, LibraryAgreesWithGoldenTables) {
+  EXPECT_TRUE(matches_golden(library(), {2, 2, 2, GridOrder::megatron}, kMegatron8));
+  EXPECT_TRUE(matches_golden(library(), {2, 2, 2, GridOrder::picotron}, kPicotron8));
+}
+
+TEST(Step1_Grid, EveryGridOf8And16RanksMatchesTheLibrary) {
+  for (int n : {8, 16})
+    for (const GridShape& s : all_grids(n)) EXPECT_TRUE(same_layout(attendee(), library(), s));
+}
+
+// tp innermost in both orders: a tp group is tp consecutive world ranks (one node's GPUs).
+TEST(Step1_Grid, TpGroupsAreConsecutiveRanks) {
+  for (const GridShape& s : all_grids(16))
+    for (int r = 0; r < s.world_size(); ++r) {
+      const auto g = lab10::group_ranks(s, r, Axis::tp);
+      ASSERT_EQ(static_cast<int>(g.size()), s.tp);
+      for (int i = 0; i < s.tp; ++i) EXPECT_EQ(g[i], r / s.tp * s.tp + i) << "rank " << r;
+    }
+}
+
+// ---- planted fault: tp and dp swapped (dp innermost: the tp groups span the slow links) ----------
+
+int swapped_rank(const GridShape& s, const GridCoord& c) {
+  return s.order == GridOrder::megatron ? (c.pp * s.tp + c.tp) * s.dp + c.dp
+                                        : (c.tp * s.pp + c.pp) * s.dp + c.dp;
+}
+GridCoord swapped_coord(const GridShape& s, int r) {
+  GridCoord c;
+  c.dp = r % s.dp;
+  const int rest = r / s.dp;
+  if (s.order == GridOrder::megatron) {
+    c.tp = rest % s.tp;
+    c.pp = rest / s.tp;
+  } else {
+    c.pp = rest % s.pp;
+    c.tp = rest / s.pp;
+  }
+  return c;
+}
+std::vector<int> swapped_group(const GridShape& s, int r, Axis a) {
+  std::vector<int> out;
+  const GridCoord me = swapped_coord(s, r);
+  const int n = a == Axis::tp ? s.tp : a == Axis::dp ? s.dp : s.pp;
+  for (int i = 0; i < n; ++i) {
+    GridCoord c = me;
+    (a == Axis::tp ? c.tp : a == Axis::dp ? c.dp : c.pp) = i;
+    out.push_back(swapped_rank(s, c));
+  }
+  return out;
+}
+
+TEST(Step1_PlantedFault, TpAndDpSwappedFailsTheChecks) {
+  const Layout wrong{swapped_rank, swapped_coord, swapped_group};
+  EXPECT_FALSE(matches_golden(wrong, {2, 2, 2, GridOrder::megatron}, kMegatron8));
+  EXPECT_FALSE(matches_golden(wrong, {2, 2, 2, GridOrder::picotron}, kPicotron8));
+  EXPECT_FALSE(same_layout(wrong, library(), {2, 2, 4, GridOrder::megatron}));
+  EXPECT_FALSE(same_layout(wrong, library(), {4, 2, 2, GridOrder::picotron}));
+}
+
+}  // namespace
