@@ -75,9 +75,10 @@ std::vector<uint16_t> load_tokens(const std::string& path);
 /// Checks both splits of dir (as load_split does); returns the meta. UsageError on any problem.
 CorpusMeta check_corpus(const std::string& dir);
 
-/// Writes bytes to `path` via a temporary beside it (synced) + rename: a reader sees the old file
-/// or the new one, never half of one (checkpoints use it too). The temporary is removed when the
-/// write fails.
+/// Writes bytes to `path` via a temporary beside it (PATH.tmp.PID, synced) + rename: a reader sees
+/// the old file or the new one, never half of one. The temporary is removed when the write fails,
+/// and those of killed writers (PATH.tmp, PATH.tmp.PID of a dead process) before it starts. (Lab
+/// 02's save_checkpoint streams its own PATH.tmp, overwritten by the next save.)
 void write_file_atomic(const std::string& path, const void* data, std::size_t nbytes);
 
 }  // namespace scalelab::data

@@ -265,8 +265,8 @@ TEST(CorpusFiles, StaleTemporariesOfDeadProcessesOnlyAreRemoved) {
 }
 
 TEST(CorpusFiles, AtomicWritesRemoveTheTemporariesOfKilledWriters) {
-  // checkpoints (lab 02) use write_file_atomic: a writer killed before its rename leaves
-  // PATH.tmp.PID; the next write removes it (and the old scheme's PATH.tmp), not a live one's
+  // a writer killed before its rename leaves PATH.tmp.PID; the next write removes it (and the
+  // old scheme's PATH.tmp), not a live writer's
   const std::string dir = temp_dir("atomic");
   const std::string path = dir + "/lab02.ckpt";
   const std::string dead = fmt::format("{}.tmp.{}", path, kDeadPid);
