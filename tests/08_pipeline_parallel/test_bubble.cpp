@@ -84,9 +84,16 @@ TEST(Step5_Memory, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
   constexpr int kM = 8;
   auto pieces = pptest::pieces_of(p, 1, s);
   const std::vector<data::Batch> micro = pptest::split(kLab.batch(0), kM);
+  // The communicator's worker thread frees a finished message's buffer a little after the
+  // message completes: under load, the previous test's tied-gradient send (a view that keeps
+  // that stage's whole gradient buffer, 136 KiB, alive) was freed in the middle of the
+  // measurements below. A barrier runs on that same thread after it, so nothing allocated
+  // before the measurements is freed during them.
+  pp.barrier();
   const MemoryBounds b = bounds(*pieces[0], micro);
   const std::size_t afab =
       measure_peak_activation_bytes(pptest::raw(pieces), pptest::test_schedule(true, p, kM, s), micro, pp);
+  pp.barrier();
   const std::size_t ofob =
       measure_peak_activation_bytes(pptest::raw(pieces), pptest::test_schedule(false, p, kM, s), micro, pp);
   testing::AssertionResult ok = b.holds(afab, kM, fmt::format("AFAB stage {}", s));
@@ -99,6 +106,7 @@ TEST(Step5_PlantedFault, WarmupOneTooLongHoldsOneMore) {
   // warm-up of p - stage forwards: the second holds one micro-batch more and fails it.
   constexpr int kP = 4, kM = 8;
   const std::vector<data::Batch> micro = pptest::split(kLab.batch(0), kM);
+  labtest::world().barrier();  // see Step5_Memory: nothing from earlier tests freed meanwhile
   for (int s = 0; s < kP; ++s) {
     const auto [first, last] = pptest::blocks_of(4, kP, s);
     nn::GPT stage(kLab.config(), {.seed = kLab.seed, .first_block = first, .last_block = last});
