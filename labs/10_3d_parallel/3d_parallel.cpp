@@ -1,9 +1,12 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 1ef64a0359177fce (lets make-labs see your edits).
+// step (see README.md). Body hash f7d8a755f3214811 (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
+#include <algorithm>
+
 #include "common/errors.hpp"
+#include "common/metrics.hpp"
 
 namespace scalelab::lab10 {
 
@@ -83,6 +86,117 @@ double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_b
   throw scalelab::NotImplemented(
       "lab 10 step 3: 1F1B over pp, the tied gradient over pp, the average over dp (README.md#step-3)");
   return loss;
+}
+
+// ---- Step 4 -------------------------------------------------------------------------------------
+
+int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage) {
+  int64_t n = 0;
+  // TODO step 4: what step 2's model holds, counted
+  throw scalelab::NotImplemented(
+      "lab 10 step 4: what step 2's model holds, counted (README.md#step-4)");
+  return n;
+}
+
+std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, std::size_t elem) {
+  std::size_t bytes = 0;
+  // TODO step 4: value, gradient, m, v; ZeRO divides the sharded kinds by dp
+  throw scalelab::NotImplemented(
+      "lab 10 step 4: value, gradient, m, v; ZeRO divides the sharded kinds by dp (README.md#step-4)");
+  return bytes;
+}
+
+std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
+                                   int stage, bool checkpoint, std::size_t elem) {
+  int64_t n = 0;  // elements
+  // TODO step 4: count GPTActivations tensor by tensor
+  throw scalelab::NotImplemented(
+      "lab 10 step 4: count GPTActivations tensor by tensor (README.md#step-4)");
+  return static_cast<std::size_t>(n) * elem;
+}
+
+std::size_t max_in_flight(int pp, int stage, int micro_batches) {
+  int n = 0;
+  // TODO step 4: 1F1B's warm-up plus the one being worked on, at most m
+  throw scalelab::NotImplemented(
+      "lab 10 step 4: 1F1B's warm-up plus the one being worked on, at most m (README.md#step-4)");
+  return static_cast<std::size_t>(n);
+}
+
+Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
+                   const Machine& machine, std::size_t elem) {
+  Prediction best;
+  // TODO step 4: every stage's memory and time; the busiest one decides
+  throw scalelab::NotImplemented(
+      "lab 10 step 4: every stage's memory and time; the busiest one decides (README.md#step-4)");
+  return best;
+}
+
+}  // namespace scalelab::lab10
+
+namespace scalelab::lab10 {
+
+// ---- given: the machine and the search ---------------------------------------------------------
+
+Machine measure_machine(comm::Communicator& world, std::size_t bytes) {
+  Machine m;
+  // GEMM rate: every rank at once (they share the cores), averaged.
+  Tensor f = Tensor::from_vector({metrics::measure_matmul_tflops(Device::cpu()) * 1e12}, {1},
+                                 DType::f64);
+  world.all_reduce(f, comm::ReduceOp::avg);
+  m.flops = f.item();
+  const int n = world.size();
+  if (n == 1) {  // nothing to measure: no communication is predicted either
+    m.bus_bytes_per_s = 1e12;
+    return m;
+  }
+  auto timed = [&](Tensor& t) {  // the slowest rank's time of one all-reduce, best of 3
+    double best = 1e30;
+    world.all_reduce(t);  // warm-up
+    for (int i = 0; i < 3; ++i) {
+      world.barrier();
+      metrics::Timer timer(Device::cpu());
+      world.all_reduce(t);
+      Tensor dt = Tensor::from_vector({timer.elapsed()}, {1}, DType::f64);
+      world.all_reduce(dt, comm::ReduceOp::max);
+      best = std::min(best, dt.item());
+    }
+    return best;
+  };
+  Tensor one = Tensor::zeros({1});
+  m.latency_s = timed(one);
+  Tensor big = Tensor::zeros({static_cast<int64_t>(bytes / 4)});
+  const double t = std::max(timed(big) - m.latency_s, 1e-9);
+  m.bus_bytes_per_s = 2.0 * (n - 1) / n * static_cast<double>(bytes) / t;
+  return m;
+}
+
+std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
+                                                  int64_t global_batch, const Machine& machine,
+                                                  std::size_t memory_bytes, std::size_t elem) {
+  std::vector<std::pair<Plan, Prediction>> out;
+  for (int dp = 1; dp <= world_size; ++dp)
+    for (int tp = 1; dp * tp <= world_size; ++tp) {
+      if (world_size % (dp * tp) != 0) continue;
+      const int pp = world_size / (dp * tp);
+      for (int m : {1, 2, 4, 8})
+        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
+          for (bool ckpt : {false, true}) {
+            const Plan plan{{dp, tp, pp}, m, zero, ckpt};
+            try {
+              check_3d(config, plan.grid, world_size, global_batch, m);
+            } catch (const UsageError&) {
+              continue;  // not a valid grid for this model and batch
+            }
+            const Prediction p = predict(config, global_batch, plan, machine, elem);
+            if (p.total_bytes <= memory_bytes) out.emplace_back(plan, p);
+          }
+    }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.second.step_s != b.second.step_s ? a.second.step_s < b.second.step_s
+                                              : a.second.total_bytes < b.second.total_bytes;
+  });
+  return out;
 }
 
 }  // namespace scalelab::lab10

@@ -14,6 +14,7 @@
 /// builds one rank's model, step 3 one training step. The communicators themselves come from the
 /// library's comm::ProcessGrid (common/comm/process_grid.hpp), which lays ranks out the same way.
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/comm/communicator.hpp"
@@ -100,5 +101,84 @@ data::Batch dp_rows(const data::Batch& global, const Groups& g);
 /// The caller steps the optimizer. Fills `stats` (lab 08's timings) when given.
 double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_batches,
                lab08::ExecStats* stats = nullptr);
+
+// ---- Step 4: the planner ----------------------------------------------------------------------------
+
+/// One configuration the planner considers.
+struct Plan {
+  GridShape grid;          ///< dp x tp x pp
+  int micro_batches = 1;   ///< m, per replica and step
+  int zero_stage = 0;      ///< 0 (plain dp average), 1, 2 or 3 (lab 09), sharded over dp
+  bool checkpoint = false; ///< full activation checkpointing of every block (lab 06)
+};
+
+/// Step 4a. Elements a rank of pipeline stage `stage` of `pp`, tp size `tp`, holds in the 3D model
+/// of step 2 (exactly nn::GPT::num_parameters of that rank): per block its ln1, ln2 (2C each) and
+/// the two row-parallel biases (C each) whole, the rest (qkv 3C*C + 3C, attention proj C*C, fc
+/// 4C*C + 4C, MLP proj 4C*C) divided by tp; the first stage the embedding wte (V*C) and wpe
+/// (block_size*C) whole; the last stage ln_f (2C) and, unless it is also the first, the tied copy
+/// of wte (V*C).
+int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage);
+
+/// Step 4b. Bytes of model state a rank keeps between steps with AdamW in `elem`-byte elements:
+/// value, gradient, m and v of each of its `params` elements, the parts ZeRO `zero_stage` shards
+/// over the dp replicas divided by dp (lab 09: stage 1 the optimizer state, 2 also the gradients,
+/// 3 also the values; padding not counted).
+std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, std::size_t elem);
+
+/// Step 4c. Bytes one micro-batch of `rows` rows leaves on stage `stage` after its forward,
+/// exactly nn::GPTActivations::nbytes: per block its input and ln1, res2, ln2 (rows*T*C each),
+/// four LayerNorm statistics (rows*T each), q, k, v, y (rows*T*C/tp each), att ((NH/tp)*rows*T*T),
+/// h, g (rows*T*4C/tp each); a checkpointed block keeps only its input; the last stage adds the
+/// head's input x and lnf (rows*T*C each), two statistics (rows*T) and the probabilities
+/// (rows*T*V: the head is whole on every tp rank).
+std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
+                                   int stage, bool checkpoint, std::size_t elem);
+
+/// What the planner knows of the machine (measure_machine: given).
+struct Machine {
+  double flops = 0;          ///< one rank's measured GEMM rate, FLOP/s
+  double bus_bytes_per_s = 0;///< measured all-reduce bus bandwidth (2(n-1)/n x payload / time)
+  double latency_s = 0;      ///< per collective or message
+};
+
+/// The planner's figures for the busiest rank of one configuration.
+struct Prediction {
+  int64_t params = 0;             ///< stage_parameters of the largest stage
+  std::size_t state_bytes = 0;    ///< model_state_bytes of it
+  std::size_t activation_bytes = 0; ///< peak: the micro-batches 1F1B keeps in flight on a stage
+  std::size_t total_bytes = 0;    ///< state + activations (the largest over the stages)
+  double compute_s = 0;           ///< the stage's forward + backward FLOPs / machine.flops
+  double bubble = 0;              ///< (pp - 1) / (m + pp - 1)
+  double tp_s = 0, pp_s = 0, dp_s = 0;  ///< communication time per axis
+  double step_s = 0;              ///< compute / (1 - bubble) + tp + pp + dp
+};
+
+/// Step 4d. Predicts one configuration for `global_batch` rows of config.block_size tokens:
+///   memory   for every stage s: model_state_bytes(stage_parameters) + min(pp - s, m) in-flight
+///            micro-batches x stage_activation_bytes (1F1B); the largest stage
+///   compute  6 x (its parameters) + 12 x blocks x T x C / tp (attention) FLOPs per token, per
+///            token of its B/dp rows; x (1 + recompute) with checkpointing (one more block
+///            forward: 2/6 of the blocks' part); over machine.flops, the slowest stage
+///   bubble   lab 08's (pp - 1) / (m + pp - 1): step = compute / (1 - bubble)
+///   tp       per micro-batch 4 all-reduces per block of (rows/m)*T*C elements: ring time
+///            2 (tp-1)/tp x bytes / bus_bytes_per_s + latency each (0 when tp = 1)
+///   pp       per micro-batch one activation sent and one gradient received of (rows/m)*T*C
+///            (bytes / bus_bytes_per_s + latency each; 0 when pp = 1)
+///   dp       the gradients once: 2 (dp-1)/dp x params x elem / bus_bytes_per_s (ZeRO 3: 1.5 x)
+std::size_t max_in_flight(int pp, int stage, int micro_batches);
+Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
+                   const Machine& machine, std::size_t elem);
+
+/// Given. This machine's figures, measured on `world` (collective): an sgemm's rate on one rank
+/// and an all-reduce of `bytes` over all ranks.
+Machine measure_machine(comm::Communicator& world, std::size_t bytes = 4 << 20);
+
+/// Given. Every configuration of `world_size` ranks that check_3d accepts for `global_batch`,
+/// with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on, whose predicted
+/// total fits `memory_bytes`; sorted by predicted step time, fastest first.
+std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
+                                                  int64_t global_batch, const Machine& machine,
+                                                  std::size_t memory_bytes, std::size_t elem);
 
 }  // namespace scalelab::lab10

@@ -1,10 +1,12 @@
-# Lab 10 links the reference solutions of lab 07 (the tensor-parallel block's operators) and lab 08
-# (stages, 1F1B, the executor, the tied gradient): the attendee composes them.
+# Lab 10 links the reference solutions of lab 07 (the tensor-parallel block's operators), lab 08
+# (stages, 1F1B, the executor, the tied gradient) and lab 09 (its ZeRO memory formulas, which step
+# 4's planner is checked against): the attendee composes them. Step 4 is pure functions: one rank.
 # Step 1 (the grid) is pure index math: one rank. Steps 2-3 run real grids: 4 ranks (dp x tp x pp
 # = 1x2x2, 2x1x2, 2x2x1) and, for step 3, 8 ranks (2x2x2, 1x2x4, 2x4x1, 4x1x2).
-scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp STEPS 3 RANKS 4
-                 STEP_RANKS "1:1" "3:4,8"
+scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp STEPS 4 RANKS 4
+                 STEP_RANKS "1:1" "3:4,8" "4:1"
                  LIBS lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
+                      lab09_zero_solution_impl
                  TIMEOUT 60)
 # Bad grids: exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.

@@ -4,6 +4,11 @@
 //
 //   ./scalelab run 10 --solution -n 8 -- --dp 2 --tp 2 --pp 2
 //   ./scalelab run 10 -n 4 -- --dp 1 --tp 2 --pp 2 --grid-order picotron --steps 5
+//   ./scalelab run 10 --solution -n 8 -- --plan --model gpt-85m --batch 16 --memory-mib 81920
+//
+// --plan trains nothing: it measures this machine (sgemm rate, all-reduce bandwidth and latency
+// over the ranks started), then lists the configurations your step 4 predicts fit in
+// --memory-mib per rank for --ranks ranks, fastest first.
 #include <memory>
 
 #include <fmt/format.h>
@@ -20,6 +25,47 @@
 using namespace scalelab;
 using namespace scalelab::lab10;
 
+namespace {
+
+std::string mib(std::size_t bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
+
+// --plan: measure, predict every configuration, print the ranking (rank 0).
+int plan(const ModelConfig& config, int64_t batch, const cxxopts::ParseResult& parsed,
+         comm::Communicator& world) {
+  SCALELAB_REQUIRE(parsed["ranks"].as<int>() >= 0, "--ranks must be positive, got {}",
+                   parsed["ranks"].as<int>());
+  const int ranks = parsed["ranks"].as<int>() > 0 ? parsed["ranks"].as<int>() : world.size();
+  const double budget_mib = parsed["memory-mib"].as<double>();
+  const int top = parsed["top"].as<int>();
+  SCALELAB_REQUIRE(budget_mib > 0, "--memory-mib must be positive, got {}", budget_mib);
+  SCALELAB_REQUIRE(top >= 1, "--top must be at least 1, got {}", top);
+  const Machine m = measure_machine(world);
+  const auto rows = plan_all(config, ranks, batch, m,
+                             static_cast<std::size_t>(budget_mib * 1048576.0), 4);
+  log::info("lab 10 planner: model {} ({} parameters), global batch {} x {} tokens, {} ranks, "
+            "{:.0f} MiB per rank, float32 + AdamW", config.name, parameter_count(config), batch,
+            config.block_size, ranks, budget_mib);
+  log::info("machine (measured on the {} ranks started): sgemm {:.1f} GFLOP/s per rank, "
+            "all-reduce bus bandwidth {:.2f} GB/s, latency {:.1f} us", world.size(),
+            m.flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6);
+  log::info("{} configurations fit; the fastest {} (memory and time of the busiest stage):",
+            rows.size(), std::min<std::size_t>(rows.size(), top));
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>9}  {:>9} {:>6} {:>7} "
+            "{:>7} {:>7} {:>9}", "dp", "tp", "pp", "m", "zero", "ckpt", "params", "state MiB",
+            "acts MiB", "total MiB", "compute ms", "bubble", "tp ms", "pp ms", "dp ms", "step ms");
+  for (std::size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i) {
+    const auto& [p, d] = rows[i];
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>9}  {:>9.2f} {:>6.2f} "
+              "{:>7.2f} {:>7.2f} {:>7.2f} {:>9.2f}", p.grid.dp, p.grid.tp, p.grid.pp,
+              p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no", d.params,
+              mib(d.state_bytes), mib(d.activation_bytes), mib(d.total_bytes), d.compute_s * 1e3,
+              d.bubble, d.tp_s * 1e3, d.pp_s * 1e3, d.dp_s * 1e3, d.step_s * 1e3);
+  }
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     auto options = cli::make_options("lab10_3d_parallel",
@@ -35,7 +81,13 @@ int main(int argc, char** argv) {
         ("micro-batches", "micro-batches per replica and step (m)",
          cxxopts::value<int>()->default_value("2"))
         ("twin-steps", "steps compared with the single-device twin (rank 0)",
-         cxxopts::value<int>()->default_value("3"));
+         cxxopts::value<int>()->default_value("3"))
+        ("plan", "list the configurations step 4 predicts, fastest first (trains nothing)")
+        ("ranks", "--plan: ranks to plan for (default: the ranks started)",
+         cxxopts::value<int>()->default_value("0"))
+        ("memory-mib", "--plan: memory per rank in MiB",
+         cxxopts::value<double>()->default_value("1024"))
+        ("top", "--plan: rows shown", cxxopts::value<int>()->default_value("20"));
     const auto parsed = cli::parse(options, argc, argv);
     const auto run = cli::run_options(parsed);
     const auto opt = train::read_train_options(parsed);
@@ -46,6 +98,7 @@ int main(int argc, char** argv) {
     const ModelConfig config = model_config(opt.model);
 
     auto world = comm::Communicator::world(run.backend);
+    if (parsed.count("plan")) return plan(config, opt.batch, parsed, world);
     // Bad grids are usage errors on every rank, before any data is read.
     check_3d(config, shape, world.size(), opt.batch, m);
     SCALELAB_REQUIRE(run.device == "cpu", "lab 10 runs on the CPU (lab 07's operators are CPU "

@@ -1,7 +1,10 @@
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
+#include <algorithm>
+
 #include "common/errors.hpp"
+#include "common/metrics.hpp"
 
 namespace scalelab::lab10 {
 
@@ -119,6 +122,187 @@ double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_b
   loss = l.item();
   // END SOLUTION
   return loss;
+}
+
+// ---- Step 4 -------------------------------------------------------------------------------------
+
+int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage) {
+  int64_t n = 0;
+  // BEGIN SOLUTION step 4: what step 2's model holds, counted
+  const int64_t C = config.n_embd, V = config.vocab_size;
+  const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), pp, stage);
+  const int64_t whole = 2 * C + 2 * C + C + C;  // ln1, ln2, the two row-parallel biases
+  const int64_t split = (3 * C * C + 3 * C) + C * C + (4 * C * C + 4 * C) + 4 * C * C;
+  n = r.size() * (whole + split / tp);
+  if (stage == 0) n += V * C + config.block_size * C;  // wte, wpe
+  if (stage == pp - 1) n += 2 * C + (stage == 0 ? 0 : V * C);  // ln_f, the tied copy of wte
+  // END SOLUTION
+  return n;
+}
+
+std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, std::size_t elem) {
+  std::size_t bytes = 0;
+  // BEGIN SOLUTION step 4: value, gradient, m, v; ZeRO divides the sharded kinds by dp
+  const double p = static_cast<double>(params);
+  const double value = zero_stage >= 3 ? p / dp : p;
+  const double grad = zero_stage >= 2 ? p / dp : p;
+  const double state = zero_stage >= 1 ? 2 * p / dp : 2 * p;
+  bytes = static_cast<std::size_t>((value + grad + state) * static_cast<double>(elem));
+  // END SOLUTION
+  return bytes;
+}
+
+std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
+                                   int stage, bool checkpoint, std::size_t elem) {
+  int64_t n = 0;  // elements
+  // BEGIN SOLUTION step 4: count GPTActivations tensor by tensor
+  const int64_t C = config.n_embd, T = config.block_size, V = config.vocab_size;
+  const int64_t N = rows * T;  // tokens
+  const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), pp, stage);
+  const int64_t input = N * C;
+  const int64_t full = 3 * N * C + 4 * N                 // ln1, res2, ln2; 4 statistics
+                       + 4 * N * C / tp                  // q, k, v, y: this rank's heads
+                       + config.n_head / tp * rows * T * T  // att
+                       + 2 * N * 4 * C / tp;             // h, g
+  n = r.size() * (input + (checkpoint ? 0 : full));
+  if (stage == pp - 1) n += 2 * N * C + 2 * N + N * V;  // x, lnf, 2 statistics, probs
+  // END SOLUTION
+  return static_cast<std::size_t>(n) * elem;
+}
+
+std::size_t max_in_flight(int pp, int stage, int micro_batches) {
+  int n = 0;
+  // BEGIN SOLUTION step 4: 1F1B's warm-up plus the one being worked on, at most m
+  n = std::min(pp - stage, micro_batches);
+  // END SOLUTION
+  return static_cast<std::size_t>(n);
+}
+
+Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
+                   const Machine& machine, std::size_t elem) {
+  Prediction best;
+  // BEGIN SOLUTION step 4: every stage's memory and time; the busiest one decides
+  const GridShape& g = plan.grid;
+  const int m = plan.micro_batches;
+  const int64_t C = config.n_embd, T = config.block_size, V = config.vocab_size;
+  const int64_t rows = global_batch / g.dp, mb_rows = rows / m;
+  const double mb_bytes = static_cast<double>(mb_rows * T * C) * static_cast<double>(elem);
+  const double bw = machine.bus_bytes_per_s, lat = machine.latency_s;
+  Prediction slowest, largest;
+  for (int s = 0; s < g.pp; ++s) {
+    const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), g.pp, s);
+    const int64_t params = stage_parameters(config, g.tp, g.pp, s);
+    const std::size_t state = model_state_bytes(params, plan.zero_stage, g.dp, elem);
+    std::size_t acts = max_in_flight(g.pp, s, m) *
+                       stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, elem);
+    if (plan.checkpoint) {  // one block recomputed in full during backward (the working set)
+      const std::size_t all = stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, false, elem);
+      const std::size_t kept = stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, true, elem);
+      acts += (all - kept) / static_cast<std::size_t>(r.size());
+    }
+    // FLOPs per token: the blocks' GEMMs (their parameters, 1/tp) and attention, the head's GEMM.
+    const double block_params = static_cast<double>(stage_parameters(config, g.tp, 1, 0) -
+                                                    V * C - T * C - 2 * C) /
+                                static_cast<double>(config.n_layer) * r.size();
+    const double blocks = 6 * block_params + 12.0 * r.size() * T * C / g.tp;
+    const double head = s == g.pp - 1 ? 6.0 * V * C : 0;
+    const double recompute = plan.checkpoint ? blocks / 3 : 0;  // one more forward of the blocks
+    const double compute = (blocks + head + recompute) * static_cast<double>(rows * T) /
+                           machine.flops;
+    const double tp_s = g.tp == 1 ? 0 : 4.0 * r.size() * m *
+                                            (2.0 * (g.tp - 1) / g.tp * mb_bytes / bw + lat);
+    const double pp_s = g.pp == 1 ? 0 : 2.0 * m * (mb_bytes / bw + lat);
+    const double grad_bytes = static_cast<double>(params) * static_cast<double>(elem);
+    const double dp_s = g.dp == 1 ? 0 : (plan.zero_stage == 3 ? 1.5 : 1.0) *
+                                            (2.0 * (g.dp - 1) / g.dp * grad_bytes / bw + lat);
+    Prediction p;
+    p.params = params;
+    p.state_bytes = state;
+    p.activation_bytes = acts;
+    p.total_bytes = state + acts;
+    p.compute_s = compute;
+    p.bubble = lab08::bubble_formula(lab08::Kind::one_f_one_b, g.pp, m);
+    p.tp_s = tp_s;
+    p.pp_s = pp_s;
+    p.dp_s = dp_s;
+    p.step_s = compute / (1 - p.bubble) + tp_s + pp_s + dp_s;
+    if (s == 0 || p.step_s > slowest.step_s) slowest = p;       // sets the pace
+    if (s == 0 || p.total_bytes > largest.total_bytes) largest = p;  // must fit
+  }
+  best = slowest;
+  best.params = largest.params;
+  best.state_bytes = largest.state_bytes;
+  best.activation_bytes = largest.activation_bytes;
+  best.total_bytes = largest.total_bytes;
+  // END SOLUTION
+  return best;
+}
+
+}  // namespace scalelab::lab10
+
+namespace scalelab::lab10 {
+
+// ---- given: the machine and the search ---------------------------------------------------------
+
+Machine measure_machine(comm::Communicator& world, std::size_t bytes) {
+  Machine m;
+  // GEMM rate: every rank at once (they share the cores), averaged.
+  Tensor f = Tensor::from_vector({metrics::measure_matmul_tflops(Device::cpu()) * 1e12}, {1},
+                                 DType::f64);
+  world.all_reduce(f, comm::ReduceOp::avg);
+  m.flops = f.item();
+  const int n = world.size();
+  if (n == 1) {  // nothing to measure: no communication is predicted either
+    m.bus_bytes_per_s = 1e12;
+    return m;
+  }
+  auto timed = [&](Tensor& t) {  // the slowest rank's time of one all-reduce, best of 3
+    double best = 1e30;
+    world.all_reduce(t);  // warm-up
+    for (int i = 0; i < 3; ++i) {
+      world.barrier();
+      metrics::Timer timer(Device::cpu());
+      world.all_reduce(t);
+      Tensor dt = Tensor::from_vector({timer.elapsed()}, {1}, DType::f64);
+      world.all_reduce(dt, comm::ReduceOp::max);
+      best = std::min(best, dt.item());
+    }
+    return best;
+  };
+  Tensor one = Tensor::zeros({1});
+  m.latency_s = timed(one);
+  Tensor big = Tensor::zeros({static_cast<int64_t>(bytes / 4)});
+  const double t = std::max(timed(big) - m.latency_s, 1e-9);
+  m.bus_bytes_per_s = 2.0 * (n - 1) / n * static_cast<double>(bytes) / t;
+  return m;
+}
+
+std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
+                                                  int64_t global_batch, const Machine& machine,
+                                                  std::size_t memory_bytes, std::size_t elem) {
+  std::vector<std::pair<Plan, Prediction>> out;
+  for (int dp = 1; dp <= world_size; ++dp)
+    for (int tp = 1; dp * tp <= world_size; ++tp) {
+      if (world_size % (dp * tp) != 0) continue;
+      const int pp = world_size / (dp * tp);
+      for (int m : {1, 2, 4, 8})
+        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
+          for (bool ckpt : {false, true}) {
+            const Plan plan{{dp, tp, pp}, m, zero, ckpt};
+            try {
+              check_3d(config, plan.grid, world_size, global_batch, m);
+            } catch (const UsageError&) {
+              continue;  // not a valid grid for this model and batch
+            }
+            const Prediction p = predict(config, global_batch, plan, machine, elem);
+            if (p.total_bytes <= memory_bytes) out.emplace_back(plan, p);
+          }
+    }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.second.step_s != b.second.step_s ? a.second.step_s < b.second.step_s
+                                              : a.second.total_bytes < b.second.total_bytes;
+  });
+  return out;
 }
 
 }  // namespace scalelab::lab10

@@ -1,0 +1,171 @@
+// Step 4: the planner, as pure functions on one rank. Its memory figures are checked exactly
+// against what the library really holds: the parameters of a built 3D stage, the allocator's bytes
+// of a model + AdamW, lab 09's ZeRO formulas, nn::GPTActivations::nbytes after a stage's forward,
+// lab 08's simulator for the micro-batches in flight. Step time is a model (checked by measurement
+// in step 5, not yet written): here only its structure (bubble, zero communication on an axis of
+// size 1, compute divided by dp).
+#include <functional>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "common/allocator.hpp"
+#include "common/optim/optim.hpp"
+#include "grid3d_checks.hpp"
+#include "zero.hpp"
+
+namespace {
+
+using namespace scalelab;
+using namespace scalelab::lab10test;
+
+std::vector<ModelConfig> configs() { return {config(), model_config("small")}; }
+
+// A rank's stage of the 3D model as step 2 builds it (no hooks: sizes only, nothing computed).
+std::unique_ptr<nn::GPT> stage(const ModelConfig& c, int tp, int pp, int s, DType dtype) {
+  return lab08::build_stage(c, pp, s, {.dtype = dtype, .seed = 1, .tp_rank = 0, .tp_size = tp});
+}
+
+using ParamFn = std::function<int64_t(const ModelConfig&, int, int, int)>;
+
+testing::AssertionResult parameters_match(const ParamFn& count) {
+  for (const ModelConfig& c : configs())
+    for (int tp : {1, 2, 4})
+      for (int pp : {1, 2, 4})
+        for (int s = 0; s < pp; ++s) {
+          const int64_t want = stage(c, tp, pp, s, DType::f32)->num_parameters();
+          const int64_t got = count(c, tp, pp, s);
+          if (got != want)
+            return testing::AssertionFailure() << fmt::format(
+                       "{} tp {} pp {} stage {}: {} parameters predicted, the stage holds {}",
+                       c.name, tp, pp, s, got, want);
+        }
+  return testing::AssertionSuccess();
+}
+
+TEST(Step4_Planner, StageParametersEqualTheBuiltStage) {
+  EXPECT_TRUE(parameters_match(lab10::stage_parameters));
+}
+
+// ZeRO 0: the allocator's bytes for the stage's values and gradients and AdamW's m and v.
+TEST(Step4_Planner, ModelStateEqualsTheAllocator) {
+  const ModelConfig c = config();
+  for (int tp : {1, 2})
+    for (int pp : {1, 2}) {
+      const std::size_t before = memory_stats(Device::cpu()).current;
+      std::size_t held = 0;
+      int64_t params = 0;
+      {
+        auto model = stage(c, tp, pp, pp - 1, DType::f32);
+        optim::AdamW adamw(optim::groups(model->parameters()));
+        adamw.step(1e-3);  // m and v exist after the first step at the latest
+        params = model->num_parameters();
+        held = memory_stats(Device::cpu()).current - before;
+      }
+      EXPECT_EQ(lab10::model_state_bytes(params, 0, 1, 4), held)
+          << "tp " << tp << " pp " << pp << ": value, gradient, m and v, 4 bytes each";
+    }
+}
+
+// ZeRO 1-3 divide what lab 09's paper formulas divide (fp32, no padding: psi divisible by dp).
+TEST(Step4_Planner, ZeroStagesAsLab09) {
+  const int64_t psi = 3 * 4 * 5 * 1000;
+  for (int zero = 0; zero <= 3; ++zero)
+    for (int dp : {1, 2, 4})
+      EXPECT_EQ(lab10::model_state_bytes(psi, zero, dp, 4),
+                lab09::paper_memory(zero, psi, dp).total())
+          << "ZeRO " << zero << " dp " << dp;
+}
+
+TEST(Step4_Planner, ActivationBytesEqualAStagesForward) {
+  for (const ModelConfig& c : configs())
+    for (int tp : {1, 2, 4})
+      for (int pp : {1, 2})
+        for (int s = 0; s < pp; ++s)
+          for (bool ckpt : {false, true}) {
+            auto model = stage(c, tp, pp, s, DType::f32);
+            const data::Batch b = kLab.batch(0).rows(0, 2);
+            const int64_t T = c.block_size;
+            Tensor tokens = b.x, targets = b.y;
+            if (T != b.x.size(1)) {  // small's context: a batch of its own length
+              data::Sampler sampler(labtest::synthetic_corpus(10), 2, T, 1);
+              const data::Batch sb = sampler.batch(0);
+              tokens = sb.x;
+              targets = sb.y;
+            }
+            nn::GPTActivations acts;
+            Tensor x = model->has_embedding() ? model->embed(tokens, acts)
+                                              : Tensor::zeros({2, T, c.n_embd});
+            Tensor y = model->forward_blocks(x, acts);
+            if (model->has_head()) model->head_forward(y, targets, acts);
+            if (ckpt)
+              for (nn::BlockActivations& a : acts.blocks) a.reset();  // lab 06: keep inputs only
+            EXPECT_EQ(lab10::stage_activation_bytes(c, 2, tp, pp, s, ckpt, 4), acts.nbytes())
+                << c.name << " tp " << tp << " pp " << pp << " stage " << s
+                << (ckpt ? " checkpointed" : "");
+          }
+}
+
+using InFlightFn = std::function<std::size_t(int, int, int)>;
+
+testing::AssertionResult in_flight_matches(const InFlightFn& f) {
+  for (int p : {1, 2, 4})
+    for (int m : {1, 2, 3, 8}) {
+      std::vector<lab08::Schedule> all;
+      for (int s = 0; s < p; ++s) all.push_back(lab08::schedule_1f1b(p, m, s));
+      const lab08::SimResult sim = lab08::simulate(all, m);
+      for (int s = 0; s < p; ++s)
+        if (f(p, s, m) != static_cast<std::size_t>(sim.max_in_flight[s]))
+          return testing::AssertionFailure()
+                 << fmt::format("p {} m {} stage {}: {} in flight predicted, 1F1B holds {}", p, m,
+                                s, f(p, s, m), sim.max_in_flight[s]);
+    }
+  return testing::AssertionSuccess();
+}
+
+TEST(Step4_Planner, InFlightAsLab08sSimulator) { EXPECT_TRUE(in_flight_matches(lab10::max_in_flight)); }
+
+TEST(Step4_Planner, TimeModelStructure) {
+  const ModelConfig c = model_config("small");
+  const lab10::Machine mach{.flops = 1e10, .bus_bytes_per_s = 1e9, .latency_s = 1e-5};
+  const auto at = [&](int dp, int tp, int pp, int m) {
+    return lab10::predict(c, 16, {{dp, tp, pp}, m, 0, false}, mach, 4);
+  };
+  const lab10::Prediction one = at(1, 1, 1, 1);
+  EXPECT_EQ(one.tp_s, 0);
+  EXPECT_EQ(one.pp_s, 0);
+  EXPECT_EQ(one.dp_s, 0);
+  EXPECT_EQ(one.bubble, 0);
+  EXPECT_DOUBLE_EQ(at(2, 1, 1, 1).compute_s, one.compute_s / 2);  // each replica half the rows
+  EXPECT_GT(at(1, 2, 1, 1).tp_s, 0);
+  EXPECT_GT(at(2, 1, 1, 1).dp_s, 0);
+  const lab10::Prediction piped = at(1, 1, 4, 4);
+  EXPECT_DOUBLE_EQ(piped.bubble, lab08::bubble_formula(lab08::Kind::one_f_one_b, 4, 4));
+  EXPECT_GT(piped.pp_s, 0);
+  EXPECT_NEAR(piped.step_s, piped.compute_s / (1 - piped.bubble) + piped.pp_s, 1e-12);
+  // Memory: the largest stage's model state plus what it holds in flight.
+  EXPECT_EQ(piped.total_bytes, piped.state_bytes + piped.activation_bytes);
+  EXPECT_LT(lab10::predict(c, 16, {{4, 1, 1}, 1, 1, false}, mach, 4).state_bytes,
+            at(4, 1, 1, 1).state_bytes);  // ZeRO-1 shards the optimizer state
+}
+
+// ---- planted faults -----------------------------------------------------------------------------
+
+// The embedding counted as if it were split by tp (lab 07's TPGPT splits it; step 2's model does
+// not): off by (V*C)(1 - 1/tp) on the first stage. (Counted from the built stage, so the planted
+// variant does not call your code.)
+TEST(Step4_PlantedFault, EmbeddingDividedByTpFails) {
+  EXPECT_FALSE(parameters_match([](const ModelConfig& c, int tp, int pp, int s) {
+    int64_t n = stage(c, tp, pp, s, DType::f32)->num_parameters();
+    if (s == 0) n -= c.vocab_size * c.n_embd - c.vocab_size * c.n_embd / tp;
+    return n;
+  }));
+}
+
+// Every micro-batch in flight (AFAB's count, not 1F1B's).
+TEST(Step4_PlantedFault, AllMicroBatchesInFlightFails) {
+  EXPECT_FALSE(in_flight_matches([](int, int, int m) { return static_cast<std::size_t>(m); }));
+}
+
+}  // namespace
