@@ -2,7 +2,8 @@
 # (stages, 1F1B, the executor, the tied gradient) and lab 09 (its ZeRO memory formulas, which step
 # 4's planner is checked against): the attendee composes them. Step 4 is pure functions: one rank.
 # Step 1 (the grid) is pure index math: one rank. Steps 2-3 run real grids: 4 ranks (dp x tp x pp
-# = 1x2x2, 2x1x2, 2x2x1) and, for step 3, 8 ranks (2x2x2, 1x2x4, 2x4x1, 4x1x2).
+# = 1x2x2, 2x1x2, 2x2x1, and 2x1x2 in picotron's order) and, for step 3, 8 ranks (2x2x2, 1x2x4,
+# 2x4x1, 4x1x2, and 2x2x2 in picotron's order).
 scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp STEPS 4 RANKS 4
                  STEP_RANKS "1:1" "3:4,8" "4:1"
                  LIBS lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
@@ -14,7 +15,8 @@ if(SCALELAB_BUILD_TESTS)
   set(lab10_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
   foreach(case "2;grid_not_world;--dp;2;--tp;2;--pp;1"
                "4;tp_not_dividing_heads;--dp;1;--tp;4;--pp;1"
-               "4;more_stages_than_layers;--dp;1;--tp;1;--pp;4")
+               "4;more_stages_than_layers;--dp;1;--tp;1;--pp;4"
+               "1;plan_without_memory;--plan;--memory-mib;0")
     list(POP_FRONT case ranks name)
     add_test(NAME lab10.cli.${name}
              COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \

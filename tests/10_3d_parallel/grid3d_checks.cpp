@@ -11,14 +11,16 @@ ModelConfig config() {
 }
 
 std::vector<lab10::GridShape> grids_for(int world) {
-  if (world == 8) return {{2, 2, 2}, {1, 2, 4}, {2, 4, 1}, {4, 1, 2}};
-  if (world == 4) return {{1, 2, 2}, {2, 1, 2}, {2, 2, 1}};
+  // One grid per world size in picotron's order too: the step must not depend on the layout.
+  constexpr auto pico = lab10::GridOrder::picotron;
+  if (world == 8) return {{2, 2, 2}, {1, 2, 4}, {2, 4, 1}, {4, 1, 2}, {2, 2, 2, pico}};
+  if (world == 4) return {{1, 2, 2}, {2, 1, 2}, {2, 2, 1}, {2, 1, 2, pico}};
   if (world == 2) return {{1, 1, 2}, {2, 1, 1}, {1, 2, 1}};
   return {{1, 1, 1}};
 }
 
 std::string name(const lab10::GridShape& s) {
-  return fmt::format("dp {} x tp {} x pp {}", s.dp, s.tp, s.pp);
+  return fmt::format("dp {} x tp {} x pp {} ({})", s.dp, s.tp, s.pp, comm::grid_order_name(s.order));
 }
 
 std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch) {

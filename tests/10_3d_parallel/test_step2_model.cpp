@@ -15,7 +15,7 @@ using labtest::world;
 TEST(Step2_Model, HoldsItsStageAndItsShare) {
   for (const lab10::GridShape& shape : grids_for(world().size())) {
     SCOPED_TRACE(name(shape));
-    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp);
+    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
     lab10::Groups g = lab10::groups_of(grid);
     auto model = lab10::build_3d_model(config(), g, f64());
     auto want = own_model(g);
@@ -46,7 +46,7 @@ TEST(Step2_Model, PipelineStepEqualsSingleDeviceOnItsRows) {
   const data::Batch global = kLab.batch(0);
   for (const lab10::GridShape& shape : grids_for(world().size())) {
     SCOPED_TRACE(name(shape));
-    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp);
+    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
     lab10::Groups g = lab10::groups_of(grid);
     auto model = lab10::build_3d_model(config(), g, f64());
     // This replica's rows (the test cuts them: dp_rows is step 3's), 2 micro-batches, 1F1B.

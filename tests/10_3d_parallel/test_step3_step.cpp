@@ -30,7 +30,7 @@ using StepFn = std::function<double(nn::GPT&, lab10::Groups&, const data::Batch&
 // One step of `step` on `shape` against the single device: numbers, then traffic per group.
 testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape& shape) {
   const data::Batch global = kLab.batch(0);
-  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp);
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
   auto model = own_model(g);
   auto ref = reference_model(global);
@@ -67,7 +67,7 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
 TEST(Step3_Step, DpRowsAreThisReplicasShare) {
   const data::Batch global = kLab.batch(0);
   for (const lab10::GridShape& shape : grids_for(world().size())) {
-    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp);
+    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
     const lab10::Groups g = lab10::groups_of(grid);
     const data::Batch got = lab10::dp_rows(global, g);
     const int64_t b = global.batch_size() / shape.dp;
