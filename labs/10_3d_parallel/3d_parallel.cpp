@@ -1,5 +1,5 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash f7d8a755f3214811 (lets make-labs see your edits).
+// step (see README.md). Body hash b6751c576014cb31 (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
@@ -7,6 +7,7 @@
 
 #include "common/errors.hpp"
 #include "common/metrics.hpp"
+#include "zero.hpp"  // lab 09: shard_groups, all_gather_parameters
 
 namespace scalelab::lab10 {
 
@@ -86,6 +87,24 @@ double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_b
   throw scalelab::NotImplemented(
       "lab 10 step 3: 1F1B over pp, the tied gradient over pp, the average over dp (README.md#step-3)");
   return loss;
+}
+
+// ---- given: ZeRO-1 over dp ------------------------------------------------------------------------
+
+Zero1Optimizer::Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, optim::AdamWConfig adamw)
+    : model_(model), dp_(dp) {
+  nn::ParameterSet& ps = model.params();
+  SCALELAB_CHECK(ps.padded_numel() % dp.size() == 0,
+                 "ZeRO-1 over dp {} needs the model built with storage.pad_to = {}", dp.size(),
+                 dp.size());
+  shard_ = nn::shard_range(ps.numel(), dp.rank(), dp.size());
+  adamw_ = std::make_unique<optim::AdamW>(
+      lab09::shard_groups(ps, shard_, ps.padded_grads().flat(shard_.lo, shard_.size)), adamw);
+}
+
+void Zero1Optimizer::step(double lr) {
+  adamw_->step(lr);
+  lab09::all_gather_parameters(model_.params(), shard_, dp_);
 }
 
 // ---- Step 4 -------------------------------------------------------------------------------------

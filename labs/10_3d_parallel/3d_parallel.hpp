@@ -22,6 +22,7 @@
 #include "common/data/sampler.hpp"
 #include "common/model_config.hpp"
 #include "common/nn/gpt.hpp"
+#include "common/optim/optim.hpp"
 #include "pipeline_parallel.hpp"  // lab 08: stages, schedules, the executor
 #include "tensor_parallel.hpp"    // lab 07: the tensor-parallel block's operators
 
@@ -101,6 +102,27 @@ data::Batch dp_rows(const data::Batch& global, const Groups& g);
 /// The caller steps the optimizer. Fills `stats` (lab 08's timings) when given.
 double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_batches,
                lab08::ExecStats* stats = nullptr);
+
+/// Given. ZeRO-1 over the dp group (lab 09), in place of a whole AdamW on every rank: the model
+/// must be built with options.storage.pad_to = g.shape.dp (dp equal shards of its flat layout).
+/// Each dp rank keeps AdamW's m and v for its shard only (nn::shard_range of the stage's flat
+/// parameters), steps it (lab09::shard_groups) and all-gathers the shards over dp
+/// (lab09::all_gather_parameters). After step_3d (whose dp average leaves the whole averaged
+/// gradient on every replica) it is bit for bit a whole AdamW on every rank. ZeRO's group is the
+/// dp group: the replicas of one (tp, pp) shard hold the same parameters, other groups do not.
+class Zero1Optimizer {
+ public:
+  Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, optim::AdamWConfig adamw = {});
+  void step(double lr);
+  /// Bytes of m and v this rank keeps (its shard's).
+  std::size_t state_bytes() const { return adamw_->state_bytes(); }
+
+ private:
+  nn::GPT& model_;
+  comm::Communicator& dp_;
+  nn::ShardRange shard_;
+  std::unique_ptr<optim::AdamW> adamw_;
+};
 
 // ---- Step 4: the planner ----------------------------------------------------------------------------
 

@@ -9,14 +9,15 @@ scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp STEPS 4 RANKS 4
                  LIBS lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
                       lab09_zero_solution_impl
                  TIMEOUT 60)
-# Bad grids: exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
+# Bad grids (and a bad --plan budget or --zero stage): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.
 if(SCALELAB_BUILD_TESTS)
   set(lab10_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
   foreach(case "2;grid_not_world;--dp;2;--tp;2;--pp;1"
                "4;tp_not_dividing_heads;--dp;1;--tp;4;--pp;1"
                "4;more_stages_than_layers;--dp;1;--tp;1;--pp;4"
-               "1;plan_without_memory;--plan;--memory-mib;0")
+               "1;plan_without_memory;--plan;--memory-mib;0"
+               "1;zero_stage_unsupported;--zero;2")
     list(POP_FRONT case ranks name)
     add_test(NAME lab10.cli.${name}
              COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \

@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
          cxxopts::value<int>()->default_value("2"))
         ("twin-steps", "steps compared with the single-device twin (rank 0)",
          cxxopts::value<int>()->default_value("3"))
+        ("zero", "0: a whole AdamW on every rank; 1: ZeRO-1 over the dp group (lab 09)",
+         cxxopts::value<int>()->default_value("0"))
         ("plan", "list the configurations step 4 predicts, fastest first (trains nothing)")
         ("ranks", "--plan: ranks to plan for (default: the ranks started)",
          cxxopts::value<int>()->default_value("0"))
@@ -95,12 +97,14 @@ int main(int argc, char** argv) {
                           comm::parse_grid_order(parsed["grid-order"].as<std::string>())};
     const int m = parsed["micro-batches"].as<int>();
     const int twin_steps = parsed["twin-steps"].as<int>();
+    const int zero = parsed["zero"].as<int>();
     const ModelConfig config = model_config(opt.model);
 
     auto world = comm::Communicator::world(run.backend);
     if (parsed.count("plan")) return plan(config, opt.batch, parsed, world);
     // Bad grids are usage errors on every rank, before any data is read.
     check_3d(config, shape, world.size(), opt.batch, m);
+    SCALELAB_REQUIRE(zero == 0 || zero == 1, "--zero must be 0 or 1, got {}", zero);
     SCALELAB_REQUIRE(run.device == "cpu", "lab 10 runs on the CPU (lab 07's operators are CPU "
                                           "only), got --device {}", run.device);
 
@@ -108,12 +112,20 @@ int main(int argc, char** argv) {
     Groups g = groups_of(grid);
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
-    auto model = build_3d_model(config, g, {.seed = run.seed});
-    optim::AdamW adamw(optim::groups(model->parameters()));
+    nn::GPTOptions model_options{.seed = run.seed};
+    if (zero == 1) model_options.storage.pad_to = shape.dp;  // dp equal shards
+    auto model = build_3d_model(config, g, model_options);
+    std::unique_ptr<optim::AdamW> adamw;
+    std::unique_ptr<Zero1Optimizer> zero1;
+    if (zero == 1)
+      zero1 = std::make_unique<Zero1Optimizer>(*model, g.dp);
+    else
+      adamw = std::make_unique<optim::AdamW>(optim::groups(model->parameters()));
 
     log::info("lab 10 3d_parallel: model {} ({} layers, {} heads), global batch {} = dp {} x {} "
-              "micro-batches of {} rows, {} steps", config.name, config.n_layer, config.n_head,
-              opt.batch, shape.dp, m, opt.batch / shape.dp / m, opt.steps);
+              "micro-batches of {} rows, {} steps, {}", config.name, config.n_layer, config.n_head,
+              opt.batch, shape.dp, m, opt.batch / shape.dp / m, opt.steps,
+              zero == 1 ? "ZeRO-1 over dp" : "AdamW whole on every rank");
     log::info("{}", grid.table());
     for (int s = 0; s < shape.pp; ++s) {  // what every stage holds (the same rule on every rank)
       const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, s);
@@ -144,10 +156,16 @@ int main(int argc, char** argv) {
       const data::Batch batch = sampler.batch(step);
       if (step == 0) comm::reset_comm_stats();
       const double loss = step_3d(*model, g, batch, m);
-      adamw.step(lr);
+      if (zero1)
+        zero1->step(lr);
+      else
+        adamw->step(lr);
       const double dt = timer.elapsed();
       if (step == 0) {
         const comm::CommStats first = comm::comm_stats();
+        if (zero1)
+          log::info("ZeRO-1: rank 0 keeps {} bytes of AdamW state (a whole AdamW: {})",
+                    zero1->state_bytes(), 2 * model->num_parameters() * 4);
         log::info("payload bytes of step 0 on rank 0, per group (tp: the blocks' all-reduces; "
                   "pp: activations and gradients, the tied embedding; dp: the gradients):\n{}",
                   comm::format_comm_stats(first));

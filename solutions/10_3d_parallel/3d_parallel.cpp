@@ -5,6 +5,7 @@
 
 #include "common/errors.hpp"
 #include "common/metrics.hpp"
+#include "zero.hpp"  // lab 09: shard_groups, all_gather_parameters
 
 namespace scalelab::lab10 {
 
@@ -122,6 +123,24 @@ double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_b
   loss = l.item();
   // END SOLUTION
   return loss;
+}
+
+// ---- given: ZeRO-1 over dp ------------------------------------------------------------------------
+
+Zero1Optimizer::Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, optim::AdamWConfig adamw)
+    : model_(model), dp_(dp) {
+  nn::ParameterSet& ps = model.params();
+  SCALELAB_CHECK(ps.padded_numel() % dp.size() == 0,
+                 "ZeRO-1 over dp {} needs the model built with storage.pad_to = {}", dp.size(),
+                 dp.size());
+  shard_ = nn::shard_range(ps.numel(), dp.rank(), dp.size());
+  adamw_ = std::make_unique<optim::AdamW>(
+      lab09::shard_groups(ps, shard_, ps.padded_grads().flat(shard_.lo, shard_.size)), adamw);
+}
+
+void Zero1Optimizer::step(double lr) {
+  adamw_->step(lr);
+  lab09::all_gather_parameters(model_.params(), shard_, dp_);
 }
 
 // ---- Step 4 -------------------------------------------------------------------------------------

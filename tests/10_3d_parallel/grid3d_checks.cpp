@@ -64,7 +64,7 @@ Tensor expected(const nn::GPT& local, nn::GPT& reference, bool grads) {
   return Tensor::from_vector(out, {static_cast<int64_t>(out.size())}, DType::f64);
 }
 
-std::unique_ptr<nn::GPT> own_model(lab10::Groups& g) {
+std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to) {
   const ModelConfig c = config();
   const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(c.n_layer), g.shape.pp,
                                                   g.coord.pp);
@@ -73,6 +73,7 @@ std::unique_ptr<nn::GPT> own_model(lab10::Groups& g) {
   o.last_block = r.last;
   o.tp_rank = g.coord.tp;
   o.tp_size = g.shape.tp;
+  o.storage.pad_to = pad_to;
   auto model = std::make_unique<nn::GPT>(c, o);
   for (int i = r.first; i < r.last; ++i) lab07::make_tensor_parallel(model->block(i), g.tp);
   return model;

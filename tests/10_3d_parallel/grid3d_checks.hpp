@@ -38,7 +38,8 @@ Tensor expected(const nn::GPT& local, nn::GPT& reference, bool grads);
 
 /// The test's own 3D model (not the attendee's step 2): the stage of lab 08 with 1/tp of every
 /// block, the blocks' hooks set to lab 07's operators on g.tp.
-std::unique_ptr<nn::GPT> own_model(lab10::Groups& g);
+/// pad_to: the flat layout padded to a multiple of it (ZeRO's shards).
+std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to = 1);
 
 /// Payload bytes of all-reduces on the communicator named `group` since `before`.
 int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group);

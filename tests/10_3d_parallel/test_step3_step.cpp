@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/optim/optim.hpp"
 #include "grid3d_checks.hpp"
 
 namespace {
@@ -83,6 +84,34 @@ TEST(Step3_Step, EqualsSingleDeviceOnEveryGrid) {
   };
   for (const lab10::GridShape& shape : grids_for(world().size()))
     EXPECT_TRUE(step_matches(attendee, shape));
+}
+
+// Your step with ZeRO-1 over dp (the given Zero1Optimizer, lab 09's pieces) in place of a whole
+// AdamW: two steps, bit for bit the same parameters and losses (the same averaged gradient, the
+// same elementwise update by the shard's owner, exact copies back), with m and v for 1/dp of the
+// stage only. The gradients must not depend on the padding ZeRO adds to the flat layout.
+TEST(Step3_Step, Zero1OverDpIsBitwiseAdamW) {
+  for (const lab10::GridShape& shape : grids_for(world().size())) {
+    if (shape.dp == 1) continue;
+    SCOPED_TRACE(name(shape));
+    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+    lab10::Groups g = lab10::groups_of(grid);
+    auto whole = own_model(g), sharded = own_model(g, shape.dp);
+    optim::AdamW adamw(optim::groups(whole->parameters()));
+    lab10::Zero1Optimizer zero1(*sharded, g.dp);
+    for (int s = 0; s < 2; ++s) {
+      const double a = lab10::step_3d(*whole, g, kLab.batch(s), kMicro);
+      const double b = lab10::step_3d(*sharded, g, kLab.batch(s), kMicro);
+      EXPECT_EQ(a, b) << "step " << s;
+      adamw.step(1e-2);
+      zero1.step(1e-2);
+      EXPECT_TRUE(labtest::bitwise(sharded->params().values(), whole->params().values()))
+          << "step " << s;
+    }
+    const std::size_t shard = nn::shard_range(whole->num_parameters(), g.coord.dp, shape.dp).real();
+    EXPECT_EQ(zero1.state_bytes(), 2 * shard * sizeof(double));
+    EXPECT_EQ(adamw.state_bytes(), 2 * static_cast<std::size_t>(whole->num_parameters()) * 8);
+  }
 }
 
 // ---- planted faults -----------------------------------------------------------------------------
