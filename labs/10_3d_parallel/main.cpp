@@ -29,6 +29,21 @@ namespace {
 
 std::string mib(std::size_t bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
 
+// The grid to run. No size given (./scalelab demo): tp 2 and pp 2 where the ranks and the model
+// allow, dp the rest. Otherwise a size not given is 1, except dp: the ranks left over.
+GridShape default_grid(int dp, int tp, int pp, int world, const ModelConfig& c, GridOrder order) {
+  SCALELAB_REQUIRE(dp >= 0 && tp >= 0 && pp >= 0, "--dp, --tp and --pp must not be negative, got "
+                   "{}, {}, {}", dp, tp, pp);
+  if (dp == 0 && tp == 0 && pp == 0) {
+    tp = world % 2 == 0 && c.n_head % 2 == 0 ? 2 : 1;
+    pp = (world / tp) % 2 == 0 && c.n_layer >= 2 ? 2 : 1;
+  }
+  tp = tp == 0 ? 1 : tp;
+  pp = pp == 0 ? 1 : pp;
+  if (dp == 0) dp = world % (tp * pp) == 0 ? world / (tp * pp) : 1;  // check_3d says what is wrong
+  return GridShape{dp, tp, pp, order};
+}
+
 // --plan: measure, predict every configuration, print the ranking (rank 0).
 int plan(const ModelConfig& config, int64_t batch, const cxxopts::ParseResult& parsed,
          comm::Communicator& world) {
@@ -73,9 +88,10 @@ int main(int argc, char** argv) {
     cli::add_run_options(options);
     train::add_train_options(options, {.model = "small", .batch = 8, .steps = 10});
     options.add_options("lab 10")
-        ("dp", "data-parallel replicas", cxxopts::value<int>()->default_value("1"))
-        ("tp", "tensor-parallel ranks per stage", cxxopts::value<int>()->default_value("1"))
-        ("pp", "pipeline stages", cxxopts::value<int>()->default_value("1"))
+        ("dp", "data-parallel replicas (0: the ranks left over by tp and pp)",
+         cxxopts::value<int>()->default_value("0"))
+        ("tp", "tensor-parallel ranks per stage (0: see --dp)", cxxopts::value<int>()->default_value("0"))
+        ("pp", "pipeline stages (0: see --dp)", cxxopts::value<int>()->default_value("0"))
         ("grid-order", "megatron (tp, dp, pp from the inside out) or picotron (tp, pp, dp)",
          cxxopts::value<std::string>()->default_value("megatron"))
         ("micro-batches", "micro-batches per replica and step (m)",
@@ -93,8 +109,7 @@ int main(int argc, char** argv) {
     const auto parsed = cli::parse(options, argc, argv);
     const auto run = cli::run_options(parsed);
     const auto opt = train::read_train_options(parsed);
-    const GridShape shape{parsed["dp"].as<int>(), parsed["tp"].as<int>(), parsed["pp"].as<int>(),
-                          comm::parse_grid_order(parsed["grid-order"].as<std::string>())};
+    const GridOrder order = comm::parse_grid_order(parsed["grid-order"].as<std::string>());
     const int m = parsed["micro-batches"].as<int>();
     const int twin_steps = parsed["twin-steps"].as<int>();
     const int zero = parsed["zero"].as<int>();
@@ -102,6 +117,8 @@ int main(int argc, char** argv) {
 
     auto world = comm::Communicator::world(run.backend);
     if (parsed.count("plan")) return plan(config, opt.batch, parsed, world);
+    const GridShape shape = default_grid(parsed["dp"].as<int>(), parsed["tp"].as<int>(),
+                                         parsed["pp"].as<int>(), world.size(), config, order);
     // Bad grids are usage errors on every rank, before any data is read.
     check_3d(config, shape, world.size(), opt.batch, m);
     SCALELAB_REQUIRE(zero == 0 || zero == 1, "--zero must be 0 or 1, got {}", zero);
