@@ -161,8 +161,9 @@ class MpiBackend final : public Backend {
       int code = MPI_Test(&pending_[i].request, &done, &status);
       if (code != MPI_SUCCESS || !done) {
         if (code != MPI_SUCCESS) {
-          fail(pending_[i].op, code, "MPI_Test");
-          pending_.erase(pending_.begin() + static_cast<long>(i));
+          std::shared_ptr<Op> op = std::move(pending_[i].op);
+          pending_.erase(pending_.begin() + static_cast<long>(i));  // its buffer too
+          fail(op, code, "MPI_Test");
           any = true;
           continue;
         }
@@ -181,8 +182,10 @@ class MpiBackend final : public Backend {
                                           p.op->label(), got, p.op->peer, p.op->out.numel()));
           copy_back(p.op->out, p.host);
         }
+        p.host = Tensor();  // the message's buffer is released before the op is seen done
         p.op->complete();
       } catch (...) {
+        p.host = Tensor();
         p.op->complete(std::current_exception());
       }
     }

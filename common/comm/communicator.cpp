@@ -57,6 +57,11 @@ std::string Op::label() const {
 }
 
 void Op::complete(std::exception_ptr error) {
+  // Drop the tensors before anyone can see the op done: a finished operation must pin no memory,
+  // or the allocator's counters read after wait() would still include a buffer the caller
+  // released (and it would be freed later, on the worker thread, mid-measurement).
+  in = Tensor();
+  out = Tensor();
   if (watchdog_token) watchdog::leave(watchdog_token);
   if (trace_begin_us >= 0)
     trace::event(op_kind_name(kind), "comm", trace_begin_us, trace::now_us(), trace::kComm,

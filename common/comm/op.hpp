@@ -47,8 +47,9 @@ struct Op {
   /// point-to-point operations then).
   std::function<void()> flush;
 
-  /// Marks the operation finished (error or not): leaves the watchdog, records the trace event,
-  /// wakes waiters. Called exactly once, by the backend.
+  /// Marks the operation finished (error or not): releases `in` and `out`, leaves the watchdog,
+  /// records the trace event, wakes waiters. Called exactly once, by the backend, when it no
+  /// longer needs the tensors (and after its own staging copies are gone).
   void complete(std::exception_ptr error = nullptr);
   /// Blocks until complete(); rethrows the error.
   void wait();
