@@ -24,3 +24,8 @@ $plot accum $d/05_accum_n4.txt -o $o/05_accum_memory.svg --command "./scalelab r
 $plot checkpoint $d/06_policies_cpu_readme.txt $d/06_policies_h100.txt -o $o/06_memory_vs_time.svg \
   --label "small, 4 rows x 64 tokens, 2-core CPU" --label "gpt-85m, 8 rows x 1024 tokens, one H100" \
   --command "./scalelab run 06 --solution -n 4 -- --reps 5  (CPU);  -n 1 -- --device cuda --model gpt-85m --batch 8 --steps 3 --reps 3  (H100)"
+$plot tp $d/07_tp_n4.txt -o $o/07_tp.svg --command "./scalelab run 07 --solution -n 4 -- --reps 3"
+$plot pipeline $d/08_pp_n4.txt -o $o/08_pipeline.svg --command "./scalelab run 08 --solution -n 4 -- --reps 3"
+$plot zero $d/09_zero_n4.txt -o $o/09_zero_memory.svg --command "./scalelab run 09 --solution -n 4 -- --stage 1"
+$plot grid $d/10_3d_n*.txt -o $o/10_grids.svg \
+  --command "./scalelab run 10 --solution -n R -- --dp DP --tp TP --pp PP --steps 10 --twin-steps 10"
