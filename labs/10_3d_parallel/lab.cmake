@@ -9,7 +9,7 @@ scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp STEPS 4 RANKS 4
                  LIBS lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
                       lab09_zero_solution_impl
                  TIMEOUT 60)
-# Bad grids (and a bad --plan budget or --zero stage): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
+# Bad grids (and a bad --plan budget, --zero stage or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.
 if(SCALELAB_BUILD_TESTS)
   set(lab10_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
@@ -17,7 +17,9 @@ if(SCALELAB_BUILD_TESTS)
                "4;tp_not_dividing_heads;--dp;1;--tp;4;--pp;1"
                "4;more_stages_than_layers;--dp;1;--tp;1;--pp;4"
                "1;plan_without_memory;--plan;--memory-mib;0"
-               "1;zero_stage_unsupported;--zero;2")
+               "1;zero_stage_unsupported;--zero;2"
+               "1;check_plan_without_steps;--check-plan;--check-steps;0"
+               "1;check_plan_and_plan;--check-plan;--plan")
     list(POP_FRONT case ranks name)
     add_test(NAME lab10.cli.${name}
              COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \

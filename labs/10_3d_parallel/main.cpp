@@ -5,15 +5,24 @@
 //   ./scalelab run 10 --solution -n 8 -- --dp 2 --tp 2 --pp 2
 //   ./scalelab run 10 -n 4 -- --dp 1 --tp 2 --pp 2 --grid-order picotron --steps 5
 //   ./scalelab run 10 --solution -n 8 -- --plan --model gpt-85m --batch 16 --memory-mib 81920
+//   ./scalelab run 10 --solution -n 4 -- --check-plan
 //
 // --plan trains nothing: it measures this machine (sgemm rate, all-reduce bandwidth and latency
 // over the ranks started), then lists the configurations your step 4 predicts fit in
 // --memory-mib per rank for --ranks ranks, fastest first.
+// --check-plan (step 5) runs every configuration --plan lists for the ranks started that the 3D
+// step can execute (ZeRO 0 or 1, no checkpointing) for 1 + --check-steps steps and prints the
+// planner's memory and step time beside the measured ones (the allocator's peak, the largest over
+// the ranks; the median step of the slowest rank), with the relative errors.
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "3d_parallel.hpp"
+#include "common/allocator.hpp"
 #include "common/cli.hpp"
 #include "common/comm/stats.hpp"
 #include "common/log.hpp"
@@ -79,6 +88,184 @@ int plan(const ModelConfig& config, int64_t batch, const cxxopts::ParseResult& p
   return 0;
 }
 
+// ---- --check-plan (step 5): pure helpers -------------------------------------------------------
+
+// (measured - predicted) / measured: -0.5 means the planner said 1.5 x the measured figure.
+double relative_error(double predicted, double measured) {
+  return measured != 0 ? (predicted - measured) / measured : 0.0;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Spearman's rank correlation of two rankings of the same n items (1-based, no ties): 1 the same
+// order, -1 reversed, ~0 unrelated.
+double rank_correlation(const std::vector<std::size_t>& a, const std::vector<std::size_t>& b) {
+  const double n = static_cast<double>(a.size());
+  if (a.size() < 2) return 1.0;
+  double d2 = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    d2 += d * d;
+  }
+  return 1.0 - 6.0 * d2 / (n * (n * n - 1.0));
+}
+
+// Why the 3D step cannot run a plan ("" when it can).
+std::string why_skipped(const Plan& p) {
+  if (p.checkpoint) return "checkpointing (the 3D step has none)";
+  if (p.zero_stage >= 2) return fmt::format("ZeRO-{} (the 3D step runs ZeRO 0 and 1)", p.zero_stage);
+  return "";
+}
+
+struct Measured {
+  double peak_bytes = 0;  ///< the allocator's peak above the data, the largest over the ranks
+  double step_s = 0;      ///< median over the timed steps of the slowest rank's step_3d
+  double min_s = 0, max_s = 0;  ///< the fastest and slowest of those steps (the noise)
+  double optimizer_s = 0; ///< median of the slowest rank's optimizer step (not predicted)
+};
+
+// Runs one plan on `world` (collective): builds the grid and model, 1 warm-up + `steps` steps.
+Measured measure_plan(const ModelConfig& config, const Plan& p, data::Sampler& sampler,
+                      int steps, uint64_t seed, comm::Communicator& world) {
+  const Device cpu = Device::cpu();
+  const comm::ProcessGrid grid(world, p.grid.dp, p.grid.tp, p.grid.pp, GridOrder::megatron);
+  Groups g = groups_of(grid);
+  world.barrier();
+  const std::size_t base = memory_stats(cpu).current;
+  reset_peak_memory(cpu);
+  Measured out;
+  std::vector<double> times, optimizer_times;
+  {
+    nn::GPTOptions model_options{.seed = seed};
+    if (p.zero_stage == 1) model_options.storage.pad_to = p.grid.dp;
+    auto model = build_3d_model(config, g, model_options);
+    std::unique_ptr<optim::AdamW> adamw;
+    std::unique_ptr<Zero1Optimizer> zero1;
+    if (p.zero_stage == 1)
+      zero1 = std::make_unique<Zero1Optimizer>(*model, g.dp);
+    else
+      adamw = std::make_unique<optim::AdamW>(optim::groups(model->parameters()));
+    for (int step = 0; step <= steps; ++step) {  // step 0: warm-up (AdamW allocates m and v)
+      const data::Batch batch = sampler.batch(step);
+      world.barrier();
+      metrics::Timer timer(cpu);
+      step_3d(*model, g, batch, p.micro_batches);
+      const double step_s = timer.elapsed();
+      timer.start();
+      if (zero1)
+        zero1->step(1e-4);
+      else
+        adamw->step(1e-4);
+      Tensor dt = Tensor::from_vector({step_s, timer.elapsed()}, {2}, DType::f64);
+      world.all_reduce(dt, comm::ReduceOp::max);
+      const std::vector<double> both = dt.to_vector();
+      if (step > 0) {
+        times.push_back(both[0]);
+        optimizer_times.push_back(both[1]);
+      }
+    }
+    Tensor peak = Tensor::from_vector(
+        {static_cast<double>(memory_stats(cpu).peak - base)}, {1}, DType::f64);
+    world.all_reduce(peak, comm::ReduceOp::max);
+    out.peak_bytes = peak.item();
+  }
+  out.step_s = median(times);
+  out.min_s = *std::min_element(times.begin(), times.end());
+  out.max_s = *std::max_element(times.begin(), times.end());
+  out.optimizer_s = median(optimizer_times);
+  world.barrier();
+  return out;
+}
+
+// --check-plan: every plan --plan lists for the ranks started, predicted vs measured (rank 0).
+int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64_t seed,
+               const cxxopts::ParseResult& parsed, comm::Communicator& world) {
+  const double budget_mib = parsed["memory-mib"].as<double>();
+  const int steps = parsed["check-steps"].as<int>();
+  SCALELAB_REQUIRE(budget_mib > 0, "--memory-mib must be positive, got {}", budget_mib);
+  SCALELAB_REQUIRE(steps >= 1, "--check-steps must be at least 1, got {}", steps);
+  SCALELAB_REQUIRE(!parsed.count("plan"), "--check-plan and --plan: give one of them");
+  SCALELAB_REQUIRE(parsed["ranks"].as<int>() == 0 || parsed["ranks"].as<int>() == world.size(),
+                   "--check-plan runs on the ranks started ({}), got --ranks {}", world.size(),
+                   parsed["ranks"].as<int>());
+  const Machine m = measure_machine(world);
+  const auto rows = plan_all(config, world.size(), opt.batch, m,
+                             static_cast<std::size_t>(budget_mib * 1048576.0), 4);
+  const auto tokens = train::load_train_tokens(opt);
+  data::Sampler sampler(tokens, opt.batch, config.block_size, seed);
+  log::info("lab 10 planner check: model {}, global batch {} x {} tokens, {} ranks, {:.0f} MiB "
+            "per rank; machine: sgemm {:.1f} GFLOP/s per rank, all-reduce {:.2f} GB/s, {:.1f} us",
+            config.name, opt.batch, config.block_size, world.size(), budget_mib, m.flops / 1e9,
+            m.bus_bytes_per_s / 1e9, m.latency_s * 1e6);
+  std::vector<std::string> skipped;
+  struct Row { Plan p; Prediction d; Measured x; };
+  std::vector<Row> ran;
+  for (const auto& [p, d] : rows) {
+    const std::string why = why_skipped(p);
+    if (!why.empty()) {
+      skipped.push_back(why);
+      continue;
+    }
+    ran.push_back({p, d, measure_plan(config, p, sampler, steps, seed, world)});
+  }
+  log::info("{} configurations fit; {} run (1 warm-up + {} timed steps each), {} skipped:",
+            rows.size(), ran.size(), steps, skipped.size());
+  std::vector<std::string> reasons = skipped;
+  std::sort(reasons.begin(), reasons.end());
+  reasons.erase(std::unique(reasons.begin(), reasons.end()), reasons.end());
+  for (const auto& r : reasons)
+    log::info("  skipped {} : {}", std::count(skipped.begin(), skipped.end(), r), r);
+  if (ran.empty()) return 0;
+  log::info("memory: predicted state + activations of the busiest rank vs the allocator's peak "
+            "(max over ranks), MiB; step: predicted vs the slowest rank's step_3d (forward, "
+            "backward, communication: what the planner models), median ms (min..max), and the "
+            "optimizer step after it (not predicted); err = (predicted - measured) / measured; "
+            "rank: by predicted / by measured step time");
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>4}  {:>8} {:>8} {:>6}  {:>7} {:>7} {:>13} {:>6} {:>6}  "
+            "{:>4} {:>4}", "dp", "tp", "pp", "m", "zero", "mem pred", "mem meas", "err",
+            "ms pred", "ms meas", "(min..max)", "err", "opt ms", "pred", "meas");
+  std::vector<std::size_t> by_measured(ran.size());
+  for (std::size_t i = 0; i < ran.size(); ++i) by_measured[i] = i;
+  std::stable_sort(by_measured.begin(), by_measured.end(), [&](std::size_t a, std::size_t b) {
+    return ran[a].x.step_s < ran[b].x.step_s;
+  });
+  std::vector<std::size_t> measured_rank(ran.size());
+  for (std::size_t r = 0; r < ran.size(); ++r) measured_rank[by_measured[r]] = r + 1;
+  double mem_abs = 0, time_abs = 0;
+  for (std::size_t i = 0; i < ran.size(); ++i) {  // in the planner's order: fastest first
+    const auto& [p, d, x] = ran[i];
+    const double em = relative_error(static_cast<double>(d.total_bytes), x.peak_bytes);
+    const double et = relative_error(d.step_s, x.step_s);
+    mem_abs += std::abs(em);
+    time_abs += std::abs(et);
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>4}  {:>8} {:>8} {:>+5.0f}%  {:>7.1f} {:>7.1f} {:>13} "
+              "{:>+5.0f}% {:>6.1f}  {:>4} {:>4}", p.grid.dp, p.grid.tp, p.grid.pp,
+              p.micro_batches, p.zero_stage, mib(d.total_bytes),
+              mib(static_cast<std::size_t>(x.peak_bytes)), em * 100, d.step_s * 1e3,
+              x.step_s * 1e3, fmt::format("({:.1f}..{:.1f})", x.min_s * 1e3, x.max_s * 1e3),
+              et * 100, x.optimizer_s * 1e3, i + 1, measured_rank[i]);
+  }
+  const Row& best = ran[by_measured[0]];
+  std::vector<std::size_t> predicted_rank(ran.size());
+  for (std::size_t i = 0; i < ran.size(); ++i) predicted_rank[i] = i + 1;
+  log::info("mean |err|: memory {:.0f}%, step time {:.0f}%; rank correlation of predicted and "
+            "measured step times (Spearman) {:+.2f}", 100 * mem_abs / ran.size(),
+            100 * time_abs / ran.size(), rank_correlation(predicted_rank, measured_rank));
+  log::info("predicted best {}x{}x{} m={} zero={} ({:.2f} ms measured) {} the measured best "
+            "{}x{}x{} m={} zero={} ({:.2f} ms); the predicted best ranks {} of {} measured",
+            ran[0].p.grid.dp, ran[0].p.grid.tp, ran[0].p.grid.pp, ran[0].p.micro_batches,
+            ran[0].p.zero_stage, ran[0].x.step_s * 1e3,
+            by_measured[0] == 0 ? "IS" : "is NOT", best.p.grid.dp, best.p.grid.tp,
+            best.p.grid.pp, best.p.micro_batches, best.p.zero_stage, best.x.step_s * 1e3,
+            measured_rank[0], ran.size());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,7 +292,11 @@ int main(int argc, char** argv) {
          cxxopts::value<int>()->default_value("0"))
         ("memory-mib", "--plan: memory per rank in MiB",
          cxxopts::value<double>()->default_value("1024"))
-        ("top", "--plan: rows shown", cxxopts::value<int>()->default_value("20"));
+        ("top", "--plan: rows shown", cxxopts::value<int>()->default_value("20"))
+        ("check-plan", "step 5: run every configuration --plan lists for the ranks started that "
+                       "the 3D step can execute; predicted vs measured memory and step time")
+        ("check-steps", "--check-plan: timed steps per configuration (after 1 warm-up)",
+         cxxopts::value<int>()->default_value("10"));
     const auto parsed = cli::parse(options, argc, argv);
     const auto run = cli::run_options(parsed);
     const auto opt = train::read_train_options(parsed);
@@ -116,6 +307,11 @@ int main(int argc, char** argv) {
     const ModelConfig config = model_config(opt.model);
 
     auto world = comm::Communicator::world(run.backend);
+    if (parsed.count("check-plan")) {
+      SCALELAB_REQUIRE(run.device == "cpu", "lab 10 runs on the CPU (lab 07's operators are CPU "
+                                            "only), got --device {}", run.device);
+      return check_plan(config, opt, run.seed, parsed, world);
+    }
     if (parsed.count("plan")) return plan(config, opt.batch, parsed, world);
     const GridShape shape = default_grid(parsed["dp"].as<int>(), parsed["tp"].as<int>(),
                                          parsed["pp"].as<int>(), world.size(), config, order);
