@@ -41,6 +41,7 @@ class LauncherTest(unittest.TestCase):
 
     def test_zero_ranks(self):
         self.assert_usage_error(launch("run", "00", "-n", "0"), "positive number of ranks")
+        self.assert_usage_error(launch("plan", "--ranks", "0"), "positive number of ranks")
 
     def test_unknown_lab(self):
         self.assert_usage_error(launch("run", "77"), "no lab 77")
