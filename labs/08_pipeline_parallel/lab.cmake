@@ -17,13 +17,7 @@ if(SCALELAB_BUILD_TESTS)
                "1;batch_not_divisible;--model;tiny;--batch;16;--micro-batches;3"
                "2;interleaved_m_not_multiple_of_p;--model;tiny;--schedule;interleaved;--chunks;1;--micro-batches;3")
     list(POP_FRONT case ranks name)
-    add_test(NAME lab08.cli.${name}
-             COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
-n=$(grep '^error: ' \"$e\" | sort -u | wc -l); rm -f \"$e\"; [ $rc -eq 2 ] && [ $n -eq 1 ]"
-                     ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
-                     $<TARGET_FILE:lab08_pipeline_parallel_solution> ${MPIEXEC_POSTFLAGS} ${case}
-                     --data ${lab08_data})
-    set_tests_properties(lab08.cli.${name} PROPERTIES LABELS "reference;lab08" TIMEOUT 30
-                         PROCESSORS ${ranks} ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+    scalelab_expect_usage_error(lab08.cli.${name} lab08_pipeline_parallel_solution
+                                RANKS ${ranks} LABELS reference lab08 ARGS ${case} --data ${lab08_data})
   endforeach()
 endif()

@@ -21,13 +21,8 @@ if(SCALELAB_BUILD_TESTS)
                "1;check_plan_without_steps;--check-plan;--check-steps;0"
                "1;check_plan_and_plan;--check-plan;--plan")
     list(POP_FRONT case ranks name)
-    add_test(NAME lab10.cli.${name}
-             COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
-n=$(grep '^error: ' \"$e\" | sort -u | wc -l); rm -f \"$e\"; [ $rc -eq 2 ] && [ $n -eq 1 ]"
-                     ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
-                     $<TARGET_FILE:lab10_3d_parallel_solution> ${MPIEXEC_POSTFLAGS}
-                     --model tiny ${case} --data ${lab10_data})
-    set_tests_properties(lab10.cli.${name} PROPERTIES LABELS "reference;lab10" TIMEOUT 30
-                         PROCESSORS ${ranks} ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+    scalelab_expect_usage_error(lab10.cli.${name} lab10_3d_parallel_solution
+                                RANKS ${ranks} LABELS reference lab10 ARGS --model tiny ${case}
+                                --data ${lab10_data})
   endforeach()
 endif()

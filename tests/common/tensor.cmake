@@ -14,17 +14,6 @@ scalelab_add_test(NAME test_gpt_golden SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gp
 target_compile_definitions(test_gpt_golden PRIVATE
                            SCALELAB_TEST_DATA="${PROJECT_SOURCE_DIR}/tests/data")
 
-# Bad input to the programs: one "error:" line on stderr and exit code 2, from every
-# binary. Each runs the program directly (a singleton MPI process) through a small sh check.
-function(scalelab_expect_usage_error name target)
-  add_test(NAME ${name}
-           COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
-n=$(wc -l < \"$e\"); g=$(grep -c '^error: ' \"$e\"); rm -f \"$e\"; \
-[ $rc -eq 2 ] && [ $n -eq 1 ] && [ $g -eq 1 ]"
-                   $<TARGET_FILE:${target}> ${ARGN})
-  set_tests_properties(${name} PROPERTIES LABELS "reference;common" TIMEOUT 30
-                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
-endfunction()
 add_dependencies(reference scalelab_data)  # './scalelab test' builds only 'reference'
 scalelab_expect_usage_error(common.scalelab_data.missing_file scalelab_data /nonexistent.txt
                             --out ${CMAKE_CURRENT_BINARY_DIR}/unused)
@@ -70,13 +59,7 @@ scalelab_expect_usage_error(lab03.cli.corrupt_corpus lab03_ddp_solution --data $
 foreach(case "lab03_trace_dir_missing;lab03_ddp_solution;--trace;/nonexistent/dir/t.json"
              "lab03_corrupt_corpus;lab03_ddp_solution;--data;${corrupt_corpus}")
   list(POP_FRONT case name program)
-  add_test(NAME common.cli.${name}.np2
-           COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
-n=$(grep '^error: ' \"$e\" | sort -u | wc -l); rm -f \"$e\"; [ $rc -eq 2 ] && [ $n -eq 1 ]"
-                   ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
-                   $<TARGET_FILE:${program}> ${MPIEXEC_POSTFLAGS} ${case})
-  set_tests_properties(common.cli.${name}.np2 PROPERTIES LABELS "reference;common" TIMEOUT 30
-                       PROCESSORS 2 ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+  scalelab_expect_usage_error(common.cli.${name}.np2 ${program} RANKS 2 ARGS ${case})
 endforeach()
 # every lab program checks --trace in cli::run_options, before it loads data or trains
 foreach(program lab00_hello_dist lab01_collectives lab03_ddp lab04_ddp_overlap
