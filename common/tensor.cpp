@@ -9,6 +9,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::f32: return 4;
     case DType::f64: return 8;
     case DType::i32: return 4;
+    case DType::bf16: return 2;
   }
   return 0;
 }
@@ -18,6 +19,7 @@ const char* dtype_name(DType dtype) {
     case DType::f32: return "f32";
     case DType::f64: return "f64";
     case DType::i32: return "i32";
+    case DType::bf16: return "bf16";
   }
   return "?";
 }
@@ -76,6 +78,7 @@ Tensor Tensor::from_vector(const std::vector<double>& values, std::vector<int64_
       case DType::f32: t.data<float>()[i] = static_cast<float>(values[i]); break;
       case DType::f64: t.data<double>()[i] = values[i]; break;
       case DType::i32: t.data<int32_t>()[i] = static_cast<int32_t>(values[i]); break;
+      case DType::bf16: t.data<bf16>()[i] = bf16(static_cast<float>(values[i])); break;
     }
   }
   return t;
@@ -187,6 +190,7 @@ double Tensor::item(int64_t i) const {
     case DType::f32: return data<float>()[i];
     case DType::f64: return data<double>()[i];
     case DType::i32: return data<int32_t>()[i];
+    case DType::bf16: return static_cast<float>(data<bf16>()[i]);
   }
   return 0;
 }

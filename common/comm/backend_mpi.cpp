@@ -27,6 +27,8 @@ MPI_Datatype mpi_type(DType t) {
     case DType::f32: return MPI_FLOAT;
     case DType::f64: return MPI_DOUBLE;
     case DType::i32: return MPI_INT;
+    // MPI has no bf16: moved as 16-bit words; reductions of bf16 need their own MPI_Op.
+    case DType::bf16: return MPI_UINT16_T;
   }
   return MPI_DATATYPE_NULL;
 }
