@@ -15,13 +15,16 @@ target_compile_definitions(test_gpt_golden PRIVATE
                            SCALELAB_TEST_DATA="${PROJECT_SOURCE_DIR}/tests/data")
 
 add_dependencies(reference scalelab_data)  # './scalelab test' builds only 'reference'
-scalelab_expect_usage_error(common.scalelab_data.missing_file scalelab_data /nonexistent.txt
+# A path that can never exist: its parent is a regular file, so no program (not even a buggy one
+# that creates directories) can make it exist and poison later runs, as /nonexistent/dir could.
+set(tiny_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # any text file will do
+set(no_dir ${tiny_data}/no-such-dir)
+scalelab_expect_usage_error(common.scalelab_data.missing_file scalelab_data ${no_dir}/missing.txt
                             --out ${CMAKE_CURRENT_BINARY_DIR}/unused)
 # lab 02's program (defined later, in labs/; ctest resolves the target at generate time)
 set(lab02 lab02_single_device_solution)
-set(tiny_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # any text file will do
 scalelab_expect_usage_error(lab02.cli.unknown_model ${lab02} --model huge --data ${tiny_data})
-scalelab_expect_usage_error(lab02.cli.missing_data ${lab02} --data /nonexistent/dir)
+scalelab_expect_usage_error(lab02.cli.missing_data ${lab02} --data ${no_dir})
 scalelab_expect_usage_error(lab02.cli.batch_zero ${lab02} --batch 0 --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.context_zero ${lab02} --context 0 --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.context_too_long ${lab02} --model tiny --context 17
@@ -32,10 +35,10 @@ scalelab_expect_usage_error(lab02.cli.bad_option ${lab02} --no-such-option)
 scalelab_expect_usage_error(lab02.cli.checkpoint_is_directory ${lab02}
                             --checkpoint ${CMAKE_CURRENT_BINARY_DIR} --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.checkpoint_dir_missing ${lab02}
-                            --checkpoint /nonexistent/dir/lab02.ckpt --data ${tiny_data})
+                            --checkpoint ${no_dir}/lab02.ckpt --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.checkpoint_every_negative ${lab02} --checkpoint-every -1
                             --data ${tiny_data})
-scalelab_expect_usage_error(lab02.cli.trace_dir_missing ${lab02} --trace /nonexistent/dir/t.json
+scalelab_expect_usage_error(lab02.cli.trace_dir_missing ${lab02} --trace ${no_dir}/t.json
                             --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.trace_is_directory ${lab02} --trace ${CMAKE_CURRENT_BINARY_DIR}
                             --data ${tiny_data})
@@ -56,7 +59,7 @@ scalelab_expect_usage_error(lab02.cli.bin_file_as_text ${lab02} --data ${corrupt
 scalelab_expect_usage_error(lab03.cli.corrupt_corpus lab03_ddp_solution --data ${corrupt_corpus})
 # On 2 ranks too: rank 0 checks the output, every rank exits 2 with the same one line (mpiexec
 # adds its own notice about the exit code), before any work.
-foreach(case "lab03_trace_dir_missing;lab03_ddp_solution;--trace;/nonexistent/dir/t.json"
+foreach(case "lab03_trace_dir_missing;lab03_ddp_solution;--trace;${no_dir}/t.json"
              "lab03_corrupt_corpus;lab03_ddp_solution;--data;${corrupt_corpus}")
   list(POP_FRONT case name program)
   scalelab_expect_usage_error(common.cli.${name}.np2 ${program} RANKS 2 ARGS ${case})
@@ -66,7 +69,7 @@ foreach(program lab00_hello_dist lab01_collectives lab03_ddp lab04_ddp_overlap
                 lab05_grad_accumulation lab06_activation_checkpointing)
   string(SUBSTRING ${program} 0 5 nn)
   scalelab_expect_usage_error(${nn}.cli.trace_dir_missing ${program}_solution
-                              --trace /nonexistent/dir/t.json)
+                              --trace ${no_dir}/t.json)
 endforeach()
 scalelab_add_test(NAME test_nn_tensor_parallel
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_nn_tensor_parallel.cpp RANKS 1 2 4
