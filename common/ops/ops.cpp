@@ -12,19 +12,44 @@ namespace scalelab::ops {
 namespace {
 using Shape = std::vector<int64_t>;
 
-// Every tensor an op touches: defined, contiguous, on one device, of one dtype.
+// Every tensor an op touches: defined, contiguous, on one device.
 template <class... Ts>
-Device check_same(const char* op, const Tensor& first, const Ts&... rest) {
+Device check_placed(const char* op, const Tensor& first, const Ts&... rest) {
   const Tensor* all[] = {&first, &rest...};
   for (const Tensor* t : all) {
     SCALELAB_CHECK(t->defined(), "{}: undefined tensor", op);
     SCALELAB_CHECK(t->is_contiguous(), "{}: non-contiguous tensor {}", op, t->str());
     SCALELAB_CHECK(t->device() == first.device(), "{}: tensors on {} and {}", op,
                    first.device().str(), t->device().str());
-    SCALELAB_CHECK(t->dtype() == first.dtype(), "{}: dtypes {} and {}", op,
-                   dtype_name(first.dtype()), dtype_name(t->dtype()));
   }
   return first.device();
+}
+
+// ... and of one dtype.
+template <class... Ts>
+Device check_same(const char* op, const Tensor& first, const Ts&... rest) {
+  Device d = check_placed(op, first, rest...);
+  for (const Tensor* t : {&first, &rest...})
+    SCALELAB_CHECK(t->dtype() == first.dtype(), "{}: dtypes {} and {}", op,
+                   dtype_name(first.dtype()), dtype_name(t->dtype()));
+  return d;
+}
+
+bool is_float_type(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16; }
+
+// The mixed-precision exception (R2, R3, R4, R6): a result that is the data's dtype, or f32 when
+// the data is bf16 -- fp32 accumulation into an fp32 gradient.
+void check_data_or_f32(const char* op, const char* what, const Tensor& t, DType data) {
+  SCALELAB_CHECK(t.dtype() == data || (data == DType::bf16 && t.dtype() == DType::f32),
+                 "{}: {} is {}; with {} data it must be {}{}", op, what, dtype_name(t.dtype()),
+                 dtype_name(data), dtype_name(data), data == DType::bf16 ? " or f32" : "");
+}
+
+// Statistics and losses (R3, R5): f32 for bf16 data, else the data's dtype.
+DType stats_dtype(DType data) { return data == DType::bf16 ? DType::f32 : data; }
+void check_stats(const char* op, const char* what, const Tensor& t, DType data) {
+  SCALELAB_CHECK(t.dtype() == stats_dtype(data), "{}: {} is {}; with {} data it must be {}", op,
+                 what, dtype_name(t.dtype()), dtype_name(data), dtype_name(stats_dtype(data)));
 }
 
 void check_shape(const char* op, const char* what, const Tensor& t, const Shape& shape) {
@@ -53,7 +78,9 @@ bool g_allow_tf32 = false;
 
 void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha,
             double beta) {
-  Device d = check_same("matmul", out, a, b);
+  Device d = check_same("matmul", a, b);
+  check_placed("matmul", a, out);
+  check_data_or_f32("matmul", "out", out, a.dtype());
   SCALELAB_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2, "matmul: 2-d only: {} {} {}",
                  out.str(), a.str(), b.str());
   const int64_t M = ta ? a.size(1) : a.size(0), K = ta ? a.size(0) : a.size(1);
@@ -66,7 +93,9 @@ void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, dou
 
 void batched_matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb,
                     double alpha, double beta) {
-  Device d = check_same("batched_matmul", out, a, b);
+  Device d = check_same("batched_matmul", a, b);
+  check_placed("batched_matmul", a, out);
+  check_data_or_f32("batched_matmul", "out", out, a.dtype());
   SCALELAB_CHECK(a.dim() == 3 && b.dim() == 3 && out.dim() == 3,
                  "batched_matmul: 3-d only: {} {} {}", out.str(), a.str(), b.str());
   const int64_t batch = a.size(0);
@@ -102,6 +131,14 @@ void copy(Tensor& dst, const Tensor& src) {
   SCALELAB_DISPATCH(d, copy(dst, src));
 }
 
+void cast(Tensor& dst, const Tensor& src) {
+  Device d = check_placed("cast", dst, src);
+  SCALELAB_CHECK(is_float_type(dst.dtype()) && is_float_type(src.dtype()),
+                 "cast: {} <- {}: only f32, f64 and bf16", dst.str(), src.str());
+  SCALELAB_CHECK(dst.numel() == src.numel(), "cast: {} <- {}", dst.str(), src.str());
+  SCALELAB_DISPATCH(d, cast(dst, src));
+}
+
 void add_bias(Tensor& out, const Tensor& bias) {
   Device d = check_same("add_bias", out, bias);
   check_shape("add_bias", "bias", bias, {out.size(-1)});
@@ -109,7 +146,8 @@ void add_bias(Tensor& out, const Tensor& bias) {
 }
 
 void bias_backward(Tensor& dbias, const Tensor& dout) {
-  Device d = check_same("bias_backward", dbias, dout);
+  Device d = check_placed("bias_backward", dbias, dout);
+  check_data_or_f32("bias_backward", "dbias", dbias, dout.dtype());
   check_shape("bias_backward", "dbias", dbias, {dout.size(-1)});
   SCALELAB_DISPATCH(d, bias_backward(dbias, dout));
 }
@@ -129,7 +167,10 @@ void gelu_backward(Tensor& din, const Tensor& in, const Tensor& dout) {
 
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in,
                        const Tensor& weight, const Tensor& bias, double eps) {
-  Device d = check_same("layernorm_forward", out, mean, rstd, in, weight, bias);
+  Device d = check_same("layernorm_forward", out, in, weight, bias);
+  check_placed("layernorm_forward", in, mean, rstd);
+  check_stats("layernorm_forward", "mean", mean, in.dtype());
+  check_stats("layernorm_forward", "rstd", rstd, in.dtype());
   const int64_t N = rows_of(in), C = in.size(-1);
   check_shape("layernorm_forward", "out", out, in.shape());
   check_shape("layernorm_forward", "mean", mean, {N});
@@ -142,7 +183,13 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                         const Tensor& in, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
-  Device d = check_same("layernorm_backward", din, dweight, dbias, dout, in, weight, mean, rstd);
+  Device d = check_same("layernorm_backward", din, dout, in, weight);
+  check_placed("layernorm_backward", in, dweight, dbias, mean, rstd);
+  check_data_or_f32("layernorm_backward", "dweight", dweight, in.dtype());
+  SCALELAB_CHECK(dbias.dtype() == dweight.dtype(), "layernorm_backward: dweight {}, dbias {}",
+                 dweight.str(), dbias.str());
+  check_stats("layernorm_backward", "mean", mean, in.dtype());
+  check_stats("layernorm_backward", "rstd", rstd, in.dtype());
   const int64_t N = rows_of(in), C = in.size(-1);
   check_shape("layernorm_backward", "din", din, in.shape());
   check_shape("layernorm_backward", "dout", dout, in.shape());
@@ -230,12 +277,17 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
   check_shape("embedding_backward", "tokens", tokens, {dout.size(0), dout.size(1)});
   const int64_t C = dout.size(2);
   if (dwte.defined()) {
-    check_same("embedding_backward", dout, dwte);
+    check_placed("embedding_backward", dout, dwte);
+    check_data_or_f32("embedding_backward", "dwte", dwte, dout.dtype());
     SCALELAB_CHECK(dwte.dim() == 2 && dwte.size(1) == C, "embedding_backward: dwte {}",
                    dwte.str());
   }
   if (dwpe.defined()) {
-    check_same("embedding_backward", dout, dwpe);
+    check_placed("embedding_backward", dout, dwpe);
+    check_data_or_f32("embedding_backward", "dwpe", dwpe, dout.dtype());
+    if (dwte.defined())
+      SCALELAB_CHECK(dwpe.dtype() == dwte.dtype(), "embedding_backward: dwte {}, dwpe {}",
+                     dwte.str(), dwpe.str());
     SCALELAB_CHECK(dwpe.dim() == 2 && dwpe.size(1) == C && dwpe.size(0) >= dout.size(1),
                    "embedding_backward: dwpe {}", dwpe.str());
   }
@@ -244,7 +296,9 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
 
 void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
                            const Tensor& targets) {
-  Device d = check_same("cross_entropy_forward", losses, probs, logits);
+  Device d = check_same("cross_entropy_forward", probs, logits);
+  check_placed("cross_entropy_forward", logits, losses);
+  check_stats("cross_entropy_forward", "losses", losses, logits.dtype());
   check_ids("cross_entropy_forward", targets, d);
   SCALELAB_CHECK(logits.dim() == 2, "cross_entropy_forward: logits {} is not (N, V)", logits.str());
   const int64_t N = logits.size(0);
@@ -274,13 +328,23 @@ double sum_squares(const Tensor& x) {
   return d.is_cpu() ? cpu::sum_squares(x) : cuda::sum_squares(x);
 }
 
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a) {
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a,
+                  Tensor* compute) {
   Device d = check_same("adamw_update", param, grad, m, v);
+  SCALELAB_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::f64,
+                 "adamw_update: {} parameters; master weights and state are f32 or f64 (a bf16 "
+                 "compute copy is the `compute` argument)", dtype_name(param.dtype()));
+  if (compute) {
+    check_placed("adamw_update", param, *compute);
+    SCALELAB_CHECK(compute->dtype() == DType::bf16 && compute->numel() == param.numel(),
+                   "adamw_update: compute copy {} for parameters {} (must be bf16, same numel)",
+                   compute->str(), param.str());
+  }
   SCALELAB_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() &&
                      v.numel() == param.numel(),
                  "adamw_update: sizes {} {} {} {}", param.str(), grad.str(), m.str(), v.str());
   SCALELAB_CHECK(a.step >= 1, "adamw_update: step {} (counts from 1)", a.step);
-  SCALELAB_DISPATCH(d, adamw_update(param, grad, m, v, a));
+  SCALELAB_DISPATCH(d, adamw_update(param, grad, m, v, a, compute));
 }
 
 void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, double lr, double momentum,

@@ -2,6 +2,7 @@
 // (B, NH, T, hs) layout, and the causal softmax. The matmuls (q k^T, att v) are batched_matmul.
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "common/ops/cpu/ops_cpu.hpp"
 
@@ -24,7 +25,7 @@ void for_each_head_element(int64_t B, int64_t NH, int64_t T, int64_t hs, int64_t
 
 void split_heads(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, int64_t NH) {
   const int64_t B = q.size(0), T = q.size(2), hs = q.size(3), W = qkv.size(2);
-  SCALELAB_FLOAT_TYPES_AS(qkv.dtype(), scalar_t, {
+  SCALELAB_TRAIN_TYPES_AS(qkv.dtype(), scalar_t, {
     const scalar_t* src = qkv.data<scalar_t>();
     scalar_t* dst[3] = {q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>()};
     for (int p = 0; p < 3; ++p)
@@ -35,7 +36,7 @@ void split_heads(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, int64_t NH)
 void split_heads_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const int64_t B = dq.size(0), NH = dq.size(1), T = dq.size(2), hs = dq.size(3);
   const int64_t W = dqkv.size(2);
-  SCALELAB_FLOAT_TYPES_AS(dqkv.dtype(), scalar_t, {
+  SCALELAB_TRAIN_TYPES_AS(dqkv.dtype(), scalar_t, {
     scalar_t* dst = dqkv.data<scalar_t>();
     const scalar_t* src[3] = {dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>()};
     for (int p = 0; p < 3; ++p)
@@ -45,7 +46,7 @@ void split_heads_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, cons
 
 void merge_heads(Tensor& out, const Tensor& y) {
   const int64_t B = y.size(0), NH = y.size(1), T = y.size(2), hs = y.size(3);
-  SCALELAB_FLOAT_TYPES_AS(y.dtype(), scalar_t, {
+  SCALELAB_TRAIN_TYPES_AS(y.dtype(), scalar_t, {
     scalar_t* dst = out.data<scalar_t>();
     const scalar_t* src = y.data<scalar_t>();
     for_each_head_element(B, NH, T, hs, NH * hs, 0, [&](int64_t s, int64_t d) { dst[s] = src[d]; });
@@ -54,7 +55,7 @@ void merge_heads(Tensor& out, const Tensor& y) {
 
 void merge_heads_backward(Tensor& dy, const Tensor& dout) {
   const int64_t B = dy.size(0), NH = dy.size(1), T = dy.size(2), hs = dy.size(3);
-  SCALELAB_FLOAT_TYPES_AS(dy.dtype(), scalar_t, {
+  SCALELAB_TRAIN_TYPES_AS(dy.dtype(), scalar_t, {
     scalar_t* dst = dy.data<scalar_t>();
     const scalar_t* src = dout.data<scalar_t>();
     for_each_head_element(B, NH, T, hs, NH * hs, 0, [&](int64_t s, int64_t d) { dst[d] = src[s]; });
@@ -63,20 +64,22 @@ void merge_heads_backward(Tensor& dy, const Tensor& dout) {
 
 void causal_softmax_forward(Tensor& att, const Tensor& preatt, double scale) {
   const int64_t BH = preatt.size(0), T = preatt.size(1);
-  SCALELAB_FLOAT_TYPES_AS(preatt.dtype(), scalar_t, {
+  SCALELAB_TRAIN_TYPES_AS(preatt.dtype(), scalar_t, {
+    using A = acc_t;  // float for bf16: the exponentials and the sum never see bf16 rounding
+    std::vector<A> e(static_cast<size_t>(T));
     for (int64_t bh = 0; bh < BH; ++bh) {
       for (int64_t t = 0; t < T; ++t) {
         const scalar_t* x = preatt.data<scalar_t>() + (bh * T + t) * T;
         scalar_t* y = att.data<scalar_t>() + (bh * T + t) * T;
-        scalar_t mx = -std::numeric_limits<scalar_t>::infinity();
-        for (int64_t s = 0; s <= t; ++s) mx = std::max(mx, scalar_t(scale) * x[s]);
-        scalar_t total = 0;
+        A mx = -std::numeric_limits<A>::infinity();
+        for (int64_t s = 0; s <= t; ++s) mx = std::max(mx, A(scale) * A(x[s]));
+        A total = 0;
         for (int64_t s = 0; s <= t; ++s) {
-          y[s] = std::exp(scalar_t(scale) * x[s] - mx);
-          total += y[s];
+          e[s] = std::exp(A(scale) * A(x[s]) - mx);
+          total += e[s];
         }
-        for (int64_t s = 0; s <= t; ++s) y[s] /= total;
-        for (int64_t s = t + 1; s < T; ++s) y[s] = 0;  // masked: the future is not attended
+        for (int64_t s = 0; s <= t; ++s) y[s] = scalar_t(e[s] / total);
+        for (int64_t s = t + 1; s < T; ++s) y[s] = scalar_t(A(0));  // masked: the future is not attended
       }
     }
   });
@@ -85,17 +88,18 @@ void causal_softmax_forward(Tensor& att, const Tensor& preatt, double scale) {
 void causal_softmax_backward(Tensor& dpreatt, const Tensor& att, const Tensor& datt,
                              double scale) {
   const int64_t BH = att.size(0), T = att.size(1);
-  SCALELAB_FLOAT_TYPES_AS(att.dtype(), scalar_t, {
+  SCALELAB_TRAIN_TYPES_AS(att.dtype(), scalar_t, {
+    using A = acc_t;
     for (int64_t bh = 0; bh < BH; ++bh) {
       for (int64_t t = 0; t < T; ++t) {
         const scalar_t* y = att.data<scalar_t>() + (bh * T + t) * T;
         const scalar_t* dy = datt.data<scalar_t>() + (bh * T + t) * T;
         scalar_t* dx = dpreatt.data<scalar_t>() + (bh * T + t) * T;
         // softmax Jacobian: dx_s = y_s (dy_s - sum_r y_r dy_r)
-        scalar_t dot = 0;
-        for (int64_t s = 0; s <= t; ++s) dot += y[s] * dy[s];
-        for (int64_t s = 0; s <= t; ++s) dx[s] = scalar_t(scale) * y[s] * (dy[s] - dot);
-        for (int64_t s = t + 1; s < T; ++s) dx[s] = 0;
+        A dot = 0;
+        for (int64_t s = 0; s <= t; ++s) dot += A(y[s]) * A(dy[s]);
+        for (int64_t s = 0; s <= t; ++s) dx[s] = scalar_t(A(scale) * A(y[s]) * (A(dy[s]) - dot));
+        for (int64_t s = t + 1; s < T; ++s) dx[s] = scalar_t(A(0));
       }
     }
   });

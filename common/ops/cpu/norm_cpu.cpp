@@ -1,86 +1,112 @@
 // LayerNorm and row softmax on the host.
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "common/ops/cpu/ops_cpu.hpp"
 
 namespace scalelab::ops::cpu {
 
+namespace {
+// D: the data's element type (in, out, weight, bias, din, dout); G: the parameter gradients'
+// (D, or float for bf16 data: R3); A: the compute type, also the statistics' type (float for f32
+// and bf16, double for f64). Every value is loaded into A and each result stored with one rounding.
+template <class D, class A>
+void layernorm_forward_typed(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in,
+                             const Tensor& weight, const Tensor& bias, double eps) {
+  const int64_t C = in.size(-1), N = in.numel() / C;
+  const D* x = in.data<D>();
+  const D* w = weight.data<D>();
+  const D* b = bias.data<D>();
+  D* o = out.data<D>();
+  for (int64_t n = 0; n < N; ++n) {
+    const D* xn = x + n * C;
+    A m = 0;
+    for (int64_t c = 0; c < C; ++c) m += A(xn[c]);
+    m /= C;
+    A var = 0;  // biased variance, as PyTorch's LayerNorm
+    for (int64_t c = 0; c < C; ++c) var += (A(xn[c]) - m) * (A(xn[c]) - m);
+    var /= C;
+    A s = A(1) / std::sqrt(var + A(eps));
+    for (int64_t c = 0; c < C; ++c) o[n * C + c] = D((A(xn[c]) - m) * s * A(w[c]) + A(b[c]));
+    mean.data<A>()[n] = m;
+    rstd.data<A>()[n] = s;
+  }
+}
+
+template <class D, class G, class A>
+void layernorm_backward_typed(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                              const Tensor& in, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd) {
+  const int64_t C = in.size(-1), N = in.numel() / C;
+  const D* x = in.data<D>();
+  const D* w = weight.data<D>();
+  const D* dy = dout.data<D>();
+  D* dx = din.data<D>();
+  G* dw = dweight.data<G>();
+  G* db = dbias.data<G>();
+  for (int64_t n = 0; n < N; ++n) {
+    const A m = mean.data<A>()[n], s = rstd.data<A>()[n];
+    const D* xn = x + n * C;
+    const D* dyn = dy + n * C;
+    // two reductions: mean of dnorm and mean of dnorm * norm
+    A dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      A norm = (A(xn[c]) - m) * s;
+      A dnorm = A(w[c]) * A(dyn[c]);
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= C;
+    dnorm_norm_mean /= C;
+    for (int64_t c = 0; c < C; ++c) {
+      A norm = (A(xn[c]) - m) * s;
+      A dnorm = A(w[c]) * A(dyn[c]);
+      db[c] = G(A(db[c]) + A(dyn[c]));
+      dw[c] = G(A(dw[c]) + norm * A(dyn[c]));
+      dx[n * C + c] = D(A(dx[n * C + c]) + s * (dnorm - dnorm_mean - norm * dnorm_norm_mean));
+    }
+  }
+}
+}  // namespace
+
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in,
                        const Tensor& weight, const Tensor& bias, double eps) {
-  const int64_t C = in.size(-1), N = in.numel() / C;
-  SCALELAB_FLOAT_TYPES(in.dtype(), {
-    const T* x = in.data<T>();
-    const T* w = weight.data<T>();
-    const T* b = bias.data<T>();
-    T* o = out.data<T>();
-    for (int64_t n = 0; n < N; ++n) {
-      const T* xn = x + n * C;
-      T m = 0;
-      for (int64_t c = 0; c < C; ++c) m += xn[c];
-      m /= C;
-      T var = 0;  // biased variance, as PyTorch's LayerNorm
-      for (int64_t c = 0; c < C; ++c) var += (xn[c] - m) * (xn[c] - m);
-      var /= C;
-      T s = T(1) / std::sqrt(var + T(eps));
-      for (int64_t c = 0; c < C; ++c) o[n * C + c] = (xn[c] - m) * s * w[c] + b[c];
-      mean.data<T>()[n] = m;
-      rstd.data<T>()[n] = s;
-    }
+  SCALELAB_TRAIN_TYPES(in.dtype(), {
+    layernorm_forward_typed<T, acc_t>(out, mean, rstd, in, weight, bias, eps);
   });
 }
 
 void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                         const Tensor& in, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
-  const int64_t C = in.size(-1), N = in.numel() / C;
-  SCALELAB_FLOAT_TYPES(in.dtype(), {
-    const T* x = in.data<T>();
-    const T* w = weight.data<T>();
-    const T* dy = dout.data<T>();
-    T* dx = din.data<T>();
-    T* dw = dweight.data<T>();
-    T* db = dbias.data<T>();
-    for (int64_t n = 0; n < N; ++n) {
-      const T m = mean.data<T>()[n], s = rstd.data<T>()[n];
-      const T* xn = x + n * C;
-      const T* dyn = dy + n * C;
-      // two reductions: mean of dnorm and mean of dnorm * norm
-      T dnorm_mean = 0, dnorm_norm_mean = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        T norm = (xn[c] - m) * s;
-        T dnorm = w[c] * dyn[c];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * norm;
-      }
-      dnorm_mean /= C;
-      dnorm_norm_mean /= C;
-      for (int64_t c = 0; c < C; ++c) {
-        T norm = (xn[c] - m) * s;
-        T dnorm = w[c] * dyn[c];
-        db[c] += dyn[c];
-        dw[c] += norm * dyn[c];
-        dx[n * C + c] += s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
-      }
-    }
+  if (in.dtype() == DType::bf16 && dweight.dtype() == DType::f32)  // fp32 gradients (R3)
+    return layernorm_backward_typed<bf16, float, float>(din, dweight, dbias, dout, in, weight,
+                                                        mean, rstd);
+  SCALELAB_TRAIN_TYPES(in.dtype(), {
+    layernorm_backward_typed<T, T, acc_t>(din, dweight, dbias, dout, in, weight, mean, rstd);
   });
 }
 
 void softmax_forward(Tensor& out, const Tensor& in) {
   const int64_t C = in.size(-1), N = in.numel() / C;
-  SCALELAB_FLOAT_TYPES(in.dtype(), {
+  SCALELAB_TRAIN_TYPES(in.dtype(), {
+    using A = acc_t;
     const T* x = in.data<T>();
     T* y = out.data<T>();
+    std::vector<A> e(static_cast<size_t>(C));
     for (int64_t n = 0; n < N; ++n) {
       const T* xn = x + n * C;
       T* yn = y + n * C;
-      T mx = *std::max_element(xn, xn + C);
-      T total = 0;
+      A mx = -std::numeric_limits<A>::infinity();
+      for (int64_t c = 0; c < C; ++c) mx = std::max(mx, A(xn[c]));
+      A total = 0;
       for (int64_t c = 0; c < C; ++c) {
-        yn[c] = std::exp(xn[c] - mx);
-        total += yn[c];
+        e[c] = std::exp(A(xn[c]) - mx);
+        total += e[c];
       }
-      for (int64_t c = 0; c < C; ++c) yn[c] /= total;
+      for (int64_t c = 0; c < C; ++c) yn[c] = T(e[c] / total);
     }
   });
 }

@@ -1,4 +1,5 @@
 // Reductions and optimizer updates on the host.
+#include <algorithm>
 #include <cmath>
 
 #if defined(__x86_64__)
@@ -11,18 +12,21 @@ namespace scalelab::ops::cpu {
 
 double sum(const Tensor& x) {
   double total = 0;
-  SCALELAB_FLOAT_TYPES(x.dtype(), {
+  SCALELAB_TRAIN_TYPES(x.dtype(), {
     const T* p = x.data<T>();
-    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) total += p[i];
+    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) total += static_cast<double>(acc_t(p[i]));
   });
   return total;
 }
 
 double sum_squares(const Tensor& x) {
   double total = 0;
-  SCALELAB_FLOAT_TYPES(x.dtype(), {
+  SCALELAB_TRAIN_TYPES(x.dtype(), {
     const T* p = x.data<T>();
-    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) total += static_cast<double>(p[i]) * p[i];
+    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) {
+      const double xi = static_cast<double>(acc_t(p[i]));
+      total += xi * xi;
+    }
   });
   return total;
 }
@@ -112,16 +116,30 @@ void adamw_f32(float* p, const float* g, float* pm, float* pv, int64_t n,
 }
 }  // namespace
 
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a) {
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a,
+                  Tensor* compute) {
   const int64_t n = param.numel();
+  bf16* copy = compute ? compute->data<bf16>() : nullptr;
   if (param.dtype() == DType::f32) {
-    adamw_f32(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), n,
-              AdamWConst<float>(a));
+    const AdamWConst<float> k(a);
+    float *p = param.data<float>(), *pm = m.data<float>(), *pv = v.data<float>();
+    const float* g = grad.data<float>();
+    if (!copy) return adamw_f32(p, g, pm, pv, n, k);
+    // With a compute copy (R8): update a block of the master weights, then round that block,
+    // still in cache, into the bf16 copy -- one pass over memory, the vector loop unchanged.
+    constexpr int64_t kBlock = 4096;
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t len = std::min(kBlock, n - i);
+      adamw_f32(p + i, g + i, pm + i, pv + i, len, k);
+      for (int64_t j = i; j < i + len; ++j) copy[j] = bf16(p[j]);
+    }
     return;
   }
   SCALELAB_FLOAT_TYPES(param.dtype(), {
-    adamw_scalar(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), 0, n,
-                 AdamWConst<T>(a));
+    T* p = param.data<T>();
+    adamw_scalar(p, grad.data<T>(), m.data<T>(), v.data<T>(), 0, n, AdamWConst<T>(a));
+    if (copy)
+      for (int64_t i = 0; i < n; ++i) copy[i] = bf16(static_cast<float>(p[i]));
   });
 }
 

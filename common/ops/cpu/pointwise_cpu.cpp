@@ -1,4 +1,6 @@
-// Pointwise ops on the host: fill, scale, axpy, add, copy, bias, GELU.
+// Pointwise ops on the host: fill, scale, axpy, add, copy, cast, bias, GELU. Each loads into
+// acc_t (float for f32 and bf16, double for f64: dispatch.hpp), computes, and stores with one
+// rounding, so f32 results are bitwise what they were before bf16 existed.
 #include <cmath>
 #include <cstring>
 
@@ -12,33 +14,36 @@ void fill(Tensor& x, double value) {
     for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) p[i] = static_cast<int32_t>(value);
     return;
   }
-  SCALELAB_FLOAT_TYPES(x.dtype(), {
+  SCALELAB_TRAIN_TYPES(x.dtype(), {
     T* p = x.data<T>();
-    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) p[i] = static_cast<T>(value);
+    const T v = T(static_cast<acc_t>(value));
+    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) p[i] = v;
   });
 }
 
 void scale(Tensor& x, double a) {
-  SCALELAB_FLOAT_TYPES(x.dtype(), {
+  SCALELAB_TRAIN_TYPES(x.dtype(), {
     T* p = x.data<T>();
-    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) p[i] *= static_cast<T>(a);
+    const acc_t s = static_cast<acc_t>(a);
+    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) p[i] = T(acc_t(p[i]) * s);
   });
 }
 
 void axpy(Tensor& y, double a, const Tensor& x) {
-  SCALELAB_FLOAT_TYPES(y.dtype(), {
+  SCALELAB_TRAIN_TYPES(y.dtype(), {
     T* py = y.data<T>();
     const T* px = x.data<T>();
-    for (int64_t i = 0, n_ = y.numel(); i < n_; ++i) py[i] += static_cast<T>(a) * px[i];
+    const acc_t s = static_cast<acc_t>(a);
+    for (int64_t i = 0, n_ = y.numel(); i < n_; ++i) py[i] = T(acc_t(py[i]) + s * acc_t(px[i]));
   });
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
-  SCALELAB_FLOAT_TYPES(out.dtype(), {
+  SCALELAB_TRAIN_TYPES(out.dtype(), {
     T* po = out.data<T>();
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
-    for (int64_t i = 0, n_ = out.numel(); i < n_; ++i) po[i] = pa[i] + pb[i];
+    for (int64_t i = 0, n_ = out.numel(); i < n_; ++i) po[i] = T(acc_t(pa[i]) + acc_t(pb[i]));
   });
 }
 
@@ -46,23 +51,48 @@ void copy(Tensor& dst, const Tensor& src) {
   std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
 }
 
+void cast(Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) return copy(dst, src);
+  const int64_t n = src.numel();
+  // Through double (exact for every source), then the destination's acc_t: f32 <-> bf16 and
+  // anything -> f64 round at most once; f64 -> bf16 rounds to float first, then to bf16 (a
+  // double rounding that can differ from the directly rounded value in the last bf16 bit; no
+  // training path casts f64 to bf16).
+  SCALELAB_TRAIN_TYPES_AS(src.dtype(), S, {
+    const S* ps = src.data<S>();
+    using src_acc = acc_t;
+    SCALELAB_TRAIN_TYPES_AS(dst.dtype(), D, {
+      D* pd = dst.data<D>();
+      for (int64_t i = 0; i < n; ++i)
+        pd[i] = D(static_cast<acc_t>(static_cast<double>(src_acc(ps[i]))));
+    });
+  });
+}
+
 void add_bias(Tensor& out, const Tensor& bias) {
   const int64_t C = bias.numel(), N = out.numel() / C;
-  SCALELAB_FLOAT_TYPES(out.dtype(), {
+  SCALELAB_TRAIN_TYPES(out.dtype(), {
     T* po = out.data<T>();
     const T* pb = bias.data<T>();
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) po[n * C + c] += pb[c];
+      for (int64_t c = 0; c < C; ++c) po[n * C + c] = T(acc_t(po[n * C + c]) + acc_t(pb[c]));
   });
 }
 
 void bias_backward(Tensor& dbias, const Tensor& dout) {
   const int64_t C = dbias.numel(), N = dout.numel() / C;
-  SCALELAB_FLOAT_TYPES(dout.dtype(), {
+  if (dout.dtype() == DType::bf16 && dbias.dtype() == DType::f32) {  // R6: fp32 gradient
+    float* pb = dbias.data<float>();
+    const bf16* pd = dout.data<bf16>();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) pb[c] += float(pd[n * C + c]);
+    return;
+  }
+  SCALELAB_TRAIN_TYPES(dout.dtype(), {
     T* pb = dbias.data<T>();
     const T* pd = dout.data<T>();
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) pb[c] += pd[n * C + c];
+      for (int64_t c = 0; c < C; ++c) pb[c] = T(acc_t(pb[c]) + acc_t(pd[n * C + c]));
   });
 }
 
@@ -78,30 +108,32 @@ inline T fast_tanh(T u) {
 }
 
 void gelu_forward(Tensor& out, const Tensor& in) {
-  SCALELAB_FLOAT_TYPES(in.dtype(), {
+  SCALELAB_TRAIN_TYPES(in.dtype(), {
     T* po = out.data<T>();
     const T* pi = in.data<T>();
+    using A = acc_t;
     for (int64_t i = 0, n_ = in.numel(); i < n_; ++i) {
-      T x = pi[i];
-      T cube = T(0.044715) * x * x * x;
-      po[i] = T(0.5) * x * (T(1) + fast_tanh(T(kGeluScale) * (x + cube)));
+      A x = A(pi[i]);
+      A cube = A(0.044715) * x * x * x;
+      po[i] = T(A(0.5) * x * (A(1) + fast_tanh(A(kGeluScale) * (x + cube))));
     }
   });
 }
 
 void gelu_backward(Tensor& din, const Tensor& in, const Tensor& dout) {
-  SCALELAB_FLOAT_TYPES(in.dtype(), {
+  SCALELAB_TRAIN_TYPES(in.dtype(), {
     T* pdi = din.data<T>();
     const T* pi = in.data<T>();
     const T* pdo = dout.data<T>();
+    using A = acc_t;
     for (int64_t i = 0, n_ = in.numel(); i < n_; ++i) {
-      T x = pi[i];
-      T u = T(kGeluScale) * (x + T(0.044715) * x * x * x);
-      T th = fast_tanh(u);
-      T sech2 = T(1) - th * th;
-      T local = T(0.5) * (T(1) + th) +
-                x * T(0.5) * sech2 * T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
-      pdi[i] += local * pdo[i];
+      A x = A(pi[i]);
+      A u = A(kGeluScale) * (x + A(0.044715) * x * x * x);
+      A th = fast_tanh(u);
+      A sech2 = A(1) - th * th;
+      A local = A(0.5) * (A(1) + th) +
+                x * A(0.5) * sech2 * A(kGeluScale) * (A(1) + A(3 * 0.044715) * x * x);
+      pdi[i] = T(A(pdi[i]) + local * A(pdo[i]));
     }
   });
 }

@@ -13,6 +13,7 @@ void scale(Tensor&, double) { no_cuda(); }
 void axpy(Tensor&, double, const Tensor&) { no_cuda(); }
 void add(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void copy(Tensor&, const Tensor&) { no_cuda(); }
+void cast(Tensor&, const Tensor&) { no_cuda(); }
 void add_bias(Tensor&, const Tensor&) { no_cuda(); }
 void bias_backward(Tensor&, const Tensor&) { no_cuda(); }
 void gelu_forward(Tensor&, const Tensor&) { no_cuda(); }
@@ -34,7 +35,9 @@ void cross_entropy_forward(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_
 void cross_entropy_backward(Tensor&, const Tensor&, const Tensor&, double) { no_cuda(); }
 double sum(const Tensor&) { no_cuda(); }
 double sum_squares(const Tensor&) { no_cuda(); }
-void adamw_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWArgs&) { no_cuda(); }
+void adamw_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWArgs&, Tensor*) {
+  no_cuda();
+}
 void sgd_update(Tensor&, const Tensor&, Tensor&, double, double, double, bool) { no_cuda(); }
 void set_allow_tf32(bool) {}
 }  // namespace scalelab::ops::cuda
