@@ -46,6 +46,12 @@ void layernorm_backward_typed(Tensor& din, Tensor& dweight, Tensor& dbias, const
   D* dx = din.data<D>();
   G* dw = dweight.data<G>();
   G* db = dbias.data<G>();
+  // dweight and dbias are sums over rows: kept in A and rounded into G once at the end
+  std::vector<A> dw_acc(static_cast<size_t>(C)), db_acc(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    dw_acc[c] = A(dw[c]);
+    db_acc[c] = A(db[c]);
+  }
   for (int64_t n = 0; n < N; ++n) {
     const A m = mean.data<A>()[n], s = rstd.data<A>()[n];
     const D* xn = x + n * C;
@@ -63,10 +69,14 @@ void layernorm_backward_typed(Tensor& din, Tensor& dweight, Tensor& dbias, const
     for (int64_t c = 0; c < C; ++c) {
       A norm = (A(xn[c]) - m) * s;
       A dnorm = A(w[c]) * A(dyn[c]);
-      db[c] = G(A(db[c]) + A(dyn[c]));
-      dw[c] = G(A(dw[c]) + norm * A(dyn[c]));
+      db_acc[c] += A(dyn[c]);
+      dw_acc[c] += norm * A(dyn[c]);
       dx[n * C + c] = D(A(dx[n * C + c]) + s * (dnorm - dnorm_mean - norm * dnorm_norm_mean));
     }
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    dw[c] = G(dw_acc[c]);
+    db[c] = G(db_acc[c]);
   }
 }
 }  // namespace

@@ -3,6 +3,8 @@
 // rounding, so f32 results are bitwise what they were before bf16 existed.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "common/ops/cpu/ops_cpu.hpp"
 
@@ -81,19 +83,19 @@ void add_bias(Tensor& out, const Tensor& bias) {
 
 void bias_backward(Tensor& dbias, const Tensor& dout) {
   const int64_t C = dbias.numel(), N = dout.numel() / C;
-  if (dout.dtype() == DType::bf16 && dbias.dtype() == DType::f32) {  // R6: fp32 gradient
-    float* pb = dbias.data<float>();
-    const bf16* pd = dout.data<bf16>();
+  // Sums over rows in acc_t (float for bf16), rounding into dbias once at the end: a bf16 sum
+  // rounded after every row would lose the small rows' contributions.
+  auto accumulate = [&](auto* pb, const auto* pd, auto zero) {
+    using A = decltype(zero);
+    std::vector<A> total(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) total[c] = A(pb[c]);
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) pb[c] += float(pd[n * C + c]);
-    return;
-  }
-  SCALELAB_TRAIN_TYPES(dout.dtype(), {
-    T* pb = dbias.data<T>();
-    const T* pd = dout.data<T>();
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) pb[c] = T(acc_t(pb[c]) + acc_t(pd[n * C + c]));
-  });
+      for (int64_t c = 0; c < C; ++c) total[c] += A(pd[n * C + c]);
+    for (int64_t c = 0; c < C; ++c) pb[c] = std::remove_pointer_t<decltype(pb)>(total[c]);
+  };
+  if (dout.dtype() == DType::bf16 && dbias.dtype() == DType::f32)  // R6: an fp32 gradient
+    return accumulate(dbias.data<float>(), dout.data<bf16>(), 0.0f);
+  SCALELAB_TRAIN_TYPES(dout.dtype(), { accumulate(dbias.data<T>(), dout.data<T>(), acc_t(0)); });
 }
 
 namespace {
