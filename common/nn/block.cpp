@@ -31,8 +31,8 @@ Tensor Block::forward(const Tensor& x, BlockActivations& a) const {
                  "before its forward (ZeRO-3)", index);
   a.reset();
   a.ln1 = Tensor::empty({B, T, C}, dt, dev);
-  a.ln1_mean = Tensor::empty({B * T}, dt, dev);
-  a.ln1_rstd = Tensor::empty({B * T}, dt, dev);
+  a.ln1_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16 data
+  a.ln1_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);
   ln1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x);
   a.res2 = Tensor::empty({B, T, C}, dt, dev);
   {
@@ -43,8 +43,8 @@ Tensor Block::forward(const Tensor& x, BlockActivations& a) const {
     ops::add(a.res2, x, attn_out);
   }
   a.ln2 = Tensor::empty({B, T, C}, dt, dev);
-  a.ln2_mean = Tensor::empty({B * T}, dt, dev);
-  a.ln2_rstd = Tensor::empty({B * T}, dt, dev);
+  a.ln2_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16 data
+  a.ln2_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);
   ln2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2);
   Tensor out = Tensor::empty({B, T, C}, dt, dev);
   mlp.forward(out, a.ln2, a.mlp);

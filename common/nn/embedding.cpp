@@ -16,7 +16,7 @@ Embedding::Embedding(int64_t vocab_size, int64_t block_size, int64_t n_embd) {
 }
 
 void Embedding::forward(Tensor& out, const Tensor& tokens) const {
-  ops::embedding_forward(out, tokens, wte.value, wpe.value);
+  ops::embedding_forward(out, tokens, wte.compute_value(), wpe.compute_value());
 }
 
 void Embedding::backward(const Tensor& dout, const Tensor& tokens) {

@@ -42,7 +42,9 @@ GPT::GPT(const ModelConfig& config, const GPTOptions& options)
       units.back().second += 1;
     }
   }
-  params_.bind(order, options.dtype, options.device, options.seed, units, options.storage,
+  StorageOptions storage = options.storage;
+  storage.compute_dtype = options.compute_dtype;  // bf16: mixed precision (a bf16 compute copy)
+  params_.bind(order, options.dtype, options.device, options.seed, units, storage,
                options.on_init);
 }
 
@@ -69,7 +71,9 @@ void GPT::need_grads(std::size_t u) {
   if (!params_.grads_bound(u)) params_.bind_grads(u);
 }
 
-const Tensor& GPT::head_weight() const { return lm_head ? lm_head->value : embedding->wte.value; }
+const Tensor& GPT::head_weight() const {
+  return lm_head ? lm_head->compute_value() : embedding->wte.compute_value();
+}
 Tensor& GPT::head_grad() { return lm_head ? lm_head->grad : embedding->wte.grad; }
 
 Tensor GPT::embed(const Tensor& tokens, GPTActivations& acts) const {
@@ -78,8 +82,8 @@ Tensor GPT::embed(const Tensor& tokens, GPTActivations& acts) const {
                  "tokens {} longer than the context of {}", tokens.str(), config_.block_size);
   need_values(embedding_unit());
   acts.tokens = tokens;
-  Tensor x = Tensor::empty({tokens.size(0), tokens.size(1), config_.n_embd}, options_.dtype,
-                           options_.device);  // (B, T, C)
+  Tensor x = Tensor::empty({tokens.size(0), tokens.size(1), config_.n_embd},
+                           params_.compute_dtype(), options_.device);  // (B, T, C)
   embedding->forward(x, tokens);
   return x;
 }
@@ -99,7 +103,7 @@ Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
 double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const {
   SCALELAB_CHECK(has_head(), "head_forward() on a stage without the head");
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), V = config_.vocab_size;
-  const DType dt = options_.dtype;
+  const DType dt = params_.compute_dtype();  // bf16 activations in mixed precision
   const Device dev = options_.device;
   need_values(head_unit());
   if (!lm_head) need_values(embedding_unit());  // the tied wte
@@ -107,13 +111,13 @@ double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations&
   h.x = x;
   h.targets = targets;
   h.lnf = Tensor::empty({B, T, C}, dt, dev);
-  h.lnf_mean = Tensor::empty({B * T}, dt, dev);
-  h.lnf_rstd = Tensor::empty({B * T}, dt, dev);
+  h.lnf_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16
+  h.lnf_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);
   ln_f->forward(h.lnf, h.lnf_mean, h.lnf_rstd, x);
   Tensor logits = Tensor::empty({B * T, V}, dt, dev);  // (B*T, V), freed after the softmax
   ops::matmul(logits, h.lnf.view({B * T, C}), head_weight(), false, true);  // lnf @ wte^T
   h.probs = Tensor::empty({B * T, V}, dt, dev);
-  Tensor losses = Tensor::empty({B * T}, dt, dev);
+  Tensor losses = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16 logits
   ops::cross_entropy_forward(losses, h.probs, logits, targets.view({B * T}));
   return ops::sum(losses) / static_cast<double>(B * T);
 }
@@ -122,7 +126,7 @@ Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
   HeadActivations& h = acts.head;
   SCALELAB_CHECK(h.probs.defined(), "head_backward() without head_forward()");
   const int64_t B = h.x.size(0), T = h.x.size(1), C = h.x.size(2), V = config_.vocab_size;
-  const DType dt = options_.dtype;
+  const DType dt = params_.compute_dtype();
   const Device dev = options_.device;
   need_values(head_unit());
   need_grads(head_unit());
@@ -198,11 +202,12 @@ Tensor GPT::logits(const Tensor& tokens) {
     BlockActivations a;
     x = b->forward(x, a);
   }
-  Tensor lnf = Tensor::empty({B, T, C}, options_.dtype, options_.device);
-  Tensor mean = Tensor::empty({B * T}, options_.dtype, options_.device);
-  Tensor rstd = Tensor::empty({B * T}, options_.dtype, options_.device);
+  const DType dt = params_.compute_dtype();
+  Tensor lnf = Tensor::empty({B, T, C}, dt, options_.device);
+  Tensor mean = Tensor::empty({B * T}, ops::stats_dtype(dt), options_.device);
+  Tensor rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), options_.device);
   ln_f->forward(lnf, mean, rstd, x);
-  Tensor out = Tensor::empty({B, T, V}, options_.dtype, options_.device);
+  Tensor out = Tensor::empty({B, T, V}, dt, options_.device);
   Tensor out2 = out.view({B * T, V});
   ops::matmul(out2, lnf.view({B * T, C}), head_weight(), false, true);
   return out;
@@ -211,8 +216,8 @@ Tensor GPT::logits(const Tensor& tokens) {
 double GPT::loss(const Tensor& tokens, const Tensor& targets) {
   const int64_t N = tokens.numel(), V = config_.vocab_size;
   Tensor lg = logits(tokens).view({N, V});
-  Tensor probs = Tensor::empty({N, V}, options_.dtype, options_.device);
-  Tensor losses = Tensor::empty({N}, options_.dtype, options_.device);
+  Tensor probs = Tensor::empty({N, V}, lg.dtype(), options_.device);
+  Tensor losses = Tensor::empty({N}, ops::stats_dtype(lg.dtype()), options_.device);
   ops::cross_entropy_forward(losses, probs, lg, targets.view({N}));
   return ops::sum(losses) / static_cast<double>(N);
 }

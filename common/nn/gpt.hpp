@@ -49,6 +49,11 @@ struct GPTOptions {
   /// Called with each unit's initial values as they are drawn (per-unit values: the only time a
   /// rank holds them all; keep your shard here).
   std::function<void(const Unit&, const Tensor& values)> on_init = {};
+  /// The dtype the model computes in. f32 (default): everything in `dtype`. bf16: mixed
+  /// precision -- `dtype` (f32) master weights, gradients and optimizer state; a bf16 compute
+  /// copy of the weights (ParameterSet::compute_values) and bf16 activations; LayerNorm
+  /// statistics and the loss f32 (common/ops/ops.hpp's rules R1-R8).
+  DType compute_dtype = DType::f32;
 };
 
 /// What the head saves for backward.

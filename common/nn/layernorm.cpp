@@ -14,12 +14,14 @@ LayerNorm::LayerNorm(std::string name, int64_t features) {
 }
 
 void LayerNorm::forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in) const {
-  ops::layernorm_forward(out, mean, rstd, in, weight.value, bias.value, eps);
+  ops::layernorm_forward(out, mean, rstd, in, weight.compute_value(), bias.compute_value(),
+                         eps);
 }
 
 void LayerNorm::backward(Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean,
                          const Tensor& rstd) {
-  ops::layernorm_backward(din, weight.grad, bias.grad, dout, in, weight.value, mean, rstd);
+  ops::layernorm_backward(din, weight.grad, bias.grad, dout, in, weight.compute_value(), mean,
+                          rstd);
 }
 
 }  // namespace scalelab::nn

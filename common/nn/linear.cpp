@@ -25,14 +25,14 @@ Linear::Linear(std::string name, int64_t in_features, int64_t out_features, bool
 void Linear::forward(Tensor& out, const Tensor& in) const {
   const Tensor x = in.view({-1, in_features()});   // (N, in)
   Tensor y = out.view({-1, out_features()});        // (N, out)
-  ops::matmul(y, x, weight.value, false, true);     // x @ W^T
+  ops::matmul(y, x, weight.compute_value(), false, true);  // x @ W^T
   if (!row_parallel()) add_bias(out);               // row parallel: after the reduce
 }
 
 void Linear::add_bias(Tensor& out) const {
   if (!has_bias_) return;
   Tensor y = out.view({-1, out_features()});
-  ops::add_bias(y, bias.value);
+  ops::add_bias(y, bias.compute_value());
 }
 
 void Linear::backward(Tensor& din, const Tensor& dout, const Tensor& in) {
@@ -40,7 +40,7 @@ void Linear::backward(Tensor& din, const Tensor& dout, const Tensor& in) {
   const Tensor dy = dout.view({-1, out_features()});  // (N, out)
   if (din.defined()) {
     Tensor dx = din.view({-1, in_features()});
-    ops::matmul(dx, dy, weight.value, false, false, 1.0, 1.0);  // dx += dy @ W
+    ops::matmul(dx, dy, weight.compute_value(), false, false, 1.0, 1.0);  // dx += dy @ W
   }
   ops::matmul(weight.grad, dy, x, true, false, 1.0, 1.0);  // dW += dy^T @ x
   // db += column sums of dy. Row parallel: dy is the gradient of the reduced output, the same

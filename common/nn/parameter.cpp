@@ -132,7 +132,10 @@ void ParameterSet::bind(std::vector<Parameter*> params, DType dtype, Device devi
   unit_values_.assign(units_.size(), Tensor());
   unit_grads_.assign(units_.size(), Tensor());
 
-  values_ = values_real_ = grads_ = grads_real_ = Tensor();
+  values_ = values_real_ = grads_ = grads_real_ = compute_ = Tensor();
+  const bool mixed = storage.compute_dtype == DType::bf16 && dtype != DType::bf16;
+  SCALELAB_CHECK(!mixed || storage.values == Storage::flat,
+                 "a bf16 compute copy needs flat values: per-unit values (ZeRO-3) are fp32-only");
   if (storage.values == Storage::flat) {
     values_ = Tensor::zeros({padded_numel_}, dtype, device);  // zeros: the padding
     values_real_ = values_.flat(0, total);
@@ -141,10 +144,12 @@ void ParameterSet::bind(std::vector<Parameter*> params, DType dtype, Device devi
     grads_ = Tensor::zeros({padded_numel_}, dtype, device);
     grads_real_ = grads_.flat(0, total);
   }
+  if (mixed) compute_ = Tensor::zeros({padded_numel_}, DType::bf16, device);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     p.value = values_.defined() ? values_.flat(offsets_[i], p.numel()).view(p.shape()) : Tensor();
     p.grad = grads_.defined() ? grads_.flat(offsets_[i], p.numel()).view(p.shape()) : Tensor();
+    p.compute = mixed ? compute_.flat(offsets_[i], p.numel()).view(p.shape()) : Tensor();
   }
   // initial values, unit by unit: a per_unit set holds one unit's values at a time here
   for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -153,6 +158,11 @@ void ParameterSet::bind(std::vector<Parameter*> params, DType dtype, Device devi
     if (on_init) on_init(units_[u], unit_values(u));
     if (storage.values == Storage::per_unit) release_values(u);
   }
+  refresh_compute();
+}
+
+void ParameterSet::refresh_compute() {
+  if (compute_.defined() && compute_.numel() > 0) ops::cast(compute_, values_);
 }
 
 Tensor& ParameterSet::values() {

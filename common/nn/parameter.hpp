@@ -36,6 +36,12 @@ struct Parameter {
   std::string init_key;            // whose values to draw (defaults to name; a copy of a tied
                                    // weight on another pipeline stage names the original)
   Tensor value, grad;              // views into the flat buffers, set by ParameterSet::bind
+  Tensor compute;                  // mixed precision: a view into the set's bf16 copy of the
+                                   // values (undefined when the set computes in its own dtype)
+
+  /// What the layers compute with: the bf16 compute copy in mixed precision, else the value.
+  /// Optimizers update `value` (the fp32 master) and refresh the copy (ParameterSet).
+  const Tensor& compute_value() const { return compute.defined() ? compute : value; }
 
   /// The local shape (full_shape with the shard applied).
   std::vector<int64_t> shape() const;
@@ -73,6 +79,12 @@ struct StorageOptions {
   /// padded_numel() = round_up(numel(), pad_to), so n equal shards cover it exactly. The
   /// padding elements belong to no parameter; flat buffers hold them as zeros.
   int64_t pad_to = 1;
+  /// The dtype the layers compute in. bf16 with f32 values is mixed precision: bind also keeps a
+  /// bf16 COMPUTE copy of the values (one flat buffer, each Parameter::compute a view into it),
+  /// refreshed by refresh_compute() or by the optimizer (AdamW fuses it: ops::adamw_update's
+  /// `compute`). Anything else: no copy, the layers use the values. Flat values only (ZeRO-3's
+  /// per-unit values stay fp32-only for now).
+  DType compute_dtype = DType::f32;
 };
 
 /// Shard r of n of a flat layout of `numel` elements, padded to a multiple of n: every shard
@@ -115,6 +127,16 @@ class ParameterSet {
   /// Zeroes every gradient held (flat, or the bound units).
   void zero_grad();
 
+  // ---- mixed precision (StorageOptions::compute_dtype) ------------------------------------
+  /// The dtype the layers compute in: bf16 with a compute copy, else dtype().
+  DType compute_dtype() const { return compute_.defined() ? compute_.dtype() : dtype_; }
+  /// The flat bf16 compute copy (with the padding); undefined without mixed precision.
+  Tensor& compute_values() { return compute_; }
+  /// Casts the values (the fp32 master) into the compute copy: after init (bind does it), after
+  /// values change outside an optimizer that refreshes it (a checkpoint load, a broadcast, an
+  /// all-gather). No-op without a copy.
+  void refresh_compute();
+
   // ---- units (per_unit storage) -----------------------------------------------------------
   const std::vector<Unit>& units() const { return units_; }
   /// Index of the unit holding parameter p.
@@ -147,6 +169,7 @@ class ParameterSet {
   Device device_ = Device::cpu();
   int64_t numel_ = 0, padded_numel_ = 0;
   Tensor values_, grads_;                  // flat storage, padded
+  Tensor compute_;                         // mixed precision: the bf16 copy of values_
   Tensor values_real_, grads_real_;        // views without the padding
 };
 

@@ -45,8 +45,7 @@ void check_data_or_f32(const char* op, const char* what, const Tensor& t, DType 
                  dtype_name(data), dtype_name(data), data == DType::bf16 ? " or f32" : "");
 }
 
-// Statistics and losses (R3, R5): f32 for bf16 data, else the data's dtype.
-DType stats_dtype(DType data) { return data == DType::bf16 ? DType::f32 : data; }
+// Statistics and losses (R3, R5): stats_dtype (ops.hpp).
 void check_stats(const char* op, const char* what, const Tensor& t, DType data) {
   SCALELAB_CHECK(t.dtype() == stats_dtype(data), "{}: {} is {}; with {} data it must be {}", op,
                  what, dtype_name(t.dtype()), dtype_name(data), dtype_name(stats_dtype(data)));

@@ -39,6 +39,10 @@
 
 namespace scalelab::ops {
 
+/// The dtype of LayerNorm statistics and losses for data of dtype `data` (R3, R5): f32 for bf16
+/// data, else the data's own.
+inline DType stats_dtype(DType data) { return data == DType::bf16 ? DType::f32 : data; }
+
 // ---- linear algebra --------------------------------------------------------------------------
 
 /// out = alpha * op(a) @ op(b) + beta * out, 2-d. op(a) is (M, K): a is (M, K), or (K, M) with

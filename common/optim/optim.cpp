@@ -10,7 +10,7 @@ namespace scalelab::optim {
 
 std::vector<Group> groups(const std::vector<nn::Parameter*>& params) {
   std::vector<Group> g;
-  for (nn::Parameter* p : params) g.push_back({p->value, p->grad, p->weight_decay});
+  for (nn::Parameter* p : params) g.push_back({p->value, p->grad, p->weight_decay, p->compute});
   return g;
 }
 
@@ -62,7 +62,9 @@ void AdamW::step(double lr) {
     ops::AdamWArgs a{lr, config_.beta1, config_.beta2, config_.eps,
                      groups_[i].weight_decay ? config_.weight_decay : 0.0, t_};
     Tensor value = groups_[i].value.view({-1});
-    ops::adamw_update(value, groups_[i].grad.view({-1}), gm_[i], gv_[i], a);
+    Tensor compute = groups_[i].compute.defined() ? groups_[i].compute.view({-1}) : Tensor();
+    ops::adamw_update(value, groups_[i].grad.view({-1}), gm_[i], gv_[i], a,
+                      compute.defined() ? &compute : nullptr);
   }
 }
 
@@ -78,6 +80,10 @@ void SGD::step(double lr) {
     Tensor buf = momentum_ > 0 ? gbuf_[i] : Tensor();
     ops::sgd_update(value, groups_[i].grad.view({-1}), buf, lr, momentum_,
                     groups_[i].weight_decay ? weight_decay_ : 0.0, first_);
+    if (groups_[i].compute.defined()) {  // mixed precision: the compute copy follows the master
+      Tensor compute = groups_[i].compute.view({-1});
+      ops::cast(compute, value);
+    }
   }
   first_ = false;
 }

@@ -16,9 +16,13 @@ namespace scalelab::optim {
 struct Group {
   Tensor value, grad;
   bool weight_decay = false;
+  /// Mixed precision: the parameter's bf16 compute copy, refreshed by every step (AdamW in the
+  /// same pass as the update: ops::adamw_update's `compute`). Undefined: none.
+  Tensor compute = {};
 };
 
-/// One group per parameter, weight decay as the parameter says (2-d weights).
+/// One group per parameter, weight decay as the parameter says (2-d weights), with the
+/// parameter's compute copy when it has one (mixed precision).
 std::vector<Group> groups(const std::vector<nn::Parameter*>& params);
 
 /// Groups over elements [lo, hi) of a parameter set's flat layout only (a ZeRO shard): one group
