@@ -14,10 +14,18 @@ GPT::GPT(const ModelConfig& config, const GPTOptions& options)
   last_ = options.last_block < 0 ? static_cast<int>(config.n_layer) : options.last_block;
   SCALELAB_CHECK(0 <= first_ && first_ <= last_ && last_ <= config.n_layer,
                  "blocks [{}, {}) outside a {}-layer model", first_, last_, config.n_layer);
+  vocab_lo_ = options.vocab_lo;
+  vocab_hi_ = options.vocab_hi < 0 ? config.vocab_size : options.vocab_hi;
+  SCALELAB_CHECK(0 <= vocab_lo_ && vocab_lo_ < vocab_hi_ && vocab_hi_ <= config.vocab_size,
+                 "vocabulary rows [{}, {}) outside a vocabulary of {}", vocab_lo_, vocab_hi_,
+                 config.vocab_size);
+  // wte and the head's copy keep rows [lo, hi) of the (V, C) tensor drawn whole (ParameterSet)
+  const Shard vocab_rows = vocab_sharded() ? Shard{0, {{vocab_lo_, vocab_hi_}}} : Shard{};
   std::vector<Parameter*> order;
   std::vector<std::pair<std::string, std::size_t>> units;  // (name, number of parameters)
   if (has_embedding()) {
     embedding.emplace(config.vocab_size, config.block_size, config.n_embd);
+    embedding->wte.shard = vocab_rows;
     for (Parameter* p : embedding->parameters()) order.push_back(p);
     units.emplace_back("embedding", embedding->parameters().size());
   }
@@ -37,6 +45,7 @@ GPT::GPT(const ModelConfig& config, const GPTOptions& options)
       lm_head->name = "lm_head.weight";
       lm_head->init_key = "wte.weight";
       lm_head->full_shape = {config.vocab_size, config.n_embd};
+      lm_head->shard = vocab_rows;
       lm_head->weight_decay = true;
       order.push_back(&*lm_head);
       units.back().second += 1;
@@ -78,6 +87,8 @@ Tensor& GPT::head_grad() { return lm_head ? lm_head->grad : embedding->wte.grad;
 
 Tensor GPT::embed(const Tensor& tokens, GPTActivations& acts) const {
   SCALELAB_CHECK(has_embedding(), "embed() on a stage without the embedding");
+  SCALELAB_CHECK(!vocab_sharded(), "GPT::embed() with a vocabulary-sharded wte: a subclass "
+                 "computes the vocabulary-parallel embedding");
   SCALELAB_CHECK(tokens.dim() == 2 && tokens.size(1) <= config_.block_size,
                  "tokens {} longer than the context of {}", tokens.str(), config_.block_size);
   need_values(embedding_unit());
@@ -102,6 +113,8 @@ Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
 
 double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const {
   SCALELAB_CHECK(has_head(), "head_forward() on a stage without the head");
+  SCALELAB_CHECK(!vocab_sharded(), "GPT::head_forward() with a vocabulary-sharded head: a "
+                 "subclass computes the vocabulary-parallel head");
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), V = config_.vocab_size;
   const DType dt = params_.compute_dtype();  // bf16 activations in mixed precision
   const Device dev = options_.device;
@@ -170,6 +183,7 @@ Tensor GPT::backward_blocks(const Tensor& dout, GPTActivations& acts) {
 
 void GPT::embed_backward(const Tensor& dx, GPTActivations& acts) {
   SCALELAB_CHECK(acts.tokens.defined(), "embed_backward() without embed()");
+  SCALELAB_CHECK(!vocab_sharded(), "GPT::embed_backward() with a vocabulary-sharded wte");
   need_grads(embedding_unit());
   embedding->backward(dx, acts.tokens);
   acts.tokens = Tensor();
@@ -193,7 +207,8 @@ void GPT::backward(GPTActivations& acts, double loss_scale) {
 }
 
 Tensor GPT::logits(const Tensor& tokens) {
-  SCALELAB_CHECK(has_embedding() && has_head(), "logits() needs the whole model");
+  SCALELAB_CHECK(has_embedding() && has_head() && !vocab_sharded(),
+                 "logits() needs the whole model and vocabulary");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.n_embd,
                 V = config_.vocab_size;
   GPTActivations scratch;  // each block's activations are dropped as soon as it is done

@@ -42,6 +42,11 @@ struct GPTOptions {
   int first_block = 0;
   int last_block = -1;  // -1: n_layer
   int tp_rank = 0, tp_size = 1;
+  /// The vocabulary rows [vocab_lo, vocab_hi) of wte (and of a last stage's lm_head.weight copy)
+  /// this model keeps (-1: V, the whole vocabulary). Drawn whole from (seed, name) and cut, as
+  /// the blocks' tp shards are. A sharded model cannot embed or compute the head itself: a
+  /// subclass overrides those pieces (lab 10's vocabulary-parallel stage).
+  int64_t vocab_lo = 0, vocab_hi = -1;
   /// Flat buffers (default), or per-unit value / gradient storage and padding for ZeRO (see
   /// ParameterSet). Units: "embedding" (wte, wpe), "blocks.i", "head" (ln_f, and lm_head.weight
   /// on a stage without the embedding).
@@ -82,6 +87,7 @@ struct GPTActivations {
 class GPT {
  public:
   explicit GPT(const ModelConfig& config, const GPTOptions& options = {});
+  virtual ~GPT() = default;
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
@@ -112,21 +118,26 @@ class GPT {
   void backward(double loss_scale = 1.0) { backward(acts_, loss_scale); }
 
   // ---- the pieces (pipeline stages, checkpointing, tensor parallel drivers) ----
+  // Virtual: a pipeline stage may replace how it runs its blocks or its ends while the drivers
+  // (forward/backward above, lab 08's executor, lab 09's trainers) call the same pieces. Lab 10's
+  // 3D stage computes the embedding and the head vocabulary-parallel over its tp group, and runs
+  // its blocks with activation checkpointing.
   /// (B, T, C) embeddings of tokens (B, T); saves the tokens in acts. Needs has_embedding().
-  Tensor embed(const Tensor& tokens, GPTActivations& acts) const;
+  virtual Tensor embed(const Tensor& tokens, GPTActivations& acts) const;
   /// Runs blocks [first, last) on x (B, T, C), saving each block's input and activations in
   /// acts; returns the output of the last one.
-  Tensor forward_blocks(const Tensor& x, GPTActivations& acts) const;
+  virtual Tensor forward_blocks(const Tensor& x, GPTActivations& acts) const;
   /// ln_f, logits, loss: the mean cross-entropy; saves the head's activations. Needs has_head().
-  double head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const;
+  virtual double head_forward(const Tensor& x, const Tensor& targets,
+                              GPTActivations& acts) const;
   /// Returns the gradient w.r.t. the head's input x (B, T, C) of loss_scale * mean loss;
   /// accumulates the head's gradients and frees acts.head.
-  Tensor head_backward(GPTActivations& acts, double loss_scale = 1.0);
+  virtual Tensor head_backward(GPTActivations& acts, double loss_scale = 1.0);
   /// Back through blocks [first, last) from the gradient of their output, freeing each block's
   /// activations and input after its backward; returns the gradient w.r.t. their input.
-  Tensor backward_blocks(const Tensor& dout, GPTActivations& acts);
+  virtual Tensor backward_blocks(const Tensor& dout, GPTActivations& acts);
   /// Accumulates wte/wpe gradients from the gradient of the embeddings (B, T, C).
-  void embed_backward(const Tensor& dx, GPTActivations& acts);
+  virtual void embed_backward(const Tensor& dx, GPTActivations& acts);
 
   // ---- units (ZeRO) ----
   /// Unit index of the embedding / of block i / of the head in params().units().
@@ -153,7 +164,14 @@ class GPT {
   std::optional<LayerNorm> ln_f;
   std::optional<Parameter> lm_head;  // only on a head stage without the embedding (untied copy)
 
- private:
+  /// The vocabulary rows [lo, hi) of wte / lm_head.weight this model keeps (GPTOptions).
+  int64_t vocab_lo() const { return vocab_lo_; }
+  int64_t vocab_hi() const { return vocab_hi_; }
+  bool vocab_sharded() const { return vocab_hi_ - vocab_lo_ != config_.vocab_size; }
+
+ protected:
+  // For subclasses that replace pieces (see above).
+  /// The head's weight (V, C) (or this model's vocabulary rows): the tied wte or lm_head.weight.
   const Tensor& head_weight() const;
   Tensor& head_grad();
   void fire(const std::vector<Parameter*>& done) {
@@ -163,10 +181,13 @@ class GPT {
   void need_values(std::size_t u) const;
   /// Binds unit u's gradients (zeroed) if the set keeps them per unit and they are released.
   void need_grads(std::size_t u);
+  const BackwardHook& backward_hook() const { return hook_; }
 
+ private:
   ModelConfig config_;
   GPTOptions options_;
   int first_ = 0, last_ = 0;
+  int64_t vocab_lo_ = 0, vocab_hi_ = 0;
   ParameterSet params_;
   BackwardHook hook_;
   GPTActivations acts_;  // for forward(tokens, targets) / backward() only

@@ -18,6 +18,7 @@
 ///   t->step(lr);                                        // AdamW on the shard, gather back
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -53,6 +54,11 @@ struct Held {
   std::size_t total() const { return params + grads + optimizer; }
 };
 
+/// Builds the model a trainer owns from the options the trainer sets (its storage, on_init).
+/// Empty: an nn::GPT of the config. Lab 10 passes its 3D stage (a subclass of nn::GPT whose ends
+/// are vocabulary parallel over a tp group), so ZeRO-2/3 run over its dp group unchanged.
+using ModelBuilder = std::function<std::unique_ptr<nn::GPT>(const nn::GPTOptions&)>;
+
 class Trainer {
  public:
   virtual ~Trainer() = default;
@@ -79,6 +85,12 @@ class Trainer {
 
  protected:
   explicit Trainer(comm::Communicator& comm) : comm_(comm) {}
+  /// build(options), or an nn::GPT of `config` when build is empty.
+  static std::unique_ptr<nn::GPT> make_model(const ModelConfig& config,
+                                             const nn::GPTOptions& options,
+                                             const ModelBuilder& build) {
+    return build ? build(options) : std::make_unique<nn::GPT>(config, options);
+  }
   comm::Communicator& comm_;
   std::unique_ptr<nn::GPT> model_;
 };
@@ -152,7 +164,7 @@ class Zero2 final : public Trainer {
  public:
   /// Builds the model with storage.grads = per_unit, pad_to = comm.size().
   Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
-        optim::AdamWConfig adamw = {});
+        optim::AdamWConfig adamw = {}, const ModelBuilder& build = {});
   int stage() const override { return 2; }
   double forward_backward(const data::Batch& global) override;
   void step(double lr) override;
@@ -191,7 +203,7 @@ class Zero3 final : public Trainer {
   /// keep_initial_shard (GPTOptions::on_init: the only time a rank sees a whole unit's values
   /// without gathering them).
   Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
-        optim::AdamWConfig adamw = {});
+        optim::AdamWConfig adamw = {}, const ModelBuilder& build = {});
   int stage() const override { return 3; }
   double forward_backward(const data::Batch& global) override;
   void step(double lr) override;

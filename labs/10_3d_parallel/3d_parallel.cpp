@@ -1,5 +1,5 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash b6751c576014cb31 (lets make-labs see your edits).
+// step (see README.md). Body hash d9e5d8f02cbd8396 (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
@@ -59,13 +59,14 @@ Groups groups_of(const comm::ProcessGrid& grid) {
 // ---- Step 2 -------------------------------------------------------------------------------------
 
 std::unique_ptr<nn::GPT> build_3d_model(const ModelConfig& config, Groups& g,
-                                        nn::GPTOptions options) {
+                                        nn::GPTOptions options, bool checkpoint) {
   std::unique_ptr<nn::GPT> model;
-  // TODO step 2: a pipeline stage (lab 08) whose blocks are tensor parallel (lab 07)
-  // HINT: nn::GPTOptions has tp_rank and tp_size; lab08::build_stage sets the blocks' range.
+  // TODO step 2: a pipeline stage (lab 08) of tensor-parallel blocks (lab 07) and
+  // HINT: nn::GPTOptions: first_block / last_block (lab08::stage_layers), tp_rank / tp_size,
+  // HINT: vocab_lo / vocab_hi (lab07::vocab_range); then a Stage3D on g.tp.
   // HINT: a block computes partial sums until its hooks are set: lab07::make_tensor_parallel.
   throw scalelab::NotImplemented(
-      "lab 10 step 2: a pipeline stage (lab 08) whose blocks are tensor parallel (lab 07) (README.md#step-2)");
+      "lab 10 step 2: a pipeline stage (lab 08) of tensor-parallel blocks (lab 07) and (README.md#step-2)");
   return model;
 }
 
@@ -105,6 +106,75 @@ Zero1Optimizer::Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, optim::Ad
 void Zero1Optimizer::step(double lr) {
   adamw_->step(lr);
   lab09::all_gather_parameters(model_.params(), shard_, dp_);
+}
+
+// ---- given: a plan's step and optimizer ------------------------------------------------------------
+
+void check_runnable(const Plan& p) {
+  SCALELAB_REQUIRE(p.zero_stage >= 0 && p.zero_stage <= 3, "--zero must be 0, 1, 2 or 3, got {}",
+                   p.zero_stage);
+  if (p.zero_stage >= 2) {
+    SCALELAB_REQUIRE(p.grid.pp == 1, "ZeRO-{} needs pp = 1 (got pp {}): with a pipeline every "
+                     "micro-batch would reduce (ZeRO-2) or gather (ZeRO-3) every unit; use ZeRO-1",
+                     p.zero_stage, p.grid.pp);
+    SCALELAB_REQUIRE(p.micro_batches == 1, "ZeRO-{} runs one micro-batch per replica (got {}): "
+                     "lab 09's trainers do not accumulate", p.zero_stage, p.micro_batches);
+  }
+  SCALELAB_REQUIRE(!(p.zero_stage == 3 && p.checkpoint), "ZeRO-3 with checkpointing is not "
+                   "run: lab 09's ZeRO-3 drives the blocks itself and does not recompute");
+}
+
+Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
+                     nn::GPTOptions options, optim::AdamWConfig adamw)
+    : g_(g), plan_(plan) {
+  check_runnable(plan);
+  SCALELAB_CHECK(plan.grid.dp == g.shape.dp && plan.grid.tp == g.shape.tp &&
+                 plan.grid.pp == g.shape.pp, "a plan for another grid than the groups'");
+  if (plan.zero_stage <= 1) {
+    if (plan.zero_stage == 1) options.storage.pad_to = g.shape.dp;  // dp equal shards
+    own_ = build_3d_model(config, g, options, plan.checkpoint);
+    model_ = own_.get();
+    if (plan.zero_stage == 1)
+      zero1_ = std::make_unique<Zero1Optimizer>(*own_, g.dp, adamw);
+    else
+      adamw_ = std::make_unique<optim::AdamW>(optim::groups(own_->parameters()), adamw);
+    return;
+  }
+  // lab 09's trainers build the model with the storage they need, through our builder
+  const lab09::ModelBuilder build = [&config, &g, ckpt = plan.checkpoint](
+                                        const nn::GPTOptions& o) {
+    return build_3d_model(config, g, o, ckpt);
+  };
+  if (plan.zero_stage == 2)
+    zero_ = std::make_unique<lab09::Zero2>(config, options, g.dp, adamw, build);
+  else
+    zero_ = std::make_unique<lab09::Zero3>(config, options, g.dp, adamw, build);
+  model_ = &zero_->model();
+}
+
+Trainer3D::~Trainer3D() = default;
+
+double Trainer3D::step(const data::Batch& global, lab08::ExecStats* stats) {
+  if (!zero_) return step_3d(*model_, g_, global, plan_.micro_batches, stats);
+  if (stats != nullptr) *stats = lab08::ExecStats{};
+  return zero_->forward_backward(global);  // pp = 1, m = 1: no schedule to time
+}
+
+void Trainer3D::optimizer_step(double lr) {
+  if (zero1_) zero1_->step(lr);
+  else if (adamw_) adamw_->step(lr);
+  else zero_->step(lr);
+}
+
+std::size_t Trainer3D::optimizer_state_bytes() const {
+  if (zero1_) return zero1_->state_bytes();
+  if (adamw_) return adamw_->state_bytes();
+  return plan_.zero_stage == 2 ? static_cast<lab09::Zero2&>(*zero_).optimizer().state_bytes()
+                               : static_cast<lab09::Zero3&>(*zero_).optimizer().state_bytes();
+}
+
+Tensor Trainer3D::parameters() {
+  return zero_ ? zero_->full_parameters() : model_->params().values();
 }
 
 // ---- Step 4 -------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include "common/optim/optim.hpp"
 #include "pipeline_parallel.hpp"  // lab 08: stages, schedules, the executor
 #include "tensor_parallel.hpp"    // lab 07: the tensor-parallel block's operators
+#include "zero.hpp"               // lab 09: the ZeRO-2/3 trainers
 
 namespace scalelab::lab10 {
 
@@ -71,18 +72,54 @@ struct Groups {
 };
 Groups groups_of(const comm::ProcessGrid& grid);
 
+// ---- given: the 3D stage ---------------------------------------------------------------------------
+
+/// Given (stage3d.cpp). One rank's model: an nn::GPT holding what `options` says (blocks
+/// [first_block, last_block) of a pipeline stage, tp share tp_rank of tp_size of each block,
+/// vocabulary rows [vocab_lo, vocab_hi) of wte / the last stage's lm_head.weight copy) whose
+/// ENDS are vocabulary parallel over `tp` (lab 07 step 4): embed is
+/// vocab_parallel_embedding_forward (one all-reduce of (B, T, C)), the head's logits are this
+/// rank's V/tp columns fed to vocab_parallel_cross_entropy (three all-reduces of B*T), the head's
+/// backward all-reduces the partial gradient of ln_f's output (f's backward) before ln_f. With
+/// `checkpoint`, forward_blocks keeps each block's input only and backward_blocks recomputes a
+/// block's forward right before its backward (lab 06's full checkpointing; a tensor-parallel
+/// block's recomputation repeats its 2 forward all-reduces). It overrides nn::GPT's virtual
+/// pieces, so lab 08's run_schedule and lab 09's trainers drive it unchanged. The blocks' tp
+/// hooks are the caller's (lab07::make_tensor_parallel). Keeps a reference to `tp`, which must be
+/// the group of options.tp_rank / tp_size (or a 1-rank group: one rank's shapes, partial sums,
+/// for measuring sizes).
+class Stage3D : public nn::GPT {
+ public:
+  Stage3D(const ModelConfig& config, const nn::GPTOptions& options, comm::Communicator& tp,
+          bool checkpoint = false);
+  bool checkpoint() const { return checkpoint_; }
+
+  Tensor embed(const Tensor& tokens, nn::GPTActivations& acts) const override;
+  Tensor forward_blocks(const Tensor& x, nn::GPTActivations& acts) const override;
+  double head_forward(const Tensor& x, const Tensor& targets,
+                      nn::GPTActivations& acts) const override;
+  Tensor head_backward(nn::GPTActivations& acts, double loss_scale = 1.0) override;
+  Tensor backward_blocks(const Tensor& dout, nn::GPTActivations& acts) override;
+  void embed_backward(const Tensor& dx, nn::GPTActivations& acts) override;
+
+ private:
+  comm::Communicator& tp_;
+  bool checkpoint_;
+};
+
 // ---- Step 2: the 3D model ---------------------------------------------------------------------------
 
-/// Step 2. This rank's model: pipeline stage g.coord.pp of g.shape.pp (lab08::build_stage: blocks
-/// stage_layers(L, pp, stage), the embedding on the first stage, ln_f and the head on the last),
-/// each block holding tp rank g.coord.tp's share of g.shape.tp (nn::GPTOptions::tp_rank, tp_size:
-/// the heads and MLP units of lab 07's head_shards / column_shard / row_shard) and made tensor
-/// parallel over g.tp (lab07::make_tensor_parallel). The embedding, ln_f and the head are whole
-/// on every tp rank (see README: what is left). `options` gives seed, dtype, device; every
-/// parameter is drawn from (seed, name), so a rank holds exactly its slice of the single-device
-/// model.
+/// Step 2. This rank's model, a Stage3D on g.tp: pipeline stage g.coord.pp of g.shape.pp (blocks
+/// lab08::stage_layers(L, pp, stage) in options.first_block / last_block; the embedding on the
+/// first stage, ln_f and the head on the last), each block holding tp rank g.coord.tp's share of
+/// g.shape.tp (options.tp_rank, tp_size: the heads and MLP units of lab 07's head_shards /
+/// column_shard / row_shard) and made tensor parallel over g.tp (lab07::make_tensor_parallel),
+/// and wte / the head's copy holding tp rank g.coord.tp's vocabulary rows (lab07::vocab_range in
+/// options.vocab_lo / vocab_hi). `options` gives seed, dtype, device, storage; every parameter is
+/// drawn whole from (seed, name) and cut, so a rank holds exactly its slice of the single-device
+/// model. `checkpoint`: full activation checkpointing of every block (Stage3D).
 std::unique_ptr<nn::GPT> build_3d_model(const ModelConfig& config, Groups& g,
-                                        nn::GPTOptions options = {});
+                                        nn::GPTOptions options = {}, bool checkpoint = false);
 
 // ---- Step 3: the 3D step ------------------------------------------------------------------------------
 
@@ -96,7 +133,8 @@ data::Batch dp_rows(const data::Batch& global, const Groups& g);
 ///  2. run lab 08's 1F1B schedule for this stage over g.pp (lab08::schedule_1f1b,
 ///     lab08::run_schedule): tensor parallelism happens inside the blocks;
 ///  3. the tied embedding: sum the gradients of the first stage's wte and the last stage's copy
-///     (lab08::sync_tied_gradients) over the group that holds both: which one?
+///     (lab08::sync_tied_gradients) over the group that holds both: which one? (Both hold this
+///     tp rank's vocabulary rows: the sum is shard by shard.)
 ///  4. average the gradients over the replicas of this shard: which group?
 /// Returns the mean loss of the GLOBAL batch (the single-device loss), the same on every rank.
 /// The caller steps the optimizer. Fills `stats` (lab 08's timings) when given.
@@ -132,6 +170,50 @@ struct Plan {
   int micro_batches = 1;   ///< m, per replica and step
   int zero_stage = 0;      ///< 0 (plain dp average), 1, 2 or 3 (lab 09), sharded over dp
   bool checkpoint = false; ///< full activation checkpointing of every block (lab 06)
+};
+
+/// Given. UsageError (one line) unless the 3D step can run `plan`: ZeRO-2 and 3 only with pp = 1
+/// and one micro-batch (lab 09's trainers run a replica's rows as one batch: with micro-batches,
+/// whether of a pipeline or of accumulation, ZeRO-2 would reduce every unit's gradient once per
+/// micro-batch and ZeRO-3 gather every unit once per micro-batch, which is why DeepSpeed refuses
+/// ZeRO-2/3 with pipeline parallelism and Megatron's distributed optimizer is ZeRO-1), ZeRO-3
+/// without checkpointing (lab 09's ZeRO-3 drives the blocks itself, gathering each unit: it does
+/// not recompute). The grid itself is check_3d's.
+void check_runnable(const Plan& plan);
+
+/// Given. One rank's side of a plan: its model (build_3d_model, with the plan's checkpointing)
+/// and the step and optimizer of the plan's ZeRO stage over g.dp:
+///   0     step_3d, then a whole AdamW on every rank
+///   1     step_3d, then Zero1Optimizer (the model padded to dp shards)
+///   2, 3  (check_runnable: pp = 1, m = 1) lab 09's Zero2 / Zero3 trainer over g.dp, whose model
+///         is this rank's Stage3D (lab09::ModelBuilder): it takes this replica's rows (dp rank d:
+///         the same rows as dp_rows), reduces each unit's gradient to its owners over dp (2) or
+///         gathers each unit before use and reduce-scatters its gradient (3); the tp all-reduces
+///         happen inside the blocks and the vocabulary-parallel ends as in step_3d.
+/// Keeps references to `g`.
+class Trainer3D {
+ public:
+  Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan, nn::GPTOptions options = {},
+            optim::AdamWConfig adamw = {});
+  ~Trainer3D();
+  /// The gradients of one step on the global batch; returns its loss (the same on every rank).
+  double step(const data::Batch& global, lab08::ExecStats* stats = nullptr);
+  /// The optimizer step on what this rank owns (and the gathers that follow it).
+  void optimizer_step(double lr);
+  nn::GPT& model() { return *model_; }
+  /// Bytes of AdamW's m and v this rank keeps.
+  std::size_t optimizer_state_bytes() const;
+  /// Every parameter of this rank's model, flat (ZeRO-3 gathers them over dp: collective).
+  Tensor parameters();
+
+ private:
+  Groups& g_;
+  Plan plan_;
+  nn::GPT* model_ = nullptr;
+  std::unique_ptr<nn::GPT> own_;  // ZeRO 0 and 1 (2 and 3: the lab 09 trainer owns the model)
+  std::unique_ptr<optim::AdamW> adamw_;
+  std::unique_ptr<Zero1Optimizer> zero1_;
+  std::unique_ptr<lab09::Trainer> zero_;
 };
 
 /// Step 4a. Elements a rank of pipeline stage `stage` of `pp`, tp size `tp`, holds in the 3D model
@@ -197,8 +279,10 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
 Machine measure_machine(comm::Communicator& world, std::size_t bytes = 4 << 20);
 
 /// Given. Every configuration of `world_size` ranks that check_3d accepts for `global_batch`,
-/// with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on, whose predicted
-/// total fits `memory_bytes`; sorted by predicted step time, fastest first.
+/// with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on, that the 3D
+/// step can run (check_runnable: no ZeRO-2/3 with a pipeline or micro-batches, no ZeRO-3 with
+/// checkpointing), whose predicted total fits `memory_bytes`; sorted by predicted step time,
+/// fastest first.
 std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
                                                   int64_t global_batch, const Machine& machine,
                                                   std::size_t memory_bytes, std::size_t elem);

@@ -4,20 +4,23 @@
 # Step 1 (the grid) is pure index math: one rank. Steps 2-3 run real grids: 4 ranks (dp x tp x pp
 # = 1x2x2, 2x1x2, 2x2x1, and 2x1x2 in picotron's order) and, for step 3, 8 ranks (2x2x2, 1x2x4,
 # 2x4x1, 4x1x2, and 2x2x2 in picotron's order).
-scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp STEPS 4 RANKS 4
+scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp stage3d.cpp STEPS 4 RANKS 4
                  STEP_RANKS "1:1" "3:4,8" "4:1"
                  LIBS lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
                       lab09_zero_solution_impl
                  TIMEOUT 60)
-# Bad grids (and a bad --plan budget, --zero stage or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
+# Bad grids (and a bad --memory size, --zero stage (ZeRO-2/3 with pp > 1) or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.
 if(SCALELAB_BUILD_TESTS)
   set(lab10_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
   foreach(case "2;grid_not_world;--dp;2;--tp;2;--pp;1"
                "4;tp_not_dividing_heads;--dp;1;--tp;4;--pp;1"
                "4;more_stages_than_layers;--dp;1;--tp;1;--pp;4"
-               "1;plan_without_memory;--plan;--memory-mib;0"
-               "1;zero_stage_unsupported;--zero;2"
+               "1;plan_without_memory;--plan;--memory;0GiB"
+               "1;plan_memory_bad_unit;--plan;--memory;80GB"
+               "1;plan_memory_not_a_size;--plan;--memory;lots"
+               "1;zero_stage_unsupported;--zero;4"
+               "2;zero2_with_pipeline;--dp;1;--tp;1;--pp;2;--zero;2"
                "1;check_plan_without_steps;--check-plan;--check-steps;0"
                "1;check_plan_and_plan;--check-plan;--plan")
     list(POP_FRONT case ranks name)

@@ -4,16 +4,17 @@
 //
 //   ./scalelab run 10 --solution -n 8 -- --dp 2 --tp 2 --pp 2
 //   ./scalelab run 10 -n 4 -- --dp 1 --tp 2 --pp 2 --grid-order picotron --steps 5
-//   ./scalelab run 10 --solution -n 8 -- --plan --model gpt-85m --batch 16 --memory-mib 81920
+//   ./scalelab run 10 --solution -n 4 -- --dp 2 --tp 2 --pp 1 --zero 3 --micro-batches 1
+//   ./scalelab run 10 --solution -n 8 -- --plan --model gpt-85m --ranks 8 --memory 80GiB
 //   ./scalelab run 10 --solution -n 4 -- --check-plan
 //
 // --plan trains nothing: it measures this machine (sgemm rate, all-reduce bandwidth and latency
-// over the ranks started), then lists the configurations your step 4 predicts fit in
-// --memory-mib per rank for --ranks ranks, fastest first.
-// --check-plan (step 5) runs every configuration --plan lists for the ranks started that the 3D
-// step can execute (ZeRO 0 or 1, no checkpointing) for 1 + --check-steps steps and prints the
-// planner's memory and step time beside the measured ones (the allocator's peak, the largest over
-// the ranks; the median step of the slowest rank), with the relative errors.
+// over the ranks started), then lists the configurations your step 4 predicts fit in --memory
+// per rank for --ranks ranks, fastest first.
+// --check-plan (step 5) runs every configuration --plan lists for the ranks started (ZeRO 0-3,
+// checkpointing off and on) for 1 + --check-steps steps and prints the planner's memory and step
+// time beside the measured ones (the allocator's peak, the largest over the ranks; the median
+// step of the slowest rank), with the relative errors.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -38,6 +39,24 @@ namespace {
 
 std::string mib(std::size_t bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
 
+// --memory: a size with a unit, "80GiB", "512MiB", "1.5GiB"; a plain number is MiB.
+std::size_t parse_memory(const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty() || unit == "MiB" ? 1048576.0 : unit == "GiB" ? 1073741824.0 : 0;
+  SCALELAB_REQUIRE(used > 0 && scale > 0 && std::isfinite(value),
+                   "--memory '{}': expected a size such as 512MiB or 80GiB (a plain number is MiB)",
+                   text);
+  SCALELAB_REQUIRE(value > 0, "--memory must be positive, got '{}'", text);
+  return static_cast<std::size_t>(value * scale);
+}
+
 // The grid to run. No size given (./scalelab demo): tp 2 and pp 2 where the ranks and the model
 // allow, dp the rest. Otherwise a size not given is 1, except dp: the ranks left over.
 GridShape default_grid(int dp, int tp, int pp, int world, const ModelConfig& c, GridOrder order) {
@@ -59,13 +78,12 @@ int plan(const ModelConfig& config, int64_t batch, const cxxopts::ParseResult& p
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() >= 0, "--ranks must be positive, got {}",
                    parsed["ranks"].as<int>());
   const int ranks = parsed["ranks"].as<int>() > 0 ? parsed["ranks"].as<int>() : world.size();
-  const double budget_mib = parsed["memory-mib"].as<double>();
+  const std::size_t budget = parse_memory(parsed["memory"].as<std::string>());
+  const double budget_mib = static_cast<double>(budget) / 1048576.0;
   const int top = parsed["top"].as<int>();
-  SCALELAB_REQUIRE(budget_mib > 0, "--memory-mib must be positive, got {}", budget_mib);
   SCALELAB_REQUIRE(top >= 1, "--top must be at least 1, got {}", top);
   const Machine m = measure_machine(world);
-  const auto rows = plan_all(config, ranks, batch, m,
-                             static_cast<std::size_t>(budget_mib * 1048576.0), 4);
+  const auto rows = plan_all(config, ranks, batch, m, budget, 4);
   log::info("lab 10 planner: model {} ({} parameters), global batch {} x {} tokens, {} ranks, "
             "{:.0f} MiB per rank, float32 + AdamW", config.name, parameter_count(config), batch,
             config.block_size, ranks, budget_mib);
@@ -115,13 +133,6 @@ double rank_correlation(const std::vector<std::size_t>& a, const std::vector<std
   return 1.0 - 6.0 * d2 / (n * (n * n - 1.0));
 }
 
-// Why the 3D step cannot run a plan ("" when it can).
-std::string why_skipped(const Plan& p) {
-  if (p.checkpoint) return "checkpointing (the 3D step has none)";
-  if (p.zero_stage >= 2) return fmt::format("ZeRO-{} (the 3D step runs ZeRO 0 and 1)", p.zero_stage);
-  return "";
-}
-
 struct Measured {
   double peak_bytes = 0;  ///< the allocator's peak above the data, the largest over the ranks
   double step_s = 0;      ///< median over the timed steps of the slowest rank's step_3d
@@ -141,26 +152,15 @@ Measured measure_plan(const ModelConfig& config, const Plan& p, data::Sampler& s
   Measured out;
   std::vector<double> times, optimizer_times;
   {
-    nn::GPTOptions model_options{.seed = seed};
-    if (p.zero_stage == 1) model_options.storage.pad_to = p.grid.dp;
-    auto model = build_3d_model(config, g, model_options);
-    std::unique_ptr<optim::AdamW> adamw;
-    std::unique_ptr<Zero1Optimizer> zero1;
-    if (p.zero_stage == 1)
-      zero1 = std::make_unique<Zero1Optimizer>(*model, g.dp);
-    else
-      adamw = std::make_unique<optim::AdamW>(optim::groups(model->parameters()));
+    Trainer3D trainer(config, g, p, nn::GPTOptions{.seed = seed});
     for (int step = 0; step <= steps; ++step) {  // step 0: warm-up (AdamW allocates m and v)
       const data::Batch batch = sampler.batch(step);
       world.barrier();
       metrics::Timer timer(cpu);
-      step_3d(*model, g, batch, p.micro_batches);
+      trainer.step(batch);
       const double step_s = timer.elapsed();
       timer.start();
-      if (zero1)
-        zero1->step(1e-4);
-      else
-        adamw->step(1e-4);
+      trainer.optimizer_step(1e-4);
       Tensor dt = Tensor::from_vector({step_s, timer.elapsed()}, {2}, DType::f64);
       world.all_reduce(dt, comm::ReduceOp::max);
       const std::vector<double> both = dt.to_vector();
@@ -185,49 +185,35 @@ Measured measure_plan(const ModelConfig& config, const Plan& p, data::Sampler& s
 // --check-plan: every plan --plan lists for the ranks started, predicted vs measured (rank 0).
 int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64_t seed,
                const cxxopts::ParseResult& parsed, comm::Communicator& world) {
-  const double budget_mib = parsed["memory-mib"].as<double>();
+  const std::size_t budget = parse_memory(parsed["memory"].as<std::string>());
+  const double budget_mib = static_cast<double>(budget) / 1048576.0;
   const int steps = parsed["check-steps"].as<int>();
-  SCALELAB_REQUIRE(budget_mib > 0, "--memory-mib must be positive, got {}", budget_mib);
   SCALELAB_REQUIRE(steps >= 1, "--check-steps must be at least 1, got {}", steps);
   SCALELAB_REQUIRE(!parsed.count("plan"), "--check-plan and --plan: give one of them");
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() == 0 || parsed["ranks"].as<int>() == world.size(),
                    "--check-plan runs on the ranks started ({}), got --ranks {}", world.size(),
                    parsed["ranks"].as<int>());
   const Machine m = measure_machine(world);
-  const auto rows = plan_all(config, world.size(), opt.batch, m,
-                             static_cast<std::size_t>(budget_mib * 1048576.0), 4);
+  const auto rows = plan_all(config, world.size(), opt.batch, m, budget, 4);
   const auto tokens = train::load_train_tokens(opt);
   data::Sampler sampler(tokens, opt.batch, config.block_size, seed);
   log::info("lab 10 planner check: model {}, global batch {} x {} tokens, {} ranks, {:.0f} MiB "
             "per rank; machine: sgemm {:.1f} GFLOP/s per rank, all-reduce {:.2f} GB/s, {:.1f} us",
             config.name, opt.batch, config.block_size, world.size(), budget_mib, m.flops / 1e9,
             m.bus_bytes_per_s / 1e9, m.latency_s * 1e6);
-  std::vector<std::string> skipped;
   struct Row { Plan p; Prediction d; Measured x; };
   std::vector<Row> ran;
-  for (const auto& [p, d] : rows) {
-    const std::string why = why_skipped(p);
-    if (!why.empty()) {
-      skipped.push_back(why);
-      continue;
-    }
+  for (const auto& [p, d] : rows)  // plan_all lists only what the 3D step runs (check_runnable)
     ran.push_back({p, d, measure_plan(config, p, sampler, steps, seed, world)});
-  }
-  log::info("{} configurations fit; {} run (1 warm-up + {} timed steps each), {} skipped:",
-            rows.size(), ran.size(), steps, skipped.size());
-  std::vector<std::string> reasons = skipped;
-  std::sort(reasons.begin(), reasons.end());
-  reasons.erase(std::unique(reasons.begin(), reasons.end()), reasons.end());
-  for (const auto& r : reasons)
-    log::info("  skipped {} : {}", std::count(skipped.begin(), skipped.end(), r), r);
+  log::info("{} configurations fit; all run (1 warm-up + {} timed steps each)", rows.size(), steps);
   if (ran.empty()) return 0;
   log::info("memory: predicted state + activations of the busiest rank vs the allocator's peak "
             "(max over ranks), MiB; step: predicted vs the slowest rank's step_3d (forward, "
             "backward, communication: what the planner models), median ms (min..max), and the "
             "optimizer step after it (not predicted); err = (predicted - measured) / measured; "
             "rank: by predicted / by measured step time");
-  log::info("{:>3} {:>3} {:>3} {:>3} {:>4}  {:>8} {:>8} {:>6}  {:>7} {:>7} {:>13} {:>6} {:>6}  "
-            "{:>4} {:>4}", "dp", "tp", "pp", "m", "zero", "mem pred", "mem meas", "err",
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>6}  {:>7} {:>7} {:>13} {:>6} "
+            "{:>6}  {:>4} {:>4}", "dp", "tp", "pp", "m", "zero", "ckpt", "mem pred", "mem meas", "err",
             "ms pred", "ms meas", "(min..max)", "err", "opt ms", "pred", "meas");
   std::vector<std::size_t> by_measured(ran.size());
   for (std::size_t i = 0; i < ran.size(); ++i) by_measured[i] = i;
@@ -243,9 +229,9 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
     const double et = relative_error(d.step_s, x.step_s);
     mem_abs += std::abs(em);
     time_abs += std::abs(et);
-    log::info("{:>3} {:>3} {:>3} {:>3} {:>4}  {:>8} {:>8} {:>+5.0f}%  {:>7.1f} {:>7.1f} {:>13} "
-              "{:>+5.0f}% {:>6.1f}  {:>4} {:>4}", p.grid.dp, p.grid.tp, p.grid.pp,
-              p.micro_batches, p.zero_stage, mib(d.total_bytes),
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>+5.0f}%  {:>7.1f} {:>7.1f} "
+              "{:>13} {:>+5.0f}% {:>6.1f}  {:>4} {:>4}", p.grid.dp, p.grid.tp, p.grid.pp,
+              p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no", mib(d.total_bytes),
               mib(static_cast<std::size_t>(x.peak_bytes)), em * 100, d.step_s * 1e3,
               x.step_s * 1e3, fmt::format("({:.1f}..{:.1f})", x.min_s * 1e3, x.max_s * 1e3),
               et * 100, x.optimizer_s * 1e3, i + 1, measured_rank[i]);
@@ -256,13 +242,13 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
   log::info("mean |err|: memory {:.0f}%, step time {:.0f}%; rank correlation of predicted and "
             "measured step times (Spearman) {:+.2f}", 100 * mem_abs / ran.size(),
             100 * time_abs / ran.size(), rank_correlation(predicted_rank, measured_rank));
-  log::info("predicted best {}x{}x{} m={} zero={} ({:.2f} ms measured) {} the measured best "
-            "{}x{}x{} m={} zero={} ({:.2f} ms); the predicted best ranks {} of {} measured",
-            ran[0].p.grid.dp, ran[0].p.grid.tp, ran[0].p.grid.pp, ran[0].p.micro_batches,
-            ran[0].p.zero_stage, ran[0].x.step_s * 1e3,
-            by_measured[0] == 0 ? "IS" : "is NOT", best.p.grid.dp, best.p.grid.tp,
-            best.p.grid.pp, best.p.micro_batches, best.p.zero_stage, best.x.step_s * 1e3,
-            measured_rank[0], ran.size());
+  log::info("predicted best {}x{}x{} m={} zero={} ckpt={} ({:.2f} ms measured) {} the measured "
+            "best {}x{}x{} m={} zero={} ckpt={} ({:.2f} ms); the predicted best ranks {} of {} "
+            "measured", ran[0].p.grid.dp, ran[0].p.grid.tp, ran[0].p.grid.pp,
+            ran[0].p.micro_batches, ran[0].p.zero_stage, ran[0].p.checkpoint ? "yes" : "no",
+            ran[0].x.step_s * 1e3, by_measured[0] == 0 ? "IS" : "is NOT", best.p.grid.dp,
+            best.p.grid.tp, best.p.grid.pp, best.p.micro_batches, best.p.zero_stage,
+            best.p.checkpoint ? "yes" : "no", best.x.step_s * 1e3, measured_rank[0], ran.size());
   return 0;
 }
 
@@ -285,16 +271,18 @@ int main(int argc, char** argv) {
          cxxopts::value<int>()->default_value("2"))
         ("twin-steps", "steps compared with the single-device twin (rank 0)",
          cxxopts::value<int>()->default_value("3"))
-        ("zero", "0: a whole AdamW on every rank; 1: ZeRO-1 over the dp group (lab 09)",
+        ("zero", "0: a whole AdamW on every rank; 1: ZeRO-1 over the dp group (lab 09); 2, 3: "
+                 "ZeRO-2/3 over the dp group (pp 1 and --micro-batches 1 only)",
          cxxopts::value<int>()->default_value("0"))
+        ("checkpoint", "full activation checkpointing of every block (recomputed in backward)")
         ("plan", "list the configurations step 4 predicts, fastest first (trains nothing)")
         ("ranks", "--plan: ranks to plan for (default: the ranks started)",
          cxxopts::value<int>()->default_value("0"))
-        ("memory-mib", "--plan: memory per rank in MiB",
-         cxxopts::value<double>()->default_value("1024"))
+        ("memory", "--plan, --check-plan: memory per rank, e.g. 80GiB or 512MiB (a plain "
+                   "number is MiB)", cxxopts::value<std::string>()->default_value("1GiB"))
         ("top", "--plan: rows shown", cxxopts::value<int>()->default_value("20"))
-        ("check-plan", "step 5: run every configuration --plan lists for the ranks started that "
-                       "the 3D step can execute; predicted vs measured memory and step time")
+        ("check-plan", "step 5: run every configuration --plan lists for the ranks started; "
+                       "predicted vs measured memory and step time")
         ("check-steps", "--check-plan: timed steps per configuration (after 1 warm-up)",
          cxxopts::value<int>()->default_value("10"));
     const auto parsed = cli::parse(options, argc, argv);
@@ -317,7 +305,8 @@ int main(int argc, char** argv) {
                                          parsed["pp"].as<int>(), world.size(), config, order);
     // Bad grids are usage errors on every rank, before any data is read.
     check_3d(config, shape, world.size(), opt.batch, m);
-    SCALELAB_REQUIRE(zero == 0 || zero == 1, "--zero must be 0 or 1, got {}", zero);
+    const Plan run_plan{shape, m, zero, parsed.count("checkpoint") > 0};
+    check_runnable(run_plan);
     SCALELAB_REQUIRE(run.device == "cpu", "lab 10 runs on the CPU (lab 07's operators are CPU "
                                           "only), got --device {}", run.device);
 
@@ -325,25 +314,20 @@ int main(int argc, char** argv) {
     Groups g = groups_of(grid);
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
-    nn::GPTOptions model_options{.seed = run.seed};
-    if (zero == 1) model_options.storage.pad_to = shape.dp;  // dp equal shards
-    auto model = build_3d_model(config, g, model_options);
-    std::unique_ptr<optim::AdamW> adamw;
-    std::unique_ptr<Zero1Optimizer> zero1;
-    if (zero == 1)
-      zero1 = std::make_unique<Zero1Optimizer>(*model, g.dp);
-    else
-      adamw = std::make_unique<optim::AdamW>(optim::groups(model->parameters()));
+    Trainer3D trainer(config, g, run_plan, nn::GPTOptions{.seed = run.seed});
+    nn::GPT* model = &trainer.model();
 
     log::info("lab 10 3d_parallel: model {} ({} layers, {} heads), global batch {} = dp {} x {} "
-              "micro-batches of {} rows, {} steps, {}", config.name, config.n_layer, config.n_head,
-              opt.batch, shape.dp, m, opt.batch / shape.dp / m, opt.steps,
-              zero == 1 ? "ZeRO-1 over dp" : "AdamW whole on every rank");
+              "micro-batches of {} rows, {} steps, {}{}", config.name, config.n_layer,
+              config.n_head, opt.batch, shape.dp, m, opt.batch / shape.dp / m, opt.steps,
+              zero == 0 ? "AdamW whole on every rank" : fmt::format("ZeRO-{} over dp", zero),
+              run_plan.checkpoint ? ", every block checkpointed" : "");
     log::info("{}", grid.table());
     for (int s = 0; s < shape.pp; ++s) {  // what every stage holds (the same rule on every rank)
       const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, s);
       log::info("stage {}: blocks [{}, {}){}{}, each block split over tp {}", s, r.first, r.last,
-                s == 0 ? ", embedding" : "", s == shape.pp - 1 ? ", ln_f and head" : "", shape.tp);
+                s == 0 ? ", embedding (wte split by vocabulary)" : "",
+                s == shape.pp - 1 ? ", ln_f and head (logits split by vocabulary)" : "", shape.tp);
     }
     // Parameters per rank: gathered to show that the model is cut, not copied.
     Tensor mine = Tensor::from_vector({static_cast<double>(model->num_parameters())}, {1},
@@ -368,17 +352,14 @@ int main(int argc, char** argv) {
       metrics::Timer timer(Device::cpu());
       const data::Batch batch = sampler.batch(step);
       if (step == 0) comm::reset_comm_stats();
-      const double loss = step_3d(*model, g, batch, m);
-      if (zero1)
-        zero1->step(lr);
-      else
-        adamw->step(lr);
+      const double loss = trainer.step(batch);
+      trainer.optimizer_step(lr);
       const double dt = timer.elapsed();
       if (step == 0) {
         const comm::CommStats first = comm::comm_stats();
-        if (zero1)
-          log::info("ZeRO-1: rank 0 keeps {} bytes of AdamW state (a whole AdamW: {})",
-                    zero1->state_bytes(), 2 * model->num_parameters() * 4);
+        if (zero > 0)
+          log::info("ZeRO-{}: rank 0 keeps {} bytes of AdamW state (a whole AdamW: {})", zero,
+                    trainer.optimizer_state_bytes(), 2 * model->num_parameters() * 4);
         log::info("payload bytes of step 0 on rank 0, per group (tp: the blocks' all-reduces; "
                   "pp: activations and gradients, the tied embedding; dp: the gradients):\n{}",
                   comm::format_comm_stats(first));

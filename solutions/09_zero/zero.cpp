@@ -129,11 +129,11 @@ Held Zero1::held() const {
 // ---- step 3: ZeRO-2 -------------------------------------------------------------------------------
 
 Zero2::Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
-             optim::AdamWConfig adamw)
+             optim::AdamWConfig adamw, const ModelBuilder& build)
     : Trainer(comm) {
   options.storage.pad_to = comm.size();
   options.storage.grads = nn::Storage::per_unit;  // GPT binds a unit's gradients when needed
-  model_ = std::make_unique<nn::GPT>(config, options);
+  model_ = make_model(config, options, build);
   nn::ParameterSet& ps = model_->params();
   // BEGIN SOLUTION step 3: the shard, this rank's own gradient shard, AdamW over the shard
   // HINT: the gradient shard is a buffer of its own (s.size elements, zeros): there is no flat
@@ -211,14 +211,14 @@ Held Zero2::held() const {
 // ---- step 4: ZeRO-3 -------------------------------------------------------------------------------
 
 Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
-             optim::AdamWConfig adamw)
+             optim::AdamWConfig adamw, const ModelBuilder& build)
     : Trainer(comm) {
   options.storage.values = nn::Storage::per_unit;
   options.storage.grads = nn::Storage::per_unit;
   options.on_init = [this](const nn::Unit& unit, const Tensor& values) {
     keep_initial_shard(unit, values);
   };
-  model_ = std::make_unique<nn::GPT>(config, options);
+  model_ = make_model(config, options, build);
   nn::ParameterSet& ps = model_->params();
   // BEGIN SOLUTION step 4: a gradient shard per unit, AdamW over every unit's shard
   // HINT: keep_initial_shard filled shards_ and values_; groups_in_range over

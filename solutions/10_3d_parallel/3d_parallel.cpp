@@ -74,14 +74,23 @@ Groups groups_of(const comm::ProcessGrid& grid) {
 // ---- Step 2 -------------------------------------------------------------------------------------
 
 std::unique_ptr<nn::GPT> build_3d_model(const ModelConfig& config, Groups& g,
-                                        nn::GPTOptions options) {
+                                        nn::GPTOptions options, bool checkpoint) {
   std::unique_ptr<nn::GPT> model;
-  // BEGIN SOLUTION step 2: a pipeline stage (lab 08) whose blocks are tensor parallel (lab 07)
-  // HINT: nn::GPTOptions has tp_rank and tp_size; lab08::build_stage sets the blocks' range.
+  // BEGIN SOLUTION step 2: a pipeline stage (lab 08) of tensor-parallel blocks (lab 07) and
+  // vocabulary-parallel ends
+  // HINT: nn::GPTOptions: first_block / last_block (lab08::stage_layers), tp_rank / tp_size,
+  // HINT: vocab_lo / vocab_hi (lab07::vocab_range); then a Stage3D on g.tp.
   // HINT: a block computes partial sums until its hooks are set: lab07::make_tensor_parallel.
+  const lab08::LayerRange r =
+      lab08::stage_layers(static_cast<int>(config.n_layer), g.shape.pp, g.coord.pp);
+  const lab07::VocabRange v = lab07::vocab_range(config.vocab_size, g.coord.tp, g.shape.tp);
+  options.first_block = r.first;
+  options.last_block = r.last;
   options.tp_rank = g.coord.tp;
   options.tp_size = g.shape.tp;
-  model = lab08::build_stage(config, g.shape.pp, g.coord.pp, options);
+  options.vocab_lo = v.lo;
+  options.vocab_hi = v.hi;
+  model = std::make_unique<Stage3D>(config, options, g.tp, checkpoint);
   for (int i = model->first_block(); i < model->last_block(); ++i)
     lab07::make_tensor_parallel(model->block(i), g.tp);
   // END SOLUTION
@@ -112,8 +121,8 @@ double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_b
   const lab08::Schedule schedule = lab08::schedule_1f1b(g.shape.pp, micro_batches, g.coord.pp);
   const std::vector<nn::GPT*> pieces = {&model};
   loss = lab08::run_schedule(pieces, schedule, micro, g.pp, stats);
-  // The first and last stage of THIS pipeline (same dp, same tp) hold the two copies of wte: the
-  // copies on other tp ranks are other ranks' (equal) copies, not other uses.
+  // The first and last stage of THIS pipeline (same dp, same tp) hold the two copies of this tp
+  // rank's vocabulary rows of wte: the other tp ranks hold other rows.
   lab08::sync_tied_gradients(pieces, g.pp);
   // The replicas of this shard (same tp, same pp) saw different rows: average. The tp ranks hold
   // different slices, so a reduction over tp would add unrelated numbers.
@@ -143,6 +152,75 @@ void Zero1Optimizer::step(double lr) {
   lab09::all_gather_parameters(model_.params(), shard_, dp_);
 }
 
+// ---- given: a plan's step and optimizer ------------------------------------------------------------
+
+void check_runnable(const Plan& p) {
+  SCALELAB_REQUIRE(p.zero_stage >= 0 && p.zero_stage <= 3, "--zero must be 0, 1, 2 or 3, got {}",
+                   p.zero_stage);
+  if (p.zero_stage >= 2) {
+    SCALELAB_REQUIRE(p.grid.pp == 1, "ZeRO-{} needs pp = 1 (got pp {}): with a pipeline every "
+                     "micro-batch would reduce (ZeRO-2) or gather (ZeRO-3) every unit; use ZeRO-1",
+                     p.zero_stage, p.grid.pp);
+    SCALELAB_REQUIRE(p.micro_batches == 1, "ZeRO-{} runs one micro-batch per replica (got {}): "
+                     "lab 09's trainers do not accumulate", p.zero_stage, p.micro_batches);
+  }
+  SCALELAB_REQUIRE(!(p.zero_stage == 3 && p.checkpoint), "ZeRO-3 with checkpointing is not "
+                   "run: lab 09's ZeRO-3 drives the blocks itself and does not recompute");
+}
+
+Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
+                     nn::GPTOptions options, optim::AdamWConfig adamw)
+    : g_(g), plan_(plan) {
+  check_runnable(plan);
+  SCALELAB_CHECK(plan.grid.dp == g.shape.dp && plan.grid.tp == g.shape.tp &&
+                 plan.grid.pp == g.shape.pp, "a plan for another grid than the groups'");
+  if (plan.zero_stage <= 1) {
+    if (plan.zero_stage == 1) options.storage.pad_to = g.shape.dp;  // dp equal shards
+    own_ = build_3d_model(config, g, options, plan.checkpoint);
+    model_ = own_.get();
+    if (plan.zero_stage == 1)
+      zero1_ = std::make_unique<Zero1Optimizer>(*own_, g.dp, adamw);
+    else
+      adamw_ = std::make_unique<optim::AdamW>(optim::groups(own_->parameters()), adamw);
+    return;
+  }
+  // lab 09's trainers build the model with the storage they need, through our builder
+  const lab09::ModelBuilder build = [&config, &g, ckpt = plan.checkpoint](
+                                        const nn::GPTOptions& o) {
+    return build_3d_model(config, g, o, ckpt);
+  };
+  if (plan.zero_stage == 2)
+    zero_ = std::make_unique<lab09::Zero2>(config, options, g.dp, adamw, build);
+  else
+    zero_ = std::make_unique<lab09::Zero3>(config, options, g.dp, adamw, build);
+  model_ = &zero_->model();
+}
+
+Trainer3D::~Trainer3D() = default;
+
+double Trainer3D::step(const data::Batch& global, lab08::ExecStats* stats) {
+  if (!zero_) return step_3d(*model_, g_, global, plan_.micro_batches, stats);
+  if (stats != nullptr) *stats = lab08::ExecStats{};
+  return zero_->forward_backward(global);  // pp = 1, m = 1: no schedule to time
+}
+
+void Trainer3D::optimizer_step(double lr) {
+  if (zero1_) zero1_->step(lr);
+  else if (adamw_) adamw_->step(lr);
+  else zero_->step(lr);
+}
+
+std::size_t Trainer3D::optimizer_state_bytes() const {
+  if (zero1_) return zero1_->state_bytes();
+  if (adamw_) return adamw_->state_bytes();
+  return plan_.zero_stage == 2 ? static_cast<lab09::Zero2&>(*zero_).optimizer().state_bytes()
+                               : static_cast<lab09::Zero3&>(*zero_).optimizer().state_bytes();
+}
+
+Tensor Trainer3D::parameters() {
+  return zero_ ? zero_->full_parameters() : model_->params().values();
+}
+
 // ---- Step 4 -------------------------------------------------------------------------------------
 
 int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage) {
@@ -153,8 +231,8 @@ int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage) {
   const int64_t whole = 2 * C + 2 * C + C + C;  // ln1, ln2, the two row-parallel biases
   const int64_t split = (3 * C * C + 3 * C) + C * C + (4 * C * C + 4 * C) + 4 * C * C;
   n = r.size() * (whole + split / tp);
-  if (stage == 0) n += V * C + config.block_size * C;  // wte, wpe
-  if (stage == pp - 1) n += 2 * C + (stage == 0 ? 0 : V * C);  // ln_f, the tied copy of wte
+  if (stage == 0) n += V * C / tp + config.block_size * C;  // wte (V/tp rows), wpe whole
+  if (stage == pp - 1) n += 2 * C + (stage == 0 ? 0 : V * C / tp);  // ln_f, the copy's rows
   // END SOLUTION
   return n;
 }
@@ -184,7 +262,7 @@ std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int 
                        + config.n_head / tp * rows * T * T  // att
                        + 2 * N * 4 * C / tp;             // h, g
   n = r.size() * (input + (checkpoint ? 0 : full));
-  if (stage == pp - 1) n += 2 * N * C + 2 * N + N * V;  // x, lnf, 2 statistics, probs
+  if (stage == pp - 1) n += 2 * N * C + 2 * N + N * V / tp;  // x, lnf, 2 statistics, probs
   // END SOLUTION
   return static_cast<std::size_t>(n) * elem;
 }
@@ -221,10 +299,10 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     }
     // FLOPs per token: the blocks' GEMMs (their parameters, 1/tp) and attention, the head's GEMM.
     const double block_params = static_cast<double>(stage_parameters(config, g.tp, 1, 0) -
-                                                    V * C - T * C - 2 * C) /
+                                                    V * C / g.tp - T * C - 2 * C) /
                                 static_cast<double>(config.n_layer) * r.size();
     const double blocks = 6 * block_params + 12.0 * r.size() * T * C / g.tp;
-    const double head = s == g.pp - 1 ? 6.0 * V * C : 0;
+    const double head = s == g.pp - 1 ? 6.0 * V * C / g.tp : 0;
     const double recompute = plan.checkpoint ? blocks / 3 : 0;  // one more forward of the blocks
     const double compute = (blocks + head + recompute) * static_cast<double>(rows * T) /
                            machine.flops;
@@ -310,8 +388,13 @@ std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int
             const Plan plan{{dp, tp, pp}, m, zero, ckpt};
             try {
               check_3d(config, plan.grid, world_size, global_batch, m);
+              // ZeRO-2/3 only with pp = 1 and m = 1: with micro-batches (a pipeline's, or
+              // accumulation) every unit would be reduced (2) or gathered (3) once per
+              // micro-batch. DeepSpeed refuses ZeRO-2/3 with its pipeline engine and Megatron's
+              // distributed optimizer is ZeRO-1 for the same reason (README, step 3).
+              check_runnable(plan);
             } catch (const UsageError&) {
-              continue;  // not a valid grid for this model and batch
+              continue;  // not a valid grid for this model and batch, or not a runnable plan
             }
             const Prediction p = predict(config, global_batch, plan, machine, elem);
             if (p.total_bytes <= memory_bytes) out.emplace_back(plan, p);

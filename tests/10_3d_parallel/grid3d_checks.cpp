@@ -64,18 +64,27 @@ Tensor expected(const nn::GPT& local, nn::GPT& reference, bool grads) {
   return Tensor::from_vector(out, {static_cast<int64_t>(out.size())}, DType::f64);
 }
 
-std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to) {
+nn::GPTOptions own_options(const lab10::Groups& g) {
   const ModelConfig c = config();
   const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(c.n_layer), g.shape.pp,
                                                   g.coord.pp);
+  const lab07::VocabRange v = lab07::vocab_range(c.vocab_size, g.coord.tp, g.shape.tp);
   nn::GPTOptions o = f64();
   o.first_block = r.first;
   o.last_block = r.last;
   o.tp_rank = g.coord.tp;
   o.tp_size = g.shape.tp;
+  o.vocab_lo = v.lo;
+  o.vocab_hi = v.hi;
+  return o;
+}
+
+std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to, bool checkpoint) {
+  nn::GPTOptions o = own_options(g);
   o.storage.pad_to = pad_to;
-  auto model = std::make_unique<nn::GPT>(c, o);
-  for (int i = r.first; i < r.last; ++i) lab07::make_tensor_parallel(model->block(i), g.tp);
+  auto model = std::make_unique<lab10::Stage3D>(config(), o, g.tp, checkpoint);
+  for (int i = o.first_block; i < o.last_block; ++i)
+    lab07::make_tensor_parallel(model->block(i), g.tp);
   return model;
 }
 
@@ -83,9 +92,14 @@ int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group
   return comm::comm_total(comm::comm_stats() - before, group, "all_reduce").bytes;
 }
 
-int64_t tp_block_bytes(int blocks, int64_t rows) {
+int64_t tp_bytes(const nn::GPT& model, int64_t rows, bool checkpoint) {
   const ModelConfig c = config();
-  return int64_t{4} * blocks * rows * c.block_size * c.n_embd * 8;  // float64
+  const int64_t act = rows * c.block_size * c.n_embd * 8;  // one (rows, T, C) float64
+  const int64_t blocks = model.last_block() - model.first_block();
+  int64_t n = blocks * (checkpoint ? 6 : 4) * act;
+  if (model.has_embedding()) n += act;
+  if (model.has_head()) n += act + 3 * rows * c.block_size * 8;
+  return n;
 }
 
 }  // namespace scalelab::lab10test

@@ -36,16 +36,23 @@ std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch);
 /// the gradients. A stage's lm_head.weight is the tied wte: its gradient is wte's (both uses).
 Tensor expected(const nn::GPT& local, nn::GPT& reference, bool grads);
 
-/// The test's own 3D model (not the attendee's step 2): the stage of lab 08 with 1/tp of every
-/// block, the blocks' hooks set to lab 07's operators on g.tp.
+/// The options of the test's own 3D model on g: lab 08's stage blocks, tp share, vocabulary rows
+/// (lab07::vocab_range), float64, the test's seed.
+nn::GPTOptions own_options(const lab10::Groups& g);
+
+/// The test's own 3D model (not the attendee's step 2): a lab10::Stage3D of own_options(g) (the
+/// vocabulary-parallel ends on g.tp), the blocks' hooks set to lab 07's operators on g.tp.
 /// pad_to: the flat layout padded to a multiple of it (ZeRO's shards).
-std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to = 1);
+std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to = 1, bool checkpoint = false);
 
 /// Payload bytes of all-reduces on the communicator named `group` since `before`.
 int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group);
 
-/// The payload of lab 07's operators in one training step of a stage with `blocks` blocks on
-/// `rows` rows per replica: per block 2 all-reduces of (rows, T, C) forward and 2 backward.
-int64_t tp_block_bytes(int blocks, int64_t rows);
+/// The payload the tp group all-reduces in one training step of `model` (a 3D stage) on `rows`
+/// rows per replica, float64, whatever the micro-batches: lab 07's operators, per block 2
+/// all-reduces of (rows, T, C) forward and 2 backward (+ 2 more with checkpointing: the
+/// recomputed forward); the first stage's embedding 1 of (rows, T, C); the last stage's head f's
+/// backward 1 of (rows, T, C) and the cross-entropy's 3 of (rows*T).
+int64_t tp_bytes(const nn::GPT& model, int64_t rows, bool checkpoint = false);
 
 }  // namespace scalelab::lab10test

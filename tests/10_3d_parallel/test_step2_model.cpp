@@ -1,7 +1,11 @@
 // Step 2: the 3D model. On every grid of this world size: what each rank holds (its stage's
-// blocks, 1/tp of each, the single-device values), and that one pipeline step of the attendee's
+// blocks, 1/tp of each, V/tp rows of the embedding and the head, the single-device values), and that one pipeline step of the attendee's
 // model through lab 08's executor gives the single-device loss and gradients of its replica's
 // rows, with the tp all-reduces the blocks must make (byte counters).
+#include <functional>
+#include <string>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "grid3d_checks.hpp"
@@ -12,34 +16,71 @@ using namespace scalelab;
 using namespace scalelab::lab10test;
 using labtest::world;
 
-TEST(Step2_Model, HoldsItsStageAndItsShare) {
+using BuildFn = std::function<std::unique_ptr<nn::GPT>(lab10::Groups&)>;
+
+// What every rank of every grid holds: its stage's blocks, 1/tp of each, V/tp rows of wte and of
+// the head's copy, the single-device values cut by each parameter's shard, the blocks' hooks.
+testing::AssertionResult holds_its_share(const BuildFn& build) {
   for (const lab10::GridShape& shape : grids_for(world().size())) {
-    SCOPED_TRACE(name(shape));
     const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
     lab10::Groups g = lab10::groups_of(grid);
-    auto model = lab10::build_3d_model(config(), g, f64());
+    auto model = build(g);
     auto want = own_model(g);
     const lab08::LayerRange r = lab08::stage_layers(4, shape.pp, g.coord.pp);
-    EXPECT_EQ(model->first_block(), r.first);
-    EXPECT_EQ(model->last_block(), r.last);
-    EXPECT_EQ(model->has_embedding(), g.coord.pp == 0);
-    EXPECT_EQ(model->has_head(), g.coord.pp == shape.pp - 1);
-    // A rank holds 1/tp of each block: the same parameters, shapes and shards as the test's model.
-    EXPECT_EQ(model->num_parameters(), want->num_parameters());
-    ASSERT_EQ(model->parameters().size(), want->parameters().size());
-    for (std::size_t i = 0; i < want->parameters().size(); ++i) {
+    std::string why;
+    if (model->first_block() != r.first || model->last_block() != r.last)
+      why = fmt::format("blocks [{}, {}), want [{}, {})", model->first_block(),
+                        model->last_block(), r.first, r.last);
+    else if (model->has_embedding() != (g.coord.pp == 0) ||
+             model->has_head() != (g.coord.pp == shape.pp - 1))
+      why = "the embedding belongs to the first stage, the head to the last";
+    else if (model->parameters().size() != want->parameters().size())
+      why = fmt::format("{} parameters, want {}", model->parameters().size(),
+                        want->parameters().size());
+    for (std::size_t i = 0; why.empty() && i < want->parameters().size(); ++i) {
       const nn::Parameter& p = *model->parameters()[i];
       const nn::Parameter& w = *want->parameters()[i];
-      EXPECT_EQ(p.name, w.name);
-      EXPECT_EQ(p.shape(), w.shape()) << p.name;
+      if (p.name != w.name || p.shape() != w.shape())
+        why = fmt::format("parameter {} is {} {}, want {} {} (1/tp of each block, V/tp rows of "
+                          "wte and lm_head.weight)", i, p.name, Tensor::empty(p.shape()).str(),
+                          w.name, Tensor::empty(w.shape()).str());
     }
     // The values are the single-device model's, cut: seed and dtype kept.
     nn::GPT full(config(), f64());
-    EXPECT_TRUE(labtest::bitwise(model->params().values(), expected(*model, full, false)));
-    for (int i = r.first; i < r.last; ++i)
-      EXPECT_TRUE(model->block(i).reduce_forward && model->block(i).reduce_backward)
-          << "block " << i << "'s hooks are not set: its projections stay partial sums";
+    if (why.empty() && !labtest::bitwise(model->params().values(), expected(*model, full, false)))
+      why = "the values are not the single-device model's, cut by each parameter's shard";
+    for (int i = r.first; why.empty() && i < r.last; ++i)
+      if (!model->block(i).reduce_forward || !model->block(i).reduce_backward)
+        why = fmt::format("block {}'s hooks are not set: its projections stay partial sums", i);
+    // every rank must agree (the next grid's communicators are collective)
+    Tensor bad = Tensor::from_vector({why.empty() ? 0.0 : 1.0}, {1}, DType::f64);
+    world().all_reduce(bad, comm::ReduceOp::max);
+    if (bad.item() != 0)
+      return testing::AssertionFailure() << name(shape) << ": "
+                                         << (why.empty() ? "another rank failed" : why);
   }
+  return testing::AssertionSuccess();
+}
+
+TEST(Step2_Model, HoldsItsStageAndItsShare) {
+  EXPECT_TRUE(holds_its_share([](lab10::Groups& g) {
+    return lab10::build_3d_model(config(), g, f64());
+  }));
+}
+
+// A stage that keeps the whole vocabulary on every tp rank (wte and the head's copy not cut):
+// caught by the shapes on every grid with tp > 1.
+TEST(Step2_PlantedFault, WholeVocabularyOnEveryTpRankFails) {
+  if (world().size() == 1) GTEST_SKIP() << "no tp > 1 grid on 1 rank";
+  EXPECT_FALSE(holds_its_share([](lab10::Groups& g) -> std::unique_ptr<nn::GPT> {
+    nn::GPTOptions o = own_options(g);
+    o.vocab_lo = 0;
+    o.vocab_hi = -1;  // the planted fault: the whole vocabulary
+    auto m = std::make_unique<lab10::Stage3D>(config(), o, g.tp);
+    for (int i = o.first_block; i < o.last_block; ++i)
+      lab07::make_tensor_parallel(m->block(i), g.tp);
+    return m;
+  }));
 }
 
 TEST(Step2_Model, PipelineStepEqualsSingleDeviceOnItsRows) {
@@ -55,16 +96,17 @@ TEST(Step2_Model, PipelineStepEqualsSingleDeviceOnItsRows) {
     const comm::CommStats before = comm::comm_stats();
     const double loss = lab08::pipeline_step({model.get()}, lab08::schedule_1f1b(shape.pp, 2,
                                              g.coord.pp), rows, 2, g.pp);
-    const int64_t tp_bytes = all_reduce_bytes(before, g.tp.name());
+    const int64_t tp_sent = all_reduce_bytes(before, g.tp.name());
     auto ref = reference_model(rows);  // the single device on the same rows
     const Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
     const Tensor want_l = Tensor::from_vector({ref->forward(rows.x, rows.y)}, {1}, DType::f64);
     EXPECT_TRUE(labtest::close_on_every_rank(l, want_l, kRtol, kAtol));
     EXPECT_TRUE(labtest::close_on_every_rank(model->params().grads(),
                                              expected(*model, *ref, true), kRtol, kAtol));
-    // Two all-reduces of (rows, T, C) per block forward, two backward: the blocks really are
-    // split (a rank computing whole layers sends nothing and holds more).
-    EXPECT_EQ(tp_bytes, tp_block_bytes(model->last_block() - model->first_block(), b));
+    // Two all-reduces of (rows, T, C) per block forward, two backward, and the vocabulary-parallel
+    // ends': the blocks and the ends really are split (a rank computing whole layers sends
+    // nothing and holds more).
+    EXPECT_EQ(tp_sent, tp_bytes(*model, b));
   }
 }
 

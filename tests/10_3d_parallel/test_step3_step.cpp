@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/allocator.hpp"
 #include "common/optim/optim.hpp"
 #include "grid3d_checks.hpp"
 
@@ -29,15 +30,16 @@ bool on_every_rank(bool ok) {
 using StepFn = std::function<double(nn::GPT&, lab10::Groups&, const data::Batch&)>;
 
 // One step of `step` on `shape` against the single device: numbers, then traffic per group.
-testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape& shape) {
+testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape& shape,
+                                      bool checkpoint = false) {
   const data::Batch global = kLab.batch(0);
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
-  auto model = own_model(g);
+  auto model = own_model(g, 1, checkpoint);
   auto ref = reference_model(global);
   const comm::CommStats before = comm::comm_stats();
   const double loss = step(*model, g, global);
-  const int64_t tp_bytes = all_reduce_bytes(before, g.tp.name());
+  const int64_t tp_sent = all_reduce_bytes(before, g.tp.name());
   const int64_t dp_bytes = all_reduce_bytes(before, g.dp.name());
 
   const Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
@@ -48,13 +50,13 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
                                                expected(*model, *ref, true), kRtol, kAtol);
   if (!grads_ok)
     return testing::AssertionFailure() << name(shape) << ": gradients: " << grads_ok.message();
-  // tp: exactly the blocks' operators on B/dp rows (nothing else belongs to the tp group).
-  const int blocks = model->last_block() - model->first_block();
-  const int64_t tp_want = tp_block_bytes(blocks, global.batch_size() / shape.dp);
-  if (!on_every_rank(tp_bytes == tp_want))
+  // tp: exactly the blocks' operators and the vocabulary-parallel ends on B/dp rows (nothing
+  // else belongs to the tp group).
+  const int64_t tp_want = tp_bytes(*model, global.batch_size() / shape.dp, checkpoint);
+  if (!on_every_rank(tp_sent == tp_want))
     return testing::AssertionFailure() << fmt::format(
                "{}: the tp group all-reduced {} bytes on this rank, want {} (the blocks' "
-               "operators only)", name(shape), tp_bytes, tp_want);
+               "operators and the vocabulary-parallel ends only)", name(shape), tp_sent, tp_want);
   // dp: the gradients once (and room for a few scalars such as the loss), when there are replicas.
   const int64_t grad_bytes = model->num_parameters() * 8;
   const bool dp_ok = shape.dp == 1 || (dp_bytes >= grad_bytes && dp_bytes <= grad_bytes + 64);
@@ -111,6 +113,87 @@ TEST(Step3_Step, Zero1OverDpIsBitwiseAdamW) {
     const std::size_t shard = nn::shard_range(whole->num_parameters(), g.coord.dp, shape.dp).real();
     EXPECT_EQ(zero1.state_bytes(), 2 * shard * sizeof(double));
     EXPECT_EQ(adamw.state_bytes(), 2 * static_cast<std::size_t>(whole->num_parameters()) * 8);
+  }
+}
+
+// Activation checkpointing (the model built with checkpoint = true, the test's own): the same step
+// gives the same loss and gradients, and the allocator's peak during the step falls by at least
+// what the forward no longer keeps: per micro-batch in flight, every block's activations but its
+// input, less one block's (recomputed during the backward) and that block's dropped output. The bytes a forward keeps are
+// measured on the test's own stages (GPTActivations::nbytes after one micro-batch's forward).
+TEST(Step3_Step, CheckpointedEqualsSingleDeviceAndKeepsLess) {
+  const StepFn attendee = [](nn::GPT& m, lab10::Groups& g, const data::Batch& b) {
+    return lab10::step_3d(m, g, b, kMicro);
+  };
+  const data::Batch global = kLab.batch(0);
+  for (const lab10::GridShape& shape : grids_for(world().size())) {
+    EXPECT_TRUE(step_matches(attendee, shape, true));
+    SCOPED_TRACE(name(shape));
+    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+    lab10::Groups g = lab10::groups_of(grid);
+    std::size_t peak[2] = {0, 0}, kept[2] = {0, 0};
+    for (bool ckpt : {false, true}) {
+      auto model = own_model(g, 1, ckpt);
+      {  // what one micro-batch's forward keeps on this stage
+        const int64_t rows = global.batch_size() / shape.dp / kMicro;
+        const data::Batch mb = global.rows(0, rows);
+        nn::GPTActivations acts;
+        Tensor x = model->has_embedding() ? model->embed(mb.x, acts)
+                                          : Tensor::zeros({rows, mb.x.size(1), config().n_embd},
+                                                          DType::f64);
+        model->forward_blocks(x, acts);
+        kept[ckpt] = acts.nbytes();  // (the head is not run: both keep the same there)
+      }
+      world().barrier();
+      const std::size_t base = memory_stats(Device::cpu()).current;
+      reset_peak_memory(Device::cpu());
+      lab10::step_3d(*model, g, global, kMicro);
+      peak[ckpt] = memory_stats(Device::cpu()).peak - base;
+    }
+    const int blocks = own_options(g).last_block - own_options(g).first_block;
+    const std::size_t in_flight = std::min(shape.pp - g.coord.pp, kMicro);
+    const std::size_t per_block = (kept[0] - kept[1]) / blocks;  // one block's, less its input
+    // the recomputed block's output (rows, T, C) is made and dropped while its activations live
+    const std::size_t output = global.batch_size() / shape.dp / kMicro * config().block_size *
+                               config().n_embd * sizeof(double);
+    // (with one block and one micro-batch in flight nothing need be saved: the one recomputed)
+    const std::size_t want_saved = std::max<int64_t>(
+        0, static_cast<int64_t>(in_flight * (kept[0] - kept[1]) - per_block - output));
+    EXPECT_LT(kept[1], kept[0]);
+    EXPECT_GE(peak[0] - std::min(peak[0], peak[1]), want_saved)
+        << "peak " << peak[0] << " B without checkpointing, " << peak[1] << " B with; a forward "
+        << "keeps " << kept[0] << " B / " << kept[1] << " B per micro-batch, " << in_flight
+        << " in flight";
+  }
+}
+
+// ZeRO-2 and ZeRO-3 over dp on the grids with pp = 1 (Trainer3D: lab 09's trainers driving the
+// 3D stage): two steps give the losses and parameters of the whole AdamW on the same grid, to the
+// reduction order's rounding (reduce / reduce-scatter instead of all-reduce), with m and v for
+// 1/dp of the stage. Also with checkpointing for ZeRO-2.
+TEST(Step3_Step, Zero2And3OverDpEqualAdamW) {
+  for (const lab10::GridShape& shape : grids_for(world().size())) {
+    if (shape.dp == 1 || shape.pp != 1) continue;
+    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+    lab10::Groups g = lab10::groups_of(grid);
+    for (const auto& [zero, ckpt] : {std::pair{2, false}, {2, true}, {3, false}}) {
+      SCOPED_TRACE(fmt::format("{} ZeRO-{}{}", name(shape), zero, ckpt ? " checkpointed" : ""));
+      lab10::Trainer3D whole(config(), g, {shape, 1, 0, false}, f64());
+      lab10::Trainer3D sharded(config(), g, {shape, 1, zero, ckpt}, f64());
+      for (int s = 0; s < 2; ++s) {
+        const double a = whole.step(kLab.batch(s));
+        const double b = sharded.step(kLab.batch(s));
+        EXPECT_NEAR(a, b, kRtol * std::abs(a)) << "step " << s;
+        whole.optimizer_step(1e-2);
+        sharded.optimizer_step(1e-2);
+        EXPECT_TRUE(labtest::close_on_every_rank(sharded.parameters(), whole.parameters(), 1e-7,
+                                                 1e-10)) << "step " << s;
+      }
+      const std::size_t shard =
+          nn::shard_range(whole.model().num_parameters(), g.coord.dp, shape.dp).real();
+      if (zero == 2) EXPECT_EQ(sharded.optimizer_state_bytes(), 2 * shard * sizeof(double));
+      else EXPECT_LT(sharded.optimizer_state_bytes(), whole.optimizer_state_bytes());
+    }
   }
 }
 

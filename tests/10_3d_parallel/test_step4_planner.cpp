@@ -22,9 +22,16 @@ using namespace scalelab::lab10test;
 
 std::vector<ModelConfig> configs() { return {config(), model_config("small")}; }
 
-// A rank's stage of the 3D model as step 2 builds it (no hooks: sizes only, nothing computed).
-std::unique_ptr<nn::GPT> stage(const ModelConfig& c, int tp, int pp, int s, DType dtype) {
-  return lab08::build_stage(c, pp, s, {.dtype = dtype, .seed = 1, .tp_rank = 0, .tp_size = tp});
+// Tp rank 0's stage of the 3D model as step 2 builds it (lab10::Stage3D: V/tp vocabulary rows)
+// on this 1-rank world: no hooks, nothing summed (sizes only, the numbers are partial).
+std::unique_ptr<nn::GPT> stage(const ModelConfig& c, int tp, int pp, int s, DType dtype,
+                               bool checkpoint = false) {
+  const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(c.n_layer), pp, s);
+  const lab07::VocabRange v = lab07::vocab_range(c.vocab_size, 0, tp);
+  return std::make_unique<lab10::Stage3D>(
+      c, nn::GPTOptions{.dtype = dtype, .seed = 1, .first_block = r.first, .last_block = r.last,
+                        .tp_rank = 0, .tp_size = tp, .vocab_lo = v.lo, .vocab_hi = v.hi},
+      labtest::world(), checkpoint);
 }
 
 using ParamFn = std::function<int64_t(const ModelConfig&, int, int, int)>;
@@ -84,7 +91,7 @@ TEST(Step4_Planner, ActivationBytesEqualAStagesForward) {
       for (int pp : {1, 2})
         for (int s = 0; s < pp; ++s)
           for (bool ckpt : {false, true}) {
-            auto model = stage(c, tp, pp, s, DType::f32);
+            auto model = stage(c, tp, pp, s, DType::f32, ckpt);
             const data::Batch b = kLab.batch(0).rows(0, 2);
             const int64_t T = c.block_size;
             Tensor tokens = b.x, targets = b.y;
@@ -99,8 +106,6 @@ TEST(Step4_Planner, ActivationBytesEqualAStagesForward) {
                                               : Tensor::zeros({2, T, c.n_embd});
             Tensor y = model->forward_blocks(x, acts);
             if (model->has_head()) model->head_forward(y, targets, acts);
-            if (ckpt)
-              for (nn::BlockActivations& a : acts.blocks) a.reset();  // lab 06: keep inputs only
             EXPECT_EQ(lab10::stage_activation_bytes(c, 2, tp, pp, s, ckpt, 4), acts.nbytes())
                 << c.name << " tp " << tp << " pp " << pp << " stage " << s
                 << (ckpt ? " checkpointed" : "");
@@ -152,13 +157,15 @@ TEST(Step4_Planner, TimeModelStructure) {
 
 // ---- planted faults -----------------------------------------------------------------------------
 
-// The embedding counted as if it were split by tp (lab 07's TPGPT splits it; step 2's model does
-// not): off by (V*C)(1 - 1/tp) on the first stage. (Counted from the built stage, so the planted
-// variant does not call your code.)
-TEST(Step4_PlantedFault, EmbeddingDividedByTpFails) {
+// The embedding and the head's copy counted whole on every tp rank (as before vocabulary
+// parallelism): off by (V*C)(1 - 1/tp) on the first and on the last stage. (Counted from the
+// built stage, so the planted variant does not call your code.)
+TEST(Step4_PlantedFault, EmbeddingWholeOnEveryTpRankFails) {
   EXPECT_FALSE(parameters_match([](const ModelConfig& c, int tp, int pp, int s) {
     int64_t n = stage(c, tp, pp, s, DType::f32)->num_parameters();
-    if (s == 0) n -= c.vocab_size * c.n_embd - c.vocab_size * c.n_embd / tp;
+    const int64_t missing = c.vocab_size * c.n_embd - c.vocab_size * c.n_embd / tp;
+    if (s == 0) n += missing;
+    if (s == pp - 1 && s != 0) n += missing;
     return n;
   }));
 }
