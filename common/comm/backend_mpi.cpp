@@ -9,9 +9,11 @@
 // send behind it (the ring pattern: recv_async, send, wait).
 //
 // CUDA tensors are staged: copied to host before the MPI call, and back after it.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -27,13 +29,49 @@ MPI_Datatype mpi_type(DType t) {
     case DType::f32: return MPI_FLOAT;
     case DType::f64: return MPI_DOUBLE;
     case DType::i32: return MPI_INT;
-    // MPI has no bf16: moved as 16-bit words; reductions of bf16 need their own MPI_Op.
+    // MPI has no bf16: moved as 16-bit words, reduced by our own MPI_Ops (bf16_op below).
     case DType::bf16: return MPI_UINT16_T;
   }
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// bf16 reductions: MPI knows no bf16, so sum/max/min are user-defined MPI_Ops over the 16-bit
+// words. Each combines two bf16 vectors in float and rounds once per combine, as NCCL's bf16
+// all-reduce does, so a sum over n ranks rounds n - 1 times (relative error up to ~(n-1) 2^-8).
+// Fine for activations (tensor parallel's partial sums, already bf16); the GRADIENT all-reduce
+// stays fp32 (gradients are fp32 in mixed precision; see docs/architecture.md, "Precision").
+template <class F>
+void bf16_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16* a = static_cast<const bf16*>(in);
+  bf16* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = bf16(F{}(float(a[i]), float(b[i])));
+}
+struct FloatMax {
+  float operator()(float a, float b) const { return std::max(a, b); }
+};
+struct FloatMin {
+  float operator()(float a, float b) const { return std::min(a, b); }
+};
+
+MPI_Op bf16_op(ReduceOp op) {
+  static MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL, min = MPI_OP_NULL;
+  static std::once_flag once;
+  std::call_once(once, [] {  // after MPI_Init: the first bf16 reduction; MPI frees them at exit
+    MPI_Op_create(&bf16_combine<std::plus<float>>, /*commute=*/1, &sum);
+    MPI_Op_create(&bf16_combine<FloatMax>, 1, &max);
+    MPI_Op_create(&bf16_combine<FloatMin>, 1, &min);
+  });
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return sum;
+    case ReduceOp::max: return max;
+    case ReduceOp::min: return min;
+  }
+  return MPI_OP_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  if (dtype == DType::bf16) return bf16_op(op);
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg: return MPI_SUM;  // avg = sum, then divided by the group size
@@ -77,6 +115,9 @@ void divide(Tensor& t, int n) {
   } else if (t.dtype() == DType::f64) {
     double* p = t.data<double>();
     for (int64_t i = 0; i < t.numel(); ++i) p[i] /= n;
+  } else if (t.dtype() == DType::bf16) {
+    bf16* p = t.data<bf16>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = bf16(float(p[i]) / static_cast<float>(n));
   }
 }
 
@@ -288,13 +329,14 @@ class MpiBackend final : public Backend {
         const int n = count_of(h);
         const MPI_Datatype type = mpi_type(h.dtype());
         if (op.kind == OpKind::all_reduce) {
-          check_mpi(MPI_Allreduce(MPI_IN_PLACE, h.data_ptr(), n, type, mpi_op(op.reduce), comm_),
+          check_mpi(MPI_Allreduce(MPI_IN_PLACE, h.data_ptr(), n, type,
+                                  mpi_op(op.reduce, h.dtype()), comm_),
                     op, "MPI_Allreduce");
         } else if (op.kind == OpKind::reduce) {
           void* send = rank_ == op.root ? MPI_IN_PLACE : h.data_ptr();
           void* recv = rank_ == op.root ? h.data_ptr() : nullptr;
-          check_mpi(MPI_Reduce(send, recv, n, type, mpi_op(op.reduce), op.root, comm_), op,
-                    "MPI_Reduce");
+          check_mpi(MPI_Reduce(send, recv, n, type, mpi_op(op.reduce, h.dtype()), op.root, comm_),
+                    op, "MPI_Reduce");
         } else {
           check_mpi(MPI_Bcast(h.data_ptr(), n, type, op.root, comm_), op, "MPI_Bcast");
         }
@@ -315,7 +357,8 @@ class MpiBackend final : public Backend {
       case OpKind::reduce_scatter: {
         Tensor in = host_view(op.in, true), out = host_view(op.out, false);
         check_mpi(MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), count_of(out),
-                                           mpi_type(out.dtype()), mpi_op(op.reduce), comm_),
+                                           mpi_type(out.dtype()), mpi_op(op.reduce, out.dtype()),
+                                           comm_),
                   op, "MPI_Reduce_scatter_block");
         if (op.reduce == ReduceOp::avg) divide(out, size_);
         copy_back(op.out, out);

@@ -5,3 +5,6 @@ scalelab_add_test(NAME test_bf16_model SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_bf
                   RANKS 1 TIMEOUT 60)
 target_compile_definitions(test_bf16_model PRIVATE
                            SCALELAB_TEST_DATA="${PROJECT_SOURCE_DIR}/tests/data")
+# bf16 reductions over MPI (user-defined MPI_Ops): activations all-reduced in tensor parallel
+scalelab_add_test(NAME test_comm_bf16 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_comm_bf16.cpp
+                  RANKS 1 2 TIMEOUT 60)
