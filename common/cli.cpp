@@ -21,14 +21,24 @@ cxxopts::Options make_options(const std::string& program, const std::string& des
   return options;
 }
 
-void add_run_options(cxxopts::Options& options) {
+namespace {
+// What the program declared in add_run_options, for run_options' --precision check.
+bool g_mixed_precision = false;
+std::string g_program;
+}  // namespace
+
+void add_run_options(cxxopts::Options& options, bool mixed_precision) {
+  g_mixed_precision = mixed_precision;
+  g_program = options.program();
   RunOptions d;
   options.add_options("run")
       ("seed", "random seed (same seed, same run)", cxxopts::value<std::uint64_t>()->default_value(std::to_string(d.seed)))
       ("device", "cpu or cuda", cxxopts::value<std::string>()->default_value(d.device))
       ("backend", "communication backend: auto, mpi, nccl or self", cxxopts::value<std::string>()->default_value(d.backend))
       ("timeout", "seconds a collective may take before the watchdog ends the job (exit 3)", cxxopts::value<double>()->default_value("60"))
-      ("trace", "write a Chrome trace (open in Perfetto) to this file", cxxopts::value<std::string>()->default_value(""));
+      ("trace", "write a Chrome trace (open in Perfetto) to this file", cxxopts::value<std::string>()->default_value(""))
+      ("precision", mixed_precision ? "fp32, or bf16: mixed precision (fp32 master weights, gradients and AdamW state; bf16 weight copy and activations)"
+                                    : "fp32 (this program has no bf16 mode)", cxxopts::value<std::string>()->default_value("fp32"));
 }
 
 RunOptions run_options(const cxxopts::ParseResult& r) {
@@ -44,6 +54,14 @@ RunOptions run_options(const cxxopts::ParseResult& r) {
                        o.backend == "self",
                    "--backend must be auto, mpi, nccl or self, got '{}'", o.backend);
   SCALELAB_REQUIRE(o.timeout_s > 0, "--timeout must be positive, got {}", o.timeout_s);
+  const std::string precision = r["precision"].as<std::string>();
+  SCALELAB_REQUIRE(precision == "fp32" || precision == "bf16",
+                   "--precision must be fp32 or bf16, got '{}'", precision);
+  SCALELAB_REQUIRE(precision == "fp32" || g_mixed_precision,
+                   "--precision bf16: {} trains in fp32 only (mixed precision runs in labs 02-06, "
+                   "whose models use common/nn's bf16 compute copy; this program's own layers, "
+                   "stages or shards keep fp32 values)", g_program);
+  o.precision = precision == "bf16" ? DType::bf16 : DType::f32;
   // Issue 4 (comm): communicators start the watchdog with --timeout; --trace starts recording,
   // and run_main writes the merged trace when the program's body returns.
   watchdog::set_timeout(o.timeout_s);

@@ -6,13 +6,18 @@
 
 #include <cxxopts.hpp>
 
+#include "common/dtype.hpp"
+
 namespace scalelab::cli {
 
 /// Options with --help already added.
 cxxopts::Options make_options(const std::string& program, const std::string& description);
 
-/// --seed, --device, --backend, --timeout, --trace: options every lab program understands.
-void add_run_options(cxxopts::Options& options);
+/// --seed, --device, --backend, --timeout, --trace, --precision: options every lab program
+/// understands. `mixed_precision`: the program can train in bf16 (--precision bf16: fp32 master
+/// weights, gradients and AdamW state, a bf16 compute copy and bf16 activations; labs 02-06).
+/// Without it --precision bf16 is a usage error naming the program (it trains in fp32 only).
+void add_run_options(cxxopts::Options& options, bool mixed_precision = false);
 
 struct RunOptions {
   std::uint64_t seed = 1337;
@@ -20,6 +25,8 @@ struct RunOptions {
   std::string backend = "auto";   // auto | mpi | nccl | self
   double timeout_s = 60.0;        // watchdog: a collective that takes longer ends the job (exit 3)
   std::string trace;              // Chrome trace file, empty for none
+  DType precision = DType::f32;   // --precision: f32, or bf16 (mixed precision)
+  bool bf16() const { return precision == DType::bf16; }
 };
 
 /// Reads (and validates) the options added by add_run_options; --trace must be writable

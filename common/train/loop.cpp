@@ -69,7 +69,7 @@ double learning_rate(const TrainOptions& o, int64_t step) {
 }
 
 StepReporter::StepReporter(const ModelConfig& config, int64_t tokens_per_step, Device device,
-                           double peak_tflops, comm::Communicator& comm)
+                           double peak_tflops, comm::Communicator& comm, DType precision)
     : config_(config), tokens_per_step_(tokens_per_step), device_(device), comm_(comm) {
   // The one rule of every program (metrics::peak_for, as lab 02): --peak-tflops, a GPU's data
   // sheet, or on a CPU the measured sgemm. On a CPU every rank measures at the same time (after
@@ -79,7 +79,9 @@ StepReporter::StepReporter(const ModelConfig& config, int64_t tokens_per_step, D
   // fastest 20 ms window, measure_matmul_tflops): MFU is then a lower bound.
   const bool measure = peak_tflops <= 0 && device.is_cpu();
   if (measure) comm_.barrier();
-  metrics::Peak peak = metrics::peak_for(device, peak_tflops, metrics::Precision::fp32);
+  metrics::Peak peak = metrics::peak_for(
+      device, peak_tflops,
+      precision == DType::bf16 ? metrics::Precision::bf16 : metrics::Precision::fp32);
   if (measure) {
     Tensor t = Tensor::from_vector({peak.tflops}, {1}, DType::f64);
     comm_.all_reduce(t, comm::ReduceOp::sum);
@@ -112,6 +114,13 @@ std::string StepReporter::line(int64_t step, double loss, double dt_s, double lr
   s.peak_bytes = max_peak_bytes(device_, comm_);
   s.lr = lr;
   return metrics::step_line(s);
+}
+
+std::string precision_note(DType precision) {
+  if (precision != DType::bf16) return "precision fp32 (weights, gradients, AdamW state, activations)";
+  return "precision bf16, mixed: fp32 master weights, gradients (all-reduced in fp32) and AdamW "
+         "state; a bf16 copy of the weights and bf16 activations for compute (LayerNorm "
+         "statistics and the loss in fp32)";
 }
 
 std::size_t max_peak_bytes(Device device, comm::Communicator& comm) {

@@ -47,9 +47,12 @@ class StepReporter {
  public:
   /// The MFU peak follows metrics::peak_for, the rule of every program: `peak_tflops` when > 0,
   /// a GPU's data sheet, or on a CPU the sgemm every rank measures at the same time, averaged
-  /// over the ranks (about 0.5 s; collective over `comm` then).
+  /// over the ranks (about 0.5 s; collective over `comm` then). `precision` (--precision) picks
+  /// the data-sheet peak on a GPU: bf16 is the dense bf16 tensor-core figure (H100: 989
+  /// TFLOP/s). A CPU's peak is its measured fp32 sgemm in both precisions: the CPU computes bf16
+  /// matmuls with that same sgemm (ops/cpu/matmul_cpu.cpp).
   StepReporter(const ModelConfig& config, int64_t tokens_per_step, Device device,
-               double peak_tflops, comm::Communicator& comm);
+               double peak_tflops, comm::Communicator& comm, DType precision = DType::f32);
   /// "step=3 loss=4.1234 lr=1.00e-03 dt=120ms tps=34k tps/rank=8k mfu=..% mem=3.1MiB"
   std::string line(int64_t step, double loss, double dt_s, double lr);
   /// The per-rank peak TFLOP/s used for MFU (0: unknown, MFU not printed).
@@ -65,6 +68,11 @@ class StepReporter {
   std::string peak_;  // the peak and its source, for mfu_note
   comm::Communicator& comm_;
 };
+
+/// One line saying what --precision means for this run: "precision fp32", or for bf16 what is
+/// bf16 (the weight copy, activations) and what stays fp32 (master weights, gradients, AdamW
+/// state, the gradient all-reduce).
+std::string precision_note(DType precision);
 
 /// The max over the ranks of `comm` of this rank's allocator peak (bytes).
 std::size_t max_peak_bytes(Device device, comm::Communicator& comm);

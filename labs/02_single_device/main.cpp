@@ -17,6 +17,7 @@
 #include "common/ops/ops.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
+#include "common/train/loop.hpp"
 #include "single_device.hpp"
 
 using namespace scalelab;
@@ -47,19 +48,54 @@ Corpus load_corpus(const std::string& where) {
   return c;
 }
 
-void print_memory_table(const lab02::MemoryEstimate& e, std::size_t measured_peak,
+// The lecture's model state per parameter: fp32 training keeps 4 (weights) + 4 (gradients) + 8
+// (AdamW m, v) = 16 bytes; mixed precision adds a 2-byte bf16 compute copy beside the 4-byte fp32
+// master: 2 + 4 + 4 + 8 = 18 bytes (gradients and AdamW state stay fp32).
+struct StateBytes {
+  int64_t copy = 0, master = 4, grads = 4, adam = 8;
+  int64_t total() const { return copy + master + grads + adam; }
+};
+
+void print_memory_table(const lab02::MemoryEstimate& e, bool bf16, int64_t n_params,
+                        std::size_t measured_state, std::size_t measured_peak,
                         std::size_t measured_activations) {
   using metrics::human_bytes;
-  log::info("memory (formula vs measured by the allocator):");
-  log::info("  {:<12} {:>10}", "weights", human_bytes(static_cast<double>(e.weights)));
-  log::info("  {:<12} {:>10}", "gradients", human_bytes(static_cast<double>(e.gradients)));
-  log::info("  {:<12} {:>10}", "adamw m, v", human_bytes(static_cast<double>(e.optimizer)));
+  const StateBytes per{bf16 ? 2 : 0};
+  log::info("memory (formula vs measured by the allocator), precision {}:", bf16 ? "bf16" : "fp32");
+  log::info("  per parameter (lecture): fp32 4 + 4 + 8 = 16 B; mixed 2 (bf16 copy) + 4 (fp32 "
+            "master) + 4 (fp32 grads) + 8 (AdamW m, v) = 18 B; this run {} B", per.total());
+  auto row = [&](const char* what, int64_t bytes_per_param) {
+    log::info("  {:<12} {:>10}   {} B x {} parameters", what,
+              human_bytes(static_cast<double>(bytes_per_param * n_params)), bytes_per_param,
+              n_params);
+  };
+  if (bf16) row("bf16 copy", per.copy);
+  row(bf16 ? "fp32 master" : "weights", per.master);
+  row("gradients", per.grads);
+  row("adamw m, v", per.adam);
+  log::info("  {:<12} {:>10}   measured (model + AdamW, before training): {} = {:.2f} B per "
+            "parameter", "model state", human_bytes(static_cast<double>(per.total() * n_params)),
+            human_bytes(static_cast<double>(measured_state)),
+            static_cast<double>(measured_state) / static_cast<double>(n_params));
   log::info("  {:<12} {:>10}   measured after forward: {}", "activations",
             human_bytes(static_cast<double>(e.activations)),
             human_bytes(static_cast<double>(measured_activations)));
   log::info("  {:<12} {:>10}   measured peak: {} (+ backward's temporaries)", "total",
-            human_bytes(static_cast<double>(e.total())),
+            human_bytes(static_cast<double>(per.total() * n_params + e.activations)),
             human_bytes(static_cast<double>(measured_peak)));
+  (void)e.weights;  // the fp32 formula's weights, gradients and moments: the rows above
+}
+
+// Step 5's estimate in the run's precision. bf16 (mixed): activations are 2-byte elements except
+// the LayerNorm statistics (2 per row in each LayerNorm: 4 B T per block, 2 B T in the head),
+// which stay fp32.
+lab02::MemoryEstimate estimate_for(const ModelConfig& c, int64_t B, int64_t T, bool bf16) {
+  lab02::MemoryEstimate e = lab02::estimate_memory(c, B, T, 4);
+  if (bf16) {
+    const int64_t stats = c.n_layer * 4 * B * T + 2 * B * T;
+    e.activations = 2 * lab02::activation_elements(c, B, T) + 2 * stats;
+  }
+  return e;
 }
 
 }  // namespace
@@ -68,7 +104,7 @@ int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     auto options = cli::make_options("lab02_single_device",
                                      "Lab 02: train a GPT on one device (the baseline)");
-    cli::add_run_options(options);
+    cli::add_run_options(options, /*mixed_precision=*/true);
     lab02::TrainConfig d;
     options.add_options("train")
         ("model", "model config: " + fmt::format("{}", fmt::join(model_config_names(), ", ")), cxxopts::value<std::string>()->default_value("small"))
@@ -130,25 +166,32 @@ int main(int argc, char** argv) {
     ops::set_allow_tf32(r.count("tf32") > 0);
     // the one rule of every program (metrics::peak_for): --peak-tflops, a GPU's data sheet, or
     // on a CPU the measured sgemm
+    // on a GPU with --precision bf16 the data sheet's dense bf16 tensor-core peak (H100: 989
+    // TFLOP/s); a CPU's measured sgemm in both precisions (its bf16 matmuls run on that sgemm)
     const metrics::Peak peak_info = metrics::peak_for(
         device, r["peak-tflops"].as<double>(),
-        r.count("tf32") ? metrics::Precision::tf32 : metrics::Precision::fp32);
+        run.bf16() ? metrics::Precision::bf16
+                   : r.count("tf32") ? metrics::Precision::tf32 : metrics::Precision::fp32);
     const double peak = peak_info.tflops;
 
     const Corpus corpus = load_corpus(r["data"].as<std::string>());
     const data::Sampler train(corpus.train, B, T, run.seed);
     const data::Sampler val(corpus.val, B, T, run.seed + 1);
 
-    nn::GPT model(config, {.device = device, .seed = run.seed});
+    const std::size_t before_model = memory_stats(device).current;
+    nn::GPT model(config, {.device = device, .seed = run.seed, .compute_dtype = run.precision});
     optim::AdamW opt(optim::groups(model.parameters()));
+    const std::size_t state_measured = memory_stats(device).current - before_model;
     int64_t start = 0;
     if (r.count("resume")) {
       start = lab02::load_checkpoint(ckpt, model, opt);
+      model.params().refresh_compute();  // bf16: the checkpoint holds the fp32 master weights
       log::info("resumed from {} at step {}", ckpt, start);
     }
     log::info("model {}: {} parameters, {} layers, {} heads, {} wide; batch {} x {} tokens on {}",
               config.name, model.num_parameters(), config.n_layer, config.n_head, config.n_embd,
               B, T, device.str());
+    log::info("{}", train::precision_note(run.precision));
     log::info("MFU against {}", peak_info.str());
 
     const double fpt = lab02::flops_per_token(config, T);
@@ -191,8 +234,8 @@ int main(int argc, char** argv) {
       activations_measured = model.activation_bytes();
       model.free_activations();
     }
-    print_memory_table(lab02::estimate_memory(config, B, T, 4), memory_stats(device).peak,
-                       activations_measured);
+    print_memory_table(estimate_for(config, B, T, run.bf16()), run.bf16(), model.num_parameters(),
+                       state_measured, memory_stats(device).peak, activations_measured);
     log::info("checkpoint: {} (continue with --resume --steps N)", ckpt);
 
     const int n_sample = r["sample"].as<int>();

@@ -18,7 +18,7 @@ using namespace scalelab;
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     auto options = cli::make_options("lab03_ddp", "Lab 03: data-parallel training (DDP)");
-    cli::add_run_options(options);
+    cli::add_run_options(options, /*mixed_precision=*/true);
     train::add_train_options(options, {.steps = 50});
     options.add_options("lab 03")
         ("verify-steps", "rank 0 also runs the single-device model for this many steps and "
@@ -40,14 +40,18 @@ int main(int argc, char** argv) {
                                    .batch_size();
 
     // Each rank starts from its own seed: only the broadcast makes them one model.
-    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank()});
+    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank(),
+                           .compute_dtype = run.precision});
     lab03::broadcast_parameters(model, comm);
+    model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
 
     std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin, for --verify-steps
     std::unique_ptr<optim::AdamW> single_opt;
     if (comm.rank() == 0 && verify_steps > 0) {
-      single = std::make_unique<nn::GPT>(config, nn::GPTOptions{.device = device, .seed = run.seed});
+      single = std::make_unique<nn::GPT>(  // in the run's precision too
+          config,
+          nn::GPTOptions{.device = device, .seed = run.seed, .compute_dtype = run.precision});
       single_opt = std::make_unique<optim::AdamW>(optim::groups(single->parameters()));
     }
 
@@ -56,7 +60,8 @@ int main(int argc, char** argv) {
               metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(),
               opt.batch, config.block_size, local_rows, opt.steps, comm.backend());
     train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm);
+                                 comm, run.precision);
+    log::info("{}", train::precision_note(run.precision));
     log::info("{}", reporter.mfu_note());
 
     for (int64_t step = 0; step < opt.steps; ++step) {

@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     auto options = cli::make_options("lab04_ddp_overlap",
                                      "Lab 04: DDP with bucketed all-reduces overlapped with backward");
-    cli::add_run_options(options);
+    cli::add_run_options(options, /*mixed_precision=*/true);
     train::add_train_options(options, {.batch = 16, .steps = 20});
     options.add_options("lab 04")
         ("bucket-mb", "bucket size in MiB for training", cxxopts::value<double>()->default_value("0.25"))
@@ -129,8 +129,10 @@ int main(int argc, char** argv) {
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
     const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
 
-    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank()});
+    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank(),
+                           .compute_dtype = run.precision});
     lab03::broadcast_parameters(model, comm);
+    model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
     const auto buckets = lab04::assign_buckets(model.params(), lab04::ready_order(model),
                                                static_cast<std::size_t>(bucket_mb * kMiB));
@@ -141,7 +143,8 @@ int main(int argc, char** argv) {
               comm.size(), opt.batch, config.block_size, rows, buckets.size(), bucket_mb,
               opt.steps);
     train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm);
+                                 comm, run.precision);
+    log::info("{}", train::precision_note(run.precision));
     log::info("{}", reporter.mfu_note());
     {
       lab04::OverlappedDDP ddp(model, comm, buckets);

@@ -32,6 +32,15 @@ Row measure(nn::GPT& model, const data::Batch& mine, const lab06::Policy& policy
   Row row{policy.str()};
   row.estimate = lab06::model_activation_bytes(model.config(), mine.batch_size(),
                                                mine.x.size(1), plan);
+  // That count is for fp32 (step 4). In mixed precision (--precision bf16) the blocks keep bf16
+  // activations (2 bytes an element) but fp32 LayerNorm statistics: 4 tensors of (B*T), 16 bytes
+  // per token, in each block that keeps its activations (not the fully checkpointed ones).
+  if (model.params().compute_dtype() == DType::bf16) {
+    std::size_t kept = 0;
+    for (bool full : plan.full) kept += full ? 0 : 1;
+    const std::size_t stats = 16 * static_cast<std::size_t>(mine.x.numel()) * kept;
+    row.estimate = (row.estimate - stats) / 2 + stats;
+  }
   row.ms = 1e30;
   for (int r = 0; r < reps; ++r) {
     model.free_activations();
@@ -56,7 +65,7 @@ int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     auto options = cli::make_options("lab06_activation_checkpointing",
                                      "Lab 06: DDP training with activation checkpointing");
-    cli::add_run_options(options);
+    cli::add_run_options(options, /*mixed_precision=*/true);
     train::add_train_options(options, {.batch = 16, .steps = 20});
     options.add_options("lab 06")
         ("checkpoint", "policy for training: none, every, every:K, selective",
@@ -79,15 +88,18 @@ int main(int argc, char** argv) {
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
     const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
 
-    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank()});
+    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank(),
+                           .compute_dtype = run.precision});
     lab03::broadcast_parameters(model, comm);
+    model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
     log::info("lab 06 activation_checkpointing: model {} ({} parameters), {} ranks, global batch "
               "{} x {} tokens ({} rows per rank), checkpoint policy {}, {} steps", config.name,
               metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(),
               opt.batch, config.block_size, rows, policy.str(), opt.steps);
     train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm);
+                                 comm, run.precision);
+    log::info("{}", train::precision_note(run.precision));
     log::info("{}", reporter.mfu_note());
     for (int64_t step = 0; step < opt.steps; ++step) {
       const double lr = train::learning_rate(opt, step);

@@ -8,3 +8,22 @@ target_compile_definitions(test_bf16_model PRIVATE
 # bf16 reductions over MPI (user-defined MPI_Ops): activations all-reduced in tensor parallel
 scalelab_add_test(NAME test_comm_bf16 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_comm_bf16.cpp
                   RANKS 1 2 TIMEOUT 60)
+
+# --precision: a bad value is a usage error (1 and 2 ranks); programs without a bf16 mode (labs
+# 00-01, 07-10) refuse bf16 with one line naming the program.
+set(bf16_text ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
+scalelab_expect_usage_error(lab02.cli.bad_precision lab02_single_device_solution
+                            --precision fp16 --data ${bf16_text})
+scalelab_expect_usage_error(common.cli.lab03_bad_precision.np2 lab03_ddp_solution RANKS 2
+                            ARGS --precision bf17)
+foreach(program lab00_hello_dist lab07_tensor_parallel)
+  string(SUBSTRING ${program} 0 5 nn)
+  scalelab_expect_usage_error(${nn}.cli.precision_bf16_refused ${program}_solution
+                              --precision bf16)
+endforeach()
+# lab 02 interrupted and resumed in bf16: the compute copy is refreshed from the loaded master
+add_test(NAME lab02.program.resume_bf16
+         COMMAND sh ${PROJECT_SOURCE_DIR}/tests/02_single_device/resume_test.sh
+                 $<TARGET_FILE:lab02_single_device_solution> ${bf16_text} --precision bf16)
+set_tests_properties(lab02.program.resume_bf16 PROPERTIES LABELS "reference;lab02" TIMEOUT 60
+                     ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
