@@ -12,6 +12,10 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/attention_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/embedding_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/optim_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/flash_attention.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/flash_attention_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/fused_norm.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/fused_norm_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/parameter.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/linear.cpp
@@ -38,11 +42,14 @@ if(SCALELAB_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/norm_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/attention_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/embedding_cuda.cu
-    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/optim_cuda.cu)
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/optim_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/fused_norm_cuda.cu)
 else()
   target_sources(scalelab_common PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/allocator_nocuda.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/ops_nocuda.cpp)
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/ops_nocuda.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/fused_nocuda.cpp)
 endif()
 
 # scalelab_data [FILE] [--out DIR]: corpus preparation (./scalelab data runs it)

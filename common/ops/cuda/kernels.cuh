@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "common/bf16.hpp"
 #include "common/ops/cuda/cuda_check.cuh"
 #include "common/ops/cuda/ops_cuda.hpp"
 
@@ -88,13 +89,23 @@ __device__ inline S column_sum(int64_t N, int64_t C, F f) {
   return partial[0][threadIdx.x];  // meaningful where threadIdx.y == 0 and c < C
 }
 
-/// column_sum's summand: the element (n, c) of a row-major (N, C) matrix.
-template <class S>
+/// column_sum's summand: the element (n, c) of a row-major (N, C) matrix of storage type S,
+/// loaded into the compute type A (A = S unless S is bf16).
+template <class S, class A = S>
 struct Element {
   const S* p;
   int64_t C;
-  __device__ S operator()(int64_t n, int64_t c) const { return p[n * C + c]; }
+  __device__ A operator()(int64_t n, int64_t c) const { return A(p[n * C + c]); }
 };
+
+/// Calls f(G{}) with G the type of a parameter gradient that may be the data's storage type S or
+/// f32 when S is bf16 (rules R3, R4, R6: fp32 gradients of bf16 data).
+template <class S, class F>
+void with_grad_type(DType grad_dtype, F f) {
+  if (grad_dtype == dtype_of<S>()) f(S{});
+  else if (grad_dtype == DType::f32) f(float{});
+  else SCALELAB_CHECK(false, "gradient dtype {} for {} data", dtype_name(grad_dtype), dtype_name(dtype_of<S>()));
+}
 
 /// The cuBLAS handle of the current device (created on first use, math mode applied).
 cublasHandle_t cublas_handle();

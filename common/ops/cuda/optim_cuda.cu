@@ -9,12 +9,12 @@ namespace scalelab::ops::cuda {
 namespace {
 constexpr int kSumBlocks = 256;
 
-template <class S, bool kSquare>
+template <class S, class A, bool kSquare>
 __global__ void partial_sum_kernel(double* partial, const S* x, int64_t n) {
   __shared__ double shared[kThreads];
   double s = 0;
   SCALELAB_GRID_STRIDE(i, n) {
-    const double v = static_cast<double>(x[i]);
+    const double v = static_cast<double>(A(x[i]));  // bf16 -> float -> double: exact
     s += kSquare ? v * v : v;
   }
   shared[threadIdx.x] = s;
@@ -33,7 +33,7 @@ double reduce(const Tensor& x) {
   static thread_local double* scratch[64] = {};
   double*& partial = scratch[x.device().index];
   if (!partial) CUDA_CHECK(cudaMalloc(&partial, kSumBlocks * sizeof(double)));
-  SCALELAB_FLOAT_TYPES(x.dtype(), partial_sum_kernel<T, kSquare><<<kSumBlocks, kThreads>>>(
+  SCALELAB_TRAIN_TYPES(x.dtype(), partial_sum_kernel<T, acc_t, kSquare><<<kSumBlocks, kThreads>>>(
                                       partial, x.data<T>(), x.numel()));
   CUDA_CHECK_LAUNCH();
   std::vector<double> host(kSumBlocks);
@@ -43,14 +43,19 @@ double reduce(const Tensor& x) {
   return s;
 }
 
+// One pass over the flat buffer (one launch per call): the master weights p, gradient g and
+// AdamW's state m, v in f32 (or f64). With `compute` (R8) the same thread also writes the bf16
+// copy of its new weight, so the mixed-precision model's compute copy is refreshed without a
+// second pass over p (2 bytes written per parameter instead of 4 read + 2 written).
 template <class S>
-__global__ void adamw_kernel(S* p, const S* g, S* m, S* v, int64_t n, S lr, S b1, S b2, S eps,
-                             S wd, S c1, S c2) {
+__global__ void adamw_kernel(S* p, const S* g, S* m, S* v, bf16* compute, int64_t n, S lr, S b1,
+                             S b2, S eps, S wd, S c1, S c2) {
   SCALELAB_GRID_STRIDE(i, n) {
     m[i] = b1 * m[i] + (S(1) - b1) * g[i];
     v[i] = b2 * v[i] + (S(1) - b2) * g[i] * g[i];
     const S mhat = m[i] / c1, vhat = v[i] / c2;
     p[i] -= lr * (mhat / (sqrt(vhat) + eps) + wd * p[i]);
+    if (compute) compute[i] = bf16(static_cast<float>(p[i]));
   }
 }
 
@@ -71,13 +76,15 @@ __global__ void sgd_kernel(S* p, const S* g, S* buf, int64_t n, S lr, S momentum
 double sum(const Tensor& x) { return reduce<false>(x); }
 double sum_squares(const Tensor& x) { return reduce<true>(x); }
 
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a) {
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a,
+                  Tensor* compute) {
   use_device(param);
   const int64_t n = param.numel();
   const double c1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
   const double c2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
   SCALELAB_FLOAT_TYPES(param.dtype(), adamw_kernel<<<blocks_for(n), kThreads>>>(
-      param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), n, T(a.lr), T(a.beta1),
+      param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(),
+      compute ? compute->data<bf16>() : nullptr, n, T(a.lr), T(a.beta1),
       T(a.beta2), T(a.eps), T(a.weight_decay), T(c1), T(c2)));
   CUDA_CHECK_LAUNCH();
 }

@@ -1,4 +1,7 @@
-// Pointwise kernels: fill, scale, axpy, add, copy, bias, GELU.
+// Pointwise kernels: fill, scale, axpy, add, copy, cast, bias, GELU. Templated on the storage
+// type S (float, double or bf16) and the compute type A (float for f32 and bf16, double for
+// f64): each element is loaded into A, computed there and stored with one rounding (rules R1,
+// R6, R7 of ops.hpp), as the host kernels do.
 #include "common/ops/cuda/kernels.cuh"
 
 namespace scalelab::ops::cuda {
@@ -7,51 +10,58 @@ namespace {
 template <class S>
 __global__ void fill_kernel(S* x, S v, int64_t n) { SCALELAB_GRID_STRIDE(i, n) x[i] = v; }
 
-template <class S>
-__global__ void scale_kernel(S* x, S a, int64_t n) { SCALELAB_GRID_STRIDE(i, n) x[i] *= a; }
+template <class S, class A>
+__global__ void scale_kernel(S* x, A a, int64_t n) { SCALELAB_GRID_STRIDE(i, n) x[i] = S(A(x[i]) * a); }
 
-template <class S>
-__global__ void axpy_kernel(S* y, S a, const S* x, int64_t n) {
-  SCALELAB_GRID_STRIDE(i, n) y[i] += a * x[i];
+template <class S, class A>
+__global__ void axpy_kernel(S* y, A a, const S* x, int64_t n) {
+  SCALELAB_GRID_STRIDE(i, n) y[i] = S(A(y[i]) + a * A(x[i]));
 }
 
-template <class S>
+template <class S, class A>
 __global__ void add_kernel(S* o, const S* a, const S* b, int64_t n) {
-  SCALELAB_GRID_STRIDE(i, n) o[i] = a[i] + b[i];
+  SCALELAB_GRID_STRIDE(i, n) o[i] = S(A(a[i]) + A(b[i]));
 }
 
-template <class S>
+// D(S) through double, then D's compute type: the host's cast (pointwise_cpu.cpp), so f32 <-> bf16
+// round once and f64 -> bf16 rounds to float first.
+template <class D, class DA, class S, class SA>
+__global__ void cast_kernel(D* dst, const S* src, int64_t n) {
+  SCALELAB_GRID_STRIDE(i, n) dst[i] = D(static_cast<DA>(static_cast<double>(SA(src[i]))));
+}
+
+template <class S, class A>
 __global__ void add_bias_kernel(S* o, const S* bias, int64_t n, int64_t C) {
-  SCALELAB_GRID_STRIDE(i, n) o[i] += bias[i % C];
+  SCALELAB_GRID_STRIDE(i, n) o[i] = S(A(o[i]) + A(bias[i % C]));
 }
 
-// column sums in a fixed order: deterministic
-template <class S>
-__global__ void bias_backward_kernel(S* db, const S* dout, int64_t N, int64_t C) {
-  const S s = column_sum<S>(N, C, Element<S>{dout, C});
+// column sums in a fixed order: deterministic. G: the gradient's type (S, or float for bf16).
+template <class G, class S, class A>
+__global__ void bias_backward_kernel(G* db, const S* dout, int64_t N, int64_t C) {
+  const A s = column_sum<A>(N, C, Element<S, A>{dout, C});
   const int64_t c = blockIdx.x * (int64_t)kColTile + threadIdx.x;
-  if (threadIdx.y == 0 && c < C) db[c] += s;
+  if (threadIdx.y == 0 && c < C) db[c] = G(A(db[c]) + s);
 }
 
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
 
-template <class S>
+template <class S, class A>
 __global__ void gelu_forward_kernel(S* o, const S* in, int64_t n) {
   SCALELAB_GRID_STRIDE(i, n) {
-    S x = in[i];
-    o[i] = S(0.5) * x * (S(1) + tanh(S(kGeluScale) * (x + S(0.044715) * x * x * x)));
+    const A x = A(in[i]);
+    o[i] = S(A(0.5) * x * (A(1) + tanh(A(kGeluScale) * (x + A(0.044715) * x * x * x))));
   }
 }
 
-template <class S>
+template <class S, class A>
 __global__ void gelu_backward_kernel(S* din, const S* in, const S* dout, int64_t n) {
   SCALELAB_GRID_STRIDE(i, n) {
-    S x = in[i];
-    S th = tanh(S(kGeluScale) * (x + S(0.044715) * x * x * x));
-    S sech2 = S(1) - th * th;
-    S local = S(0.5) * (S(1) + th) +
-              x * S(0.5) * sech2 * S(kGeluScale) * (S(1) + S(3 * 0.044715) * x * x);
-    din[i] += local * dout[i];
+    const A x = A(in[i]);
+    const A th = tanh(A(kGeluScale) * (x + A(0.044715) * x * x * x));
+    const A sech2 = A(1) - th * th;
+    const A local = A(0.5) * (A(1) + th) +
+                    x * A(0.5) * sech2 * A(kGeluScale) * (A(1) + A(3 * 0.044715) * x * x);
+    din[i] = S(A(din[i]) + local * A(dout[i]));
   }
 }
 
@@ -64,7 +74,8 @@ void fill(Tensor& x, double value) {
   if (x.dtype() == DType::i32) {
     fill_int_kernel<<<blocks_for(n), kThreads>>>(x.data<int32_t>(), static_cast<int32_t>(value), n);
   } else {
-    SCALELAB_FLOAT_TYPES(x.dtype(), fill_kernel<<<blocks_for(n), kThreads>>>(x.data<T>(), T(value), n));
+    SCALELAB_TRAIN_TYPES(x.dtype(), fill_kernel<<<blocks_for(n), kThreads>>>(
+                                        x.data<T>(), T(static_cast<acc_t>(value)), n));
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -72,22 +83,23 @@ void fill(Tensor& x, double value) {
 void scale(Tensor& x, double a) {
   use_device(x);
   const int64_t n = x.numel();
-  SCALELAB_FLOAT_TYPES(x.dtype(), scale_kernel<<<blocks_for(n), kThreads>>>(x.data<T>(), T(a), n));
+  SCALELAB_TRAIN_TYPES(x.dtype(), scale_kernel<T, acc_t><<<blocks_for(n), kThreads>>>(
+                                      x.data<T>(), acc_t(a), n));
   CUDA_CHECK_LAUNCH();
 }
 
 void axpy(Tensor& y, double a, const Tensor& x) {
   use_device(y);
   const int64_t n = y.numel();
-  SCALELAB_FLOAT_TYPES(y.dtype(),
-                       axpy_kernel<<<blocks_for(n), kThreads>>>(y.data<T>(), T(a), x.data<T>(), n));
+  SCALELAB_TRAIN_TYPES(y.dtype(), axpy_kernel<T, acc_t><<<blocks_for(n), kThreads>>>(
+                                      y.data<T>(), acc_t(a), x.data<T>(), n));
   CUDA_CHECK_LAUNCH();
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
   use_device(out);
   const int64_t n = out.numel();
-  SCALELAB_FLOAT_TYPES(out.dtype(), add_kernel<<<blocks_for(n), kThreads>>>(
+  SCALELAB_TRAIN_TYPES(out.dtype(), add_kernel<T, acc_t><<<blocks_for(n), kThreads>>>(
                                         out.data<T>(), a.data<T>(), b.data<T>(), n));
   CUDA_CHECK_LAUNCH();
 }
@@ -97,10 +109,23 @@ void copy(Tensor& dst, const Tensor& src) {
   CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice));
 }
 
+void cast(Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) return copy(dst, src);
+  use_device(dst);
+  const int64_t n = src.numel();
+  SCALELAB_TRAIN_TYPES_AS(src.dtype(), S, {
+    using SA = acc_t;
+    SCALELAB_TRAIN_TYPES_AS(dst.dtype(), D, {
+      cast_kernel<D, acc_t, S, SA><<<blocks_for(n), kThreads>>>(dst.data<D>(), src.data<S>(), n);
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
 void add_bias(Tensor& out, const Tensor& bias) {
   use_device(out);
   const int64_t n = out.numel(), C = bias.numel();
-  SCALELAB_FLOAT_TYPES(out.dtype(), add_bias_kernel<<<blocks_for(n), kThreads>>>(
+  SCALELAB_TRAIN_TYPES(out.dtype(), add_bias_kernel<T, acc_t><<<blocks_for(n), kThreads>>>(
                                         out.data<T>(), bias.data<T>(), n, C));
   CUDA_CHECK_LAUNCH();
 }
@@ -108,15 +133,18 @@ void add_bias(Tensor& out, const Tensor& bias) {
 void bias_backward(Tensor& dbias, const Tensor& dout) {
   use_device(dbias);
   const int64_t C = dbias.numel(), N = dout.numel() / C;
-  SCALELAB_FLOAT_TYPES(dout.dtype(), bias_backward_kernel<<<column_sum_blocks(C), dim3(kColTile, kColTile)>>>(
-                                         dbias.data<T>(), dout.data<T>(), N, C));
+  SCALELAB_TRAIN_TYPES(dout.dtype(), with_grad_type<T>(dbias.dtype(), [&](auto g_tag) {
+    using G = decltype(g_tag);
+    bias_backward_kernel<G, T, acc_t><<<column_sum_blocks(C), dim3(kColTile, kColTile)>>>(
+        dbias.data<G>(), dout.data<T>(), N, C);
+  }));
   CUDA_CHECK_LAUNCH();
 }
 
 void gelu_forward(Tensor& out, const Tensor& in) {
   use_device(out);
   const int64_t n = in.numel();
-  SCALELAB_FLOAT_TYPES(in.dtype(), gelu_forward_kernel<<<blocks_for(n), kThreads>>>(
+  SCALELAB_TRAIN_TYPES(in.dtype(), gelu_forward_kernel<T, acc_t><<<blocks_for(n), kThreads>>>(
                                        out.data<T>(), in.data<T>(), n));
   CUDA_CHECK_LAUNCH();
 }
@@ -124,7 +152,7 @@ void gelu_forward(Tensor& out, const Tensor& in) {
 void gelu_backward(Tensor& din, const Tensor& in, const Tensor& dout) {
   use_device(din);
   const int64_t n = in.numel();
-  SCALELAB_FLOAT_TYPES(in.dtype(), gelu_backward_kernel<<<blocks_for(n), kThreads>>>(
+  SCALELAB_TRAIN_TYPES(in.dtype(), gelu_backward_kernel<T, acc_t><<<blocks_for(n), kThreads>>>(
                                        din.data<T>(), in.data<T>(), dout.data<T>(), n));
   CUDA_CHECK_LAUNCH();
 }

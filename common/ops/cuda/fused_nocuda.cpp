@@ -1,0 +1,16 @@
+// Built without CUDA: the fused ops' CUDA backend exists only to say so (like ops_nocuda.cpp).
+#include "common/errors.hpp"
+#include "common/ops/fused_backend.hpp"
+
+namespace scalelab::ops::cuda {
+namespace {
+[[noreturn]] void no_cuda() { throw UsageError("CUDA op called but scalelab was built without CUDA"); }
+}  // namespace
+void flash_attention_forward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             double) { no_cuda(); }
+void flash_attention_backward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              double) { no_cuda(); }
+void residual_layernorm_forward(Tensor&, Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&, const Tensor&, double) { no_cuda(); }
+}  // namespace scalelab::ops::cuda

@@ -1,0 +1,168 @@
+// Flash attention (common/ops/flash_attention.hpp) on the host against the unfused path of
+// common/nn/attention.cpp: batched_matmul (q k^T), causal_softmax_forward, batched_matmul (att v)
+// and, for backward, the same ops' backward as CausalSelfAttention::backward.
+//
+// Tolerances:
+//  - f64: 1e-12 relative to the largest |reference| of each tensor (only the order of the sums
+//    differs: tiles and the online rescaling);
+//  - f32: 1e-5 relative (the same, in float);
+//  - bf16: the inputs rounded to bf16 (exactly representable in f64, so the reference sees the
+//    same numbers), compute in float, the result rounded to bf16 once: 2^-8 relative rounding of
+//    each stored element plus float sums, so 1e-2 relative to the largest |reference|.
+// Shapes: T = 1, T not a multiple of the 16-row tile (37, 70) and a multiple (32); hs 16 and 64.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/allocator.hpp"
+#include "common/ops/flash_attention.hpp"
+#include "common/ops/ops.hpp"
+#include "tests/common/gradcheck.hpp"
+
+using namespace scalelab;
+using namespace scalelab::testing;
+
+namespace {
+struct Case {
+  int64_t BH, T, hs;
+};
+
+// The inputs of one case in f64 (already rounded to bf16 when `dtype` is bf16), and in `dtype`.
+struct Inputs {
+  Tensor q, k, v, dout;  // f64
+  double scale;
+};
+
+Inputs make_inputs(const Case& c, DType dtype, uint64_t seed) {
+  Inputs in;
+  Tensor* all[] = {&in.q, &in.k, &in.v, &in.dout};
+  for (Tensor* t : all) {
+    *t = uniform({c.BH, c.T, c.hs}, seed++, DType::f64, -2, 2);
+    // round through the dtype so the f64 reference sees exactly the numbers the op sees
+    *t = Tensor::from_vector(Tensor::from_vector(t->to_vector(), t->shape(), dtype).to_vector(),
+                             t->shape(), DType::f64);
+  }
+  in.scale = 1.0 / std::sqrt(static_cast<double>(c.hs));
+  return in;
+}
+
+Tensor as(const Tensor& t, DType dtype) { return Tensor::from_vector(t.to_vector(), t.shape(), dtype); }
+
+// The unfused path, f64: what CausalSelfAttention does with its (BH, T, T) matrices.
+struct Reference {
+  Tensor out, lse, dq, dk, dv;
+};
+Reference unfused(const Inputs& in) {
+  const int64_t BH = in.q.size(0), T = in.q.size(1), hs = in.q.size(2);
+  Reference r;
+  Tensor preatt = Tensor::empty({BH, T, T}, DType::f64), att = Tensor::empty({BH, T, T}, DType::f64);
+  ops::batched_matmul(preatt, in.q, in.k, false, true);
+  ops::causal_softmax_forward(att, preatt, in.scale);
+  r.out = Tensor::empty({BH, T, hs}, DType::f64);
+  ops::batched_matmul(r.out, att, in.v);
+  // lse from its definition: log sum_{s <= t} exp(scale q_t . k_s)
+  r.lse = Tensor::empty({BH, T}, DType::f64);
+  for (int64_t h = 0; h < BH; ++h)
+    for (int64_t t = 0; t < T; ++t) {
+      double mx = -INFINITY;
+      for (int64_t s = 0; s <= t; ++s) mx = std::max(mx, in.scale * preatt.item((h * T + t) * T + s));
+      double sum = 0;
+      for (int64_t s = 0; s <= t; ++s) sum += std::exp(in.scale * preatt.item((h * T + t) * T + s) - mx);
+      r.lse.data<double>()[h * T + t] = mx + std::log(sum);
+    }
+  // backward as CausalSelfAttention::backward (set, not accumulate: the outputs start at zero)
+  Tensor datt = Tensor::empty({BH, T, T}, DType::f64), dpre = Tensor::empty({BH, T, T}, DType::f64);
+  r.dq = Tensor::zeros({BH, T, hs}, DType::f64);
+  r.dk = Tensor::zeros({BH, T, hs}, DType::f64);
+  r.dv = Tensor::zeros({BH, T, hs}, DType::f64);
+  ops::batched_matmul(datt, in.dout, in.v, false, true);
+  ops::batched_matmul(r.dv, att, in.dout, true, false);
+  ops::causal_softmax_backward(dpre, att, datt, in.scale);
+  ops::batched_matmul(r.dq, dpre, in.k);
+  ops::batched_matmul(r.dk, dpre, in.q, true, false);
+  return r;
+}
+
+// max |got - want| over max(1, max |want|): one relative figure per tensor
+double rel_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.to_vector(), w = want.to_vector();
+  double err = 0, big = 1;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    err = std::max(err, std::abs(g[i] - w[i]));
+    big = std::max(big, std::abs(w[i]));
+  }
+  return err / big;
+}
+
+struct Flash {
+  Tensor out, lse, dq, dk, dv;
+};
+Flash flash(const Inputs& in, DType dtype) {
+  const Tensor q = as(in.q, dtype), k = as(in.k, dtype), v = as(in.v, dtype),
+               dout = as(in.dout, dtype);
+  Flash f;
+  f.out = Tensor::empty(q.shape(), dtype);
+  f.lse = Tensor::empty({q.size(0), q.size(1)}, ops::flash_attention_lse_dtype(dtype));
+  ops::flash_attention_forward(f.out, f.lse, q, k, v, in.scale);
+  // backward SETS its outputs: start them at garbage so an accumulation would show
+  f.dq = Tensor::from_vector(std::vector<double>(q.numel(), 7.0), q.shape(), dtype);
+  f.dk = f.dq.clone();
+  f.dv = f.dq.clone();
+  ops::flash_attention_backward(f.dq, f.dk, f.dv, dout, q, k, v, f.out, f.lse, in.scale);
+  return f;
+}
+
+void check(DType dtype, double tol) {
+  for (Case c : {Case{3, 1, 16}, Case{3, 37, 16}, Case{2, 70, 64}, Case{2, 32, 64}}) {
+    const Inputs in = make_inputs(c, dtype, 100 + c.T + c.hs);
+    const Reference r = unfused(in);
+    const Flash f = flash(in, dtype);
+    const std::string what = std::string(dtype_name(dtype)) + " BH " + std::to_string(c.BH) +
+                             " T " + std::to_string(c.T) + " hs " + std::to_string(c.hs);
+    EXPECT_LT(rel_error(f.out, r.out), tol) << what << " out";
+    EXPECT_LT(rel_error(f.lse, r.lse), tol) << what << " lse";
+    EXPECT_LT(rel_error(f.dq, r.dq), tol) << what << " dq";
+    EXPECT_LT(rel_error(f.dk, r.dk), tol) << what << " dk";
+    EXPECT_LT(rel_error(f.dv, r.dv), tol) << what << " dv";
+  }
+}
+}  // namespace
+
+TEST(FlashAttention, MatchesUnfusedF64) { check(DType::f64, 1e-12); }
+TEST(FlashAttention, MatchesUnfusedF32) { check(DType::f32, 1e-5); }
+TEST(FlashAttention, MatchesUnfusedBf16) { check(DType::bf16, 1e-2); }
+
+// The point of the method: no (T, T) matrix. The forward allocates nothing beyond its outputs
+// (tiles live on the stack and in tile-sized vectors); the backward one (T) vector of D per call.
+// The unfused path at the same size needs 3 x (BH, T, T) f64 = 3 MiB; a (T, T) matrix for one
+// head alone would be 512 KiB, far above these bounds.
+TEST(FlashAttention, NeverAllocatesTheTxTMatrix) {
+  const Case c{2, 256, 16};
+  const Inputs in = make_inputs(c, DType::f64, 7);
+  Tensor out = Tensor::empty(in.q.shape(), DType::f64), lse = Tensor::empty({c.BH, c.T}, DType::f64);
+  Tensor dq = Tensor::empty(in.q.shape(), DType::f64), dk = dq.clone(), dv = dq.clone();
+  const Device cpu = Device::cpu();
+
+  reset_peak_memory(cpu);
+  const std::size_t before = memory_stats(cpu).current;
+  ops::flash_attention_forward(out, lse, in.q, in.k, in.v, in.scale);
+  EXPECT_EQ(memory_stats(cpu).peak - before, 0u) << "forward allocated";
+
+  reset_peak_memory(cpu);
+  ops::flash_attention_backward(dq, dk, dv, in.dout, in.q, in.k, in.v, out, lse, in.scale);
+  EXPECT_LE(memory_stats(cpu).peak - before, c.T * sizeof(double)) << "backward allocated more than D";
+  EXPECT_EQ(memory_stats(cpu).current, before);
+}
+
+TEST(FlashAttention, ChecksShapesAndDtypes) {
+  Tensor q = Tensor::zeros({2, 5, 16}), k = Tensor::zeros({2, 5, 16}), v = Tensor::zeros({2, 5, 16});
+  Tensor out = Tensor::zeros({2, 5, 16});
+  Tensor lse_f64 = Tensor::zeros({2, 5}, DType::f64), lse_short = Tensor::zeros({2, 4});
+  Tensor k_short = Tensor::zeros({2, 4, 16});
+  EXPECT_THROW(ops::flash_attention_forward(out, lse_f64, q, k, v, 0.25), CheckFailed);
+  EXPECT_THROW(ops::flash_attention_forward(out, lse_short, q, k, v, 0.25), CheckFailed);
+  Tensor lse = Tensor::zeros({2, 5});
+  EXPECT_THROW(ops::flash_attention_forward(out, lse, q, k_short, v, 0.25), CheckFailed);
+  EXPECT_NO_THROW(ops::flash_attention_forward(out, lse, q, k, v, 0.25));
+}
