@@ -1,9 +1,10 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash d9e5d8f02cbd8396 (lets make-labs see your edits).
+// step (see README.md). Body hash 49e7e64ec7e02513 (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
 #include <algorithm>
+#include <thread>
 
 #include "common/errors.hpp"
 #include "common/metrics.hpp"
@@ -204,6 +205,15 @@ std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int 
   return static_cast<std::size_t>(n) * elem;
 }
 
+std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
+                                     int stage, bool checkpoint, std::size_t elem) {
+  int64_t n = 0;  // elements
+  // TODO step 4: the largest moment of one micro-batch's backward, temporaries only
+  throw scalelab::NotImplemented(
+      "lab 10 step 4: the largest moment of one micro-batch's backward, temporaries only (README.md#step-4)");
+  return static_cast<std::size_t>(std::max<int64_t>(n, 0)) * elem;
+}
+
 std::size_t max_in_flight(int pp, int stage, int micro_batches) {
   int n = 0;
   // TODO step 4: 1F1B's warm-up plus the one being worked on, at most m
@@ -227,14 +237,17 @@ namespace scalelab::lab10 {
 
 // ---- given: the machine and the search ---------------------------------------------------------
 
-Machine measure_machine(comm::Communicator& world, std::size_t bytes) {
+Machine measure_machine(comm::Communicator& world, std::size_t bytes, int64_t gemm_n) {
   Machine m;
   // GEMM rate: every rank at once (they share the cores), averaged.
-  Tensor f = Tensor::from_vector({metrics::measure_matmul_tflops(Device::cpu()) * 1e12}, {1},
-                                 DType::f64);
+  Tensor f = Tensor::from_vector(
+      {metrics::measure_matmul_tflops(Device::cpu(), gemm_n) * 1e12}, {1}, DType::f64);
   world.all_reduce(f, comm::ReduceOp::avg);
   m.flops = f.item();
   const int n = world.size();
+  // Shared cores: more ranks started than this machine has cores (one machine assumed: the
+  // launcher's oversubscribed runs; a cluster job has a core or a GPU per rank).
+  m.shared_cores = static_cast<unsigned>(n) > std::max(1u, std::thread::hardware_concurrency());
   if (n == 1) {  // nothing to measure: no communication is predicted either
     m.bus_bytes_per_s = 1e12;
     return m;
@@ -274,8 +287,13 @@ std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int
             const Plan plan{{dp, tp, pp}, m, zero, ckpt};
             try {
               check_3d(config, plan.grid, world_size, global_batch, m);
+              // ZeRO-2/3 only with pp = 1 and m = 1: with micro-batches (a pipeline's, or
+              // accumulation) every unit would be reduced (2) or gathered (3) once per
+              // micro-batch. DeepSpeed refuses ZeRO-2/3 with its pipeline engine and Megatron's
+              // distributed optimizer is ZeRO-1 for the same reason (README, step 3).
+              check_runnable(plan);
             } catch (const UsageError&) {
-              continue;  // not a valid grid for this model and batch
+              continue;  // not a valid grid for this model and batch, or not a runnable plan
             }
             const Prediction p = predict(config, global_batch, plan, machine, elem);
             if (p.total_bytes <= memory_bytes) out.emplace_back(plan, p);

@@ -239,44 +239,83 @@ std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, std::size_
 std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
                                    int stage, bool checkpoint, std::size_t elem);
 
+/// Step 4c'. The backward's transient on stage `stage`: the most bytes one micro-batch of `rows`
+/// rows adds above what is live when its backward starts (its activations; on a stage without
+/// the head, also the received gradient of its output), from nn::Block::backward's temporaries
+/// (N = rows*T tokens, c = C/tp, A = (NH/tp)*rows*T*T elements):
+///   block   max over its phases: MLP dres2, dln2 (N*C each), dg, dh (N*4c each); attention
+///           dres2, dx, dln1 (N*C each), dy, dyh, dq, dk, dv (N*c each) and datt, dpreatt (A
+///           each); then dqkv (3 N*c) in place of datt and dpreatt
+///   head    (the last stage) dlnf and dx (N*C each) while the head's activations still live;
+///           then its first block's, with dx carried (N*C) and the head's activations freed
+///           (x, lnf (N*C each), 2 statistics (N), probs (N*V/tp): the gradient of the logits
+///           is computed in place of the probabilities)
+///   checkpointing adds the recomputed block's activations (stage_activation_bytes' block, less
+///           its input) during that block's backward.
+/// A stage without blocks has only the head's (or nothing).
+std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
+                                     int stage, bool checkpoint, std::size_t elem);
+
 /// What the planner knows of the machine (measure_machine: given).
 struct Machine {
   double flops = 0;          ///< one rank's measured GEMM rate, FLOP/s
   double bus_bytes_per_s = 0;///< measured all-reduce bus bandwidth (2(n-1)/n x payload / time)
   double latency_s = 0;      ///< per collective or message
+  /// More ranks than cores (a laptop or CI box): the ranks take turns on the cores, flops is
+  /// the rate of one rank while all run, and a stage waiting in the bubble hands its core to
+  /// another rank instead of idling, so the bubble costs no time (see predict).
+  bool shared_cores = false;
 };
 
 /// The planner's figures for the busiest rank of one configuration.
 struct Prediction {
   int64_t params = 0;             ///< stage_parameters of the largest stage
   std::size_t state_bytes = 0;    ///< model_state_bytes of it
-  std::size_t activation_bytes = 0; ///< peak: the micro-batches 1F1B keeps in flight on a stage
-  std::size_t total_bytes = 0;    ///< state + activations (the largest over the stages)
+  std::size_t activation_bytes = 0; ///< the micro-batches 1F1B keeps in flight on a stage
+  std::size_t transient_bytes = 0;  ///< one micro-batch's backward_transient_bytes (+ ZeRO-2/3's
+                                    ///< working set)
+  std::size_t total_bytes = 0;    ///< state + activations + transient (the largest stage)
   double compute_s = 0;           ///< the stage's forward + backward FLOPs / machine.flops
   double bubble = 0;              ///< (pp - 1) / (m + pp - 1)
   double tp_s = 0, pp_s = 0, dp_s = 0;  ///< communication time per axis
-  double step_s = 0;              ///< compute / (1 - bubble) + tp + pp + dp
+  double step_s = 0;              ///< compute / (1 - bubble) + tp + pp + dp (shared cores:
+                                  ///< compute + tp + pp + dp)
 };
 
 /// Step 4d. Predicts one configuration for `global_batch` rows of config.block_size tokens:
 ///   memory   for every stage s: model_state_bytes(stage_parameters) + min(pp - s, m) in-flight
-///            micro-batches x stage_activation_bytes (1F1B); the largest stage
+///            micro-batches x stage_activation_bytes (1F1B) + one micro-batch's
+///            backward_transient_bytes; ZeRO-2 adds the whole unit gradients bound during the
+///            backward (the tied embedding's V*C/tp + T*C, from the head's backward to the
+///            embedding's, and one block's), ZeRO-3 also that block's gathered values and the
+///            next block's all-gather buffer (embedding + 3 blocks); the largest stage
 ///   compute  6 x (its parameters) + 12 x blocks x T x C / tp (attention) FLOPs per token, per
 ///            token of its B/dp rows; x (1 + recompute) with checkpointing (one more block
 ///            forward: 2/6 of the blocks' part); over machine.flops, the slowest stage
-///   bubble   lab 08's (pp - 1) / (m + pp - 1): step = compute / (1 - bubble)
-///   tp       per micro-batch 4 all-reduces per block of (rows/m)*T*C elements: ring time
-///            2 (tp-1)/tp x bytes / bus_bytes_per_s + latency each (0 when tp = 1)
+///   bubble   lab 08's (pp - 1) / (m + pp - 1): step = compute / (1 - bubble) on dedicated
+///            devices; with machine.shared_cores, step = compute (the bubble is another rank's
+///            turn on the core, not idle time)
+///   tp       per micro-batch 4 all-reduces per block of (rows/m)*T*C elements (6 with
+///            checkpointing), 1 more on the first stage (the embedding) and on the last (the
+///            head's f backward), and the last stage's 3 cross-entropy all-reduces of (rows/m)*T:
+///            ring time 2 (tp-1)/tp x bytes / bus_bytes_per_s + latency each (0 when tp = 1)
 ///   pp       per micro-batch one activation sent and one gradient received of (rows/m)*T*C
 ///            (bytes / bus_bytes_per_s + latency each; 0 when pp = 1)
-///   dp       the gradients once: 2 (dp-1)/dp x params x elem / bus_bytes_per_s (ZeRO 3: 1.5 x)
+///   dp       the gradients once (the optimizer's gathers come after the step): all-reduce
+///            2 (dp-1)/dp x params x elem / bus_bytes_per_s + latency (ZeRO 0, 1); ZeRO-2 half
+///            of it (a reduce to the owners) + latency per unit; ZeRO-3 1.5 x (2 all-gathers and
+///            a reduce-scatter) + 3 latencies per unit (units: the stage's blocks, embedding,
+///            head). 0 when dp = 1.
 std::size_t max_in_flight(int pp, int stage, int micro_batches);
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
                    const Machine& machine, std::size_t elem);
 
-/// Given. This machine's figures, measured on `world` (collective): an sgemm's rate on one rank
-/// and an all-reduce of `bytes` over all ranks.
-Machine measure_machine(comm::Communicator& world, std::size_t bytes = 4 << 20);
+/// Given. This machine's figures, measured on `world` (collective): the rate of a square sgemm of
+/// side `gemm_n` on one rank (every rank at once, averaged; the program passes the model's width
+/// C, the size of the model's GEMMs, which run well below a large GEMM's rate) and an
+/// all-reduce of `bytes` over all ranks.
+Machine measure_machine(comm::Communicator& world, std::size_t bytes = 4 << 20,
+                        int64_t gemm_n = 512);
 
 /// Given. Every configuration of `world_size` ranks that check_3d accepts for `global_batch`,
 /// with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on, that the 3D

@@ -82,25 +82,28 @@ int plan(const ModelConfig& config, int64_t batch, const cxxopts::ParseResult& p
   const double budget_mib = static_cast<double>(budget) / 1048576.0;
   const int top = parsed["top"].as<int>();
   SCALELAB_REQUIRE(top >= 1, "--top must be at least 1, got {}", top);
-  const Machine m = measure_machine(world);
+  const Machine m = measure_machine(world, 4 << 20, config.n_embd);  // GEMMs of the model's width
   const auto rows = plan_all(config, ranks, batch, m, budget, 4);
   log::info("lab 10 planner: model {} ({} parameters), global batch {} x {} tokens, {} ranks, "
             "{:.0f} MiB per rank, float32 + AdamW", config.name, parameter_count(config), batch,
             config.block_size, ranks, budget_mib);
-  log::info("machine (measured on the {} ranks started): sgemm {:.1f} GFLOP/s per rank, "
-            "all-reduce bus bandwidth {:.2f} GB/s, latency {:.1f} us", world.size(),
-            m.flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6);
+  log::info("machine (measured on the {} ranks started): sgemm (n = {}) {:.1f} GFLOP/s per rank, "
+            "all-reduce bus bandwidth {:.2f} GB/s, latency {:.1f} us{}", world.size(),
+            config.n_embd, m.flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6,
+            m.shared_cores ? "; more ranks than cores: the bubble is not idle time" : "");
   log::info("{} configurations fit; the fastest {} (memory and time of the busiest stage):",
             rows.size(), std::min<std::size_t>(rows.size(), top));
-  log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>9}  {:>9} {:>6} {:>7} "
-            "{:>7} {:>7} {:>9}", "dp", "tp", "pp", "m", "zero", "ckpt", "params", "state MiB",
-            "acts MiB", "total MiB", "compute ms", "bubble", "tp ms", "pp ms", "dp ms", "step ms");
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  {:>9} {:>6} "
+            "{:>7} {:>7} {:>7} {:>9}", "dp", "tp", "pp", "m", "zero", "ckpt", "params",
+            "state MiB", "acts MiB", "bwd MiB", "total MiB", "compute ms", "bubble", "tp ms",
+            "pp ms", "dp ms", "step ms");
   for (std::size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i) {
     const auto& [p, d] = rows[i];
-    log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>9}  {:>9.2f} {:>6.2f} "
-              "{:>7.2f} {:>7.2f} {:>7.2f} {:>9.2f}", p.grid.dp, p.grid.tp, p.grid.pp,
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  {:>9.2f} "
+              "{:>6.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>9.2f}", p.grid.dp, p.grid.tp, p.grid.pp,
               p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no", d.params,
-              mib(d.state_bytes), mib(d.activation_bytes), mib(d.total_bytes), d.compute_s * 1e3,
+              mib(d.state_bytes), mib(d.activation_bytes), mib(d.transient_bytes),
+              mib(d.total_bytes), d.compute_s * 1e3,
               d.bubble, d.tp_s * 1e3, d.pp_s * 1e3, d.dp_s * 1e3, d.step_s * 1e3);
   }
   return 0;
@@ -193,14 +196,15 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() == 0 || parsed["ranks"].as<int>() == world.size(),
                    "--check-plan runs on the ranks started ({}), got --ranks {}", world.size(),
                    parsed["ranks"].as<int>());
-  const Machine m = measure_machine(world);
+  const Machine m = measure_machine(world, 4 << 20, config.n_embd);  // GEMMs of the model's width
   const auto rows = plan_all(config, world.size(), opt.batch, m, budget, 4);
   const auto tokens = train::load_train_tokens(opt);
   data::Sampler sampler(tokens, opt.batch, config.block_size, seed);
   log::info("lab 10 planner check: model {}, global batch {} x {} tokens, {} ranks, {:.0f} MiB "
-            "per rank; machine: sgemm {:.1f} GFLOP/s per rank, all-reduce {:.2f} GB/s, {:.1f} us",
-            config.name, opt.batch, config.block_size, world.size(), budget_mib, m.flops / 1e9,
-            m.bus_bytes_per_s / 1e9, m.latency_s * 1e6);
+            "per rank; machine: sgemm (n = {}) {:.1f} GFLOP/s per rank, all-reduce {:.2f} GB/s, "
+            "{:.1f} us{}", config.name, opt.batch, config.block_size, world.size(), budget_mib,
+            config.n_embd, m.flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6,
+            m.shared_cores ? "; more ranks than cores: the bubble is not idle time" : "");
   struct Row { Plan p; Prediction d; Measured x; };
   std::vector<Row> ran;
   for (const auto& [p, d] : rows)  // plan_all lists only what the 3D step runs (check_runnable)

@@ -2,6 +2,7 @@
 #include "3d_parallel.hpp"
 
 #include <algorithm>
+#include <thread>
 
 #include "common/errors.hpp"
 #include "common/metrics.hpp"
@@ -267,6 +268,29 @@ std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int 
   return static_cast<std::size_t>(n) * elem;
 }
 
+std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
+                                     int stage, bool checkpoint, std::size_t elem) {
+  int64_t n = 0;  // elements
+  // BEGIN SOLUTION step 4: the largest moment of one micro-batch's backward, temporaries only
+  const int64_t C = config.n_embd, T = config.block_size, V = config.vocab_size;
+  const int64_t N = rows * T, c = C / tp, A = config.n_head / tp * rows * T * T;
+  const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), pp, stage);
+  const int64_t mlp = 2 * N * C + 2 * N * 4 * c;            // dres2, dln2, dg, dh
+  const int64_t att = 3 * N * C + 5 * N * c + 2 * A;        // dres2, dx, dln1, dy..dv, datt, dpreatt
+  const int64_t qkv = 3 * N * C + 8 * N * c;                // ... dqkv in place of the scores
+  int64_t block = r.size() > 0 ? std::max({mlp, att, qkv}) : 0;
+  if (checkpoint && r.size() > 0)  // the recomputed block's activations, its input excepted
+    block += (stage_activation_bytes(config, rows, tp, pp, stage, false, 1) -
+              stage_activation_bytes(config, rows, tp, pp, stage, true, 1)) / r.size();
+  n = block;
+  if (stage == pp - 1) {
+    const int64_t head_acts = 2 * N * C + 2 * N + N * V / tp;  // freed before the blocks
+    n = std::max<int64_t>(2 * N * C, r.size() > 0 ? N * C + block - head_acts : 0);
+  }
+  // END SOLUTION
+  return static_cast<std::size_t>(std::max<int64_t>(n, 0)) * elem;
+}
+
 std::size_t max_in_flight(int pp, int stage, int micro_batches) {
   int n = 0;
   // BEGIN SOLUTION step 4: 1F1B's warm-up plus the one being worked on, at most m
@@ -290,39 +314,62 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), g.pp, s);
     const int64_t params = stage_parameters(config, g.tp, g.pp, s);
     const std::size_t state = model_state_bytes(params, plan.zero_stage, g.dp, elem);
-    std::size_t acts = max_in_flight(g.pp, s, m) *
-                       stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, elem);
-    if (plan.checkpoint) {  // one block recomputed in full during backward (the working set)
-      const std::size_t all = stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, false, elem);
-      const std::size_t kept = stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, true, elem);
-      acts += (all - kept) / static_cast<std::size_t>(r.size());
-    }
+    const std::size_t acts =
+        max_in_flight(g.pp, s, m) *
+        stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, elem);
+    // one micro-batch's backward temporaries (with checkpointing: and its recomputed block)
+    std::size_t transient =
+        backward_transient_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, elem);
+    // One block's parameters (1/tp of its matrices) and the embedding unit's (wte's V/tp rows,
+    // wpe).
+    const int64_t unit = (stage_parameters(config, g.tp, 1, 0) - V * C / g.tp - T * C - 2 * C) /
+                         config.n_layer;
+    const int64_t embedding = V * C / g.tp + T * C;
+    // ZeRO-2/3's working set during the backward (lab 09's trainers, pp = 1): whole unit
+    // gradients are bound until reduced: the tied embedding's from the head's backward to the
+    // embedding's, and the block's being differentiated; ZeRO-3 also holds that block's gathered
+    // values and the next block's all-gather buffer.
+    if (plan.zero_stage == 2) transient += static_cast<std::size_t>(embedding + unit) * elem;
+    if (plan.zero_stage == 3) transient += static_cast<std::size_t>(embedding + 3 * unit) * elem;
     // FLOPs per token: the blocks' GEMMs (their parameters, 1/tp) and attention, the head's GEMM.
-    const double block_params = static_cast<double>(stage_parameters(config, g.tp, 1, 0) -
-                                                    V * C / g.tp - T * C - 2 * C) /
-                                static_cast<double>(config.n_layer) * r.size();
+    const double block_params = static_cast<double>(unit) * r.size();
     const double blocks = 6 * block_params + 12.0 * r.size() * T * C / g.tp;
     const double head = s == g.pp - 1 ? 6.0 * V * C / g.tp : 0;
     const double recompute = plan.checkpoint ? blocks / 3 : 0;  // one more forward of the blocks
     const double compute = (blocks + head + recompute) * static_cast<double>(rows * T) /
                            machine.flops;
-    const double tp_s = g.tp == 1 ? 0 : 4.0 * r.size() * m *
-                                            (2.0 * (g.tp - 1) / g.tp * mb_bytes / bw + lat);
+    // tp, per micro-batch: 4 all-reduces of (rows/m, T, C) per block (6 with checkpointing: the
+    // recomputed forward's 2), the embedding's 1, the head's 1 (f's backward) and the
+    // cross-entropy's 3 small ones (rows/m * T numbers: latency, mostly).
+    const double ring = 2.0 * (g.tp - 1) / g.tp;
+    const double acts_ar = (plan.checkpoint ? 6.0 : 4.0) * r.size() + (s == 0 ? 1 : 0) +
+                           (s == g.pp - 1 ? 1 : 0);
+    const double ce_bytes = static_cast<double>(mb_rows * T) * static_cast<double>(elem);
+    const double tp_s = g.tp == 1 ? 0 : m * (acts_ar * (ring * mb_bytes / bw + lat) +
+                                             (s == g.pp - 1 ? 3 * (ring * ce_bytes / bw + lat) : 0));
     const double pp_s = g.pp == 1 ? 0 : 2.0 * m * (mb_bytes / bw + lat);
+    // dp, within the step (the optimizer's all-gather of ZeRO 1/2 comes after it): ZeRO 0/1
+    // one all-reduce of the gradients; ZeRO-2 a reduce to the owners per unit (half a ring
+    // all-reduce's bytes); ZeRO-3 per unit 2 all-gathers and a reduce-scatter (1.5 all-reduces).
     const double grad_bytes = static_cast<double>(params) * static_cast<double>(elem);
-    const double dp_s = g.dp == 1 ? 0 : (plan.zero_stage == 3 ? 1.5 : 1.0) *
-                                            (2.0 * (g.dp - 1) / g.dp * grad_bytes / bw + lat);
+    const double units = static_cast<double>(r.size()) + (s == 0 ? 1 : 0) + (s == g.pp - 1 ? 1 : 0);
+    const double all_reduce = 2.0 * (g.dp - 1) / g.dp * grad_bytes / bw;
+    double dp_s = all_reduce + lat;
+    if (plan.zero_stage == 2) dp_s = 0.5 * all_reduce + units * lat;
+    if (plan.zero_stage == 3) dp_s = 1.5 * all_reduce + 3 * units * lat;
+    if (g.dp == 1) dp_s = 0;
     Prediction p;
     p.params = params;
     p.state_bytes = state;
     p.activation_bytes = acts;
-    p.total_bytes = state + acts;
+    p.transient_bytes = transient;
+    p.total_bytes = state + acts + transient;
     p.compute_s = compute;
     p.bubble = lab08::bubble_formula(lab08::Kind::one_f_one_b, g.pp, m);
     p.tp_s = tp_s;
     p.pp_s = pp_s;
     p.dp_s = dp_s;
-    p.step_s = compute / (1 - p.bubble) + tp_s + pp_s + dp_s;
+    p.step_s = (machine.shared_cores ? compute : compute / (1 - p.bubble)) + tp_s + pp_s + dp_s;
     if (s == 0 || p.step_s > slowest.step_s) slowest = p;       // sets the pace
     if (s == 0 || p.total_bytes > largest.total_bytes) largest = p;  // must fit
   }
@@ -330,6 +377,7 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
   best.params = largest.params;
   best.state_bytes = largest.state_bytes;
   best.activation_bytes = largest.activation_bytes;
+  best.transient_bytes = largest.transient_bytes;
   best.total_bytes = largest.total_bytes;
   // END SOLUTION
   return best;
@@ -341,14 +389,17 @@ namespace scalelab::lab10 {
 
 // ---- given: the machine and the search ---------------------------------------------------------
 
-Machine measure_machine(comm::Communicator& world, std::size_t bytes) {
+Machine measure_machine(comm::Communicator& world, std::size_t bytes, int64_t gemm_n) {
   Machine m;
   // GEMM rate: every rank at once (they share the cores), averaged.
-  Tensor f = Tensor::from_vector({metrics::measure_matmul_tflops(Device::cpu()) * 1e12}, {1},
-                                 DType::f64);
+  Tensor f = Tensor::from_vector(
+      {metrics::measure_matmul_tflops(Device::cpu(), gemm_n) * 1e12}, {1}, DType::f64);
   world.all_reduce(f, comm::ReduceOp::avg);
   m.flops = f.item();
   const int n = world.size();
+  // Shared cores: more ranks started than this machine has cores (one machine assumed: the
+  // launcher's oversubscribed runs; a cluster job has a core or a GPU per rank).
+  m.shared_cores = static_cast<unsigned>(n) > std::max(1u, std::thread::hardware_concurrency());
   if (n == 1) {  // nothing to measure: no communication is predicted either
     m.bus_bytes_per_s = 1e12;
     return m;

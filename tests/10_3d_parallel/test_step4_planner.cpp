@@ -4,6 +4,7 @@
 // lab 08's simulator for the micro-batches in flight. Step time is a model (checked by measurement
 // in step 5, not yet written): here only its structure (bubble, zero communication on an axis of
 // size 1, compute divided by dp).
+#include <algorithm>
 #include <functional>
 #include <string>
 
@@ -112,6 +113,81 @@ TEST(Step4_Planner, ActivationBytesEqualAStagesForward) {
           }
 }
 
+// A batch of `rows` rows of c's context length.
+data::Batch batch_for(const ModelConfig& c, int64_t rows) {
+  data::Sampler sampler(labtest::synthetic_corpus(10), rows, c.block_size, 1);
+  return sampler.batch(0);
+}
+
+// The allocator's peak above what is live when one micro-batch's backward starts (its
+// activations, and the received gradient of a stage without the head) equals
+// backward_transient_bytes: every temporary of the head's and the blocks' backward counted.
+// The test's own count of the backward's transient (the contract's formula), with or without
+// the attention scores' gradients, for the planted fault below.
+std::size_t transient_reference(const ModelConfig& c, int64_t rows, int tp, int pp, int s,
+                                bool ckpt, std::size_t elem, bool scores) {
+  const int64_t C = c.n_embd, T = c.block_size, N = rows * T, k = C / tp;
+  const int64_t A = scores ? c.n_head / tp * rows * T * T : 0;
+  const int64_t blocks = lab08::stage_layers(static_cast<int>(c.n_layer), pp, s).size();
+  int64_t block = blocks > 0 ? std::max({2 * N * C + 8 * N * k, 3 * N * C + 5 * N * k + 2 * A,
+                                         3 * N * C + 8 * N * k}) : 0;
+  if (ckpt && blocks > 0)  // ln1, res2, ln2, 4 statistics, q k v y, att, h g
+    block += 3 * N * C + 4 * N + 4 * N * k + c.n_head / tp * rows * T * T + 8 * N * k;
+  int64_t n = block;
+  if (s == pp - 1)
+    n = std::max<int64_t>(2 * N * C, blocks > 0 ? N * C + block - (2 * N * C + 2 * N +
+                                                                   N * c.vocab_size / tp) : 0);
+  return static_cast<std::size_t>(std::max<int64_t>(n, 0)) * elem;
+}
+
+using TransientFn =
+    std::function<std::size_t(const ModelConfig&, int64_t, int, int, int, bool, std::size_t)>;
+
+testing::AssertionResult transient_matches(const TransientFn& predicted) {
+  for (const ModelConfig& c : configs())
+    for (int tp : {1, 2, 4})
+      for (int pp : {1, 2})
+        for (int s = 0; s < pp; ++s)
+          for (bool ckpt : {false, true}) {
+            auto model = stage(c, tp, pp, s, DType::f32, ckpt);
+            const data::Batch b = batch_for(c, 2);
+            nn::GPTActivations acts;
+            Tensor x = model->has_embedding() ? model->embed(b.x, acts)
+                                              : Tensor::zeros({2, c.block_size, c.n_embd});
+            Tensor y = model->forward_blocks(x, acts);
+            x = Tensor();
+            Tensor dy;
+            if (model->has_head()) model->head_forward(y, b.y, acts);
+            else dy = Tensor::zeros(y.shape());  // the gradient received from the next stage
+            y = Tensor();
+            const std::size_t base = memory_stats(Device::cpu()).current;
+            reset_peak_memory(Device::cpu());
+            if (model->has_head()) dy = model->head_backward(acts);
+            Tensor dx = model->backward_blocks(dy, acts);
+            dy = Tensor();
+            if (model->has_embedding()) model->embed_backward(dx, acts);
+            const std::size_t peak = memory_stats(Device::cpu()).peak - base;
+            if (predicted(c, 2, tp, pp, s, ckpt, 4) != peak)
+              return testing::AssertionFailure() << fmt::format(
+                         "{} tp {} pp {} stage {}{}: {} bytes predicted, the allocator's peak "
+                         "above the backward's start is {}", c.name, tp, pp, s,
+                         ckpt ? " checkpointed" : "", predicted(c, 2, tp, pp, s, ckpt, 4), peak);
+          }
+  return testing::AssertionSuccess();
+}
+
+TEST(Step4_Planner, BackwardTransientEqualsTheAllocator) {
+  EXPECT_TRUE(transient_matches(lab10::backward_transient_bytes));
+}
+
+// The harness passes its own count (so the planted variant below differs only by its fault).
+TEST(Step4_PlantedFault, ReferenceTransientPasses) {
+  EXPECT_TRUE(transient_matches([](const ModelConfig& c, int64_t rows, int tp, int pp, int s,
+                                   bool ckpt, std::size_t elem) {
+    return transient_reference(c, rows, tp, pp, s, ckpt, elem, /*scores=*/true);
+  }));
+}
+
 using InFlightFn = std::function<std::size_t(int, int, int)>;
 
 testing::AssertionResult in_flight_matches(const InFlightFn& f) {
@@ -149,8 +225,15 @@ TEST(Step4_Planner, TimeModelStructure) {
   EXPECT_DOUBLE_EQ(piped.bubble, lab08::bubble_formula(lab08::Kind::one_f_one_b, 4, 4));
   EXPECT_GT(piped.pp_s, 0);
   EXPECT_NEAR(piped.step_s, piped.compute_s / (1 - piped.bubble) + piped.pp_s, 1e-12);
-  // Memory: the largest stage's model state plus what it holds in flight.
-  EXPECT_EQ(piped.total_bytes, piped.state_bytes + piped.activation_bytes);
+  // Ranks taking turns on shared cores: the bubble is another rank's turn, not idle time.
+  lab10::Machine shared = mach;
+  shared.shared_cores = true;
+  const lab10::Prediction turns = lab10::predict(c, 16, {{1, 1, 4}, 4, 0, false}, shared, 4);
+  EXPECT_NEAR(turns.step_s, turns.compute_s + turns.pp_s, 1e-12);
+  // Memory: the largest stage's model state plus what it holds in flight and its backward's
+  // transient.
+  EXPECT_EQ(piped.total_bytes,
+            piped.state_bytes + piped.activation_bytes + piped.transient_bytes);
   EXPECT_LT(lab10::predict(c, 16, {{4, 1, 1}, 1, 1, false}, mach, 4).state_bytes,
             at(4, 1, 1, 1).state_bytes);  // ZeRO-1 shards the optimizer state
 }
@@ -167,6 +250,16 @@ TEST(Step4_PlantedFault, EmbeddingWholeOnEveryTpRankFails) {
     if (s == 0) n += missing;
     if (s == pp - 1 && s != 0) n += missing;
     return n;
+  }));
+}
+
+// The backward's transient without the attention scores' two gradients (datt, dpreatt: the
+// (NH/tp, rows, T, T) temporaries that dominate at long context): caught where they are the peak.
+// (Built on the reference count, so the planted variant does not call your code.)
+TEST(Step4_PlantedFault, TransientWithoutScoreGradientsFails) {
+  EXPECT_FALSE(transient_matches([](const ModelConfig& c, int64_t rows, int tp, int pp, int s,
+                                    bool ckpt, std::size_t elem) {
+    return transient_reference(c, rows, tp, pp, s, ckpt, elem, /*scores=*/false);
   }));
 }
 
