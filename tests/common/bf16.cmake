@@ -27,3 +27,25 @@ add_test(NAME lab02.program.resume_bf16
                  $<TARGET_FILE:lab02_single_device_solution> ${bf16_text} --precision bf16)
 set_tests_properties(lab02.program.resume_bf16 PROPERTIES LABELS "reference;lab02" TIMEOUT 60
                      ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+
+# Labs 03-06's programs in bf16 on 2 ranks, each exiting 0 only if its own check holds: lab 03
+# and 04 identical replicas, lab 05 one batch vs micro-batches within one bf16 rounding of the
+# largest gradient, lab 06 the activation estimate (bf16 data, fp32 statistics) equal to the
+# allocator's count. On a corpus made from the test text at test time (a fixture).
+set(bf16_corpus ${CMAKE_CURRENT_BINARY_DIR}/bf16_corpus)
+add_test(NAME common.bf16.corpus COMMAND $<TARGET_FILE:scalelab_data> ${bf16_text}
+                                         --out ${bf16_corpus})
+set_tests_properties(common.bf16.corpus PROPERTIES FIXTURES_SETUP bf16_corpus
+                     LABELS "reference;common" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+foreach(case "lab03_ddp;--verify-steps;2"
+             "lab04_ddp_overlap;--reps;1;--sweep;0.0625"
+             "lab05_grad_accumulation;--accum;4;--batch;32"
+             "lab06_activation_checkpointing;--reps;1")
+  list(POP_FRONT case program)
+  string(SUBSTRING ${program} 0 5 nn)
+  scalelab_add_mpi_test(${nn}.program.bf16.np2 ${program}_solution RANKS 2 TIMEOUT 60
+                        LABELS reference ${nn}
+                        ARGS --model tiny --steps 3 --batch 8 --precision bf16
+                             --data ${bf16_corpus} ${case})  # a later --batch wins
+  set_tests_properties(${nn}.program.bf16.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
+endforeach()
