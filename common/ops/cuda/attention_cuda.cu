@@ -1,4 +1,5 @@
-// The non-matmul pieces of attention: head layout moves and the causal softmax (one warp per row).
+// The non-matmul pieces of attention: head layout moves (any storage type: f32, f64, bf16) and
+// the causal softmax (one warp per row, computed in float for bf16: R1).
 #include "common/ops/cuda/kernels.cuh"
 
 namespace scalelab::ops::cuda {
@@ -43,43 +44,44 @@ __global__ void merge_heads_backward_kernel(S* dy, const S* dout, int64_t n, int
   SCALELAB_GRID_STRIDE(i, n) dy[i] = dout[btc_index(i, NH, T, hs, NH * hs, 0)];
 }
 
-// row r = (bh, t) of a (BH, T, T) tensor: softmax over columns 0..t, zeros after
-template <class S>
-__global__ void causal_softmax_kernel(S* att, const S* pre, int64_t rows, int64_t T, S scale) {
+// row r = (bh, t) of a (BH, T, T) tensor: softmax over columns 0..t, zeros after. Storage S,
+// compute A (float for f32 and bf16, double for f64).
+template <class S, class A>
+__global__ void causal_softmax_kernel(S* att, const S* pre, int64_t rows, int64_t T, A scale) {
   const int64_t row = warp_row();
   if (row >= rows) return;
   const int64_t t = row % T;
   const S* x = pre + row * T;
   S* y = att + row * T;
-  S mx = -INFINITY;
-  for (int64_t s = lane(); s <= t; s += kWarp) mx = scale * x[s] > mx ? scale * x[s] : mx;
+  A mx = -INFINITY;
+  for (int64_t s = lane(); s <= t; s += kWarp) mx = max(mx, scale * A(x[s]));
   mx = warp_max(mx);
-  S sum = 0;
-  for (int64_t s = lane(); s <= t; s += kWarp) sum += exp(scale * x[s] - mx);
+  A sum = 0;
+  for (int64_t s = lane(); s <= t; s += kWarp) sum += exp(scale * A(x[s]) - mx);
   sum = warp_sum(sum);
-  for (int64_t s = lane(); s < T; s += kWarp) y[s] = s <= t ? exp(scale * x[s] - mx) / sum : S(0);
+  for (int64_t s = lane(); s < T; s += kWarp) y[s] = S(s <= t ? exp(scale * A(x[s]) - mx) / sum : A(0));
 }
 
-template <class S>
+template <class S, class A>
 __global__ void causal_softmax_backward_kernel(S* dpre, const S* att, const S* datt,
-                                               int64_t rows, int64_t T, S scale) {
+                                               int64_t rows, int64_t T, A scale) {
   const int64_t row = warp_row();
   if (row >= rows) return;
   const int64_t t = row % T;
   const S* y = att + row * T;
   const S* dy = datt + row * T;
-  S dot = 0;
-  for (int64_t s = lane(); s <= t; s += kWarp) dot += y[s] * dy[s];
+  A dot = 0;
+  for (int64_t s = lane(); s <= t; s += kWarp) dot += A(y[s]) * A(dy[s]);
   dot = warp_sum(dot);
   for (int64_t s = lane(); s < T; s += kWarp)
-    dpre[row * T + s] = s <= t ? scale * y[s] * (dy[s] - dot) : S(0);
+    dpre[row * T + s] = S(s <= t ? scale * A(y[s]) * (A(dy[s]) - dot) : A(0));
 }
 }  // namespace
 
 void split_heads(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, int64_t NH) {
   use_device(q);
   const int64_t n = q.numel(), T = q.size(2), hs = q.size(3);
-  SCALELAB_FLOAT_TYPES_AS(qkv.dtype(), scalar_t, split_heads_kernel<<<blocks_for(n), kThreads>>>(
+  SCALELAB_TRAIN_TYPES_AS(qkv.dtype(), scalar_t, split_heads_kernel<<<blocks_for(n), kThreads>>>(
       q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(), qkv.data<scalar_t>(), n, NH, T, hs));
   CUDA_CHECK_LAUNCH();
 }
@@ -87,7 +89,7 @@ void split_heads(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, int64_t NH)
 void split_heads_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   use_device(dqkv);
   const int64_t n = dq.numel(), NH = dq.size(1), T = dq.size(2), hs = dq.size(3);
-  SCALELAB_FLOAT_TYPES_AS(dqkv.dtype(), scalar_t,
+  SCALELAB_TRAIN_TYPES_AS(dqkv.dtype(), scalar_t,
       split_heads_backward_kernel<<<blocks_for(n), kThreads>>>(
           dqkv.data<scalar_t>(), dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>(),
           n, NH, T, hs));
@@ -97,7 +99,7 @@ void split_heads_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, cons
 void merge_heads(Tensor& out, const Tensor& y) {
   use_device(out);
   const int64_t n = y.numel(), NH = y.size(1), T = y.size(2), hs = y.size(3);
-  SCALELAB_FLOAT_TYPES_AS(y.dtype(), scalar_t, merge_heads_kernel<<<blocks_for(n), kThreads>>>(
+  SCALELAB_TRAIN_TYPES_AS(y.dtype(), scalar_t, merge_heads_kernel<<<blocks_for(n), kThreads>>>(
       out.data<scalar_t>(), y.data<scalar_t>(), n, NH, T, hs));
   CUDA_CHECK_LAUNCH();
 }
@@ -105,7 +107,7 @@ void merge_heads(Tensor& out, const Tensor& y) {
 void merge_heads_backward(Tensor& dy, const Tensor& dout) {
   use_device(dy);
   const int64_t n = dy.numel(), NH = dy.size(1), T = dy.size(2), hs = dy.size(3);
-  SCALELAB_FLOAT_TYPES_AS(dy.dtype(), scalar_t,
+  SCALELAB_TRAIN_TYPES_AS(dy.dtype(), scalar_t,
       merge_heads_backward_kernel<<<blocks_for(n), kThreads>>>(
           dy.data<scalar_t>(), dout.data<scalar_t>(), n, NH, T, hs));
   CUDA_CHECK_LAUNCH();
@@ -114,9 +116,9 @@ void merge_heads_backward(Tensor& dy, const Tensor& dout) {
 void causal_softmax_forward(Tensor& att, const Tensor& preatt, double scale) {
   use_device(att);
   const int64_t T = preatt.size(1), rows = preatt.size(0) * T;
-  SCALELAB_FLOAT_TYPES_AS(preatt.dtype(), scalar_t,
-      causal_softmax_kernel<<<blocks_for_rows(rows), kThreads>>>(
-          att.data<scalar_t>(), preatt.data<scalar_t>(), rows, T, scalar_t(scale)));
+  SCALELAB_TRAIN_TYPES_AS(preatt.dtype(), scalar_t,
+      causal_softmax_kernel<scalar_t, acc_t><<<blocks_for_rows(rows), kThreads>>>(
+          att.data<scalar_t>(), preatt.data<scalar_t>(), rows, T, acc_t(scale)));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -124,10 +126,10 @@ void causal_softmax_backward(Tensor& dpreatt, const Tensor& att, const Tensor& d
                              double scale) {
   use_device(dpreatt);
   const int64_t T = att.size(1), rows = att.size(0) * T;
-  SCALELAB_FLOAT_TYPES_AS(att.dtype(), scalar_t,
-      causal_softmax_backward_kernel<<<blocks_for_rows(rows), kThreads>>>(
+  SCALELAB_TRAIN_TYPES_AS(att.dtype(), scalar_t,
+      causal_softmax_backward_kernel<scalar_t, acc_t><<<blocks_for_rows(rows), kThreads>>>(
           dpreatt.data<scalar_t>(), att.data<scalar_t>(), datt.data<scalar_t>(), rows, T,
-          scalar_t(scale)));
+          acc_t(scale)));
   CUDA_CHECK_LAUNCH();
 }
 

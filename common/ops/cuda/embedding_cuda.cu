@@ -5,56 +5,65 @@
 namespace scalelab::ops::cuda {
 
 namespace {
-template <class S>
+template <class S, class A>
 __global__ void embedding_forward_kernel(S* out, const int32_t* ids, const S* wte, const S* wpe,
                                          int64_t n, int64_t T, int64_t C) {
   SCALELAB_GRID_STRIDE(i, n) {
     const int64_t c = i % C, bt = i / C, t = bt % T;
-    out[i] = wte[ids[bt] * C + c] + wpe[t * C + c];
+    out[i] = S(A(wte[ids[bt] * C + c]) + A(wpe[t * C + c]));
   }
 }
 
-template <class S>
-__global__ void embedding_backward_wpe_kernel(S* dwpe, const S* dout, int64_t B, int64_t T,
+// G: the gradients' type (dout's, or f32 for bf16 dout: R4); sums in A, rounded into G once.
+template <class G, class S, class A>
+__global__ void embedding_backward_wpe_kernel(G* dwpe, const S* dout, int64_t B, int64_t T,
                                               int64_t C) {
   SCALELAB_GRID_STRIDE(i, T * C) {
     const int64_t t = i / C, c = i % C;
-    S s = 0;
-    for (int64_t b = 0; b < B; ++b) s += dout[(b * T + t) * C + c];
-    dwpe[i] += s;
+    A s = 0;
+    for (int64_t b = 0; b < B; ++b) s += A(dout[(b * T + t) * C + c]);
+    dwpe[i] = G(A(dwpe[i]) + s);
   }
 }
 
 // one thread per (vocabulary row v, column c): walks the tokens in order and adds the rows of
 // the tokens equal to v. No atomics, so the sum's order (and result) is fixed.
-template <class S>
-__global__ void embedding_backward_wte_kernel(S* dwte, const S* dout, const int32_t* ids,
+template <class G, class S, class A>
+__global__ void embedding_backward_wte_kernel(G* dwte, const S* dout, const int32_t* ids,
                                               int64_t N, int64_t V, int64_t C) {
   SCALELAB_GRID_STRIDE(i, V * C) {
     const int64_t v = i / C, c = i % C;
-    S s = 0;
+    A s = 0;
     for (int64_t n = 0; n < N; ++n)
-      if (ids[n] == v) s += dout[n * C + c];
-    dwte[i] += s;
+      if (ids[n] == v) s += A(dout[n * C + c]);
+    dwte[i] = G(A(dwte[i]) + s);
   }
 }
 
-template <class S>
-__global__ void cross_entropy_forward_kernel(S* losses, S* probs, const S* logits,
+// probs: the logits' storage type S; losses: A (f32 for bf16 logits: R5). The log-sum-exp is
+// taken from the logits, not log(probs), so tiny probabilities stay finite.
+template <class S, class A>
+__global__ void cross_entropy_forward_kernel(A* losses, S* probs, const S* logits,
                                              const int32_t* targets, int64_t N, int64_t V) {
   const int64_t row = warp_row();
   if (row >= N) return;
   const S* x = logits + row * V;
-  const S log_sum_exp = warp_softmax_row(probs + row * V, x, V);
-  if (lane() == 0) losses[row] = log_sum_exp - x[targets[row]];
+  A mx = -INFINITY;
+  for (int64_t c = lane(); c < V; c += kWarp) mx = max(mx, A(x[c]));
+  mx = warp_max(mx);
+  A s = 0;
+  for (int64_t c = lane(); c < V; c += kWarp) s += exp(A(x[c]) - mx);
+  s = warp_sum(s);
+  for (int64_t c = lane(); c < V; c += kWarp) probs[row * V + c] = S(exp(A(x[c]) - mx) / s);
+  if (lane() == 0) losses[row] = log(s) + mx - A(x[targets[row]]);
 }
 
-template <class S>
+template <class S, class A>
 __global__ void cross_entropy_backward_kernel(S* dlogits, const S* probs, const int32_t* targets,
-                                              int64_t N, int64_t V, S dloss) {
+                                              int64_t N, int64_t V, A dloss) {
   SCALELAB_GRID_STRIDE(i, N * V) {
     const int64_t n = i / V, v = i % V;
-    dlogits[i] = dloss * (probs[i] - (v == targets[n] ? S(1) : S(0)));
+    dlogits[i] = S(dloss * (A(probs[i]) - (v == targets[n] ? A(1) : A(0))));
   }
 }
 }  // namespace
@@ -62,38 +71,40 @@ __global__ void cross_entropy_backward_kernel(S* dlogits, const S* probs, const 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
   use_device(out);
   const int64_t n = out.numel(), T = out.size(1), C = out.size(2);
-  SCALELAB_FLOAT_TYPES_AS(out.dtype(), scalar_t,
-      embedding_forward_kernel<<<blocks_for(n), kThreads>>>(
+  SCALELAB_TRAIN_TYPES_AS(out.dtype(), scalar_t,
+      embedding_forward_kernel<scalar_t, acc_t><<<blocks_for(n), kThreads>>>(
           out.data<scalar_t>(), tokens.data<int32_t>(), wte.data<scalar_t>(),
           wpe.data<scalar_t>(), n, T, C));
   CUDA_CHECK_LAUNCH();
 }
 
-void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+void embedding_backward(Tensor& dwte, Tensor& dwpe, Tensor const& dout, const Tensor& tokens) {
   use_device(dout);
   const int64_t B = dout.size(0), T = dout.size(1), C = dout.size(2);
-  SCALELAB_FLOAT_TYPES_AS(dout.dtype(), scalar_t, {
+  const DType grad_dtype = dwte.defined() ? dwte.dtype() : dwpe.dtype();
+  SCALELAB_TRAIN_TYPES_AS(dout.dtype(), scalar_t, with_grad_type<scalar_t>(grad_dtype, [&](auto g_tag) {
+    using G = decltype(g_tag);
     if (dwpe.defined()) {
-      embedding_backward_wpe_kernel<<<blocks_for(T * C), kThreads>>>(
-          dwpe.data<scalar_t>(), dout.data<scalar_t>(), B, T, C);
+      embedding_backward_wpe_kernel<G, scalar_t, acc_t><<<blocks_for(T * C), kThreads>>>(
+          dwpe.data<G>(), dout.data<scalar_t>(), B, T, C);
       CUDA_CHECK_LAUNCH();
     }
     if (dwte.defined()) {
       const int64_t V = dwte.size(0);
-      embedding_backward_wte_kernel<<<blocks_for(V * C), kThreads>>>(
-          dwte.data<scalar_t>(), dout.data<scalar_t>(), tokens.data<int32_t>(), B * T, V, C);
+      embedding_backward_wte_kernel<G, scalar_t, acc_t><<<blocks_for(V * C), kThreads>>>(
+          dwte.data<G>(), dout.data<scalar_t>(), tokens.data<int32_t>(), B * T, V, C);
       CUDA_CHECK_LAUNCH();
     }
-  });
+  }));
 }
 
 void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
                            const Tensor& targets) {
   use_device(losses);
   const int64_t N = logits.size(0), V = logits.size(1);
-  SCALELAB_FLOAT_TYPES_AS(logits.dtype(), scalar_t,
-      cross_entropy_forward_kernel<<<blocks_for_rows(N), kThreads>>>(
-          losses.data<scalar_t>(), probs.data<scalar_t>(), logits.data<scalar_t>(),
+  SCALELAB_TRAIN_TYPES_AS(logits.dtype(), scalar_t,
+      cross_entropy_forward_kernel<scalar_t, acc_t><<<blocks_for_rows(N), kThreads>>>(
+          losses.data<acc_t>(), probs.data<scalar_t>(), logits.data<scalar_t>(),
           targets.data<int32_t>(), N, V));
   CUDA_CHECK_LAUNCH();
 }
@@ -102,10 +113,10 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& 
                             double dloss) {
   use_device(dlogits);
   const int64_t N = probs.size(0), V = probs.size(1);
-  SCALELAB_FLOAT_TYPES_AS(probs.dtype(), scalar_t,
-      cross_entropy_backward_kernel<<<blocks_for(N * V), kThreads>>>(
+  SCALELAB_TRAIN_TYPES_AS(probs.dtype(), scalar_t,
+      cross_entropy_backward_kernel<scalar_t, acc_t><<<blocks_for(N * V), kThreads>>>(
           dlogits.data<scalar_t>(), probs.data<scalar_t>(), targets.data<int32_t>(), N, V,
-          scalar_t(dloss)));
+          acc_t(dloss)));
   CUDA_CHECK_LAUNCH();
 }
 

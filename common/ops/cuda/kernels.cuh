@@ -50,21 +50,6 @@ __device__ inline int64_t warp_row() {
 }
 __device__ inline int lane() { return threadIdx.x % kWarp; }
 
-/// Softmax of one row x (C,) into out, by one warp: max, then sum of exp(x - max), then the
-/// quotient (the max keeps exp from overflowing). Returns log(sum) + max, the row's log-sum-exp
-/// (cross-entropy needs it). Same order of operations on every lane and every call: deterministic.
-template <class S>
-__device__ inline S warp_softmax_row(S* out, const S* x, int64_t C) {
-  S mx = -INFINITY;
-  for (int64_t c = lane(); c < C; c += kWarp) mx = x[c] > mx ? x[c] : mx;
-  mx = warp_max(mx);
-  S s = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) s += exp(x[c] - mx);
-  s = warp_sum(s);
-  for (int64_t c = lane(); c < C; c += kWarp) out[c] = exp(x[c] - mx) / s;
-  return log(s) + mx;
-}
-
 /// Column sums of an (N, C) matrix, deterministic: block (32, 32) handles 32 columns; lane y sums
 /// rows y, y+32, ... in order, then the 32 partial sums are added in a fixed tree. `f(n, c)` gives
 /// the value summed. Launch: column_sum_blocks(C) blocks of dim3(32, 32).

@@ -1,22 +1,25 @@
-// LayerNorm and row softmax: one warp per row.
+// LayerNorm and row softmax: one warp per row. Storage S (float, double, bf16), compute A (float,
+// or double for f64); LayerNorm's mean and rstd are A (f32 for bf16 data: R3); its parameter
+// gradients G are S or f32 for bf16 data (R3), summed in A and rounded once.
 #include "common/ops/cuda/kernels.cuh"
 
 namespace scalelab::ops::cuda {
 
 namespace {
-template <class S>
-__global__ void layernorm_forward_kernel(S* out, S* mean, S* rstd, const S* in, const S* w,
-                                         const S* b, int64_t N, int64_t C, S eps) {
+template <class S, class A>
+__global__ void layernorm_forward_kernel(S* out, A* mean, A* rstd, const S* in, const S* w,
+                                         const S* b, int64_t N, int64_t C, A eps) {
   const int64_t row = warp_row();
   if (row >= N) return;
   const S* x = in + row * C;
-  S s = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) s += x[c];
-  const S m = warp_sum(s) / C;
-  S v = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) v += (x[c] - m) * (x[c] - m);
-  const S r = S(1) / sqrt(warp_sum(v) / C + eps);
-  for (int64_t c = lane(); c < C; c += kWarp) out[row * C + c] = (x[c] - m) * r * w[c] + b[c];
+  A s = 0;
+  for (int64_t c = lane(); c < C; c += kWarp) s += A(x[c]);
+  const A m = warp_sum(s) / C;
+  A v = 0;
+  for (int64_t c = lane(); c < C; c += kWarp) v += (A(x[c]) - m) * (A(x[c]) - m);
+  const A r = A(1) / sqrt(warp_sum(v) / C + eps);
+  for (int64_t c = lane(); c < C; c += kWarp)
+    out[row * C + c] = S((A(x[c]) - m) * r * A(w[c]) + A(b[c]));
   if (lane() == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -24,56 +27,65 @@ __global__ void layernorm_forward_kernel(S* out, S* mean, S* rstd, const S* in, 
 }
 
 // dx per row (one warp per row)
-template <class S>
+template <class S, class A>
 __global__ void layernorm_backward_dx_kernel(S* din, const S* dout, const S* in, const S* w,
-                                             const S* mean, const S* rstd, int64_t N, int64_t C) {
+                                             const A* mean, const A* rstd, int64_t N, int64_t C) {
   const int64_t row = warp_row();
   if (row >= N) return;
-  const S m = mean[row], r = rstd[row];
+  const A m = mean[row], r = rstd[row];
   const S* x = in + row * C;
   const S* dy = dout + row * C;
-  S a = 0, b = 0;
+  A a = 0, b = 0;
   for (int64_t c = lane(); c < C; c += kWarp) {
-    const S norm = (x[c] - m) * r, dnorm = w[c] * dy[c];
+    const A norm = (A(x[c]) - m) * r, dnorm = A(w[c]) * A(dy[c]);
     a += dnorm;
     b += dnorm * norm;
   }
   a = warp_sum(a) / C;
   b = warp_sum(b) / C;
   for (int64_t c = lane(); c < C; c += kWarp) {
-    const S norm = (x[c] - m) * r, dnorm = w[c] * dy[c];
-    din[row * C + c] += r * (dnorm - a - norm * b);
+    const A norm = (A(x[c]) - m) * r, dnorm = A(w[c]) * A(dy[c]);
+    din[row * C + c] = S(A(din[row * C + c]) + r * (dnorm - a - norm * b));
   }
 }
 
 // the summand of dweight: norm(x) * dout
-template <class S>
+template <class S, class A>
 struct NormTimesGrad {
-  const S *in, *dout, *mean, *rstd;
+  const S *in, *dout;
+  const A *mean, *rstd;
   int64_t C;
-  __device__ S operator()(int64_t n, int64_t c) const {
-    return (in[n * C + c] - mean[n]) * rstd[n] * dout[n * C + c];
+  __device__ A operator()(int64_t n, int64_t c) const {
+    return (A(in[n * C + c]) - mean[n]) * rstd[n] * A(dout[n * C + c]);
   }
 };
 
 // dweight, dbias: column sums in a fixed order (deterministic)
-template <class S>
-__global__ void layernorm_backward_dw_kernel(S* dw, S* db, const S* dout, const S* in,
-                                             const S* mean, const S* rstd, int64_t N, int64_t C) {
-  const S sb = column_sum<S>(N, C, Element<S>{dout, C});
-  const S sw = column_sum<S>(N, C, NormTimesGrad<S>{in, dout, mean, rstd, C});
+template <class G, class S, class A>
+__global__ void layernorm_backward_dw_kernel(G* dw, G* db, const S* dout, const S* in,
+                                             const A* mean, const A* rstd, int64_t N, int64_t C) {
+  const A sb = column_sum<A>(N, C, Element<S, A>{dout, C});
+  const A sw = column_sum<A>(N, C, NormTimesGrad<S, A>{in, dout, mean, rstd, C});
   const int64_t c = blockIdx.x * (int64_t)kColTile + threadIdx.x;
   if (threadIdx.y == 0 && c < C) {
-    dw[c] += sw;
-    db[c] += sb;
+    dw[c] = G(A(dw[c]) + sw);
+    db[c] = G(A(db[c]) + sb);
   }
 }
 
-template <class S>
+// one warp per row; the exponentials are recomputed for the quotient (no row-sized scratch)
+template <class S, class A>
 __global__ void softmax_kernel(S* out, const S* in, int64_t N, int64_t C) {
   const int64_t row = warp_row();
   if (row >= N) return;
-  warp_softmax_row(out + row * C, in + row * C, C);
+  const S* x = in + row * C;
+  A mx = -INFINITY;
+  for (int64_t c = lane(); c < C; c += kWarp) mx = max(mx, A(x[c]));
+  mx = warp_max(mx);
+  A s = 0;
+  for (int64_t c = lane(); c < C; c += kWarp) s += exp(A(x[c]) - mx);
+  s = warp_sum(s);
+  for (int64_t c = lane(); c < C; c += kWarp) out[row * C + c] = S(exp(A(x[c]) - mx) / s);
 }
 }  // namespace
 
@@ -81,9 +93,10 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
                        const Tensor& weight, const Tensor& bias, double eps) {
   use_device(out);
   const int64_t C = in.size(-1), N = in.numel() / C;
-  SCALELAB_FLOAT_TYPES(in.dtype(), layernorm_forward_kernel<<<blocks_for_rows(N), kThreads>>>(
-                                       out.data<T>(), mean.data<T>(), rstd.data<T>(), in.data<T>(),
-                                       weight.data<T>(), bias.data<T>(), N, C, T(eps)));
+  SCALELAB_TRAIN_TYPES(in.dtype(), layernorm_forward_kernel<T, acc_t><<<blocks_for_rows(N), kThreads>>>(
+                                       out.data<T>(), mean.data<acc_t>(), rstd.data<acc_t>(),
+                                       in.data<T>(), weight.data<T>(), bias.data<T>(), N, C,
+                                       acc_t(eps)));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -92,14 +105,17 @@ void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tenso
                         const Tensor& rstd) {
   use_device(din);
   const int64_t C = in.size(-1), N = in.numel() / C;
-  SCALELAB_FLOAT_TYPES(in.dtype(), {
-    layernorm_backward_dx_kernel<<<blocks_for_rows(N), kThreads>>>(
-        din.data<T>(), dout.data<T>(), in.data<T>(), weight.data<T>(), mean.data<T>(),
-        rstd.data<T>(), N, C);
+  SCALELAB_TRAIN_TYPES(in.dtype(), {
+    layernorm_backward_dx_kernel<T, acc_t><<<blocks_for_rows(N), kThreads>>>(
+        din.data<T>(), dout.data<T>(), in.data<T>(), weight.data<T>(), mean.data<acc_t>(),
+        rstd.data<acc_t>(), N, C);
     CUDA_CHECK_LAUNCH();
-    layernorm_backward_dw_kernel<<<column_sum_blocks(C), dim3(kColTile, kColTile)>>>(
-        dweight.data<T>(), dbias.data<T>(), dout.data<T>(), in.data<T>(), mean.data<T>(),
-        rstd.data<T>(), N, C);
+    with_grad_type<T>(dweight.dtype(), [&](auto g_tag) {
+      using G = decltype(g_tag);
+      layernorm_backward_dw_kernel<G, T, acc_t><<<column_sum_blocks(C), dim3(kColTile, kColTile)>>>(
+          dweight.data<G>(), dbias.data<G>(), dout.data<T>(), in.data<T>(), mean.data<acc_t>(),
+          rstd.data<acc_t>(), N, C);
+    });
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -107,7 +123,7 @@ void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tenso
 void softmax_forward(Tensor& out, const Tensor& in) {
   use_device(out);
   const int64_t C = in.size(-1), N = in.numel() / C;
-  SCALELAB_FLOAT_TYPES(in.dtype(), softmax_kernel<<<blocks_for_rows(N), kThreads>>>(
+  SCALELAB_TRAIN_TYPES(in.dtype(), softmax_kernel<T, acc_t><<<blocks_for_rows(N), kThreads>>>(
                                        out.data<T>(), in.data<T>(), N, C));
   CUDA_CHECK_LAUNCH();
 }
