@@ -219,9 +219,9 @@ class Trainer3D {
 /// Step 4a. Elements a rank of pipeline stage `stage` of `pp`, tp size `tp`, holds in the 3D model
 /// of step 2 (exactly nn::GPT::num_parameters of that rank): per block its ln1, ln2 (2C each) and
 /// the two row-parallel biases (C each) whole, the rest (qkv 3C*C + 3C, attention proj C*C, fc
-/// 4C*C + 4C, MLP proj 4C*C) divided by tp; the first stage the embedding wte (V*C) and wpe
-/// (block_size*C) whole; the last stage ln_f (2C) and, unless it is also the first, the tied copy
-/// of wte (V*C).
+/// 4C*C + 4C, MLP proj 4C*C) divided by tp; the first stage wte's V/tp vocabulary rows (V*C/tp)
+/// and wpe (block_size*C) whole; the last stage ln_f (2C) and, unless it is also the first, the
+/// tied copy's V/tp rows (V*C/tp).
 int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage);
 
 /// Step 4b. Bytes of model state a rank keeps between steps with AdamW in `elem`-byte elements:
@@ -234,8 +234,8 @@ std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, std::size_
 /// exactly nn::GPTActivations::nbytes: per block its input and ln1, res2, ln2 (rows*T*C each),
 /// four LayerNorm statistics (rows*T each), q, k, v, y (rows*T*C/tp each), att ((NH/tp)*rows*T*T),
 /// h, g (rows*T*4C/tp each); a checkpointed block keeps only its input; the last stage adds the
-/// head's input x and lnf (rows*T*C each), two statistics (rows*T) and the probabilities
-/// (rows*T*V: the head is whole on every tp rank).
+/// head's input x and lnf (rows*T*C each), two statistics (rows*T) and this rank's columns of
+/// the probabilities (rows*T*V/tp: the head is vocabulary parallel).
 std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
                                    int stage, bool checkpoint, std::size_t elem);
 

@@ -77,8 +77,7 @@ Groups groups_of(const comm::ProcessGrid& grid) {
 std::unique_ptr<nn::GPT> build_3d_model(const ModelConfig& config, Groups& g,
                                         nn::GPTOptions options, bool checkpoint) {
   std::unique_ptr<nn::GPT> model;
-  // BEGIN SOLUTION step 2: a pipeline stage (lab 08) of tensor-parallel blocks (lab 07) and
-  // vocabulary-parallel ends
+  // BEGIN SOLUTION step 2: a pipeline stage of tensor-parallel blocks, vocabulary-parallel ends
   // HINT: nn::GPTOptions: first_block / last_block (lab08::stage_layers), tp_rank / tp_size,
   // HINT: vocab_lo / vocab_hi (lab07::vocab_range); then a Stage3D on g.tp.
   // HINT: a block computes partial sums until its hooks are set: lab07::make_tensor_parallel.
