@@ -13,6 +13,10 @@ scalelab_add_test(NAME test_metrics SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_metri
 scalelab_add_test(NAME test_train SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_train.cpp RANKS 1 2)
 scalelab_add_test(NAME test_ops_cuda SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ops_cuda.cpp RANKS 1
                   LABELS gpu)
+# issue 14's kernels (bf16 ops, cast, cuBLASLt matmul, fused AdamW, flash attention, residual +
+# LayerNorm, a mixed-precision GPT step) against the host
+scalelab_add_test(NAME test_ops_cuda_bf16 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ops_cuda_bf16.cpp
+                  RANKS 1 LABELS gpu)
 # the golden file is written by tools/torch_golden.py (PyTorch, not needed to run the test)
 scalelab_add_test(NAME test_gpt_golden SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt_golden.cpp RANKS 1)
 target_compile_definitions(test_gpt_golden PRIVATE

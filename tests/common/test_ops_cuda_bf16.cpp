@@ -1,0 +1,264 @@
+// The issue-14 CUDA kernels against their host twins (label gpu; skipped without a GPU): the bf16
+// ops (R1-R6), cast (R7), the mixed matmul on tensor cores (R2), AdamW with the fused bf16 copy
+// (R8), flash attention forward/backward and the fused residual + LayerNorm.
+//
+// Tolerances, per element, |cuda - cpu| <= tol * max(1, |cpu|) unless said otherwise:
+//  - bf16 results: 1e-2. Both sides load bf16, compute in float and round once; the order of the
+//    float sums differs (warps, tiles), which can move a result across a rounding boundary: one
+//    bf16 ulp is 2^-8 = 3.9e-3 relative, so 1e-2 allows two ulps and a little float noise.
+//  - bf16 matmuls (tensor cores, fp32 accumulation) into f32: 1e-3 (inputs identical, only the
+//    order of K-sums of products of bf16 values differs; K <= 100 here).
+//  - f32 kernels: 1e-4 (the library's CUDA-vs-CPU tolerance, TF32 off); f64 flash attention 1e-10.
+//  - cast and the AdamW bf16 copy: bitwise (one well-defined rounding).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "common/device.hpp"
+#include "common/nn/gpt.hpp"
+#include "common/ops/flash_attention.hpp"
+#include "common/ops/fused_norm.hpp"
+#include "common/ops/ops.hpp"
+#include "tests/common/gradcheck.hpp"
+
+using namespace scalelab;
+using namespace scalelab::testing;
+
+namespace {
+const Device gpu = Device::cuda(0);
+
+class CudaBf16 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    ops::set_allow_tf32(false);
+  }
+};
+
+// uniform values in [lo, hi) stored as `dtype` (drawn in f64, then rounded)
+Tensor rnd(std::vector<int64_t> shape, uint64_t seed, DType dtype = DType::bf16, double lo = -1,
+           double hi = 1) {
+  const Tensor t = uniform(std::move(shape), seed, DType::f64, lo, hi);
+  return Tensor::from_vector(t.to_vector(), t.shape(), dtype);
+}
+
+void expect_close(const Tensor& cuda, const Tensor& cpu, double tol, const std::string& what) {
+  const std::vector<double> c = cuda.to(Device::cpu()).to_vector(), h = cpu.to_vector();
+  ASSERT_EQ(cuda.shape(), cpu.shape()) << what;
+  ASSERT_EQ(cuda.dtype(), cpu.dtype()) << what;
+  for (std::size_t i = 0; i < h.size(); ++i)
+    ASSERT_LE(std::abs(c[i] - h[i]), tol * std::max(1.0, std::abs(h[i])))
+        << what << " element " << i << ": cuda " << c[i] << " cpu " << h[i];
+}
+
+// Runs `op` on host copies and on device copies of `args`, then compares every arg (each at the
+// tolerance of its dtype: f32 `f32_tol`, bf16 1e-2, f64 1e-10).
+void same_on_both(const std::string& what, std::vector<Tensor> args,
+                  const std::function<void(std::vector<Tensor>&)>& op, double f32_tol = 1e-4) {
+  std::vector<Tensor> host, dev;
+  for (const Tensor& t : args) {
+    host.push_back(t.clone());
+    dev.push_back(t.to(gpu));
+  }
+  op(host);
+  op(dev);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const DType dt = args[i].dtype();
+    const double tol = dt == DType::bf16 ? 1e-2 : dt == DType::f64 ? 1e-10 : f32_tol;
+    expect_close(dev[i], host[i], tol, what + " arg " + std::to_string(i));
+  }
+}
+}  // namespace
+
+TEST_F(CudaBf16, Pointwise) {
+  same_on_both("scale/axpy/add/fill", {rnd({1000}, 1), rnd({1000}, 2), rnd({7}, 3)},
+               [](std::vector<Tensor>& t) {
+                 ops::scale(t[0], 0.5);
+                 ops::axpy(t[0], 2.0, t[1]);
+                 ops::add(t[1], t[0], t[1]);
+                 ops::fill(t[2], 0.3);
+               });
+  // bias gradient in bf16 and in f32 (R6)
+  same_on_both("bias", {rnd({6, 10}, 4), rnd({10}, 5), rnd({10}, 6, DType::f32)},
+               [](std::vector<Tensor>& t) {
+                 ops::add_bias(t[0], t[1]);
+                 ops::bias_backward(t[1], t[0]);
+                 ops::bias_backward(t[2], t[0]);
+               });
+  same_on_both("gelu", {rnd({500}, 7, DType::bf16, -4, 4), rnd({500}, 8), rnd({500}, 9)},
+               [](std::vector<Tensor>& t) {
+                 ops::gelu_backward(t[2], t[0], t[1]);
+                 ops::gelu_forward(t[1], t[0]);
+               });
+}
+
+TEST_F(CudaBf16, CastIsBitwiseTheHosts) {
+  // every pair of f32, f64, bf16, with values that need rounding into bf16 (ties included:
+  // 1 + 2^-8 is half-way between two bf16 neighbours)
+  std::vector<double> values = {1.0 + 1.0 / 256, 1.0 + 3.0 / 256, -3.14159, 1e-30, 65504.3, 0.0};
+  for (int i = 0; i < 994; ++i) values.push_back(std::sin(i * 0.37) * std::pow(10.0, i % 7 - 3));
+  for (DType from : {DType::f32, DType::f64, DType::bf16})
+    for (DType to : {DType::f32, DType::f64, DType::bf16}) {
+      const Tensor src = Tensor::from_vector(values, {1000}, from);
+      Tensor host = Tensor::empty({1000}, to), dev = Tensor::empty({1000}, to, gpu);
+      ops::cast(host, src);
+      ops::cast(dev, src.to(gpu));
+      EXPECT_EQ(dev.to(Device::cpu()).to_vector(), host.to_vector())
+          << dtype_name(from) << " -> " << dtype_name(to);
+    }
+}
+
+TEST_F(CudaBf16, MixedMatmulOnTensorCores) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Tensor a = ta ? rnd({100, 23}, 10) : rnd({23, 100}, 10);
+      const Tensor b = tb ? rnd({19, 100}, 11) : rnd({100, 19}, 11);
+      // bf16 out, beta = 0 (activations)
+      same_on_both("matmul bf16", {rnd({23, 19}, 12), a, b},
+                   [&](std::vector<Tensor>& t) { ops::matmul(t[0], t[1], t[2], ta, tb); });
+      // f32 out accumulated with beta = 1 (a weight gradient into an fp32 buffer, R2)
+      same_on_both("matmul bf16 -> f32 += ", {rnd({23, 19}, 13, DType::f32), a, b},
+                   [&](std::vector<Tensor>& t) { ops::matmul(t[0], t[1], t[2], ta, tb, 0.5, 1.0); },
+                   1e-3);
+      const Tensor ba = ta ? rnd({3, 9, 5}, 14) : rnd({3, 5, 9}, 14);
+      const Tensor bb = tb ? rnd({3, 7, 9}, 15) : rnd({3, 9, 7}, 15);
+      same_on_both("batched_matmul bf16", {rnd({3, 5, 7}, 16), ba, bb},
+                   [&](std::vector<Tensor>& t) { ops::batched_matmul(t[0], t[1], t[2], ta, tb); });
+    }
+  // an operand view that starts 2 bytes into its allocation (alignment-dependent algorithms)
+  const Tensor big = rnd({1 + 64 * 32}, 17);
+  same_on_both("matmul misaligned", {rnd({64, 16}, 18, DType::f32), big, rnd({32, 16}, 19)},
+               [&](std::vector<Tensor>& t) {
+                 const Tensor a = t[1].flat(1, 64 * 32).view({64, 32});
+                 ops::matmul(t[0], a, t[2]);
+               }, 1e-3);
+}
+
+TEST_F(CudaBf16, NormSoftmaxAttentionPieces) {
+  // LayerNorm in bf16 with f32 statistics and f32 parameter gradients (R3)
+  same_on_both("layernorm", {rnd({33, 70}, 20, DType::bf16, -2, 2), rnd({70}, 21), rnd({70}, 22),
+                             rnd({33, 70}, 23), rnd({33}, 0, DType::f32), rnd({33}, 0, DType::f32),
+                             rnd({33, 70}, 24), rnd({70}, 25, DType::f32), rnd({70}, 26, DType::f32)},
+               [](std::vector<Tensor>& t) {
+                 ops::layernorm_forward(t[3], t[4], t[5], t[0], t[1], t[2]);
+                 ops::layernorm_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[4], t[5]);
+               });
+  same_on_both("softmax", {rnd({9, 300}, 27, DType::bf16, -5, 5), rnd({9, 300}, 0)},
+               [](std::vector<Tensor>& t) { ops::softmax_forward(t[1], t[0]); });
+  same_on_both("heads", {rnd({2, 5, 24}, 28), rnd({2, 2, 5, 4}, 0), rnd({2, 2, 5, 4}, 0),
+                         rnd({2, 2, 5, 4}, 0), rnd({2, 5, 8}, 0), rnd({2, 5, 24}, 0)},
+               [](std::vector<Tensor>& t) {
+                 ops::split_heads(t[1], t[2], t[3], t[0], 2);
+                 ops::merge_heads(t[4], t[1]);
+                 ops::split_heads_backward(t[5], t[3], t[1], t[2]);
+                 ops::merge_heads_backward(t[1], t[4]);
+               });
+  same_on_both("causal softmax", {rnd({3, 40, 40}, 29, DType::bf16, -3, 3), rnd({3, 40, 40}, 0),
+                                  rnd({3, 40, 40}, 30), rnd({3, 40, 40}, 0)},
+               [](std::vector<Tensor>& t) {
+                 ops::causal_softmax_forward(t[1], t[0], 0.3);
+                 ops::causal_softmax_backward(t[3], t[1], t[2], 0.3);
+               });
+}
+
+TEST_F(CudaBf16, EmbeddingCrossEntropyReductions) {
+  const Tensor ids = random_tokens({3, 6}, 11, 31), targets = random_tokens({18}, 11, 32);
+  const Tensor ids_gpu = ids.to(gpu), targets_gpu = targets.to(gpu);
+  // bf16 tables, f32 gradients (R4)
+  same_on_both("embedding", {rnd({3, 6, 8}, 0), rnd({11, 8}, 33), rnd({6, 8}, 34), rnd({3, 6, 8}, 35),
+                             rnd({11, 8}, 36, DType::f32), rnd({6, 8}, 37, DType::f32)},
+               [&](std::vector<Tensor>& t) {
+                 const Tensor& tok = t[0].device().is_cuda() ? ids_gpu : ids;
+                 ops::embedding_forward(t[0], tok, t[1], t[2]);
+                 ops::embedding_backward(t[4], t[5], t[3], tok);
+               });
+  // bf16 logits, f32 losses (R5)
+  same_on_both("cross entropy", {rnd({18}, 0, DType::f32), rnd({18, 11}, 0),
+                                 rnd({18, 11}, 38, DType::bf16, -4, 4), rnd({18, 11}, 0)},
+               [&](std::vector<Tensor>& t) {
+                 const Tensor& tg = t[0].device().is_cuda() ? targets_gpu : targets;
+                 ops::cross_entropy_forward(t[0], t[1], t[2], tg);
+                 ops::cross_entropy_backward(t[3], t[1], tg, 0.25);
+               });
+  const Tensor x = rnd({100003}, 39);  // bf16 values are exact in double: same sum up to order
+  EXPECT_NEAR(ops::sum(x.to(gpu)), ops::sum(x), 1e-9 * 100003);
+  EXPECT_NEAR(ops::sum_squares(x.to(gpu)), ops::sum_squares(x), 1e-9 * 100003);
+}
+
+TEST_F(CudaBf16, AdamWRefreshesTheBf16Copy) {
+  const ops::AdamWArgs a{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
+  const int64_t n = 100003;  // more than one grid's worth of threads per launch
+  std::vector<Tensor> dev = {rnd({n}, 40, DType::f32), rnd({n}, 41, DType::f32),
+                             rnd({n}, 42, DType::f32, 0, 1), rnd({n}, 43, DType::f32, 0, 1)};
+  std::vector<Tensor> host;
+  for (Tensor& t : dev) host.push_back(t.clone()), t = t.to(gpu);
+  Tensor copy_dev = Tensor::zeros({n}, DType::bf16, gpu), copy_host = Tensor::zeros({n}, DType::bf16);
+  ops::adamw_update(dev[0], dev[1], dev[2], dev[3], a, &copy_dev);
+  ops::adamw_update(host[0], host[1], host[2], host[3], a, &copy_host);
+  for (int i = 0; i < 4; ++i) expect_close(dev[i], host[i], 1e-5, "adamw arg " + std::to_string(i));
+  // the copy is exactly bf16(the GPU's new master weights)
+  Tensor expected = Tensor::empty({n}, DType::bf16, gpu);
+  ops::cast(expected, dev[0]);
+  EXPECT_EQ(copy_dev.to(Device::cpu()).to_vector(), expected.to(Device::cpu()).to_vector());
+}
+
+TEST_F(CudaBf16, FlashAttentionMatchesTheHost) {
+  // T 1, 70 and 130: one partial tile, and several 64-row blocks with a partial last one
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t hs : {16, 32, 64, 128})
+      for (int64_t T : {1, 70, 130}) {
+        const int64_t BH = 3;
+        const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+        const DType ldt = ops::flash_attention_lse_dtype(dt);
+        const std::string what = std::string("flash ") + dtype_name(dt) + " hs " +
+                                 std::to_string(hs) + " T " + std::to_string(T);
+        same_on_both(what,
+                     {rnd({BH, T, hs}, 50, dt, -2, 2), rnd({BH, T, hs}, 51, dt, -2, 2),
+                      rnd({BH, T, hs}, 52, dt), rnd({BH, T, hs}, 53, dt), rnd({BH, T}, 0, ldt),
+                      rnd({BH, T, hs}, 0, dt), rnd({BH, T, hs}, 0, dt), rnd({BH, T, hs}, 0, dt),
+                      rnd({BH, T, hs}, 0, dt)},
+                     [&](std::vector<Tensor>& t) {
+                       ops::flash_attention_forward(t[5], t[4], t[0], t[1], t[2], scale);
+                       ops::flash_attention_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[2],
+                                                     t[5], t[4], scale);
+                     });
+      }
+}
+
+TEST_F(CudaBf16, ResidualLayerNormMatchesTheHost) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    same_on_both(std::string("residual layernorm ") + dtype_name(dt),
+                 {rnd({37, 768}, 60, dt, -2, 2), rnd({37, 768}, 61, dt, -5, 5), rnd({768}, 62, dt),
+                  rnd({768}, 63, dt), rnd({37, 768}, 0, dt), rnd({37, 768}, 0, dt),
+                  rnd({37}, 0, DType::f32), rnd({37}, 0, DType::f32)},
+                 [](std::vector<Tensor>& t) {
+                   ops::residual_layernorm_forward(t[4], t[5], t[6], t[7], t[0], t[1], t[2], t[3]);
+                 });
+  }
+}
+
+// One mixed-precision GPT step (bf16 compute copy, fp32 master and gradients) on both devices.
+// Tolerance: loss 1e-2 relative; gradients 5e-2 of the parameter's largest |gradient| (bf16
+// activations through 2 blocks: each rounding differs where the float sums' order differs).
+TEST_F(CudaBf16, MixedPrecisionGptStepMatchesTheHost) {
+  const ModelConfig c = model_config("tiny");
+  nn::GPT cpu_model(c, {.compute_dtype = DType::bf16}),
+      gpu_model(c, {.device = gpu, .compute_dtype = DType::bf16});
+  const Tensor x = random_tokens({4, 16}, 256, 70), y = random_tokens({4, 16}, 256, 71);
+  for (nn::GPT* m : {&cpu_model, &gpu_model}) m->zero_grad();
+  const double l_cpu = cpu_model.forward(x, y);
+  const double l_gpu = gpu_model.forward(x.to(gpu), y.to(gpu));
+  EXPECT_NEAR(l_gpu, l_cpu, 1e-2 * l_cpu);
+  cpu_model.backward();
+  gpu_model.backward();
+  for (std::size_t i = 0; i < cpu_model.parameters().size(); ++i) {
+    const Tensor& gc = cpu_model.parameters()[i]->grad;
+    const Tensor gg = gpu_model.parameters()[i]->grad.to(Device::cpu());
+    double big = 1e-6;
+    for (int64_t j = 0; j < gc.numel(); ++j) big = std::max(big, std::abs(gc.item(j)));
+    for (int64_t j = 0; j < gc.numel(); ++j)
+      ASSERT_LE(std::abs(gg.item(j) - gc.item(j)), 5e-2 * big)
+          << cpu_model.parameters()[i]->name << " element " << j;
+  }
+}
