@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 
 namespace scalelab::nn {
@@ -47,14 +48,23 @@ void CausalSelfAttention::forward(Tensor& out, const Tensor& x, AttentionActivat
   ops::split_heads(a.q, a.k, a.v, qkv_out, NH);
   const Tensor q = a.q.view({B * NH, T, hs}), k = a.k.view({B * NH, T, hs}),
                v = a.v.view({B * NH, T, hs});
-  {
-    Tensor preatt = Tensor::empty({B * NH, T, T}, dt, dev);  // (BH, T, T), freed after softmax
-    ops::batched_matmul(preatt, q, k, false, true);          // q @ k^T
-    a.att = Tensor::empty({B * NH, T, T}, dt, dev);
-    ops::causal_softmax_forward(a.att, preatt, 1.0 / std::sqrt(static_cast<double>(hs)));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  Tensor yh;  // (BH, T, hs)
+  if (flash) {
+    // one fused op: softmax(scale q k^T) v without the (T, T) matrix; keeps lse for backward
+    yh = Tensor::empty({B * NH, T, hs}, dt, dev);
+    a.lse = Tensor::empty({B * NH, T}, ops::flash_attention_lse_dtype(dt), dev);
+    ops::flash_attention_forward(yh, a.lse, q, k, v, scale);
+  } else {
+    {
+      Tensor preatt = Tensor::empty({B * NH, T, T}, dt, dev);  // (BH, T, T), freed after softmax
+      ops::batched_matmul(preatt, q, k, false, true);          // q @ k^T
+      a.att = Tensor::empty({B * NH, T, T}, dt, dev);
+      ops::causal_softmax_forward(a.att, preatt, scale);
+    }
+    yh = Tensor::empty({B * NH, T, hs}, dt, dev);
+    ops::batched_matmul(yh, a.att, v);  // att @ v
   }
-  Tensor yh = Tensor::empty({B * NH, T, hs}, dt, dev);  // (BH, T, hs)
-  ops::batched_matmul(yh, a.att, v);                     // att @ v
   a.y = Tensor::empty({B, T, C}, dt, dev);
   ops::merge_heads(a.y, yh.view({B, NH, T, hs}));
   proj.forward(out, a.y);
@@ -77,12 +87,19 @@ void CausalSelfAttention::backward(Tensor& dx, const Tensor& dout, const Tensor&
          dv = Tensor::empty({B, NH, T, hs}, dt, dev);
   Tensor dq3 = dq.view({B * NH, T, hs}), dk3 = dk.view({B * NH, T, hs}),
          dv3 = dv.view({B * NH, T, hs});
-  {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  if (flash) {
+    // the fused backward needs the forward's per-head output: y with its heads split again
+    Tensor yh = Tensor::empty({B, NH, T, hs}, dt, dev);
+    ops::merge_heads_backward(yh, a.y);
+    ops::flash_attention_backward(dq3, dk3, dv3, dyh3, q, k, v, yh.view({B * NH, T, hs}), a.lse,
+                                  scale);
+  } else {
     Tensor datt = Tensor::empty({B * NH, T, T}, dt, dev);
     ops::batched_matmul(datt, dyh3, v, false, true);  // datt = dy @ v^T
     ops::batched_matmul(dv3, a.att, dyh3, true, false);  // dv = att^T @ dy
     Tensor dpreatt = Tensor::empty({B * NH, T, T}, dt, dev);
-    ops::causal_softmax_backward(dpreatt, a.att, datt, 1.0 / std::sqrt(static_cast<double>(hs)));
+    ops::causal_softmax_backward(dpreatt, a.att, datt, scale);
     ops::batched_matmul(dq3, dpreatt, k);               // dq = dpreatt @ k
     ops::batched_matmul(dk3, dpreatt, q, true, false);  // dk = dpreatt^T @ q
   }

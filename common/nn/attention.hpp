@@ -1,7 +1,11 @@
 #pragma once
 // Causal multi-head self-attention (GPT-2): a fused QKV projection, per-head scaled dot-product
-// attention with a causal mask, and an output projection. Attention is written out (two batched
-// matmuls and a causal softmax), no fused kernel, so every step is visible and checkable.
+// attention with a causal mask, and an output projection. By default attention is written out
+// (two batched matmuls and a causal softmax) so every step is visible and checkable, and the
+// (T, T) probabilities are kept for backward. With `flash` set the same attention runs as one
+// fused op (common/ops/flash_attention.hpp): it keeps one log-sum-exp per row instead of the
+// (T, T) matrix and recomputes the probabilities in backward: the fast path on a GPU, and the
+// only one that fits long contexts.
 //
 // Tensor parallel (lab 07): with tp_size > 1 this layer keeps heads [r*NH/tp, (r+1)*NH/tp) only:
 // the q, k and v rows of those heads in the QKV weight (column parallel) and the matching
@@ -17,7 +21,8 @@ namespace scalelab::nn {
 /// What forward saves for backward. Separate allocations, freed by reset().
 struct AttentionActivations {
   Tensor q, k, v;  // (B, NH, T, hs)
-  Tensor att;      // (B*NH, T, T) softmax probabilities (0 above the diagonal)
+  Tensor att;      // (B*NH, T, T) softmax probabilities (0 above the diagonal); unfused only
+  Tensor lse;      // (B*NH, T) log-sum-exp of each row's scores, f32; flash only
   Tensor y;        // (B, T, C) heads merged: the input of the output projection
   void reset() { *this = AttentionActivations{}; }
 };
@@ -37,6 +42,8 @@ class CausalSelfAttention {
   int64_t n_head() const { return n_head_; }  // heads on this rank
   int64_t head_size() const { return head_size_; }
   Linear qkv, proj;
+  /// Fused (flash) attention instead of the written-out one (GPTOptions::flash_attention).
+  bool flash = false;
 
  private:
   int64_t n_head_, head_size_;

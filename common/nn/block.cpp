@@ -7,7 +7,7 @@ namespace scalelab::nn {
 std::size_t BlockActivations::nbytes() const {
   std::size_t n = 0;
   for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &attn.q, &attn.k, &attn.v, &attn.att,
-                          &attn.y, &res2, &ln2, &ln2_mean, &ln2_rstd, &mlp.h, &mlp.g})
+                          &attn.lse, &attn.y, &res2, &ln2, &ln2_mean, &ln2_rstd, &mlp.h, &mlp.g})
     if (t->defined()) n += t->nbytes();
   return n;
 }
@@ -58,7 +58,8 @@ Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivatio
                        const BackwardHook* hook) {
   SCALELAB_CHECK(a.defined(), "block {} backward without activations (forward first, or "
                  "recompute them after reset())", index);
-  SCALELAB_CHECK(a.attn.att.defined() && a.mlp.g.defined(), "block {} backward without its "
+  SCALELAB_CHECK((a.attn.att.defined() || a.attn.lse.defined()) && a.mlp.g.defined(),
+                 "block {} backward without its "
                  "attention probabilities or GELU output (recompute the selective pieces first)",
                  index);
   SCALELAB_CHECK(ln1.weight.value.defined() && ln1.weight.grad.defined(), "block {}'s parameters "

@@ -32,6 +32,7 @@ GPT::GPT(const ModelConfig& config, const GPTOptions& options)
   for (int i = first_; i < last_; ++i) {
     blocks_.push_back(std::make_unique<Block>(i, config.n_embd, config.n_head, config.n_layer,
                                               options.tp_rank, options.tp_size));
+    blocks_.back()->attn.flash = options.flash_attention;
     for (Parameter* p : blocks_.back()->parameters()) order.push_back(p);
     units.emplace_back("blocks." + std::to_string(i), blocks_.back()->parameters().size());
   }

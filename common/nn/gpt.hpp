@@ -59,6 +59,10 @@ struct GPTOptions {
   /// copy of the weights (ParameterSet::compute_values) and bf16 activations; LayerNorm
   /// statistics and the loss f32 (common/ops/ops.hpp's rules R1-R8).
   DType compute_dtype = DType::f32;
+  /// Attention as one fused op (ops::flash_attention_*: one log-sum-exp per row kept instead of
+  /// the (T, T) probabilities) instead of the written-out one. Same result within rounding; the
+  /// activation formulas of labs 05, 06 and 10 count the written-out attention.
+  bool flash_attention = false;
 };
 
 /// What the head saves for backward.

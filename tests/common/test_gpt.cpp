@@ -277,3 +277,33 @@ TEST(GPT, GenerateIsSeededAndExtendsThePrompt) {
   EXPECT_EQ(a, b);
   EXPECT_EQ(a[0], 65);
 }
+
+// The fused (flash) attention in the model: the same loss and gradients as the written-out
+// attention (float64: only the order of the softmax's sums differs, 1e-10), and a forward that
+// keeps one log-sum-exp per row instead of the (T, T) probabilities. Planted fault this catches: a
+// flash path that drops the 1/sqrt(hs) scale or the causal mask (loss differs), or that still
+// keeps att (bytes).
+TEST(GPT, FlashAttentionGivesTheWrittenOutGradientsAndKeepsNoTxT) {
+  const int64_t T = 70;  // more than one 64-row tile, and not a multiple of it
+  const ModelConfig cfg{"micro-long", 11, T, 2, 2, 8};
+  Tensor x = random_tokens({2, T}, 11, 8), y = random_tokens({2, T}, 11, 9);
+  nn::GPTOptions plain = f64_options(), flash = f64_options();
+  flash.flash_attention = true;
+  nn::GPT a(cfg, plain), b(cfg, flash);
+  nn::GPTActivations acts_a, acts_b;
+  const double la = a.forward(x, y, acts_a), lb = b.forward(x, y, acts_b);
+  EXPECT_NEAR(la, lb, 1e-10);
+  // per block: att (B*NH, T, T) doubles replaced by lse (B*NH, T) doubles
+  const std::size_t per_block = 2 * 2 * (T * T - T) * sizeof(double);
+  EXPECT_EQ(acts_a.nbytes() - acts_b.nbytes(), static_cast<std::size_t>(cfg.n_layer) * per_block);
+  for (const nn::BlockActivations& blk : acts_b.blocks) EXPECT_FALSE(blk.attn.att.defined());
+  a.zero_grad();
+  b.zero_grad();
+  a.backward(acts_a);
+  b.backward(acts_b);
+  const Tensor& ga = a.params().grads();
+  const Tensor& gb = b.params().grads();
+  ASSERT_EQ(ga.numel(), gb.numel());
+  for (int64_t i = 0; i < ga.numel(); ++i)
+    ASSERT_NEAR(ga.item(i), gb.item(i), 1e-10 * (1 + std::abs(ga.item(i)))) << "gradient " << i;
+}
