@@ -1,5 +1,5 @@
 // Starter generated from solutions/10_3d_parallel/stage3d.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 25812f94df0220ce (lets make-labs see your edits).
+// step (see README.md). Body hash d9357421a37a7332 (lets make-labs see your edits).
 // Lab 10, given: the 3D stage. An nn::GPT whose ends are vocabulary parallel over the tp group
 // (lab 07 step 4) and whose blocks may be checkpointed (lab 06). Not an exercise: read it to see
 // how lab 07's functions slot into the pieces lab 08's executor calls.
@@ -20,6 +20,8 @@ Stage3D::Stage3D(const ModelConfig& config, const nn::GPTOptions& options, comm:
                  "a 3D stage of tp rank {} of {} on a tp group where it is rank {} of {}",
                  options.tp_rank, options.tp_size, tp.rank(), tp.size());
   SCALELAB_CHECK(options.device.is_cpu(), "lab 07's vocabulary-parallel operators are CPU only");
+  SCALELAB_CHECK(params().compute_dtype() == options.dtype, "the 3D stage computes in its "
+                 "parameters' dtype: no bf16 mixed precision (lab 07's operators read the values)");
 }
 
 // wte[tokens] for the tokens of this rank's rows (zeros for the others), all-reduced over tp,

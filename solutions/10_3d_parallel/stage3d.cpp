@@ -18,6 +18,8 @@ Stage3D::Stage3D(const ModelConfig& config, const nn::GPTOptions& options, comm:
                  "a 3D stage of tp rank {} of {} on a tp group where it is rank {} of {}",
                  options.tp_rank, options.tp_size, tp.rank(), tp.size());
   SCALELAB_CHECK(options.device.is_cpu(), "lab 07's vocabulary-parallel operators are CPU only");
+  SCALELAB_CHECK(params().compute_dtype() == options.dtype, "the 3D stage computes in its "
+                 "parameters' dtype: no bf16 mixed precision (lab 07's operators read the values)");
 }
 
 // wte[tokens] for the tokens of this rank's rows (zeros for the others), all-reduced over tp,
