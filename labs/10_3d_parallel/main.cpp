@@ -211,9 +211,10 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
     ran.push_back({p, d, measure_plan(config, p, sampler, steps, seed, world)});
   log::info("{} configurations fit; all run (1 warm-up + {} timed steps each)", rows.size(), steps);
   if (ran.empty()) return 0;
-  log::info("memory: predicted state + activations of the busiest rank vs the allocator's peak "
-            "(max over ranks), MiB; step: predicted vs the slowest rank's step_3d (forward, "
-            "backward, communication: what the planner models), median ms (min..max), and the "
+  log::info("memory: predicted state + activations + backward transient of the busiest rank vs "
+            "the allocator's peak (max over ranks), MiB; step: predicted vs the slowest rank's "
+            "step (forward, backward, communication: what the planner models), median ms "
+            "(min..max), and the "
             "optimizer step after it (not predicted); err = (predicted - measured) / measured; "
             "rank: by predicted / by measured step time");
   log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>6}  {:>7} {:>7} {:>13} {:>6} "
