@@ -1,5 +1,10 @@
 # scalelab_add_lab(<NN> <name> SOURCES <impl.cpp...> STEPS <n> RANKS <k...>
-#                  [STEP_RANKS "<step>:<k>,<k>" ...] [LIBS <targets...>] [TIMEOUT <s>])
+#                  [GIVEN <given.cpp...>] [STEP_RANKS "<step>:<k>,<k>" ...] [LIBS <targets...>]
+#                  [TIMEOUT <s>])
+#
+# SOURCES are exercises: solutions/NN_name/<file> for the reference, the generated starter
+# labs/NN_name/<file> for the attendee. GIVEN files are not exercises: one copy, in labs/NN_name/,
+# compiled into both sides.
 #
 # One lab, built twice from one contract (labs/NN_name/<name>.hpp):
 #   labNN_<name>_starter_impl / labNN_<name>_solution_impl   the attendee's code / the reference
@@ -11,7 +16,7 @@
 # Labels: starter or reference, and labNN. Custom targets labNN_starter / labNN_reference build
 # one side, so the grader can build each lab on its own.
 function(scalelab_add_lab nn name)
-  cmake_parse_arguments(L "" "STEPS;TIMEOUT" "SOURCES;RANKS;STEP_RANKS;LIBS" ${ARGN})
+  cmake_parse_arguments(L "" "STEPS;TIMEOUT" "SOURCES;GIVEN;RANKS;STEP_RANKS;LIBS" ${ARGN})
   set(dir ${nn}_${name})
   set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${dir})
   set(sol_dir ${PROJECT_SOURCE_DIR}/solutions/${dir})
@@ -36,6 +41,8 @@ function(scalelab_add_lab nn name)
     endif()
     set(impl lab${nn}_${name}_${side}_impl)
     list(TRANSFORM L_SOURCES PREPEND ${src_dir}/ OUTPUT_VARIABLE impl_sources)
+    list(TRANSFORM L_GIVEN PREPEND ${lab_dir}/ OUTPUT_VARIABLE given_sources)
+    list(APPEND impl_sources ${given_sources})
     add_library(${impl} STATIC ${impl_sources})
     target_include_directories(${impl} PUBLIC ${lab_dir})
     target_link_libraries(${impl} PUBLIC scalelab::common ${L_LIBS})

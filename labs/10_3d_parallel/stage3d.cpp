@@ -1,5 +1,3 @@
-// Starter generated from solutions/10_3d_parallel/stage3d.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash d9357421a37a7332 (lets make-labs see your edits).
 // Lab 10, given: the 3D stage. An nn::GPT whose ends are vocabulary parallel over the tp group
 // (lab 07 step 4) and whose blocks may be checkpointed (lab 06). Not an exercise: read it to see
 // how lab 07's functions slot into the pieces lab 08's executor calls.
