@@ -16,6 +16,7 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/flash_attention_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/fused_norm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/fused_norm_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/fused_linear.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/parameter.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/linear.cpp

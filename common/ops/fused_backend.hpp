@@ -8,4 +8,10 @@ namespace scalelab::ops::cpu {
 
 namespace scalelab::ops::cuda {
 #include "common/ops/fused_backend.inc"
+/// CUDA only (matmul_cuda.cu): out = in @ weight^T + bias in one cuBLASLt call with a bias
+/// epilogue, or with pre_gelu: pre_gelu = that and out = GELU(pre_gelu) (GELU_AUX_BIAS). 2-d
+/// tensors, bf16. Returns false, having done nothing, where the epilogue does not apply (not
+/// bf16, misaligned, no algorithm): the caller then runs the unfused ops.
+bool linear_epilogue(Tensor& out, Tensor* pre_gelu, const Tensor& in, const Tensor& weight,
+                     const Tensor& bias);
 }  // namespace scalelab::ops::cuda

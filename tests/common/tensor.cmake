@@ -7,6 +7,7 @@ scalelab_add_test(NAME test_gpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt.cpp R
 scalelab_add_test(NAME test_flash_attention
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_attention.cpp RANKS 1)
 scalelab_add_test(NAME test_fused_norm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_norm.cpp RANKS 1)
+scalelab_add_test(NAME test_fused_linear SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_linear.cpp RANKS 1)
 scalelab_add_test(NAME test_optim SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_optim.cpp RANKS 1)
 scalelab_add_test(NAME test_data SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_data.cpp RANKS 1)
 scalelab_add_test(NAME test_metrics SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_metrics.cpp RANKS 1)

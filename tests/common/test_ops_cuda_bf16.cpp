@@ -18,6 +18,7 @@
 #include "common/device.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/ops/flash_attention.hpp"
+#include "common/ops/fused_linear.hpp"
 #include "common/ops/fused_norm.hpp"
 #include "common/ops/ops.hpp"
 #include "tests/common/gradcheck.hpp"
@@ -260,5 +261,26 @@ TEST_F(CudaBf16, MixedPrecisionGptStepMatchesTheHost) {
     for (int64_t j = 0; j < gc.numel(); ++j)
       ASSERT_LE(std::abs(gg.item(j) - gc.item(j)), 5e-2 * big)
           << cpu_model.parameters()[i]->name << " element " << j;
+  }
+}
+
+// The cuBLASLt bias and bias+GELU epilogues against the host's unfused matmul, add_bias, GELU.
+// Tolerance 3e-2 relative (bf16): the epilogue adds the bias and applies GELU in fp32 before one
+// rounding; the host rounds the product, then the biased sum, then the GELU (up to 3 roundings).
+// OC = 96 takes the epilogue; OC = 100 (not a multiple of 8) the unfused fallback.
+TEST_F(CudaBf16, LinearEpiloguesMatchTheHost) {
+  for (int64_t OC : {96, 100}) {
+    const Tensor x = rnd({4, 33, 64}, 80), w = rnd({OC, 64}, 81), b = rnd({OC}, 82);
+    Tensor y = Tensor::empty({4, 33, OC}, DType::bf16), g = y.clone(), pre = y.clone();
+    ops::linear_forward(y, x, w, b);
+    ops::linear_gelu_forward(g, pre, x, w, b);
+    Tensor y_d = Tensor::empty({4, 33, OC}, DType::bf16, gpu), g_d = y_d.clone(), pre_d = y_d.clone();
+    const Tensor x_d = x.to(gpu), w_d = w.to(gpu), b_d = b.to(gpu);
+    ops::linear_forward(y_d, x_d, w_d, b_d);
+    ops::linear_gelu_forward(g_d, pre_d, x_d, w_d, b_d);
+    const std::string what = "OC " + std::to_string(OC);
+    expect_close(y_d, y, 3e-2, what + " linear");
+    expect_close(pre_d, pre, 3e-2, what + " pre-GELU");
+    expect_close(g_d, g, 3e-2, what + " GELU");
   }
 }

@@ -50,7 +50,7 @@ __device__ inline void stage_rows(A* tile, const S* m, int r0, int n, int T) {
 template <class S, class A, int HS>
 __global__ void flash_forward_kernel(S* out, A* lse, const S* q, const S* k, const S* v, int T,
                                      A scale) {
-  extern __shared__ unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];
   A* Ks = reinterpret_cast<A*>(smem);  // kCols x HS: a tile of keys
   A* Vs = Ks + kCols * HS;             // kCols x HS: the matching values
   const int64_t head = (int64_t)blockIdx.y * T * HS;
@@ -112,7 +112,7 @@ __global__ void flash_backward_d_kernel(A* D, const S* dout, const S* out, int64
 template <class S, class A, int HS>
 __global__ void flash_backward_dq_kernel(S* dq, const S* dout, const S* q, const S* k, const S* v,
                                          const A* lse, const A* D, int T, A scale) {
-  extern __shared__ unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];
   A* Ks = reinterpret_cast<A*>(smem);
   A* Vs = Ks + kCols * HS;
   const int64_t head = (int64_t)blockIdx.y * T * HS;
@@ -157,7 +157,7 @@ template <class S, class A, int HS>
 __global__ void flash_backward_dkdv_kernel(S* dk, S* dv, const S* dout, const S* q, const S* k,
                                            const S* v, const A* lse, const A* D, int T, A scale) {
   constexpr int P = HS + 1;
-  extern __shared__ unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];
   A* Kown = reinterpret_cast<A*>(smem);  // kRows x P
   A* Vown = Kown + kRows * P;            // kRows x P
   A* Qs = Vown + kRows * P;              // kCols x HS

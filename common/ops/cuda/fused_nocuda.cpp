@@ -13,4 +13,5 @@ void flash_attention_backward(Tensor&, Tensor&, Tensor&, const Tensor&, const Te
                               double) { no_cuda(); }
 void residual_layernorm_forward(Tensor&, Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&,
                                 const Tensor&, const Tensor&, double) { no_cuda(); }
+bool linear_epilogue(Tensor&, Tensor*, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 }  // namespace scalelab::ops::cuda

@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <tuple>
 
 #include "common/ops/cuda/kernels.cuh"
+#include "common/ops/fused_backend.hpp"
 
 namespace scalelab::ops::cuda {
 
@@ -44,11 +46,11 @@ struct LtDevice {
 };
 
 // What the heuristic's choice depends on: the problem and the operands' alignment.
-using ShapeKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int, int>;
+using ShapeKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int, int, int>;
 
 std::mutex g_lt_mutex;
 LtDevice g_lt[kMaxDevices];
-std::map<ShapeKey, cublasLtMatmulAlgo_t> g_algos;
+std::map<ShapeKey, std::optional<cublasLtMatmulAlgo_t>> g_algos;  // nullopt: none for that shape
 
 LtDevice& lt_device(int device) {
   SCALELAB_CHECK(device < kMaxDevices, "device index {} too large", device);
@@ -98,16 +100,35 @@ struct MatmulDesc {
   MatmulDesc& operator=(const MatmulDesc&) = delete;
 };
 
-void matmul_bf16(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha,
-                 double beta, int64_t batch, int64_t M, int64_t N, int64_t K) {
-  if (K == 0) return scale(out, beta);  // an empty sum: out = beta * out
+// What cuBLASLt applies to the product before storing it (fused_linear.hpp): nothing, + bias
+// per output column, or + bias then GELU with the pre-GELU values also stored in `aux`.
+struct Epilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  void* aux = nullptr;  // (M, N) row-major, ld N
+};
+
+// out = alpha op(a) op(b) + beta out, then the epilogue; a and b bf16, out bf16 or f32. Returns
+// false (nothing done) when cuBLASLt has no algorithm for the problem.
+bool lt_matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha,
+               double beta, int64_t batch, int64_t M, int64_t N, int64_t K, const Epilogue& e = {}) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   const cudaDataType_t out_type = out.dtype() == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
   // Column-major view (see the top): the first operand is b, (N, K) after its op; the second is
-  // a, (K, M) after its op; the result is (N, M) with ld N.
+  // a, (K, M) after its op; the result is (N, M) with ld N, and a bias of N entries is added to
+  // each of its columns: one entry per column of the row-major out.
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   MatmulDesc desc(op_b, op_a);
+  if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &e.kind, sizeof e.kind));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof e.bias));
+  }
+  if (e.aux) {
+    const int64_t ld = N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof e.aux));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+  }
   Layout lb(CUDA_R_16BF, tb ? K : N, tb ? N : K, batch, K * N);
   Layout la(CUDA_R_16BF, ta ? M : K, ta ? K : M, batch, M * K);
   Layout lc(out_type, N, M, batch, M * N);
@@ -116,7 +137,8 @@ void matmul_bf16(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
 
   std::lock_guard<std::mutex> lock(g_lt_mutex);
   LtDevice& lt = lt_device(device);
-  const ShapeKey key{device, ta, tb, M, N, K, batch, static_cast<int>(out_type), align};
+  const ShapeKey key{device, ta, tb, M, N, K, batch, static_cast<int>(out_type), align,
+                     static_cast<int>(e.kind)};
   auto it = g_algos.find(key);
   if (it == g_algos.end()) {
     cublasLtMatmulPreference_t pref;
@@ -132,15 +154,23 @@ void matmul_bf16(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt.handle, desc.d, lb.d, la.d, lc.d, lc.d,
                                                              pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    SCALELAB_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
-                   "cuBLASLt found no bf16 algorithm for batch {} M {} N {} K {} (status {})",
-                   batch, M, N, K, static_cast<int>(st));
-    it = g_algos.emplace(key, result.algo).first;
+    std::optional<cublasLtMatmulAlgo_t> algo;
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) algo = result.algo;
+    it = g_algos.emplace(key, algo).first;
   }
+  if (!it->second) return false;
   // C and D are the same tensor (in place, beta accumulates).
   CUBLAS_CHECK(cublasLtMatmul(lt.handle, desc.d, &al, b.data_ptr(), lb.d, a.data_ptr(), la.d, &be,
-                              out.data_ptr(), lc.d, out.data_ptr(), lc.d, &it->second, lt.workspace,
-                              kWorkspaceBytes, /*stream=*/0));
+                              out.data_ptr(), lc.d, out.data_ptr(), lc.d, &*it->second,
+                              lt.workspace, kWorkspaceBytes, /*stream=*/0));
+  return true;
+}
+
+void matmul_bf16(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha,
+                 double beta, int64_t batch, int64_t M, int64_t N, int64_t K) {
+  if (K == 0) return scale(out, beta);  // an empty sum: out = beta * out
+  SCALELAB_CHECK(lt_matmul(out, a, b, ta, tb, alpha, beta, batch, M, N, K),
+                 "cuBLASLt found no bf16 algorithm for batch {} M {} N {} K {}", batch, M, N, K);
 }
 }  // namespace
 
@@ -156,6 +186,26 @@ void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, dou
                       static_cast<int>(ta ? M : K), M * K, &be, out.data<T>(),
                       static_cast<int>(N), M * N, static_cast<int>(batch)));
   });
+}
+
+}  // namespace scalelab::ops::cuda
+
+namespace scalelab::ops::cuda {
+
+bool linear_epilogue(Tensor& out, Tensor* pre_gelu, const Tensor& in, const Tensor& weight,
+                     const Tensor& bias) {
+  use_device(out);
+  const int64_t N = in.size(0), C = in.size(1), OC = weight.size(0);
+  if (in.dtype() != DType::bf16 || C == 0) return false;
+  // The epilogue reads bias and writes aux with vector accesses: aligned pointers, OC % 8 == 0.
+  const bool aligned = alignment(bias.data_ptr()) == 16 &&
+                       (!pre_gelu || (alignment(pre_gelu->data_ptr()) == 16 && OC % 8 == 0));
+  if (!aligned) return false;
+  Epilogue e;
+  e.kind = pre_gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  e.bias = bias.data_ptr();
+  e.aux = pre_gelu ? pre_gelu->data_ptr() : nullptr;
+  return lt_matmul(out, in, weight, false, true, 1.0, 0.0, 1, N, OC, C, e);
 }
 
 }  // namespace scalelab::ops::cuda

@@ -1,0 +1,53 @@
+// Dispatch of the fused Linear forwards: the cuBLASLt epilogue where it applies, else the
+// unfused ops (which then check shapes and dtypes again; cheap).
+#include "common/ops/fused_linear.hpp"
+
+#include "common/ops/fused_backend.hpp"
+#include "common/ops/ops.hpp"
+
+namespace scalelab::ops {
+
+namespace {
+// in, out, pre viewed as 2-d (N, C) / (N, OC) matrices, after checking what the views need.
+struct Views {
+  Tensor in, out, pre;
+};
+Views views(const char* op, Tensor& out, Tensor* pre, const Tensor& in, const Tensor& weight,
+            const Tensor& bias) {
+  SCALELAB_CHECK(in.defined() && in.dim() >= 2 && weight.defined() && weight.dim() == 2 &&
+                     bias.defined() && bias.dim() == 1,
+                 "{}: in (..., C), weight (OC, C), bias (OC) expected", op);
+  const int64_t C = in.size(-1), OC = weight.size(0), N = in.numel() / C;
+  std::vector<int64_t> out_shape = in.shape();
+  out_shape.back() = OC;
+  SCALELAB_CHECK(weight.size(1) == C && bias.size(0) == OC && out.defined() &&
+                     out.shape() == out_shape && (!pre || (pre->defined() && pre->shape() == out_shape)),
+                 "{}: in {} weight {} bias {} out {}", op, in.str(), weight.str(), bias.str(),
+                 out.defined() ? out.str() : "undefined");
+  for (const Tensor* t : {&in, &weight, &bias, static_cast<const Tensor*>(&out)})
+    SCALELAB_CHECK(t->is_contiguous() && t->dtype() == in.dtype() && t->device() == in.device(),
+                   "{}: {} is not contiguous, or not of in's dtype and device", op, t->str());
+  if (pre)
+    SCALELAB_CHECK(pre->is_contiguous() && pre->dtype() == in.dtype() && pre->device() == in.device(),
+                   "{}: pre {} is not contiguous, or not of in's dtype and device", op, pre->str());
+  return {in.view({N, C}), out.view({N, OC}), pre ? pre->view({N, OC}) : Tensor()};
+}
+}  // namespace
+
+void linear_forward(Tensor& out, const Tensor& in, const Tensor& weight, const Tensor& bias) {
+  Views v = views("linear_forward", out, nullptr, in, weight, bias);
+  if (in.device().is_cuda() && cuda::linear_epilogue(v.out, nullptr, v.in, weight, bias)) return;
+  matmul(v.out, v.in, weight, false, true);
+  add_bias(v.out, bias);
+}
+
+void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& in, const Tensor& weight,
+                         const Tensor& bias) {
+  Views v = views("linear_gelu_forward", out, &pre, in, weight, bias);
+  if (in.device().is_cuda() && cuda::linear_epilogue(v.out, &v.pre, v.in, weight, bias)) return;
+  matmul(v.pre, v.in, weight, false, true);
+  add_bias(v.pre, bias);
+  gelu_forward(v.out, v.pre);
+}
+
+}  // namespace scalelab::ops
