@@ -88,12 +88,19 @@ void print_memory_table(const lab02::MemoryEstimate& e, bool bf16, int64_t n_par
 
 // Step 5's estimate in the run's precision. bf16 (mixed): activations are 2-byte elements except
 // the LayerNorm statistics (2 per row in each LayerNorm: 4 B T per block, 2 B T in the head),
-// which stay fp32.
-lab02::MemoryEstimate estimate_for(const ModelConfig& c, int64_t B, int64_t T, bool bf16) {
+// which stay fp32. Flash attention keeps, per block, one fp32 log-sum-exp per (head, row) instead
+// of the H T x T probabilities step 5 counts.
+lab02::MemoryEstimate estimate_for(const ModelConfig& c, int64_t B, int64_t T, bool bf16,
+                                   bool flash) {
   lab02::MemoryEstimate e = lab02::estimate_memory(c, B, T, 4);
   if (bf16) {
     const int64_t stats = c.n_layer * 4 * B * T + 2 * B * T;
     e.activations = 2 * lab02::activation_elements(c, B, T) + 2 * stats;
+  }
+  if (flash) {
+    const int64_t elem = bf16 ? 2 : 4;
+    e.activations -= c.n_layer * c.n_head * B * T * T * elem;  // no probabilities
+    e.activations += c.n_layer * c.n_head * B * T * 4;         // lse, fp32
   }
   return e;
 }
@@ -125,7 +132,8 @@ int main(int argc, char** argv) {
         ("resume", "continue from --checkpoint")
         ("sample", "characters to generate at the end", cxxopts::value<int>()->default_value("300"))
         ("peak-tflops", "device peak TFLOP/s for MFU (default: the GPU data sheet; on a CPU a measured sgemm)", cxxopts::value<double>()->default_value("0"))
-        ("tf32", "allow TF32 tensor cores for fp32 matmuls on CUDA");
+        ("tf32", "allow TF32 tensor cores for fp32 matmuls on CUDA")
+        ("attention", "written (two matmuls and a softmax; the T x T probabilities are kept) or flash (one fused op: tiles and an online softmax, no T x T)", cxxopts::value<std::string>()->default_value("written"));
     const auto r = cli::parse(options, argc, argv);
     const auto run = cli::run_options(r);
     SCALELAB_REQUIRE(world_size() == 1, "lab 02 trains on one device: run it on 1 rank, not {}",
@@ -143,6 +151,10 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(tc.steps > 0, "--steps must be positive, got {}", tc.steps);
     SCALELAB_REQUIRE(B > 0, "--batch must be positive, got {}", B);
     SCALELAB_REQUIRE(T > 0, "--context must be positive, got {}", T);
+    const std::string attention = r["attention"].as<std::string>();
+    SCALELAB_REQUIRE(attention == "written" || attention == "flash",
+                     "--attention must be written or flash, got '{}'", attention);
+    const bool flash = attention == "flash";
     SCALELAB_REQUIRE(T <= config.block_size, "--context {} is longer than {}'s context of {}", T,
                      config.name, config.block_size);
     SCALELAB_REQUIRE(tc.max_lr > 0 && tc.min_lr >= 0, "--lr and --min-lr must be positive");
@@ -179,7 +191,8 @@ int main(int argc, char** argv) {
     const data::Sampler val(corpus.val, B, T, run.seed + 1);
 
     const std::size_t before_model = memory_stats(device).current;
-    nn::GPT model(config, {.device = device, .seed = run.seed, .compute_dtype = run.precision});
+    nn::GPT model(config, {.device = device, .seed = run.seed, .compute_dtype = run.precision,
+                           .flash_attention = flash});
     optim::AdamW opt(optim::groups(model.parameters()));
     const std::size_t state_measured = memory_stats(device).current - before_model;
     int64_t start = 0;
@@ -192,6 +205,8 @@ int main(int argc, char** argv) {
               config.name, model.num_parameters(), config.n_layer, config.n_head, config.n_embd,
               B, T, device.str());
     log::info("{}", train::precision_note(run.precision));
+    log::info("attention: {}", flash ? "flash (one fused op; a log-sum-exp per row kept, no T x T)"
+                                     : "written out (the T x T probabilities kept for backward)");
     log::info("MFU against {}", peak_info.str());
 
     const double fpt = lab02::flops_per_token(config, T);
@@ -234,8 +249,9 @@ int main(int argc, char** argv) {
       activations_measured = model.activation_bytes();
       model.free_activations();
     }
-    print_memory_table(estimate_for(config, B, T, run.bf16()), run.bf16(), model.num_parameters(),
-                       state_measured, memory_stats(device).peak, activations_measured);
+    print_memory_table(estimate_for(config, B, T, run.bf16(), flash), run.bf16(),
+                       model.num_parameters(), state_measured, memory_stats(device).peak,
+                       activations_measured);
     log::info("checkpoint: {} (continue with --resume --steps N)", ckpt);
 
     const int n_sample = r["sample"].as<int>();

@@ -49,3 +49,6 @@ foreach(case "lab03_ddp;--verify-steps;2"
                              --data ${bf16_corpus} ${case})  # a later --batch wins
   set_tests_properties(${nn}.program.bf16.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
 endforeach()
+# --attention picks lab 02's attention path (written out or flash); anything else is a usage error
+scalelab_expect_usage_error(lab02.cli.bad_attention lab02_single_device_solution
+                            --attention fast --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
