@@ -3,3 +3,7 @@
 # labs/02_single_device/README.md "AdamW on one CPU thread vs PyTorch".
 add_executable(scalelab_bench_adamw ${PROJECT_SOURCE_DIR}/tools/bench/bench_adamw.cpp)
 target_link_libraries(scalelab_bench_adamw PRIVATE scalelab::common)
+# scalelab_bench_attention: the unfused causal attention against flash attention at one shape
+# (common/ops/flash_attention.hpp; default gpt-85m's heads at batch 16, bf16, on CUDA).
+add_executable(scalelab_bench_attention ${PROJECT_SOURCE_DIR}/tools/bench/bench_attention.cpp)
+target_link_libraries(scalelab_bench_attention PRIVATE scalelab::common)

@@ -1,0 +1,122 @@
+// scalelab_bench_attention: causal attention forward and backward at one shape, the unfused path
+// of common/nn/attention.cpp (batched_matmul, causal_softmax, batched_matmul: (BH, T, T) matrices)
+// against flash attention (common/ops/flash_attention.hpp: tiles, no T x T). Prints, for each,
+// the best and median ms of --repeats calls after --warmup, the TFLOP/s and the allocator's
+// peak. Not a test. FLOPs as the FlashAttention papers count them: forward 4 BH T^2 hs, halved
+// for the causal mask; backward 2.5 x forward (the useful work: the two-pass flash backward
+// recomputes more, which this count leaves out, so its TFLOP/s is the useful rate).
+//   build/common/scalelab_bench_attention --device cuda --dtype bf16            # gpt-85m, B 16
+//   build/common/scalelab_bench_attention --device cpu --batch 1 --context 256 --dtype f32
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/allocator.hpp"
+#include "common/cli.hpp"
+#include "common/errors.hpp"
+#include "common/metrics.hpp"
+#include "common/ops/flash_attention.hpp"
+#include "common/ops/ops.hpp"
+#include "common/runtime.hpp"
+
+namespace {
+using namespace scalelab;
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::f32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "f64") return DType::f64;
+  throw UsageError(fmt::format("--dtype {}: f32, bf16 or f64", s));
+}
+
+// best and median ms of `repeats` timed calls of f after `warmup` untimed ones
+std::pair<double, double> time_ms(Device device, int warmup, int repeats, const std::function<void()>& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < repeats; ++i) {
+    metrics::Timer t(device);
+    f();
+    ms.push_back(t.elapsed() * 1e3);
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms.front(), ms[ms.size() / 2]};
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return scalelab::run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options("scalelab_bench_attention",
+                                     "Time causal attention: the unfused ops against flash attention.");
+    options.add_options()
+        ("batch", "B", cxxopts::value<int64_t>()->default_value("16"))
+        ("heads", "NH", cxxopts::value<int64_t>()->default_value("12"))
+        ("context", "T", cxxopts::value<int64_t>()->default_value("1024"))
+        ("head-size", "hs", cxxopts::value<int64_t>()->default_value("64"))
+        ("dtype", "f32, bf16 or f64", cxxopts::value<std::string>()->default_value("bf16"))
+        ("repeats", "timed calls", cxxopts::value<int>()->default_value("10"))
+        ("warmup", "untimed calls first", cxxopts::value<int>()->default_value("3"))
+        ("device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cuda"));
+    auto r = cli::parse(options, argc, argv);
+    const int64_t B = r["batch"].as<int64_t>(), NH = r["heads"].as<int64_t>(),
+                  T = r["context"].as<int64_t>(), hs = r["head-size"].as<int64_t>();
+    const int repeats = r["repeats"].as<int>(), warmup = r["warmup"].as<int>();
+    SCALELAB_REQUIRE(B >= 1 && NH >= 1 && T >= 1 && hs >= 1, "--batch, --heads, --context and --head-size must be >= 1");
+    SCALELAB_REQUIRE(repeats >= 1 && warmup >= 0, "--repeats must be >= 1 and --warmup >= 0");
+    const DType dt = parse_dtype(r["dtype"].as<std::string>());
+    const Device device = Device::parse(r["device"].as<std::string>());
+    const int64_t BH = B * NH;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+
+    // inputs: q, k, v, dout of (BH, T, hs), small values (their size does not change the cost)
+    auto input = [&] {
+      Tensor t = Tensor::empty({BH, T, hs}, dt, device);
+      ops::fill(t, 0.01);
+      return t;
+    };
+    const Tensor q = input(), k = input(), v = input(), dout = input();
+    Tensor out = Tensor::empty({BH, T, hs}, dt, device), dq = out.clone(), dk = out.clone(),
+           dv = out.clone();
+    Tensor lse = Tensor::empty({BH, T}, ops::flash_attention_lse_dtype(dt), device);
+
+    const double fwd_flops = 4.0 * BH * T * T * hs / 2, bwd_flops = 2.5 * fwd_flops;
+    fmt::print("causal attention, B {} x NH {} x T {} x hs {}, {} on {}; forward {:.3g} GFLOP, "
+               "backward {:.3g} GFLOP (causal, FlashAttention's count)\n",
+               B, NH, T, hs, dtype_name(dt), device.str(), fwd_flops / 1e9, bwd_flops / 1e9);
+    fmt::print("{:<22} {:>10} {:>10} {:>10} {:>12}\n", "", "best ms", "median ms", "TFLOP/s", "peak extra");
+    auto report = [&](const char* what, double flops, const std::function<void()>& f) {
+      reset_peak_memory(device);
+      const std::size_t before = memory_stats(device).current;
+      const auto [best, median] = time_ms(device, warmup, repeats, f);
+      fmt::print("{:<22} {:>10.3f} {:>10.3f} {:>10.2f} {:>12}\n", what, best, median,
+                 flops / (best * 1e-3) / 1e12,
+                 metrics::human_bytes(static_cast<double>(memory_stats(device).peak - before)));
+    };
+
+    // the unfused path, as CausalSelfAttention does it (att kept from forward for backward)
+    Tensor att = Tensor::empty({BH, T, T}, dt, device);
+    auto unfused_forward = [&] {
+      Tensor preatt = Tensor::empty({BH, T, T}, dt, device);
+      ops::batched_matmul(preatt, q, k, false, true);
+      ops::causal_softmax_forward(att, preatt, scale);
+      ops::batched_matmul(out, att, v);
+    };
+    report("unfused forward", fwd_flops, unfused_forward);
+    report("unfused backward", bwd_flops, [&] {
+      Tensor datt = Tensor::empty({BH, T, T}, dt, device), dpre = Tensor::empty({BH, T, T}, dt, device);
+      ops::batched_matmul(datt, dout, v, false, true);
+      ops::batched_matmul(dv, att, dout, true, false);
+      ops::causal_softmax_backward(dpre, att, datt, scale);
+      ops::batched_matmul(dq, dpre, k);
+      ops::batched_matmul(dk, dpre, q, true, false);
+    });
+    att = Tensor();
+    report("flash forward", fwd_flops, [&] { ops::flash_attention_forward(out, lse, q, k, v, scale); });
+    report("flash backward", bwd_flops, [&] {
+      ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+    });
+    return 0;
+  });
+}
