@@ -42,15 +42,15 @@ class BenchGptVsTorch(unittest.TestCase):
         harness = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
         loader.exec_module(harness)
         rows = harness.parse_table(p.stdout)
-        self.assertIn("scalelab lab 02", rows, p.stdout)
+        self.assertIn("scalelab lab 02 (flash attention)", rows, p.stdout)
         torch_rows = [k for k in rows if k.startswith("PyTorch ")]
         self.assertEqual(len(torch_rows), 1, p.stdout)
         self.assertIn("scalelab / PyTorch", rows, p.stdout)
-        for name in ("scalelab lab 02", torch_rows[0]):
+        for name in ("scalelab lab 02 (flash attention)", torch_rows[0]):
             tps, mfu, mem = rows[name]
             self.assertGreater(float(tps.rstrip("kMG")), 0, name)
             self.assertGreater(float(mfu.rstrip("%")), 0, name)
-        self.assertRegex(rows["scalelab lab 02"][2], r"^[\d.]+(B|KiB|MiB|GiB)$")
+        self.assertRegex(rows["scalelab lab 02 (flash attention)"][2], r"^[\d.]+(B|KiB|MiB|GiB)$")
         self.assertRegex(rows["scalelab / PyTorch"][0], r"^[\d.]+x$")
         self.assertIn("batch 2 x context 16, bf16, on cpu", p.stdout)
 
