@@ -40,12 +40,12 @@ Tensor Block::forward(const Tensor& x, BlockActivations& a) const {
     attn.forward(attn_out, a.ln1, a.attn);
     if (reduce_forward) reduce_forward(attn_out);  // g: sum the heads' partial outputs
     if (attn.proj.row_parallel()) attn.proj.add_bias(attn_out);  // once, after g
-    ops::add(a.res2, x, attn_out);
+    a.ln2 = Tensor::empty({B, T, C}, dt, dev);
+    a.ln2_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16 data
+    a.ln2_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);
+    // res2 = x + attn_out and ln2 = LayerNorm(res2) in one pass over the rows
+    ln2.forward_residual(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, attn_out);
   }
-  a.ln2 = Tensor::empty({B, T, C}, dt, dev);
-  a.ln2_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16 data
-  a.ln2_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);
-  ln2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2);
   Tensor out = Tensor::empty({B, T, C}, dt, dev);
   mlp.forward(out, a.ln2, a.mlp);
   if (reduce_forward) reduce_forward(out);

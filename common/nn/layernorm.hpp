@@ -13,6 +13,11 @@ class LayerNorm {
   LayerNorm(std::string name, int64_t features);
   /// out (N, C), mean (N), rstd (N) from in (N, C)
   void forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in) const;
+  /// The residual add and this LayerNorm in one pass (ops::residual_layernorm_forward): res_out
+  /// = x + residual (the next residual stream), out = LayerNorm(res_out); the same numbers as
+  /// ops::add then forward. Backward is unchanged (on res_out).
+  void forward_residual(Tensor& res_out, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
+                        const Tensor& residual) const;
   /// din += ..., dweight += ..., dbias += ... from dout (N, C)
   void backward(Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean,
                 const Tensor& rstd);

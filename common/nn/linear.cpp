@@ -1,5 +1,6 @@
 #include "common/nn/linear.hpp"
 
+#include "common/ops/fused_linear.hpp"
 #include "common/ops/ops.hpp"
 
 namespace scalelab::nn {
@@ -25,8 +26,26 @@ Linear::Linear(std::string name, int64_t in_features, int64_t out_features, bool
 void Linear::forward(Tensor& out, const Tensor& in) const {
   const Tensor x = in.view({-1, in_features()});   // (N, in)
   Tensor y = out.view({-1, out_features()});        // (N, out)
+  if (has_bias_ && !row_parallel()) {
+    // x @ W^T + b: on a GPU in bf16 the bias rides in the GEMM's epilogue
+    ops::linear_forward(y, x, weight.compute_value(), bias.compute_value());
+    return;
+  }
   ops::matmul(y, x, weight.compute_value(), false, true);  // x @ W^T
   if (!row_parallel()) add_bias(out);               // row parallel: after the reduce
+}
+
+void Linear::forward_gelu(Tensor& out, Tensor& pre, const Tensor& in) const {
+  SCALELAB_CHECK(!row_parallel(), "{}: GELU of a partial sum (row parallel)", weight.name);
+  if (!has_bias_) {
+    forward(pre, in);
+    ops::gelu_forward(out, pre);
+    return;
+  }
+  const Tensor x = in.view({-1, in_features()});  // (N, in)
+  Tensor p = pre.view({-1, out_features()});       // (N, out)
+  Tensor g = out.view({-1, out_features()});
+  ops::linear_gelu_forward(g, p, x, weight.compute_value(), bias.compute_value());
 }
 
 void Linear::add_bias(Tensor& out) const {

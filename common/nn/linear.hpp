@@ -21,6 +21,9 @@ class Linear {
 
   /// out (N, out_local) = in (N, in_local) @ W^T + b (+ b only if !row_parallel()).
   void forward(Tensor& out, const Tensor& in) const;
+  /// out = GELU(pre), pre (N, out_local) = in @ W^T + b: the MLP's first layer with its GELU,
+  /// fused into the matmul where the device can (ops::linear_gelu_forward). Not row parallel.
+  void forward_gelu(Tensor& out, Tensor& pre, const Tensor& in) const;
   /// out (N, out) += b: for a row-parallel layer, after its partial sums are reduced.
   void add_bias(Tensor& out) const;
   /// din (N, in_local) += dout @ W (skipped if din is undefined); dW += dout^T @ in;

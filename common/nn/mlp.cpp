@@ -26,9 +26,8 @@ void MLP::forward(Tensor& out, const Tensor& x, MLPActivations& a) const {
   std::vector<int64_t> shape = x.shape();
   shape.back() = fc.out_features();
   a.h = Tensor::empty(shape, x.dtype(), x.device());
-  fc.forward(a.h, x);
   a.g = Tensor::empty(shape, x.dtype(), x.device());
-  ops::gelu_forward(a.g, a.h);
+  fc.forward_gelu(a.g, a.h, x);  // h = x W^T + b, g = GELU(h): one GEMM with its epilogue on a GPU
   proj.forward(out, a.g);
 }
 
