@@ -5,6 +5,7 @@
 //   ./scalelab run 08 --solution -n 4 -- --schedule afab --micro-batches 8
 //   ./scalelab run 08 --solution -n 2 -- --schedule interleaved --chunks 2 --trace pp.json
 #include <algorithm>
+#include <cmath>
 
 #include "common/allocator.hpp"
 #include "common/cli.hpp"
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     auto options = cli::make_options("lab08_pipeline_parallel",
                                      "Lab 08: pipeline-parallel training, one stage per rank");
-    cli::add_run_options(options);
+    cli::add_run_options(options, /*mixed_precision=*/true);
     train::add_train_options(options, {.batch = 16, .steps = 20});
     options.add_options("lab 08")
         ("schedule", "afab, 1f1b or interleaved",
@@ -114,7 +115,9 @@ int main(int argc, char** argv) {
     const Device device = train::rank_device(run.device);
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
-    auto pieces = build_pieces(config, kind, p, v, stage, {.device = device, .seed = run.seed});
+    const nn::GPTOptions model_options{.device = device, .seed = run.seed,
+                                       .compute_dtype = run.precision};
+    auto pieces = build_pieces(config, kind, p, v, stage, model_options);
     const std::vector<nn::GPT*> mine = pointers(pieces);
     optim::AdamW adamw(optim::groups(all_parameters(mine)));
     log::info("lab 08 pipeline_parallel: model {} ({} layers), {} stages, schedule {}{}, {} "
@@ -132,11 +135,17 @@ int main(int argc, char** argv) {
                 r == p - 1 ? ", ln_f and head" : "");
     }
 
-    // The single-device twin (rank 0): the same seed, the same global batches, AdamW.
+    log::info("{}", train::precision_note(run.precision));
+    // The single-device twin (rank 0): the same seed, the same global batches, AdamW. The pipeline
+    // must match it: fp32 to 1e-5 relative (only the order of the gradient sums over micro-batches
+    // differs), bf16 to 1e-3 (every activation rounds to 8 bits; the micro-batches' weight
+    // gradients are summed in fp32 in another order than one batch's).
+    bool twin_ok = true;
+    const double twin_tol = run.bf16() ? 1e-3 : 1e-5;
     std::unique_ptr<nn::GPT> twin;
     std::unique_ptr<optim::AdamW> twin_opt;
     if (stage == 0 && twin_steps > 0) {
-      twin = std::make_unique<nn::GPT>(config, nn::GPTOptions{.device = device, .seed = run.seed});
+      twin = std::make_unique<nn::GPT>(config, model_options);  // the same precision
       twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
     }
     train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
@@ -157,6 +166,11 @@ int main(int argc, char** argv) {
         twin_opt->step(lr);
         log::info("  single-device twin step={} loss={:.6f} (pipeline - twin: {:+.2e})", step, want,
                   loss - want);
+        if (std::abs(loss - want) > twin_tol * std::abs(want)) {
+          twin_ok = false;
+          log::info("  the pipeline's loss differs from the twin's by more than {:g} relative",
+                    twin_tol);
+        }
       }
     }
 
@@ -194,7 +208,7 @@ int main(int argc, char** argv) {
     bool sane = true;
     for (Kind k : kinds) {
       const int vk = k == Kind::interleaved ? (kind == Kind::interleaved ? v : 2) : 1;
-      auto table_pieces = build_pieces(config, k, p, vk, stage, {.device = device, .seed = run.seed});
+      auto table_pieces = build_pieces(config, k, p, vk, stage, model_options);
       const auto ptrs = pointers(table_pieces);
       for (int mm : {1, 2, 4, 8, 16}) {
         if (opt.batch % mm != 0 || (k == Kind::interleaved && mm % p != 0)) continue;
@@ -239,6 +253,6 @@ int main(int argc, char** argv) {
         sane = sane && !sr.deadlock;
       }
     }
-    return train::on_every_rank(sane, comm) ? kExitOk : kExitFailed;
+    return train::on_every_rank(sane && twin_ok, comm) ? kExitOk : kExitFailed;
   });
 }
