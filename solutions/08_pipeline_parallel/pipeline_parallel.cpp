@@ -179,7 +179,7 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
   const int p = pp.size(), stage = pp.rank(), v = static_cast<int>(chunks.size());
   const int m = static_cast<int>(micro.size());
   const Device dev = chunks[0]->device();
-  const DType dtype = chunks[0]->params().compute_dtype();  // activations: bf16 in mixed precision  // activations: bf16 in mixed precision
+  const DType dtype = chunks[0]->params().compute_dtype();  // activations: bf16 if mixed
   const int64_t C = chunks[0]->config().n_embd;
   const Clock::time_point t0 = Clock::now();
   if (stats != nullptr) *stats = ExecStats{};
