@@ -48,14 +48,8 @@ __global__ void cross_entropy_forward_kernel(A* losses, S* probs, const S* logit
   const int64_t row = warp_row();
   if (row >= N) return;
   const S* x = logits + row * V;
-  A mx = -INFINITY;
-  for (int64_t c = lane(); c < V; c += kWarp) mx = max(mx, A(x[c]));
-  mx = warp_max(mx);
-  A s = 0;
-  for (int64_t c = lane(); c < V; c += kWarp) s += exp(A(x[c]) - mx);
-  s = warp_sum(s);
-  for (int64_t c = lane(); c < V; c += kWarp) probs[row * V + c] = S(exp(A(x[c]) - mx) / s);
-  if (lane() == 0) losses[row] = log(s) + mx - A(x[targets[row]]);
+  const A lse = warp_softmax_row<S, A>(probs + row * V, x, V);
+  if (lane() == 0) losses[row] = lse - A(x[targets[row]]);
 }
 
 template <class S, class A>

@@ -15,21 +15,11 @@ __global__ void residual_layernorm_kernel(S* res_out, S* ln_out, A* mean, A* rst
   const int64_t row = warp_row();
   if (row >= N) return;
   S* res = res_out + row * C;
-  A s = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) {
-    res[c] = S(A(x[row * C + c]) + A(residual[row * C + c]));
-    s += A(res[c]);  // the stored (rounded) value: what layernorm_forward would read
-  }
-  const A m = warp_sum(s) / C;
-  A v = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) v += (A(res[c]) - m) * (A(res[c]) - m);
-  const A r = A(1) / sqrt(warp_sum(v) / C + eps);
   for (int64_t c = lane(); c < C; c += kWarp)
-    ln_out[row * C + c] = S((A(res[c]) - m) * r * A(w[c]) + A(b[c]));
-  if (lane() == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
+    res[c] = S(A(x[row * C + c]) + A(residual[row * C + c]));
+  // the LayerNorm of the stored (rounded) row, as layernorm_forward would read it; each lane
+  // reads back only the columns it wrote, so no synchronisation is needed
+  warp_layernorm_row(ln_out + row * C, mean + row, rstd + row, res, w, b, C, eps);
 }
 }  // namespace
 

@@ -50,6 +50,39 @@ __device__ inline int64_t warp_row() {
 }
 __device__ inline int lane() { return threadIdx.x % kWarp; }
 
+/// One warp's row of a softmax: out[c] = exp(x[c] - max) / sum over the C columns (S storage, A
+/// arithmetic). Returns the row's log-sum-exp, log(sum) + max (what cross-entropy needs).
+template <class S, class A>
+__device__ inline A warp_softmax_row(S* out, const S* x, int64_t C) {
+  A mx = -INFINITY;
+  for (int64_t c = lane(); c < C; c += kWarp) mx = max(mx, A(x[c]));
+  mx = warp_max(mx);
+  A s = 0;
+  for (int64_t c = lane(); c < C; c += kWarp) s += exp(A(x[c]) - mx);
+  s = warp_sum(s);
+  for (int64_t c = lane(); c < C; c += kWarp) out[c] = S(exp(A(x[c]) - mx) / s);
+  return log(s) + mx;
+}
+
+/// One warp's row of a LayerNorm: out = (x - mean) * rstd * w + b over the C columns; lane 0
+/// stores mean and rstd. Each lane reads only the columns it would write, so x may be a row the
+/// same lanes just stored (the fused residual + LayerNorm).
+template <class S, class A>
+__device__ inline void warp_layernorm_row(S* out, A* mean, A* rstd, const S* x, const S* w,
+                                          const S* b, int64_t C, A eps) {
+  A s = 0;
+  for (int64_t c = lane(); c < C; c += kWarp) s += A(x[c]);
+  const A m = warp_sum(s) / C;
+  A v = 0;
+  for (int64_t c = lane(); c < C; c += kWarp) v += (A(x[c]) - m) * (A(x[c]) - m);
+  const A r = A(1) / sqrt(warp_sum(v) / C + eps);
+  for (int64_t c = lane(); c < C; c += kWarp) out[c] = S((A(x[c]) - m) * r * A(w[c]) + A(b[c]));
+  if (lane() == 0) {
+    *mean = m;
+    *rstd = r;
+  }
+}
+
 /// Column sums of an (N, C) matrix, deterministic: block (32, 32) handles 32 columns; lane y sums
 /// rows y, y+32, ... in order, then the 32 partial sums are added in a fixed tree. `f(n, c)` gives
 /// the value summed. Launch: column_sum_blocks(C) blocks of dim3(32, 32).

@@ -11,19 +11,7 @@ __global__ void layernorm_forward_kernel(S* out, A* mean, A* rstd, const S* in, 
                                          const S* b, int64_t N, int64_t C, A eps) {
   const int64_t row = warp_row();
   if (row >= N) return;
-  const S* x = in + row * C;
-  A s = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) s += A(x[c]);
-  const A m = warp_sum(s) / C;
-  A v = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) v += (A(x[c]) - m) * (A(x[c]) - m);
-  const A r = A(1) / sqrt(warp_sum(v) / C + eps);
-  for (int64_t c = lane(); c < C; c += kWarp)
-    out[row * C + c] = S((A(x[c]) - m) * r * A(w[c]) + A(b[c]));
-  if (lane() == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
+  warp_layernorm_row(out + row * C, mean + row, rstd + row, in + row * C, w, b, C, eps);
 }
 
 // dx per row (one warp per row)
@@ -78,14 +66,7 @@ template <class S, class A>
 __global__ void softmax_kernel(S* out, const S* in, int64_t N, int64_t C) {
   const int64_t row = warp_row();
   if (row >= N) return;
-  const S* x = in + row * C;
-  A mx = -INFINITY;
-  for (int64_t c = lane(); c < C; c += kWarp) mx = max(mx, A(x[c]));
-  mx = warp_max(mx);
-  A s = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) s += exp(A(x[c]) - mx);
-  s = warp_sum(s);
-  for (int64_t c = lane(); c < C; c += kWarp) out[row * C + c] = S(exp(A(x[c]) - mx) / s);
+  warp_softmax_row<S, A>(out + row * C, in + row * C, C);
 }
 }  // namespace
 
