@@ -35,6 +35,32 @@ std::unique_ptr<nn::GPT> stage(const ModelConfig& c, int tp, int pp, int s, DTyp
       labtest::world(), checkpoint);
 }
 
+// One stage shape the memory tests measure: a config, tp, pp, the stage, checkpointing or not.
+struct StageCase {
+  ModelConfig c;
+  int tp, pp, s;
+  bool ckpt;
+  std::string str() const {
+    return fmt::format("{} tp {} pp {} stage {}{}", c.name, tp, pp, s, ckpt ? " checkpointed" : "");
+  }
+};
+// tiny and small, tp 1/2/4, pp 1/2, every stage, with and without checkpointing.
+std::vector<StageCase> stage_cases() {
+  std::vector<StageCase> all;
+  for (const ModelConfig& c : configs())
+    for (int tp : {1, 2, 4})
+      for (int pp : {1, 2})
+        for (int s = 0; s < pp; ++s)
+          for (bool ckpt : {false, true}) all.push_back({c, tp, pp, s, ckpt});
+  return all;
+}
+
+// A batch of `rows` rows of c's context length.
+data::Batch batch_for(const ModelConfig& c, int64_t rows) {
+  data::Sampler sampler(labtest::synthetic_corpus(10), rows, c.block_size, 1);
+  return sampler.batch(0);
+}
+
 using ParamFn = std::function<int64_t(const ModelConfig&, int, int, int)>;
 
 testing::AssertionResult parameters_match(const ParamFn& count) {
@@ -87,36 +113,17 @@ TEST(Step4_Planner, ZeroStagesAsLab09) {
 }
 
 TEST(Step4_Planner, ActivationBytesEqualAStagesForward) {
-  for (const ModelConfig& c : configs())
-    for (int tp : {1, 2, 4})
-      for (int pp : {1, 2})
-        for (int s = 0; s < pp; ++s)
-          for (bool ckpt : {false, true}) {
-            auto model = stage(c, tp, pp, s, DType::f32, ckpt);
-            const data::Batch b = kLab.batch(0).rows(0, 2);
-            const int64_t T = c.block_size;
-            Tensor tokens = b.x, targets = b.y;
-            if (T != b.x.size(1)) {  // small's context: a batch of its own length
-              data::Sampler sampler(labtest::synthetic_corpus(10), 2, T, 1);
-              const data::Batch sb = sampler.batch(0);
-              tokens = sb.x;
-              targets = sb.y;
-            }
-            nn::GPTActivations acts;
-            Tensor x = model->has_embedding() ? model->embed(tokens, acts)
-                                              : Tensor::zeros({2, T, c.n_embd});
-            Tensor y = model->forward_blocks(x, acts);
-            if (model->has_head()) model->head_forward(y, targets, acts);
-            EXPECT_EQ(lab10::stage_activation_bytes(c, 2, tp, pp, s, ckpt, 4), acts.nbytes())
-                << c.name << " tp " << tp << " pp " << pp << " stage " << s
-                << (ckpt ? " checkpointed" : "");
-          }
-}
-
-// A batch of `rows` rows of c's context length.
-data::Batch batch_for(const ModelConfig& c, int64_t rows) {
-  data::Sampler sampler(labtest::synthetic_corpus(10), rows, c.block_size, 1);
-  return sampler.batch(0);
+  for (const StageCase& k : stage_cases()) {
+    auto model = stage(k.c, k.tp, k.pp, k.s, DType::f32, k.ckpt);
+    const data::Batch b = batch_for(k.c, 2);
+    nn::GPTActivations acts;
+    Tensor x = model->has_embedding() ? model->embed(b.x, acts)
+                                      : Tensor::zeros({2, k.c.block_size, k.c.n_embd});
+    Tensor y = model->forward_blocks(x, acts);
+    if (model->has_head()) model->head_forward(y, b.y, acts);
+    EXPECT_EQ(lab10::stage_activation_bytes(k.c, 2, k.tp, k.pp, k.s, k.ckpt, 4), acts.nbytes())
+        << k.str();
+  }
 }
 
 // The allocator's peak above what is live when one micro-batch's backward starts (its
@@ -144,35 +151,31 @@ using TransientFn =
     std::function<std::size_t(const ModelConfig&, int64_t, int, int, int, bool, std::size_t)>;
 
 testing::AssertionResult transient_matches(const TransientFn& predicted) {
-  for (const ModelConfig& c : configs())
-    for (int tp : {1, 2, 4})
-      for (int pp : {1, 2})
-        for (int s = 0; s < pp; ++s)
-          for (bool ckpt : {false, true}) {
-            auto model = stage(c, tp, pp, s, DType::f32, ckpt);
-            const data::Batch b = batch_for(c, 2);
-            nn::GPTActivations acts;
-            Tensor x = model->has_embedding() ? model->embed(b.x, acts)
-                                              : Tensor::zeros({2, c.block_size, c.n_embd});
-            Tensor y = model->forward_blocks(x, acts);
-            x = Tensor();
-            Tensor dy;
-            if (model->has_head()) model->head_forward(y, b.y, acts);
-            else dy = Tensor::zeros(y.shape());  // the gradient received from the next stage
-            y = Tensor();
-            const std::size_t base = memory_stats(Device::cpu()).current;
-            reset_peak_memory(Device::cpu());
-            if (model->has_head()) dy = model->head_backward(acts);
-            Tensor dx = model->backward_blocks(dy, acts);
-            dy = Tensor();
-            if (model->has_embedding()) model->embed_backward(dx, acts);
-            const std::size_t peak = memory_stats(Device::cpu()).peak - base;
-            if (predicted(c, 2, tp, pp, s, ckpt, 4) != peak)
-              return testing::AssertionFailure() << fmt::format(
-                         "{} tp {} pp {} stage {}{}: {} bytes predicted, the allocator's peak "
-                         "above the backward's start is {}", c.name, tp, pp, s,
-                         ckpt ? " checkpointed" : "", predicted(c, 2, tp, pp, s, ckpt, 4), peak);
-          }
+  for (const StageCase& k : stage_cases()) {
+    auto model = stage(k.c, k.tp, k.pp, k.s, DType::f32, k.ckpt);
+    const data::Batch b = batch_for(k.c, 2);
+    nn::GPTActivations acts;
+    Tensor x = model->has_embedding() ? model->embed(b.x, acts)
+                                      : Tensor::zeros({2, k.c.block_size, k.c.n_embd});
+    Tensor y = model->forward_blocks(x, acts);
+    x = Tensor();
+    Tensor dy;
+    if (model->has_head()) model->head_forward(y, b.y, acts);
+    else dy = Tensor::zeros(y.shape());  // the gradient received from the next stage
+    y = Tensor();
+    const std::size_t base = memory_stats(Device::cpu()).current;
+    reset_peak_memory(Device::cpu());
+    if (model->has_head()) dy = model->head_backward(acts);
+    Tensor dx = model->backward_blocks(dy, acts);
+    dy = Tensor();
+    if (model->has_embedding()) model->embed_backward(dx, acts);
+    const std::size_t peak = memory_stats(Device::cpu()).peak - base;
+    const std::size_t want = predicted(k.c, 2, k.tp, k.pp, k.s, k.ckpt, 4);
+    if (want != peak)
+      return testing::AssertionFailure() << fmt::format(
+                 "{}: {} bytes predicted, the allocator's peak above the backward's start is {}",
+                 k.str(), want, peak);
+  }
   return testing::AssertionSuccess();
 }
 

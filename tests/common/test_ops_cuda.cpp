@@ -10,6 +10,7 @@
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
+#include "tests/common/gpt_step_check.hpp"
 #include "tests/common/gradcheck.hpp"
 
 using namespace scalelab;
@@ -142,24 +143,8 @@ TEST_F(CudaOps, ReductionsAndOptimizers) {
 }
 
 TEST_F(CudaOps, GptStepMatchesTheHost) {
-  const ModelConfig c = model_config("tiny");
-  nn::GPT cpu_model(c), gpu_model(c, {.device = gpu});
-  Tensor x = random_tokens({4, 16}, 256, 41), y = random_tokens({4, 16}, 256, 42);
-  for (nn::GPT* m : {&cpu_model, &gpu_model}) m->zero_grad();
-  const double l_cpu = cpu_model.forward(x, y);
-  const double l_gpu = gpu_model.forward(x.to(gpu), y.to(gpu));
-  EXPECT_NEAR(l_gpu, l_cpu, kTol * l_cpu);
-  cpu_model.backward();
-  gpu_model.backward();
-  for (std::size_t i = 0; i < cpu_model.parameters().size(); ++i) {
-    const Tensor& gc = cpu_model.parameters()[i]->grad;
-    const Tensor gg = gpu_model.parameters()[i]->grad.to(Device::cpu());
-    double scale = 1e-6;
-    for (int64_t j = 0; j < gc.numel(); ++j) scale = std::max(scale, std::abs(gc.item(j)));
-    for (int64_t j = 0; j < gc.numel(); ++j)
-      ASSERT_LE(std::abs(gg.item(j) - gc.item(j)), kTol * scale)
-          << cpu_model.parameters()[i]->name << " element " << j;
-  }
+  const auto gpu_model =
+      expect_gpt_step_matches_host(model_config("tiny"), {}, gpu, 41, kTol, kTol);
   // the allocator counts device memory separately from the host's
-  EXPECT_GE(memory_stats(gpu).current, static_cast<std::size_t>(gpu_model.num_parameters()) * 8);
+  EXPECT_GE(memory_stats(gpu).current, static_cast<std::size_t>(gpu_model->num_parameters()) * 8);
 }

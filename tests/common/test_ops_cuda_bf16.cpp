@@ -21,6 +21,7 @@
 #include "common/ops/fused_linear.hpp"
 #include "common/ops/fused_norm.hpp"
 #include "common/ops/ops.hpp"
+#include "tests/common/gpt_step_check.hpp"
 #include "tests/common/gradcheck.hpp"
 
 using namespace scalelab;
@@ -246,25 +247,8 @@ TEST_F(CudaBf16, ResidualLayerNormMatchesTheHost) {
 // Tolerance: loss 1e-2 relative; gradients 5e-2 of the parameter's largest |gradient| (bf16
 // activations through 2 blocks: each rounding differs where the float sums' order differs).
 TEST_F(CudaBf16, MixedPrecisionGptStepMatchesTheHost) {
-  const ModelConfig c = model_config("tiny");
-  nn::GPT cpu_model(c, {.compute_dtype = DType::bf16}),
-      gpu_model(c, {.device = gpu, .compute_dtype = DType::bf16});
-  const Tensor x = random_tokens({4, 16}, 256, 70), y = random_tokens({4, 16}, 256, 71);
-  for (nn::GPT* m : {&cpu_model, &gpu_model}) m->zero_grad();
-  const double l_cpu = cpu_model.forward(x, y);
-  const double l_gpu = gpu_model.forward(x.to(gpu), y.to(gpu));
-  EXPECT_NEAR(l_gpu, l_cpu, 1e-2 * l_cpu);
-  cpu_model.backward();
-  gpu_model.backward();
-  for (std::size_t i = 0; i < cpu_model.parameters().size(); ++i) {
-    const Tensor& gc = cpu_model.parameters()[i]->grad;
-    const Tensor gg = gpu_model.parameters()[i]->grad.to(Device::cpu());
-    double big = 1e-6;
-    for (int64_t j = 0; j < gc.numel(); ++j) big = std::max(big, std::abs(gc.item(j)));
-    for (int64_t j = 0; j < gc.numel(); ++j)
-      ASSERT_LE(std::abs(gg.item(j) - gc.item(j)), 5e-2 * big)
-          << cpu_model.parameters()[i]->name << " element " << j;
-  }
+  expect_gpt_step_matches_host(model_config("tiny"), {.compute_dtype = DType::bf16}, gpu, 70,
+                               1e-2, 5e-2);
 }
 
 // The cuBLASLt bias and bias+GELU epilogues against the host's unfused matmul, add_bias, GELU.
