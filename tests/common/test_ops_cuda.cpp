@@ -10,7 +10,7 @@
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
-#include "tests/common/gpt_step_check.hpp"
+#include "tests/common/cuda_checks.hpp"
 #include "tests/common/gradcheck.hpp"
 
 using namespace scalelab;
@@ -20,38 +20,12 @@ namespace {
 constexpr double kTol = 1e-4;
 const Device gpu = Device::cuda(0);
 
-class CudaOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    ops::set_allow_tf32(false);
-  }
-};
+using CudaOps = CudaTest;
 
 Tensor rnd(std::vector<int64_t> shape, uint64_t seed, double lo = -1, double hi = 1) {
   return uniform(std::move(shape), seed, DType::f32, lo, hi);
 }
 
-void expect_close(const Tensor& cuda, const Tensor& cpu, const std::string& what) {
-  const Tensor c = cuda.to(Device::cpu());
-  ASSERT_EQ(c.shape(), cpu.shape()) << what;
-  for (int64_t i = 0; i < cpu.numel(); ++i)
-    ASSERT_LE(std::abs(c.item(i) - cpu.item(i)), kTol * std::max(1.0, std::abs(cpu.item(i))))
-        << what << " element " << i << ": cuda " << c.item(i) << " cpu " << cpu.item(i);
-}
-
-// Runs `op` on host copies and on device copies of `args`, then compares every arg.
-void same_on_both(const std::string& what, std::vector<Tensor> args,
-                  const std::function<void(std::vector<Tensor>&)>& op) {
-  std::vector<Tensor> host, dev;
-  for (const Tensor& t : args) {
-    host.push_back(t.clone());
-    dev.push_back(t.to(gpu));
-  }
-  op(host);
-  op(dev);
-  for (std::size_t i = 0; i < args.size(); ++i) expect_close(dev[i], host[i], what + " arg " + std::to_string(i));
-}
 }  // namespace
 
 TEST_F(CudaOps, Matmul) {

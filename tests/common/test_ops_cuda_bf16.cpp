@@ -21,7 +21,7 @@
 #include "common/ops/fused_linear.hpp"
 #include "common/ops/fused_norm.hpp"
 #include "common/ops/ops.hpp"
-#include "tests/common/gpt_step_check.hpp"
+#include "tests/common/cuda_checks.hpp"
 #include "tests/common/gradcheck.hpp"
 
 using namespace scalelab;
@@ -30,13 +30,7 @@ using namespace scalelab::testing;
 namespace {
 const Device gpu = Device::cuda(0);
 
-class CudaBf16 : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    ops::set_allow_tf32(false);
-  }
-};
+using CudaBf16 = CudaTest;
 
 // uniform values in [lo, hi) stored as `dtype` (drawn in f64, then rounded)
 Tensor rnd(std::vector<int64_t> shape, uint64_t seed, DType dtype = DType::bf16, double lo = -1,
@@ -45,32 +39,6 @@ Tensor rnd(std::vector<int64_t> shape, uint64_t seed, DType dtype = DType::bf16,
   return Tensor::from_vector(t.to_vector(), t.shape(), dtype);
 }
 
-void expect_close(const Tensor& cuda, const Tensor& cpu, double tol, const std::string& what) {
-  const std::vector<double> c = cuda.to(Device::cpu()).to_vector(), h = cpu.to_vector();
-  ASSERT_EQ(cuda.shape(), cpu.shape()) << what;
-  ASSERT_EQ(cuda.dtype(), cpu.dtype()) << what;
-  for (std::size_t i = 0; i < h.size(); ++i)
-    ASSERT_LE(std::abs(c[i] - h[i]), tol * std::max(1.0, std::abs(h[i])))
-        << what << " element " << i << ": cuda " << c[i] << " cpu " << h[i];
-}
-
-// Runs `op` on host copies and on device copies of `args`, then compares every arg (each at the
-// tolerance of its dtype: f32 `f32_tol`, bf16 1e-2, f64 1e-10).
-void same_on_both(const std::string& what, std::vector<Tensor> args,
-                  const std::function<void(std::vector<Tensor>&)>& op, double f32_tol = 1e-4) {
-  std::vector<Tensor> host, dev;
-  for (const Tensor& t : args) {
-    host.push_back(t.clone());
-    dev.push_back(t.to(gpu));
-  }
-  op(host);
-  op(dev);
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const DType dt = args[i].dtype();
-    const double tol = dt == DType::bf16 ? 1e-2 : dt == DType::f64 ? 1e-10 : f32_tol;
-    expect_close(dev[i], host[i], tol, what + " arg " + std::to_string(i));
-  }
-}
 }  // namespace
 
 TEST_F(CudaBf16, Pointwise) {

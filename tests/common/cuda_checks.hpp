@@ -1,17 +1,62 @@
 #pragma once
-// One GPT forward and backward on the host and on a GPU from the same seed and batch, compared:
-// the CUDA tests of fp32 (test_ops_cuda.cpp) and of mixed precision (test_ops_cuda_bf16.cpp)
-// differ only in the model's options and their tolerances.
+// What the CUDA tests of fp32 (test_ops_cuda.cpp) and of mixed precision (test_ops_cuda_bf16.cpp)
+// share: a fixture that skips without a GPU, host-vs-device comparisons of ops, and one GPT step
+// on both devices. Label gpu: they run where a GPU is visible.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "common/device.hpp"
 #include "common/nn/gpt.hpp"
+#include "common/ops/ops.hpp"
 #include "tests/common/gradcheck.hpp"
 
 namespace scalelab::testing {
+
+/// Skips without a CUDA device; fp32 matmuls stay full fp32 (TF32 off).
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    ops::set_allow_tf32(false);
+  }
+};
+
+/// Every element of `cuda` within tol * max(1, |host|) of `cpu`; same shape and dtype.
+inline void expect_close(const Tensor& cuda, const Tensor& cpu, double tol,
+                         const std::string& what) {
+  const std::vector<double> c = cuda.to(Device::cpu()).to_vector(), h = cpu.to_vector();
+  ASSERT_EQ(cuda.shape(), cpu.shape()) << what;
+  ASSERT_EQ(cuda.dtype(), cpu.dtype()) << what;
+  for (std::size_t i = 0; i < h.size(); ++i)
+    ASSERT_LE(std::abs(c[i] - h[i]), tol * std::max(1.0, std::abs(h[i])))
+        << what << " element " << i << ": cuda " << c[i] << " cpu " << h[i];
+}
+
+/// Runs `op` on host copies and on device (cuda:0) copies of `args`, then compares every arg at
+/// the tolerance of its dtype: bf16 1e-2, f64 1e-10, anything else (f32, i32) `f32_tol`.
+inline void same_on_both(const std::string& what, std::vector<Tensor> args,
+                         const std::function<void(std::vector<Tensor>&)>& op,
+                         double f32_tol = 1e-4) {
+  const Device gpu = Device::cuda(0);
+  std::vector<Tensor> host, dev;
+  for (const Tensor& t : args) {
+    host.push_back(t.clone());
+    dev.push_back(t.to(gpu));
+  }
+  op(host);
+  op(dev);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const DType dt = args[i].dtype();
+    const double tol = dt == DType::bf16 ? 1e-2 : dt == DType::f64 ? 1e-10 : f32_tol;
+    expect_close(dev[i], host[i], tol, what + " arg " + std::to_string(i));
+  }
+}
 
 /// Builds `config` with `options` on the host and on `gpu`, runs one step on random tokens
 /// (seeds seed, seed + 1), expects the GPU's loss within loss_tol (relative) of the host's and
