@@ -2,10 +2,12 @@
 // the single-device twin for the first steps and prints both losses), then measures every stage
 // 0-3 at n = 1, 2, 4 ranks (the ranks that divide the world): what a rank holds between steps by
 // kind and in the allocator, the peak of a step, the bytes one step communicates, beside the
-// formulas of the ZeRO paper.
+// formulas of the ZeRO paper. --precision bf16 (stages 0-2): mixed precision, and the table adds
+// the paper's own mixed-precision formula beside this library's layout.
 //
 //   ./scalelab run 09 -n 4 -- --stage 2              # your code on 4 ranks
 //   ./scalelab run 09 --solution -n 4 -- --stage 3   # the reference
+//   ./scalelab run 09 --solution -n 4 -- --stage 2 --precision bf16
 #include <memory>
 
 #include "common/allocator.hpp"
@@ -28,7 +30,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 struct Row {
   int stage = 0, n = 1;
-  lab09::Held held, paper;
+  lab09::Held held, ours, paper;  // measured; this library's layout; the paper's formula
   std::size_t allocator = 0, peak = 0, comm = 0, paper_comm = 0;
 };
 
@@ -43,7 +45,8 @@ Row measure(int stage, int n, comm::Communicator& world, const ModelConfig& conf
   group.barrier();  // the communicator keeps its last operation's tensors until the next one
   const std::size_t base = memory_stats(device).current;
   {
-    auto t = lab09::make_trainer(stage, config, {.device = device, .seed = run.seed}, group);
+    auto t = lab09::make_trainer(
+        stage, config, {.device = device, .seed = run.seed, .compute_dtype = run.precision}, group);
     t->forward_backward(sampler.batch(0));
     t->step(lr);
     // The communicator keeps its last operation's tensors (the all-gather's input) until its next
@@ -57,7 +60,9 @@ Row measure(int stage, int n, comm::Communicator& world, const ModelConfig& conf
     t->step(lr);
     row.comm = static_cast<std::size_t>(comm::comm_total(comm::comm_stats() - before).bytes);
     row.peak = memory_stats(device).peak - base;
-    row.paper = lab09::paper_memory(stage, t->model().num_parameters(), n);
+    const int64_t psi = t->model().num_parameters();
+    row.ours = lab09::layout_memory(stage, psi, n, run.precision);
+    row.paper = lab09::paper_memory(stage, psi, n, run.precision);
     row.paper_comm = lab09::paper_comm_bytes(stage, t->model().num_parameters());
   }
   world.barrier();
@@ -71,7 +76,7 @@ std::string mib(std::size_t bytes) { return fmt::format("{:.3f}", static_cast<do
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     auto options = cli::make_options("lab09_zero", "Lab 09: ZeRO stages 1, 2 and 3");
-    cli::add_run_options(options);
+    cli::add_run_options(options, /*mixed_precision=*/true);
     train::add_train_options(options, {.steps = 10});
     options.add_options("lab 09")
         ("stage", "ZeRO stage to train with (0: DDP, 1, 2, 3)", cxxopts::value<int>()->default_value("1"))
@@ -88,6 +93,10 @@ int main(int argc, char** argv) {
     const bool table = parsed["table"].as<bool>();
     SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "--stage must be 0 (DDP), 1, 2 or 3, got {}", stage);
     SCALELAB_REQUIRE(verify_steps >= 0, "--verify-steps must not be negative");
+    // Checked here, on every rank before any collective (Zero3 refuses it too).
+    SCALELAB_REQUIRE(!(stage == 3 && run.bf16()), "--stage 3 trains in fp32 only: its per-unit "
+                     "parameters have no bf16 compute copy (--precision bf16 works with stages "
+                     "0, 1 and 2)");
 
     auto comm = comm::Communicator::world(run.backend);
     const Device device = train::rank_device(run.device);
@@ -99,19 +108,27 @@ int main(int argc, char** argv) {
                                    .batch_size();
 
     // Every rank builds the model from the same seed: the same starting point without a broadcast.
-    auto trainer = lab09::make_trainer(stage, config, {.device = device, .seed = run.seed}, comm);
+    const nn::GPTOptions model_options{.device = device, .seed = run.seed,
+                                       .compute_dtype = run.precision};
+    auto trainer = lab09::make_trainer(stage, config, model_options, comm);
     std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin, for --verify-steps
     std::unique_ptr<optim::AdamW> single_opt;
     if (comm.rank() == 0 && verify_steps > 0) {
-      single = std::make_unique<nn::GPT>(config, nn::GPTOptions{.device = device, .seed = run.seed});
+      single = std::make_unique<nn::GPT>(config, model_options);  // in the run's precision too
       single_opt = std::make_unique<optim::AdamW>(optim::groups(single->parameters()));
     }
+    // The twin must match the trainer's loss: fp32 to 1e-5 relative (the ranks sum the gradient
+    // in another order than one batch does; AdamW amplifies the last bits a little per step),
+    // bf16 to 1e-3 (the same, but every activation rounds to 8 bits of mantissa), as lab 08.
+    const double twin_tol = run.bf16() ? 1e-3 : 1e-5;
+    bool twin_ok = true;
     log::info("lab 09 zero: stage {}, model {} ({} parameters), {} ranks, global batch {} x {} "
               "tokens = {} rows per rank, {} steps, backend {}", stage, config.name,
               metrics::human_count(static_cast<double>(trainer->model().num_parameters())),
               comm.size(), opt.batch, config.block_size, local_rows, opt.steps, comm.backend());
     train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm);
+                                 comm, run.precision);
+    log::info("{}", train::precision_note(run.precision));
     log::info("{}", reporter.mfu_note());
     for (int64_t step = 0; step < opt.steps; ++step) {
       const data::Batch global = sampler.batch(step);
@@ -128,6 +145,11 @@ int main(int argc, char** argv) {
         single_opt->step(lr);
         log::info("    single-device loss={:.6f}  |zero - single|={:.2e}", single_loss,
                   std::abs(loss - single_loss));
+        if (std::abs(loss - single_loss) > twin_tol * std::abs(single_loss)) {
+          twin_ok = false;
+          log::info("    the loss differs from the single-device twin's by more than {:g} "
+                    "relative", twin_tol);
+        }
       }
     }
     const double divergence = train::max_divergence_from_rank0(trainer->full_parameters(), comm);
@@ -141,9 +163,10 @@ int main(int argc, char** argv) {
     single.reset();
     single_opt.reset();
 
+    bool held_ok = true;
     if (table) {
       std::vector<Row> rows;
-      for (int s = 0; s <= 3; ++s)
+      for (int s = 0; s <= (run.bf16() ? 2 : 3); ++s)  // stage 3 is fp32 only
         for (int n : {1, 2, 4, 8})
           if (n <= comm.size() && comm.size() % n == 0)
             rows.push_back(measure(s, n, comm, config, sampler, run, device,
@@ -153,15 +176,30 @@ int main(int argc, char** argv) {
                 "as the trainer counts them, and the allocator's live bytes); paper: the "
                 "formula; peak: the allocator's peak over a step; comm: payload bytes of a step "
                 "(byte counters) beside the formula");
-      log::info("{:>5} {:>2} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}", "stage", "n",
-                "params", "grads", "optim", "held", "allocator", "paper", "peak", "comm",
-                "paper");
-      for (const Row& r : rows)
-        log::info("{:>5} {:>2} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}", r.stage,
+      if (run.bf16())
+        log::info("bf16: params = fp32 master + bf16 copy; ours: this library's layout (fp32 "
+                  "master whole, fp32 grads, m and v, a bf16 copy: 18 Psi at stage 0); paper: "
+                  "the paper's 2 + 2 + 12 Psi (16-bit params and grads, K = 12 sharded from "
+                  "stage 1); comm: fp32 gradients and values, so the fp32 formula");
+      // In fp32 our layout IS the paper's formula: one column (the format tools/plot reads);
+      // bf16 adds ours beside the paper's.
+      const auto formulas = [&](const std::string& ours, const std::string& paper) {
+        return run.bf16() ? fmt::format("{:>9} {:>9}", ours, paper) : fmt::format("{:>9}", paper);
+      };
+      log::info("{:>5} {:>2} {:>8} {:>8} {:>8} {:>9} {:>9} {} {:>8} {:>9} {:>9}", "stage", "n",
+                "params", "grads", "optim", "held", "allocator", formulas("ours", "paper"),
+                "peak", "comm", "paper");
+      for (const Row& r : rows) {
+        log::info("{:>5} {:>2} {:>8} {:>8} {:>8} {:>9} {:>9} {} {:>8} {:>9} {:>9}", r.stage,
                   r.n, mib(r.held.params), mib(r.held.grads), mib(r.held.optimizer),
-                  mib(r.held.total()), mib(r.allocator), mib(r.paper.total()), mib(r.peak),
-                  mib(r.comm), mib(r.paper_comm));
+                  mib(r.held.total()), mib(r.allocator),
+                  formulas(mib(r.ours.total()), mib(r.paper.total())), mib(r.peak), mib(r.comm),
+                  mib(r.paper_comm));
+        held_ok = held_ok && r.held.total() == r.allocator;
+      }
+      if (!held_ok)
+        log::info("HELD != ALLOCATOR: a trainer counts other bytes than it keeps between steps");
     }
-    return divergence == 0 ? kExitOk : kExitFailed;
+    return divergence == 0 && twin_ok && held_ok ? kExitOk : kExitFailed;
   });
 }

@@ -1,5 +1,5 @@
 // Starter generated from solutions/09_zero/zero.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash b2f83f722745c5ef (lets make-labs see your edits).
+// step (see README.md). Body hash c8c9418f43e64401 (lets make-labs see your edits).
 // Lab 09: ZeRO stages 1-3: shards, a sharded AdamW, gradients reduced to their owners, parameters
 // gathered unit by unit.
 #include "zero.hpp"
@@ -28,6 +28,13 @@ data::Batch my_rows(const data::Batch& global, comm::Communicator& comm, Device 
 
 std::size_t bytes_of(int64_t elements, DType dtype) {
   return static_cast<std::size_t>(elements) * dtype_size(dtype);
+}
+
+// The flat values a rank keeps (padded) and, in mixed precision, their bf16 compute copy: both
+// live between steps, so both are "parameters" in the held table (stages 0-2).
+std::size_t flat_parameter_bytes(nn::ParameterSet& ps) {
+  return ps.padded_values().nbytes() +
+         (ps.compute_values().defined() ? ps.compute_values().nbytes() : 0);
 }
 
 }  // namespace
@@ -65,7 +72,7 @@ Tensor Ddp::full_parameters() { return model_->params().values(); }
 
 Held Ddp::held() const {
   nn::ParameterSet& ps = model_->params();
-  return {ps.padded_values().nbytes(), ps.padded_grads().nbytes(), adamw_->state_bytes()};
+  return {flat_parameter_bytes(ps), ps.padded_grads().nbytes(), adamw_->state_bytes()};
 }
 
 // ---- step 2: ZeRO-1 -------------------------------------------------------------------------------
@@ -83,6 +90,9 @@ void all_gather_parameters(nn::ParameterSet& params, const nn::ShardRange& s,
   trace::Scope scope("all_gather_parameters", "comm");
   // TODO step 2: one all_gather of every rank's updated shard
   // HINT: Tensor::clone() copies; the output is params.padded_values() (n * s.size elements).
+  // HINT: mixed precision (--precision bf16): the layers compute with params.compute_values(), a
+  // HINT: bf16 copy of the values; after the gather it must be cast(values) again on every rank
+  // HINT: (params.refresh_compute(); a no-op in fp32).
   throw scalelab::NotImplemented(
       "lab 09 step 2: one all_gather of every rank's updated shard (README.md#step-2)");
 }
@@ -116,7 +126,7 @@ Tensor Zero1::full_parameters() { return model_->params().values(); }
 
 Held Zero1::held() const {
   nn::ParameterSet& ps = model_->params();
-  return {ps.padded_values().nbytes(), ps.padded_grads().nbytes(), adamw_->state_bytes()};
+  return {flat_parameter_bytes(ps), ps.padded_grads().nbytes(), adamw_->state_bytes()};
 }
 
 // ---- step 3: ZeRO-2 -------------------------------------------------------------------------------
@@ -170,7 +180,7 @@ Held Zero2::held() const {
   std::size_t grads = grad_shard_.defined() ? grad_shard_.nbytes() : 0;
   for (std::size_t u = 0; u < ps.units().size(); ++u)
     if (ps.grads_bound(u)) grads += bytes_of(ps.units()[u].numel(), ps.dtype());
-  return {ps.padded_values().nbytes(), grads, adamw_ ? adamw_->state_bytes() : 0};
+  return {flat_parameter_bytes(ps), grads, adamw_ ? adamw_->state_bytes() : 0};
 }
 
 // ---- step 4: ZeRO-3 -------------------------------------------------------------------------------
@@ -178,6 +188,11 @@ Held Zero2::held() const {
 Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
              optim::AdamWConfig adamw, const ModelBuilder& build)
     : Trainer(comm) {
+  // Mixed precision would need a bf16 compute buffer per gathered unit (and, as the paper does,
+  // gathering the 2-byte weights); ParameterSet keeps a compute copy of flat values only.
+  SCALELAB_REQUIRE(options.compute_dtype != DType::bf16,
+                   "ZeRO stage 3 trains in fp32 only: its per-unit parameters have no bf16 "
+                   "compute copy (stages 0, 1 and 2 support --precision bf16)");
   options.storage.values = nn::Storage::per_unit;
   options.storage.grads = nn::Storage::per_unit;
   options.on_init = [this](const nn::Unit& unit, const Tensor& values) {
@@ -302,13 +317,29 @@ std::unique_ptr<Trainer> make_trainer(int stage, const ModelConfig& config,
 
 // ---- step 5: the paper's formulas ---------------------------------------------------------------------
 
-Held paper_memory(int stage, int64_t psi, int n) {
+Held paper_memory(int stage, int64_t psi, int n, DType precision) {
   SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "unknown ZeRO stage {}", stage);
   SCALELAB_REQUIRE(n >= 1 && psi >= 0, "paper_memory of {} parameters over {} ranks", psi, n);
+  SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
+                   "paper_memory: precision f32 or bf16, got {}", dtype_name(precision));
   Held h;
-  // TODO step 5: 4 Psi of parameters, 4 Psi of gradients, 8 Psi of m and v; divide
+  // TODO step 5: bytes per element of parameters, gradients and optimizer state (fp32
+  // HINT: fp32: 4 Psi of parameters, 4 Psi of gradients, 8 Psi of m and v. bf16 (the paper's
+  // HINT: mixed precision): 2 Psi of 16-bit parameters, 2 Psi of 16-bit gradients, K = 12 Psi
+  // HINT: of optimizer state (fp32 master, m, v). Stage 1 shards the state, 2 the gradients
+  // HINT: too, 3 the parameters too.
   throw scalelab::NotImplemented(
-      "lab 09 step 5: 4 Psi of parameters, 4 Psi of gradients, 8 Psi of m and v; divide (README.md#step-5)");
+      "lab 09 step 5: bytes per element of parameters, gradients and optimizer state (fp32 (README.md#step-5)");
+  return h;
+}
+
+Held layout_memory(int stage, int64_t psi, int n, DType precision) {
+  SCALELAB_REQUIRE(precision != DType::bf16 || stage <= 2,
+                   "ZeRO stage 3 trains in fp32 only (no bf16 compute copy of per-unit values)");
+  // fp32: the paper's formula mapped to fp32 IS our layout. bf16: the fp32 master, gradients
+  // and m, v are kept (and sharded) as in fp32; the bf16 compute copy comes on top, whole.
+  Held h = paper_memory(stage, psi, n);
+  if (precision == DType::bf16) h.params += bytes_of(psi, DType::bf16);
   return h;
 }
 

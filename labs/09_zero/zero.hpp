@@ -49,6 +49,8 @@ nn::ShardRange shard_range(int64_t numel, int rank, int n);
 
 /// Bytes a rank keeps BETWEEN steps (what the paper's formulas count), by kind. Read from the
 /// tensors the trainer and its model hold; the program checks the total against the allocator.
+/// In mixed precision (nn::GPTOptions::compute_dtype = bf16, stages 0-2) `params` counts the fp32
+/// master values AND their bf16 compute copy (6 bytes per parameter).
 struct Held {
   std::size_t params = 0, grads = 0, optimizer = 0;
   std::size_t total() const { return params + grads + optimizer; }
@@ -124,7 +126,9 @@ std::vector<optim::Group> shard_groups(nn::ParameterSet& params, const nn::Shard
 
 /// Step 2b. After every rank stepped its own shard: the full parameters on every rank again.
 /// ONE all_gather of the shards (s.size elements each) into params.padded_values(). (The input
-/// must not overlap the output: send a copy of the shard.) Collective.
+/// must not overlap the output: send a copy of the shard.) In mixed precision the gather moves
+/// the fp32 masters; the bf16 compute copy the layers use must then be cast(values) again on
+/// every rank (params.refresh_compute()). Collective.
 void all_gather_parameters(nn::ParameterSet& params, const nn::ShardRange& s,
                            comm::Communicator& comm);
 
@@ -151,6 +155,12 @@ class Zero1 final : public Trainer {
 };
 
 // ---- Step 3: ZeRO-2 ---------------------------------------------------------------------------
+
+/// Mixed precision (GPTOptions::compute_dtype = bf16, stages 0, 1 and 2): the fp32 master
+/// values stay whole on every rank, the gradients and AdamW state stay fp32 (sharded as in
+/// fp32), the all-gather moves fp32 values, and every rank keeps a whole bf16 compute copy,
+/// recast after the gather. Stage 3 refuses bf16 (a UsageError): its per-unit values have no
+/// compute copy.
 
 /// Step 3. ZeRO-2: gradients sharded too. The model keeps its gradients per unit
 /// (storage.grads = nn::Storage::per_unit): GPT binds a unit's gradient buffer when backward
@@ -242,14 +252,25 @@ std::unique_ptr<Trainer> make_trainer(int stage, const ModelConfig& config,
 // ---- Step 5: the paper's formulas --------------------------------------------------------------
 
 /// Step 5a. Bytes per rank the paper's model of memory predicts for `stage` with `psi`
-/// parameters over `n` ranks, mapped to this fp32 model: parameters 4 Psi, gradients 4 Psi,
-/// AdamW's m and v 8 Psi (K = 8: no fp32 master copy, the parameters are fp32), so DDP holds
-/// 16 Psi; stage 1 shards the 8 Psi of state, stage 2 the gradients too, stage 3 everything.
-/// (Padding and stage 3's gathered working set are not in the formula.)
-Held paper_memory(int stage, int64_t psi, int n);
+/// parameters over `n` ranks. `precision` f32: mapped to this fp32 model: parameters 4 Psi,
+/// gradients 4 Psi, AdamW's m and v 8 Psi (K = 8: no fp32 master copy, the parameters are
+/// fp32), so DDP holds 16 Psi; stage 1 shards the 8 Psi of state, stage 2 the gradients too,
+/// stage 3 everything. `precision` bf16: the paper's own mixed-precision count: 2 Psi of 16-bit
+/// parameters, 2 Psi of 16-bit gradients, K Psi = 12 Psi of optimizer state (fp32 master, m,
+/// v), sharded the same way (16 Psi at stage 0, 4 Psi + 12 Psi / n at stage 1). (Padding and
+/// stage 3's gathered working set are not in the formula.)
+Held paper_memory(int stage, int64_t psi, int n, DType precision = DType::f32);
+
+/// Given. What THIS library's trainers hold per rank (without padding): in fp32 the paper's
+/// formula above. In bf16 our layout differs from the paper's: the gradients stay fp32 (4 Psi,
+/// sharded at stage 2), the fp32 master stays whole on every rank in stages 0-2 (4 Psi, not
+/// sharded with the optimizer state), m and v 8 Psi (sharded from stage 1) and the bf16 copy
+/// 2 Psi comes on top: 18 Psi at stage 0. Stage 3 in bf16 is a UsageError, as for the trainer.
+Held layout_memory(int stage, int64_t psi, int n, DType precision = DType::f32);
 
 /// Step 5b. Payload bytes per step by the library's byte counters (common/comm/stats.hpp) that
-/// the paper's data movement predicts, fp32: DDP one all_reduce of the gradients (4 Psi of payload; a
+/// the paper's data movement predicts, fp32 (also this library's bf16 runs: they reduce fp32
+/// gradients and gather fp32 values, so they move the same bytes): DDP one all_reduce of the gradients (4 Psi of payload; a
 /// ring all-reduce IS a reduce-scatter plus an all-gather: the paper's "2 Psi"); stage 1 that
 /// all-reduce plus the all_gather of the parameters (4 Psi + 4 Psi); stage 2 the gradients
 /// reduced to their owners plus the all_gather (the paper's 2 Psi: 4 Psi + 4 Psi); stage 3 two

@@ -28,6 +28,13 @@ std::size_t bytes_of(int64_t elements, DType dtype) {
   return static_cast<std::size_t>(elements) * dtype_size(dtype);
 }
 
+// The flat values a rank keeps (padded) and, in mixed precision, their bf16 compute copy: both
+// live between steps, so both are "parameters" in the held table (stages 0-2).
+std::size_t flat_parameter_bytes(nn::ParameterSet& ps) {
+  return ps.padded_values().nbytes() +
+         (ps.compute_values().defined() ? ps.compute_values().nbytes() : 0);
+}
+
 }  // namespace
 
 nn::ShardRange shard_range(int64_t numel, int rank, int n) {
@@ -65,7 +72,7 @@ Tensor Ddp::full_parameters() { return model_->params().values(); }
 
 Held Ddp::held() const {
   nn::ParameterSet& ps = model_->params();
-  return {ps.padded_values().nbytes(), ps.padded_grads().nbytes(), adamw_->state_bytes()};
+  return {flat_parameter_bytes(ps), ps.padded_grads().nbytes(), adamw_->state_bytes()};
 }
 
 // ---- step 2: ZeRO-1 -------------------------------------------------------------------------------
@@ -84,10 +91,18 @@ void all_gather_parameters(nn::ParameterSet& params, const nn::ShardRange& s,
   trace::Scope scope("all_gather_parameters", "comm");
   // BEGIN SOLUTION step 2: one all_gather of every rank's updated shard
   // HINT: Tensor::clone() copies; the output is params.padded_values() (n * s.size elements).
+  // HINT: mixed precision (--precision bf16): the layers compute with params.compute_values(), a
+  // HINT: bf16 copy of the values; after the gather it must be cast(values) again on every rank
+  // HINT: (params.refresh_compute(); a no-op in fp32).
   Tensor& all = params.padded_values();
   // Shard r's chunk starts at r * size in the padded layout (s.lo is clamped to numel).
   const Tensor mine = all.flat(comm.rank() * s.size, s.size).clone();  // in and out must not overlap
   comm.all_gather(mine, all);
+  // Mixed precision: the gathered fp32 masters are what changed, all of them (every shard was
+  // stepped by its owner), so the whole bf16 copy is recast here: one cast of the whole copy.
+  // Fusing the own shard's cast into AdamW (Group::compute) would save 1/n of this cast for a
+  // second code path; the cast is cheap beside the all-gather of the same elements.
+  params.refresh_compute();
   // END SOLUTION
 }
 
@@ -123,7 +138,7 @@ Tensor Zero1::full_parameters() { return model_->params().values(); }
 
 Held Zero1::held() const {
   nn::ParameterSet& ps = model_->params();
-  return {ps.padded_values().nbytes(), ps.padded_grads().nbytes(), adamw_->state_bytes()};
+  return {flat_parameter_bytes(ps), ps.padded_grads().nbytes(), adamw_->state_bytes()};
 }
 
 // ---- step 3: ZeRO-2 -------------------------------------------------------------------------------
@@ -205,7 +220,7 @@ Held Zero2::held() const {
   std::size_t grads = grad_shard_.defined() ? grad_shard_.nbytes() : 0;
   for (std::size_t u = 0; u < ps.units().size(); ++u)
     if (ps.grads_bound(u)) grads += bytes_of(ps.units()[u].numel(), ps.dtype());
-  return {ps.padded_values().nbytes(), grads, adamw_ ? adamw_->state_bytes() : 0};
+  return {flat_parameter_bytes(ps), grads, adamw_ ? adamw_->state_bytes() : 0};
 }
 
 // ---- step 4: ZeRO-3 -------------------------------------------------------------------------------
@@ -213,6 +228,11 @@ Held Zero2::held() const {
 Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
              optim::AdamWConfig adamw, const ModelBuilder& build)
     : Trainer(comm) {
+  // Mixed precision would need a bf16 compute buffer per gathered unit (and, as the paper does,
+  // gathering the 2-byte weights); ParameterSet keeps a compute copy of flat values only.
+  SCALELAB_REQUIRE(options.compute_dtype != DType::bf16,
+                   "ZeRO stage 3 trains in fp32 only: its per-unit parameters have no bf16 "
+                   "compute copy (stages 0, 1 and 2 support --precision bf16)");
   options.storage.values = nn::Storage::per_unit;
   options.storage.grads = nn::Storage::per_unit;
   options.on_init = [this](const nn::Unit& unit, const Tensor& values) {
@@ -411,17 +431,35 @@ std::unique_ptr<Trainer> make_trainer(int stage, const ModelConfig& config,
 
 // ---- step 5: the paper's formulas ---------------------------------------------------------------------
 
-Held paper_memory(int stage, int64_t psi, int n) {
+Held paper_memory(int stage, int64_t psi, int n, DType precision) {
   SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "unknown ZeRO stage {}", stage);
   SCALELAB_REQUIRE(n >= 1 && psi >= 0, "paper_memory of {} parameters over {} ranks", psi, n);
+  SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
+                   "paper_memory: precision f32 or bf16, got {}", dtype_name(precision));
   Held h;
-  // BEGIN SOLUTION step 5: 4 Psi of parameters, 4 Psi of gradients, 8 Psi of m and v; divide
-  // the ones the stage shards by n
+  // BEGIN SOLUTION step 5: bytes per element of parameters, gradients and optimizer state (fp32
+  // 4, 4, 8; mixed precision 2, 2, 12); divide the ones the stage shards by n
+  // HINT: fp32: 4 Psi of parameters, 4 Psi of gradients, 8 Psi of m and v. bf16 (the paper's
+  // HINT: mixed precision): 2 Psi of 16-bit parameters, 2 Psi of 16-bit gradients, K = 12 Psi
+  // HINT: of optimizer state (fp32 master, m, v). Stage 1 shards the state, 2 the gradients
+  // HINT: too, 3 the parameters too.
+  const bool mixed = precision == DType::bf16;
   const double P = static_cast<double>(psi), N = n;
-  h.params = static_cast<std::size_t>(stage >= 3 ? 4 * P / N : 4 * P);
-  h.grads = static_cast<std::size_t>(stage >= 2 ? 4 * P / N : 4 * P);
-  h.optimizer = static_cast<std::size_t>(stage >= 1 ? 8 * P / N : 8 * P);
+  const double params = mixed ? 2 : 4, grads = mixed ? 2 : 4, state = mixed ? 12 : 8;
+  h.params = static_cast<std::size_t>(stage >= 3 ? params * P / N : params * P);
+  h.grads = static_cast<std::size_t>(stage >= 2 ? grads * P / N : grads * P);
+  h.optimizer = static_cast<std::size_t>(stage >= 1 ? state * P / N : state * P);
   // END SOLUTION
+  return h;
+}
+
+Held layout_memory(int stage, int64_t psi, int n, DType precision) {
+  SCALELAB_REQUIRE(precision != DType::bf16 || stage <= 2,
+                   "ZeRO stage 3 trains in fp32 only (no bf16 compute copy of per-unit values)");
+  // fp32: the paper's formula mapped to fp32 IS our layout. bf16: the fp32 master, gradients
+  // and m, v are kept (and sharded) as in fp32; the bf16 compute copy comes on top, whole.
+  Held h = paper_memory(stage, psi, n);
+  if (precision == DType::bf16) h.params += bytes_of(psi, DType::bf16);
   return h;
 }
 
