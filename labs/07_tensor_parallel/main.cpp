@@ -43,13 +43,13 @@ struct Row {
 // figures do not depend on it) and returns its figures; the byte counters and activations are
 // those of the last step, the time the best.
 Row measure(const ModelConfig& config, comm::Communicator& group, const data::Batch& batch,
-            uint64_t seed, bool sp, int reps) {
-  lab07::TPGPT model(config, group, {.seed = seed, .sequence_parallel = sp});
+            uint64_t seed, DType precision, bool sp, int reps) {
+  lab07::TPGPT model(config, group,
+                     {.compute_dtype = precision, .seed = seed, .sequence_parallel = sp});
   const int64_t B = batch.x.size(0), T = batch.x.size(1);
   Row row{group.size(), sp, model.num_parameters()};
-  row.act_formula =
-      lab07::activation_bytes_formula(config, B, T, group.size(), sizeof(float), sp);
-  row.comm_formula = lab07::comm_bytes_formula(config, B, T, sizeof(float), sp);
+  row.act_formula = lab07::activation_bytes_formula(config, B, T, group.size(), precision, sp);
+  row.comm_formula = lab07::comm_bytes_formula(config, B, T, precision, sp);
   row.ms = 1e30;
   for (int r = 0; r < reps + 1; ++r) {  // the first one warms up
     group.barrier();
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     auto options = cli::make_options("lab07_tensor_parallel",
                                      "Lab 07: tensor-parallel GPT training over all ranks");
-    cli::add_run_options(options);
+    cli::add_run_options(options, /*mixed_precision=*/true);
     train::add_train_options(options, {.batch = 8, .steps = 20});
     options.add_options("lab 07")
         ("twin-steps", "steps for which the single-device twin runs beside (its loss printed)",
@@ -107,13 +107,14 @@ int main(int argc, char** argv) {
 
     // the tp group is the whole world here; it gets its own name in the byte counters
     comm::Communicator group = world.split(0, rank, fmt::format("tp{}", tp));
-    lab07::TPGPT model(config, group, {.seed = run.seed, .sequence_parallel = sp});
+    lab07::TPGPT model(config, group, {.compute_dtype = run.precision, .seed = run.seed,
+                                       .sequence_parallel = sp});
     optim::AdamW adamw(optim::groups(model.parameters()));
     // The twin: the single-device GPT with the same seed and batches, on rank 0 only.
     std::optional<nn::GPT> twin;
     std::optional<optim::AdamW> twin_adamw;
     if (rank == 0 && twin_steps > 0) {
-      twin.emplace(config, nn::GPTOptions{.seed = run.seed});
+      twin.emplace(config, nn::GPTOptions{.seed = run.seed, .compute_dtype = run.precision});
       twin_adamw.emplace(optim::groups(twin->parameters()));
     }
     log::info("lab 07 tensor_parallel: model {} ({} parameters, {} on each of {} ranks), global "
@@ -121,9 +122,14 @@ int main(int argc, char** argv) {
               metrics::human_count(static_cast<double>(parameter_count(config))),
               metrics::human_count(static_cast<double>(model.num_parameters())), tp, opt.batch,
               config.block_size, opt.steps, sp ? ", sequence parallel" : "");
+    log::info("{}", train::precision_note(run.precision));
     train::StepReporter reporter(config, opt.batch * config.block_size, Device::cpu(),
                                  opt.peak_tflops, world);
+    // The twin must match: fp32 to 1e-5 relative (the all-reduces sum in another order), bf16 to
+    // 1e-3 (each rank rounds its partial sums to bf16 before the all-reduce adds them).
+    const double twin_tol = run.bf16() ? 1e-3 : 1e-5;
     double worst = 0;
+    bool twin_ok = true;
     for (int64_t step = 0; step < opt.steps; ++step) {
       const double lr = train::learning_rate(opt, step);
       const data::Batch batch = sampler.batch(step);  // the whole batch on every rank
@@ -141,13 +147,15 @@ int main(int argc, char** argv) {
         twin->backward();
         twin_adamw->step(lr);
         worst = std::max(worst, std::abs(loss - want));
+        twin_ok = twin_ok && std::abs(loss - want) <= twin_tol * std::abs(want);
         line += fmt::format("  single-device {:.6f} (|diff| {:.1e})", want,
                             std::abs(loss - want));
       }
       log::info("{}", line);
     }
-    if (twin) log::info("largest |loss - single-device loss| over the first {} steps: {:.2e}",
-                        std::min<int64_t>(twin_steps, opt.steps), worst);
+    if (twin) log::info("largest |loss - single-device loss| over the first {} steps: {:.2e} ({} "
+                        "{:g} relative)", std::min<int64_t>(twin_steps, opt.steps), worst,
+                        twin_ok ? "within" : "MORE THAN", twin_tol);
     twin.reset();
 
     // The table: for each tp dividing the world (and the model), the ranks [0, tp) measure
@@ -169,7 +177,7 @@ int main(int argc, char** argv) {
         // one rank: nothing to split; the tokens must divide by t
         if (with_sp && (t == 1 || (batch.x.numel() % t) != 0)) continue;
         if (rank < t) {
-          Row r = measure(config, sub, batch, run.seed, with_sp, reps);
+          Row r = measure(config, sub, batch, run.seed, run.precision, with_sp, reps);
           if (rank == 0) rows.push_back(r);
         }
         world.barrier();
@@ -177,10 +185,11 @@ int main(int argc, char** argv) {
     }
     const int64_t B = batch.x.size(0), T = batch.x.size(1);
     log::info("");
-    log::info("{} x {} tokens, fp32, best of {} steps; activations: bytes held after forward "
+    log::info("{} x {} tokens, {}, best of {} steps; activations: bytes held after forward "
               "(TPActivations::nbytes, rank 0); peak: the allocator's peak over forward + backward "
               "above the start; comm: payload bytes rank 0 submitted in one step (forward + "
-              "backward), by the byte counters", B, T, reps);
+              "backward), by the byte counters", B, T, run.bf16() ? "bf16 mixed precision" : "fp32",
+              reps);
     log::info("{:>3} {:>3} {:>12} {:>12} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9}", "tp", "sp",
               "params/rank",
               "act/rank", "act formula", "peak/rank", "calls", "comm/step", "formula", "step ms");
@@ -199,9 +208,10 @@ int main(int argc, char** argv) {
     }
     if (rank == 0)
       log::info("comm formula (payload): (4L + 2) B*T*C + 3 B*T elements per step whatever tp; "
-                "sequence parallel (10L + 5) B*T*C + 3 B*T + (4L + 2) C (L = {}); measured == "
-                "formula for activations and bytes: {}", config.n_layer, exact ? "yes" : "NO");
-    exact = train::on_every_rank(exact, world);
-    return exact ? kExitOk : kExitFailed;
+                "sequence parallel (10L + 5) B*T*C + 3 B*T + (4L + 2) C (L = {}); B*T*C in the "
+                "activations' dtype, the rest fp32; measured == formula for activations and "
+                "bytes: {}", config.n_layer, exact ? "yes" : "NO");
+    const bool ok = train::on_every_rank(exact && twin_ok, world);
+    return ok ? kExitOk : kExitFailed;
   });
 }

@@ -1,11 +1,13 @@
 // Starter generated from solutions/07_tensor_parallel/tensor_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 8f089efb63008dac (lets make-labs see your edits).
+// step (see README.md). Body hash 9083472a731231cb (lets make-labs see your edits).
 // Lab 07: tensor parallelism: f and g, column- and row-parallel Linear, the TP block,
 // vocabulary-parallel embedding and cross-entropy.
 #include "tensor_parallel.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -24,13 +26,28 @@ namespace {
   return s;
 }
 
-// Calls fn(T{}) with T the C++ type of `dt` (the CPU loops of step 4 are written once).
+// Calls fn(F{}) with F the C++ type of `dt` (the CPU loops of step 4 are written once): float,
+// double, or bf16 in mixed precision. bf16 is storage only: a loop loads each element into
+// Acc<F> (float for bf16), computes there, and stores back through F(value), which rounds.
 template <class Fn>
 void by_dtype(DType dt, Fn&& fn) {
   switch (dt) {
     case DType::f32: fn(float{}); return;
     case DType::f64: fn(double{}); return;
+    case DType::bf16: fn(bf16{}); return;
     default: throw CheckFailed(fmt::format("lab 07: {} tensors are not supported", dtype_name(dt)));
+  }
+}
+// The type a loop over F elements computes in: double for double, float otherwise.
+template <class F>
+using Acc = std::conditional_t<std::is_same_v<F, double>, double, float>;
+// The same for tensors that are never bf16 (gradients: fp32 also in mixed precision).
+template <class Fn>
+void by_float_dtype(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::f32: fn(float{}); return;
+    case DType::f64: fn(double{}); return;
+    default: throw CheckFailed(fmt::format("lab 07: gradients are f32 or f64, got {}", dtype_name(dt)));
   }
 }
 
@@ -167,7 +184,7 @@ Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, con
   const int64_t B = tokens.size(0), T = tokens.size(1), C = wte_local.size(1);
   Tensor out = Tensor::zeros({B, T, C}, wte_local.dtype(), wte_local.device());  // (B, T, C)
   // TODO step 4: local rows (zero for other ranks' ids), all-reduce, + wpe
-  // HINT: tokens.data<int32_t>(); out.data<T>() with T float or double: see by_dtype.
+  // HINT: tokens.data<int32_t>(); out.data<F>() with F float, double or bf16: see by_dtype.
   throw scalelab::NotImplemented(
       "lab 07 step 4: local rows (zero for other ranks' ids), all-reduce, + wpe (README.md#step-4)");
   return out;
@@ -176,6 +193,9 @@ Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, con
 void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& dwpe,
                                        const Tensor& dout, const Tensor& tokens) {
   require_cpu(dout, "vocabulary-parallel embedding");
+  SCALELAB_CHECK(dout.dtype() == dwte_local.dtype() && dout.dtype() == dwpe.dtype(),
+                 "dout {} and the gradients {} differ in dtype (mixed precision: cast dout to "
+                 "the gradients' fp32 first)", dout.str(), dwte_local.str());
   const int64_t B = tokens.size(0), T = tokens.size(1), C = dout.size(2);
   // TODO step 4: scatter-add the rows of our ids; wpe gets every row
   throw scalelab::NotImplemented(
@@ -190,6 +210,7 @@ double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64
   double total = 0;
   // TODO step 4: three all-reduces of N numbers; the logits become probabilities
   // HINT: comm::ReduceOp::max; exp(logit - max) never overflows; loss = log(sum) + max - target.
+  // HINT: in mixed precision the logits are bf16 and the per-row numbers fp32 (ops::stats_dtype).
   throw scalelab::NotImplemented(
       "lab 07 step 4: three all-reduces of N numbers; the logits become probabilities (README.md#step-4)");
   return total / static_cast<double>(N);
@@ -271,18 +292,20 @@ Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& 
 // ---- Step 6: measure --------------------------------------------------------------------------
 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
-                                     std::size_t elem, bool sp) {
+                                     DType dtype, bool sp) {
   // TODO step 6: count what TPActivations holds, tensor by tensor
   // HINT: see BlockActivations / SPBlockActivations / TPActivations: which are (B*T, C) on every
   // HINT: rank, which are cut by tp (heads, hidden units, vocabulary), which by sequence rows?
+  // HINT: dtype_size(dtype) bytes per activation, dtype_size(ops::stats_dtype(dtype)) per statistic.
   throw scalelab::NotImplemented(
       "lab 07 step 6: count what TPActivations holds, tensor by tensor (README.md#step-6)");
 }
 
-std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, std::size_t elem,
+std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, DType dtype,
                                bool sp) {
   // TODO step 6: count the payload of every collective of one step
   // HINT: follow one forward and one backward of TPGPT (embed, blocks, head) and list each call.
+  // HINT: activations in dtype; the cross-entropy's numbers and gradients in ops::stats_dtype.
   throw scalelab::NotImplemented(
       "lab 07 step 6: count the payload of every collective of one step (README.md#step-6)");
 }

@@ -124,6 +124,8 @@ Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, con
                                         const Tensor& tokens, comm::Communicator& tp);
 /// Step 4b. dwte_local += dout rows of the tokens this rank holds (the others are not this rank's
 /// rows); dwpe += dout summed over the batch. dout is the same on every rank: no communication.
+/// dout has the gradients' dtype (f32 or f64; in mixed precision the caller casts the bf16
+/// gradient to fp32 first).
 void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& dwpe,
                                        const Tensor& dout, const Tensor& tokens);
 
@@ -134,6 +136,10 @@ void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& d
 /// all-reduces of N numbers: the max of the local maxima (for a stable softmax), the target's
 /// logit (only the rank holding it contributes), the sum of exp(logit - max).
 /// Allocates only O(N) besides: the (N, V) logits never exist on one rank.
+/// In mixed precision the logits (and probabilities) are bf16 and the three per-row numbers fp32
+/// (ops::stats_dtype); every loop computes in float from bf16 storage, as the library's CPU
+/// kernels do (the probabilities round twice, exp then the division: within one bf16 rounding
+/// of the single-device op's).
 double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo,
                                     comm::Communicator& tp);
 /// Step 4c. The backward, in place: probs (N, V/tp) from the forward becomes dlogits =
@@ -226,6 +232,9 @@ struct TPActivations {
 
 struct TPOptions {
   DType dtype = DType::f32;
+  /// bf16 with dtype f32: mixed precision, as nn::GPTOptions::compute_dtype (fp32 master weights
+  /// and gradients, a bf16 compute copy of the weights, bf16 activations and collectives of them).
+  DType compute_dtype = DType::f32;
   uint64_t seed = 1337;
   /// Sequence parallel (step 5) between the tensor-parallel regions of every block and around
   /// ln_f; B*T must divide by tp.
@@ -277,12 +286,13 @@ class TPGPT {
 // ---- Step 6: measure ------------------------------------------------------------------------
 
 /// Step 6a. The bytes of activations one rank holds after TPGPT::forward on a (B, T) batch
-/// (exactly TPActivations::nbytes, in elements of `elem` bytes): per block the tensors every rank
+/// (exactly TPActivations::nbytes), activations in `dtype` (bf16 in mixed precision) and
+/// LayerNorm statistics in ops::stats_dtype(dtype) (fp32 for bf16): per block the tensors every rank
 /// keeps whole (input, ln1, res2, ln2 (B*T, C) and 4 statistics (B*T); with sequence parallelism
 /// only its B*T/tp rows of them) and the sharded ones (q, k, v, y: C/tp; att: NH/tp heads of
 /// (T, T); h, g: 4C/tp); the head's x and lnf (rows, C), 2 statistics (rows), probs (B*T, V/tp).
 std::size_t activation_bytes_formula(const ModelConfig& config, int64_t B, int64_t T, int tp,
-                                     std::size_t elem, bool sequence_parallel = false);
+                                     DType dtype, bool sequence_parallel = false);
 /// Step 6b. The payload bytes one training step (forward + backward) of a TPGPT submits per rank,
 /// exactly as the byte counters count them (common/comm/stats.hpp: all-reduce the tensor,
 /// all-gather its output, reduce-scatter its input). Without sequence parallelism: per block 2
@@ -291,8 +301,10 @@ std::size_t activation_bytes_formula(const ModelConfig& config, int64_t B, int64
 /// all-gathers and 2 reduce-scatters of B*T*C forward, 4 all-gathers and 2 reduce-scatters
 /// backward, 4 all-reduces of C (LayerNorm gradients); the embedding's all-reduce; ln_f's gather
 /// forward, gather again and reduce-scatter backward, its 2 gradients' all-reduces of C; the
-/// gather of the embedding's gradient; the cross-entropy's 3 of B*T.
+/// gather of the embedding's gradient; the cross-entropy's 3 of B*T. Activations (and their
+/// gradients) travel in `dtype`; the cross-entropy's per-row numbers and the LayerNorm weight
+/// gradients in ops::stats_dtype(dtype) (fp32 in mixed precision).
 std::size_t comm_bytes_formula(const ModelConfig& config, int64_t B, int64_t T,
-                               std::size_t elem, bool sequence_parallel = false);
+                               DType dtype, bool sequence_parallel = false);
 
 }  // namespace scalelab::lab07

@@ -1,5 +1,5 @@
 // Starter generated from solutions/07_tensor_parallel/tp_gpt.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash a118aca366c55748 (lets make-labs see your edits).
+// step (see README.md). Body hash d9f5b8e37b61a576 (lets make-labs see your edits).
 // Lab 07, given: the wiring of the steps into a GPT (TPGPT), what its forward keeps, and the
 // LayerNorm backward of sequence parallelism. Not an exercise: read it to see where each of
 // your functions is called.
@@ -15,9 +15,10 @@ namespace scalelab::lab07 {
 // the ranks' rows: computed apart, all-reduced, then added (the gradients accumulate).
 void layernorm_backward_rows(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
                              const Tensor& mean, const Tensor& rstd, comm::Communicator& tp) {
-  Tensor dw = Tensor::zeros(ln.weight.grad.shape(), din.dtype(), din.device());
-  Tensor db = Tensor::zeros(ln.bias.grad.shape(), din.dtype(), din.device());
-  ops::layernorm_backward(din, dw, db, dout, in, ln.weight.value, mean, rstd);
+  // in the gradients' dtype (fp32 also in mixed precision: ops rule R6)
+  Tensor dw = Tensor::zeros(ln.weight.grad.shape(), ln.weight.grad.dtype(), din.device());
+  Tensor db = Tensor::zeros(ln.bias.grad.shape(), ln.bias.grad.dtype(), din.device());
+  ops::layernorm_backward(din, dw, db, dout, in, ln.weight.compute_value(), mean, rstd);
   tp.all_reduce(dw);
   tp.all_reduce(db);
   ops::add(ln.weight.grad, ln.weight.grad, dw);
@@ -65,13 +66,16 @@ TPGPT::TPGPT(const ModelConfig& config, comm::Communicator& tp, const TPOptions&
     for (nn::Parameter* p : blocks_.back()->parameters()) order.push_back(p);
   }
   for (nn::Parameter* p : ln_f.parameters()) order.push_back(p);
-  params_.bind(order, options.dtype, Device::cpu(), options.seed);
+  nn::StorageOptions storage;
+  storage.compute_dtype = options.compute_dtype;  // bf16: mixed precision (a bf16 compute copy)
+  params_.bind(order, options.dtype, Device::cpu(), options.seed, {}, storage);
 }
 
 Tensor TPGPT::embed(const Tensor& tokens, TPActivations& acts) {
   trace::Scope scope("embed");
   acts.tokens = tokens;
-  Tensor x = vocab_parallel_embedding_forward(wte.value, vocab.lo, wpe.value, tokens, tp_);
+  Tensor x = vocab_parallel_embedding_forward(wte.compute_value(), vocab.lo,
+                                              wpe.compute_value(), tokens, tp_);
   if (!sp_) return x;
   // Sequence parallel: keep our token rows. (Megatron reduce-scatters the embedding's partial
   // lookup here; this reuses step 4's all-reduce and takes the rows: the same numbers.)
@@ -104,8 +108,8 @@ double TPGPT::head_forward(const Tensor& x, const Tensor& targets, TPActivations
   acts.x = x;
   acts.targets = targets;
   acts.lnf = Tensor::empty({n, C}, dt);
-  acts.lnf_mean = Tensor::empty({n}, dt);
-  acts.lnf_rstd = Tensor::empty({n}, dt);
+  acts.lnf_mean = Tensor::empty({n}, ops::stats_dtype(dt));  // fp32 for bf16 activations
+  acts.lnf_rstd = Tensor::empty({n}, ops::stats_dtype(dt));
   ln_f.forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, x.view({n, C}));
   // The tied head is a column-parallel Linear over the vocabulary: f (sequence parallel: the
   // gather of the rows), then our V/tp columns.
@@ -113,7 +117,7 @@ double TPGPT::head_forward(const Tensor& x, const Tensor& targets, TPActivations
   if (sp_) in = gather_sequence(acts.lnf, tp_);  // (B*T, C), not kept
   else f_forward(in, tp_);
   acts.probs = Tensor::empty({B * T, Vl}, dt);                       // (B*T, V/tp)
-  ops::matmul(acts.probs, in, wte.value, false, true);               // logits = lnf @ wte^T
+  ops::matmul(acts.probs, in, wte.compute_value(), false, true);     // logits = lnf @ wte^T
   return vocab_parallel_cross_entropy(acts.probs, targets.view({B * T}), vocab.lo, tp_);
 }
 
@@ -135,7 +139,7 @@ void TPGPT::backward(TPActivations& acts, double loss_scale) {
     const Tensor& dlogits = acts.probs;  // (B*T, V/tp)
     const Tensor lnf = sp_ ? gather_sequence(acts.lnf, tp_) : acts.lnf;  // (B*T, C)
     Tensor dlnf = Tensor::zeros({B * T, C}, dt);
-    ops::matmul(dlnf, dlogits, wte.value);                              // partial
+    ops::matmul(dlnf, dlogits, wte.compute_value());                    // partial
     ops::matmul(wte.grad, dlogits, lnf, true, false, 1.0, 1.0);         // dwte +=
     acts.probs = Tensor();
     d = Tensor::zeros({n, C}, dt);
@@ -161,6 +165,11 @@ void TPGPT::backward(TPActivations& acts, double loss_scale) {
   }
   // the embedding's backward needs the whole gradient (its forward ended in an all-reduce)
   if (sp_) d = scatter_sequence_backward(d, tp_);
+  if (d.dtype() != wte.grad.dtype()) {  // mixed precision: the bf16 gradient to the fp32 grads'
+    Tensor d32 = Tensor::empty(d.shape(), wte.grad.dtype());
+    ops::cast(d32, d);
+    d = d32;
+  }
   vocab_parallel_embedding_backward(wte.grad, vocab.lo, wpe.grad, d.view({B, T, C}), acts.tokens);
   acts.reset();
 }

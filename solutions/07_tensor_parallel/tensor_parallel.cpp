@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -22,13 +24,28 @@ namespace {
   return s;
 }
 
-// Calls fn(T{}) with T the C++ type of `dt` (the CPU loops of step 4 are written once).
+// Calls fn(F{}) with F the C++ type of `dt` (the CPU loops of step 4 are written once): float,
+// double, or bf16 in mixed precision. bf16 is storage only: a loop loads each element into
+// Acc<F> (float for bf16), computes there, and stores back through F(value), which rounds.
 template <class Fn>
 void by_dtype(DType dt, Fn&& fn) {
   switch (dt) {
     case DType::f32: fn(float{}); return;
     case DType::f64: fn(double{}); return;
+    case DType::bf16: fn(bf16{}); return;
     default: throw CheckFailed(fmt::format("lab 07: {} tensors are not supported", dtype_name(dt)));
+  }
+}
+// The type a loop over F elements computes in: double for double, float otherwise.
+template <class F>
+using Acc = std::conditional_t<std::is_same_v<F, double>, double, float>;
+// The same for tensors that are never bf16 (gradients: fp32 also in mixed precision).
+template <class Fn>
+void by_float_dtype(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::f32: fn(float{}); return;
+    case DType::f64: fn(double{}); return;
+    default: throw CheckFailed(fmt::format("lab 07: gradients are f32 or f64, got {}", dtype_name(dt)));
   }
 }
 
@@ -203,7 +220,7 @@ Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, con
   const int64_t B = tokens.size(0), T = tokens.size(1), C = wte_local.size(1);
   Tensor out = Tensor::zeros({B, T, C}, wte_local.dtype(), wte_local.device());  // (B, T, C)
   // BEGIN SOLUTION step 4: local rows (zero for other ranks' ids), all-reduce, + wpe
-  // HINT: tokens.data<int32_t>(); out.data<T>() with T float or double: see by_dtype.
+  // HINT: tokens.data<int32_t>(); out.data<F>() with F float, double or bf16: see by_dtype.
   const int64_t n_local = wte_local.size(0);
   const int32_t* tok = tokens.data<int32_t>();
   by_dtype(out.dtype(), [&](auto zero) {
@@ -223,7 +240,10 @@ Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, con
     F* o = out.data<F>();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t)
-        for (int64_t c = 0; c < C; ++c) o[(b * T + t) * C + c] += p[t * C + c];
+        for (int64_t c = 0; c < C; ++c) {
+          F& y = o[(b * T + t) * C + c];
+          y = F(Acc<F>(y) + Acc<F>(p[t * C + c]));
+        }
   });
   // END SOLUTION
   return out;
@@ -232,11 +252,14 @@ Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, con
 void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& dwpe,
                                        const Tensor& dout, const Tensor& tokens) {
   require_cpu(dout, "vocabulary-parallel embedding");
+  SCALELAB_CHECK(dout.dtype() == dwte_local.dtype() && dout.dtype() == dwpe.dtype(),
+                 "dout {} and the gradients {} differ in dtype (mixed precision: cast dout to "
+                 "the gradients' fp32 first)", dout.str(), dwte_local.str());
   const int64_t B = tokens.size(0), T = tokens.size(1), C = dout.size(2);
   // BEGIN SOLUTION step 4: scatter-add the rows of our ids; wpe gets every row
   const int64_t n_local = dwte_local.size(0);
   const int32_t* tok = tokens.data<int32_t>();
-  by_dtype(dout.dtype(), [&](auto zero) {
+  by_float_dtype(dout.dtype(), [&](auto zero) {
     using F = decltype(zero);
     const F* d = dout.data<F>();
     F* dw = dwte_local.data<F>();
@@ -260,36 +283,44 @@ double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64
   double total = 0;
   // BEGIN SOLUTION step 4: three all-reduces of N numbers; the logits become probabilities
   // HINT: comm::ReduceOp::max; exp(logit - max) never overflows; loss = log(sum) + max - target.
+  // HINT: in mixed precision the logits are bf16 and the per-row numbers fp32 (ops::stats_dtype).
+  const DType stats = ops::stats_dtype(logits.dtype());
   by_dtype(logits.dtype(), [&](auto zero) {
     using F = decltype(zero);
+    using A = Acc<F>;  // the per-row numbers' type (float for bf16 logits)
     F* z = logits.data<F>();
     // 1. the max of each row over the whole vocabulary: local max, then all-reduce max
-    Tensor row_max = Tensor::empty({N}, logits.dtype());
-    F* m = row_max.data<F>();
-    for (int64_t i = 0; i < N; ++i) m[i] = *std::max_element(z + i * Vl, z + (i + 1) * Vl);
+    Tensor row_max = Tensor::empty({N}, stats);
+    A* m = row_max.data<A>();
+    for (int64_t i = 0; i < N; ++i) {
+      m[i] = -std::numeric_limits<A>::infinity();
+      for (int64_t v = 0; v < Vl; ++v) m[i] = std::max(m[i], A(z[i * Vl + v]));
+    }
     tp.all_reduce(row_max, comm::ReduceOp::max);
     // 2. the target's logit: only the rank holding the target id has it; the others add 0
-    Tensor target_logit = Tensor::zeros({N}, logits.dtype());
-    F* zt = target_logit.data<F>();
+    Tensor target_logit = Tensor::zeros({N}, stats);
+    A* zt = target_logit.data<A>();
     for (int64_t i = 0; i < N; ++i) {
       const int64_t col = tgt[i] - lo;
-      if (col >= 0 && col < Vl) zt[i] = z[i * Vl + col];
+      if (col >= 0 && col < Vl) zt[i] = A(z[i * Vl + col]);
     }
     tp.all_reduce(target_logit);
     // 3. the softmax's denominator: local sums of exp(z - max), all-reduce sum
-    Tensor sum_exp = Tensor::zeros({N}, logits.dtype());
-    F* s = sum_exp.data<F>();
+    Tensor sum_exp = Tensor::zeros({N}, stats);
+    A* s = sum_exp.data<A>();
     for (int64_t i = 0; i < N; ++i) {
-      F acc = 0;
+      A acc = 0;
       for (int64_t v = 0; v < Vl; ++v) {
-        z[i * Vl + v] = std::exp(z[i * Vl + v] - m[i]);  // in place: no second (N, V/tp)
-        acc += z[i * Vl + v];
+        const A e = std::exp(A(z[i * Vl + v]) - m[i]);
+        z[i * Vl + v] = F(e);  // in place: no second (N, V/tp)
+        acc += e;
       }
       s[i] = acc;
     }
     tp.all_reduce(sum_exp);
     for (int64_t i = 0; i < N; ++i) {
-      for (int64_t v = 0; v < Vl; ++v) z[i * Vl + v] /= s[i];  // our columns of the softmax
+      for (int64_t v = 0; v < Vl; ++v)  // our columns of the softmax
+        z[i * Vl + v] = F(A(z[i * Vl + v]) / s[i]);
       // -log softmax(target) = log(sum exp(z - max)) + max - z_target
       total += std::log(static_cast<double>(s[i])) + m[i] - zt[i];
     }
@@ -306,12 +337,15 @@ void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets,
   // BEGIN SOLUTION step 4: dlogits = (p - onehot) * scale / N on our columns
   by_dtype(probs.dtype(), [&](auto zero) {
     using F = decltype(zero);
+    using A = Acc<F>;
     F* p = probs.data<F>();
-    const F k = static_cast<F>(scale / static_cast<double>(N));
+    const A k = static_cast<A>(scale / static_cast<double>(N));
     for (int64_t i = 0; i < N; ++i) {
       const int64_t col = tgt[i] - lo;
-      if (col >= 0 && col < Vl) p[i * Vl + col] -= F(1);
-      for (int64_t v = 0; v < Vl; ++v) p[i * Vl + v] *= k;
+      for (int64_t v = 0; v < Vl; ++v) {
+        const A one_hot = v == col ? A(1) : A(0);  // col outside [0, Vl): another rank's target
+        p[i * Vl + v] = F((A(p[i * Vl + v]) - one_hot) * k);
+      }
     }
   });
   // END SOLUTION
@@ -378,8 +412,8 @@ Tensor sp_block_forward(const nn::Block& block, const Tensor& x_sp, int64_t B, i
   // HINT: block.ln1.forward(out, mean, rstd, in); block.attn.forward(out, x (B, T, C), a.attn);
   // HINT: block.attn.proj.add_bias(t); ops::add(out, a, b). Same for ln2 and block.mlp.
   a.ln1 = Tensor::empty({n, C}, dt, dev);
-  a.ln1_mean = Tensor::empty({n}, dt, dev);
-  a.ln1_rstd = Tensor::empty({n}, dt, dev);
+  a.ln1_mean = Tensor::empty({n}, ops::stats_dtype(dt), dev);  // fp32 for bf16 activations
+  a.ln1_rstd = Tensor::empty({n}, ops::stats_dtype(dt), dev);
   block.ln1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_sp);
   a.res2 = Tensor::empty({n, C}, dt, dev);
   {
@@ -391,8 +425,8 @@ Tensor sp_block_forward(const nn::Block& block, const Tensor& x_sp, int64_t B, i
     ops::add(a.res2, x_sp, attn_sp);
   }
   a.ln2 = Tensor::empty({n, C}, dt, dev);
-  a.ln2_mean = Tensor::empty({n}, dt, dev);
-  a.ln2_rstd = Tensor::empty({n}, dt, dev);
+  a.ln2_mean = Tensor::empty({n}, ops::stats_dtype(dt), dev);
+  a.ln2_rstd = Tensor::empty({n}, ops::stats_dtype(dt), dev);
   block.ln2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2);
   {
     const Tensor ln2_full = gather_sequence(a.ln2, tp).view({B, T, C});
@@ -440,38 +474,42 @@ Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& 
 // ---- Step 6: measure --------------------------------------------------------------------------
 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
-                                     std::size_t elem, bool sp) {
+                                     DType dtype, bool sp) {
   // BEGIN SOLUTION step 6: count what TPActivations holds, tensor by tensor
   // HINT: see BlockActivations / SPBlockActivations / TPActivations: which are (B*T, C) on every
   // HINT: rank, which are cut by tp (heads, hidden units, vocabulary), which by sequence rows?
+  // HINT: dtype_size(dtype) bytes per activation, dtype_size(ops::stats_dtype(dtype)) per statistic.
+  const int64_t elem = dtype_size(dtype), stat = dtype_size(ops::stats_dtype(dtype));
   const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size, N = B * T;
   // what every rank keeps whole in step 3 and only its rows with sequence parallelism
   const int64_t rows = sp ? N / tp : N;
   // per block: input, ln1, res2, ln2 (rows, C) and 4 statistics (rows); q, k, v, y
   // (B, T, C/tp); att (B*NH/tp, T, T); h, g (B, T, 4C/tp)
-  const int64_t block = 4 * rows * C + 4 * rows + 4 * N * C / tp + B * (NH / tp) * T * T +
-                        2 * N * 4 * C / tp;
+  const int64_t block = (4 * rows * C + 4 * N * C / tp + B * (NH / tp) * T * T +
+                         2 * N * 4 * C / tp) * elem + 4 * rows * stat;
   // head: x, lnf (rows, C); mean, rstd (rows); probs (B*T, V/tp)
-  const int64_t head = 2 * rows * C + 2 * rows + N * V / tp;
-  return static_cast<std::size_t>(c.n_layer * block + head) * elem;
+  const int64_t head = (2 * rows * C + N * V / tp) * elem + 2 * rows * stat;
+  return static_cast<std::size_t>(c.n_layer * block + head);
   // END SOLUTION
 }
 
-std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, std::size_t elem,
+std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, DType dtype,
                                bool sp) {
   // BEGIN SOLUTION step 6: count the payload of every collective of one step
   // HINT: follow one forward and one backward of TPGPT (embed, blocks, head) and list each call.
+  // HINT: activations in dtype; the cross-entropy's numbers and gradients in ops::stats_dtype.
   const int64_t NC = B * T * c.n_embd, N = B * T, C = c.n_embd, L = c.n_layer;
+  const int64_t elem = dtype_size(dtype), stat = dtype_size(ops::stats_dtype(dtype));
   if (!sp)
     // blocks: (2 forward + 2 backward) all-reduces of B*T*C each; embedding: 1 (forward);
     // head: f's backward on dlnf (B*T*C) and the cross-entropy's 3 all-reduces of B*T
-    return static_cast<std::size_t>(4 * L * NC + NC + NC + 3 * N) * elem;
+    return static_cast<std::size_t>((4 * L * NC + NC + NC) * elem + 3 * N * stat);
   // blocks: forward 2 AG + 2 RS, backward 4 AG + 2 RS (of B*T*C payload each) and 4 all-reduces
-  // of C; embedding: its all-reduce forward, the gather of its gradient; head: ln_f's gather
-  // forward, gather again + reduce-scatter backward, its 2 gradients' all-reduces of C; the
-  // cross-entropy's 3 of B*T
-  return static_cast<std::size_t>(10 * L * NC + 4 * L * C + 2 * NC + 3 * NC + 2 * C + 3 * N) *
-         elem;
+  // of C (LayerNorm gradients); embedding: its all-reduce forward, the gather of its gradient;
+  // head: ln_f's gather forward, gather again + reduce-scatter backward, its 2 gradients'
+  // all-reduces of C; the cross-entropy's 3 of B*T
+  return static_cast<std::size_t>((10 * L * NC + 2 * NC + 3 * NC) * elem +
+                                   (4 * L * C + 2 * C + 3 * N) * stat);
   // END SOLUTION
 }
 

@@ -158,6 +158,12 @@ TEST(Step4_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
   }
 }
 
+// bf16 compute copy, fp32 master and gradients: the vocabulary-parallel ends read bf16 weights
+// and compute in float from bf16 storage (tolerances: tp_test_support.hpp).
+TEST(Step4_GPT, MixedPrecisionFollowsTheBf16SingleDeviceGPT) {
+  expect_mixed_precision_follows_single_device(/*sequence_parallel=*/false, 41);
+}
+
 TEST(Step4_GPT, TheFullLogitsNeverExistOnOneRank) {
   const ModelConfig c = test_config();
   lab07::TPGPT model(c, group(), {.dtype = DType::f32, .seed = 5});

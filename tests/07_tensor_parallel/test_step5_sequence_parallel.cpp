@@ -236,12 +236,18 @@ TEST(Step5_Block, HoldsLessThanTheTensorParallelBlock) {
   const std::size_t tp_bytes = static_cast<std::size_t>(
       4 * kN * C + 4 * kN + 4 * kN * C / tp + kB * (c.n_head / tp) * kT * kT + 8 * kN * C / tp) * 8;
   const std::size_t sp_bytes = sp_block_bytes(c, tp) + kN / tp * C * 8;  // + its input rows
-  EXPECT_EQ(lab07::activation_bytes_formula(c, kB, kT, tp, 8, true) -
-                lab07::activation_bytes_formula(c, kB, kT, tp, 8, false),
+  EXPECT_EQ(lab07::activation_bytes_formula(c, kB, kT, tp, DType::f64, true) -
+                lab07::activation_bytes_formula(c, kB, kT, tp, DType::f64, false),
             c.n_layer * (sp_bytes - tp_bytes) + (2 * (kN / tp) * C + 2 * (kN / tp)) * 8 -
                 (2 * kN * C + 2 * kN) * 8)
       << "the program's formula agrees with this test's";
   if (tp > 1) EXPECT_LT(sp_bytes, tp_bytes);
+}
+
+// The same in mixed precision: statistics stay fp32 on the rows, the LayerNorm gradients'
+// all-reduce in fp32 (tolerances: tp_test_support.hpp).
+TEST(Step5_GPT, MixedPrecisionFollowsTheBf16SingleDeviceGPT) {
+  expect_mixed_precision_follows_single_device(/*sequence_parallel=*/true, 43);
 }
 
 TEST(Step5_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
@@ -262,7 +268,7 @@ TEST(Step5_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
     part.zero_grad();
     lab07::TPActivations acts;
     const double got = part.forward(x, y, acts);
-    EXPECT_EQ(acts.nbytes(), lab07::activation_bytes_formula(c, 2, 8, size(), 8, true));
+    EXPECT_EQ(acts.nbytes(), lab07::activation_bytes_formula(c, 2, 8, size(), DType::f64, true));
     part.backward(acts);
     a2.step(1e-2);
     EXPECT_NEAR(got, want, 1e-10 * std::abs(want)) << "loss of step " << step + 1;

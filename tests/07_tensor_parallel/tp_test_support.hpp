@@ -18,8 +18,12 @@
 
 #include "common/comm/stats.hpp"
 #include "common/model_config.hpp"
+#include "common/nn/gpt.hpp"
 #include "common/nn/parameter.hpp"
+#include "common/ops/ops.hpp"
+#include "common/optim/optim.hpp"
 #include "common/tensor.hpp"
+#include "tensor_parallel.hpp"
 #include "tests/support/lab_fixture.hpp"
 
 namespace lab07test {
@@ -28,6 +32,12 @@ using namespace scalelab;
 
 inline constexpr double kRel = 1e-12;
 inline constexpr double kAdamRel = 1e-9;
+/// Mixed precision (fp32 master, bf16 compute), against the single-device GPT in the same
+/// precision: each rank rounds its partial sums to bf16 before the all-reduce adds them, and bf16
+/// keeps 8 bits (2^-8 = 4e-3 relative), so gradients agree within kBf16Rel of their largest
+/// element and the loss within kBf16Loss relative.
+inline constexpr double kBf16Rel = 3e-2;
+inline constexpr double kBf16Loss = 2e-3;
 
 /// The tp group of every test: the whole world (1, 2 or 4 ranks).
 inline comm::Communicator& group() { return labtest::world(); }
@@ -149,6 +159,46 @@ inline ::testing::AssertionResult only_all_reduces(const Traffic& t, int64_t cal
   return ::testing::AssertionFailure() << "want exactly " << calls << " all-reduce(s) of " << bytes
                                        << " bytes in total and nothing else; the counters say:\n"
                                        << t.str();
+}
+
+/// Mixed precision: three steps (forward, backward; AdamW) of a TPGPT with a bf16 compute copy
+/// beside the single-device nn::GPT in the same precision, same seed and batches: the losses
+/// within kBf16Loss, every gradient of the first step within kBf16Rel, the activations bf16
+/// (their statistics fp32) and the compute copy refreshed by AdamW (equal to bf16(master)).
+inline void expect_mixed_precision_follows_single_device(bool sequence_parallel, uint64_t seed) {
+  const ModelConfig c = test_config();
+  nn::GPT single(c, nn::GPTOptions{.seed = seed, .compute_dtype = DType::bf16});
+  lab07::TPGPT part(c, group(), {.compute_dtype = DType::bf16, .seed = seed,
+                                 .sequence_parallel = sequence_parallel});
+  optim::AdamW a1(optim::groups(single.parameters())), a2(optim::groups(part.parameters()));
+  for (int step = 0; step < 3; ++step) {
+    const Tensor x = random_tokens(2, 8, c.vocab_size, seed + 10 + step),
+                 y = random_tokens(2, 8, c.vocab_size, seed + 20 + step);
+    single.zero_grad();
+    const double want = single.forward(x, y);
+    single.backward();
+    part.zero_grad();
+    lab07::TPActivations acts;
+    const double got = part.forward(x, y, acts);
+    ASSERT_EQ(acts.probs.dtype(), DType::bf16) << "the head's probabilities on rank " << rank();
+    ASSERT_EQ(acts.lnf_mean.dtype(), DType::f32) << "ln_f's statistics on rank " << rank();
+    part.backward(acts);
+    EXPECT_NEAR(got, want, kBf16Loss * std::abs(want)) << "loss of step " << step + 1;
+    if (step == 0)
+      for (nn::Parameter* p : part.parameters()) {
+        ASSERT_EQ(p->grad.dtype(), DType::f32) << p->name << ": fp32 gradients";
+        EXPECT_TRUE(near(p->grad, cut(single.params().get(p->name).grad, p->shard), kBf16Rel))
+            << p->name << "'s gradient on rank " << rank();
+      }
+    a1.step(1e-2);
+    a2.step(1e-2);
+    for (nn::Parameter* p : part.parameters()) {
+      Tensor want_copy = Tensor::empty(p->value.shape(), DType::bf16);
+      ops::cast(want_copy, p->value);
+      ASSERT_EQ(p->compute_value().to_vector(), want_copy.to_vector())
+          << p->name << ": the compute copy is bf16(master) after AdamW, rank " << rank();
+    }
+  }
 }
 
 }  // namespace lab07test
