@@ -1,5 +1,5 @@
 // Starter generated from solutions/09_zero/zero.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash c8c9418f43e64401 (lets make-labs see your edits).
+// step (see README.md). Body hash aa3f7522957d9a64 (lets make-labs see your edits).
 // Lab 09: ZeRO stages 1-3: shards, a sharded AdamW, gradients reduced to their owners, parameters
 // gathered unit by unit.
 #include "zero.hpp"
@@ -323,13 +323,13 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision) {
   SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
                    "paper_memory: precision f32 or bf16, got {}", dtype_name(precision));
   Held h;
-  // TODO step 5: bytes per element of parameters, gradients and optimizer state (fp32
+  // TODO step 5: 4, 4 and 8 Psi in fp32, 2, 2 and 12 Psi in bf16; divide
   // HINT: fp32: 4 Psi of parameters, 4 Psi of gradients, 8 Psi of m and v. bf16 (the paper's
   // HINT: mixed precision): 2 Psi of 16-bit parameters, 2 Psi of 16-bit gradients, K = 12 Psi
   // HINT: of optimizer state (fp32 master, m, v). Stage 1 shards the state, 2 the gradients
   // HINT: too, 3 the parameters too.
   throw scalelab::NotImplemented(
-      "lab 09 step 5: bytes per element of parameters, gradients and optimizer state (fp32 (README.md#step-5)");
+      "lab 09 step 5: 4, 4 and 8 Psi in fp32, 2, 2 and 12 Psi in bf16; divide (README.md#step-5)");
   return h;
 }
 

@@ -437,8 +437,8 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision) {
   SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
                    "paper_memory: precision f32 or bf16, got {}", dtype_name(precision));
   Held h;
-  // BEGIN SOLUTION step 5: bytes per element of parameters, gradients and optimizer state (fp32
-  // 4, 4, 8; mixed precision 2, 2, 12); divide the ones the stage shards by n
+  // BEGIN SOLUTION step 5: 4, 4 and 8 Psi in fp32, 2, 2 and 12 Psi in bf16; divide
+  // the ones the stage shards by n
   // HINT: fp32: 4 Psi of parameters, 4 Psi of gradients, 8 Psi of m and v. bf16 (the paper's
   // HINT: mixed precision): 2 Psi of 16-bit parameters, 2 Psi of 16-bit gradients, K = 12 Psi
   // HINT: of optimizer state (fp32 master, m, v). Stage 1 shards the state, 2 the gradients

@@ -1,4 +1,5 @@
-// Lab 09 step 5: the paper's formulas mapped to this fp32 model (exact integers), and the given
+// Lab 09 step 5: the paper's formulas mapped to this fp32 model (exact integers), the paper's own
+// mixed-precision count beside this library's bf16 layout, and the given
 // DDP trainer measured against them (the allocator's bytes between steps and the byte counters of
 // one step), so the table's formula column is checked against a measurement.
 #include <gtest/gtest.h>
@@ -26,6 +27,48 @@ TEST(Step5_Formulas, MemoryPerRankAsThePaperMappedToFp32) {
     EXPECT_EQ(lab09::paper_memory(1, P, n).total(), static_cast<std::size_t>(8 * P + 8 * P / n));
     EXPECT_EQ(lab09::paper_memory(2, P, n).total(), static_cast<std::size_t>(4 * P + 12 * P / n));
   }
+}
+
+TEST(Step5_Formulas, MixedPrecisionThePapersCountBesideOurLayout) {
+  // bf16. The paper: 2 Psi of 16-bit parameters, 2 Psi of 16-bit gradients, K = 12 Psi of
+  // optimizer state (fp32 master, m, v), sharded per stage. Ours: the fp32 master stays whole on
+  // every rank in stages 0-2 (4 Psi), the gradients stay fp32 (4 Psi, sharded at stage 2), m and
+  // v 8 Psi (sharded from stage 1), plus the whole bf16 copy (2 Psi): 18 Psi at stage 0.
+  const int64_t P = 1200;
+  for (int n : {1, 2, 4, 8}) {
+    const struct { int stage; int64_t params, grads, optimizer; } paper[] = {
+        {0, 2 * P, 2 * P, 12 * P},
+        {1, 2 * P, 2 * P, 12 * P / n},
+        {2, 2 * P, 2 * P / n, 12 * P / n},
+        {3, 2 * P / n, 2 * P / n, 12 * P / n}};
+    for (const auto& w : paper) {
+      const lab09::Held h = lab09::paper_memory(w.stage, P, n, DType::bf16);
+      EXPECT_EQ(h.params, static_cast<std::size_t>(w.params)) << "stage " << w.stage << ", n " << n;
+      EXPECT_EQ(h.grads, static_cast<std::size_t>(w.grads)) << "stage " << w.stage << ", n " << n;
+      EXPECT_EQ(h.optimizer, static_cast<std::size_t>(w.optimizer)) << "stage " << w.stage << ", n " << n;
+    }
+    // the paper's totals: 16 Psi, 4 Psi + 12 Psi/n, 2 Psi + 14 Psi/n, 16 Psi/n
+    EXPECT_EQ(lab09::paper_memory(0, P, n, DType::bf16).total(), static_cast<std::size_t>(16 * P));
+    EXPECT_EQ(lab09::paper_memory(1, P, n, DType::bf16).total(),
+              static_cast<std::size_t>(4 * P + 12 * P / n));
+    const struct { int stage; int64_t params, grads, optimizer; } ours[] = {
+        {0, 6 * P, 4 * P, 8 * P}, {1, 6 * P, 4 * P, 8 * P / n}, {2, 6 * P, 4 * P / n, 8 * P / n}};
+    for (const auto& w : ours) {
+      const lab09::Held h = lab09::layout_memory(w.stage, P, n, DType::bf16);
+      EXPECT_EQ(h.params, static_cast<std::size_t>(w.params)) << "stage " << w.stage << ", n " << n;
+      EXPECT_EQ(h.grads, static_cast<std::size_t>(w.grads)) << "stage " << w.stage << ", n " << n;
+      EXPECT_EQ(h.optimizer, static_cast<std::size_t>(w.optimizer)) << "stage " << w.stage << ", n " << n;
+    }
+    EXPECT_EQ(lab09::layout_memory(0, P, n, DType::bf16).total(), static_cast<std::size_t>(18 * P));
+    // fp32: our layout IS the paper's formula mapped to fp32 (the default precision)
+    for (int stage = 0; stage <= 3; ++stage) {
+      EXPECT_EQ(lab09::layout_memory(stage, P, n).total(), lab09::paper_memory(stage, P, n).total());
+      EXPECT_EQ(lab09::paper_memory(stage, P, n, DType::f32).total(),
+                lab09::paper_memory(stage, P, n).total());
+    }
+  }
+  EXPECT_THROW(lab09::layout_memory(3, P, 2, DType::bf16), UsageError) << "stage 3 is fp32 only";
+  EXPECT_THROW(lab09::paper_memory(0, P, 2, DType::f64), UsageError);
 }
 
 TEST(Step5_Formulas, CommunicationPerStepInPayloadBytes) {

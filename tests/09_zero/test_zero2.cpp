@@ -74,8 +74,7 @@ struct FlatGradient {
   }
   void step() {
     adamw.step(kLr);
-    Tensor& all = model.params().padded_values();
-    world().all_gather(all.flat(s.lo, s.size).clone(), all);
+    gather_fp32_values(model.params(), s);
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include "common/allocator.hpp"
 #include "common/comm/stats.hpp"
+#include "common/ops/ops.hpp"
 #include "tests/support/lab_fixture.hpp"
 #include "zero.hpp"
 
@@ -24,6 +25,33 @@ inline constexpr double kStageRtol = 1e-9, kStageAtol = 1e-12;
 
 inline nn::GPTOptions f32() { return {.seed = kLab.seed}; }
 inline nn::GPTOptions f64() { return {.dtype = DType::f64, .seed = kLab.seed}; }
+/// Mixed precision: fp32 master values, gradients and AdamW state, a bf16 compute copy.
+inline nn::GPTOptions mixed_bf16() { return {.seed = kLab.seed, .compute_dtype = DType::bf16}; }
+
+/// Every rank's bf16 compute copy is cast(its fp32 values), bit for bit (padding included),
+/// compared in fp32 (bf16 -> fp32 is exact). Collective.
+inline testing::AssertionResult compute_is_cast(nn::ParameterSet& ps) {
+  const int64_t n = ps.padded_numel();
+  Tensor want = Tensor::empty({n}, DType::bf16, ps.device());
+  ops::cast(want, ps.padded_values());
+  Tensor want32 = Tensor::empty({n}, DType::f32, ps.device());
+  ops::cast(want32, want);
+  Tensor got32 = Tensor::zeros({n}, DType::f32, ps.device());
+  const bool has_copy = ps.compute_values().defined();
+  if (has_copy) ops::cast(got32, ps.compute_values());
+  auto r = labtest::close_on_every_rank(got32, want32, 0, 0);  // collective whatever has_copy
+  if (!has_copy) return testing::AssertionFailure() << "the set has no bf16 compute copy";
+  if (!r) return r << " (the bf16 compute copy is not cast(values))";
+  return r;
+}
+
+/// The fp32 values on every rank again after each rank stepped its own shard: one all_gather
+/// into the padded flat values, NOTHING else (the planted faults build their wrong trainers on
+/// it; the bf16 copy is deliberately left alone). Collective.
+inline void gather_fp32_values(nn::ParameterSet& ps, const nn::ShardRange& s) {
+  Tensor& all = ps.padded_values();
+  labtest::world().all_gather(all.flat(labtest::world().rank() * s.size, s.size).clone(), all);
+}
 
 inline std::size_t now_bytes() { return memory_stats(Device::cpu()).current; }
 
