@@ -63,7 +63,7 @@ Row measure(int stage, int n, comm::Communicator& world, const ModelConfig& conf
     const int64_t psi = t->model().num_parameters();
     row.ours = lab09::layout_memory(stage, psi, n, run.precision);
     row.paper = lab09::paper_memory(stage, psi, n, run.precision);
-    row.paper_comm = lab09::paper_comm_bytes(stage, t->model().num_parameters());
+    row.paper_comm = lab09::paper_comm_bytes(stage, psi);
   }
   world.barrier();
   return row;
