@@ -104,6 +104,8 @@ class GPT {
   int last_block() const { return last_; }
 
   ParameterSet& params() { return params_; }
+  /// The dtype activations have: bf16 in mixed precision, else the parameters' dtype.
+  DType compute_dtype() const { return params_.compute_dtype(); }
   const std::vector<Parameter*>& parameters() const { return params_.list(); }
   int64_t num_parameters() const { return params_.numel(); }
   void zero_grad() { params_.zero_grad(); }

@@ -30,6 +30,7 @@
 #include "common/metrics.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
 #include "common/train/loop.hpp"
 
 using namespace scalelab;
@@ -263,7 +264,7 @@ int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     auto options = cli::make_options("lab10_3d_parallel",
                                      "Lab 10: one GPT trained on a dp x tp x pp grid of ranks");
-    cli::add_run_options(options);
+    cli::add_run_options(options, /*mixed_precision=*/true);
     train::add_train_options(options, {.model = "small", .batch = 8, .steps = 10});
     options.add_options("lab 10")
         ("dp", "data-parallel replicas (0: the ranks left over by tp and pp)",
@@ -300,6 +301,9 @@ int main(int argc, char** argv) {
     const ModelConfig config = model_config(opt.model);
 
     auto world = comm::Communicator::world(run.backend);
+    SCALELAB_REQUIRE(!run.bf16() || !(parsed.count("plan") || parsed.count("check-plan")),
+                     "--plan and --check-plan model fp32 training (4-byte values and "
+                     "activations); drop --precision bf16");
     if (parsed.count("check-plan")) {
       SCALELAB_REQUIRE(run.device == "cpu", "lab 10 runs on the CPU (lab 07's operators are CPU "
                                             "only), got --device {}", run.device);
@@ -319,7 +323,10 @@ int main(int argc, char** argv) {
     Groups g = groups_of(grid);
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
-    Trainer3D trainer(config, g, run_plan, nn::GPTOptions{.seed = run.seed});
+    // bf16: mixed precision (fp32 master, gradients and AdamW state; bf16 compute copy and
+    // activations, sent through the pipeline and all-reduced over tp in bf16)
+    const nn::GPTOptions model_options{.seed = run.seed, .compute_dtype = run.precision};
+    Trainer3D trainer(config, g, run_plan, model_options);
     nn::GPT* model = &trainer.model();
 
     log::info("lab 10 3d_parallel: model {} ({} layers, {} heads), global batch {} = dp {} x {} "
@@ -327,6 +334,7 @@ int main(int argc, char** argv) {
               config.n_head, opt.batch, shape.dp, m, opt.batch / shape.dp / m, opt.steps,
               zero == 0 ? "AdamW whole on every rank" : fmt::format("ZeRO-{} over dp", zero),
               run_plan.checkpoint ? ", every block checkpointed" : "");
+    log::info("{}", train::precision_note(run.precision));
     log::info("{}", grid.table());
     for (int s = 0; s < shape.pp; ++s) {  // what every stage holds (the same rule on every rank)
       const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, s);
@@ -343,11 +351,16 @@ int main(int argc, char** argv) {
     for (double x : all.to_vector()) per_rank += fmt::format(" {:.0f}", x);
     log::info("parameters per rank:{} (the whole model: {})", per_rank, parameter_count(config));
 
-    // The single-device twin (world rank 0): the same seed, the same global batches, AdamW.
+    // The single-device twin (world rank 0): the same seed, the same global batches, AdamW, the
+    // same precision. The 3D step must match it: fp32 to 1e-5 relative (sums over tp, micro-
+    // batches and dp run in another order), bf16 to 1e-3 (each tp rank rounds its partial sums
+    // to bf16 before the all-reduce adds them).
+    const double twin_tol = run.bf16() ? 1e-3 : 1e-5;
+    bool twin_ok = true;
     std::unique_ptr<nn::GPT> twin;
     std::unique_ptr<optim::AdamW> twin_opt;
     if (world.rank() == 0 && twin_steps > 0) {
-      twin = std::make_unique<nn::GPT>(config, nn::GPTOptions{.seed = run.seed});
+      twin = std::make_unique<nn::GPT>(config, model_options);
       twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
     }
     train::StepReporter reporter(config, opt.batch * config.block_size, Device::cpu(),
@@ -377,8 +390,13 @@ int main(int argc, char** argv) {
         twin_opt->step(lr);
         log::info("  single-device twin step={} loss={:.6f} (3D - twin: {:+.2e})", step, want,
                   loss - want);
+        if (std::abs(loss - want) > twin_tol * std::abs(want)) {
+          twin_ok = false;
+          log::info("  the 3D step's loss differs from the twin's by more than {:g} relative",
+                    twin_tol);
+        }
       }
     }
-    return 0;
+    return static_cast<int>(train::on_every_rank(twin_ok, world) ? kExitOk : kExitFailed);
   });
 }

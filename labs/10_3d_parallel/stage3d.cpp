@@ -18,8 +18,6 @@ Stage3D::Stage3D(const ModelConfig& config, const nn::GPTOptions& options, comm:
                  "a 3D stage of tp rank {} of {} on a tp group where it is rank {} of {}",
                  options.tp_rank, options.tp_size, tp.rank(), tp.size());
   SCALELAB_CHECK(options.device.is_cpu(), "lab 07's vocabulary-parallel operators are CPU only");
-  SCALELAB_CHECK(params().compute_dtype() == options.dtype, "the 3D stage computes in its "
-                 "parameters' dtype: no bf16 mixed precision (lab 07's operators read the values)");
 }
 
 // wte[tokens] for the tokens of this rank's rows (zeros for the others), all-reduced over tp,
@@ -29,16 +27,23 @@ Tensor Stage3D::embed(const Tensor& tokens, nn::GPTActivations& acts) const {
   trace::Scope scope("embed");
   need_values(embedding_unit());
   acts.tokens = tokens;
-  return lab07::vocab_parallel_embedding_forward(embedding->wte.value, vocab_lo(),
-                                                 embedding->wpe.value, tokens, tp_);
+  // the compute copies: bf16 in mixed precision (the output is then bf16, as nn::GPT's)
+  return lab07::vocab_parallel_embedding_forward(embedding->wte.compute_value(), vocab_lo(),
+                                                 embedding->wpe.compute_value(), tokens, tp_);
 }
 
 void Stage3D::embed_backward(const Tensor& dx, nn::GPTActivations& acts) {
   SCALELAB_CHECK(acts.tokens.defined(), "embed_backward() without embed()");
   need_grads(embedding_unit());
-  // dx is the same on every tp rank: each adds the rows of the tokens it holds, no communication
+  // dx is the same on every tp rank: each adds the rows of the tokens it holds, no communication.
+  // Mixed precision: dx is bf16 and the gradients fp32; lab 07's loop takes one dtype.
+  Tensor d = dx;
+  if (d.dtype() != embedding->wte.grad.dtype()) {
+    d = Tensor::empty(dx.shape(), embedding->wte.grad.dtype());
+    ops::cast(d, dx);
+  }
   lab07::vocab_parallel_embedding_backward(embedding->wte.grad, vocab_lo(), embedding->wpe.grad,
-                                           dx, acts.tokens);
+                                           d, acts.tokens);
   acts.tokens = Tensor();
   fire(embedding->parameters());
 }
@@ -52,15 +57,15 @@ double Stage3D::head_forward(const Tensor& x, const Tensor& targets,
   SCALELAB_CHECK(has_head(), "head_forward() on a stage without the head");
   trace::Scope scope("head");
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), Vl = vocab_hi() - vocab_lo();
-  const DType dt = options().dtype;
+  const DType dt = compute_dtype();  // bf16 activations in mixed precision
   need_values(head_unit());
   if (!lm_head) need_values(embedding_unit());  // the tied wte (its rows [lo, hi))
   nn::HeadActivations& h = acts.head;
   h.x = x;
   h.targets = targets;
   h.lnf = Tensor::empty({B, T, C}, dt);
-  h.lnf_mean = Tensor::empty({B * T}, dt);
-  h.lnf_rstd = Tensor::empty({B * T}, dt);
+  h.lnf_mean = Tensor::empty({B * T}, ops::stats_dtype(dt));  // fp32 for bf16
+  h.lnf_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt));
   ln_f->forward(h.lnf, h.lnf_mean, h.lnf_rstd, x);
   Tensor in = h.lnf.view({B * T, C});
   lab07::f_forward(in, tp_);
@@ -74,7 +79,7 @@ Tensor Stage3D::head_backward(nn::GPTActivations& acts, double loss_scale) {
   SCALELAB_CHECK(h.probs.defined(), "head_backward() without head_forward()");
   trace::Scope scope("head backward");
   const int64_t B = h.x.size(0), T = h.x.size(1), C = h.x.size(2);
-  const DType dt = options().dtype;
+  const DType dt = compute_dtype();
   need_values(head_unit());
   need_grads(head_unit());
   if (!lm_head) {  // the head writes the tied wte's gradient first

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "common/ops/ops.hpp"
+
 namespace scalelab::lab10test {
 
 ModelConfig config() {
@@ -23,8 +25,8 @@ std::string name(const lab10::GridShape& s) {
   return fmt::format("dp {} x tp {} x pp {} ({})", s.dp, s.tp, s.pp, comm::grid_order_name(s.order));
 }
 
-std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch) {
-  auto ref = std::make_unique<nn::GPT>(config(), f64());
+std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch, const nn::GPTOptions& options) {
+  auto ref = std::make_unique<nn::GPT>(config(), options);
   ref->zero_grad();
   ref->forward(batch.x, batch.y);
   ref->backward();
@@ -64,12 +66,12 @@ Tensor expected(const nn::GPT& local, nn::GPT& reference, bool grads) {
   return Tensor::from_vector(out, {static_cast<int64_t>(out.size())}, DType::f64);
 }
 
-nn::GPTOptions own_options(const lab10::Groups& g) {
+nn::GPTOptions own_options(const lab10::Groups& g, const nn::GPTOptions& base) {
   const ModelConfig c = config();
   const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(c.n_layer), g.shape.pp,
                                                   g.coord.pp);
   const lab07::VocabRange v = lab07::vocab_range(c.vocab_size, g.coord.tp, g.shape.tp);
-  nn::GPTOptions o = f64();
+  nn::GPTOptions o = base;
   o.first_block = r.first;
   o.last_block = r.last;
   o.tp_rank = g.coord.tp;
@@ -79,8 +81,9 @@ nn::GPTOptions own_options(const lab10::Groups& g) {
   return o;
 }
 
-std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to, bool checkpoint) {
-  nn::GPTOptions o = own_options(g);
+std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to, bool checkpoint,
+                                   const nn::GPTOptions& base) {
+  nn::GPTOptions o = own_options(g, base);
   o.storage.pad_to = pad_to;
   auto model = std::make_unique<lab10::Stage3D>(config(), o, g.tp, checkpoint);
   for (int i = o.first_block; i < o.last_block; ++i)
@@ -94,11 +97,14 @@ int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group
 
 int64_t tp_bytes(const nn::GPT& model, int64_t rows, bool checkpoint) {
   const ModelConfig c = config();
-  const int64_t act = rows * c.block_size * c.n_embd * 8;  // one (rows, T, C) float64
+  const DType dt = model.compute_dtype();
+  const int64_t elem = static_cast<int64_t>(dtype_size(dt));
+  const int64_t stat = static_cast<int64_t>(dtype_size(ops::stats_dtype(dt)));
+  const int64_t act = rows * c.block_size * c.n_embd * elem;  // one (rows, T, C) activation
   const int64_t blocks = model.last_block() - model.first_block();
   int64_t n = blocks * (checkpoint ? 6 : 4) * act;
   if (model.has_embedding()) n += act;
-  if (model.has_head()) n += act + 3 * rows * c.block_size * 8;
+  if (model.has_head()) n += act + 3 * rows * c.block_size * stat;
   return n;
 }
 

@@ -23,13 +23,19 @@ ModelConfig config();
 inline constexpr double kRtol = 1e-9, kAtol = 1e-12;
 
 inline nn::GPTOptions f64() { return {.dtype = DType::f64, .seed = kLab.seed}; }
+/// Mixed precision: fp32 master weights and gradients, a bf16 compute copy, bf16 activations.
+inline nn::GPTOptions mixed() {
+  return {.dtype = DType::f32, .seed = kLab.seed, .compute_dtype = DType::bf16};
+}
 
 /// The grids of `world` ranks the graders run (dp x tp x pp).
 std::vector<lab10::GridShape> grids_for(int world);
 std::string name(const lab10::GridShape& s);
 
-/// The single-device step on `batch` (float64, the same seed): its model, with gradients.
-std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch);
+/// The single-device step on `batch` (float64 unless `options` say otherwise, the same seed): its
+/// model, with gradients.
+std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch,
+                                         const nn::GPTOptions& options = f64());
 
 /// What `local` (a 3D rank's model, parameter by parameter, in its flat order) should hold,
 /// cut from the full reference tensors by each parameter's shard: the values (grads = false) or
@@ -37,19 +43,21 @@ std::unique_ptr<nn::GPT> reference_model(const data::Batch& batch);
 Tensor expected(const nn::GPT& local, nn::GPT& reference, bool grads);
 
 /// The options of the test's own 3D model on g: lab 08's stage blocks, tp share, vocabulary rows
-/// (lab07::vocab_range), float64, the test's seed.
-nn::GPTOptions own_options(const lab10::Groups& g);
+/// (lab07::vocab_range), on top of `base` (float64 and the test's seed by default).
+nn::GPTOptions own_options(const lab10::Groups& g, const nn::GPTOptions& base = f64());
 
 /// The test's own 3D model (not the attendee's step 2): a lab10::Stage3D of own_options(g) (the
 /// vocabulary-parallel ends on g.tp), the blocks' hooks set to lab 07's operators on g.tp.
 /// pad_to: the flat layout padded to a multiple of it (ZeRO's shards).
-std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to = 1, bool checkpoint = false);
+std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to = 1, bool checkpoint = false,
+                                   const nn::GPTOptions& base = f64());
 
 /// Payload bytes of all-reduces on the communicator named `group` since `before`.
 int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group);
 
 /// The payload the tp group all-reduces in one training step of `model` (a 3D stage) on `rows`
-/// rows per replica, float64, whatever the micro-batches: lab 07's operators, per block 2
+/// rows per replica, whatever the micro-batches, activations in the model's compute dtype (the
+/// cross-entropy's per-row numbers in ops::stats_dtype of it): lab 07's operators, per block 2
 /// all-reduces of (rows, T, C) forward and 2 backward (+ 2 more with checkpointing: the
 /// recomputed forward); the first stage's embedding 1 of (rows, T, C); the last stage's head f's
 /// backward 1 of (rows, T, C) and the cross-entropy's 3 of (rows*T).

@@ -4,6 +4,8 @@
 // within kRtol / kAtol (float64); the byte counters show the dp group averaging the gradients
 // once and the tp group carrying only the blocks' all-reduces. The planted faults run the same
 // checks on deliberately wrong steps written here.
+#include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include <gtest/gtest.h>
@@ -29,14 +31,32 @@ bool on_every_rank(bool ok) {
 
 using StepFn = std::function<double(nn::GPT&, lab10::Groups&, const data::Batch&)>;
 
+// The models both sides build and how close they must come.
+struct Precision {
+  nn::GPTOptions options = f64();
+  double loss_rtol = kRtol, grad_rtol = kRtol;
+  double grad_atol_of_max = 0;  // + this x max |reference gradient| (bf16 rounds each element)
+};
+// Mixed precision: each tp rank rounds its partial sums to bf16 before the all-reduce adds them,
+// and bf16 keeps 8 bits (2^-8 = 4e-3 relative): the loss within 2e-3, the gradients within 3e-2
+// of the largest one (lab 07's bounds; measured about a tenth of them).
+const Precision kMixed{.options = mixed(), .loss_rtol = 2e-3, .grad_rtol = 3e-2,
+                       .grad_atol_of_max = 3e-2};
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : t.to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
 // One step of `step` on `shape` against the single device: numbers, then traffic per group.
 testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape& shape,
-                                      bool checkpoint = false) {
+                                      bool checkpoint = false, const Precision& p = {}) {
   const data::Batch global = kLab.batch(0);
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
-  auto model = own_model(g, 1, checkpoint);
-  auto ref = reference_model(global);
+  auto model = own_model(g, 1, checkpoint, p.options);
+  auto ref = reference_model(global, p.options);
   const comm::CommStats before = comm::comm_stats();
   const double loss = step(*model, g, global);
   const int64_t tp_sent = all_reduce_bytes(before, g.tp.name());
@@ -44,10 +64,11 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
 
   const Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
   const Tensor want_l = Tensor::from_vector({ref->forward(global.x, global.y)}, {1}, DType::f64);
-  auto loss_ok = labtest::close_on_every_rank(l, want_l, kRtol, kAtol);
+  auto loss_ok = labtest::close_on_every_rank(l, want_l, p.loss_rtol, kAtol);
   if (!loss_ok) return testing::AssertionFailure() << name(shape) << ": loss: " << loss_ok.message();
-  auto grads_ok = labtest::close_on_every_rank(model->params().grads(),
-                                               expected(*model, *ref, true), kRtol, kAtol);
+  const Tensor want_g = expected(*model, *ref, true);
+  auto grads_ok = labtest::close_on_every_rank(model->params().grads(), want_g, p.grad_rtol,
+                                               kAtol + p.grad_atol_of_max * max_abs(want_g));
   if (!grads_ok)
     return testing::AssertionFailure() << name(shape) << ": gradients: " << grads_ok.message();
   // tp: exactly the blocks' operators and the vocabulary-parallel ends on B/dp rows (nothing
@@ -58,7 +79,8 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
                "{}: the tp group all-reduced {} bytes on this rank, want {} (the blocks' "
                "operators and the vocabulary-parallel ends only)", name(shape), tp_sent, tp_want);
   // dp: the gradients once (and room for a few scalars such as the loss), when there are replicas.
-  const int64_t grad_bytes = model->num_parameters() * 8;
+  const int64_t grad_bytes =
+      model->num_parameters() * static_cast<int64_t>(dtype_size(model->params().dtype()));
   const bool dp_ok = shape.dp == 1 || (dp_bytes >= grad_bytes && dp_bytes <= grad_bytes + 64);
   if (!on_every_rank(dp_ok))
     return testing::AssertionFailure() << fmt::format(
@@ -86,6 +108,18 @@ TEST(Step3_Step, EqualsSingleDeviceOnEveryGrid) {
   };
   for (const lab10::GridShape& shape : grids_for(world().size()))
     EXPECT_TRUE(step_matches(attendee, shape));
+}
+
+// Mixed precision (fp32 master and gradients, bf16 compute copy and activations): the same step
+// on every grid, against the single device in bf16; the tp group's all-reduces carry bf16
+// activations (half fp32's bytes; tp_bytes counts them in the model's compute dtype) and the dp
+// group averages fp32 gradients.
+TEST(Step3_Step, MixedPrecisionFollowsTheBf16SingleDevice) {
+  const StepFn attendee = [](nn::GPT& m, lab10::Groups& g, const data::Batch& b) {
+    return lab10::step_3d(m, g, b, kMicro);
+  };
+  for (const lab10::GridShape& shape : grids_for(world().size()))
+    EXPECT_TRUE(step_matches(attendee, shape, false, kMixed));
 }
 
 // Your step with ZeRO-1 over dp (the given Zero1Optimizer, lab 09's pieces) in place of a whole
