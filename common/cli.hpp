@@ -15,7 +15,7 @@ cxxopts::Options make_options(const std::string& program, const std::string& des
 
 /// --seed, --device, --backend, --timeout, --trace, --precision: options every lab program
 /// understands. `mixed_precision`: the program can train in bf16 (--precision bf16: fp32 master
-/// weights, gradients and AdamW state, a bf16 compute copy and bf16 activations; labs 02-06).
+/// weights, gradients and AdamW state, a bf16 compute copy and bf16 activations; labs 02-10).
 /// Without it --precision bf16 is a usage error naming the program (it trains in fp32 only).
 void add_run_options(cxxopts::Options& options, bool mixed_precision = false);
 

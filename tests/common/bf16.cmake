@@ -25,13 +25,15 @@ add_test(NAME lab02.program.resume_bf16
 set_tests_properties(lab02.program.resume_bf16 PROPERTIES LABELS "reference;lab02" TIMEOUT 60
                      ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 
-# Labs 03-08's and 10's programs in bf16 on 2 ranks, each exiting 0 only if its own check holds:
+# Labs 03-10's programs in bf16 on 2 ranks, each exiting 0 only if its own check holds:
 # lab 03 and 04 identical replicas, lab 05 one batch vs micro-batches within one bf16 rounding of
 # the largest gradient, lab 06 the activation estimate (bf16 data, fp32 statistics) equal to the
 # allocator's count, lab 07 the losses within 1e-3 of the bf16 twin's and its activation and byte
 # formulas (bf16 activations, fp32 statistics) equal to the counters, lab 08 the pipeline's losses
 # within 1e-3 of the bf16 twin's (its stages send bf16 activations: receiving fp32 fails on the
-# message size), lab 10 (tp 2: the vocabulary-parallel ends in bf16) within 1e-3 of its twin. On a corpus made from the test text at test time (a fixture).
+# message size), lab 09 ZeRO-2 within 1e-3 of its twin with the held bytes equal to the
+# allocator's, lab 10 (tp 2: the vocabulary-parallel ends in bf16) within 1e-3 of its twin.
+# On a corpus made from the test text at test time (a fixture).
 set(bf16_corpus ${CMAKE_CURRENT_BINARY_DIR}/bf16_corpus)
 add_test(NAME common.bf16.corpus COMMAND $<TARGET_FILE:scalelab_data> ${bf16_text}
                                          --out ${bf16_corpus})
@@ -42,8 +44,9 @@ foreach(case "lab03_ddp;--verify-steps;2"
              "lab05_grad_accumulation;--accum;4;--batch;32"
              "lab06_activation_checkpointing;--reps;1"
              "lab07_tensor_parallel;--twin-steps;3;--reps;1"
-             "lab10_3d_parallel;--dp;1;--tp;2;--pp;1;--twin-steps;3"
-             "lab08_pipeline_parallel;--micro-batches;4;--reps;1")
+             "lab08_pipeline_parallel;--micro-batches;4;--reps;1"
+             "lab09_zero;--stage;2;--verify-steps;2"
+             "lab10_3d_parallel;--dp;1;--tp;2;--pp;1;--twin-steps;3")
   list(POP_FRONT case program)
   string(SUBSTRING ${program} 0 5 nn)
   scalelab_add_mpi_test(${nn}.program.bf16.np2 ${program}_solution RANKS 2 TIMEOUT 60
