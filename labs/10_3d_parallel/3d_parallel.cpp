@@ -1,5 +1,5 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 2c3b8021c98c94a9 (lets make-labs see your edits).
+// step (see README.md). Body hash ad019ddf672624be (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
@@ -8,6 +8,7 @@
 
 #include "common/errors.hpp"
 #include "common/metrics.hpp"
+#include "common/ops/ops.hpp"
 #include "zero.hpp"  // lab 09: shard_groups, all_gather_parameters
 
 namespace scalelab::lab10 {
@@ -188,30 +189,34 @@ int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage) {
   return n;
 }
 
-std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, std::size_t elem) {
+std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, DType precision) {
   std::size_t bytes = 0;
   // TODO step 4: value, gradient, m, v; ZeRO divides the sharded kinds by dp
+  // HINT: master_dtype(precision) for value, gradient, m and v; bf16 adds the 2-byte copy.
   throw scalelab::NotImplemented(
       "lab 10 step 4: value, gradient, m, v; ZeRO divides the sharded kinds by dp (README.md#step-4)");
   return bytes;
 }
 
 std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                   int stage, bool checkpoint, std::size_t elem) {
-  int64_t n = 0;  // elements
+                                   int stage, bool checkpoint, DType precision) {
+  int64_t n = 0, stats = 0;  // elements of activations, of LayerNorm statistics
   // TODO step 4: count GPTActivations tensor by tensor
+  // HINT: activations are `precision` (bf16 in mixed precision), statistics ops::stats_dtype of it.
   throw scalelab::NotImplemented(
       "lab 10 step 4: count GPTActivations tensor by tensor (README.md#step-4)");
-  return static_cast<std::size_t>(n) * elem;
+  return static_cast<std::size_t>(n) * dtype_size(precision) +
+         static_cast<std::size_t>(stats) * dtype_size(ops::stats_dtype(precision));
 }
 
 std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                     int stage, bool checkpoint, std::size_t elem) {
-  int64_t n = 0;  // elements
+                                     int stage, bool checkpoint, DType precision) {
+  int64_t n = 0;  // elements (of the activations' dtype: every temporary of a backward is)
+  std::size_t recompute = 0;  // bytes of the recomputed block's activations (checkpointing)
   // TODO step 4: the largest moment of one micro-batch's backward, temporaries only
   throw scalelab::NotImplemented(
       "lab 10 step 4: the largest moment of one micro-batch's backward, temporaries only (README.md#step-4)");
-  return static_cast<std::size_t>(std::max<int64_t>(n, 0)) * elem;
+  return static_cast<std::size_t>(std::max<int64_t>(n, 0)) * dtype_size(precision) + recompute;
 }
 
 std::size_t max_in_flight(int pp, int stage, int micro_batches) {
@@ -223,7 +228,7 @@ std::size_t max_in_flight(int pp, int stage, int micro_batches) {
 }
 
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
-                   const Machine& machine, std::size_t elem) {
+                   const Machine& machine, DType precision) {
   Prediction best;
   // TODO step 4: every stage's memory and time; the busiest one decides
   throw scalelab::NotImplemented(
@@ -275,7 +280,7 @@ Machine measure_machine(comm::Communicator& world, std::size_t bytes, int64_t ge
 
 std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
                                                   int64_t global_batch, const Machine& machine,
-                                                  std::size_t memory_bytes, std::size_t elem) {
+                                                  std::size_t memory_bytes, DType precision) {
   std::vector<std::pair<Plan, Prediction>> out;
   for (int dp = 1; dp <= world_size; ++dp)
     for (int tp = 1; dp * tp <= world_size; ++tp) {
@@ -295,7 +300,7 @@ std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int
             } catch (const UsageError&) {
               continue;  // not a valid grid for this model and batch, or not a runnable plan
             }
-            const Prediction p = predict(config, global_batch, plan, machine, elem);
+            const Prediction p = predict(config, global_batch, plan, machine, precision);
             if (p.total_bytes <= memory_bytes) out.emplace_back(plan, p);
           }
     }

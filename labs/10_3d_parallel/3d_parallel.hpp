@@ -224,20 +224,29 @@ class Trainer3D {
 /// tied copy's V/tp rows (V*C/tp).
 int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage);
 
-/// Step 4b. Bytes of model state a rank keeps between steps with AdamW in `elem`-byte elements:
-/// value, gradient, m and v of each of its `params` elements, the parts ZeRO `zero_stage` shards
-/// over the dp replicas divided by dp (lab 09: stage 1 the optimizer state, 2 also the gradients,
-/// 3 also the values; padding not counted).
-std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, std::size_t elem);
+/// What a run in `precision` keeps its master weights, gradients and AdamW state in: f32 for bf16
+/// (mixed precision: the layers compute with a bf16 copy), else `precision` itself.
+inline DType master_dtype(DType precision) {
+  return precision == DType::bf16 ? DType::f32 : precision;
+}
+
+/// Step 4b. Bytes of model state a rank keeps between steps with AdamW, training in `precision`
+/// (f32, f64, or bf16 mixed precision): value, gradient, m and v of each of its `params` elements
+/// in master_dtype(precision), the parts ZeRO `zero_stage` shards over the dp replicas divided by
+/// dp (lab 09: stage 1 the optimizer state, 2 also the gradients, 3 also the values; padding not
+/// counted); in bf16 also the 2-byte compute copy of every value (ZeRO 0-2; ZeRO-3 gathers the
+/// copy unit by unit and keeps none between steps).
+std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, DType precision);
 
 /// Step 4c. Bytes one micro-batch of `rows` rows leaves on stage `stage` after its forward,
 /// exactly nn::GPTActivations::nbytes: per block its input and ln1, res2, ln2 (rows*T*C each),
 /// four LayerNorm statistics (rows*T each), q, k, v, y (rows*T*C/tp each), att ((NH/tp)*rows*T*T),
 /// h, g (rows*T*4C/tp each); a checkpointed block keeps only its input; the last stage adds the
 /// head's input x and lnf (rows*T*C each), two statistics (rows*T) and this rank's columns of
-/// the probabilities (rows*T*V/tp: the head is vocabulary parallel).
+/// the probabilities (rows*T*V/tp: the head is vocabulary parallel). Activations in `precision`,
+/// statistics in ops::stats_dtype(precision) (fp32 for bf16).
 std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                   int stage, bool checkpoint, std::size_t elem);
+                                   int stage, bool checkpoint, DType precision);
 
 /// Step 4c'. The backward's transient on stage `stage`: the most bytes one micro-batch of `rows`
 /// rows adds above what is live when its backward starts (its activations; on a stage without
@@ -252,9 +261,10 @@ std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int 
 ///           is computed in place of the probabilities)
 ///   checkpointing adds the recomputed block's activations (stage_activation_bytes' block, less
 ///           its input) during that block's backward.
-/// A stage without blocks has only the head's (or nothing).
+/// A stage without blocks has only the head's (or nothing). The temporaries are activation
+/// gradients, in `precision`; the head's freed statistics in ops::stats_dtype(precision).
 std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                     int stage, bool checkpoint, std::size_t elem);
+                                     int stage, bool checkpoint, DType precision);
 
 /// What the planner knows of the machine (measure_machine: given).
 struct Machine {
@@ -302,13 +312,16 @@ struct Prediction {
 ///   pp       per micro-batch one activation sent and one gradient received of (rows/m)*T*C
 ///            (bytes / bus_bytes_per_s + latency each; 0 when pp = 1)
 ///   dp       the gradients once (the optimizer's gathers come after the step): all-reduce
-///            2 (dp-1)/dp x params x elem / bus_bytes_per_s + latency (ZeRO 0, 1); ZeRO-2 half
-///            of it (a reduce to the owners) + latency per unit; ZeRO-3 1.5 x (2 all-gathers and
-///            a reduce-scatter) + 3 latencies per unit (units: the stage's blocks, embedding,
-///            head). 0 when dp = 1.
+///            2 (dp-1)/dp x params x (master bytes) / bus_bytes_per_s + latency (ZeRO 0, 1);
+///            ZeRO-2 half of it (a reduce to the owners) + latency per unit; ZeRO-3 1.5 x (2
+///            all-gathers and a reduce-scatter; in bf16 the gathers move 2-byte weights: 1.0 x)
+///            + 3 latencies per unit (units: the stage's blocks, embedding, head). 0 when dp = 1.
+/// Bytes: activations in `precision`, the cross-entropy's numbers in ops::stats_dtype(precision),
+/// values and gradients in master_dtype(precision); ZeRO-2/3's bound unit gradients in the
+/// master dtype, ZeRO-3's gathered values in `precision` (what the layers read).
 std::size_t max_in_flight(int pp, int stage, int micro_batches);
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
-                   const Machine& machine, std::size_t elem);
+                   const Machine& machine, DType precision);
 
 /// Given. This machine's figures, measured on `world` (collective): the rate of a square sgemm of
 /// side `gemm_n` on one rank (every rank at once, averaged; the program passes the model's width
@@ -324,6 +337,6 @@ Machine measure_machine(comm::Communicator& world, std::size_t bytes = 4 << 20,
 /// fastest first.
 std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
                                                   int64_t global_batch, const Machine& machine,
-                                                  std::size_t memory_bytes, std::size_t elem);
+                                                  std::size_t memory_bytes, DType precision);
 
 }  // namespace scalelab::lab10

@@ -9,7 +9,7 @@ scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp GIVEN stage3d.cpp STEPS 
                  LIBS lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
                       lab09_zero_solution_impl
                  TIMEOUT 60)
-# Bad grids (and a bad --memory size, --zero stage (ZeRO-2/3 with pp > 1), --check-plan option or a bf16 plan): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
+# Bad grids (and a bad --memory size, --zero stage (ZeRO-2/3 with pp > 1), or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.
 if(SCALELAB_BUILD_TESTS)
   set(lab10_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
@@ -22,8 +22,7 @@ if(SCALELAB_BUILD_TESTS)
                "1;zero_stage_unsupported;--zero;4"
                "2;zero2_with_pipeline;--dp;1;--tp;1;--pp;2;--zero;2"
                "1;check_plan_without_steps;--check-plan;--check-steps;0"
-               "1;check_plan_and_plan;--check-plan;--plan"
-               "1;plan_in_bf16;--plan;--precision;bf16")
+               "1;check_plan_and_plan;--check-plan;--plan")
     list(POP_FRONT case ranks name)
     scalelab_expect_usage_error(lab10.cli.${name} lab10_3d_parallel_solution
                                 RANKS ${ranks} LABELS reference lab10 ARGS --model tiny ${case}

@@ -74,8 +74,8 @@ GridShape default_grid(int dp, int tp, int pp, int world, const ModelConfig& c, 
 }
 
 // --plan: measure, predict every configuration, print the ranking (rank 0).
-int plan(const ModelConfig& config, int64_t batch, const cxxopts::ParseResult& parsed,
-         comm::Communicator& world) {
+int plan(const ModelConfig& config, int64_t batch, DType precision,
+         const cxxopts::ParseResult& parsed, comm::Communicator& world) {
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() >= 0, "--ranks must be positive, got {}",
                    parsed["ranks"].as<int>());
   const int ranks = parsed["ranks"].as<int>() > 0 ? parsed["ranks"].as<int>() : world.size();
@@ -84,10 +84,11 @@ int plan(const ModelConfig& config, int64_t batch, const cxxopts::ParseResult& p
   const int top = parsed["top"].as<int>();
   SCALELAB_REQUIRE(top >= 1, "--top must be at least 1, got {}", top);
   const Machine m = measure_machine(world, 4 << 20, config.n_embd);  // GEMMs of the model's width
-  const auto rows = plan_all(config, ranks, batch, m, budget, 4);
+  const auto rows = plan_all(config, ranks, batch, m, budget, precision);
   log::info("lab 10 planner: model {} ({} parameters), global batch {} x {} tokens, {} ranks, "
-            "{:.0f} MiB per rank, float32 + AdamW", config.name, parameter_count(config), batch,
-            config.block_size, ranks, budget_mib);
+            "{:.0f} MiB per rank, {} + AdamW", config.name, parameter_count(config), batch,
+            config.block_size, ranks, budget_mib,
+            precision == DType::bf16 ? "bf16 mixed precision" : "fp32");
   log::info("machine (measured on the {} ranks started): sgemm (n = {}) {:.1f} GFLOP/s per rank, "
             "all-reduce bus bandwidth {:.2f} GB/s, latency {:.1f} us{}", world.size(),
             config.n_embd, m.flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6,
@@ -146,7 +147,7 @@ struct Measured {
 
 // Runs one plan on `world` (collective): builds the grid and model, 1 warm-up + `steps` steps.
 Measured measure_plan(const ModelConfig& config, const Plan& p, data::Sampler& sampler,
-                      int steps, uint64_t seed, comm::Communicator& world) {
+                      int steps, uint64_t seed, DType precision, comm::Communicator& world) {
   const Device cpu = Device::cpu();
   const comm::ProcessGrid grid(world, p.grid.dp, p.grid.tp, p.grid.pp, GridOrder::megatron);
   Groups g = groups_of(grid);
@@ -156,7 +157,7 @@ Measured measure_plan(const ModelConfig& config, const Plan& p, data::Sampler& s
   Measured out;
   std::vector<double> times, optimizer_times;
   {
-    Trainer3D trainer(config, g, p, nn::GPTOptions{.seed = seed});
+    Trainer3D trainer(config, g, p, nn::GPTOptions{.seed = seed, .compute_dtype = precision});
     for (int step = 0; step <= steps; ++step) {  // step 0: warm-up (AdamW allocates m and v)
       const data::Batch batch = sampler.batch(step);
       world.barrier();
@@ -188,7 +189,7 @@ Measured measure_plan(const ModelConfig& config, const Plan& p, data::Sampler& s
 
 // --check-plan: every plan --plan lists for the ranks started, predicted vs measured (rank 0).
 int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64_t seed,
-               const cxxopts::ParseResult& parsed, comm::Communicator& world) {
+               DType precision, const cxxopts::ParseResult& parsed, comm::Communicator& world) {
   const std::size_t budget = parse_memory(parsed["memory"].as<std::string>());
   const double budget_mib = static_cast<double>(budget) / 1048576.0;
   const int steps = parsed["check-steps"].as<int>();
@@ -198,18 +199,19 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
                    "--check-plan runs on the ranks started ({}), got --ranks {}", world.size(),
                    parsed["ranks"].as<int>());
   const Machine m = measure_machine(world, 4 << 20, config.n_embd);  // GEMMs of the model's width
-  const auto rows = plan_all(config, world.size(), opt.batch, m, budget, 4);
+  const auto rows = plan_all(config, world.size(), opt.batch, m, budget, precision);
   const auto tokens = train::load_train_tokens(opt);
   data::Sampler sampler(tokens, opt.batch, config.block_size, seed);
-  log::info("lab 10 planner check: model {}, global batch {} x {} tokens, {} ranks, {:.0f} MiB "
+  log::info("lab 10 planner check: model {}, {}, global batch {} x {} tokens, {} ranks, {:.0f} MiB "
             "per rank; machine: sgemm (n = {}) {:.1f} GFLOP/s per rank, all-reduce {:.2f} GB/s, "
-            "{:.1f} us{}", config.name, opt.batch, config.block_size, world.size(), budget_mib,
+            "{:.1f} us{}", config.name, precision == DType::bf16 ? "bf16 mixed precision" : "fp32",
+            opt.batch, config.block_size, world.size(), budget_mib,
             config.n_embd, m.flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6,
             m.shared_cores ? "; more ranks than cores: the bubble is not idle time" : "");
   struct Row { Plan p; Prediction d; Measured x; };
   std::vector<Row> ran;
   for (const auto& [p, d] : rows)  // plan_all lists only what the 3D step runs (check_runnable)
-    ran.push_back({p, d, measure_plan(config, p, sampler, steps, seed, world)});
+    ran.push_back({p, d, measure_plan(config, p, sampler, steps, seed, precision, world)});
   log::info("{} configurations fit; all run (1 warm-up + {} timed steps each)", rows.size(), steps);
   if (ran.empty()) return 0;
   log::info("memory: predicted state + activations + backward transient of the busiest rank vs "
@@ -301,15 +303,12 @@ int main(int argc, char** argv) {
     const ModelConfig config = model_config(opt.model);
 
     auto world = comm::Communicator::world(run.backend);
-    SCALELAB_REQUIRE(!run.bf16() || !(parsed.count("plan") || parsed.count("check-plan")),
-                     "--plan and --check-plan model fp32 training (4-byte values and "
-                     "activations); drop --precision bf16");
     if (parsed.count("check-plan")) {
       SCALELAB_REQUIRE(run.device == "cpu", "lab 10 runs on the CPU (lab 07's operators are CPU "
                                             "only), got --device {}", run.device);
-      return check_plan(config, opt, run.seed, parsed, world);
+      return check_plan(config, opt, run.seed, run.precision, parsed, world);
     }
-    if (parsed.count("plan")) return plan(config, opt.batch, parsed, world);
+    if (parsed.count("plan")) return plan(config, opt.batch, run.precision, parsed, world);
     const GridShape shape = default_grid(parsed["dp"].as<int>(), parsed["tp"].as<int>(),
                                          parsed["pp"].as<int>(), world.size(), config, order);
     // Bad grids are usage errors on every rank, before any data is read.

@@ -6,6 +6,7 @@
 
 #include "common/errors.hpp"
 #include "common/metrics.hpp"
+#include "common/ops/ops.hpp"
 #include "zero.hpp"  // lab 09: shard_groups, all_gather_parameters
 
 namespace scalelab::lab10 {
@@ -237,39 +238,51 @@ int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage) {
   return n;
 }
 
-std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, std::size_t elem) {
+std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, DType precision) {
   std::size_t bytes = 0;
   // BEGIN SOLUTION step 4: value, gradient, m, v; ZeRO divides the sharded kinds by dp
+  // HINT: master_dtype(precision) for value, gradient, m and v; bf16 adds the 2-byte copy.
   const double p = static_cast<double>(params);
   const double value = zero_stage >= 3 ? p / dp : p;
   const double grad = zero_stage >= 2 ? p / dp : p;
   const double state = zero_stage >= 1 ? 2 * p / dp : 2 * p;
-  bytes = static_cast<std::size_t>((value + grad + state) * static_cast<double>(elem));
+  // mixed precision: the whole bf16 compute copy (ZeRO-3 gathers it unit by unit instead)
+  const double copy = precision == DType::bf16 && zero_stage < 3 ? p : 0;
+  bytes = static_cast<std::size_t>(
+      (value + grad + state) * static_cast<double>(dtype_size(master_dtype(precision))) +
+      copy * static_cast<double>(dtype_size(precision)));
   // END SOLUTION
   return bytes;
 }
 
 std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                   int stage, bool checkpoint, std::size_t elem) {
-  int64_t n = 0;  // elements
+                                   int stage, bool checkpoint, DType precision) {
+  int64_t n = 0, stats = 0;  // elements of activations, of LayerNorm statistics
   // BEGIN SOLUTION step 4: count GPTActivations tensor by tensor
+  // HINT: activations are `precision` (bf16 in mixed precision), statistics ops::stats_dtype of it.
   const int64_t C = config.n_embd, T = config.block_size, V = config.vocab_size;
   const int64_t N = rows * T;  // tokens
   const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), pp, stage);
   const int64_t input = N * C;
-  const int64_t full = 3 * N * C + 4 * N                 // ln1, res2, ln2; 4 statistics
+  const int64_t full = 3 * N * C                         // ln1, res2, ln2
                        + 4 * N * C / tp                  // q, k, v, y: this rank's heads
                        + config.n_head / tp * rows * T * T  // att
                        + 2 * N * 4 * C / tp;             // h, g
   n = r.size() * (input + (checkpoint ? 0 : full));
-  if (stage == pp - 1) n += 2 * N * C + 2 * N + N * V / tp;  // x, lnf, 2 statistics, probs
+  stats = checkpoint ? 0 : r.size() * 4 * N;             // ln1's and ln2's mean and rstd
+  if (stage == pp - 1) {
+    n += 2 * N * C + N * V / tp;                         // x, lnf, probs
+    stats += 2 * N;                                      // ln_f's mean and rstd
+  }
   // END SOLUTION
-  return static_cast<std::size_t>(n) * elem;
+  return static_cast<std::size_t>(n) * dtype_size(precision) +
+         static_cast<std::size_t>(stats) * dtype_size(ops::stats_dtype(precision));
 }
 
 std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                     int stage, bool checkpoint, std::size_t elem) {
-  int64_t n = 0;  // elements
+                                     int stage, bool checkpoint, DType precision) {
+  int64_t n = 0;  // elements (of the activations' dtype: every temporary of a backward is)
+  std::size_t recompute = 0;  // bytes of the recomputed block's activations (checkpointing)
   // BEGIN SOLUTION step 4: the largest moment of one micro-batch's backward, temporaries only
   const int64_t C = config.n_embd, T = config.block_size, V = config.vocab_size;
   const int64_t N = rows * T, c = C / tp, A = config.n_head / tp * rows * T * T;
@@ -277,17 +290,23 @@ std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, in
   const int64_t mlp = 2 * N * C + 2 * N * 4 * c;            // dres2, dln2, dg, dh
   const int64_t att = 3 * N * C + 5 * N * c + 2 * A;        // dres2, dx, dln1, dy..dv, datt, dpreatt
   const int64_t qkv = 3 * N * C + 8 * N * c;                // ... dqkv in place of the scores
-  int64_t block = r.size() > 0 ? std::max({mlp, att, qkv}) : 0;
+  const int64_t block = r.size() > 0 ? std::max({mlp, att, qkv}) : 0;
   if (checkpoint && r.size() > 0)  // the recomputed block's activations, its input excepted
-    block += (stage_activation_bytes(config, rows, tp, pp, stage, false, 1) -
-              stage_activation_bytes(config, rows, tp, pp, stage, true, 1)) / r.size();
+    recompute = (stage_activation_bytes(config, rows, tp, pp, stage, false, precision) -
+                 stage_activation_bytes(config, rows, tp, pp, stage, true, precision)) / r.size();
   n = block;
   if (stage == pp - 1) {
-    const int64_t head_acts = 2 * N * C + 2 * N + N * V / tp;  // freed before the blocks
-    n = std::max<int64_t>(2 * N * C, r.size() > 0 ? N * C + block - head_acts : 0);
+    // freed before the blocks: x, lnf, probs and ln_f's 2 statistics (in their own dtype)
+    const std::size_t head_acts = stage_activation_bytes(config, rows, tp, pp, stage, true,
+                                                         precision) -
+                                  static_cast<std::size_t>(r.size() * N * C) * dtype_size(precision);
+    const std::size_t head = static_cast<std::size_t>(2 * N * C) * dtype_size(precision);
+    const std::size_t blocks = static_cast<std::size_t>(N * C + block) * dtype_size(precision) +
+                               recompute;
+    return r.size() > 0 && blocks > head_acts ? std::max(head, blocks - head_acts) : head;
   }
   // END SOLUTION
-  return static_cast<std::size_t>(std::max<int64_t>(n, 0)) * elem;
+  return static_cast<std::size_t>(std::max<int64_t>(n, 0)) * dtype_size(precision) + recompute;
 }
 
 std::size_t max_in_flight(int pp, int stage, int micro_batches) {
@@ -299,37 +318,44 @@ std::size_t max_in_flight(int pp, int stage, int micro_batches) {
 }
 
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
-                   const Machine& machine, std::size_t elem) {
+                   const Machine& machine, DType precision) {
   Prediction best;
   // BEGIN SOLUTION step 4: every stage's memory and time; the busiest one decides
   const GridShape& g = plan.grid;
   const int m = plan.micro_batches;
   const int64_t C = config.n_embd, T = config.block_size, V = config.vocab_size;
   const int64_t rows = global_batch / g.dp, mb_rows = rows / m;
-  const double mb_bytes = static_cast<double>(mb_rows * T * C) * static_cast<double>(elem);
+  // bytes of an activation (bf16 in mixed precision), of a master value or gradient (fp32 then),
+  // of a statistic (the cross-entropy's per-row numbers)
+  const double act = static_cast<double>(dtype_size(precision));
+  const double master = static_cast<double>(dtype_size(master_dtype(precision)));
+  const double stat = static_cast<double>(dtype_size(ops::stats_dtype(precision)));
+  const double mb_bytes = static_cast<double>(mb_rows * T * C) * act;
   const double bw = machine.bus_bytes_per_s, lat = machine.latency_s;
   Prediction slowest, largest;
   for (int s = 0; s < g.pp; ++s) {
     const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), g.pp, s);
     const int64_t params = stage_parameters(config, g.tp, g.pp, s);
-    const std::size_t state = model_state_bytes(params, plan.zero_stage, g.dp, elem);
+    const std::size_t state = model_state_bytes(params, plan.zero_stage, g.dp, precision);
     const std::size_t acts =
         max_in_flight(g.pp, s, m) *
-        stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, elem);
+        stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, precision);
     // one micro-batch's backward temporaries (with checkpointing: and its recomputed block)
     std::size_t transient =
-        backward_transient_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, elem);
+        backward_transient_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, precision);
     // One block's parameters (1/tp of its matrices) and the embedding unit's (wte's V/tp rows,
     // wpe).
     const int64_t unit = (stage_parameters(config, g.tp, 1, 0) - V * C / g.tp - T * C - 2 * C) /
                          config.n_layer;
     const int64_t embedding = V * C / g.tp + T * C;
     // ZeRO-2/3's working set during the backward (lab 09's trainers, pp = 1): whole unit
-    // gradients are bound until reduced: the tied embedding's from the head's backward to the
-    // embedding's, and the block's being differentiated; ZeRO-3 also holds that block's gathered
-    // values and the next block's all-gather buffer.
-    if (plan.zero_stage == 2) transient += static_cast<std::size_t>(embedding + unit) * elem;
-    if (plan.zero_stage == 3) transient += static_cast<std::size_t>(embedding + 3 * unit) * elem;
+    // gradients (master dtype) are bound until reduced: the tied embedding's from the head's
+    // backward to the embedding's, and the block's being differentiated; ZeRO-3 also holds that
+    // block's gathered values and the next block's all-gather buffer (what the layers read: the
+    // bf16 weights in mixed precision).
+    if (plan.zero_stage >= 2)
+      transient += static_cast<std::size_t>(static_cast<double>(embedding + unit) * master);
+    if (plan.zero_stage == 3) transient += static_cast<std::size_t>(2.0 * unit * act);
     // FLOPs per token: the blocks' GEMMs (their parameters, 1/tp) and attention, the head's GEMM.
     const double block_params = static_cast<double>(unit) * r.size();
     const double blocks = 6 * block_params + 12.0 * r.size() * T * C / g.tp;
@@ -343,19 +369,20 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     const double ring = 2.0 * (g.tp - 1) / g.tp;
     const double acts_ar = (plan.checkpoint ? 6.0 : 4.0) * r.size() + (s == 0 ? 1 : 0) +
                            (s == g.pp - 1 ? 1 : 0);
-    const double ce_bytes = static_cast<double>(mb_rows * T) * static_cast<double>(elem);
+    const double ce_bytes = static_cast<double>(mb_rows * T) * stat;
     const double tp_s = g.tp == 1 ? 0 : m * (acts_ar * (ring * mb_bytes / bw + lat) +
                                              (s == g.pp - 1 ? 3 * (ring * ce_bytes / bw + lat) : 0));
     const double pp_s = g.pp == 1 ? 0 : 2.0 * m * (mb_bytes / bw + lat);
     // dp, within the step (the optimizer's all-gather of ZeRO 1/2 comes after it): ZeRO 0/1
     // one all-reduce of the gradients; ZeRO-2 a reduce to the owners per unit (half a ring
     // all-reduce's bytes); ZeRO-3 per unit 2 all-gathers and a reduce-scatter (1.5 all-reduces).
-    const double grad_bytes = static_cast<double>(params) * static_cast<double>(elem);
+    const double grad_bytes = static_cast<double>(params) * master;  // fp32 in mixed precision
     const double units = static_cast<double>(r.size()) + (s == 0 ? 1 : 0) + (s == g.pp - 1 ? 1 : 0);
     const double all_reduce = 2.0 * (g.dp - 1) / g.dp * grad_bytes / bw;
     double dp_s = all_reduce + lat;
     if (plan.zero_stage == 2) dp_s = 0.5 * all_reduce + units * lat;
-    if (plan.zero_stage == 3) dp_s = 1.5 * all_reduce + 3 * units * lat;
+    // (its all-gathers move what the layers read: half the bytes in mixed precision)
+    if (plan.zero_stage == 3) dp_s = (0.5 + act / master) * all_reduce + 3 * units * lat;
     if (g.dp == 1) dp_s = 0;
     Prediction p;
     p.params = params;
@@ -426,7 +453,7 @@ Machine measure_machine(comm::Communicator& world, std::size_t bytes, int64_t ge
 
 std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
                                                   int64_t global_batch, const Machine& machine,
-                                                  std::size_t memory_bytes, std::size_t elem) {
+                                                  std::size_t memory_bytes, DType precision) {
   std::vector<std::pair<Plan, Prediction>> out;
   for (int dp = 1; dp <= world_size; ++dp)
     for (int tp = 1; dp * tp <= world_size; ++tp) {
@@ -446,7 +473,7 @@ std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int
             } catch (const UsageError&) {
               continue;  // not a valid grid for this model and batch, or not a runnable plan
             }
-            const Prediction p = predict(config, global_batch, plan, machine, elem);
+            const Prediction p = predict(config, global_batch, plan, machine, precision);
             if (p.total_bytes <= memory_bytes) out.emplace_back(plan, p);
           }
     }

@@ -1,5 +1,6 @@
-// Step 4: the planner, as pure functions on one rank. Its memory figures are checked exactly
-// against what the library really holds: the parameters of a built 3D stage, the allocator's bytes
+// Step 4: the planner, as pure functions on one rank. Its memory figures are checked exactly, in
+// fp32 and in bf16 mixed precision (fp32 master, gradients and AdamW state; a bf16 copy and bf16
+// activations with fp32 statistics), against what the library really holds: the parameters of a built 3D stage, the allocator's bytes
 // of a model + AdamW, lab 09's ZeRO formulas, nn::GPTActivations::nbytes after a stage's forward,
 // lab 08's simulator for the micro-batches in flight. Step time is a model (checked by measurement
 // in step 5, not yet written): here only its structure (bubble, zero communication on an axis of
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "common/allocator.hpp"
+#include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "grid3d_checks.hpp"
 #include "zero.hpp"
@@ -23,35 +25,45 @@ using namespace scalelab::lab10test;
 
 std::vector<ModelConfig> configs() { return {config(), model_config("small")}; }
 
+// The precisions the memory figures are checked in: f32, and bf16 (mixed: f32 master).
+constexpr DType kPrecisions[] = {DType::f32, DType::bf16};
+
 // Tp rank 0's stage of the 3D model as step 2 builds it (lab10::Stage3D: V/tp vocabulary rows)
-// on this 1-rank world: no hooks, nothing summed (sizes only, the numbers are partial).
-std::unique_ptr<nn::GPT> stage(const ModelConfig& c, int tp, int pp, int s, DType dtype,
+// on this 1-rank world: no hooks, nothing summed (sizes only, the numbers are partial). In
+// `precision`: f32, or bf16 mixed precision.
+std::unique_ptr<nn::GPT> stage(const ModelConfig& c, int tp, int pp, int s, DType precision,
                                bool checkpoint = false) {
   const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(c.n_layer), pp, s);
   const lab07::VocabRange v = lab07::vocab_range(c.vocab_size, 0, tp);
   return std::make_unique<lab10::Stage3D>(
-      c, nn::GPTOptions{.dtype = dtype, .seed = 1, .first_block = r.first, .last_block = r.last,
-                        .tp_rank = 0, .tp_size = tp, .vocab_lo = v.lo, .vocab_hi = v.hi},
+      c, nn::GPTOptions{.dtype = lab10::master_dtype(precision), .seed = 1,
+                        .first_block = r.first, .last_block = r.last, .tp_rank = 0,
+                        .tp_size = tp, .vocab_lo = v.lo, .vocab_hi = v.hi,
+                        .compute_dtype = precision},
       labtest::world(), checkpoint);
 }
 
-// One stage shape the memory tests measure: a config, tp, pp, the stage, checkpointing or not.
+// One stage shape the memory tests measure: a config, tp, pp, the stage, checkpointing or not,
+// the precision.
 struct StageCase {
   ModelConfig c;
   int tp, pp, s;
   bool ckpt;
+  DType precision;
   std::string str() const {
-    return fmt::format("{} tp {} pp {} stage {}{}", c.name, tp, pp, s, ckpt ? " checkpointed" : "");
+    return fmt::format("{} tp {} pp {} stage {}{} {}", c.name, tp, pp, s,
+                       ckpt ? " checkpointed" : "", dtype_name(precision));
   }
 };
-// tiny and small, tp 1/2/4, pp 1/2, every stage, with and without checkpointing.
+// tiny and small, tp 1/2/4, pp 1/2, every stage, with and without checkpointing, f32 and bf16.
 std::vector<StageCase> stage_cases() {
   std::vector<StageCase> all;
   for (const ModelConfig& c : configs())
     for (int tp : {1, 2, 4})
       for (int pp : {1, 2})
         for (int s = 0; s < pp; ++s)
-          for (bool ckpt : {false, true}) all.push_back({c, tp, pp, s, ckpt});
+          for (bool ckpt : {false, true})
+            for (DType precision : kPrecisions) all.push_back({c, tp, pp, s, ckpt, precision});
   return all;
 }
 
@@ -82,46 +94,57 @@ TEST(Step4_Planner, StageParametersEqualTheBuiltStage) {
   EXPECT_TRUE(parameters_match(lab10::stage_parameters));
 }
 
-// ZeRO 0: the allocator's bytes for the stage's values and gradients and AdamW's m and v.
+// ZeRO 0: the allocator's bytes for the stage's values and gradients and AdamW's m and v (and in
+// bf16 the compute copy): 16 bytes per parameter in fp32, 18 in mixed precision.
 TEST(Step4_Planner, ModelStateEqualsTheAllocator) {
   const ModelConfig c = config();
-  for (int tp : {1, 2})
-    for (int pp : {1, 2}) {
-      const std::size_t before = memory_stats(Device::cpu()).current;
-      std::size_t held = 0;
-      int64_t params = 0;
-      {
-        auto model = stage(c, tp, pp, pp - 1, DType::f32);
-        optim::AdamW adamw(optim::groups(model->parameters()));
-        adamw.step(1e-3);  // m and v exist after the first step at the latest
-        params = model->num_parameters();
-        held = memory_stats(Device::cpu()).current - before;
+  for (DType precision : kPrecisions)
+    for (int tp : {1, 2})
+      for (int pp : {1, 2}) {
+        const std::size_t before = memory_stats(Device::cpu()).current;
+        std::size_t held = 0;
+        int64_t params = 0;
+        {
+          auto model = stage(c, tp, pp, pp - 1, precision);
+          optim::AdamW adamw(optim::groups(model->parameters()));
+          adamw.step(1e-3);  // m and v exist after the first step at the latest
+          params = model->num_parameters();
+          held = memory_stats(Device::cpu()).current - before;
+        }
+        EXPECT_EQ(lab10::model_state_bytes(params, 0, 1, precision), held)
+            << dtype_name(precision) << " tp " << tp << " pp " << pp
+            << ": value, gradient, m and v (and the bf16 copy)";
       }
-      EXPECT_EQ(lab10::model_state_bytes(params, 0, 1, 4), held)
-          << "tp " << tp << " pp " << pp << ": value, gradient, m and v, 4 bytes each";
-    }
 }
 
-// ZeRO 1-3 divide what lab 09's paper formulas divide (fp32, no padding: psi divisible by dp).
+// ZeRO 1-3 divide what lab 09's formulas divide (no padding: psi divisible by dp): fp32 the
+// paper's; bf16 this library's layout (lab 09's layout_memory: fp32 master whole at ZeRO 0-2
+// beside the bf16 copy), not the paper's 2-byte gradients.
 TEST(Step4_Planner, ZeroStagesAsLab09) {
   const int64_t psi = 3 * 4 * 5 * 1000;
   for (int zero = 0; zero <= 3; ++zero)
-    for (int dp : {1, 2, 4})
-      EXPECT_EQ(lab10::model_state_bytes(psi, zero, dp, 4),
+    for (int dp : {1, 2, 4}) {
+      EXPECT_EQ(lab10::model_state_bytes(psi, zero, dp, DType::f32),
                 lab09::paper_memory(zero, psi, dp).total())
           << "ZeRO " << zero << " dp " << dp;
+      EXPECT_EQ(lab10::model_state_bytes(psi, zero, dp, DType::bf16),
+                lab09::layout_memory(zero, psi, dp, DType::bf16).total())
+          << "bf16 ZeRO " << zero << " dp " << dp;
+    }
 }
 
 TEST(Step4_Planner, ActivationBytesEqualAStagesForward) {
   for (const StageCase& k : stage_cases()) {
-    auto model = stage(k.c, k.tp, k.pp, k.s, DType::f32, k.ckpt);
+    auto model = stage(k.c, k.tp, k.pp, k.s, k.precision, k.ckpt);
     const data::Batch b = batch_for(k.c, 2);
     nn::GPTActivations acts;
-    Tensor x = model->has_embedding() ? model->embed(b.x, acts)
-                                      : Tensor::zeros({2, k.c.block_size, k.c.n_embd});
+    Tensor x = model->has_embedding()
+                   ? model->embed(b.x, acts)
+                   : Tensor::zeros({2, k.c.block_size, k.c.n_embd}, k.precision);
     Tensor y = model->forward_blocks(x, acts);
     if (model->has_head()) model->head_forward(y, b.y, acts);
-    EXPECT_EQ(lab10::stage_activation_bytes(k.c, 2, k.tp, k.pp, k.s, k.ckpt, 4), acts.nbytes())
+    EXPECT_EQ(lab10::stage_activation_bytes(k.c, 2, k.tp, k.pp, k.s, k.ckpt, k.precision),
+              acts.nbytes())
         << k.str();
   }
 }
@@ -132,36 +155,41 @@ TEST(Step4_Planner, ActivationBytesEqualAStagesForward) {
 // The test's own count of the backward's transient (the contract's formula), with or without
 // the attention scores' gradients, for the planted fault below.
 std::size_t transient_reference(const ModelConfig& c, int64_t rows, int tp, int pp, int s,
-                                bool ckpt, std::size_t elem, bool scores) {
+                                bool ckpt, DType precision, bool scores) {
+  // bytes of an activation (and of its gradient) and of a LayerNorm statistic
+  const int64_t e = static_cast<int64_t>(dtype_size(precision));
+  const int64_t st = static_cast<int64_t>(dtype_size(ops::stats_dtype(precision)));
   const int64_t C = c.n_embd, T = c.block_size, N = rows * T, k = C / tp;
   const int64_t A = scores ? c.n_head / tp * rows * T * T : 0;
   const int64_t blocks = lab08::stage_layers(static_cast<int>(c.n_layer), pp, s).size();
-  int64_t block = blocks > 0 ? std::max({2 * N * C + 8 * N * k, 3 * N * C + 5 * N * k + 2 * A,
-                                         3 * N * C + 8 * N * k}) : 0;
+  int64_t block = blocks > 0 ? e * std::max({2 * N * C + 8 * N * k, 3 * N * C + 5 * N * k + 2 * A,
+                                             3 * N * C + 8 * N * k}) : 0;
   if (ckpt && blocks > 0)  // ln1, res2, ln2, 4 statistics, q k v y, att, h g
-    block += 3 * N * C + 4 * N + 4 * N * k + c.n_head / tp * rows * T * T + 8 * N * k;
+    block += e * (3 * N * C + 4 * N * k + c.n_head / tp * rows * T * T + 8 * N * k) + st * 4 * N;
   int64_t n = block;
   if (s == pp - 1)
-    n = std::max<int64_t>(2 * N * C, blocks > 0 ? N * C + block - (2 * N * C + 2 * N +
-                                                                   N * c.vocab_size / tp) : 0);
-  return static_cast<std::size_t>(std::max<int64_t>(n, 0)) * elem;
+    n = std::max<int64_t>(e * 2 * N * C,
+                          blocks > 0 ? e * N * C + block - (e * (2 * N * C + N * c.vocab_size / tp) +
+                                                            st * 2 * N) : 0);
+  return static_cast<std::size_t>(std::max<int64_t>(n, 0));
 }
 
 using TransientFn =
-    std::function<std::size_t(const ModelConfig&, int64_t, int, int, int, bool, std::size_t)>;
+    std::function<std::size_t(const ModelConfig&, int64_t, int, int, int, bool, DType)>;
 
 testing::AssertionResult transient_matches(const TransientFn& predicted) {
   for (const StageCase& k : stage_cases()) {
-    auto model = stage(k.c, k.tp, k.pp, k.s, DType::f32, k.ckpt);
+    auto model = stage(k.c, k.tp, k.pp, k.s, k.precision, k.ckpt);
     const data::Batch b = batch_for(k.c, 2);
     nn::GPTActivations acts;
-    Tensor x = model->has_embedding() ? model->embed(b.x, acts)
-                                      : Tensor::zeros({2, k.c.block_size, k.c.n_embd});
+    Tensor x = model->has_embedding()
+                   ? model->embed(b.x, acts)
+                   : Tensor::zeros({2, k.c.block_size, k.c.n_embd}, k.precision);
     Tensor y = model->forward_blocks(x, acts);
     x = Tensor();
     Tensor dy;
     if (model->has_head()) model->head_forward(y, b.y, acts);
-    else dy = Tensor::zeros(y.shape());  // the gradient received from the next stage
+    else dy = Tensor::zeros(y.shape(), y.dtype());  // the gradient received from the next stage
     y = Tensor();
     const std::size_t base = memory_stats(Device::cpu()).current;
     reset_peak_memory(Device::cpu());
@@ -170,7 +198,7 @@ testing::AssertionResult transient_matches(const TransientFn& predicted) {
     dy = Tensor();
     if (model->has_embedding()) model->embed_backward(dx, acts);
     const std::size_t peak = memory_stats(Device::cpu()).peak - base;
-    const std::size_t want = predicted(k.c, 2, k.tp, k.pp, k.s, k.ckpt, 4);
+    const std::size_t want = predicted(k.c, 2, k.tp, k.pp, k.s, k.ckpt, k.precision);
     if (want != peak)
       return testing::AssertionFailure() << fmt::format(
                  "{}: {} bytes predicted, the allocator's peak above the backward's start is {}",
@@ -186,8 +214,8 @@ TEST(Step4_Planner, BackwardTransientEqualsTheAllocator) {
 // The harness passes its own count (so the planted variant below differs only by its fault).
 TEST(Step4_PlantedFault, ReferenceTransientPasses) {
   EXPECT_TRUE(transient_matches([](const ModelConfig& c, int64_t rows, int tp, int pp, int s,
-                                   bool ckpt, std::size_t elem) {
-    return transient_reference(c, rows, tp, pp, s, ckpt, elem, /*scores=*/true);
+                                   bool ckpt, DType precision) {
+    return transient_reference(c, rows, tp, pp, s, ckpt, precision, /*scores=*/true);
   }));
 }
 
@@ -203,13 +231,15 @@ TEST(Step4_Planner, PredictedMemoryIsTheAllocatorsPeakOfAStep) {
   const comm::ProcessGrid grid(labtest::world(), 1, 1, 1, lab10::GridOrder::megatron);
   lab10::Groups g = lab10::groups_of(grid);
   const lab10::Machine mach{.flops = 1e10, .bus_bytes_per_s = 1e9, .latency_s = 1e-5};
+  for (DType precision : kPrecisions)
   for (int m : {1, 2, 4})
     for (bool ckpt : {false, true}) {
       const std::size_t base = memory_stats(Device::cpu()).current;
       reset_peak_memory(Device::cpu());
       {
         nn::GPTOptions o = own_options(g);
-        o.dtype = DType::f32;
+        o.dtype = lab10::master_dtype(precision);
+        o.compute_dtype = precision;
         lab10::Stage3D model(c, o, g.tp, ckpt);
         optim::AdamW adamw(optim::groups(model.parameters()));
         for (int step = 0; step < 2; ++step) {
@@ -219,10 +249,13 @@ TEST(Step4_Planner, PredictedMemoryIsTheAllocatorsPeakOfAStep) {
       }
       const double peak = static_cast<double>(memory_stats(Device::cpu()).peak - base);
       const double want = static_cast<double>(
-          lab10::predict(c, kLab.global_batch, {{1, 1, 1}, m, 0, ckpt}, mach, 4).total_bytes);
-      EXPECT_LE(want, peak) << "m " << m << (ckpt ? " checkpointed" : "");
-      EXPECT_GE(want, 0.99 * peak) << "m " << m << (ckpt ? " checkpointed" : "")
-                                   << ": predicted " << want << " B, the allocator's peak " << peak;
+          lab10::predict(c, kLab.global_batch, {{1, 1, 1}, m, 0, ckpt}, mach, precision)
+              .total_bytes);
+      const std::string what = fmt::format("{} m {}{}", dtype_name(precision), m,
+                                           ckpt ? " checkpointed" : "");
+      EXPECT_LE(want, peak) << what;
+      EXPECT_GE(want, 0.99 * peak) << what << ": predicted " << want
+                                   << " B, the allocator's peak " << peak;
     }
 }
 
@@ -249,7 +282,7 @@ TEST(Step4_Planner, TimeModelStructure) {
   const ModelConfig c = model_config("small");
   const lab10::Machine mach{.flops = 1e10, .bus_bytes_per_s = 1e9, .latency_s = 1e-5};
   const auto at = [&](int dp, int tp, int pp, int m) {
-    return lab10::predict(c, 16, {{dp, tp, pp}, m, 0, false}, mach, 4);
+    return lab10::predict(c, 16, {{dp, tp, pp}, m, 0, false}, mach, DType::f32);
   };
   const lab10::Prediction one = at(1, 1, 1, 1);
   EXPECT_EQ(one.tp_s, 0);
@@ -266,13 +299,14 @@ TEST(Step4_Planner, TimeModelStructure) {
   // Ranks taking turns on shared cores: the bubble is another rank's turn, not idle time.
   lab10::Machine shared = mach;
   shared.shared_cores = true;
-  const lab10::Prediction turns = lab10::predict(c, 16, {{1, 1, 4}, 4, 0, false}, shared, 4);
+  const lab10::Prediction turns =
+      lab10::predict(c, 16, {{1, 1, 4}, 4, 0, false}, shared, DType::f32);
   EXPECT_NEAR(turns.step_s, turns.compute_s + turns.pp_s, 1e-12);
   // Memory: the largest stage's model state plus what it holds in flight and its backward's
   // transient.
   EXPECT_EQ(piped.total_bytes,
             piped.state_bytes + piped.activation_bytes + piped.transient_bytes);
-  EXPECT_LT(lab10::predict(c, 16, {{4, 1, 1}, 1, 1, false}, mach, 4).state_bytes,
+  EXPECT_LT(lab10::predict(c, 16, {{4, 1, 1}, 1, 1, false}, mach, DType::f32).state_bytes,
             at(4, 1, 1, 1).state_bytes);  // ZeRO-1 shards the optimizer state
 }
 
@@ -296,8 +330,8 @@ TEST(Step4_PlantedFault, EmbeddingWholeOnEveryTpRankFails) {
 // (Built on the reference count, so the planted variant does not call your code.)
 TEST(Step4_PlantedFault, TransientWithoutScoreGradientsFails) {
   EXPECT_FALSE(transient_matches([](const ModelConfig& c, int64_t rows, int tp, int pp, int s,
-                                    bool ckpt, std::size_t elem) {
-    return transient_reference(c, rows, tp, pp, s, ckpt, elem, /*scores=*/false);
+                                    bool ckpt, DType precision) {
+    return transient_reference(c, rows, tp, pp, s, ckpt, precision, /*scores=*/false);
   }));
 }
 
