@@ -1,5 +1,3 @@
-// Starter generated from solutions/07_tensor_parallel/tp_gpt.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash d9f5b8e37b61a576 (lets make-labs see your edits).
 // Lab 07, given: the wiring of the steps into a GPT (TPGPT), what its forward keeps, and the
 // LayerNorm backward of sequence parallelism. Not an exercise: read it to see where each of
 // your functions is called.
