@@ -27,8 +27,9 @@ Tensor Block::forward(const Tensor& x, BlockActivations& a) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const DType dt = x.dtype();
   const Device dev = x.device();
-  SCALELAB_CHECK(ln1.weight.value.defined(), "block {}'s parameters are released: gather them "
-                 "before its forward (ZeRO-3)", index);
+  // what the layers read (the bf16 copy in mixed precision: ZeRO-3 in bf16 binds only that)
+  SCALELAB_CHECK(ln1.weight.compute_value().defined(), "block {}'s parameters are released: "
+                 "gather them before its forward (ZeRO-3)", index);
   a.reset();
   a.ln1 = Tensor::empty({B, T, C}, dt, dev);
   a.ln1_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16 data
@@ -62,7 +63,8 @@ Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivatio
                  "block {} backward without its "
                  "attention probabilities or GELU output (recompute the selective pieces first)",
                  index);
-  SCALELAB_CHECK(ln1.weight.value.defined() && ln1.weight.grad.defined(), "block {}'s parameters "
+  SCALELAB_CHECK(ln1.weight.compute_value().defined() && ln1.weight.grad.defined(),
+                 "block {}'s parameters "
                  "or gradients are released: bind them before its backward (ZeRO-2/3)", index);
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const DType dt = x.dtype();

@@ -73,8 +73,11 @@ std::size_t GPT::head_unit() const {
 }
 
 void GPT::need_values(std::size_t u) const {
-  SCALELAB_CHECK(params_.values_bound(u), "the values of unit '{}' are released: gather them "
-                 "before its forward or backward (ZeRO-3)", params_.units()[u].name);
+  // What the layers read: in mixed precision the bf16 compute copy (ZeRO-3 in bf16 binds that
+  // alone, per unit), else the values.
+  SCALELAB_CHECK(params_.compute_bound(u), "the {} of unit '{}' are released: gather them "
+                 "before its forward or backward (ZeRO-3)",
+                 params_.mixed() ? "bf16 compute weights" : "values", params_.units()[u].name);
 }
 
 void GPT::need_grads(std::size_t u) {

@@ -183,7 +183,8 @@ class GPT {
   void fire(const std::vector<Parameter*>& done) {
     if (hook_) hook_(done);
   }
-  /// Checks unit u's values are there (ZeRO-3 gathers them before use).
+  /// Checks what the layers read of unit u is there (ZeRO-3 gathers it before use): its values,
+  /// or in mixed precision its bf16 compute copy (ParameterSet::compute_bound).
   void need_values(std::size_t u) const;
   /// Binds unit u's gradients (zeroed) if the set keeps them per unit and they are released.
   void need_grads(std::size_t u);

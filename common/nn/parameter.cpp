@@ -131,11 +131,12 @@ void ParameterSet::bind(std::vector<Parameter*> params, DType dtype, Device devi
   }
   unit_values_.assign(units_.size(), Tensor());
   unit_grads_.assign(units_.size(), Tensor());
+  unit_compute_.assign(units_.size(), Tensor());
 
   values_ = values_real_ = grads_ = grads_real_ = compute_ = Tensor();
-  const bool mixed = storage.compute_dtype == DType::bf16 && dtype != DType::bf16;
-  SCALELAB_CHECK(!mixed || storage.values == Storage::flat,
-                 "a bf16 compute copy needs flat values: per-unit values (ZeRO-3) are fp32-only");
+  mixed_ = storage.compute_dtype == DType::bf16 && dtype != DType::bf16;
+  // per-unit values: no flat copy; each unit's compute buffer comes with bind_compute
+  const bool flat_copy = mixed_ && storage.values == Storage::flat;
   if (storage.values == Storage::flat) {
     values_ = Tensor::zeros({padded_numel_}, dtype, device);  // zeros: the padding
     values_real_ = values_.flat(0, total);
@@ -144,12 +145,12 @@ void ParameterSet::bind(std::vector<Parameter*> params, DType dtype, Device devi
     grads_ = Tensor::zeros({padded_numel_}, dtype, device);
     grads_real_ = grads_.flat(0, total);
   }
-  if (mixed) compute_ = Tensor::zeros({padded_numel_}, DType::bf16, device);
+  if (flat_copy) compute_ = Tensor::zeros({padded_numel_}, DType::bf16, device);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     p.value = values_.defined() ? values_.flat(offsets_[i], p.numel()).view(p.shape()) : Tensor();
     p.grad = grads_.defined() ? grads_.flat(offsets_[i], p.numel()).view(p.shape()) : Tensor();
-    p.compute = mixed ? compute_.flat(offsets_[i], p.numel()).view(p.shape()) : Tensor();
+    p.compute = flat_copy ? compute_.flat(offsets_[i], p.numel()).view(p.shape()) : Tensor();
   }
   // initial values, unit by unit: a per_unit set holds one unit's values at a time here
   for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -198,7 +199,7 @@ bool ParameterSet::grads_bound(std::size_t u) const {
 }
 
 namespace {
-// Points field (value or grad) of the unit's parameters at consecutive views of `buffer`.
+// Points field (value, grad or compute) of the unit's parameters at consecutive views of `buffer`.
 void point_into(std::vector<Parameter*>& params, const std::vector<int64_t>& offsets,
                 const Unit& u, const Tensor& buffer, Tensor Parameter::*field) {
   for (std::size_t i = u.first; i < u.last; ++i) {
@@ -245,6 +246,34 @@ Tensor ParameterSet::unit_values(std::size_t u) const {
 Tensor ParameterSet::unit_grads(std::size_t u) const {
   if (storage_.grads == Storage::flat) return grads_.flat(units_.at(u).lo, units_[u].numel());
   return unit_grads_.at(u);
+}
+
+Tensor ParameterSet::bind_compute(std::size_t u) {
+  SCALELAB_CHECK(mixed_, "bind_compute(): this set computes in its own dtype (no bf16 copy)");
+  SCALELAB_CHECK(storage_.values == Storage::per_unit,
+                 "bind_compute(): flat values have one flat compute copy, always bound");
+  SCALELAB_CHECK(!unit_compute_.at(u).defined(), "unit {} compute copy bound twice",
+                 units_[u].name);
+  unit_compute_[u] = Tensor::empty({units_[u].numel()}, DType::bf16, device_);
+  point_into(params_, offsets_, units_[u], unit_compute_[u], &Parameter::compute);
+  return unit_compute_[u];
+}
+
+void ParameterSet::release_compute(std::size_t u) {
+  SCALELAB_CHECK(mixed_ && storage_.values == Storage::per_unit,
+                 "release_compute(): only per-unit values in mixed precision have one per unit");
+  unit_compute_.at(u) = Tensor();
+  point_into(params_, offsets_, units_[u], Tensor(), &Parameter::compute);
+}
+
+Tensor ParameterSet::unit_compute(std::size_t u) const {
+  if (compute_.defined()) return compute_.flat(units_.at(u).lo, units_[u].numel());
+  return unit_compute_.at(u);
+}
+
+bool ParameterSet::compute_bound(std::size_t u) const {
+  if (!mixed_) return values_bound(u);
+  return storage_.values == Storage::flat || unit_compute_.at(u).defined();
 }
 
 Parameter& ParameterSet::get(const std::string& name) const {

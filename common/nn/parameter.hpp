@@ -37,7 +37,9 @@ struct Parameter {
                                    // weight on another pipeline stage names the original)
   Tensor value, grad;              // views into the flat buffers, set by ParameterSet::bind
   Tensor compute;                  // mixed precision: a view into the set's bf16 copy of the
-                                   // values (undefined when the set computes in its own dtype)
+                                   // values (flat), or into its unit's bf16 compute buffer
+                                   // (per-unit values: bound by ParameterSet::bind_compute);
+                                   // undefined when the set computes in its own dtype
 
   /// What the layers compute with: the bf16 compute copy in mixed precision, else the value.
   /// Optimizers update `value` (the fp32 master) and refresh the copy (ParameterSet).
@@ -82,8 +84,9 @@ struct StorageOptions {
   /// The dtype the layers compute in. bf16 with f32 values is mixed precision: bind also keeps a
   /// bf16 COMPUTE copy of the values (one flat buffer, each Parameter::compute a view into it),
   /// refreshed by refresh_compute() or by the optimizer (AdamW fuses it: ops::adamw_update's
-  /// `compute`). Anything else: no copy, the layers use the values. Flat values only (ZeRO-3's
-  /// per-unit values stay fp32-only for now).
+  /// `compute`). Anything else: no copy, the layers use the values. With per-unit values (ZeRO-3)
+  /// there is no flat copy: each unit has a bf16 compute buffer of its own, bound and released
+  /// like its values (bind_compute / release_compute), and the layers need only that one.
   DType compute_dtype = DType::f32;
 };
 
@@ -128,13 +131,17 @@ class ParameterSet {
   void zero_grad();
 
   // ---- mixed precision (StorageOptions::compute_dtype) ------------------------------------
-  /// The dtype the layers compute in: bf16 with a compute copy, else dtype().
-  DType compute_dtype() const { return compute_.defined() ? compute_.dtype() : dtype_; }
-  /// The flat bf16 compute copy (with the padding); undefined without mixed precision.
+  /// The dtype the layers compute in: bf16 in mixed precision, else dtype().
+  DType compute_dtype() const { return mixed_ ? DType::bf16 : dtype_; }
+  /// Mixed precision: the layers compute from a bf16 copy of the (fp32) values.
+  bool mixed() const { return mixed_; }
+  /// The flat bf16 compute copy (with the padding); undefined without mixed precision and with
+  /// per-unit values (each unit has its own: bind_compute).
   Tensor& compute_values() { return compute_; }
-  /// Casts the values (the fp32 master) into the compute copy: after init (bind does it), after
-  /// values change outside an optimizer that refreshes it (a checkpoint load, a broadcast, an
-  /// all-gather). No-op without a copy.
+  /// Casts the values (the fp32 master) into the flat compute copy: after init (bind does it),
+  /// after values change outside an optimizer that refreshes it (a checkpoint load, a broadcast,
+  /// an all-gather). No-op without a flat copy (per-unit compute buffers are filled by whoever
+  /// binds them).
   void refresh_compute();
 
   // ---- units (per_unit storage) -----------------------------------------------------------
@@ -159,11 +166,31 @@ class ParameterSet {
   Tensor unit_values(std::size_t unit) const;
   Tensor unit_grads(std::size_t unit) const;
 
+  // ---- per-unit compute buffers (mixed precision with per_unit values: ZeRO-3 in bf16) -----
+  // The layers read Parameter::compute_value(); in mixed precision that is the bf16 copy. ZeRO-3
+  // gathers the 2-byte weights straight into a unit's compute buffer, so the unit's fp32 values
+  // are never bound during a step: the fp32 master lives in the trainer's shards only.
+  /// Allocates unit u's bf16 compute buffer (u.numel() elements, uninitialised), points its
+  /// parameters' `compute` at it and returns it (the caller fills it, e.g. by an all-gather of
+  /// bf16 shards). Needs mixed precision and per_unit values.
+  Tensor bind_compute(std::size_t unit);
+  /// Frees unit u's compute buffer; its parameters' `compute` become undefined.
+  void release_compute(std::size_t unit);
+  /// Unit u's compute copy as one 1-d tensor: a view of the flat copy, or the unit's buffer
+  /// (undefined while released, and without mixed precision).
+  Tensor unit_compute(std::size_t unit) const;
+  /// Whether what the layers read of unit u (Parameter::compute_value()) is there: in mixed
+  /// precision its compute copy (always, with flat values; bound by bind_compute, per unit), else
+  /// its values (values_bound).
+  bool compute_bound(std::size_t unit) const;
+
  private:
   std::vector<Parameter*> params_;
   std::vector<int64_t> offsets_;
   std::vector<Unit> units_;
   std::vector<Tensor> unit_values_, unit_grads_;  // per_unit storage
+  std::vector<Tensor> unit_compute_;               // per_unit values in mixed precision
+  bool mixed_ = false;                             // a bf16 compute copy of f32/f64 values
   StorageOptions storage_;
   DType dtype_ = DType::f32;
   Device device_ = Device::cpu();

@@ -145,9 +145,3 @@ TEST(MixedPrecision, LossCurveStaysInTheBand) {
   EXPECT_LT(band, kLossBand);
   EXPECT_LT(last, first - 1.0) << "the model should learn: the band means little otherwise";
 }
-
-TEST(MixedPrecision, PerUnitValuesRefuseACopy) {
-  nn::GPTOptions o = options(DType::bf16);
-  o.storage.values = nn::Storage::per_unit;
-  EXPECT_THROW(nn::GPT(model_config("tiny"), o), CheckFailed);
-}

@@ -2,7 +2,9 @@
 // for them): shards of a padded flat layout, optimizer groups over a shard, gradients kept per
 // unit and released as soon as they are reduced (ZeRO-2: the full gradient never exists, the
 // allocator's peak shows it), values kept per unit, released and gathered again (ZeRO-3: the
-// bytes go back). Every model result is compared bitwise with the flat model's (CPU, same ops).
+// bytes go back), and in mixed precision a unit's bf16 compute buffer bound alone (ZeRO-3 in
+// bf16: the layers read it while the fp32 values stay unbound). Every model result is compared
+// bitwise with the flat model's (CPU, same ops).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -193,4 +195,82 @@ TEST(ParamStorage, ValuesPerUnitAreReleasedAndGatheredBack) {
     ps.release_grads(u);
   }
   EXPECT_EQ(now(), before) << "nothing of the model is held when every unit is released";
+}
+
+TEST(ParamStorage, MixedPrecisionPerUnitComputeBuffersAloneRunTheModel) {
+  // ZeRO-3 in bf16: the rank keeps fp32 shards; a unit's bf16 weights are "gathered" (the cast of
+  // the flat model's values copied in here) into its compute buffer, and only that is bound.
+  nn::GPTOptions mixed;
+  mixed.compute_dtype = DType::bf16;
+  nn::GPT flat(config(), mixed);  // the flat mixed model: its compute copy is cast(values)
+  const Tensor full = flat.params().compute_values().clone();
+  Tensor x = random_tokens({2, 16}, 64, 5), y = random_tokens({2, 16}, 64, 6);
+
+  nn::GPTOptions o = mixed;
+  o.storage.values = nn::Storage::per_unit;
+  o.storage.grads = nn::Storage::per_unit;
+  nn::GPT model(config(), o);
+  nn::ParameterSet& ps = model.params();
+  EXPECT_TRUE(ps.mixed());
+  EXPECT_EQ(ps.compute_dtype(), DType::bf16) << "activations in bf16 without a flat copy";
+  EXPECT_FALSE(ps.compute_values().defined()) << "per-unit values: no flat compute copy";
+  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+    EXPECT_FALSE(ps.compute_bound(u)) << ps.units()[u].name;
+    EXPECT_FALSE(ps.values_bound(u)) << ps.units()[u].name;
+  }
+  EXPECT_THROW(model.forward(x, y), CheckFailed) << "forward without the bf16 weights";
+
+  auto gather = [&](std::size_t u) {
+    Tensor c = ps.bind_compute(u);
+    c.copy_from(full.flat(ps.units()[u].lo, ps.units()[u].numel()));
+  };
+  // a unit's compute buffer: 2 bytes per parameter, the parameters' `compute` point into it,
+  // their values stay unbound; the bytes go back with release_compute
+  const std::size_t before = now();
+  const std::size_t b1 = model.block_unit(1);
+  gather(b1);
+  EXPECT_EQ(now() - before, static_cast<std::size_t>(ps.units()[b1].numel()) * 2);
+  EXPECT_TRUE(ps.compute_bound(b1));
+  EXPECT_FALSE(ps.values_bound(b1));
+  for (std::size_t i = ps.units()[b1].first; i < ps.units()[b1].last; ++i) {
+    const nn::Parameter& p = *ps.list()[i];
+    EXPECT_EQ(p.compute.dtype(), DType::bf16) << p.name;
+    EXPECT_EQ(p.compute.shape(), p.shape()) << p.name;
+    EXPECT_FALSE(p.value.defined()) << p.name;
+    EXPECT_TRUE(p.compute_value().shares_storage_with(ps.unit_compute(b1))) << p.name;
+  }
+  EXPECT_THROW(ps.bind_compute(b1), CheckFailed) << "bound twice";
+  ps.release_compute(b1);
+  EXPECT_FALSE(ps.compute_bound(b1));
+  EXPECT_FALSE(ps.list()[ps.units()[b1].first]->compute.defined());
+  EXPECT_EQ(now(), before) << "a released unit's compute buffer frees its bytes";
+
+  // every unit's compute buffer bound (no values): the flat mixed model's loss and fp32
+  // gradients, bitwise
+  for (std::size_t u = 0; u < ps.units().size(); ++u) gather(u);
+  flat.zero_grad();
+  const double want = flat.forward(x, y);
+  flat.backward();
+  EXPECT_EQ(model.forward(x, y), want);
+  model.backward();
+  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+    EXPECT_FALSE(ps.values_bound(u)) << ps.units()[u].name;
+    expect_bitwise(ps.unit_grads(u), flat.params().grads().flat(ps.units()[u].lo, ps.units()[u].numel()),
+                   ps.units()[u].name);
+    ps.release_compute(u);
+    ps.release_grads(u);
+  }
+  EXPECT_EQ(now(), before) << "nothing of the model is held when every unit is released";
+
+  // only per-unit values in mixed precision have per-unit compute buffers; elsewhere what the
+  // layers read follows the set's own storage
+  EXPECT_THROW(flat.params().bind_compute(0), CheckFailed) << "flat: one copy, always bound";
+  EXPECT_TRUE(flat.params().compute_bound(0));
+  nn::GPTOptions f32 = o;
+  f32.compute_dtype = DType::f32;
+  nn::GPT fp32(config(), f32);
+  EXPECT_THROW(fp32.params().bind_compute(0), CheckFailed) << "fp32: no bf16 copy";
+  EXPECT_FALSE(fp32.params().compute_bound(0));
+  fp32.params().bind_values(0);
+  EXPECT_TRUE(fp32.params().compute_bound(0)) << "fp32: the layers read the values";
 }
