@@ -2,12 +2,13 @@
 // the single-device twin for the first steps and prints both losses), then measures every stage
 // 0-3 at n = 1, 2, 4 ranks (the ranks that divide the world): what a rank holds between steps by
 // kind and in the allocator, the peak of a step, the bytes one step communicates, beside the
-// formulas of the ZeRO paper. --precision bf16 (stages 0-2): mixed precision, and the table adds
-// the paper's own mixed-precision formula beside this library's layout.
+// formulas of the ZeRO paper. --precision bf16: mixed precision (stage 3 gathers the 2-byte
+// weights, as the paper), and the table adds the paper's own mixed-precision formula beside this
+// library's layout.
 //
 //   ./scalelab run 09 -n 4 -- --stage 2              # your code on 4 ranks
 //   ./scalelab run 09 --solution -n 4 -- --stage 3   # the reference
-//   ./scalelab run 09 --solution -n 4 -- --stage 2 --precision bf16
+//   ./scalelab run 09 --solution -n 4 -- --stage 3 --precision bf16
 #include <memory>
 
 #include "common/allocator.hpp"
@@ -63,7 +64,7 @@ Row measure(int stage, int n, comm::Communicator& world, const ModelConfig& conf
     const int64_t psi = t->model().num_parameters();
     row.ours = lab09::layout_memory(stage, psi, n, run.precision);
     row.paper = lab09::paper_memory(stage, psi, n, run.precision);
-    row.paper_comm = lab09::paper_comm_bytes(stage, psi);
+    row.paper_comm = lab09::paper_comm_bytes(stage, psi, run.precision);
   }
   world.barrier();
   return row;
@@ -93,10 +94,6 @@ int main(int argc, char** argv) {
     const bool table = parsed["table"].as<bool>();
     SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "--stage must be 0 (DDP), 1, 2 or 3, got {}", stage);
     SCALELAB_REQUIRE(verify_steps >= 0, "--verify-steps must not be negative");
-    // Checked here, on every rank before any collective (Zero3 refuses it too).
-    SCALELAB_REQUIRE(!(stage == 3 && run.bf16()), "--stage 3 trains in fp32 only: its per-unit "
-                     "parameters have no bf16 compute copy (--precision bf16 works with stages "
-                     "0, 1 and 2)");
 
     auto comm = comm::Communicator::world(run.backend);
     const Device device = train::rank_device(run.device);
@@ -166,7 +163,7 @@ int main(int argc, char** argv) {
     bool held_ok = true;
     if (table) {
       std::vector<Row> rows;
-      for (int s = 0; s <= (run.bf16() ? 2 : 3); ++s)  // stage 3 is fp32 only
+      for (int s = 0; s <= 3; ++s)
         for (int n : {1, 2, 4, 8})
           if (n <= comm.size() && comm.size() % n == 0)
             rows.push_back(measure(s, n, comm, config, sampler, run, device,
@@ -177,10 +174,12 @@ int main(int argc, char** argv) {
                 "formula; peak: the allocator's peak over a step; comm: payload bytes of a step "
                 "(byte counters) beside the formula");
       if (run.bf16())
-        log::info("bf16: params = fp32 master + bf16 copy; ours: this library's layout (fp32 "
-                  "master whole, fp32 grads, m and v, a bf16 copy: 18 Psi at stage 0); paper: "
+        log::info("bf16: params = fp32 master + bf16 copy (stage 3: the fp32 master shard, "
+                  "no copy between steps); ours: this library's layout (fp32 master whole, fp32 "
+                  "grads, m and v, a bf16 copy: 18 Psi at stage 0; stage 3: 16 Psi / n); paper: "
                   "the paper's 2 + 2 + 12 Psi (16-bit params and grads, K = 12 sharded from "
-                  "stage 1); comm: fp32 gradients and values, so the fp32 formula");
+                  "stage 1); comm: fp32 gradients and values at stages 0-2 (the fp32 formula), "
+                  "stage 3 gathers bf16 weights (2 + 2 + 4 Psi)");
       // In fp32 our layout IS the paper's formula: one column (the format tools/plot reads);
       // bf16 adds ours beside the paper's.
       const auto formulas = [&](const std::string& ours, const std::string& paper) {

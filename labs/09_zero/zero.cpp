@@ -1,5 +1,5 @@
 // Starter generated from solutions/09_zero/zero.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash aa3f7522957d9a64 (lets make-labs see your edits).
+// step (see README.md). Body hash 9a68dc344da9af2e (lets make-labs see your edits).
 // Lab 09: ZeRO stages 1-3: shards, a sharded AdamW, gradients reduced to their owners, parameters
 // gathered unit by unit.
 #include "zero.hpp"
@@ -188,11 +188,8 @@ Held Zero2::held() const {
 Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
              optim::AdamWConfig adamw, const ModelBuilder& build)
     : Trainer(comm) {
-  // Mixed precision would need a bf16 compute buffer per gathered unit (and, as the paper does,
-  // gathering the 2-byte weights); ParameterSet keeps a compute copy of flat values only.
-  SCALELAB_REQUIRE(options.compute_dtype != DType::bf16,
-                   "ZeRO stage 3 trains in fp32 only: its per-unit parameters have no bf16 "
-                   "compute copy (stages 0, 1 and 2 support --precision bf16)");
+  // Mixed precision (compute_dtype bf16): the same per-unit storage; a gathered unit is bound as
+  // its bf16 compute buffer (ParameterSet::bind_compute), never as fp32 values.
   options.storage.values = nn::Storage::per_unit;
   options.storage.grads = nn::Storage::per_unit;
   options.on_init = [this](const nn::Unit& unit, const Tensor& values) {
@@ -213,9 +210,14 @@ void Zero3::keep_initial_shard(const nn::Unit& unit, const Tensor& values) {
       "lab 09 step 4: keep this rank's shard of the unit (zeros in the padding) (README.md#step-4)");
 }
 
+bool Zero3::mixed() const { return model_->params().mixed(); }
+
 Zero3::Gather Zero3::start_gather(std::size_t u) {
   Gather g{u};
   // TODO step 4: start the all_gather of unit u's shards (non-blocking)
+  // HINT: mixed() (--precision bf16): gather what the layers read, the 2-byte weights (the
+  // HINT: paper's): send a bf16 cast of the fp32 shard (ops::cast into a bf16 tensor of s.size
+  // HINT: elements, kept in g.send while the gather runs) into a bf16 buffer.
   throw scalelab::NotImplemented(
       "lab 09 step 4: start the all_gather of unit u's shards (non-blocking) (README.md#step-4)");
   return g;
@@ -224,6 +226,8 @@ Zero3::Gather Zero3::start_gather(std::size_t u) {
 void Zero3::finish_gather(Gather& g) {
   nn::ParameterSet& ps = model_->params();
   // TODO step 4: wait, bind the unit's values, copy the real elements in
+  // HINT: mixed(): bind the unit's bf16 compute buffer (ps.bind_compute) instead of its values:
+  // HINT: the layers read Parameter::compute_value(), and the fp32 values stay unbound.
   throw scalelab::NotImplemented(
       "lab 09 step 4: wait, bind the unit's values, copy the real elements in (README.md#step-4)");
   note_gathered();
@@ -231,6 +235,7 @@ void Zero3::finish_gather(Gather& g) {
 
 void Zero3::release(std::size_t u) {
   // TODO step 4: free a gathered unit
+  // HINT: mixed(): what finish_gather bound is the compute buffer (ps.release_compute).
   throw scalelab::NotImplemented(
       "lab 09 step 4: free a gathered unit (README.md#step-4)");
 }
@@ -242,11 +247,16 @@ void Zero3::reduce_scatter_grads(std::size_t u) {
       "lab 09 step 4: the unit's gradient, padded, reduce-scattered into my shard; release (README.md#step-4)");
 }
 
+std::size_t Zero3::gathered_bytes(std::size_t u) const {
+  const nn::ParameterSet& ps = model_->params();
+  const int64_t n = ps.units()[u].numel();
+  return (ps.values_bound(u) ? bytes_of(n, ps.dtype()) : 0) +
+         (mixed() && ps.compute_bound(u) ? bytes_of(n, DType::bf16) : 0);
+}
+
 void Zero3::note_gathered() {
-  nn::ParameterSet& ps = model_->params();
   std::size_t now = 0;
-  for (std::size_t u = 0; u < ps.units().size(); ++u)
-    if (ps.values_bound(u)) now += bytes_of(ps.units()[u].numel(), ps.dtype());
+  for (std::size_t u = 0; u < model_->params().units().size(); ++u) now += gathered_bytes(u);
   peak_gathered_ = std::max(peak_gathered_, now);
 }
 
@@ -276,13 +286,14 @@ void Zero3::step(double lr) {
 }
 
 Tensor Zero3::full_parameters() {
+  // The fp32 master shards themselves (not start_gather, which sends bf16 in mixed precision).
   nn::ParameterSet& ps = model_->params();
   Tensor all = Tensor::empty({ps.numel()}, ps.dtype(), ps.device());
   for (std::size_t u = 0; u < ps.units().size(); ++u) {
-    Gather g = start_gather(u);
-    g.work.wait();
+    Tensor buffer = Tensor::empty({shards_.at(u).size * comm_.size()}, ps.dtype(), ps.device());
+    comm_.all_gather(values_[u], buffer);
     Tensor dst = all.flat(ps.units()[u].lo, ps.units()[u].numel());
-    dst.copy_from(g.buffer.flat(0, ps.units()[u].numel()));
+    dst.copy_from(buffer.flat(0, ps.units()[u].numel()));
   }
   return all;
 }
@@ -291,8 +302,7 @@ Held Zero3::held() const {
   nn::ParameterSet& ps = model_->params();
   Held h;
   for (std::size_t u = 0; u < values_.size(); ++u) {
-    h.params += values_[u].nbytes() +
-                (ps.values_bound(u) ? bytes_of(ps.units()[u].numel(), ps.dtype()) : 0);
+    h.params += values_[u].nbytes() + gathered_bytes(u);  // bound units: none between steps
     h.grads += (u < grads_.size() ? grads_[u].nbytes() : 0) +
                (ps.grads_bound(u) ? bytes_of(ps.units()[u].numel(), ps.dtype()) : 0);
   }
@@ -334,18 +344,21 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision) {
 }
 
 Held layout_memory(int stage, int64_t psi, int n, DType precision) {
-  SCALELAB_REQUIRE(precision != DType::bf16 || stage <= 2,
-                   "ZeRO stage 3 trains in fp32 only (no bf16 compute copy of per-unit values)");
   // fp32: the paper's formula mapped to fp32 IS our layout. bf16: the fp32 master, gradients
-  // and m, v are kept (and sharded) as in fp32; the bf16 compute copy comes on top, whole.
+  // and m, v are kept (and sharded) as in fp32; at stages 0-2 the bf16 compute copy comes on
+  // top, whole; stage 3 gathers its bf16 units during a step only and keeps none between steps.
   Held h = paper_memory(stage, psi, n);
-  if (precision == DType::bf16) h.params += bytes_of(psi, DType::bf16);
+  if (precision == DType::bf16 && stage <= 2) h.params += bytes_of(psi, DType::bf16);
   return h;
 }
 
-std::size_t paper_comm_bytes(int stage, int64_t psi) {
+std::size_t paper_comm_bytes(int stage, int64_t psi, DType precision) {
   SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "unknown ZeRO stage {}", stage);
+  SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
+                   "paper_comm_bytes: precision f32 or bf16, got {}", dtype_name(precision));
   // TODO step 5: payload by the byte counters, in units of 4 Psi bytes: 1, 2, 2, 3
+  // HINT: bf16: stages 0-2 move fp32 gradients and values (the same bytes); stage 3 gathers the
+  // HINT: 2-byte weights twice (2 Psi bytes each) and reduce-scatters 4-byte gradients (4 Psi).
   throw scalelab::NotImplemented(
       "lab 09 step 5: payload by the byte counters, in units of 4 Psi bytes: 1, 2, 2, 3 (README.md#step-5)");
 }

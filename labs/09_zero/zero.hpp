@@ -49,8 +49,9 @@ nn::ShardRange shard_range(int64_t numel, int rank, int n);
 
 /// Bytes a rank keeps BETWEEN steps (what the paper's formulas count), by kind. Read from the
 /// tensors the trainer and its model hold; the program checks the total against the allocator.
-/// In mixed precision (nn::GPTOptions::compute_dtype = bf16, stages 0-2) `params` counts the fp32
-/// master values AND their bf16 compute copy (6 bytes per parameter).
+/// In mixed precision (nn::GPTOptions::compute_dtype = bf16) `params` counts, at stages 0-2, the
+/// fp32 master values AND their bf16 compute copy (6 bytes per parameter); at stage 3 the fp32
+/// master shards (the gathered bf16 units are gone between steps: 4 bytes per shard element).
 struct Held {
   std::size_t params = 0, grads = 0, optimizer = 0;
   std::size_t total() const { return params + grads + optimizer; }
@@ -156,11 +157,11 @@ class Zero1 final : public Trainer {
 
 // ---- Step 3: ZeRO-2 ---------------------------------------------------------------------------
 
-/// Mixed precision (GPTOptions::compute_dtype = bf16, stages 0, 1 and 2): the fp32 master
+/// Mixed precision (GPTOptions::compute_dtype = bf16), stages 0, 1 and 2: the fp32 master
 /// values stay whole on every rank, the gradients and AdamW state stay fp32 (sharded as in
 /// fp32), the all-gather moves fp32 values, and every rank keeps a whole bf16 compute copy,
-/// recast after the gather. Stage 3 refuses bf16 (a UsageError): its per-unit values have no
-/// compute copy.
+/// recast after the gather. Stage 3: see Zero3 (the paper's way: only shards of the fp32 master
+/// are kept, the 2-byte weights are gathered).
 
 /// Step 3. ZeRO-2: gradients sharded too. The model keeps its gradients per unit
 /// (storage.grads = nn::Storage::per_unit): GPT binds a unit's gradient buffer when backward
@@ -207,6 +208,14 @@ class Zero2 final : public Trainer {
 /// started (all_gather_async) before the current block computes; after a unit's backward its
 /// gradients are reduce-scattered into the shard and released. Equal to ZeRO-2 up to the
 /// reduction order.
+///
+/// Mixed precision (compute_dtype bf16, mixed()): as the paper's stage 3. A rank keeps the same
+/// fp32 shards (master values, gradients, m, v: 16 Psi / n); a unit's gather sends the bf16 cast
+/// of each rank's master shard (2 bytes per parameter on the wire) into the unit's bf16 compute
+/// buffer (ParameterSet::bind_compute; its fp32 values are never bound), for forward and again
+/// for backward; the fp32 unit gradients are reduce-scattered as in fp32 and AdamW updates the
+/// fp32 master shards. Not bitwise the bf16 DDP (its copy is cast from the whole master on every
+/// rank: the same numbers, but the gradients are summed in another order).
 class Zero3 final : public Trainer {
  public:
   /// Builds the model with values and grads per_unit; keeps each unit's initial shard in
@@ -222,13 +231,17 @@ class Zero3 final : public Trainer {
   /// This rank's shard of unit u (shard_range(unit numel, rank, n)).
   const nn::ShardRange& unit_shard(std::size_t u) const { return shards_.at(u); }
   const optim::AdamW& optimizer() const { return *adamw_; }
-  /// Peak of the bytes of gathered unit values held at once during the last forward_backward.
+  /// Peak of the bytes of gathered units held at once during the last forward_backward: fp32
+  /// values (4 bytes per parameter), or bf16 compute buffers in mixed precision (2).
   std::size_t peak_gathered_bytes() const { return peak_gathered_; }
+  /// Mixed precision: the gathers carry bf16 into the units' compute buffers.
+  bool mixed() const;
 
  private:
   struct Gather {  // an all_gather in flight for one unit
     std::size_t unit = 0;
-    Tensor buffer;  // n * shard size elements
+    Tensor send;    // what this rank sends: its fp32 shard, or its bf16 cast (kept alive here)
+    Tensor buffer;  // n * shard size elements, of send's dtype
     comm::Work work;
   };
   void keep_initial_shard(const nn::Unit& unit, const Tensor& values);
@@ -237,6 +250,8 @@ class Zero3 final : public Trainer {
   void release(std::size_t u);
   void reduce_scatter_grads(std::size_t u);
   void note_gathered();
+  /// Bytes of unit u gathered and bound now (values, or the bf16 compute buffer).
+  std::size_t gathered_bytes(std::size_t u) const;
 
   std::vector<nn::ShardRange> shards_;
   std::vector<Tensor> values_, grads_;  // per unit: this rank's shards
@@ -265,17 +280,20 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision = DType::f32);
 /// formula above. In bf16 our layout differs from the paper's: the gradients stay fp32 (4 Psi,
 /// sharded at stage 2), the fp32 master stays whole on every rank in stages 0-2 (4 Psi, not
 /// sharded with the optimizer state), m and v 8 Psi (sharded from stage 1) and the bf16 copy
-/// 2 Psi comes on top: 18 Psi at stage 0. Stage 3 in bf16 is a UsageError, as for the trainer.
+/// 2 Psi comes on top: 18 Psi at stage 0. Stage 3 in bf16 keeps no bf16 copy between steps and
+/// shards the rest: 4 Psi / n master + 4 Psi / n gradients + 8 Psi / n m and v = 16 Psi / n, the
+/// paper's (2 + 2 + 12) Psi / n total with the bytes in other places.
 Held layout_memory(int stage, int64_t psi, int n, DType precision = DType::f32);
 
 /// Step 5b. Payload bytes per step by the library's byte counters (common/comm/stats.hpp) that
-/// the paper's data movement predicts, fp32 (also this library's bf16 runs: they reduce fp32
-/// gradients and gather fp32 values, so they move the same bytes): DDP one all_reduce of the gradients (4 Psi of payload; a
-/// ring all-reduce IS a reduce-scatter plus an all-gather: the paper's "2 Psi"); stage 1 that
-/// all-reduce plus the all_gather of the parameters (4 Psi + 4 Psi); stage 2 the gradients
+/// the paper's data movement predicts, fp32: DDP one all_reduce of the gradients (4 Psi of
+/// payload; a ring all-reduce IS a reduce-scatter plus an all-gather: the paper's "2 Psi"); stage
+/// 1 that all-reduce plus the all_gather of the parameters (4 Psi + 4 Psi); stage 2 the gradients
 /// reduced to their owners plus the all_gather (the paper's 2 Psi: 4 Psi + 4 Psi); stage 3 two
 /// all_gathers of the parameters (forward and backward) and one reduce_scatter (3 Psi: 12 Psi
-/// bytes).
-std::size_t paper_comm_bytes(int stage, int64_t psi);
+/// bytes). `precision` bf16: stages 0-2 move the same bytes (they reduce fp32 gradients
+/// and gather fp32 values); stage 3 gathers the 2-byte weights twice and reduce-scatters the
+/// 4-byte gradients once: 2 Psi + 2 Psi + 4 Psi = 8 Psi bytes.
+std::size_t paper_comm_bytes(int stage, int64_t psi, DType precision = DType::f32);
 
 }  // namespace scalelab::lab09

@@ -228,11 +228,8 @@ Held Zero2::held() const {
 Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
              optim::AdamWConfig adamw, const ModelBuilder& build)
     : Trainer(comm) {
-  // Mixed precision would need a bf16 compute buffer per gathered unit (and, as the paper does,
-  // gathering the 2-byte weights); ParameterSet keeps a compute copy of flat values only.
-  SCALELAB_REQUIRE(options.compute_dtype != DType::bf16,
-                   "ZeRO stage 3 trains in fp32 only: its per-unit parameters have no bf16 "
-                   "compute copy (stages 0, 1 and 2 support --precision bf16)");
+  // Mixed precision (compute_dtype bf16): the same per-unit storage; a gathered unit is bound as
+  // its bf16 compute buffer (ParameterSet::bind_compute), never as fp32 values.
   options.storage.values = nn::Storage::per_unit;
   options.storage.grads = nn::Storage::per_unit;
   options.on_init = [this](const nn::Unit& unit, const Tensor& values) {
@@ -269,12 +266,22 @@ void Zero3::keep_initial_shard(const nn::Unit& unit, const Tensor& values) {
   // END SOLUTION
 }
 
+bool Zero3::mixed() const { return model_->params().mixed(); }
+
 Zero3::Gather Zero3::start_gather(std::size_t u) {
   Gather g{u};
   // BEGIN SOLUTION step 4: start the all_gather of unit u's shards (non-blocking)
+  // HINT: mixed() (--precision bf16): gather what the layers read, the 2-byte weights (the
+  // HINT: paper's): send a bf16 cast of the fp32 shard (ops::cast into a bf16 tensor of s.size
+  // HINT: elements, kept in g.send while the gather runs) into a bf16 buffer.
   const nn::ShardRange& s = shards_.at(u);
-  g.buffer = Tensor::empty({s.size * comm_.size()}, values_[u].dtype(), values_[u].device());
-  g.work = comm_.all_gather_async(values_[u], g.buffer);
+  g.send = values_[u];
+  if (mixed()) {  // the fp32 master shard stays here; the wire carries its bf16 cast
+    g.send = Tensor::empty({s.size}, DType::bf16, values_[u].device());
+    ops::cast(g.send, values_[u]);
+  }
+  g.buffer = Tensor::empty({s.size * comm_.size()}, g.send.dtype(), g.send.device());
+  g.work = comm_.all_gather_async(g.send, g.buffer);
   // END SOLUTION
   return g;
 }
@@ -282,17 +289,21 @@ Zero3::Gather Zero3::start_gather(std::size_t u) {
 void Zero3::finish_gather(Gather& g) {
   nn::ParameterSet& ps = model_->params();
   // BEGIN SOLUTION step 4: wait, bind the unit's values, copy the real elements in
+  // HINT: mixed(): bind the unit's bf16 compute buffer (ps.bind_compute) instead of its values:
+  // HINT: the layers read Parameter::compute_value(), and the fp32 values stay unbound.
   g.work.wait();
-  Tensor v = ps.bind_values(g.unit);
+  Tensor v = mixed() ? ps.bind_compute(g.unit) : ps.bind_values(g.unit);
   v.copy_from(g.buffer.flat(0, ps.units()[g.unit].numel()));
-  g.buffer = Tensor();  // the padded staging buffer is not needed any more
+  g.buffer = g.send = Tensor();  // the padded staging buffer (and the sent cast) are done
   // END SOLUTION
   note_gathered();
 }
 
 void Zero3::release(std::size_t u) {
   // BEGIN SOLUTION step 4: free a gathered unit
-  model_->params().release_values(u);
+  // HINT: mixed(): what finish_gather bound is the compute buffer (ps.release_compute).
+  if (mixed()) model_->params().release_compute(u);
+  else model_->params().release_values(u);
   // END SOLUTION
 }
 
@@ -310,11 +321,16 @@ void Zero3::reduce_scatter_grads(std::size_t u) {
   // END SOLUTION
 }
 
+std::size_t Zero3::gathered_bytes(std::size_t u) const {
+  const nn::ParameterSet& ps = model_->params();
+  const int64_t n = ps.units()[u].numel();
+  return (ps.values_bound(u) ? bytes_of(n, ps.dtype()) : 0) +
+         (mixed() && ps.compute_bound(u) ? bytes_of(n, DType::bf16) : 0);
+}
+
 void Zero3::note_gathered() {
-  nn::ParameterSet& ps = model_->params();
   std::size_t now = 0;
-  for (std::size_t u = 0; u < ps.units().size(); ++u)
-    if (ps.values_bound(u)) now += bytes_of(ps.units()[u].numel(), ps.dtype());
+  for (std::size_t u = 0; u < model_->params().units().size(); ++u) now += gathered_bytes(u);
   peak_gathered_ = std::max(peak_gathered_, now);
 }
 
@@ -390,13 +406,14 @@ void Zero3::step(double lr) {
 }
 
 Tensor Zero3::full_parameters() {
+  // The fp32 master shards themselves (not start_gather, which sends bf16 in mixed precision).
   nn::ParameterSet& ps = model_->params();
   Tensor all = Tensor::empty({ps.numel()}, ps.dtype(), ps.device());
   for (std::size_t u = 0; u < ps.units().size(); ++u) {
-    Gather g = start_gather(u);
-    g.work.wait();
+    Tensor buffer = Tensor::empty({shards_.at(u).size * comm_.size()}, ps.dtype(), ps.device());
+    comm_.all_gather(values_[u], buffer);
     Tensor dst = all.flat(ps.units()[u].lo, ps.units()[u].numel());
-    dst.copy_from(g.buffer.flat(0, ps.units()[u].numel()));
+    dst.copy_from(buffer.flat(0, ps.units()[u].numel()));
   }
   return all;
 }
@@ -405,8 +422,7 @@ Held Zero3::held() const {
   nn::ParameterSet& ps = model_->params();
   Held h;
   for (std::size_t u = 0; u < values_.size(); ++u) {
-    h.params += values_[u].nbytes() +
-                (ps.values_bound(u) ? bytes_of(ps.units()[u].numel(), ps.dtype()) : 0);
+    h.params += values_[u].nbytes() + gathered_bytes(u);  // bound units: none between steps
     h.grads += (u < grads_.size() ? grads_[u].nbytes() : 0) +
                (ps.grads_bound(u) ? bytes_of(ps.units()[u].numel(), ps.dtype()) : 0);
   }
@@ -454,19 +470,24 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision) {
 }
 
 Held layout_memory(int stage, int64_t psi, int n, DType precision) {
-  SCALELAB_REQUIRE(precision != DType::bf16 || stage <= 2,
-                   "ZeRO stage 3 trains in fp32 only (no bf16 compute copy of per-unit values)");
   // fp32: the paper's formula mapped to fp32 IS our layout. bf16: the fp32 master, gradients
-  // and m, v are kept (and sharded) as in fp32; the bf16 compute copy comes on top, whole.
+  // and m, v are kept (and sharded) as in fp32; at stages 0-2 the bf16 compute copy comes on
+  // top, whole; stage 3 gathers its bf16 units during a step only and keeps none between steps.
   Held h = paper_memory(stage, psi, n);
-  if (precision == DType::bf16) h.params += bytes_of(psi, DType::bf16);
+  if (precision == DType::bf16 && stage <= 2) h.params += bytes_of(psi, DType::bf16);
   return h;
 }
 
-std::size_t paper_comm_bytes(int stage, int64_t psi) {
+std::size_t paper_comm_bytes(int stage, int64_t psi, DType precision) {
   SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "unknown ZeRO stage {}", stage);
+  SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
+                   "paper_comm_bytes: precision f32 or bf16, got {}", dtype_name(precision));
   // BEGIN SOLUTION step 5: payload by the byte counters, in units of 4 Psi bytes: 1, 2, 2, 3
+  // HINT: bf16: stages 0-2 move fp32 gradients and values (the same bytes); stage 3 gathers the
+  // HINT: 2-byte weights twice (2 Psi bytes each) and reduce-scatters 4-byte gradients (4 Psi).
   const std::size_t unit = static_cast<std::size_t>(psi) * 4;
+  if (stage == 3 && precision == DType::bf16)
+    return 2 * bytes_of(psi, DType::bf16) + unit;  // all_gather x 2 in bf16 + reduce_scatter
   switch (stage) {
     case 0: return unit;      // all_reduce(grads)
     case 1: return 2 * unit;  // all_reduce(grads) + all_gather(params)

@@ -33,7 +33,8 @@ TEST(Step5_Formulas, MixedPrecisionThePapersCountBesideOurLayout) {
   // bf16. The paper: 2 Psi of 16-bit parameters, 2 Psi of 16-bit gradients, K = 12 Psi of
   // optimizer state (fp32 master, m, v), sharded per stage. Ours: the fp32 master stays whole on
   // every rank in stages 0-2 (4 Psi), the gradients stay fp32 (4 Psi, sharded at stage 2), m and
-  // v 8 Psi (sharded from stage 1), plus the whole bf16 copy (2 Psi): 18 Psi at stage 0.
+  // v 8 Psi (sharded from stage 1), plus the whole bf16 copy (2 Psi): 18 Psi at stage 0. Stage
+  // 3 keeps the fp32 shards only (master, gradients, m and v): 16 Psi / n, the paper's total.
   const int64_t P = 1200;
   for (int n : {1, 2, 4, 8}) {
     const struct { int stage; int64_t params, grads, optimizer; } paper[] = {
@@ -52,7 +53,10 @@ TEST(Step5_Formulas, MixedPrecisionThePapersCountBesideOurLayout) {
     EXPECT_EQ(lab09::paper_memory(1, P, n, DType::bf16).total(),
               static_cast<std::size_t>(4 * P + 12 * P / n));
     const struct { int stage; int64_t params, grads, optimizer; } ours[] = {
-        {0, 6 * P, 4 * P, 8 * P}, {1, 6 * P, 4 * P, 8 * P / n}, {2, 6 * P, 4 * P / n, 8 * P / n}};
+        {0, 6 * P, 4 * P, 8 * P},
+        {1, 6 * P, 4 * P, 8 * P / n},
+        {2, 6 * P, 4 * P / n, 8 * P / n},
+        {3, 4 * P / n, 4 * P / n, 8 * P / n}};
     for (const auto& w : ours) {
       const lab09::Held h = lab09::layout_memory(w.stage, P, n, DType::bf16);
       EXPECT_EQ(h.params, static_cast<std::size_t>(w.params)) << "stage " << w.stage << ", n " << n;
@@ -60,6 +64,10 @@ TEST(Step5_Formulas, MixedPrecisionThePapersCountBesideOurLayout) {
       EXPECT_EQ(h.optimizer, static_cast<std::size_t>(w.optimizer)) << "stage " << w.stage << ", n " << n;
     }
     EXPECT_EQ(lab09::layout_memory(0, P, n, DType::bf16).total(), static_cast<std::size_t>(18 * P));
+    // stage 3: ours and the paper's (2 + 2 + 12) Psi / n are the same total, 16 Psi / n
+    EXPECT_EQ(lab09::layout_memory(3, P, n, DType::bf16).total(), static_cast<std::size_t>(16 * P / n));
+    EXPECT_EQ(lab09::paper_memory(3, P, n, DType::bf16).total(),
+              lab09::layout_memory(3, P, n, DType::bf16).total());
     // fp32: our layout IS the paper's formula mapped to fp32 (the default precision)
     for (int stage = 0; stage <= 3; ++stage) {
       EXPECT_EQ(lab09::layout_memory(stage, P, n).total(), lab09::paper_memory(stage, P, n).total());
@@ -67,7 +75,6 @@ TEST(Step5_Formulas, MixedPrecisionThePapersCountBesideOurLayout) {
                 lab09::paper_memory(stage, P, n).total());
     }
   }
-  EXPECT_THROW(lab09::layout_memory(3, P, 2, DType::bf16), UsageError) << "stage 3 is fp32 only";
   EXPECT_THROW(lab09::paper_memory(0, P, 2, DType::f64), UsageError);
 }
 
@@ -77,6 +84,14 @@ TEST(Step5_Formulas, CommunicationPerStepInPayloadBytes) {
   EXPECT_EQ(lab09::paper_comm_bytes(1, P), 8u * P);
   EXPECT_EQ(lab09::paper_comm_bytes(2, P), 8u * P) << "the paper's 2 Psi";
   EXPECT_EQ(lab09::paper_comm_bytes(3, P), 12u * P) << "the paper's 3 Psi";
+  // bf16: stages 0-2 reduce fp32 gradients and gather fp32 values (the same bytes); stage 3
+  // gathers 2-byte weights twice (2 Psi + 2 Psi) and reduce-scatters 4-byte gradients (4 Psi)
+  for (int stage = 0; stage <= 2; ++stage)
+    EXPECT_EQ(lab09::paper_comm_bytes(stage, P, DType::bf16), lab09::paper_comm_bytes(stage, P))
+        << "stage " << stage;
+  EXPECT_EQ(lab09::paper_comm_bytes(3, P, DType::bf16), 8u * P) << "2 + 2 + 4 Psi";
+  EXPECT_EQ(lab09::paper_comm_bytes(3, P, DType::f32), 12u * P);
+  EXPECT_THROW(lab09::paper_comm_bytes(3, P, DType::f64), UsageError);
 }
 
 TEST(Step5_Formulas, DdpMeasuredMatchesItsFormula) {

@@ -69,38 +69,18 @@ testing::AssertionResult keeps_only_shards(const Footprint& stage3, const Footpr
 // forward and kept (no prefetch: the transfer never overlaps compute).
 struct GathersEverything {
   bool on_demand = false;
-  std::vector<nn::ShardRange> shards;
-  std::vector<Tensor> values, grads;
+  HandZero3 z;
   std::unique_ptr<nn::GPT> model;
-  std::unique_ptr<optim::AdamW> adamw;
   explicit GathersEverything(const ModelConfig& config, bool demand = false) : on_demand(demand) {
-    nn::GPTOptions o = f32();
-    o.storage.values = o.storage.grads = nn::Storage::per_unit;
-    o.on_init = [this](const nn::Unit& u, const Tensor& v) {
-      const nn::ShardRange s = nn::shard_range(u.numel(), world().rank(), world().size());
-      Tensor mine = Tensor::zeros({s.size});
-      if (s.real() > 0) mine.flat(0, s.real()).copy_from(v.flat(s.lo, s.real()));
-      shards.push_back(s);
-      values.push_back(mine);
-      grads.push_back(Tensor::zeros({s.size}));
-    };
-    model = std::make_unique<nn::GPT>(config, o);
-    std::vector<optim::Group> groups;
-    nn::ParameterSet& ps = model->params();
-    for (std::size_t u = 0; u < ps.units().size(); ++u)
-      for (auto& g : optim::groups_in_range(ps, ps.units()[u].lo + shards[u].lo,
-                                            ps.units()[u].lo + shards[u].hi, values[u], grads[u]))
-        groups.push_back(g);
-    adamw = std::make_unique<optim::AdamW>(groups);
+    model = std::make_unique<nn::GPT>(config, z.options(f32()));
+    z.make_optimizer(model->params());
   }
   void gather(std::size_t u) {
-    Tensor all = Tensor::empty({shards[u].size * world().size()});
-    world().all_gather(values[u], all);
-    model->params().bind_values(u).copy_from(all.flat(0, model->params().units()[u].numel()));
+    nn::ParameterSet& ps = model->params();
+    ps.bind_values(u).copy_from(z.gather_fp32(ps, u));
   }
   void forward_backward(const data::Batch& global) {
     nn::ParameterSet& ps = model->params();
-    const int n = world().size();
     const data::Batch mine = labtest::my_rows(global);
     if (on_demand) {  // fault: a unit's gather starts only when its compute needs it
       const int L = static_cast<int>(model->config().n_layer);
@@ -123,15 +103,11 @@ struct GathersEverything {
       model->backward();
     }
     for (std::size_t u = 0; u < ps.units().size(); ++u) {
-      Tensor padded = Tensor::zeros({shards[u].size * n});
-      padded.flat(0, ps.units()[u].numel()).copy_from(ps.unit_grads(u));
-      world().reduce_scatter(padded, grads[u]);
-      ops::scale(grads[u], 1.0 / n);
-      ps.release_grads(u);
+      z.reduce_scatter(ps, u);
       ps.release_values(u);
     }
   }
-  void step() { adamw->step(kLr); }
+  void step() { z.adamw->step(kLr); }
 };
 
 Footprint ddp_footprint(const ModelConfig& config) { return footprint(0, f32(), &config); }

@@ -3,12 +3,14 @@
 // memory and traffic measurements (allocator and byte counters) that the planted faults must
 // fail too. Everything here is collective where it steps a trainer.
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/allocator.hpp"
 #include "common/comm/stats.hpp"
 #include "common/ops/ops.hpp"
+#include "common/optim/optim.hpp"
 #include "tests/support/lab_fixture.hpp"
 #include "zero.hpp"
 
@@ -115,6 +117,57 @@ inline comm::CommStats one_step_traffic(lab09::Trainer& t, int64_t step = 0) {
 inline int64_t bytes_of(const comm::CommStats& s, const std::string& op) {
   return comm::comm_total(s, "", op).bytes;
 }
+
+/// The shards of a hand-written ZeRO-3 (the planted faults): per unit, this rank's fp32 value
+/// shard (kept from on_init), its gradient shard, AdamW over them; the fp32 all-gather of a unit
+/// and the reduce-scatter of its gradients. Built in place: on_init keeps `this`.
+struct HandZero3 {
+  std::vector<nn::ShardRange> shards;
+  std::vector<Tensor> values, grads;
+  std::unique_ptr<optim::AdamW> adamw;
+  HandZero3() = default;
+  HandZero3(const HandZero3&) = delete;
+  HandZero3& operator=(const HandZero3&) = delete;
+
+  /// `o` with per-unit values and gradients, keeping this rank's shard of each unit at init.
+  nn::GPTOptions options(nn::GPTOptions o) {
+    o.storage.values = o.storage.grads = nn::Storage::per_unit;
+    o.on_init = [this](const nn::Unit& u, const Tensor& v) {
+      const nn::ShardRange s = nn::shard_range(u.numel(), labtest::world().rank(),
+                                               labtest::world().size());
+      Tensor mine = Tensor::zeros({s.size});
+      if (s.real() > 0) mine.flat(0, s.real()).copy_from(v.flat(s.lo, s.real()));
+      shards.push_back(s);
+      values.push_back(mine);
+      grads.push_back(Tensor::zeros({s.size}));
+    };
+    return o;
+  }
+  /// AdamW over every unit's shards (once the model is built with options()).
+  void make_optimizer(nn::ParameterSet& ps) {
+    std::vector<optim::Group> groups;
+    for (std::size_t u = 0; u < ps.units().size(); ++u)
+      for (auto& g : optim::groups_in_range(ps, ps.units()[u].lo + shards[u].lo,
+                                            ps.units()[u].lo + shards[u].hi, values[u], grads[u]))
+        groups.push_back(g);
+    adamw = std::make_unique<optim::AdamW>(groups);
+  }
+  /// Unit u's fp32 values: the all-gather of the shards, its real elements.
+  Tensor gather_fp32(const nn::ParameterSet& ps, std::size_t u) {
+    Tensor all = Tensor::empty({shards[u].size * labtest::world().size()});
+    labtest::world().all_gather(values[u], all);
+    return all.flat(0, ps.units()[u].numel());
+  }
+  /// Unit u's gradients reduce-scattered (averaged) into its shard, then released.
+  void reduce_scatter(nn::ParameterSet& ps, std::size_t u) {
+    const int n = labtest::world().size();
+    Tensor padded = Tensor::zeros({shards[u].size * n});
+    padded.flat(0, ps.units()[u].numel()).copy_from(ps.unit_grads(u));
+    labtest::world().reduce_scatter(padded, grads[u]);
+    ops::scale(grads[u], 1.0 / n);
+    ps.release_grads(u);
+  }
+};
 
 /// Elements of the model's flat layout (no padding) and its fp32 bytes.
 inline int64_t psi(const ModelConfig& c = kLab.config()) {
