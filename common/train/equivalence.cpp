@@ -1,5 +1,6 @@
 #include "common/train/equivalence.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -40,6 +41,18 @@ std::string Diff::str() const {
   if (worst_index < 0) return fmt::format("max |diff| {:.3g}, relative to max |want| {:.3g}", max_abs, max_rel);
   return fmt::format("max |diff| {:.3g} at element {} (got {:.9g}, want {:.9g}), relative to max |want| {:.3g}",
                      max_abs, worst_index, got_[worst_index], want_[worst_index], max_rel);
+}
+
+bool TwinCheck::add(double loss, double twin) {
+  const double diff = std::abs(loss - twin);
+  worst = std::max(worst, diff);
+  const bool within = diff <= tolerance * std::abs(twin);
+  ok = ok && within;
+  return within;
+}
+
+std::string TwinCheck::verdict() const {
+  return fmt::format("{} {:g} relative", ok ? "within" : "MORE THAN", tolerance);
 }
 
 bool on_every_rank(bool ok, comm::Communicator& comm) {

@@ -39,6 +39,21 @@ struct Diff {
 
 Diff compare(const Tensor& got, const Tensor& want);
 
+/// A parallel run's losses beside its single-device twin's (same seed, global batches and
+/// precision), step by step. The twin must be followed within `tolerance` relative: fp32 1e-5 (the
+/// parallel sums run in another order), bf16 1e-3 (every activation rounds to 8 bits, and ranks
+/// round their partial sums to bf16 before adding them). Labs 07-10 exit 1 when it is not.
+struct TwinCheck {
+  explicit TwinCheck(DType precision) : tolerance(precision == DType::bf16 ? 1e-3 : 1e-5) {}
+  double tolerance;
+  double worst = 0;  // the largest |loss - twin| recorded
+  bool ok = true;    // every step within tolerance
+  /// Records one step; false (and ok false from then on) when |loss - twin| > tolerance * |twin|.
+  bool add(double loss, double twin);
+  /// "within 1e-05 relative" or "MORE THAN 1e-05 relative".
+  std::string verdict() const;
+};
+
 /// True on every rank of `comm` when `ok` is true on every rank (a logical AND all-reduce).
 bool on_every_rank(bool ok, comm::Communicator& comm);
 

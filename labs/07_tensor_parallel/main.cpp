@@ -125,11 +125,7 @@ int main(int argc, char** argv) {
     log::info("{}", train::precision_note(run.precision));
     train::StepReporter reporter(config, opt.batch * config.block_size, Device::cpu(),
                                  opt.peak_tflops, world);
-    // The twin must match: fp32 to 1e-5 relative (the all-reduces sum in another order), bf16 to
-    // 1e-3 (each rank rounds its partial sums to bf16 before the all-reduce adds them).
-    const double twin_tol = run.bf16() ? 1e-3 : 1e-5;
-    double worst = 0;
-    bool twin_ok = true;
+    train::TwinCheck twin_check(run.precision);  // fp32 1e-5, bf16 1e-3 relative
     for (int64_t step = 0; step < opt.steps; ++step) {
       const double lr = train::learning_rate(opt, step);
       const data::Batch batch = sampler.batch(step);  // the whole batch on every rank
@@ -146,16 +142,15 @@ int main(int argc, char** argv) {
         const double want = twin->forward(batch.x, batch.y);
         twin->backward();
         twin_adamw->step(lr);
-        worst = std::max(worst, std::abs(loss - want));
-        twin_ok = twin_ok && std::abs(loss - want) <= twin_tol * std::abs(want);
+        twin_check.add(loss, want);
         line += fmt::format("  single-device {:.6f} (|diff| {:.1e})", want,
                             std::abs(loss - want));
       }
       log::info("{}", line);
     }
-    if (twin) log::info("largest |loss - single-device loss| over the first {} steps: {:.2e} ({} "
-                        "{:g} relative)", std::min<int64_t>(twin_steps, opt.steps), worst,
-                        twin_ok ? "within" : "MORE THAN", twin_tol);
+    if (twin) log::info("largest |loss - single-device loss| over the first {} steps: {:.2e} ({})",
+                        std::min<int64_t>(twin_steps, opt.steps), twin_check.worst,
+                        twin_check.verdict());
     twin.reset();
 
     // The table: for each tp dividing the world (and the model), the ranks [0, tp) measure
@@ -211,7 +206,7 @@ int main(int argc, char** argv) {
                 "sequence parallel (10L + 5) B*T*C + 3 B*T + (4L + 2) C (L = {}); B*T*C in the "
                 "activations' dtype, the rest fp32; measured == formula for activations and "
                 "bytes: {}", config.n_layer, exact ? "yes" : "NO");
-    const bool ok = train::on_every_rank(exact && twin_ok, world);
+    const bool ok = train::on_every_rank(exact && twin_check.ok, world);
     return ok ? kExitOk : kExitFailed;
   });
 }

@@ -140,8 +140,7 @@ int main(int argc, char** argv) {
     // must match it: fp32 to 1e-5 relative (only the order of the gradient sums over micro-batches
     // differs), bf16 to 1e-3 (every activation rounds to 8 bits; the micro-batches' weight
     // gradients are summed in fp32 in another order than one batch's).
-    bool twin_ok = true;
-    const double twin_tol = run.bf16() ? 1e-3 : 1e-5;
+    train::TwinCheck twin_check(run.precision);
     std::unique_ptr<nn::GPT> twin;
     std::unique_ptr<optim::AdamW> twin_opt;
     if (stage == 0 && twin_steps > 0) {
@@ -166,11 +165,9 @@ int main(int argc, char** argv) {
         twin_opt->step(lr);
         log::info("  single-device twin step={} loss={:.6f} (pipeline - twin: {:+.2e})", step, want,
                   loss - want);
-        if (std::abs(loss - want) > twin_tol * std::abs(want)) {
-          twin_ok = false;
+        if (!twin_check.add(loss, want))
           log::info("  the pipeline's loss differs from the twin's by more than {:g} relative",
-                    twin_tol);
-        }
+                    twin_check.tolerance);
       }
     }
 
@@ -253,6 +250,6 @@ int main(int argc, char** argv) {
         sane = sane && !sr.deadlock;
       }
     }
-    return train::on_every_rank(sane && twin_ok, comm) ? kExitOk : kExitFailed;
+    return train::on_every_rank(sane && twin_check.ok, comm) ? kExitOk : kExitFailed;
   });
 }

@@ -354,8 +354,7 @@ int main(int argc, char** argv) {
     // same precision. The 3D step must match it: fp32 to 1e-5 relative (sums over tp, micro-
     // batches and dp run in another order), bf16 to 1e-3 (each tp rank rounds its partial sums
     // to bf16 before the all-reduce adds them).
-    const double twin_tol = run.bf16() ? 1e-3 : 1e-5;
-    bool twin_ok = true;
+    train::TwinCheck twin_check(run.precision);
     std::unique_ptr<nn::GPT> twin;
     std::unique_ptr<optim::AdamW> twin_opt;
     if (world.rank() == 0 && twin_steps > 0) {
@@ -389,13 +388,11 @@ int main(int argc, char** argv) {
         twin_opt->step(lr);
         log::info("  single-device twin step={} loss={:.6f} (3D - twin: {:+.2e})", step, want,
                   loss - want);
-        if (std::abs(loss - want) > twin_tol * std::abs(want)) {
-          twin_ok = false;
+        if (!twin_check.add(loss, want))
           log::info("  the 3D step's loss differs from the twin's by more than {:g} relative",
-                    twin_tol);
-        }
+                    twin_check.tolerance);
       }
     }
-    return static_cast<int>(train::on_every_rank(twin_ok, world) ? kExitOk : kExitFailed);
+    return static_cast<int>(train::on_every_rank(twin_check.ok, world) ? kExitOk : kExitFailed);
   });
 }
