@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
               config.block_size, opt.steps, sp ? ", sequence parallel" : "");
     log::info("{}", train::precision_note(run.precision));
     train::StepReporter reporter(config, opt.batch * config.block_size, Device::cpu(),
-                                 opt.peak_tflops, world);
+                                 opt.peak_tflops, world, run.precision);
     train::TwinCheck twin_check(run.precision);  // fp32 1e-5, bf16 1e-3 relative
     for (int64_t step = 0; step < opt.steps; ++step) {
       const double lr = train::learning_rate(opt, step);

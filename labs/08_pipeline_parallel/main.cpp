@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
       twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
     }
     train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm);
+                                 comm, run.precision);
     ExecStats last;
     for (int64_t step = 0; step < opt.steps; ++step) {
       const double lr = train::learning_rate(opt, step);

@@ -362,7 +362,7 @@ int main(int argc, char** argv) {
       twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
     }
     train::StepReporter reporter(config, opt.batch * config.block_size, Device::cpu(),
-                                 opt.peak_tflops, world);
+                                 opt.peak_tflops, world, run.precision);
     for (int64_t step = 0; step < opt.steps; ++step) {
       const double lr = train::learning_rate(opt, step);
       metrics::Timer timer(Device::cpu());
