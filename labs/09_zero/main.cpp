@@ -117,8 +117,7 @@ int main(int argc, char** argv) {
     // The twin must match the trainer's loss: fp32 to 1e-5 relative (the ranks sum the gradient
     // in another order than one batch does; AdamW amplifies the last bits a little per step),
     // bf16 to 1e-3 (the same, but every activation rounds to 8 bits of mantissa), as lab 08.
-    const double twin_tol = run.bf16() ? 1e-3 : 1e-5;
-    bool twin_ok = true;
+    train::TwinCheck twin_check(run.precision);
     log::info("lab 09 zero: stage {}, model {} ({} parameters), {} ranks, global batch {} x {} "
               "tokens = {} rows per rank, {} steps, backend {}", stage, config.name,
               metrics::human_count(static_cast<double>(trainer->model().num_parameters())),
@@ -142,11 +141,9 @@ int main(int argc, char** argv) {
         single_opt->step(lr);
         log::info("    single-device loss={:.6f}  |zero - single|={:.2e}", single_loss,
                   std::abs(loss - single_loss));
-        if (std::abs(loss - single_loss) > twin_tol * std::abs(single_loss)) {
-          twin_ok = false;
+        if (!twin_check.add(loss, single_loss))
           log::info("    the loss differs from the single-device twin's by more than {:g} "
-                    "relative", twin_tol);
-        }
+                    "relative", twin_check.tolerance);
       }
     }
     const double divergence = train::max_divergence_from_rank0(trainer->full_parameters(), comm);
@@ -199,6 +196,8 @@ int main(int argc, char** argv) {
       if (!held_ok)
         log::info("HELD != ALLOCATOR: a trainer counts other bytes than it keeps between steps");
     }
-    return divergence == 0 && twin_ok && held_ok ? kExitOk : kExitFailed;
+    // the twin runs on rank 0 only: every rank exits with the same verdict
+    return train::on_every_rank(divergence == 0 && twin_check.ok && held_ok, comm) ? kExitOk
+                                                                                   : kExitFailed;
   });
 }

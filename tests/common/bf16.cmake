@@ -55,6 +55,12 @@ foreach(case "lab03_ddp;--verify-steps;2"
                              --data ${bf16_corpus} ${case})  # a later --batch wins
   set_tests_properties(${nn}.program.bf16.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
 endforeach()
+# lab 10 with ZeRO-3 over dp in bf16 (lab 09's ZeRO-3 gathers 2-byte weights unit by unit)
+scalelab_add_mpi_test(lab10.program.bf16_zero3.np2 lab10_3d_parallel_solution RANKS 2 TIMEOUT 60
+                      LABELS reference lab10
+                      ARGS --model tiny --steps 3 --batch 8 --precision bf16 --data ${bf16_corpus}
+                           --dp 2 --tp 1 --pp 1 --zero 3 --micro-batches 1 --twin-steps 3)
+set_tests_properties(lab10.program.bf16_zero3.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
 # --attention picks lab 02's attention path (written out or flash); anything else is a usage error
 scalelab_expect_usage_error(lab02.cli.bad_attention lab02_single_device_solution
                             --attention fast --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
