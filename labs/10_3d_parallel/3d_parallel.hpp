@@ -268,7 +268,12 @@ std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, in
 
 /// What the planner knows of the machine (measure_machine: given).
 struct Machine {
-  double flops = 0;          ///< one rank's measured GEMM rate, FLOP/s
+  /// One rank's rate on the model's own work, FLOP/s: a block's forward + backward FLOPs (6 x its
+  /// parameters + 12 T C per token, the planner's count) over the measured time of that block's
+  /// forward and backward at the model's shape and precision, so the operators between the
+  /// GEMMs (LayerNorm, softmax, GELU, the casts of bf16) and their per-call overhead are in it.
+  double flops = 0;
+  double gemm_flops = 0;     ///< for comparison: a square sgemm of side C alone, FLOP/s
   double bus_bytes_per_s = 0;///< measured all-reduce bus bandwidth (2(n-1)/n x payload / time)
   double latency_s = 0;      ///< per collective or message
   /// More ranks than cores (a laptop or CI box): the ranks take turns on the cores, flops is
@@ -323,12 +328,12 @@ std::size_t max_in_flight(int pp, int stage, int micro_batches);
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
                    const Machine& machine, DType precision);
 
-/// Given. This machine's figures, measured on `world` (collective): the rate of a square sgemm of
-/// side `gemm_n` on one rank (every rank at once, averaged; the program passes the model's width
-/// C, the size of the model's GEMMs, which run well below a large GEMM's rate) and an
+/// Given. This machine's figures, measured on `world` (collective), every rank at once (they may
+/// share cores), averaged: the model's rate (Machine::flops: one block of `config` forward and
+/// backward on `rows` rows in `precision`), a square sgemm of side C for comparison, and an
 /// all-reduce of `bytes` over all ranks.
-Machine measure_machine(comm::Communicator& world, std::size_t bytes = 4 << 20,
-                        int64_t gemm_n = 512);
+Machine measure_machine(comm::Communicator& world, const ModelConfig& config, int64_t rows,
+                        DType precision, std::size_t bytes = 4 << 20);
 
 /// Given. Every configuration of `world_size` ranks that check_3d accepts for `global_batch`,
 /// with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on, that the 3D

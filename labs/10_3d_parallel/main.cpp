@@ -83,15 +83,17 @@ int plan(const ModelConfig& config, int64_t batch, DType precision,
   const double budget_mib = static_cast<double>(budget) / 1048576.0;
   const int top = parsed["top"].as<int>();
   SCALELAB_REQUIRE(top >= 1, "--top must be at least 1, got {}", top);
-  const Machine m = measure_machine(world, 4 << 20, config.n_embd);  // GEMMs of the model's width
+  // the model's rate on a micro-batch of about the size the plans run
+  const Machine m = measure_machine(world, config, std::max<int64_t>(1, batch / ranks), precision);
   const auto rows = plan_all(config, ranks, batch, m, budget, precision);
   log::info("lab 10 planner: model {} ({} parameters), global batch {} x {} tokens, {} ranks, "
             "{:.0f} MiB per rank, {} + AdamW", config.name, parameter_count(config), batch,
             config.block_size, ranks, budget_mib,
             precision == DType::bf16 ? "bf16 mixed precision" : "fp32");
-  log::info("machine (measured on the {} ranks started): sgemm (n = {}) {:.1f} GFLOP/s per rank, "
-            "all-reduce bus bandwidth {:.2f} GB/s, latency {:.1f} us{}", world.size(),
-            config.n_embd, m.flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6,
+  log::info("machine (measured on the {} ranks started): a block's forward + backward {:.1f} "
+            "GFLOP/s per rank (sgemm n = {}: {:.1f}), all-reduce bus bandwidth {:.2f} GB/s, "
+            "latency {:.1f} us{}", world.size(), m.flops / 1e9, config.n_embd,
+            m.gemm_flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6,
             m.shared_cores ? "; more ranks than cores: the bubble is not idle time" : "");
   log::info("{} configurations fit; the fastest {} (memory and time of the busiest stage):",
             rows.size(), std::min<std::size_t>(rows.size(), top));
@@ -198,15 +200,17 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() == 0 || parsed["ranks"].as<int>() == world.size(),
                    "--check-plan runs on the ranks started ({}), got --ranks {}", world.size(),
                    parsed["ranks"].as<int>());
-  const Machine m = measure_machine(world, 4 << 20, config.n_embd);  // GEMMs of the model's width
+  const Machine m = measure_machine(world, config,
+                                    std::max<int64_t>(1, opt.batch / world.size()), precision);
   const auto rows = plan_all(config, world.size(), opt.batch, m, budget, precision);
   const auto tokens = train::load_train_tokens(opt);
   data::Sampler sampler(tokens, opt.batch, config.block_size, seed);
   log::info("lab 10 planner check: model {}, {}, global batch {} x {} tokens, {} ranks, {:.0f} MiB "
-            "per rank; machine: sgemm (n = {}) {:.1f} GFLOP/s per rank, all-reduce {:.2f} GB/s, "
-            "{:.1f} us{}", config.name, precision == DType::bf16 ? "bf16 mixed precision" : "fp32",
-            opt.batch, config.block_size, world.size(), budget_mib,
-            config.n_embd, m.flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6,
+            "per rank; machine: a block's forward + backward {:.1f} GFLOP/s per rank (sgemm n = "
+            "{}: {:.1f}), all-reduce {:.2f} GB/s, {:.1f} us{}", config.name,
+            precision == DType::bf16 ? "bf16 mixed precision" : "fp32", opt.batch,
+            config.block_size, world.size(), budget_mib, m.flops / 1e9, config.n_embd,
+            m.gemm_flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6,
             m.shared_cores ? "; more ranks than cores: the bubble is not idle time" : "");
   struct Row { Plan p; Prediction d; Measured x; };
   std::vector<Row> ran;
