@@ -4,25 +4,42 @@
 // one step), so the table's formula column is checked against a measurement.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
+
 #include "tests/09_zero/zero_checks.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab09test;
 
+namespace {
+
+// What a formula should give for one stage: bytes of parameters, gradients, optimizer state.
+struct Want {
+  int stage;
+  int64_t params, grads, optimizer;
+};
+
+// `formula(stage)` equals every row of `want`, kind by kind.
+template <class Formula>
+void expect_rows(const Formula& formula, std::initializer_list<Want> want, int n) {
+  for (const Want& w : want) {
+    const lab09::Held h = formula(w.stage);
+    EXPECT_EQ(h.params, static_cast<std::size_t>(w.params)) << "stage " << w.stage << ", n " << n;
+    EXPECT_EQ(h.grads, static_cast<std::size_t>(w.grads)) << "stage " << w.stage << ", n " << n;
+    EXPECT_EQ(h.optimizer, static_cast<std::size_t>(w.optimizer)) << "stage " << w.stage << ", n " << n;
+  }
+}
+
+}  // namespace
+
 TEST(Step5_Formulas, MemoryPerRankAsThePaperMappedToFp32) {
   const int64_t P = 1200;
   for (int n : {1, 2, 4, 8}) {
-    const struct { int stage; int64_t params, grads, optimizer; } want[] = {
-        {0, 4 * P, 4 * P, 8 * P},
-        {1, 4 * P, 4 * P, 8 * P / n},
-        {2, 4 * P, 4 * P / n, 8 * P / n},
-        {3, 4 * P / n, 4 * P / n, 8 * P / n}};
-    for (const auto& w : want) {
-      const lab09::Held h = lab09::paper_memory(w.stage, P, n);
-      EXPECT_EQ(h.params, static_cast<std::size_t>(w.params)) << "stage " << w.stage << ", n " << n;
-      EXPECT_EQ(h.grads, static_cast<std::size_t>(w.grads)) << "stage " << w.stage << ", n " << n;
-      EXPECT_EQ(h.optimizer, static_cast<std::size_t>(w.optimizer)) << "stage " << w.stage << ", n " << n;
-    }
+    expect_rows([&](int stage) { return lab09::paper_memory(stage, P, n); },
+                {{0, 4 * P, 4 * P, 8 * P},
+                 {1, 4 * P, 4 * P, 8 * P / n},
+                 {2, 4 * P, 4 * P / n, 8 * P / n},
+                 {3, 4 * P / n, 4 * P / n, 8 * P / n}}, n);
     // the paper's totals: 16 Psi, 8 Psi + 8 Psi/n, 4 Psi + 12 Psi/n, 16 Psi/n (bytes: x1 here)
     EXPECT_EQ(lab09::paper_memory(1, P, n).total(), static_cast<std::size_t>(8 * P + 8 * P / n));
     EXPECT_EQ(lab09::paper_memory(2, P, n).total(), static_cast<std::size_t>(4 * P + 12 * P / n));
@@ -37,32 +54,20 @@ TEST(Step5_Formulas, MixedPrecisionThePapersCountBesideOurLayout) {
   // 3 keeps the fp32 shards only (master, gradients, m and v): 16 Psi / n, the paper's total.
   const int64_t P = 1200;
   for (int n : {1, 2, 4, 8}) {
-    const struct { int stage; int64_t params, grads, optimizer; } paper[] = {
-        {0, 2 * P, 2 * P, 12 * P},
-        {1, 2 * P, 2 * P, 12 * P / n},
-        {2, 2 * P, 2 * P / n, 12 * P / n},
-        {3, 2 * P / n, 2 * P / n, 12 * P / n}};
-    for (const auto& w : paper) {
-      const lab09::Held h = lab09::paper_memory(w.stage, P, n, DType::bf16);
-      EXPECT_EQ(h.params, static_cast<std::size_t>(w.params)) << "stage " << w.stage << ", n " << n;
-      EXPECT_EQ(h.grads, static_cast<std::size_t>(w.grads)) << "stage " << w.stage << ", n " << n;
-      EXPECT_EQ(h.optimizer, static_cast<std::size_t>(w.optimizer)) << "stage " << w.stage << ", n " << n;
-    }
+    expect_rows([&](int stage) { return lab09::paper_memory(stage, P, n, DType::bf16); },
+                {{0, 2 * P, 2 * P, 12 * P},
+                 {1, 2 * P, 2 * P, 12 * P / n},
+                 {2, 2 * P, 2 * P / n, 12 * P / n},
+                 {3, 2 * P / n, 2 * P / n, 12 * P / n}}, n);
     // the paper's totals: 16 Psi, 4 Psi + 12 Psi/n, 2 Psi + 14 Psi/n, 16 Psi/n
     EXPECT_EQ(lab09::paper_memory(0, P, n, DType::bf16).total(), static_cast<std::size_t>(16 * P));
     EXPECT_EQ(lab09::paper_memory(1, P, n, DType::bf16).total(),
               static_cast<std::size_t>(4 * P + 12 * P / n));
-    const struct { int stage; int64_t params, grads, optimizer; } ours[] = {
-        {0, 6 * P, 4 * P, 8 * P},
-        {1, 6 * P, 4 * P, 8 * P / n},
-        {2, 6 * P, 4 * P / n, 8 * P / n},
-        {3, 4 * P / n, 4 * P / n, 8 * P / n}};
-    for (const auto& w : ours) {
-      const lab09::Held h = lab09::layout_memory(w.stage, P, n, DType::bf16);
-      EXPECT_EQ(h.params, static_cast<std::size_t>(w.params)) << "stage " << w.stage << ", n " << n;
-      EXPECT_EQ(h.grads, static_cast<std::size_t>(w.grads)) << "stage " << w.stage << ", n " << n;
-      EXPECT_EQ(h.optimizer, static_cast<std::size_t>(w.optimizer)) << "stage " << w.stage << ", n " << n;
-    }
+    expect_rows([&](int stage) { return lab09::layout_memory(stage, P, n, DType::bf16); },
+                {{0, 6 * P, 4 * P, 8 * P},
+                 {1, 6 * P, 4 * P, 8 * P / n},
+                 {2, 6 * P, 4 * P / n, 8 * P / n},
+                 {3, 4 * P / n, 4 * P / n, 8 * P / n}}, n);
     EXPECT_EQ(lab09::layout_memory(0, P, n, DType::bf16).total(), static_cast<std::size_t>(18 * P));
     // stage 3: ours and the paper's (2 + 2 + 12) Psi / n are the same total, 16 Psi / n
     EXPECT_EQ(lab09::layout_memory(3, P, n, DType::bf16).total(), static_cast<std::size_t>(16 * P / n));
