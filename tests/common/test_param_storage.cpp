@@ -7,6 +7,7 @@
 // bitwise with the flat model's (CPU, same ops).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include "common/nn/gpt.hpp"
@@ -27,6 +28,31 @@ void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& wh
 }
 
 std::size_t now() { return memory_stats(Device::cpu()).current; }
+
+// ZeRO-3's step on one rank: every unit of the per-unit `model` bound by `gather` (values, or in
+// mixed precision the bf16 compute buffer); its loss and unit gradients equal the `flat` model's
+// bitwise; then `release` frees each unit and the allocator is back at `before`.
+void expect_gathered_units_run_like_flat(nn::GPT& model, nn::GPT& flat, const Tensor& x,
+                                         const Tensor& y,
+                                         const std::function<void(std::size_t)>& gather,
+                                         const std::function<void(std::size_t)>& release,
+                                         std::size_t before) {
+  nn::ParameterSet& ps = model.params();
+  for (std::size_t u = 0; u < ps.units().size(); ++u) gather(u);
+  flat.zero_grad();
+  const double want = flat.forward(x, y);
+  flat.backward();
+  EXPECT_EQ(model.forward(x, y), want);
+  model.backward();
+  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+    expect_bitwise(ps.unit_grads(u),
+                   flat.params().grads().flat(ps.units()[u].lo, ps.units()[u].numel()),
+                   ps.units()[u].name);
+    release(u);
+    ps.release_grads(u);
+  }
+  EXPECT_EQ(now(), before) << "nothing of the model is held when every unit is released";
+}
 
 }  // namespace
 
@@ -182,19 +208,8 @@ TEST(ParamStorage, ValuesPerUnitAreReleasedAndGatheredBack) {
   EXPECT_EQ(now(), before) << "a released block's parameters free their bytes";
 
   // forward/backward with everything gathered equals the flat model bitwise
-  for (std::size_t u = 0; u < ps.units().size(); ++u) gather(u);
-  flat.zero_grad();
-  const double want = flat.forward(x, y);
-  flat.backward();
-  EXPECT_EQ(model.forward(x, y), want);
-  model.backward();
-  for (std::size_t u = 0; u < ps.units().size(); ++u) {
-    expect_bitwise(ps.unit_grads(u), flat.params().grads().flat(ps.units()[u].lo, ps.units()[u].numel()),
-                   ps.units()[u].name);
-    ps.release_values(u);
-    ps.release_grads(u);
-  }
-  EXPECT_EQ(now(), before) << "nothing of the model is held when every unit is released";
+  expect_gathered_units_run_like_flat(model, flat, x, y, gather,
+                                      [&](std::size_t u) { ps.release_values(u); }, before);
 }
 
 TEST(ParamStorage, MixedPrecisionPerUnitComputeBuffersAloneRunTheModel) {
@@ -247,20 +262,10 @@ TEST(ParamStorage, MixedPrecisionPerUnitComputeBuffersAloneRunTheModel) {
 
   // every unit's compute buffer bound (no values): the flat mixed model's loss and fp32
   // gradients, bitwise
-  for (std::size_t u = 0; u < ps.units().size(); ++u) gather(u);
-  flat.zero_grad();
-  const double want = flat.forward(x, y);
-  flat.backward();
-  EXPECT_EQ(model.forward(x, y), want);
-  model.backward();
-  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+  expect_gathered_units_run_like_flat(model, flat, x, y, gather, [&](std::size_t u) {
     EXPECT_FALSE(ps.values_bound(u)) << ps.units()[u].name;
-    expect_bitwise(ps.unit_grads(u), flat.params().grads().flat(ps.units()[u].lo, ps.units()[u].numel()),
-                   ps.units()[u].name);
     ps.release_compute(u);
-    ps.release_grads(u);
-  }
-  EXPECT_EQ(now(), before) << "nothing of the model is held when every unit is released";
+  }, before);
 
   // only per-unit values in mixed precision have per-unit compute buffers; elsewhere what the
   // layers read follows the set's own storage
