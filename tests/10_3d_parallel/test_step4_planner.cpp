@@ -73,6 +73,18 @@ data::Batch batch_for(const ModelConfig& c, int64_t rows) {
   return sampler.batch(0);
 }
 
+// One forward of stage case `k` on batch b (the caller keeps it, as a training step does; a stage
+// without the embedding gets zeros of its input's shape), into acts; returns the blocks' output,
+// after the head has run on it when the stage has the head.
+Tensor stage_forward(nn::GPT& model, const StageCase& k, const data::Batch& b,
+                     nn::GPTActivations& acts) {
+  Tensor x = model.has_embedding() ? model.embed(b.x, acts)
+                                   : Tensor::zeros({b.x.size(0), k.c.block_size, k.c.n_embd}, k.precision);
+  Tensor y = model.forward_blocks(x, acts);
+  if (model.has_head()) model.head_forward(y, b.y, acts);
+  return y;
+}
+
 using ParamFn = std::function<int64_t(const ModelConfig&, int, int, int)>;
 
 testing::AssertionResult parameters_match(const ParamFn& count) {
@@ -138,11 +150,7 @@ TEST(Step4_Planner, ActivationBytesEqualAStagesForward) {
     auto model = stage(k.c, k.tp, k.pp, k.s, k.precision, k.ckpt);
     const data::Batch b = batch_for(k.c, 2);
     nn::GPTActivations acts;
-    Tensor x = model->has_embedding()
-                   ? model->embed(b.x, acts)
-                   : Tensor::zeros({2, k.c.block_size, k.c.n_embd}, k.precision);
-    Tensor y = model->forward_blocks(x, acts);
-    if (model->has_head()) model->head_forward(y, b.y, acts);
+    stage_forward(*model, k, b, acts);
     EXPECT_EQ(lab10::stage_activation_bytes(k.c, 2, k.tp, k.pp, k.s, k.ckpt, k.precision),
               acts.nbytes())
         << k.str();
@@ -182,14 +190,9 @@ testing::AssertionResult transient_matches(const TransientFn& predicted) {
     auto model = stage(k.c, k.tp, k.pp, k.s, k.precision, k.ckpt);
     const data::Batch b = batch_for(k.c, 2);
     nn::GPTActivations acts;
-    Tensor x = model->has_embedding()
-                   ? model->embed(b.x, acts)
-                   : Tensor::zeros({2, k.c.block_size, k.c.n_embd}, k.precision);
-    Tensor y = model->forward_blocks(x, acts);
-    x = Tensor();
+    Tensor y = stage_forward(*model, k, b, acts);
     Tensor dy;
-    if (model->has_head()) model->head_forward(y, b.y, acts);
-    else dy = Tensor::zeros(y.shape(), y.dtype());  // the gradient received from the next stage
+    if (!model->has_head()) dy = Tensor::zeros(y.shape(), y.dtype());  // received from the next stage
     y = Tensor();
     const std::size_t base = memory_stats(Device::cpu()).current;
     reset_peak_memory(Device::cpu());
