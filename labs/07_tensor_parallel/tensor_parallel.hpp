@@ -124,8 +124,8 @@ Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, con
                                         const Tensor& tokens, comm::Communicator& tp);
 /// Step 4b. dwte_local += dout rows of the tokens this rank holds (the others are not this rank's
 /// rows); dwpe += dout summed over the batch. dout is the same on every rank: no communication.
-/// dout has the gradients' dtype (f32 or f64; in mixed precision the caller casts the bf16
-/// gradient to fp32 first).
+/// In mixed precision dout is bf16 and the gradients fp32 (the library's embedding backward
+/// takes the same pair).
 void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& dwpe,
                                        const Tensor& dout, const Tensor& tokens);
 

@@ -163,11 +163,6 @@ void TPGPT::backward(TPActivations& acts, double loss_scale) {
   }
   // the embedding's backward needs the whole gradient (its forward ended in an all-reduce)
   if (sp_) d = scatter_sequence_backward(d, tp_);
-  if (d.dtype() != wte.grad.dtype()) {  // mixed precision: the bf16 gradient to the fp32 grads'
-    Tensor d32 = Tensor::empty(d.shape(), wte.grad.dtype());
-    ops::cast(d32, d);
-    d = d32;
-  }
   vocab_parallel_embedding_backward(wte.grad, vocab.lo, wpe.grad, d.view({B, T, C}), acts.tokens);
   acts.reset();
 }

@@ -35,15 +35,10 @@ Tensor Stage3D::embed(const Tensor& tokens, nn::GPTActivations& acts) const {
 void Stage3D::embed_backward(const Tensor& dx, nn::GPTActivations& acts) {
   SCALELAB_CHECK(acts.tokens.defined(), "embed_backward() without embed()");
   need_grads(embedding_unit());
-  // dx is the same on every tp rank: each adds the rows of the tokens it holds, no communication.
-  // Mixed precision: dx is bf16 and the gradients fp32; lab 07's loop takes one dtype.
-  Tensor d = dx;
-  if (d.dtype() != embedding->wte.grad.dtype()) {
-    d = Tensor::empty(dx.shape(), embedding->wte.grad.dtype());
-    ops::cast(d, dx);
-  }
+  // dx is the same on every tp rank: each adds the rows of the tokens it holds, no communication
+  // (mixed precision: bf16 dx into the fp32 gradients)
   lab07::vocab_parallel_embedding_backward(embedding->wte.grad, vocab_lo(), embedding->wpe.grad,
-                                           d, acts.tokens);
+                                           dx, acts.tokens);
   acts.tokens = Tensor();
   fire(embedding->parameters());
 }
