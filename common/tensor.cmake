@@ -11,6 +11,7 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/norm_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/attention_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/embedding_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/rows_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/optim_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/flash_attention.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/flash_attention_cpu.cpp
@@ -43,6 +44,7 @@ if(SCALELAB_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/norm_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/attention_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/embedding_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/rows_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/optim_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/fused_norm_cuda.cu)

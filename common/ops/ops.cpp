@@ -308,13 +308,80 @@ void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
 }
 
 void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
-                            double dloss) {
+                            double dloss, int64_t lo) {
   Device d = check_same("cross_entropy_backward", dlogits, probs);
   check_ids("cross_entropy_backward", targets, d);
   SCALELAB_CHECK(probs.dim() == 2, "cross_entropy_backward: probs {} is not (N, V)", probs.str());
   check_shape("cross_entropy_backward", "dlogits", dlogits, probs.shape());
   check_shape("cross_entropy_backward", "targets", targets, {probs.size(0)});
-  SCALELAB_DISPATCH(d, cross_entropy_backward(dlogits, probs, targets, dloss));
+  SCALELAB_CHECK(lo >= 0, "cross_entropy_backward: column offset {} < 0", lo);
+  SCALELAB_DISPATCH(d, cross_entropy_backward(dlogits, probs, targets, dloss, lo));
+}
+
+// ---- per-row pieces of a softmax, and masked indexing ----
+
+namespace {
+// x (N, V) of a training dtype and a per-row vector (N) of its statistics' dtype.
+Device check_rows(const char* op, const char* what, const Tensor& row_stat, const Tensor& x) {
+  Device d = check_placed(op, x, row_stat);
+  SCALELAB_CHECK(is_float_type(x.dtype()) && x.dim() == 2, "{}: x {} is not (N, V) f32, f64 or "
+                 "bf16", op, x.str());
+  check_stats(op, what, row_stat, x.dtype());
+  check_shape(op, what, row_stat, {x.size(0)});
+  return d;
+}
+}  // namespace
+
+void row_max(Tensor& max, const Tensor& x) {
+  Device d = check_rows("row_max", "max", max, x);
+  SCALELAB_CHECK(x.size(1) > 0, "row_max: rows of x {} are empty", x.str());
+  SCALELAB_DISPATCH(d, row_max(max, x));
+}
+
+void exp_rows(Tensor& x, Tensor& sum, const Tensor& max) {
+  Device d = check_rows("exp_rows", "sum", sum, x);
+  check_rows("exp_rows", "max", max, x);
+  SCALELAB_DISPATCH(d, exp_rows(x, sum, max));
+}
+
+void divide_rows(Tensor& x, const Tensor& s) {
+  Device d = check_rows("divide_rows", "s", s, x);
+  SCALELAB_DISPATCH(d, divide_rows(x, s));
+}
+
+void pick_columns(Tensor& out, const Tensor& x, const Tensor& ids, int64_t lo) {
+  Device d = check_rows("pick_columns", "out", out, x);
+  check_ids("pick_columns", ids, d);
+  check_shape("pick_columns", "ids", ids, {x.size(0)});
+  SCALELAB_DISPATCH(d, pick_columns(out, x, ids, lo));
+}
+
+void gather_rows(Tensor& out, const Tensor& table, const Tensor& ids, int64_t lo) {
+  Device d = check_same("gather_rows", out, table);
+  check_ids("gather_rows", ids, d);
+  SCALELAB_CHECK(is_float_type(table.dtype()) && table.dim() == 2 && ids.dim() == 1,
+                 "gather_rows: table {} is not (R, C) or ids {} not (N)", table.str(), ids.str());
+  check_shape("gather_rows", "out", out, {ids.size(0), table.size(1)});
+  SCALELAB_DISPATCH(d, gather_rows(out, table, ids, lo));
+}
+
+void index_add_rows(Tensor& table, const Tensor& src, const Tensor& ids, int64_t lo) {
+  Device d = check_placed("index_add_rows", src, table);
+  check_ids("index_add_rows", ids, d);
+  SCALELAB_CHECK(is_float_type(src.dtype()) && table.dim() == 2 && ids.dim() == 1,
+                 "index_add_rows: table {} is not (R, C) or ids {} not (N)", table.str(),
+                 ids.str());
+  check_data_or_f32("index_add_rows", "table", table, src.dtype());
+  check_shape("index_add_rows", "src", src, {ids.size(0), table.size(1)});
+  SCALELAB_DISPATCH(d, index_add_rows(table, src, ids, lo));
+}
+
+void logarithm(Tensor& out, const Tensor& in) {
+  Device d = check_same("logarithm", out, in);
+  SCALELAB_CHECK(in.dtype() == DType::f32 || in.dtype() == DType::f64,
+                 "logarithm: {} (statistics are f32 or f64)", in.str());
+  check_shape("logarithm", "out", out, in.shape());
+  SCALELAB_DISPATCH(d, logarithm(out, in));
 }
 
 double sum(const Tensor& x) {

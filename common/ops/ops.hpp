@@ -119,8 +119,37 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
 void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
                            const Tensor& targets);
 /// Sets dlogits (N, V) = dloss * (probs - onehot(targets)): the gradient of dloss * sum(losses).
+/// With lo, probs holds the columns [lo, lo + V) of a vocabulary split over ranks (lab 07): the
+/// one-hot has its 1 in column targets[n] - lo when that lies in [0, V), nowhere otherwise.
+/// dlogits may be probs (in place).
 void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
-                            double dloss);
+                            double dloss, int64_t lo = 0);
+
+// ---- per-row pieces of a softmax, and masked indexing ----------------------------------------
+// What a vocabulary-parallel embedding and cross-entropy (lab 07, Megatron-LM's) are built from,
+// on both devices: each rank holds the columns (or table rows) [lo, lo + V_local) of the whole
+// vocabulary, so an id names a column here only if it falls in that range ("masked"). The per-row
+// numbers (max, sum, picked logit) are in stats_dtype(x): f32 for bf16 data (R5).
+
+/// max (N) = the largest element of each row of x (N, V).
+void row_max(Tensor& max, const Tensor& x);
+/// In place, per row n of x (N, V): x[n, v] = exp(x[n, v] - max[n]); sum[n] = the row's sum of
+/// those exponentials, taken before they are rounded to x's dtype. max, sum (N).
+void exp_rows(Tensor& x, Tensor& sum, const Tensor& max);
+/// In place: x[n, v] /= s[n]. x (N, V), s (N) in stats_dtype(x).
+void divide_rows(Tensor& x, const Tensor& s);
+/// Masked pick: out[n] = x[n, ids[n] - lo] when lo <= ids[n] < lo + V, else 0. x (N, V), ids (N)
+/// i32, out (N) in stats_dtype(x): the target's logit on the rank holding its column.
+void pick_columns(Tensor& out, const Tensor& x, const Tensor& ids, int64_t lo);
+/// Masked gather: out[n] = table[ids[n] - lo] when lo <= ids[n] < lo + R, else a row of zeros.
+/// table (R, C), ids (N) i32, out (N, C), out and table of one dtype.
+void gather_rows(Tensor& out, const Tensor& table, const Tensor& ids, int64_t lo);
+/// Masked index add: table[ids[n] - lo] += src[n] for the ids in [lo, lo + R), the others
+/// skipped; rows added in order n = 0, 1, ... (deterministic). table (R, C), src (N, C), ids (N)
+/// i32; table of src's dtype, or f32 with bf16 src (R4: fp32 gradients).
+void index_add_rows(Tensor& table, const Tensor& src, const Tensor& ids, int64_t lo);
+/// out = log(in), elementwise; f32 or f64 (per-row statistics). out may be in.
+void logarithm(Tensor& out, const Tensor& in);
 
 // ---- reductions and optimizer updates ---------------------------------------------------------
 

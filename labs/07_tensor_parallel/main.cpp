@@ -44,8 +44,9 @@ struct Row {
 // those of the last step, the time the best.
 Row measure(const ModelConfig& config, comm::Communicator& group, const data::Batch& batch,
             uint64_t seed, DType precision, bool sp, int reps) {
-  lab07::TPGPT model(config, group,
-                     {.compute_dtype = precision, .seed = seed, .sequence_parallel = sp});
+  const Device device = batch.x.device();
+  lab07::TPGPT model(config, group, {.device = device, .compute_dtype = precision, .seed = seed,
+                                     .sequence_parallel = sp});
   const int64_t B = batch.x.size(0), T = batch.x.size(1);
   Row row{group.size(), sp, model.num_parameters()};
   row.act_formula = lab07::activation_bytes_formula(config, B, T, group.size(), precision, sp);
@@ -54,16 +55,16 @@ Row measure(const ModelConfig& config, comm::Communicator& group, const data::Ba
   for (int r = 0; r < reps + 1; ++r) {  // the first one warms up
     group.barrier();
     const comm::CommStats before = comm::comm_stats();
-    metrics::Timer timer;
+    metrics::Timer timer(device);
     model.zero_grad();
-    reset_peak_memory(Device::cpu());
-    const std::size_t start = memory_stats(Device::cpu()).current;
+    reset_peak_memory(device);
+    const std::size_t start = memory_stats(device).current;
     lab07::TPActivations acts;
     model.forward(batch.x, batch.y, acts);
     row.act = acts.nbytes();
     model.backward(acts);
     const double ms = timer.elapsed() * 1e3;
-    row.peak = memory_stats(Device::cpu()).peak - start;
+    row.peak = memory_stats(device).peak - start;
     const comm::CommCount moved = comm::comm_total(comm::comm_stats() - before, group.name());
     row.comm_bytes = moved.bytes;
     row.comm_calls = moved.calls;
@@ -94,11 +95,10 @@ int main(int argc, char** argv) {
     const bool sp = parsed.count("sequence-parallel") > 0;
     SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
-    SCALELAB_REQUIRE(run.device == "cpu", "lab 07 runs on the CPU (--device cpu), got {}",
-                     run.device);
     const ModelConfig config = model_config(opt.model);
 
-    auto world = comm::Communicator::world(run.backend == "auto" ? "mpi" : run.backend);
+    auto world = comm::Communicator::world(run.backend);
+    const Device device = train::rank_device(run.device);
     const int tp = world.size(), rank = world.rank();
     lab07::check_tp(config, tp);  // a usage error on every rank, before any collective
     if (sp) lab07::sequence_rows(opt.batch * config.block_size, rank, tp);  // the same
@@ -107,14 +107,15 @@ int main(int argc, char** argv) {
 
     // the tp group is the whole world here; it gets its own name in the byte counters
     comm::Communicator group = world.split(0, rank, fmt::format("tp{}", tp));
-    lab07::TPGPT model(config, group, {.compute_dtype = run.precision, .seed = run.seed,
-                                       .sequence_parallel = sp});
+    lab07::TPGPT model(config, group, {.device = device, .compute_dtype = run.precision,
+                                       .seed = run.seed, .sequence_parallel = sp});
     optim::AdamW adamw(optim::groups(model.parameters()));
     // The twin: the single-device GPT with the same seed and batches, on rank 0 only.
     std::optional<nn::GPT> twin;
     std::optional<optim::AdamW> twin_adamw;
     if (rank == 0 && twin_steps > 0) {
-      twin.emplace(config, nn::GPTOptions{.seed = run.seed, .compute_dtype = run.precision});
+      twin.emplace(config, nn::GPTOptions{.device = device, .seed = run.seed,
+                                          .compute_dtype = run.precision});
       twin_adamw.emplace(optim::groups(twin->parameters()));
     }
     log::info("lab 07 tensor_parallel: model {} ({} parameters, {} on each of {} ranks), global "
@@ -123,13 +124,13 @@ int main(int argc, char** argv) {
               metrics::human_count(static_cast<double>(model.num_parameters())), tp, opt.batch,
               config.block_size, opt.steps, sp ? ", sequence parallel" : "");
     log::info("{}", train::precision_note(run.precision));
-    train::StepReporter reporter(config, opt.batch * config.block_size, Device::cpu(),
+    train::StepReporter reporter(config, opt.batch * config.block_size, device,
                                  opt.peak_tflops, world, run.precision);
     train::TwinCheck twin_check(run.precision);  // fp32 1e-5, bf16 1e-3 relative
     for (int64_t step = 0; step < opt.steps; ++step) {
       const double lr = train::learning_rate(opt, step);
-      const data::Batch batch = sampler.batch(step);  // the whole batch on every rank
-      metrics::Timer timer;
+      metrics::Timer timer(device);
+      const data::Batch batch = sampler.batch(step).to(device);  // the whole batch, every rank
       model.zero_grad();
       lab07::TPActivations acts;
       const double loss = model.forward(batch.x, batch.y, acts);
@@ -155,7 +156,7 @@ int main(int argc, char** argv) {
 
     // The table: for each tp dividing the world (and the model), the ranks [0, tp) measure
     // while the others wait, so the timings do not share cores with another group.
-    const data::Batch batch = sampler.batch(opt.steps);
+    const data::Batch batch = sampler.batch(opt.steps).to(device);
     std::vector<Row> rows;
     for (int t : {1, 2, 4}) {
       if (t > tp || tp % t != 0) continue;

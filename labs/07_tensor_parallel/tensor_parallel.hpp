@@ -119,7 +119,8 @@ VocabRange vocab_range(int64_t vocab_size, int rank, int tp);
 /// Step 4b. The embedding with wte sharded by vocabulary rows: out (B, T, C) =
 /// wte[tokens] + wpe[0..T). This rank holds wte rows [lo, lo + wte_local.size(0)) (wte_local,
 /// (V/tp, C)); a token outside them gives a zero row; one all-reduce (g) makes every row whole;
-/// then add the position embedding wpe (whole on every rank) once.
+/// then add the position embedding wpe (whole on every rank) once. Built from tensor ops that
+/// exist on both devices (common/ops/ops.hpp): the result lives where wte_local does.
 Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, const Tensor& wpe,
                                         const Tensor& tokens, comm::Communicator& tp);
 /// Step 4b. dwte_local += dout rows of the tokens this rank holds (the others are not this rank's
@@ -130,16 +131,16 @@ void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& d
                                        const Tensor& dout, const Tensor& tokens);
 
 /// Step 4c. Cross-entropy over logits split by vocabulary, WITHOUT gathering them.
-/// logits (N, V/tp): this rank's columns [lo, lo + V/tp) of the (N, V) logits; targets (N) i32.
-/// Replaces `logits` IN PLACE by this rank's columns of softmax(full logits) (what backward
-/// needs) and returns the mean loss over the N rows, the same on every rank. Per row, three
-/// all-reduces of N numbers: the max of the local maxima (for a stable softmax), the target's
-/// logit (only the rank holding it contributes), the sum of exp(logit - max).
-/// Allocates only O(N) besides: the (N, V) logits never exist on one rank.
-/// In mixed precision the logits (and probabilities) are bf16 and the three per-row numbers fp32
-/// (ops::stats_dtype); every loop computes in float from bf16 storage, as the library's CPU
-/// kernels do (the probabilities round twice, exp then the division: within one bf16 rounding
-/// of the single-device op's).
+/// logits (N, V/tp): this rank's columns [lo, lo + V/tp) of the (N, V) logits; targets (N) i32,
+/// on the logits' device. Replaces `logits` IN PLACE by this rank's columns of softmax(full
+/// logits) (what backward needs) and returns the mean loss over the N rows, the same on every
+/// rank. Per row, three all-reduces of N numbers: the max of the local maxima (for a stable
+/// softmax), the target's logit (only the rank holding it contributes), the sum of
+/// exp(logit - max). Allocates only O(N) besides: the (N, V) logits never exist on one rank.
+/// Built from the per-row ops of common/ops/ops.hpp (no loop over elements here), so it runs on
+/// the CPU and on a GPU. In mixed precision the logits (and probabilities) are bf16 and the three
+/// per-row numbers fp32 (ops::stats_dtype): the probabilities round twice, exp then the division,
+/// within one bf16 rounding of the single-device op's.
 double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo,
                                     comm::Communicator& tp);
 /// Step 4c. The backward, in place: probs (N, V/tp) from the forward becomes dlogits =
@@ -232,6 +233,9 @@ struct TPActivations {
 
 struct TPOptions {
   DType dtype = DType::f32;
+  /// Where parameters and activations live: the CPU or this rank's GPU (train::rank_device).
+  /// Token ids must be on it too.
+  Device device = Device::cpu();
   /// bf16 with dtype f32: mixed precision, as nn::GPTOptions::compute_dtype (fp32 master weights
   /// and gradients, a bf16 compute copy of the weights, bf16 activations and collectives of them).
   DType compute_dtype = DType::f32;
@@ -247,7 +251,7 @@ struct TPOptions {
 /// rank's vocabulary columns, fed to vocab_parallel_cross_entropy. With sequence_parallel,
 /// the blocks run sp_block_forward/backward on this rank's token rows: the embedding's output
 /// rows are taken after its all-reduce, ln_f runs on the rows and its output is gathered
-/// (gather_sequence) before the vocabulary-parallel head. CPU only.
+/// (gather_sequence) before the vocabulary-parallel head. On the CPU or a GPU (TPOptions::device).
 class TPGPT {
  public:
   TPGPT(const ModelConfig& config, comm::Communicator& tp, const TPOptions& options = {});

@@ -66,7 +66,7 @@ TPGPT::TPGPT(const ModelConfig& config, comm::Communicator& tp, const TPOptions&
   for (nn::Parameter* p : ln_f.parameters()) order.push_back(p);
   nn::StorageOptions storage;
   storage.compute_dtype = options.compute_dtype;  // bf16: mixed precision (a bf16 compute copy)
-  params_.bind(order, options.dtype, Device::cpu(), options.seed, {}, storage);
+  params_.bind(order, options.dtype, options.device, options.seed, {}, storage);
 }
 
 Tensor TPGPT::embed(const Tensor& tokens, TPActivations& acts) {
@@ -105,16 +105,17 @@ double TPGPT::head_forward(const Tensor& x, const Tensor& targets, TPActivations
   const DType dt = x.dtype();
   acts.x = x;
   acts.targets = targets;
-  acts.lnf = Tensor::empty({n, C}, dt);
-  acts.lnf_mean = Tensor::empty({n}, ops::stats_dtype(dt));  // fp32 for bf16 activations
-  acts.lnf_rstd = Tensor::empty({n}, ops::stats_dtype(dt));
+  const Device dev = x.device();
+  acts.lnf = Tensor::empty({n, C}, dt, dev);
+  acts.lnf_mean = Tensor::empty({n}, ops::stats_dtype(dt), dev);  // fp32 for bf16 activations
+  acts.lnf_rstd = Tensor::empty({n}, ops::stats_dtype(dt), dev);
   ln_f.forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, x.view({n, C}));
   // The tied head is a column-parallel Linear over the vocabulary: f (sequence parallel: the
   // gather of the rows), then our V/tp columns.
   Tensor in = acts.lnf;
   if (sp_) in = gather_sequence(acts.lnf, tp_);  // (B*T, C), not kept
   else f_forward(in, tp_);
-  acts.probs = Tensor::empty({B * T, Vl}, dt);                       // (B*T, V/tp)
+  acts.probs = Tensor::empty({B * T, Vl}, dt, dev);                  // (B*T, V/tp)
   ops::matmul(acts.probs, in, wte.compute_value(), false, true);     // logits = lnf @ wte^T
   return vocab_parallel_cross_entropy(acts.probs, targets.view({B * T}), vocab.lo, tp_);
 }
@@ -129,6 +130,7 @@ void TPGPT::backward(TPActivations& acts, double loss_scale) {
   const int64_t B = acts.tokens.size(0), T = acts.tokens.size(1), C = config_.n_embd;
   const int64_t n = acts.lnf.size(0);  // rows ln_f ran on (B*T, or B*T/tp sequence parallel)
   const DType dt = acts.x.dtype();
+  const Device dev = acts.x.device();
   Tensor d;
   {
     trace::Scope scope("head backward");
@@ -136,11 +138,11 @@ void TPGPT::backward(TPActivations& acts, double loss_scale) {
                                           loss_scale);
     const Tensor& dlogits = acts.probs;  // (B*T, V/tp)
     const Tensor lnf = sp_ ? gather_sequence(acts.lnf, tp_) : acts.lnf;  // (B*T, C)
-    Tensor dlnf = Tensor::zeros({B * T, C}, dt);
+    Tensor dlnf = Tensor::zeros({B * T, C}, dt, dev);
     ops::matmul(dlnf, dlogits, wte.compute_value());                    // partial
     ops::matmul(wte.grad, dlogits, lnf, true, false, 1.0, 1.0);         // dwte +=
     acts.probs = Tensor();
-    d = Tensor::zeros({n, C}, dt);
+    d = Tensor::zeros({n, C}, dt, dev);
     if (sp_) {  // our rows of the summed dlnf; ln_f's weights saw only our rows: all-reduce
       const Tensor dlnf_sp = gather_sequence_backward(dlnf, tp_);
       layernorm_backward_rows(ln_f, d, dlnf_sp, acts.x, acts.lnf_mean, acts.lnf_rstd, tp_);

@@ -17,7 +17,6 @@ Stage3D::Stage3D(const ModelConfig& config, const nn::GPTOptions& options, comm:
   SCALELAB_CHECK(tp.size() == 1 || (options.tp_rank == tp.rank() && options.tp_size == tp.size()),
                  "a 3D stage of tp rank {} of {} on a tp group where it is rank {} of {}",
                  options.tp_rank, options.tp_size, tp.rank(), tp.size());
-  SCALELAB_CHECK(options.device.is_cpu(), "lab 07's vocabulary-parallel operators are CPU only");
 }
 
 // wte[tokens] for the tokens of this rank's rows (zeros for the others), all-reduced over tp,
@@ -58,13 +57,13 @@ double Stage3D::head_forward(const Tensor& x, const Tensor& targets,
   nn::HeadActivations& h = acts.head;
   h.x = x;
   h.targets = targets;
-  h.lnf = Tensor::empty({B, T, C}, dt);
-  h.lnf_mean = Tensor::empty({B * T}, ops::stats_dtype(dt));  // fp32 for bf16
-  h.lnf_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt));
+  h.lnf = Tensor::empty({B, T, C}, dt, device());
+  h.lnf_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), device());  // fp32 for bf16
+  h.lnf_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), device());
   ln_f->forward(h.lnf, h.lnf_mean, h.lnf_rstd, x);
   Tensor in = h.lnf.view({B * T, C});
   lab07::f_forward(in, tp_);
-  h.probs = Tensor::empty({B * T, Vl}, dt);                  // logits, then softmax, in place
+  h.probs = Tensor::empty({B * T, Vl}, dt, device());  // logits, then softmax, in place
   ops::matmul(h.probs, in, head_weight(), false, true);      // (B*T, V/tp) = lnf @ W_local^T
   return lab07::vocab_parallel_cross_entropy(h.probs, targets.view({B * T}), vocab_lo(), tp_);
 }
@@ -85,14 +84,14 @@ Tensor Stage3D::head_backward(nn::GPTActivations& acts, double loss_scale) {
   lab07::vocab_parallel_cross_entropy_backward(h.probs, h.targets.view({B * T}), vocab_lo(),
                                                loss_scale);
   const Tensor& dlogits = h.probs;
-  Tensor dlnf = Tensor::zeros({B, T, C}, dt);
+  Tensor dlnf = Tensor::zeros({B, T, C}, dt, device());
   Tensor dlnf2 = dlnf.view({B * T, C});
   ops::matmul(dlnf2, dlogits, head_weight());  // this rank's columns' part of dlnf
   ops::matmul(head_grad(), dlogits, h.lnf.view({B * T, C}), true, false, 1.0, 1.0);  // dW_local +=
   h.probs = Tensor();
   if (lm_head) fire({&*lm_head});
   lab07::f_backward(dlnf, tp_);  // the whole dlnf: every rank's vocabulary columns contribute
-  Tensor dx = Tensor::zeros({B, T, C}, dt);
+  Tensor dx = Tensor::zeros({B, T, C}, dt, device());
   ln_f->backward(dx, dlnf, h.x, h.lnf_mean, h.lnf_rstd);
   fire(ln_f->parameters());
   h.reset();

@@ -2,13 +2,6 @@
 // vocabulary-parallel embedding and cross-entropy.
 #include "tensor_parallel.hpp"
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
-#include <type_traits>
-
-#include <fmt/format.h>
-
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
 #include "common/trace.hpp"
@@ -22,26 +15,6 @@ namespace {
   std::vector<int64_t> s = x.shape();
   s.back() = last;
   return s;
-}
-
-// Calls fn(F{}) with F the C++ type of `dt` (the CPU loops of step 4 are written once): float,
-// double, or bf16 in mixed precision. bf16 is storage only: a loop loads each element into
-// Acc<F> (float for bf16), computes there, and stores back through F(value), which rounds.
-template <class Fn>
-void by_dtype(DType dt, Fn&& fn) {
-  switch (dt) {
-    case DType::f32: fn(float{}); return;
-    case DType::f64: fn(double{}); return;
-    case DType::bf16: fn(bf16{}); return;
-    default: throw CheckFailed(fmt::format("lab 07: {} tensors are not supported", dtype_name(dt)));
-  }
-}
-// The type a loop over F elements computes in: double for double, float otherwise.
-template <class F>
-using Acc = std::conditional_t<std::is_same_v<F, double>, double, float>;
-
-void require_cpu(const Tensor& t, const char* what) {
-  SCALELAB_CHECK(t.device().is_cpu(), "lab 07's {} runs on the CPU (got {})", what, t.str());
 }
 
 }  // namespace
@@ -207,143 +180,73 @@ VocabRange vocab_range(int64_t vocab_size, int rank, int tp) {
 
 Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, const Tensor& wpe,
                                         const Tensor& tokens, comm::Communicator& tp) {
-  require_cpu(wte_local, "vocabulary-parallel embedding");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = wte_local.size(1);
-  Tensor out = Tensor::zeros({B, T, C}, wte_local.dtype(), wte_local.device());  // (B, T, C)
+  Tensor out = Tensor::empty({B, T, C}, wte_local.dtype(), wte_local.device());  // (B, T, C)
   // BEGIN SOLUTION step 4: local rows (zero for other ranks' ids), all-reduce, + wpe
-  // HINT: tokens.data<int32_t>(); out.data<F>() with F float, double or bf16: see by_dtype.
-  const int64_t n_local = wte_local.size(0);
-  const int32_t* tok = tokens.data<int32_t>();
-  by_dtype(out.dtype(), [&](auto zero) {
-    using F = decltype(zero);
-    const F* w = wte_local.data<F>();
-    F* o = out.data<F>();
-    for (int64_t i = 0; i < B * T; ++i) {
-      const int64_t row = tok[i] - lo;
-      if (row < 0 || row >= n_local) continue;  // another rank's id: stays zero
-      std::copy(w + row * C, w + (row + 1) * C, o + i * C);
-    }
-  });
+  // HINT: the ops of common/ops/ops.hpp run on both devices: ops::gather_rows (a masked lookup),
+  // HINT: ops::add_bias (adds a vector to every row: which view of out and wpe makes wpe one?).
+  Tensor rows = out.view({B * T, C});
+  ops::gather_rows(rows, wte_local, tokens.view({B * T}), lo);  // another rank's id: a zero row
   g_forward(out, tp);  // each row came from exactly one rank: the sum is the lookup
-  by_dtype(out.dtype(), [&](auto zero) {
-    using F = decltype(zero);
-    const F* p = wpe.data<F>();
-    F* o = out.data<F>();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t c = 0; c < C; ++c) {
-          F& y = o[(b * T + t) * C + c];
-          y = F(Acc<F>(y) + Acc<F>(p[t * C + c]));
-        }
-  });
+  // + wpe[t] for every b: out viewed as B rows of T*C, wpe's first T rows as one vector of T*C
+  Tensor per_sample = out.view({B, T * C});
+  ops::add_bias(per_sample, wpe.rows(0, T).view({T * C}));
   // END SOLUTION
   return out;
 }
 
 void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& dwpe,
                                        const Tensor& dout, const Tensor& tokens) {
-  require_cpu(dout, "vocabulary-parallel embedding");
   SCALELAB_CHECK(dwte_local.dtype() == dwpe.dtype(), "dwte {} and dwpe {} differ in dtype",
                  dwte_local.str(), dwpe.str());
   const int64_t B = tokens.size(0), T = tokens.size(1), C = dout.size(2);
   // BEGIN SOLUTION step 4: scatter-add the rows of our ids; wpe gets every row
-  const int64_t n_local = dwte_local.size(0);
-  const int32_t* tok = tokens.data<int32_t>();
-  // HINT: mixed precision: dout is bf16 and the gradients fp32 (two types: G and F).
-  by_dtype(dwte_local.dtype(), [&](auto gzero) {
-    using G = decltype(gzero);  // the gradients' type: fp32 also in mixed precision
-    by_dtype(dout.dtype(), [&](auto dzero) {
-      using F = decltype(dzero);  // dout's: bf16 in mixed precision
-      const F* d = dout.data<F>();
-      G* dw = dwte_local.data<G>();
-      G* dp = dwpe.data<G>();
-      // g += d, in the gradients' type
-      const auto add = [](G& g, F v) { g = G(Acc<G>(g) + Acc<G>(Acc<F>(v))); };
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t i = b * T + t, row = tok[i] - lo;
-          for (int64_t c = 0; c < C; ++c) add(dp[t * C + c], d[i * C + c]);
-          if (row < 0 || row >= n_local) continue;
-          for (int64_t c = 0; c < C; ++c) add(dw[row * C + c], d[i * C + c]);
-        }
-    });
-  });
+  // HINT: ops::index_add_rows skips the ids outside this rank's rows; ops::embedding_backward
+  // HINT: with an undefined dwte computes dwpe alone. Both take bf16 dout into fp32 gradients.
+  ops::index_add_rows(dwte_local, dout.view({B * T, C}), tokens.view({B * T}), lo);
+  Tensor no_wte;  // undefined: the library's embedding backward then does wpe only
+  ops::embedding_backward(no_wte, dwpe, dout, tokens);
   // END SOLUTION
 }
 
 double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo,
                                     comm::Communicator& tp) {
-  require_cpu(logits, "vocabulary-parallel cross-entropy");
-  const int64_t N = logits.size(0), Vl = logits.size(1);
-  const int32_t* tgt = targets.data<int32_t>();
+  const int64_t N = logits.size(0);
   double total = 0;
   // BEGIN SOLUTION step 4: three all-reduces of N numbers; the logits become probabilities
   // HINT: comm::ReduceOp::max; exp(logit - max) never overflows; loss = log(sum) + max - target.
-  // HINT: in mixed precision the logits are bf16 and the per-row numbers fp32 (ops::stats_dtype).
+  // HINT: ops::row_max, ops::pick_columns, ops::exp_rows, ops::divide_rows, ops::logarithm,
+  // HINT: ops::sum: the per-row pieces of a softmax, on both devices. The per-row numbers are
+  // HINT: ops::stats_dtype(logits.dtype()): fp32 for bf16 logits.
   const DType stats = ops::stats_dtype(logits.dtype());
-  by_dtype(logits.dtype(), [&](auto zero) {
-    using F = decltype(zero);
-    using A = Acc<F>;  // the per-row numbers' type (float for bf16 logits)
-    F* z = logits.data<F>();
-    // 1. the max of each row over the whole vocabulary: local max, then all-reduce max
-    Tensor row_max = Tensor::empty({N}, stats);
-    A* m = row_max.data<A>();
-    for (int64_t i = 0; i < N; ++i) {
-      m[i] = -std::numeric_limits<A>::infinity();
-      for (int64_t v = 0; v < Vl; ++v) m[i] = std::max(m[i], A(z[i * Vl + v]));
-    }
-    tp.all_reduce(row_max, comm::ReduceOp::max);
-    // 2. the target's logit: only the rank holding the target id has it; the others add 0
-    Tensor target_logit = Tensor::zeros({N}, stats);
-    A* zt = target_logit.data<A>();
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t col = tgt[i] - lo;
-      if (col >= 0 && col < Vl) zt[i] = A(z[i * Vl + col]);
-    }
-    tp.all_reduce(target_logit);
-    // 3. the softmax's denominator: local sums of exp(z - max), all-reduce sum
-    Tensor sum_exp = Tensor::zeros({N}, stats);
-    A* s = sum_exp.data<A>();
-    for (int64_t i = 0; i < N; ++i) {
-      A acc = 0;
-      for (int64_t v = 0; v < Vl; ++v) {
-        const A e = std::exp(A(z[i * Vl + v]) - m[i]);
-        z[i * Vl + v] = F(e);  // in place: no second (N, V/tp)
-        acc += e;
-      }
-      s[i] = acc;
-    }
-    tp.all_reduce(sum_exp);
-    for (int64_t i = 0; i < N; ++i) {
-      for (int64_t v = 0; v < Vl; ++v)  // our columns of the softmax
-        z[i * Vl + v] = F(A(z[i * Vl + v]) / s[i]);
-      // -log softmax(target) = log(sum exp(z - max)) + max - z_target
-      total += std::log(static_cast<double>(s[i])) + m[i] - zt[i];
-    }
-  });
+  const Device dev = logits.device();
+  // 1. the max of each row over the whole vocabulary: local max, then all-reduce max
+  Tensor row_max = Tensor::empty({N}, stats, dev);
+  ops::row_max(row_max, logits);
+  tp.all_reduce(row_max, comm::ReduceOp::max);
+  // 2. the target's logit: only the rank holding the target id has it; the others give 0
+  Tensor target_logit = Tensor::empty({N}, stats, dev);
+  ops::pick_columns(target_logit, logits, targets, lo);
+  tp.all_reduce(target_logit);
+  // 3. the softmax's denominator: local sums of exp(z - max) (in place: no second (N, V/tp)),
+  // all-reduce sum; then our columns of the softmax
+  Tensor sum_exp = Tensor::empty({N}, stats, dev);
+  ops::exp_rows(logits, sum_exp, row_max);
+  tp.all_reduce(sum_exp);
+  ops::divide_rows(logits, sum_exp);
+  // -log softmax(target) = log(sum exp(z - max)) + max - z_target, summed over the rows
+  ops::logarithm(sum_exp, sum_exp);
+  total = ops::sum(sum_exp) + ops::sum(row_max) - ops::sum(target_logit);
   // END SOLUTION
   return total / static_cast<double>(N);
 }
 
 void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
                                            double scale) {
-  require_cpu(probs, "vocabulary-parallel cross-entropy");
-  const int64_t N = probs.size(0), Vl = probs.size(1);
-  const int32_t* tgt = targets.data<int32_t>();
   // BEGIN SOLUTION step 4: dlogits = (p - onehot) * scale / N on our columns
-  by_dtype(probs.dtype(), [&](auto zero) {
-    using F = decltype(zero);
-    using A = Acc<F>;
-    F* p = probs.data<F>();
-    const A k = static_cast<A>(scale / static_cast<double>(N));
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t col = tgt[i] - lo;
-      for (int64_t v = 0; v < Vl; ++v) {
-        const A one_hot = v == col ? A(1) : A(0);  // col outside [0, Vl): another rank's target
-        p[i * Vl + v] = F((A(p[i * Vl + v]) - one_hot) * k);
-      }
-    }
-  });
+  // HINT: the library's ops::cross_entropy_backward takes the offset of this rank's columns.
+  const int64_t N = probs.size(0);
+  ops::cross_entropy_backward(probs, probs, targets, scale / static_cast<double>(N), lo);
   // END SOLUTION
 }
 

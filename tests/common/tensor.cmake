@@ -8,6 +8,8 @@ scalelab_add_test(NAME test_flash_attention
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_attention.cpp RANKS 1)
 scalelab_add_test(NAME test_fused_norm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_norm.cpp RANKS 1)
 scalelab_add_test(NAME test_fused_linear SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_linear.cpp RANKS 1)
+# the per-row softmax pieces and masked indexing (lab 07's vocabulary-parallel ops), whole and split
+scalelab_add_test(NAME test_row_ops SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_row_ops.cpp RANKS 1)
 scalelab_add_test(NAME test_optim SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_optim.cpp RANKS 1)
 scalelab_add_test(NAME test_data SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_data.cpp RANKS 1)
 scalelab_add_test(NAME test_metrics SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_metrics.cpp RANKS 1)

@@ -105,6 +105,31 @@ TEST_F(CudaOps, EmbeddingAndCrossEntropy) {
                });
 }
 
+// The pieces of lab 07's vocabulary-parallel embedding and cross-entropy: a rank holding rows /
+// columns [4, 9) of 11, so some ids are its own and some another rank's (masked).
+TEST_F(CudaOps, RowPiecesAndMaskedIndexing) {
+  const int64_t lo = 4;
+  Tensor ids = random_tokens({18}, 11, 33);
+  Tensor ids_gpu = ids.to(gpu);
+  same_on_both("masked rows", {rnd({18, 8}, 0), rnd({5, 8}, 34), rnd({18, 8}, 35), rnd({5, 8}, 36)},
+               [&](std::vector<Tensor>& t) {
+                 const Tensor& id = t[0].device().is_cuda() ? ids_gpu : ids;
+                 ops::gather_rows(t[0], t[1], id, lo);
+                 ops::index_add_rows(t[3], t[2], id, lo);
+               });
+  same_on_both("row softmax pieces", {rnd({18, 5}, 37, -4, 4), rnd({18}, 0), rnd({18}, 0),
+                                      rnd({18}, 0), rnd({18}, 0), rnd({18, 5}, 0)},
+               [&](std::vector<Tensor>& t) {
+                 const Tensor& id = t[0].device().is_cuda() ? ids_gpu : ids;
+                 ops::row_max(t[1], t[0]);
+                 ops::pick_columns(t[3], t[0], id, lo);
+                 ops::exp_rows(t[0], t[2], t[1]);
+                 ops::divide_rows(t[0], t[2]);
+                 ops::logarithm(t[4], t[2]);
+                 ops::cross_entropy_backward(t[5], t[0], id, 0.25, lo);
+               });
+}
+
 TEST_F(CudaOps, ReductionsAndOptimizers) {
   Tensor x = rnd({100003}, 33);
   EXPECT_NEAR(ops::sum(x.to(gpu)), ops::sum(x), 1e-6 * 100003);

@@ -156,6 +156,31 @@ TEST_F(CudaBf16, EmbeddingCrossEntropyReductions) {
   EXPECT_NEAR(ops::sum_squares(x.to(gpu)), ops::sum_squares(x), 1e-9 * 100003);
 }
 
+// Lab 07's vocabulary-parallel pieces in mixed precision: bf16 data, f32 per-row numbers and
+// f32 table gradients (R4, R5); a rank holding rows / columns [4, 9) of 11.
+TEST_F(CudaBf16, RowPiecesAndMaskedIndexing) {
+  const int64_t lo = 4;
+  const Tensor ids = random_tokens({18}, 11, 40), ids_gpu = ids.to(gpu);
+  same_on_both("masked rows", {rnd({18, 8}, 0), rnd({5, 8}, 41), rnd({18, 8}, 42),
+                               rnd({5, 8}, 43, DType::f32)},
+               [&](std::vector<Tensor>& t) {
+                 const Tensor& id = t[0].device().is_cuda() ? ids_gpu : ids;
+                 ops::gather_rows(t[0], t[1], id, lo);
+                 ops::index_add_rows(t[3], t[2], id, lo);
+               });
+  same_on_both("row softmax pieces",
+               {rnd({18, 5}, 44, DType::bf16, -4, 4), rnd({18}, 0, DType::f32),
+                rnd({18}, 0, DType::f32), rnd({18}, 0, DType::f32), rnd({18, 5}, 0)},
+               [&](std::vector<Tensor>& t) {
+                 const Tensor& id = t[0].device().is_cuda() ? ids_gpu : ids;
+                 ops::row_max(t[1], t[0]);
+                 ops::pick_columns(t[3], t[0], id, lo);
+                 ops::exp_rows(t[0], t[2], t[1]);
+                 ops::divide_rows(t[0], t[2]);
+                 ops::cross_entropy_backward(t[4], t[0], id, 0.25, lo);
+               });
+}
+
 TEST_F(CudaBf16, AdamWRefreshesTheBf16Copy) {
   const ops::AdamWArgs a{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
   const int64_t n = 100003;  // more than one grid's worth of threads per launch

@@ -83,7 +83,7 @@ void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
 }
 
 void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
-                            double dloss) {
+                            double dloss, int64_t lo) {
   const int64_t N = probs.size(0), V = probs.size(1);
   const int32_t* ids = targets.data<int32_t>();
   SCALELAB_TRAIN_TYPES_AS(probs.dtype(), scalar_t, {
@@ -92,7 +92,7 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& 
       const scalar_t* p = probs.data<scalar_t>() + n * V;
       scalar_t* d = dlogits.data<scalar_t>() + n * V;
       for (int64_t v = 0; v < V; ++v)
-        d[v] = scalar_t(A(dloss) * (A(p[v]) - (v == ids[n] ? A(1) : A(0))));
+        d[v] = scalar_t(A(dloss) * (A(p[v]) - (v == ids[n] - lo ? A(1) : A(0))));
     }
   });
 }

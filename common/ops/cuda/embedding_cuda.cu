@@ -54,10 +54,10 @@ __global__ void cross_entropy_forward_kernel(A* losses, S* probs, const S* logit
 
 template <class S, class A>
 __global__ void cross_entropy_backward_kernel(S* dlogits, const S* probs, const int32_t* targets,
-                                              int64_t N, int64_t V, A dloss) {
+                                              int64_t N, int64_t V, A dloss, int64_t lo) {
   SCALELAB_GRID_STRIDE(i, N * V) {
     const int64_t n = i / V, v = i % V;
-    dlogits[i] = S(dloss * (A(probs[i]) - (v == targets[n] ? A(1) : A(0))));
+    dlogits[i] = S(dloss * (A(probs[i]) - (v == targets[n] - lo ? A(1) : A(0))));
   }
 }
 }  // namespace
@@ -104,13 +104,13 @@ void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,
 }
 
 void cross_entropy_backward(Tensor& dlogits, const Tensor& probs, const Tensor& targets,
-                            double dloss) {
+                            double dloss, int64_t lo) {
   use_device(dlogits);
   const int64_t N = probs.size(0), V = probs.size(1);
   SCALELAB_TRAIN_TYPES_AS(probs.dtype(), scalar_t,
       cross_entropy_backward_kernel<scalar_t, acc_t><<<blocks_for(N * V), kThreads>>>(
           dlogits.data<scalar_t>(), probs.data<scalar_t>(), targets.data<int32_t>(), N, V,
-          acc_t(dloss)));
+          acc_t(dloss), lo));
   CUDA_CHECK_LAUNCH();
 }
 

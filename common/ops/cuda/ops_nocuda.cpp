@@ -32,7 +32,16 @@ void causal_softmax_backward(Tensor&, const Tensor&, const Tensor&, double) { no
 void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void embedding_backward(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void cross_entropy_forward(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
-void cross_entropy_backward(Tensor&, const Tensor&, const Tensor&, double) { no_cuda(); }
+void cross_entropy_backward(Tensor&, const Tensor&, const Tensor&, double, int64_t) {
+  no_cuda();
+}
+void row_max(Tensor&, const Tensor&) { no_cuda(); }
+void exp_rows(Tensor&, Tensor&, const Tensor&) { no_cuda(); }
+void divide_rows(Tensor&, const Tensor&) { no_cuda(); }
+void pick_columns(Tensor&, const Tensor&, const Tensor&, int64_t) { no_cuda(); }
+void gather_rows(Tensor&, const Tensor&, const Tensor&, int64_t) { no_cuda(); }
+void index_add_rows(Tensor&, const Tensor&, const Tensor&, int64_t) { no_cuda(); }
+void logarithm(Tensor&, const Tensor&) { no_cuda(); }
 double sum(const Tensor&) { no_cuda(); }
 double sum_squares(const Tensor&) { no_cuda(); }
 void adamw_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWArgs&, Tensor*) {
