@@ -25,6 +25,7 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/nn/embedding.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/attention.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/mlp.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/mappings.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/block.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/gpt.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optim/optim.cpp

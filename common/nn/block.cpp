@@ -23,40 +23,55 @@ Block::Block(int i, int64_t n_embd, int64_t n_head, int64_t n_layer, int tp_rank
       ln2(prefix(i) + ".ln2", n_embd),
       mlp(prefix(i) + ".mlp", n_embd, n_layer, tp_rank, tp_size) {}
 
-Tensor Block::forward(const Tensor& x, BlockActivations& a) const {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+namespace {
+// The full rows a region computes on, viewed as (B, T, C): the rows themselves (B, T, C), or the
+// gathered (N, C) of sequence parallelism with T = seq_len.
+Tensor as_batch(const Tensor& full, int64_t seq_len) {
+  if (full.dim() == 3) return full;
+  const int64_t C = full.size(1), N = full.size(0);
+  SCALELAB_CHECK(seq_len > 0 && N % seq_len == 0, "a block's region of {} rows needs the "
+                 "sequence length (got {})", N, seq_len);
+  return full.view({N / seq_len, seq_len, C});
+}
+}  // namespace
+
+Tensor Block::forward(const Tensor& x, BlockActivations& a, int64_t seq_len) const {
+  const Mappings& m = mappings ? *mappings : Mappings::single_device();
+  const int64_t C = x.size(-1), n = x.numel() / C;  // this rank's rows
   const DType dt = x.dtype();
   const Device dev = x.device();
   // what the layers read (the bf16 copy in mixed precision: ZeRO-3 in bf16 binds only that)
   SCALELAB_CHECK(ln1.weight.compute_value().defined(), "block {}'s parameters are released: "
                  "gather them before its forward (ZeRO-3)", index);
   a.reset();
-  a.ln1 = Tensor::empty({B, T, C}, dt, dev);
-  a.ln1_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16 data
-  a.ln1_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);
+  a.ln1 = Tensor::empty(x.shape(), dt, dev);
+  a.ln1_mean = Tensor::empty({n}, ops::stats_dtype(dt), dev);  // f32 for bf16 data
+  a.ln1_rstd = Tensor::empty({n}, ops::stats_dtype(dt), dev);
   ln1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x);
-  a.res2 = Tensor::empty({B, T, C}, dt, dev);
+  a.res2 = Tensor::empty(x.shape(), dt, dev);
   {
-    Tensor attn_out = Tensor::empty({B, T, C}, dt, dev);
-    attn.forward(attn_out, a.ln1, a.attn);
-    if (reduce_forward) reduce_forward(attn_out);  // g: sum the heads' partial outputs
-    if (attn.proj.row_parallel()) attn.proj.add_bias(attn_out);  // once, after g
-    a.ln2 = Tensor::empty({B, T, C}, dt, dev);
-    a.ln2_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16 data
-    a.ln2_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);
+    const Tensor in = as_batch(m.enter(a.ln1), seq_len);  // (B, T, C): f, or all-gather
+    Tensor partial = Tensor::empty(in.shape(), dt, dev);
+    attn.forward(partial, in, a.attn);
+    Tensor attn_out = m.leave(partial);  // g: sum the heads' partial outputs (or reduce-scatter)
+    if (attn.proj.row_parallel()) attn.proj.add_bias(attn_out);  // once, after the sum
+    a.ln2 = Tensor::empty(x.shape(), dt, dev);
+    a.ln2_mean = Tensor::empty({n}, ops::stats_dtype(dt), dev);  // f32 for bf16 data
+    a.ln2_rstd = Tensor::empty({n}, ops::stats_dtype(dt), dev);
     // res2 = x + attn_out and ln2 = LayerNorm(res2) in one pass over the rows
-    ln2.forward_residual(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, attn_out);
+    ln2.forward_residual(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, attn_out.view(x.shape()));
   }
-  Tensor out = Tensor::empty({B, T, C}, dt, dev);
-  mlp.forward(out, a.ln2, a.mlp);
-  if (reduce_forward) reduce_forward(out);
+  const Tensor in = as_batch(m.enter(a.ln2), seq_len);
+  Tensor partial = Tensor::empty(in.shape(), dt, dev);
+  mlp.forward(partial, in, a.mlp);
+  Tensor out = m.leave(partial).view(x.shape());
   if (mlp.proj.row_parallel()) mlp.proj.add_bias(out);
   ops::add(out, out, a.res2);
   return out;
 }
 
 Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivations& a,
-                       const BackwardHook* hook) {
+                       const BackwardHook* hook, int64_t seq_len) {
   SCALELAB_CHECK(a.defined(), "block {} backward without activations (forward first, or "
                  "recompute them after reset())", index);
   SCALELAB_CHECK((a.attn.att.defined() || a.attn.lse.defined()) && a.mlp.g.defined(),
@@ -66,25 +81,29 @@ Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivatio
   SCALELAB_CHECK(ln1.weight.compute_value().defined() && ln1.weight.grad.defined(),
                  "block {}'s parameters "
                  "or gradients are released: bind them before its backward (ZeRO-2/3)", index);
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  const Mappings& m = mappings ? *mappings : Mappings::single_device();
   const DType dt = x.dtype();
   const Device dev = x.device();
   // second residual: dres2 = dout + (through ln2 and the MLP)
   Tensor dres2 = dout.clone();
   {
-    Tensor dln2 = Tensor::zeros({B, T, C}, dt, dev);
-    mlp.backward(dln2, dout, a.ln2, a.mlp, hook);
-    if (reduce_backward) reduce_backward(dln2);
-    ln2.backward(dres2, dln2, a.res2, a.ln2_mean, a.ln2_rstd);
+    const Tensor dmlp = as_batch(m.leave_backward(dout), seq_len);  // g's backward: the same
+    const Tensor in = as_batch(m.enter(a.ln2), seq_len);  // sequence parallel: gathered again
+    Tensor dln2 = Tensor::zeros(in.shape(), dt, dev);
+    mlp.backward(dln2, dmlp, in, a.mlp, hook);
+    const Tensor dln2_rows = m.enter_backward(dln2).view(x.shape());  // f's backward: the sum
+    m.layernorm_backward(ln2, dres2, dln2_rows, a.res2, a.ln2_mean, a.ln2_rstd);
     if (hook && *hook) (*hook)(ln2.parameters());
   }
   // first residual: dx = dres2 + (through ln1 and attention)
   Tensor dx = dres2.clone();
   {
-    Tensor dln1 = Tensor::zeros({B, T, C}, dt, dev);
-    attn.backward(dln1, dres2, a.ln1, a.attn, hook);
-    if (reduce_backward) reduce_backward(dln1);
-    ln1.backward(dx, dln1, x, a.ln1_mean, a.ln1_rstd);
+    const Tensor dattn = as_batch(m.leave_backward(dres2), seq_len);
+    const Tensor in = as_batch(m.enter(a.ln1), seq_len);
+    Tensor dln1 = Tensor::zeros(in.shape(), dt, dev);
+    attn.backward(dln1, dattn, in, a.attn, hook);
+    const Tensor dln1_rows = m.enter_backward(dln1).view(x.shape());
+    m.layernorm_backward(ln1, dx, dln1_rows, x, a.ln1_mean, a.ln1_rstd);
     if (hook && *hook) (*hook)(ln1.parameters());
   }
   return dx;

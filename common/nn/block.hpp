@@ -7,12 +7,12 @@
 // F(2) B(0) F(3) B(1) ... with one BlockActivations per micro-batch), and activation
 // checkpointing frees one (reset()) and fills it again by calling forward on the same input.
 // Every tensor in it is its own allocation, counted by the allocator.
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "common/nn/attention.hpp"
 #include "common/nn/layernorm.hpp"
+#include "common/nn/mappings.hpp"
 #include "common/nn/mlp.hpp"
 
 namespace scalelab::nn {
@@ -36,21 +36,22 @@ class Block {
  public:
   Block(int index, int64_t n_embd, int64_t n_head, int64_t n_layer, int tp_rank = 0,
         int tp_size = 1);
-  /// Returns the block's output (B, T, C), a new allocation, and fills `acts` (any previous
-  /// contents are released first).
-  Tensor forward(const Tensor& x, BlockActivations& acts) const;
-  /// Returns dx (B, T, C) (a new allocation) from dout; accumulates (+=) parameter gradients.
-  /// `acts` must come from forward(x, acts) on this same x. Calls `hook` as each layer's
-  /// gradients become final.
+  /// Returns the block's output (a new allocation, the shape of x) and fills `acts` (any
+  /// previous contents are released first). x: this rank's rows of the block's input, (B, T, C),
+  /// or with sequence parallelism (N/tp, C) and then `seq_len` = T, so the block can view the
+  /// full rows a region computes on as (B, T, C) (see mappings.hpp).
+  Tensor forward(const Tensor& x, BlockActivations& acts, int64_t seq_len = 0) const;
+  /// Returns dx (the shape of x, a new allocation) from dout; accumulates (+=) parameter
+  /// gradients. `acts` must come from forward(x, acts) on this same x. Calls `hook` as each
+  /// layer's gradients become final.
   Tensor backward(const Tensor& dout, const Tensor& x, const BlockActivations& acts,
-                  const BackwardHook* hook = nullptr);
+                  const BackwardHook* hook = nullptr, int64_t seq_len = 0);
   std::vector<Parameter*> parameters();
 
-  /// Tensor parallel (lab 07): the "g" operator, applied to the attention and MLP partial sums
-  /// before their (row-parallel) biases and the residual add (an all-reduce), and the backward
-  /// of the "f" operator, applied to the gradients flowing out of the column-parallel inputs (an
-  /// all-reduce). Unset: identity (tp = 1).
-  std::function<void(Tensor&)> reduce_forward, reduce_backward;
+  /// Where the block's communication happens (mappings.hpp): entering and leaving its attention
+  /// and MLP regions, and LayerNorm's backward. Null: one device (Mappings::single_device()).
+  /// Not owned: nn::GPT::set_mappings points every block at its mappings.
+  const Mappings* mappings = nullptr;
 
   int index;
   LayerNorm ln1;

@@ -33,6 +33,7 @@ GPT::GPT(const ModelConfig& config, const GPTOptions& options)
     blocks_.push_back(std::make_unique<Block>(i, config.n_embd, config.n_head, config.n_layer,
                                               options.tp_rank, options.tp_size));
     blocks_.back()->attn.flash = options.flash_attention;
+    if (options.cut_block) options.cut_block(*blocks_.back());
     for (Parameter* p : blocks_.back()->parameters()) order.push_back(p);
     units.emplace_back("blocks." + std::to_string(i), blocks_.back()->parameters().size());
   }
@@ -89,37 +90,57 @@ const Tensor& GPT::head_weight() const {
 }
 Tensor& GPT::head_grad() { return lm_head ? lm_head->grad : embedding->wte.grad; }
 
+void GPT::set_mappings(std::shared_ptr<const Mappings> mappings) {
+  SCALELAB_CHECK(mappings != nullptr, "set_mappings(nullptr): use Mappings::single_device()");
+  mappings_ = std::move(mappings);
+  for (auto& b : blocks_) b->mappings = mappings_.get();
+}
+
+const Mappings& GPT::mappings() const {
+  return mappings_ ? *mappings_ : Mappings::single_device();
+}
+
+void GPT::check_vocabulary_mappings() const {
+  SCALELAB_CHECK(!vocab_sharded() || mappings().splits_vocabulary(),
+                 "this model holds vocabulary rows [{}, {}) of {}: its embedding and head need "
+                 "vocabulary-parallel mappings (set_mappings, lab 07)", vocab_lo_, vocab_hi_,
+                 config_.vocab_size);
+}
+
 Tensor GPT::embed(const Tensor& tokens, GPTActivations& acts) const {
   SCALELAB_CHECK(has_embedding(), "embed() on a stage without the embedding");
-  SCALELAB_CHECK(!vocab_sharded(), "GPT::embed() with a vocabulary-sharded wte: a subclass "
-                 "computes the vocabulary-parallel embedding");
   SCALELAB_CHECK(tokens.dim() == 2 && tokens.size(1) <= config_.block_size,
                  "tokens {} longer than the context of {}", tokens.str(), config_.block_size);
+  check_vocabulary_mappings();
   need_values(embedding_unit());
   acts.tokens = tokens;
-  Tensor x = Tensor::empty({tokens.size(0), tokens.size(1), config_.n_embd},
-                           params_.compute_dtype(), options_.device);  // (B, T, C)
-  embedding->forward(x, tokens);
-  return x;
+  acts.seq_len = tokens.size(1);
+  // (B, T, C) on every rank, then the rows this rank keeps (all of them unless sequence parallel)
+  const Tensor x = mappings().embedding_forward(embedding->wte.compute_value(), vocab_lo_,
+                                                embedding->wpe.compute_value(), tokens);
+  return mappings().split_rows(x);
 }
 
 Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
+  if (x.dim() == 3) acts.seq_len = x.size(1);  // rows (N/tp, C): embed() said the length
   acts.inputs.assign(blocks_.size(), Tensor());
   acts.blocks.assign(blocks_.size(), BlockActivations());
   Tensor h = x;
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     need_values(block_unit(first_ + static_cast<int>(i)));
     acts.inputs[i] = h;
-    h = blocks_[i]->forward(h, acts.blocks[i]);
+    h = blocks_[i]->forward(h, acts.blocks[i], acts.seq_len);
+    if (policy_)  // e.g. checkpointing: drop what the block saved, keep its input
+      policy_->after_forward(*blocks_[i], acts.inputs[i], acts.blocks[i], acts.seq_len);
   }
   return h;
 }
 
 double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const {
   SCALELAB_CHECK(has_head(), "head_forward() on a stage without the head");
-  SCALELAB_CHECK(!vocab_sharded(), "GPT::head_forward() with a vocabulary-sharded head: a "
-                 "subclass computes the vocabulary-parallel head");
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), V = config_.vocab_size;
+  check_vocabulary_mappings();
+  const int64_t C = x.size(-1), n = x.numel() / C;  // this rank's rows (n = N unless sp)
+  const int64_t N = targets.numel(), V = vocab_hi_ - vocab_lo_;  // V: this rank's columns
   const DType dt = params_.compute_dtype();  // bf16 activations in mixed precision
   const Device dev = options_.device;
   need_values(head_unit());
@@ -127,22 +148,24 @@ double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations&
   HeadActivations& h = acts.head;
   h.x = x;
   h.targets = targets;
-  h.lnf = Tensor::empty({B, T, C}, dt, dev);
-  h.lnf_mean = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16
-  h.lnf_rstd = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);
+  h.lnf = Tensor::empty(x.shape(), dt, dev);
+  h.lnf_mean = Tensor::empty({n}, ops::stats_dtype(dt), dev);  // f32 for bf16
+  h.lnf_rstd = Tensor::empty({n}, ops::stats_dtype(dt), dev);
   ln_f->forward(h.lnf, h.lnf_mean, h.lnf_rstd, x);
-  Tensor logits = Tensor::empty({B * T, V}, dt, dev);  // (B*T, V), freed after the softmax
-  ops::matmul(logits, h.lnf.view({B * T, C}), head_weight(), false, true);  // lnf @ wte^T
-  h.probs = Tensor::empty({B * T, V}, dt, dev);
-  Tensor losses = Tensor::empty({B * T}, ops::stats_dtype(dt), dev);  // f32 for bf16 logits
-  ops::cross_entropy_forward(losses, h.probs, logits, targets.view({B * T}));
-  return ops::sum(losses) / static_cast<double>(B * T);
+  // Split by vocabulary, the (tied) head is a column-parallel Linear: enter its region (f, or
+  // the gather of the rows), then this rank's V columns of the logits
+  const bool parallel = mappings().splits_vocabulary();
+  const Tensor in = (parallel ? mappings().enter(h.lnf) : h.lnf).view({N, C});
+  h.probs = Tensor::empty({N, V}, dt, dev);
+  ops::matmul(h.probs, in, head_weight(), false, true);  // logits = lnf @ W^T
+  // the loss; the logits become the softmax's columns (a new tensor, or in place)
+  return mappings().cross_entropy(h.probs, targets.view({N}), vocab_lo_);
 }
 
 Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
   HeadActivations& h = acts.head;
   SCALELAB_CHECK(h.probs.defined(), "head_backward() without head_forward()");
-  const int64_t B = h.x.size(0), T = h.x.size(1), C = h.x.size(2), V = config_.vocab_size;
+  const int64_t C = h.x.size(-1), N = h.targets.numel();
   const DType dt = params_.compute_dtype();
   const Device dev = options_.device;
   need_values(head_unit());
@@ -151,17 +174,22 @@ Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
     need_values(embedding_unit());
     need_grads(embedding_unit());
   }
-  Tensor dlogits = Tensor::empty({B * T, V}, dt, dev);
-  ops::cross_entropy_backward(dlogits, h.probs, h.targets.view({B * T}),
-                              loss_scale / static_cast<double>(B * T));
-  h.probs = Tensor();  // used up: the (B*T, V) probabilities are the biggest activation
-  Tensor dlnf = Tensor::zeros({B, T, C}, dt, dev);
-  Tensor dlnf2 = dlnf.view({B * T, C});
-  ops::matmul(dlnf2, dlogits, head_weight());                            // dlnf = dlogits @ W
-  ops::matmul(head_grad(), dlogits, h.lnf.view({B * T, C}), true, false, 1.0, 1.0);  // dW +=
+  // the probabilities become the logits' gradient (N, V): in place, or a new tensor
+  mappings().cross_entropy_backward(h.probs, h.targets.view({N}), vocab_lo_, loss_scale);
+  const bool parallel = mappings().splits_vocabulary();
+  Tensor dlnf = Tensor::zeros({N, C}, dt, dev);
+  {
+    // sequence parallel: gathered again
+    const Tensor in = (parallel ? mappings().enter(h.lnf) : h.lnf).view({N, C});
+    ops::matmul(dlnf, h.probs, head_weight());                       // dlnf = dlogits @ W
+    ops::matmul(head_grad(), h.probs, in, true, false, 1.0, 1.0);    // dW += dlogits^T lnf
+  }
+  h.probs = Tensor();  // used up: the (N, V) logits' gradient is the biggest tensor here
   if (lm_head) fire({&*lm_head});
-  Tensor dx = Tensor::zeros({B, T, C}, dt, dev);
-  ln_f->backward(dx, dlnf, h.x, h.lnf_mean, h.lnf_rstd);
+  // f's backward: every rank's vocabulary columns contribute to dlnf (or the reduce-scatter)
+  const Tensor dlnf_rows = (parallel ? mappings().enter_backward(dlnf) : dlnf).view(h.x.shape());
+  Tensor dx = Tensor::zeros(h.x.shape(), dt, dev);
+  mappings().layernorm_backward(*ln_f, dx, dlnf_rows, h.x, h.lnf_mean, h.lnf_rstd);
   fire(ln_f->parameters());
   h.reset();
   return dx;
@@ -176,7 +204,9 @@ Tensor GPT::backward_blocks(const Tensor& dout, GPTActivations& acts) {
   for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i) {
     need_values(block_unit(first_ + i));
     need_grads(block_unit(first_ + i));
-    d = blocks_[i]->backward(d, acts.inputs[i], acts.blocks[i], hook);
+    if (policy_)  // e.g. checkpointing: recompute what the block's backward reads
+      policy_->before_backward(*blocks_[i], acts.inputs[i], acts.blocks[i], acts.seq_len);
+    d = blocks_[i]->backward(d, acts.inputs[i], acts.blocks[i], hook, acts.seq_len);
     acts.blocks[i].reset();  // used up: memory falls as backward proceeds
     acts.inputs[i] = Tensor();
   }
@@ -187,9 +217,12 @@ Tensor GPT::backward_blocks(const Tensor& dout, GPTActivations& acts) {
 
 void GPT::embed_backward(const Tensor& dx, GPTActivations& acts) {
   SCALELAB_CHECK(acts.tokens.defined(), "embed_backward() without embed()");
-  SCALELAB_CHECK(!vocab_sharded(), "GPT::embed_backward() with a vocabulary-sharded wte");
   need_grads(embedding_unit());
-  embedding->backward(dx, acts.tokens);
+  const Tensor& tokens = acts.tokens;
+  // every row's gradient (sequence parallel: all-gathered), as (B, T, C)
+  const Tensor d = mappings().split_rows_backward(dx).view(
+      {tokens.size(0), tokens.size(1), config_.n_embd});
+  mappings().embedding_backward(embedding->wte.grad, vocab_lo_, embedding->wpe.grad, d, tokens);
   acts.tokens = Tensor();
   fire(embedding->parameters());  // wte is final only now: the head wrote to it first
 }

@@ -12,8 +12,9 @@
 //    resets a block's entry and calls block(i).forward(acts.inputs[i], acts.blocks[i]) again;
 //  - a GPT can hold blocks [first_block, last_block) only (a pipeline stage): the embedding lives
 //    on the stage with block 0, the head on the stage with the last block;
-//  - tp_size > 1 keeps a 1/tp share of every block's heads and MLP (tensor parallel; see
-//    attention.hpp and Block::reduce_forward for what the caller must reduce).
+//  - tp_size > 1 keeps a 1/tp share of every block's heads and MLP, vocab_lo/hi a share of the
+//    vocabulary (tensor parallel): the caller's mappings (set_mappings, mappings.hpp) say how
+//    the shares talk; a block policy (set_block_policy) what is kept or recomputed.
 //
 //   nn::GPT model(model_config("tiny"), {.device = Device::cpu(), .seed = 1});
 //   nn::GPTActivations acts;
@@ -32,6 +33,7 @@
 #include "common/nn/block.hpp"
 #include "common/nn/embedding.hpp"
 #include "common/nn/layernorm.hpp"
+#include "common/nn/mappings.hpp"
 
 namespace scalelab::nn {
 
@@ -42,10 +44,14 @@ struct GPTOptions {
   int first_block = 0;
   int last_block = -1;  // -1: n_layer
   int tp_rank = 0, tp_size = 1;
+  /// Called on each block right after it is made and before any parameter is bound: it may set
+  /// which slice of each weight the block keeps (Parameter::shard), e.g. lab 07's head_shards,
+  /// column_shard and row_shard for tp_rank of tp_size. Unset: the library's even cut.
+  std::function<void(Block&)> cut_block = {};
   /// The vocabulary rows [vocab_lo, vocab_hi) of wte (and of a last stage's lm_head.weight copy)
   /// this model keeps (-1: V, the whole vocabulary). Drawn whole from (seed, name) and cut, as
-  /// the blocks' tp shards are. A sharded model cannot embed or compute the head itself: a
-  /// subclass overrides those pieces (lab 10's vocabulary-parallel stage).
+  /// the blocks' tp shards are. A sharded model embeds and computes its loss through
+  /// vocabulary-parallel mappings (GPT::set_mappings, lab 07).
   int64_t vocab_lo = 0, vocab_hi = -1;
   /// Flat buffers (default), or per-unit value / gradient storage and padding for ZeRO (see
   /// ParameterSet). Units: "embedding" (wte, wpe), "blocks.i", "head" (ln_f, and lm_head.weight
@@ -65,11 +71,26 @@ struct GPTOptions {
   bool flash_attention = false;
 };
 
+/// What a policy may do around each block's forward and backward: GPT::forward_blocks calls
+/// after_forward once a block has filled its activations from `input`, and backward_blocks calls
+/// before_backward right before the block's backward reads them. Activation checkpointing is one
+/// (drop them after the forward, recompute them from the input before the backward); the
+/// default keeps everything.
+class BlockPolicy {
+ public:
+  virtual ~BlockPolicy() = default;
+  virtual void after_forward(const Block& /*block*/, const Tensor& /*input*/,
+                             BlockActivations& /*acts*/, int64_t /*seq_len*/) const {}
+  virtual void before_backward(const Block& /*block*/, const Tensor& /*input*/,
+                               BlockActivations& /*acts*/, int64_t /*seq_len*/) const {}
+};
+
 /// What the head saves for backward.
 struct HeadActivations {
-  Tensor x;                        // (B, T, C) input of ln_f (the last block's output)
-  Tensor lnf, lnf_mean, lnf_rstd;  // (B, T, C), (B*T), (B*T)
-  Tensor probs;                    // (B*T, V) softmax of the logits
+  Tensor x;                        // (B, T, C) input of ln_f (the last block's output); sequence
+                                   // parallel: this rank's rows (N/tp, C)
+  Tensor lnf, lnf_mean, lnf_rstd;  // the shape of x, and its rows' statistics
+  Tensor probs;                    // (B*T, V) softmax of the logits (V: this rank's columns)
   Tensor targets;                  // (B, T) i32
   void reset() { *this = HeadActivations{}; }
 };
@@ -78,6 +99,7 @@ struct HeadActivations {
 /// its backward. Entry i of `inputs` and `blocks` belongs to block first_block + i.
 struct GPTActivations {
   Tensor tokens;                         // (B, T) i32, saved by embed (first stage)
+  int64_t seq_len = 0;                   // T: set by embed and by forward_blocks on (B, T, C)
   std::vector<Tensor> inputs;            // (B, T, C) the input of each block
   std::vector<BlockActivations> blocks;  // what each block saved (reset: checkpointed)
   HeadActivations head;                  // saved by head_forward (last stage)
@@ -91,7 +113,6 @@ struct GPTActivations {
 class GPT {
  public:
   explicit GPT(const ModelConfig& config, const GPTOptions& options = {});
-  virtual ~GPT() = default;
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
@@ -124,26 +145,35 @@ class GPT {
   void backward(double loss_scale = 1.0) { backward(acts_, loss_scale); }
 
   // ---- the pieces (pipeline stages, checkpointing, tensor parallel drivers) ----
-  // Virtual: a pipeline stage may replace how it runs its blocks or its ends while the drivers
-  // (forward/backward above, lab 08's executor, lab 09's trainers) call the same pieces. Lab 10's
-  // 3D stage computes the embedding and the head vocabulary-parallel over its tp group, and runs
-  // its blocks with activation checkpointing.
-  /// (B, T, C) embeddings of tokens (B, T); saves the tokens in acts. Needs has_embedding().
-  virtual Tensor embed(const Tensor& tokens, GPTActivations& acts) const;
-  /// Runs blocks [first, last) on x (B, T, C), saving each block's input and activations in
-  /// acts; returns the output of the last one.
-  virtual Tensor forward_blocks(const Tensor& x, GPTActivations& acts) const;
+  // The drivers (forward/backward above, lab 08's executor, lab 09's trainers) call these; what
+  // crosses ranks inside them is the mappings' (set_mappings), what is kept or recomputed the
+  // block policy's (set_block_policy).
+  /// The embeddings of tokens (B, T): (B, T, C), or this rank's rows of them (the mappings'
+  /// split_rows: sequence parallel); saves the tokens in acts. Needs has_embedding().
+  Tensor embed(const Tensor& tokens, GPTActivations& acts) const;
+  /// Runs blocks [first, last) on x (this rank's rows of (B, T, C)), saving each block's input
+  /// and activations in acts (as the block policy says); returns the output of the last one.
+  Tensor forward_blocks(const Tensor& x, GPTActivations& acts) const;
   /// ln_f, logits, loss: the mean cross-entropy; saves the head's activations. Needs has_head().
-  virtual double head_forward(const Tensor& x, const Tensor& targets,
-                              GPTActivations& acts) const;
-  /// Returns the gradient w.r.t. the head's input x (B, T, C) of loss_scale * mean loss;
-  /// accumulates the head's gradients and frees acts.head.
-  virtual Tensor head_backward(GPTActivations& acts, double loss_scale = 1.0);
+  double head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const;
+  /// Returns the gradient w.r.t. the head's input x of loss_scale * mean loss; accumulates the
+  /// head's gradients and frees acts.head.
+  Tensor head_backward(GPTActivations& acts, double loss_scale = 1.0);
   /// Back through blocks [first, last) from the gradient of their output, freeing each block's
   /// activations and input after its backward; returns the gradient w.r.t. their input.
-  virtual Tensor backward_blocks(const Tensor& dout, GPTActivations& acts);
-  /// Accumulates wte/wpe gradients from the gradient of the embeddings (B, T, C).
-  virtual void embed_backward(const Tensor& dx, GPTActivations& acts);
+  Tensor backward_blocks(const Tensor& dout, GPTActivations& acts);
+  /// Accumulates wte/wpe gradients from the gradient of the embeddings.
+  void embed_backward(const Tensor& dx, GPTActivations& acts);
+
+  // ---- hook points: where parallel techniques plug in ----
+  /// The operators the blocks, the embedding and the head call where a parallel technique
+  /// communicates (mappings.hpp): lab 07's tensor and sequence parallelism. A model whose
+  /// vocabulary is sharded (GPTOptions::vocab_lo/hi) needs vocabulary-parallel ones.
+  void set_mappings(std::shared_ptr<const Mappings> mappings);
+  const Mappings& mappings() const;
+  /// What forward_blocks / backward_blocks do around each block (BlockPolicy): e.g. checkpoint.
+  void set_block_policy(std::shared_ptr<const BlockPolicy> policy) { policy_ = std::move(policy); }
+  const BlockPolicy* block_policy() const { return policy_.get(); }
 
   // ---- units (ZeRO) ----
   /// Unit index of the embedding / of block i / of the head in params().units().
@@ -175,8 +205,7 @@ class GPT {
   int64_t vocab_hi() const { return vocab_hi_; }
   bool vocab_sharded() const { return vocab_hi_ - vocab_lo_ != config_.vocab_size; }
 
- protected:
-  // For subclasses that replace pieces (see above).
+ private:
   /// The head's weight (V, C) (or this model's vocabulary rows): the tied wte or lm_head.weight.
   const Tensor& head_weight() const;
   Tensor& head_grad();
@@ -188,7 +217,8 @@ class GPT {
   void need_values(std::size_t u) const;
   /// Binds unit u's gradients (zeroed) if the set keeps them per unit and they are released.
   void need_grads(std::size_t u);
-  const BackwardHook& backward_hook() const { return hook_; }
+  /// A vocabulary-sharded model refuses the single-device mappings.
+  void check_vocabulary_mappings() const;
 
  private:
   ModelConfig config_;
@@ -197,6 +227,8 @@ class GPT {
   int64_t vocab_lo_ = 0, vocab_hi_ = 0;
   ParameterSet params_;
   BackwardHook hook_;
+  std::shared_ptr<const Mappings> mappings_;  // null: Mappings::single_device()
+  std::shared_ptr<const BlockPolicy> policy_;  // null: keep every block's activations
   GPTActivations acts_;  // for forward(tokens, targets) / backward() only
 };
 

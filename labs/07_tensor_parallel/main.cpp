@@ -39,16 +39,16 @@ struct Row {
   double ms = 0;
 };
 
-// One group of `tp` ranks trains a fresh TPGPT for `reps` steps on `batch` (no optimizer: the
-// figures do not depend on it) and returns its figures; the byte counters and activations are
-// those of the last step, the time the best.
+// One group of `tp` ranks trains a fresh tensor-parallel GPT (make_tp_gpt) for `reps` steps on
+// `batch` (no optimizer: the figures do not depend on it) and returns its figures; the byte
+// counters and activations are those of the last step, the time the best.
 Row measure(const ModelConfig& config, comm::Communicator& group, const data::Batch& batch,
             uint64_t seed, DType precision, bool sp, int reps) {
   const Device device = batch.x.device();
-  lab07::TPGPT model(config, group, {.device = device, .compute_dtype = precision, .seed = seed,
-                                     .sequence_parallel = sp});
+  auto model = lab07::make_tp_gpt(config, group, {.device = device, .compute_dtype = precision,
+                                                  .seed = seed, .sequence_parallel = sp});
   const int64_t B = batch.x.size(0), T = batch.x.size(1);
-  Row row{group.size(), sp, model.num_parameters()};
+  Row row{group.size(), sp, model->num_parameters()};
   row.act_formula = lab07::activation_bytes_formula(config, B, T, group.size(), precision, sp);
   row.comm_formula = lab07::comm_bytes_formula(config, B, T, precision, sp);
   row.ms = 1e30;
@@ -56,13 +56,13 @@ Row measure(const ModelConfig& config, comm::Communicator& group, const data::Ba
     group.barrier();
     const comm::CommStats before = comm::comm_stats();
     metrics::Timer timer(device);
-    model.zero_grad();
+    model->zero_grad();
     reset_peak_memory(device);
     const std::size_t start = memory_stats(device).current;
-    lab07::TPActivations acts;
-    model.forward(batch.x, batch.y, acts);
+    nn::GPTActivations acts;
+    model->forward(batch.x, batch.y, acts);
     row.act = acts.nbytes();
-    model.backward(acts);
+    model->backward(acts);
     const double ms = timer.elapsed() * 1e3;
     row.peak = memory_stats(device).peak - start;
     const comm::CommCount moved = comm::comm_total(comm::comm_stats() - before, group.name());
@@ -107,9 +107,11 @@ int main(int argc, char** argv) {
 
     // the tp group is the whole world here; it gets its own name in the byte counters
     comm::Communicator group = world.split(0, rank, fmt::format("tp{}", tp));
-    lab07::TPGPT model(config, group, {.device = device, .compute_dtype = run.precision,
-                                       .seed = run.seed, .sequence_parallel = sp});
-    optim::AdamW adamw(optim::groups(model.parameters()));
+    // the library's GPT, cut by this lab's functions, talking through its mappings
+    auto model = lab07::make_tp_gpt(config, group, {.device = device,
+                                                    .compute_dtype = run.precision,
+                                                    .seed = run.seed, .sequence_parallel = sp});
+    optim::AdamW adamw(optim::groups(model->parameters()));
     // The twin: the single-device GPT with the same seed and batches, on rank 0 only.
     std::optional<nn::GPT> twin;
     std::optional<optim::AdamW> twin_adamw;
@@ -121,7 +123,7 @@ int main(int argc, char** argv) {
     log::info("lab 07 tensor_parallel: model {} ({} parameters, {} on each of {} ranks), global "
               "batch {} x {} tokens on every rank, {} steps{}", config.name,
               metrics::human_count(static_cast<double>(parameter_count(config))),
-              metrics::human_count(static_cast<double>(model.num_parameters())), tp, opt.batch,
+              metrics::human_count(static_cast<double>(model->num_parameters())), tp, opt.batch,
               config.block_size, opt.steps, sp ? ", sequence parallel" : "");
     log::info("{}", train::precision_note(run.precision));
     train::StepReporter reporter(config, opt.batch * config.block_size, device,
@@ -131,10 +133,10 @@ int main(int argc, char** argv) {
       const double lr = train::learning_rate(opt, step);
       metrics::Timer timer(device);
       const data::Batch batch = sampler.batch(step).to(device);  // the whole batch, every rank
-      model.zero_grad();
-      lab07::TPActivations acts;
-      const double loss = model.forward(batch.x, batch.y, acts);
-      model.backward(acts);
+      model->zero_grad();
+      nn::GPTActivations acts;
+      const double loss = model->forward(batch.x, batch.y, acts);
+      model->backward(acts);
       adamw.step(lr);
       const double dt = timer.elapsed();
       std::string line = reporter.line(step, loss, dt, lr);
@@ -182,7 +184,7 @@ int main(int argc, char** argv) {
     const int64_t B = batch.x.size(0), T = batch.x.size(1);
     log::info("");
     log::info("{} x {} tokens, {}, best of {} steps; activations: bytes held after forward "
-              "(TPActivations::nbytes, rank 0); peak: the allocator's peak over forward + backward "
+              "(GPTActivations::nbytes, rank 0); peak: the allocator's peak over forward + backward "
               "above the start; comm: payload bytes rank 0 submitted in one step (forward + "
               "backward), by the byte counters", B, T, run.bf16() ? "bf16 mixed precision" : "fp32",
               reps);

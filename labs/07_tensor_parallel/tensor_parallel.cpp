@@ -1,5 +1,5 @@
 // Starter generated from solutions/07_tensor_parallel/tensor_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 1c3713fb557a39cb (lets make-labs see your edits).
+// step (see README.md). Body hash bcb6b74f72850bcc (lets make-labs see your edits).
 // Lab 07: tensor parallelism: f and g, column- and row-parallel Linear, the TP block,
 // vocabulary-parallel embedding and cross-entropy.
 #include "tensor_parallel.hpp"
@@ -101,37 +101,39 @@ HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp) {
       "lab 07 step 3: this rank's heads: their q, k and v rows, their projection columns (README.md#step-3)");
 }
 
-std::unique_ptr<nn::Block> make_block(int index, const ModelConfig& c, int rank, int tp) {
-  auto block = std::make_unique<nn::Block>(index, c.n_embd, c.n_head, c.n_layer, rank, tp);
-  // The library's Block already knows how to hold a 1/tp share; here the shards come from this
-  // lab's functions, so the block holds what the attendee's cut says (wrong cuts show up as
-  // wrong numbers or wrong shapes in the graders).
-  const HeadShards heads = head_shards(c.n_embd, c.n_head, rank, tp);
-  nn::Linear& qkv = block->attn.qkv;
-  qkv.weight.shard = heads.qkv;
-  qkv.bias.shard = heads.qkv;  // the bias rows follow the weight rows
-  block->attn.proj.weight.shard = heads.proj;
-  block->attn.proj.bias.shard = {};  // row parallel: the bias is whole
-  block->mlp.fc.weight.shard = column_shard(4 * c.n_embd, rank, tp);
-  block->mlp.fc.bias.shard = block->mlp.fc.weight.shard;
-  block->mlp.proj.weight.shard = row_shard(4 * c.n_embd, rank, tp);
-  block->mlp.proj.bias.shard = {};
-  return block;
-}
-
-void make_tensor_parallel(nn::Block& block, comm::Communicator& tp) {
-  // TODO step 3: g after each row-parallel projection, f's backward before each column
-  // HINT: block.reduce_forward and block.reduce_backward are std::function<void(Tensor&)>.
+// The placement of f and g: a region starts with f (its backward sums the partial input
+// gradients) and ends with g (it sums the partial outputs).
+Tensor TensorParallel::enter(const Tensor& x) const {
+  Tensor t = x;  // shares x's storage: the operators work in place
+  // TODO step 3: entering a region: f
+  // HINT: step 1's operators take a Tensor& and work in place: call one on t, return t.
   throw scalelab::NotImplemented(
-      "lab 07 step 3: g after each row-parallel projection, f's backward before each column (README.md#step-3)");
+      "lab 07 step 3: entering a region: f (README.md#step-3)");
+  return t;
 }
 
-void check_tp(const ModelConfig& c, int tp) {
-  SCALELAB_REQUIRE(tp >= 1, "tensor parallel size must be at least 1, got {}", tp);
-  SCALELAB_REQUIRE(c.n_head % tp == 0 && (4 * c.n_embd) % tp == 0 && c.vocab_size % tp == 0,
-                   "tensor parallel size {} must divide the heads ({}), the MLP width ({}) and "
-                   "the vocabulary ({}) of model {}",
-                   tp, c.n_head, 4 * c.n_embd, c.vocab_size, c.name);
+Tensor TensorParallel::enter_backward(const Tensor& dx) const {
+  Tensor t = dx;
+  // TODO step 3: the gradient leaving a column-parallel input: f's backward
+  throw scalelab::NotImplemented(
+      "lab 07 step 3: the gradient leaving a column-parallel input: f's backward (README.md#step-3)");
+  return t;
+}
+
+Tensor TensorParallel::leave(const Tensor& y) const {
+  Tensor t = y;
+  // TODO step 3: leaving a region: g
+  throw scalelab::NotImplemented(
+      "lab 07 step 3: leaving a region: g (README.md#step-3)");
+  return t;
+}
+
+Tensor TensorParallel::leave_backward(const Tensor& dy) const {
+  Tensor t = dy;
+  // TODO step 3: g's backward
+  throw scalelab::NotImplemented(
+      "lab 07 step 3: g's backward (README.md#step-3)");
+  return t;
 }
 
 // ---- Step 4 -----------------------------------------------------------------------------------
@@ -222,33 +224,53 @@ Tensor scatter_sequence_backward(const Tensor& dy_sp, comm::Communicator& tp) {
       "lab 07 step 5: all-gather the rows' gradients (README.md#step-5)");
 }
 
-Tensor sp_block_forward(const nn::Block& block, const Tensor& x_sp, int64_t B, int64_t T,
-                        SPBlockActivations& a, comm::Communicator& tp) {
-  const int64_t n = x_sp.size(0), C = x_sp.size(1);
-  const DType dt = x_sp.dtype();
-  const Device dev = x_sp.device();
-  a.reset();
-  Tensor out;
-  // TODO step 5: LayerNorm on the rows, gather, sharded sub-layer, scatter, bias, residual
-  // HINT: block.ln1.forward(out, mean, rstd, in); block.attn.forward(out, x (B, T, C), a.attn);
-  // HINT: block.attn.proj.add_bias(t); ops::add(out, a, b). Same for ln2 and block.mlp.
+Tensor SequenceParallel::enter(const Tensor& x) const {
+  Tensor full;
+  // TODO step 5: entering a region: our rows -> every row
   throw scalelab::NotImplemented(
-      "lab 07 step 5: LayerNorm on the rows, gather, sharded sub-layer, scatter, bias, residual (README.md#step-5)");
-  return out;
+      "lab 07 step 5: entering a region: our rows -> every row (README.md#step-5)");
+  return full;
 }
 
-Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& x_sp, int64_t B,
-                         int64_t T, const SPBlockActivations& a, comm::Communicator& tp) {
-  const int64_t C = x_sp.size(1);
-  const DType dt = x_sp.dtype();
-  const Device dev = x_sp.device();
-  Tensor dx;
-  // TODO step 5: each sub-layer backwards: gather dout and the LayerNorm output again,
-  // HINT: the sharded backward, reduce-scatter the input gradient, LayerNorm backward on the rows
-  // HINT: (layernorm_backward_rows: its weight gradients are all-reduced), residual.
+Tensor SequenceParallel::enter_backward(const Tensor& dx) const {
+  Tensor mine;
+  // TODO step 5: the whole input's partial gradient -> our rows of the sum
   throw scalelab::NotImplemented(
-      "lab 07 step 5: each sub-layer backwards: gather dout and the LayerNorm output again, (README.md#step-5)");
-  return dx;
+      "lab 07 step 5: the whole input's partial gradient -> our rows of the sum (README.md#step-5)");
+  return mine;
+}
+
+Tensor SequenceParallel::leave(const Tensor& y) const {
+  Tensor mine;
+  // TODO step 5: a partial whole output -> our rows of the sum
+  throw scalelab::NotImplemented(
+      "lab 07 step 5: a partial whole output -> our rows of the sum (README.md#step-5)");
+  return mine;
+}
+
+Tensor SequenceParallel::leave_backward(const Tensor& dy) const {
+  Tensor full;
+  // TODO step 5: our rows of the output's gradient -> the whole gradient
+  throw scalelab::NotImplemented(
+      "lab 07 step 5: our rows of the output's gradient -> the whole gradient (README.md#step-5)");
+  return full;
+}
+
+Tensor SequenceParallel::split_rows(const Tensor& x) const {
+  Tensor mine;
+  // TODO step 5: the embedding's whole output -> a copy of our rows
+  // HINT: sequence_rows; Tensor::rows is a view of rows [lo, hi) of a 2-d view; clone() copies.
+  throw scalelab::NotImplemented(
+      "lab 07 step 5: the embedding's whole output -> a copy of our rows (README.md#step-5)");
+  return mine;
+}
+
+Tensor SequenceParallel::split_rows_backward(const Tensor& dx) const {
+  Tensor full;
+  // TODO step 5: our rows' gradient -> every row's
+  throw scalelab::NotImplemented(
+      "lab 07 step 5: our rows' gradient -> every row's (README.md#step-5)");
+  return full;
 }
 
 // ---- Step 6: measure --------------------------------------------------------------------------
@@ -256,7 +278,7 @@ Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
                                      DType dtype, bool sp) {
   // TODO step 6: count what TPActivations holds, tensor by tensor
-  // HINT: see BlockActivations / SPBlockActivations / TPActivations: which are (B*T, C) on every
+  // HINT: see nn::BlockActivations / nn::GPTActivations: which are (B*T, C) on every
   // HINT: rank, which are cut by tp (heads, hidden units, vocabulary), which by sequence rows?
   // HINT: dtype_size(dtype) bytes per activation, dtype_size(ops::stats_dtype(dtype)) per statistic.
   throw scalelab::NotImplemented(
@@ -266,7 +288,8 @@ std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T,
 std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, DType dtype,
                                bool sp) {
   // TODO step 6: count the payload of every collective of one step
-  // HINT: follow one forward and one backward of TPGPT (embed, blocks, head) and list each call.
+  // HINT: follow one forward and one backward of the model (embed, blocks, head) and list each
+// HINT: call its mappings make.
   // HINT: activations in dtype; the cross-entropy's numbers and gradients in ops::stats_dtype.
   throw scalelab::NotImplemented(
       "lab 07 step 6: count the payload of every collective of one step (README.md#step-6)");

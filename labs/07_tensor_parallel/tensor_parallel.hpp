@@ -25,6 +25,8 @@
 #include "common/comm/communicator.hpp"
 #include "common/model_config.hpp"
 #include "common/nn/block.hpp"
+#include "common/nn/gpt.hpp"
+#include "common/nn/mappings.hpp"
 #include "common/nn/layernorm.hpp"
 #include "common/nn/linear.hpp"
 
@@ -90,18 +92,50 @@ struct HeadShards {
 /// ranges also when tp = 1. scalelab::UsageError when tp does not divide n_head.
 HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp);
 
-/// Given. Block `index` of a model with n_layer blocks, holding rank `rank`'s share of `tp`:
-/// attention sharded by head_shards, the MLP's fc by column_shard(4C) and its proj by
-/// row_shard(4C) (set on the parameters before they are bound, so they are what the block
-/// holds). The block's hooks are unset: see make_tensor_parallel.
+/// Given. Sets which slice of each weight `block` keeps as rank `rank` of `tp`: attention by
+/// head_shards, the MLP's fc by column_shard(4C) and its proj by row_shard(4C), the row-parallel
+/// biases whole. Called before the parameters are bound (nn::GPTOptions::cut_block), so the
+/// block holds exactly these slices of the single-device values.
+void cut_block(nn::Block& block, const ModelConfig& config, int rank, int tp);
+/// Given. Block `index` of a model with n_layer blocks, cut by cut_block (parameters not bound:
+/// bind them with an nn::ParameterSet). It computes partial sums until its mappings are set
+/// (block.mappings = a TensorParallel).
 std::unique_ptr<nn::Block> make_block(int index, const ModelConfig& config, int rank, int tp);
 
-/// Step 3b. Connects a block's communication to the operators of step 1: the block calls
-/// reduce_forward on each row-parallel projection's partial output (attention, then MLP) before
-/// adding the bias and the residual, and reduce_backward on the gradient leaving each
-/// column-parallel input (ln2's output, then ln1's). Which operator goes where? One all-reduce
-/// per sub-layer forward, one backward: 2 + 2 per block per step.
-void make_tensor_parallel(nn::Block& block, comm::Communicator& tp);
+/// Where a tensor-parallel model talks (nn::Mappings, common/nn/mappings.hpp): nn::Block calls
+/// enter before each column-parallel sub-layer (its attention, its MLP) and leave after each
+/// row-parallel one; nn::GPT calls the vocabulary pieces at its embedding and head. One object
+/// per model, on the model's tp group (kept by reference: the group must outlive the model).
+class TensorParallel : public nn::Mappings {
+ public:
+  explicit TensorParallel(comm::Communicator& tp) : tp_(tp) {}
+  /// Step 3b. Which of step 1's operators goes where? A block must make one all-reduce per
+  /// sub-layer forward and one backward: 2 + 2 per block per step, whatever tp.
+  /// enter: into a region (x whole on every rank); enter_backward: the gradient of that whole
+  /// input, a partial sum on each rank; leave: a row-parallel layer's partial output;
+  /// leave_backward: the gradient of the whole output, the same on every rank. Each returns
+  /// the tensor to continue with (it may be the one it was given, changed in place).
+  Tensor enter(const Tensor& x) const override;
+  Tensor enter_backward(const Tensor& dx) const override;
+  Tensor leave(const Tensor& y) const override;
+  Tensor leave_backward(const Tensor& dy) const override;
+
+  /// Given: the vocabulary-parallel ends with step 4's functions. The head is a column-parallel
+  /// layer over the vocabulary (the model enters its region, then computes V/tp logit columns).
+  bool splits_vocabulary() const override { return true; }
+  Tensor embedding_forward(const Tensor& wte, int64_t lo, const Tensor& wpe,
+                           const Tensor& tokens) const override;
+  void embedding_backward(Tensor& dwte, int64_t lo, Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens) const override;
+  double cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const override;
+  void cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
+                              double scale) const override;
+
+  comm::Communicator& group() const { return tp_; }
+
+ protected:
+  comm::Communicator& tp_;
+};
 
 /// Given. scalelab::UsageError (one line) unless tp >= 1 divides the heads, the MLP width 4C and
 /// the vocabulary of `config`.
@@ -176,60 +210,40 @@ Tensor scatter_sequence(const Tensor& y_partial, comm::Communicator& tp);
 /// ... backward, all-gather the rows' gradients into the whole (N, C) gradient.
 Tensor scatter_sequence_backward(const Tensor& dy_sp, comm::Communicator& tp);
 
-/// What sp_block_forward keeps: the LayerNorm outputs, their statistics and the residual on
-/// this rank's N/tp token rows; attention and MLP activations sharded by heads / hidden units
-/// (as in step 3). NOT the gathered LayerNorm outputs: backward gathers them again.
-struct SPBlockActivations {
-  Tensor ln1, ln1_mean, ln1_rstd;  // (N/tp, C), (N/tp), (N/tp)
-  nn::AttentionActivations attn;   // q, k, v (B, NH/tp, T, hs), att, y (B, T, C/tp)
-  Tensor res2;                     // (N/tp, C)
-  Tensor ln2, ln2_mean, ln2_rstd;  // (N/tp, C), (N/tp), (N/tp)
-  nn::MLPActivations mlp;          // h, g (B, T, 4C/tp)
-  void reset() { *this = SPBlockActivations{}; }
-  std::size_t nbytes() const;
-};
-
 /// Given. LayerNorm backward on this rank's token rows: din += the input gradient of the rows;
 /// the weight and bias gradients, partial sums over the ranks' rows, are computed apart,
 /// all-reduced over `tp` (2 all-reduces of C) and then added to ln's gradients (they accumulate).
 void layernorm_backward_rows(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
                              const Tensor& mean, const Tensor& rstd, comm::Communicator& tp);
 
-/// Step 5b. The block of step 3 with sequence parallelism: x_sp (N/tp, C) this rank's token rows
-/// of the block's input (B, T, C) (N = B*T); returns this rank's rows of the output. Per
-/// sub-layer: LayerNorm on the rows, gather_sequence, the sharded attention or MLP
-/// (block.attn / block.mlp forward: a partial sum), scatter_sequence, the row-parallel bias
-/// (once, on the rows), the residual on the rows. The block's hooks are not used.
-/// Communication: 2 all-gathers and 2 reduce-scatters of N*C, no all-reduce.
-Tensor sp_block_forward(const nn::Block& block, const Tensor& x_sp, int64_t B, int64_t T,
-                        SPBlockActivations& acts, comm::Communicator& tp);
-/// Step 5b. Its backward: returns dx_sp (N/tp, C); gradients += (weights: this rank's shards; the
-/// row-parallel biases: whole, from the gathered output gradient). LayerNorm weights see only
-/// this rank's rows, so their gradients are partial sums: all-reduce them (4 tensors of C per
-/// block: layernorm_backward_rows does it), keeping what the gradients held before.
-/// Communication: per sub-layer an all-gather of the output gradient, an all-gather of the
-/// LayerNorm output again (it was not kept), a reduce-scatter of the input gradient.
-Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& x_sp, int64_t B,
-                         int64_t T, const SPBlockActivations& acts, comm::Communicator& tp);
+/// The same model with sequence parallelism: between the regions every rank keeps only its
+/// N/tp token rows (LayerNorm, bias, residual, the blocks' inputs); nn::Block and nn::GPT run
+/// unchanged on those rows, and these mappings turn them into the whole (N, C) a region needs
+/// and back. The vocabulary pieces are TensorParallel's (the embedding's all-reduce, then this
+/// rank's rows: split_rows).
+class SequenceParallel : public TensorParallel {
+ public:
+  explicit SequenceParallel(comm::Communicator& tp) : TensorParallel(tp) {}
+  /// Step 5b. What replaces f and g: a block must move 2 all-gathers and 2 reduce-scatters of
+  /// N*C forward and no all-reduce of activations. enter: this rank's rows (N/tp, C) -> the
+  /// whole (N, C); enter_backward: the whole input's gradient (a partial sum) -> our rows of the
+  /// sum; leave: a partial (N, C) output -> our rows of the sum; leave_backward: our rows of the
+  /// output's gradient -> the whole gradient.
+  Tensor enter(const Tensor& x) const override;
+  Tensor enter_backward(const Tensor& dx) const override;
+  Tensor leave(const Tensor& y) const override;
+  Tensor leave_backward(const Tensor& dy) const override;
+  /// Step 5b. The embedding's output (every row on every rank, after its all-reduce) -> this
+  /// rank's rows (a copy: the whole is freed); backward: our rows' gradient -> every row's.
+  Tensor split_rows(const Tensor& x) const override;
+  Tensor split_rows_backward(const Tensor& dx) const override;
+  /// Given: layernorm_backward_rows (LayerNorm weights see only our rows: their gradients are
+  /// all-reduced, 2 vectors of C per LayerNorm).
+  void layernorm_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
+                          const Tensor& mean, const Tensor& rstd) const override;
+};
 
 // ---- The tensor-parallel GPT (given: the wiring of the steps above) ---------------------------
-
-/// What one forward of a TPGPT saves for its backward (every tensor its own allocation).
-struct TPActivations {
-  Tensor tokens, targets;                    // (B, T) i32
-  std::vector<Tensor> inputs;                // (B, T, C) each block's input (whole, every rank);
-                                             // sequence parallel: this rank's rows (N/tp, C)
-  std::vector<nn::BlockActivations> blocks;  // each block's (sharded parts: (B, T, C/tp) etc.)
-  std::vector<SPBlockActivations> sp_blocks; // the same, sequence parallel
-  Tensor x;                                  // (B, T, C) the last block's output (ln_f's input);
-                                             // sequence parallel: (N/tp, C)
-  Tensor lnf, lnf_mean, lnf_rstd;            // (B, T, C), (B*T), (B*T); sequence parallel: our
-                                             // rows (N/tp, C), (N/tp), gathered again in backward
-  Tensor probs;                              // (B*T, V/tp): this rank's softmax columns
-  void reset() { *this = TPActivations{}; }
-  /// Bytes held: blocks' activations and inputs, and the head's (x, lnf and statistics, probs).
-  std::size_t nbytes() const;
-};
 
 struct TPOptions {
   DType dtype = DType::f32;
@@ -245,59 +259,26 @@ struct TPOptions {
   bool sequence_parallel = false;
 };
 
-/// GPT-2 (as nn::GPT: same parameter names and initial values) with every block tensor
-/// parallel (make_block + make_tensor_parallel), the token embedding sharded by vocabulary
-/// (vocab_range) and the LM head tied to that shard: logits = ln_f(x) @ wte_local^T are this
-/// rank's vocabulary columns, fed to vocab_parallel_cross_entropy. With sequence_parallel,
-/// the blocks run sp_block_forward/backward on this rank's token rows: the embedding's output
-/// rows are taken after its all-reduce, ln_f runs on the rows and its output is gathered
-/// (gather_sequence) before the vocabulary-parallel head. On the CPU or a GPU (TPOptions::device).
-class TPGPT {
- public:
-  TPGPT(const ModelConfig& config, comm::Communicator& tp, const TPOptions& options = {});
-  TPGPT(const TPGPT&) = delete;
-  TPGPT& operator=(const TPGPT&) = delete;
-
-  const ModelConfig& config() const { return config_; }
-  /// Mean cross-entropy of tokens -> targets (B, T); fills acts.
-  double forward(const Tensor& tokens, const Tensor& targets, TPActivations& acts);
-  /// Gradients (+=) of loss_scale * mean loss; consumes acts.
-  void backward(TPActivations& acts, double loss_scale = 1.0);
-  /// The pieces of forward (for measuring the head alone).
-  Tensor embed(const Tensor& tokens, TPActivations& acts);
-  Tensor forward_blocks(const Tensor& x, TPActivations& acts);
-  double head_forward(const Tensor& x, const Tensor& targets, TPActivations& acts);
-
-  nn::ParameterSet& params() { return params_; }
-  const std::vector<nn::Parameter*>& parameters() const { return params_.list(); }
-  /// Elements this rank holds.
-  int64_t num_parameters() const { return params_.numel(); }
-  void zero_grad() { params_.zero_grad(); }
-  nn::Block& block(int i) { return *blocks_.at(i); }
-
-  nn::Parameter wte, wpe;  // wte: rows [vocab.lo, vocab.hi) of (V, C); wpe whole
-  VocabRange vocab;
-  std::vector<std::unique_ptr<nn::Block>> blocks_;
-  nn::LayerNorm ln_f;
-
- private:
-  ModelConfig config_;
-  comm::Communicator& tp_;
-  bool sp_;
-  nn::ParameterSet params_;
-};
+/// Given. This rank's share of the tensor-parallel GPT: the library's nn::GPT (the same
+/// parameter names, order and initial values as the single device) with every block cut by
+/// cut_block, wte (and the tied head) holding this rank's vocabulary rows (vocab_range), and
+/// the mappings TensorParallel on tp (SequenceParallel with sequence_parallel). Train it as any
+/// nn::GPT: forward(tokens, targets, acts), backward(acts). check_tp first.
+std::unique_ptr<nn::GPT> make_tp_gpt(const ModelConfig& config, comm::Communicator& tp,
+                                     const TPOptions& options = {});
 
 // ---- Step 6: measure ------------------------------------------------------------------------
 
-/// Step 6a. The bytes of activations one rank holds after TPGPT::forward on a (B, T) batch
-/// (exactly TPActivations::nbytes), activations in `dtype` (bf16 in mixed precision) and
+/// Step 6a. The bytes of activations one rank holds after the forward of make_tp_gpt's model on
+/// a (B, T) batch (exactly nn::GPTActivations::nbytes), activations in `dtype` (bf16 in mixed precision) and
 /// LayerNorm statistics in ops::stats_dtype(dtype) (fp32 for bf16): per block the tensors every rank
 /// keeps whole (input, ln1, res2, ln2 (B*T, C) and 4 statistics (B*T); with sequence parallelism
 /// only its B*T/tp rows of them) and the sharded ones (q, k, v, y: C/tp; att: NH/tp heads of
 /// (T, T); h, g: 4C/tp); the head's x and lnf (rows, C), 2 statistics (rows), probs (B*T, V/tp).
 std::size_t activation_bytes_formula(const ModelConfig& config, int64_t B, int64_t T, int tp,
                                      DType dtype, bool sequence_parallel = false);
-/// Step 6b. The payload bytes one training step (forward + backward) of a TPGPT submits per rank,
+/// Step 6b. The payload bytes one training step (forward + backward) of make_tp_gpt's model
+/// submits per rank,
 /// exactly as the byte counters count them (common/comm/stats.hpp: all-reduce the tensor,
 /// all-gather its output, reduce-scatter its input). Without sequence parallelism: per block 2
 /// all-reduces of B*T*C forward and 2 backward; the embedding's all-reduce of B*T*C; the head's

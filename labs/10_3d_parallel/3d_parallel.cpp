@@ -1,5 +1,5 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 28fa645bbe80beb8 (lets make-labs see your edits).
+// step (see README.md). Body hash 42ecc5460777c580 (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
@@ -64,9 +64,9 @@ std::unique_ptr<nn::GPT> build_3d_model(const ModelConfig& config, Groups& g,
                                         nn::GPTOptions options, bool checkpoint) {
   std::unique_ptr<nn::GPT> model;
   // TODO step 2: a pipeline stage of tensor-parallel blocks, vocabulary-parallel ends
-  // HINT: nn::GPTOptions: first_block / last_block (lab08::stage_layers), tp_rank / tp_size,
-  // HINT: vocab_lo / vocab_hi (lab07::vocab_range); then a Stage3D on g.tp.
-  // HINT: a block computes partial sums until its hooks are set: lab07::make_tensor_parallel.
+  // HINT: nn::GPTOptions: first_block / last_block (lab08::stage_layers), tp_rank / tp_size and
+  // HINT: cut_block (lab07::cut_block), vocab_lo / vocab_hi (lab07::vocab_range). Then the model's
+  // HINT: hook points: set_mappings (lab 07's TensorParallel on g.tp), set_block_policy.
   throw scalelab::NotImplemented(
       "lab 10 step 2: a pipeline stage of tensor-parallel blocks, vocabulary-parallel ends (README.md#step-2)");
   return model;

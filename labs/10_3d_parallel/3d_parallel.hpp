@@ -72,52 +72,33 @@ struct Groups {
 };
 Groups groups_of(const comm::ProcessGrid& grid);
 
-// ---- given: the 3D stage ---------------------------------------------------------------------------
+// ---- given: checkpointing as a policy ----------------------------------------------------------
 
-/// Given (stage3d.cpp). One rank's model: an nn::GPT holding what `options` says (blocks
-/// [first_block, last_block) of a pipeline stage, tp share tp_rank of tp_size of each block,
-/// vocabulary rows [vocab_lo, vocab_hi) of wte / the last stage's lm_head.weight copy) whose
-/// ENDS are vocabulary parallel over `tp` (lab 07 step 4): embed is
-/// vocab_parallel_embedding_forward (one all-reduce of (B, T, C)), the head's logits are this
-/// rank's V/tp columns fed to vocab_parallel_cross_entropy (three all-reduces of B*T), the head's
-/// backward all-reduces the partial gradient of ln_f's output (f's backward) before ln_f. With
-/// `checkpoint`, forward_blocks keeps each block's input only and backward_blocks recomputes a
-/// block's forward right before its backward (lab 06's full checkpointing; a tensor-parallel
-/// block's recomputation repeats its 2 forward all-reduces). It overrides nn::GPT's virtual
-/// pieces, so lab 08's run_schedule and lab 09's trainers drive it unchanged. The blocks' tp
-/// hooks are the caller's (lab07::make_tensor_parallel). Keeps a reference to `tp`, which must be
-/// the group of options.tp_rank / tp_size (or a 1-rank group: one rank's shapes, partial sums,
-/// for measuring sizes).
-class Stage3D : public nn::GPT {
+/// Given (checkpoint.cpp). Full activation checkpointing of every block (lab 06) as an
+/// nn::BlockPolicy: after a block's forward its activations are dropped (the model keeps the
+/// block's input), right before its backward they are recomputed from that input (a
+/// tensor-parallel block's recomputation repeats its 2 forward all-reduces). nn::GPT calls it
+/// inside forward_blocks / backward_blocks, so it composes with any schedule of lab 08.
+class FullCheckpoint : public nn::BlockPolicy {
  public:
-  Stage3D(const ModelConfig& config, const nn::GPTOptions& options, comm::Communicator& tp,
-          bool checkpoint = false);
-  bool checkpoint() const { return checkpoint_; }
-
-  Tensor embed(const Tensor& tokens, nn::GPTActivations& acts) const override;
-  Tensor forward_blocks(const Tensor& x, nn::GPTActivations& acts) const override;
-  double head_forward(const Tensor& x, const Tensor& targets,
-                      nn::GPTActivations& acts) const override;
-  Tensor head_backward(nn::GPTActivations& acts, double loss_scale = 1.0) override;
-  Tensor backward_blocks(const Tensor& dout, nn::GPTActivations& acts) override;
-  void embed_backward(const Tensor& dx, nn::GPTActivations& acts) override;
-
- private:
-  comm::Communicator& tp_;
-  bool checkpoint_;
+  void after_forward(const nn::Block& block, const Tensor& input, nn::BlockActivations& acts,
+                     int64_t seq_len) const override;
+  void before_backward(const nn::Block& block, const Tensor& input, nn::BlockActivations& acts,
+                       int64_t seq_len) const override;
 };
 
 // ---- Step 2: the 3D model ---------------------------------------------------------------------------
 
-/// Step 2. This rank's model, a Stage3D on g.tp: pipeline stage g.coord.pp of g.shape.pp (blocks
-/// lab08::stage_layers(L, pp, stage) in options.first_block / last_block; the embedding on the
-/// first stage, ln_f and the head on the last), each block holding tp rank g.coord.tp's share of
-/// g.shape.tp (options.tp_rank, tp_size: the heads and MLP units of lab 07's head_shards /
-/// column_shard / row_shard) and made tensor parallel over g.tp (lab07::make_tensor_parallel),
-/// and wte / the head's copy holding tp rank g.coord.tp's vocabulary rows (lab07::vocab_range in
-/// options.vocab_lo / vocab_hi). `options` gives seed, dtype, device, storage; every parameter is
-/// drawn whole from (seed, name) and cut, so a rank holds exactly its slice of the single-device
-/// model. `checkpoint`: full activation checkpointing of every block (Stage3D).
+/// Step 2. This rank's model: the library's nn::GPT holding pipeline stage g.coord.pp of
+/// g.shape.pp (blocks lab08::stage_layers(L, pp, stage) in options.first_block / last_block; the
+/// embedding on the first stage, ln_f and the head on the last), each block holding tp rank
+/// g.coord.tp's share of g.shape.tp (options.tp_rank, tp_size, cut by lab 07's functions:
+/// options.cut_block = lab07::cut_block), wte / the head's copy holding tp rank g.coord.tp's
+/// vocabulary rows (lab07::vocab_range in options.vocab_lo / vocab_hi), talking through lab 07's
+/// mappings on g.tp (set_mappings: lab07::TensorParallel) and, with `checkpoint`, recomputing its
+/// blocks (set_block_policy: FullCheckpoint). `options` gives seed, dtype, device, storage; every
+/// parameter is drawn whole from (seed, name) and cut, so a rank holds exactly its slice of the
+/// single-device model. The model keeps a reference to g.tp: `g` must outlive it.
 std::unique_ptr<nn::GPT> build_3d_model(const ModelConfig& config, Groups& g,
                                         nn::GPTOptions options = {}, bool checkpoint = false);
 
@@ -186,8 +167,8 @@ void check_runnable(const Plan& plan);
 ///   0     step_3d, then a whole AdamW on every rank
 ///   1     step_3d, then Zero1Optimizer (the model padded to dp shards)
 ///   2, 3  (check_runnable: pp = 1, m = 1) lab 09's Zero2 / Zero3 trainer over g.dp, whose model
-///         is this rank's Stage3D (lab09::ModelBuilder): it takes this replica's rows (dp rank d:
-///         the same rows as dp_rows), reduces each unit's gradient to its owners over dp (2) or
+///         is this rank's 3D model (build_3d_model, as lab09::ModelBuilder): it takes this
+///         replica's rows (dp rank d: the same rows as dp_rows), reduces each unit's gradient to its owners over dp (2) or
 ///         gathers each unit before use and reduce-scatters its gradient (3); the tp all-reduces
 ///         happen inside the blocks and the vocabulary-parallel ends as in step_3d.
 /// Keeps references to `g`.

@@ -132,39 +132,39 @@ HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp) {
   // END SOLUTION
 }
 
-std::unique_ptr<nn::Block> make_block(int index, const ModelConfig& c, int rank, int tp) {
-  auto block = std::make_unique<nn::Block>(index, c.n_embd, c.n_head, c.n_layer, rank, tp);
-  // The library's Block already knows how to hold a 1/tp share; here the shards come from this
-  // lab's functions, so the block holds what the attendee's cut says (wrong cuts show up as
-  // wrong numbers or wrong shapes in the graders).
-  const HeadShards heads = head_shards(c.n_embd, c.n_head, rank, tp);
-  nn::Linear& qkv = block->attn.qkv;
-  qkv.weight.shard = heads.qkv;
-  qkv.bias.shard = heads.qkv;  // the bias rows follow the weight rows
-  block->attn.proj.weight.shard = heads.proj;
-  block->attn.proj.bias.shard = {};  // row parallel: the bias is whole
-  block->mlp.fc.weight.shard = column_shard(4 * c.n_embd, rank, tp);
-  block->mlp.fc.bias.shard = block->mlp.fc.weight.shard;
-  block->mlp.proj.weight.shard = row_shard(4 * c.n_embd, rank, tp);
-  block->mlp.proj.bias.shard = {};
-  return block;
-}
-
-void make_tensor_parallel(nn::Block& block, comm::Communicator& tp) {
-  // BEGIN SOLUTION step 3: g after each row-parallel projection, f's backward before each column
-  // HINT: block.reduce_forward and block.reduce_backward are std::function<void(Tensor&)>.
-  comm::Communicator* group = &tp;  // the communicator must outlive the block
-  block.reduce_forward = [group](Tensor& y) { g_forward(y, *group); };
-  block.reduce_backward = [group](Tensor& dx) { f_backward(dx, *group); };
+// The placement of f and g: a region starts with f (its backward sums the partial input
+// gradients) and ends with g (it sums the partial outputs).
+Tensor TensorParallel::enter(const Tensor& x) const {
+  Tensor t = x;  // shares x's storage: the operators work in place
+  // BEGIN SOLUTION step 3: entering a region: f
+  // HINT: step 1's operators take a Tensor& and work in place: call one on t, return t.
+  f_forward(t, tp_);
   // END SOLUTION
+  return t;
 }
 
-void check_tp(const ModelConfig& c, int tp) {
-  SCALELAB_REQUIRE(tp >= 1, "tensor parallel size must be at least 1, got {}", tp);
-  SCALELAB_REQUIRE(c.n_head % tp == 0 && (4 * c.n_embd) % tp == 0 && c.vocab_size % tp == 0,
-                   "tensor parallel size {} must divide the heads ({}), the MLP width ({}) and "
-                   "the vocabulary ({}) of model {}",
-                   tp, c.n_head, 4 * c.n_embd, c.vocab_size, c.name);
+Tensor TensorParallel::enter_backward(const Tensor& dx) const {
+  Tensor t = dx;
+  // BEGIN SOLUTION step 3: the gradient leaving a column-parallel input: f's backward
+  f_backward(t, tp_);
+  // END SOLUTION
+  return t;
+}
+
+Tensor TensorParallel::leave(const Tensor& y) const {
+  Tensor t = y;
+  // BEGIN SOLUTION step 3: leaving a region: g
+  g_forward(t, tp_);
+  // END SOLUTION
+  return t;
+}
+
+Tensor TensorParallel::leave_backward(const Tensor& dy) const {
+  Tensor t = dy;
+  // BEGIN SOLUTION step 3: g's backward
+  g_backward(t, tp_);
+  // END SOLUTION
+  return t;
 }
 
 // ---- Step 4 -----------------------------------------------------------------------------------
@@ -300,74 +300,55 @@ Tensor scatter_sequence_backward(const Tensor& dy_sp, comm::Communicator& tp) {
   // END SOLUTION
 }
 
-Tensor sp_block_forward(const nn::Block& block, const Tensor& x_sp, int64_t B, int64_t T,
-                        SPBlockActivations& a, comm::Communicator& tp) {
-  const int64_t n = x_sp.size(0), C = x_sp.size(1);
-  const DType dt = x_sp.dtype();
-  const Device dev = x_sp.device();
-  a.reset();
-  Tensor out;
-  // BEGIN SOLUTION step 5: LayerNorm on the rows, gather, sharded sub-layer, scatter, bias, residual
-  // HINT: block.ln1.forward(out, mean, rstd, in); block.attn.forward(out, x (B, T, C), a.attn);
-  // HINT: block.attn.proj.add_bias(t); ops::add(out, a, b). Same for ln2 and block.mlp.
-  a.ln1 = Tensor::empty({n, C}, dt, dev);
-  a.ln1_mean = Tensor::empty({n}, ops::stats_dtype(dt), dev);  // fp32 for bf16 activations
-  a.ln1_rstd = Tensor::empty({n}, ops::stats_dtype(dt), dev);
-  block.ln1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_sp);
-  a.res2 = Tensor::empty({n, C}, dt, dev);
-  {
-    const Tensor ln1_full = gather_sequence(a.ln1, tp).view({B, T, C});  // not kept
-    Tensor partial = Tensor::empty({B, T, C}, dt, dev);
-    block.attn.forward(partial, ln1_full, a.attn);  // our heads' share of the projection
-    Tensor attn_sp = scatter_sequence(partial, tp);  // (n, C): the sum, our rows only
-    block.attn.proj.add_bias(attn_sp);
-    ops::add(a.res2, x_sp, attn_sp);
-  }
-  a.ln2 = Tensor::empty({n, C}, dt, dev);
-  a.ln2_mean = Tensor::empty({n}, ops::stats_dtype(dt), dev);
-  a.ln2_rstd = Tensor::empty({n}, ops::stats_dtype(dt), dev);
-  block.ln2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2);
-  {
-    const Tensor ln2_full = gather_sequence(a.ln2, tp).view({B, T, C});
-    Tensor partial = Tensor::empty({B, T, C}, dt, dev);
-    block.mlp.forward(partial, ln2_full, a.mlp);
-    out = scatter_sequence(partial, tp);
-    block.mlp.proj.add_bias(out);
-    ops::add(out, out, a.res2);
-  }
+Tensor SequenceParallel::enter(const Tensor& x) const {
+  Tensor full;
+  // BEGIN SOLUTION step 5: entering a region: our rows -> every row
+  full = gather_sequence(x.view({-1, x.size(-1)}), tp_);
   // END SOLUTION
-  return out;
+  return full;
 }
 
-Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& x_sp, int64_t B,
-                         int64_t T, const SPBlockActivations& a, comm::Communicator& tp) {
-  const int64_t C = x_sp.size(1);
-  const DType dt = x_sp.dtype();
-  const Device dev = x_sp.device();
-  Tensor dx;
-  // BEGIN SOLUTION step 5: each sub-layer backwards: gather dout and the LayerNorm output again,
-  // HINT: the sharded backward, reduce-scatter the input gradient, LayerNorm backward on the rows
-  // HINT: (layernorm_backward_rows: its weight gradients are all-reduced), residual.
-  Tensor dres2 = dout_sp.clone();  // the residual passes the gradient straight through
-  {
-    const Tensor dmlp = scatter_sequence_backward(dout_sp, tp).view({B, T, C});
-    const Tensor ln2_full = gather_sequence(a.ln2, tp).view({B, T, C});  // again: not kept
-    Tensor dln2 = Tensor::zeros({B, T, C}, dt, dev);
-    block.mlp.backward(dln2, dmlp, ln2_full, a.mlp);  // dln2: a partial sum (our hidden units)
-    const Tensor dln2_sp = gather_sequence_backward(dln2, tp);
-    layernorm_backward_rows(block.ln2, dres2, dln2_sp, a.res2, a.ln2_mean, a.ln2_rstd, tp);
-  }
-  dx = dres2.clone();
-  {
-    const Tensor dattn = scatter_sequence_backward(dres2, tp).view({B, T, C});
-    const Tensor ln1_full = gather_sequence(a.ln1, tp).view({B, T, C});
-    Tensor dln1 = Tensor::zeros({B, T, C}, dt, dev);
-    block.attn.backward(dln1, dattn, ln1_full, a.attn);
-    const Tensor dln1_sp = gather_sequence_backward(dln1, tp);
-    layernorm_backward_rows(block.ln1, dx, dln1_sp, x_sp, a.ln1_mean, a.ln1_rstd, tp);
-  }
+Tensor SequenceParallel::enter_backward(const Tensor& dx) const {
+  Tensor mine;
+  // BEGIN SOLUTION step 5: the whole input's partial gradient -> our rows of the sum
+  mine = gather_sequence_backward(dx, tp_);
   // END SOLUTION
-  return dx;
+  return mine;
+}
+
+Tensor SequenceParallel::leave(const Tensor& y) const {
+  Tensor mine;
+  // BEGIN SOLUTION step 5: a partial whole output -> our rows of the sum
+  mine = scatter_sequence(y, tp_);
+  // END SOLUTION
+  return mine;
+}
+
+Tensor SequenceParallel::leave_backward(const Tensor& dy) const {
+  Tensor full;
+  // BEGIN SOLUTION step 5: our rows of the output's gradient -> the whole gradient
+  full = scatter_sequence_backward(dy.view({-1, dy.size(-1)}), tp_);
+  // END SOLUTION
+  return full;
+}
+
+Tensor SequenceParallel::split_rows(const Tensor& x) const {
+  Tensor mine;
+  // BEGIN SOLUTION step 5: the embedding's whole output -> a copy of our rows
+  // HINT: sequence_rows; Tensor::rows is a view of rows [lo, hi) of a 2-d view; clone() copies.
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  const TokenRange rows = sequence_rows(N, tp_.rank(), tp_.size());
+  mine = x.view({N, C}).rows(rows.lo, rows.hi).clone();  // (N/tp, C)
+  // END SOLUTION
+  return mine;
+}
+
+Tensor SequenceParallel::split_rows_backward(const Tensor& dx) const {
+  Tensor full;
+  // BEGIN SOLUTION step 5: our rows' gradient -> every row's
+  full = scatter_sequence_backward(dx, tp_);
+  // END SOLUTION
+  return full;
 }
 
 // ---- Step 6: measure --------------------------------------------------------------------------
@@ -375,7 +356,7 @@ Tensor sp_block_backward(nn::Block& block, const Tensor& dout_sp, const Tensor& 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
                                      DType dtype, bool sp) {
   // BEGIN SOLUTION step 6: count what TPActivations holds, tensor by tensor
-  // HINT: see BlockActivations / SPBlockActivations / TPActivations: which are (B*T, C) on every
+  // HINT: see nn::BlockActivations / nn::GPTActivations: which are (B*T, C) on every
   // HINT: rank, which are cut by tp (heads, hidden units, vocabulary), which by sequence rows?
   // HINT: dtype_size(dtype) bytes per activation, dtype_size(ops::stats_dtype(dtype)) per statistic.
   const int64_t elem = dtype_size(dtype), stat = dtype_size(ops::stats_dtype(dtype));
@@ -395,7 +376,8 @@ std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T,
 std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, DType dtype,
                                bool sp) {
   // BEGIN SOLUTION step 6: count the payload of every collective of one step
-  // HINT: follow one forward and one backward of TPGPT (embed, blocks, head) and list each call.
+  // HINT: follow one forward and one backward of the model (embed, blocks, head) and list each
+// HINT: call its mappings make.
   // HINT: activations in dtype; the cross-entropy's numbers and gradients in ops::stats_dtype.
   const int64_t NC = B * T * c.n_embd, N = B * T, C = c.n_embd, L = c.n_layer;
   const int64_t elem = dtype_size(dtype), stat = dtype_size(ops::stats_dtype(dtype));

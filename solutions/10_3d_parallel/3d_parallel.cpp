@@ -79,21 +79,24 @@ std::unique_ptr<nn::GPT> build_3d_model(const ModelConfig& config, Groups& g,
                                         nn::GPTOptions options, bool checkpoint) {
   std::unique_ptr<nn::GPT> model;
   // BEGIN SOLUTION step 2: a pipeline stage of tensor-parallel blocks, vocabulary-parallel ends
-  // HINT: nn::GPTOptions: first_block / last_block (lab08::stage_layers), tp_rank / tp_size,
-  // HINT: vocab_lo / vocab_hi (lab07::vocab_range); then a Stage3D on g.tp.
-  // HINT: a block computes partial sums until its hooks are set: lab07::make_tensor_parallel.
+  // HINT: nn::GPTOptions: first_block / last_block (lab08::stage_layers), tp_rank / tp_size and
+  // HINT: cut_block (lab07::cut_block), vocab_lo / vocab_hi (lab07::vocab_range). Then the model's
+  // HINT: hook points: set_mappings (lab 07's TensorParallel on g.tp), set_block_policy.
   const lab08::LayerRange r =
       lab08::stage_layers(static_cast<int>(config.n_layer), g.shape.pp, g.coord.pp);
   const lab07::VocabRange v = lab07::vocab_range(config.vocab_size, g.coord.tp, g.shape.tp);
+  const int rank = g.coord.tp, tp = g.shape.tp;
   options.first_block = r.first;
   options.last_block = r.last;
-  options.tp_rank = g.coord.tp;
-  options.tp_size = g.shape.tp;
+  options.tp_rank = rank;
+  options.tp_size = tp;
+  options.cut_block = [config, rank, tp](nn::Block& b) { lab07::cut_block(b, config, rank, tp); };
   options.vocab_lo = v.lo;
   options.vocab_hi = v.hi;
-  model = std::make_unique<Stage3D>(config, options, g.tp, checkpoint);
-  for (int i = model->first_block(); i < model->last_block(); ++i)
-    lab07::make_tensor_parallel(model->block(i), g.tp);
+  model = std::make_unique<nn::GPT>(config, options);
+  // the blocks' f and g and the vocabulary-parallel ends, all on this rank's tp group
+  model->set_mappings(std::make_shared<lab07::TensorParallel>(g.tp));
+  if (checkpoint) model->set_block_policy(std::make_shared<FullCheckpoint>());
   // END SOLUTION
   return model;
 }

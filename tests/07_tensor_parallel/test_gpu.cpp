@@ -41,8 +41,10 @@ TEST(Gpu_TPGPT, OneStepOnCudaMatchesTheCpu) {
       const lab07::TPOptions on_cpu{.compute_dtype = precision, .seed = 5, .sequence_parallel = sp};
       lab07::TPOptions on_gpu = on_cpu;
       on_gpu.device = gpu;
-      lab07::TPGPT host(config, group(), on_cpu), dev(config, group(), on_gpu);
-      lab07::TPActivations host_acts, dev_acts;
+      auto host_model = lab07::make_tp_gpt(config, group(), on_cpu);
+      auto dev_model = lab07::make_tp_gpt(config, group(), on_gpu);
+      nn::GPT &host = *host_model, &dev = *dev_model;
+      nn::GPTActivations host_acts, dev_acts;
       host.zero_grad();
       dev.zero_grad();
       const double want = host.forward(x, y, host_acts);

@@ -1,11 +1,12 @@
 // Lab 07 step 3: the tensor-parallel block, float64, against the single-device nn::Block.
 // The single-device block gets random values (LayerNorms and biases included); the TP block
-// (lab07::make_block, which cuts with the attendee's head_shards, column_shard and row_shard, and
-// the attendee's make_tensor_parallel hooks) holds its shard of them. Checked:
+// (lab07::make_block, which cuts with the attendee's head_shards, column_shard and row_shard,
+// talking through the attendee's lab07::TensorParallel mappings) holds its shard of them. Checked:
 //  - HOLDS: q, k, v rows and projection columns of NH/tp whole heads, 4C/tp MLP units;
 //  - COMPUTES: output, dx and every gradient shard within kRel = 1e-12 of the largest value;
 //  - SENDS: exactly 2 all-reduces of B*T*C forward (attention, MLP) and 2 backward;
-//  - a GPT of TP blocks (nn::GPT with tp_rank/tp_size and these hooks) follows the single-device
+//  - a GPT of TP blocks (nn::GPT with tp_rank/tp_size, these mappings on its blocks; embedding and
+//    head whole on every rank) follows the single-device
 //    GPT over 5 AdamW steps, every parameter shard within kAdamRel = 1e-9 of its largest value.
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include "common/nn/gpt.hpp"
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
+#include "tests/support/reduce_mappings.hpp"
 #include "tp_test_support.hpp"
 
 using namespace scalelab;
@@ -82,11 +84,15 @@ void take_shard(nn::Block& part, nn::ParameterSet& set, const Whole& whole) {
 }
 
 // Written here for the planted faults (they never call the attendee's code): the library's own
-// TP block (nn::Block with tp_rank/tp_size) with all-reduces in both hooks.
+// TP block (nn::Block with tp_rank/tp_size) whose mappings all-reduce leaving a region (g) and
+// the gradient entering it (f's backward).
+void all_reduce(Tensor& t) { group().all_reduce(t); }
+const scalelab::labtest::ReduceMappings kFAndG(all_reduce, all_reduce);
+const scalelab::labtest::ReduceMappings kOnlyG(all_reduce, nullptr);
+
 std::unique_ptr<nn::Block> planted_base(const ModelConfig& c) {
   auto b = std::make_unique<nn::Block>(0, c.n_embd, c.n_head, c.n_layer, rank(), size());
-  b->reduce_forward = [](Tensor& t) { group().all_reduce(t); };
-  b->reduce_backward = [](Tensor& t) { group().all_reduce(t); };
+  b->mappings = &kFAndG;
   return b;
 }
 
@@ -123,7 +129,8 @@ TEST(Step3_HeadShards, TpNotDividingTheHeadsIsAUsageError) {
 TEST(Step3_Block, EqualsTheSingleDeviceBlock) {
   Whole whole;
   auto part = lab07::make_block(0, whole.c, rank(), size());
-  lab07::make_tensor_parallel(*part, group());
+  const lab07::TensorParallel tp(group());
+  part->mappings = &tp;
   nn::ParameterSet set;
   take_shard(*part, set, whole);
   EXPECT_TRUE(check_block(*part, whole));
@@ -132,7 +139,8 @@ TEST(Step3_Block, EqualsTheSingleDeviceBlock) {
 TEST(Step3_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
   const ModelConfig c = test_config();
   nn::GPT single(c, f64()), part(c, f64(rank(), size()));
-  for (int i = 0; i < c.n_layer; ++i) lab07::make_tensor_parallel(part.block(i), group());
+  const lab07::TensorParallel tp(group());
+  for (int i = 0; i < c.n_layer; ++i) part.block(i).mappings = &tp;  // the blocks only
   optim::AdamW a1(optim::groups(single.parameters())), a2(optim::groups(part.parameters()));
   for (int step = 0; step < 5; ++step) {
     const Tensor x = random_tokens(2, 8, c.vocab_size, 100 + step),
@@ -184,11 +192,12 @@ TEST(Step3_PlantedFault, EveryRankComputingTheWholeBlockIsCaught) {
   EXPECT_FALSE(check_block(part, whole)) << "the check of Step3_Block must fail";
 }
 
-// f's backward left out of the block (no reduce_backward): the forward is right, dx is not.
+// f's backward left out of the block (enter_backward the identity): the forward is right, dx is
+// not.
 TEST(Step3_PlantedFault, BlockWithoutFsBackwardIsCaught) {
   Whole whole;
   auto part = planted_base(whole.c);
-  part->reduce_backward = nullptr;
+  part->mappings = &kOnlyG;
   nn::ParameterSet set;
   take_shard(*part, set, whole);
   EXPECT_FALSE(check_block(*part, whole)) << "the check of Step3_Block must fail";

@@ -135,8 +135,10 @@ TEST(Step4_CrossEntropy, BackwardIsProbsMinusOneHotOnOurColumns) {
 TEST(Step4_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
   const ModelConfig c = test_config();
   nn::GPT single(c, single_f64());
-  lab07::TPGPT part(c, group(), {.dtype = DType::f64, .seed = 23});
-  EXPECT_EQ(part.wte.shape(), (std::vector<int64_t>{c.vocab_size / size(), c.n_embd}))
+  auto part_model = lab07::make_tp_gpt(c, group(), {.dtype = DType::f64, .seed = 23});
+  nn::GPT& part = *part_model;
+  EXPECT_EQ(part.embedding->wte.shape(),
+            (std::vector<int64_t>{c.vocab_size / size(), c.n_embd}))
       << "wte (and the tied head) sharded by vocabulary rows";
   optim::AdamW a1(optim::groups(single.parameters())), a2(optim::groups(part.parameters()));
   for (int step = 0; step < 5; ++step) {
@@ -147,7 +149,7 @@ TEST(Step4_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
     single.backward();
     a1.step(1e-2);
     part.zero_grad();
-    lab07::TPActivations acts;
+    nn::GPTActivations acts;
     const double got = part.forward(x, y, acts);
     part.backward(acts);
     a2.step(1e-2);
@@ -166,16 +168,17 @@ TEST(Step4_GPT, MixedPrecisionFollowsTheBf16SingleDeviceGPT) {
 
 TEST(Step4_GPT, TheFullLogitsNeverExistOnOneRank) {
   const ModelConfig c = test_config();
-  lab07::TPGPT model(c, group(), {.dtype = DType::f32, .seed = 5});
+  auto owner = lab07::make_tp_gpt(c, group(), {.dtype = DType::f32, .seed = 5});
+  nn::GPT& model = *owner;
   const int64_t B = 4, T = 16, BT = B * T;
   const Tensor x = random_tokens(B, T, c.vocab_size, 61), y = random_tokens(B, T, c.vocab_size, 62);
-  lab07::TPActivations acts;
+  nn::GPTActivations acts;
   const Tensor h = model.forward_blocks(model.embed(x, acts), acts);
   reset_peak_memory(Device::cpu());
   const std::size_t start = memory_stats(Device::cpu()).current;
   model.head_forward(h, y, acts);
   const std::size_t peak = memory_stats(Device::cpu()).peak - start;
-  EXPECT_EQ(acts.probs.shape(), (std::vector<int64_t>{BT, c.vocab_size / size()}));
+  EXPECT_EQ(acts.head.probs.shape(), (std::vector<int64_t>{BT, c.vocab_size / size()}));
   // the head's own tensors: lnf (B*T*C), its statistics (2 B*T), probs (B*T*V/tp); the
   // cross-entropy's three B*T vectors
   const std::size_t want = (BT * c.n_embd + 2 * BT + BT * c.vocab_size / size() + 3 * BT) * 4;

@@ -1,15 +1,20 @@
 // Lab 07 step 5: sequence parallelism, float64.
 //  - the operators: all-gather / reduce-scatter of rows on integer-valued tensors (exact), with
 //    their byte counts (payload: all-gather its output, reduce-scatter its input);
-//  - the SP block against the single-device nn::Block: this rank's rows of the output and of dx,
-//    every gradient shard (LayerNorm gradients whole after their all-reduce) within kRel = 1e-12;
+//  - the library's nn::Block on this rank's rows, talking through the attendee's
+//    lab07::SequenceParallel mappings, against the single-device nn::Block: this rank's rows of
+//    the output and of dx, every gradient shard (LayerNorm gradients whole after their
+//    all-reduce) within kRel = 1e-12;
 //  - what it SENDS: forward exactly 2 all-gathers + 2 reduce-scatters of N*C, no all-reduce;
 //    backward 4 all-gathers + 2 reduce-scatters of N*C and all-reduces of the 4 LayerNorm
 //    gradients only (4*C numbers);
 //  - what it HOLDS: the activations' bytes equal the formula, the replicated (B, T, C) tensors
 //    cut to N/tp rows: less than the block of step 3 holds for tp >= 2 (allocator-exact sizes);
-//  - the TPGPT with sequence_parallel follows the single-device GPT over 5 AdamW steps (kAdamRel).
+//  - the GPT with sequence parallelism (make_tp_gpt) follows the single-device GPT over 5 AdamW
+//    steps (kAdamRel).
 #include <gtest/gtest.h>
+
+#include <map>
 
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
@@ -23,11 +28,6 @@ using namespace lab07test;
 namespace {
 
 constexpr int64_t kB = 2, kT = 4, kN = kB * kT;
-
-// A sequence-parallel block implementation, as the check sees it.
-using Forward = std::function<Tensor(const nn::Block&, const Tensor&, lab07::SPBlockActivations&)>;
-using Backward = std::function<Tensor(nn::Block&, const Tensor&, const Tensor&,
-                                      const lab07::SPBlockActivations&)>;
 
 struct Whole {
   ModelConfig c = test_config();
@@ -58,15 +58,15 @@ std::size_t sp_block_bytes(const ModelConfig& c, int tp) {
                                   kB * (c.n_head / tp) * kT * kT + 2 * kN * 4 * C / tp) * 8;
 }
 
-::testing::AssertionResult check_sp_block(nn::Block& part, const Whole& whole,
-                                          const Forward& forward, const Backward& backward) {
+// `part` (its mappings set) on this rank's rows of the whole block's input, forward and backward.
+::testing::AssertionResult check_sp_block(nn::Block& part, const Whole& whole) {
   const int tp = size(), r = rank();
   const int64_t C = whole.c.n_embd, n = kN / tp, lo = r * n, NC8 = kN * C * 8;
   const Tensor x_sp = rows_of(whole.x, lo, lo + n);
-  lab07::SPBlockActivations a;
+  nn::BlockActivations a;
   Tensor y_sp, dx_sp;
   Verdict v;
-  const Traffic fwd = traffic_of([&] { y_sp = forward(part, x_sp, a); });
+  const Traffic fwd = traffic_of([&] { y_sp = part.forward(x_sp, a, kT); });
   if (a.nbytes() != sp_block_bytes(whole.c, tp))
     v(::testing::AssertionFailure()
           << "the block holds " << a.nbytes() << " bytes of activations, the formula (LayerNorm "
@@ -80,7 +80,7 @@ std::size_t sp_block_bytes(const ModelConfig& c, int tp) {
           << " bytes (N x C) and nothing else; the counters say:\n" << fwd.str(), "");
   v(near(y_sp, rows_of(whole.y, lo, lo + n)), " (our output rows)");
   const Tensor dout_sp = rows_of(whole.dout, lo, lo + n);
-  const Traffic bwd = traffic_of([&] { dx_sp = backward(part, dout_sp, x_sp, a); });
+  const Traffic bwd = traffic_of([&] { dx_sp = part.backward(dout_sp, x_sp, a, nullptr, kT); });
   if (bwd.op("all_gather").calls != 4 || bwd.op("all_gather").bytes != 4 * NC8 ||
       bwd.op("reduce_scatter").calls != 2 || bwd.op("reduce_scatter").bytes != 2 * NC8 ||
       bwd.op("all_reduce").bytes != 4 * C * 8 || bwd.all().bytes != 6 * NC8 + 4 * C * 8)
@@ -99,17 +99,6 @@ void take_shard(nn::Block& part, nn::ParameterSet& set, const Whole& whole) {
   for (nn::Parameter* p : part.parameters())
     p->value.copy_from(
         Tensor::from_vector(cut(whole.set.get(p->name).value, p->shard), p->shape(), DType::f64));
-}
-
-Forward attendee_forward() {
-  return [](const nn::Block& b, const Tensor& x, lab07::SPBlockActivations& a) {
-    return lab07::sp_block_forward(b, x, kB, kT, a, group());
-  };
-}
-Backward attendee_backward() {
-  return [](nn::Block& b, const Tensor& d, const Tensor& x, const lab07::SPBlockActivations& a) {
-    return lab07::sp_block_backward(b, d, x, kB, kT, a, group());
-  };
 }
 
 // ---- the planted faults' base, written here (never the attendee's code) -----------------------
@@ -133,49 +122,29 @@ Tensor planted_gather(const Tensor& rows) {
   return full;
 }
 
-Forward planted_forward(bool by_all_reduce) {
-  return [by_all_reduce](const nn::Block& b, const Tensor& x, lab07::SPBlockActivations& a) {
-    const int64_t n = x.size(0), C = x.size(1);
-    a.ln1 = Tensor::empty({n, C}, DType::f64);
-    a.ln1_mean = Tensor::empty({n}, DType::f64);
-    a.ln1_rstd = Tensor::empty({n}, DType::f64);
-    b.ln1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x);
-    Tensor partial = Tensor::empty({kB, kT, C}, DType::f64);
-    b.attn.forward(partial, planted_gather(a.ln1).view({kB, kT, C}), a.attn);
-    Tensor attn = planted_scatter(partial, by_all_reduce);
-    if (b.attn.proj.row_parallel()) b.attn.proj.add_bias(attn);  // as Block does
-    a.res2 = Tensor::empty({n, C}, DType::f64);
-    ops::add(a.res2, x, attn);
-    a.ln2 = Tensor::empty({n, C}, DType::f64);
-    a.ln2_mean = Tensor::empty({n}, DType::f64);
-    a.ln2_rstd = Tensor::empty({n}, DType::f64);
-    b.ln2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2);
-    b.mlp.forward(partial, planted_gather(a.ln2).view({kB, kT, C}), a.mlp);
-    Tensor out = planted_scatter(partial, by_all_reduce);
-    if (b.mlp.proj.row_parallel()) b.mlp.proj.add_bias(out);
-    ops::add(out, out, a.res2);
-    return out;
-  };
-}
-
-Backward planted_backward() {
-  return [](nn::Block& b, const Tensor& dout, const Tensor& x, const lab07::SPBlockActivations& a) {
-    const int64_t C = x.size(1);
-    Tensor dres2 = dout.clone();
-    Tensor dln2 = Tensor::zeros({kB, kT, C}, DType::f64);
-    b.mlp.backward(dln2, planted_gather(dout).view({kB, kT, C}),
-                   planted_gather(a.ln2).view({kB, kT, C}), a.mlp);
-    lab07::layernorm_backward_rows(b.ln2, dres2, planted_scatter(dln2, false), a.res2, a.ln2_mean,
-                                   a.ln2_rstd, group());  // given, not the attendee's
-    Tensor dx = dres2.clone();
-    Tensor dln1 = Tensor::zeros({kB, kT, C}, DType::f64);
-    b.attn.backward(dln1, planted_gather(dres2).view({kB, kT, C}),
-                    planted_gather(a.ln1).view({kB, kT, C}), a.attn);
-    lab07::layernorm_backward_rows(b.ln1, dx, planted_scatter(dln1, false), x, a.ln1_mean,
-                                   a.ln1_rstd, group());
-    return dx;
-  };
-}
+// Sequence-parallel mappings written here. by_all_reduce: leave a region by an all-reduce of
+// the whole partial output, then our rows (right numbers, more bytes). keep_gathered: enter
+// keeps each gathered LayerNorm output and hands it out again in backward instead of gathering
+// it again (right numbers, fewer bytes, a whole (N, C) more held per sub-layer).
+struct PlantedSequenceParallel : nn::Mappings {
+  bool by_all_reduce = false, keep_gathered = false;
+  mutable std::map<const void*, Tensor> kept;  // by the rows' storage
+  Tensor enter(const Tensor& x) const override {
+    if (keep_gathered && kept.count(x.data_ptr())) return kept.at(x.data_ptr());
+    Tensor full = planted_gather(x.view({-1, x.size(-1)}));
+    if (keep_gathered) kept[x.data_ptr()] = full;
+    return full;
+  }
+  Tensor enter_backward(const Tensor& dx) const override { return planted_scatter(dx, false); }
+  Tensor leave(const Tensor& y) const override { return planted_scatter(y, by_all_reduce); }
+  Tensor leave_backward(const Tensor& dy) const override {
+    return planted_gather(dy.view({-1, dy.size(-1)}));
+  }
+  void layernorm_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
+                          const Tensor& mean, const Tensor& rstd) const override {
+    lab07::layernorm_backward_rows(ln, din, dout, in, mean, rstd, group());  // given
+  }
+};
 
 std::unique_ptr<nn::Block> library_tp_block(const ModelConfig& c) {
   return std::make_unique<nn::Block>(0, c.n_embd, c.n_head, c.n_layer, rank(), size());
@@ -223,9 +192,11 @@ TEST(Step5_Operators, GatherAndScatterRowsExactly) {
 TEST(Step5_Block, EqualsTheSingleDeviceBlockOnOurRows) {
   Whole whole;
   auto part = lab07::make_block(0, whole.c, rank(), size());
+  const lab07::SequenceParallel sp(group());
+  part->mappings = &sp;
   nn::ParameterSet set;
   take_shard(*part, set, whole);
-  EXPECT_TRUE(check_sp_block(*part, whole, attendee_forward(), attendee_backward()));
+  EXPECT_TRUE(check_sp_block(*part, whole));
 }
 
 TEST(Step5_Block, HoldsLessThanTheTensorParallelBlock) {
@@ -256,7 +227,9 @@ TEST(Step5_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
   o.dtype = DType::f64;
   o.seed = 29;
   nn::GPT single(c, o);
-  lab07::TPGPT part(c, group(), {.dtype = DType::f64, .seed = 29, .sequence_parallel = true});
+  auto part_model =
+      lab07::make_tp_gpt(c, group(), {.dtype = DType::f64, .seed = 29, .sequence_parallel = true});
+  nn::GPT& part = *part_model;
   optim::AdamW a1(optim::groups(single.parameters())), a2(optim::groups(part.parameters()));
   for (int step = 0; step < 5; ++step) {
     const Tensor x = random_tokens(2, 8, c.vocab_size, 500 + step),
@@ -266,7 +239,7 @@ TEST(Step5_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
     single.backward();
     a1.step(1e-2);
     part.zero_grad();
-    lab07::TPActivations acts;
+    nn::GPTActivations acts;
     const double got = part.forward(x, y, acts);
     EXPECT_EQ(acts.nbytes(), lab07::activation_bytes_formula(c, 2, 8, size(), DType::f64, true));
     part.backward(acts);
@@ -281,9 +254,11 @@ TEST(Step5_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
 TEST(Step5_PlantedFault, TheFaultsBaseItselfPasses) {
   Whole whole;
   auto part = library_tp_block(whole.c);
+  const PlantedSequenceParallel base;
+  part->mappings = &base;
   nn::ParameterSet set;
   take_shard(*part, set, whole);
-  EXPECT_TRUE(check_sp_block(*part, whole, planted_forward(false), planted_backward()));
+  EXPECT_TRUE(check_sp_block(*part, whole));
 }
 
 // The reduce-scatter replaced by an all-reduce and a slice: the same numbers; the byte check
@@ -291,10 +266,12 @@ TEST(Step5_PlantedFault, TheFaultsBaseItselfPasses) {
 TEST(Step5_PlantedFault, ReduceScatterReplacedByAllReduceIsCaught) {
   Whole whole;
   auto part = library_tp_block(whole.c);
+  PlantedSequenceParallel fault;
+  fault.by_all_reduce = true;
+  part->mappings = &fault;
   nn::ParameterSet set;
   take_shard(*part, set, whole);
-  EXPECT_FALSE(check_sp_block(*part, whole, planted_forward(true), planted_backward()))
-      << "the check of Step5_Block must fail";
+  EXPECT_FALSE(check_sp_block(*part, whole)) << "the check of Step5_Block must fail";
 }
 
 // Keeping the gathered LayerNorm output instead of gathering it again in backward: the same
@@ -302,22 +279,10 @@ TEST(Step5_PlantedFault, ReduceScatterReplacedByAllReduceIsCaught) {
 TEST(Step5_PlantedFault, KeepingTheGatheredInputIsCaught) {
   Whole whole;
   auto part = library_tp_block(whole.c);
+  PlantedSequenceParallel fault;
+  fault.keep_gathered = true;
+  part->mappings = &fault;
   nn::ParameterSet set;
   take_shard(*part, set, whole);
-  const Forward keeps = [](const nn::Block& b, const Tensor& x, lab07::SPBlockActivations& a) {
-    Tensor out = planted_forward(false)(b, x, a);
-    a.ln1 = planted_gather(a.ln1);  // (N, C) kept in place of our rows
-    a.ln2 = planted_gather(a.ln2);
-    return out;
-  };
-  const Backward uses = [](nn::Block& b, const Tensor& d, const Tensor& x,
-                           const lab07::SPBlockActivations& a) {
-    lab07::SPBlockActivations rows = a;
-    const int64_t n = x.size(0);
-    rows.ln1 = a.ln1.rows(rank() * n, (rank() + 1) * n);
-    rows.ln2 = a.ln2.rows(rank() * n, (rank() + 1) * n);
-    return planted_backward()(b, d, x, rows);
-  };
-  if (size() == 1) GTEST_SKIP() << "with one rank the gathered input is our rows";
-  EXPECT_FALSE(check_sp_block(*part, whole, keeps, uses)) << "the check of Step5_Block must fail";
+  EXPECT_FALSE(check_sp_block(*part, whole)) << "the check of Step5_Block must fail";
 }

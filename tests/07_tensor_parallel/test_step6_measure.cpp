@@ -1,10 +1,11 @@
-// Lab 07 step 6: the formulas of the program's table, against what a TPGPT (fp32, and bf16 mixed
-// precision: bf16 activations, fp32 statistics and gradients; 2 layers, 4 heads, C = 64, V = 256,
-// T = 16) actually holds and sends at this run's tp, with and without sequence parallelism: activation bytes equal TPActivations::nbytes (every tensor its own
+// Lab 07 step 6: the formulas of the program's table, against what the tensor-parallel GPT
+// (make_tp_gpt; fp32, and bf16 mixed precision: bf16 activations, fp32 statistics and gradients;
+// 2 layers, 4 heads, C = 64, V = 256, T = 16) actually holds and sends at this run's tp, with and
+// without sequence parallelism: activation bytes equal GPTActivations::nbytes (every tensor its own
 // allocation, so this is the allocator's count) and payload bytes equal the byte counters, both
 // EXACTLY (integers; no tolerance). Planted: a count that forgets the LayerNorm statistics and one
 // that counts a ring's wire bytes instead of the payload must both fail. Unlike the other steps'
-// planted faults, these measure a TPGPT, so they need steps 1-5 working (on the untouched starter
+// planted faults, these measure that model, so they need steps 1-5 working (on the untouched starter
 // they stop at the first step not implemented).
 #include <gtest/gtest.h>
 
@@ -30,12 +31,14 @@ struct Measured {
 };
 
 Measured measure(DType precision, bool sp) {
-  lab07::TPGPT model(config(), group(), {.dtype = DType::f32, .compute_dtype = precision, .seed = 3,
-                                         .sequence_parallel = sp});
+  auto owner = lab07::make_tp_gpt(config(), group(), {.dtype = DType::f32,
+                                                     .compute_dtype = precision, .seed = 3,
+                                                     .sequence_parallel = sp});
+  nn::GPT& model = *owner;
   const Tensor x = random_tokens(kB, kT, 256, 81), y = random_tokens(kB, kT, 256, 82);
   Measured m;
   const Traffic t = traffic_of([&] {
-    lab07::TPActivations acts;
+    nn::GPTActivations acts;
     model.forward(x, y, acts);
     m.act = acts.nbytes();
     model.backward(acts);

@@ -161,15 +161,16 @@ inline ::testing::AssertionResult only_all_reduces(const Traffic& t, int64_t cal
                                        << t.str();
 }
 
-/// Mixed precision: three steps (forward, backward; AdamW) of a TPGPT with a bf16 compute copy
+/// Mixed precision: three steps (forward, backward; AdamW) of make_tp_gpt's model with a bf16 compute copy
 /// beside the single-device nn::GPT in the same precision, same seed and batches: the losses
 /// within kBf16Loss, every gradient of the first step within kBf16Rel, the activations bf16
 /// (their statistics fp32) and the compute copy refreshed by AdamW (equal to bf16(master)).
 inline void expect_mixed_precision_follows_single_device(bool sequence_parallel, uint64_t seed) {
   const ModelConfig c = test_config();
   nn::GPT single(c, nn::GPTOptions{.seed = seed, .compute_dtype = DType::bf16});
-  lab07::TPGPT part(c, group(), {.compute_dtype = DType::bf16, .seed = seed,
-                                 .sequence_parallel = sequence_parallel});
+  auto part_model = lab07::make_tp_gpt(c, group(), {.compute_dtype = DType::bf16, .seed = seed,
+                                                    .sequence_parallel = sequence_parallel});
+  nn::GPT& part = *part_model;
   optim::AdamW a1(optim::groups(single.parameters())), a2(optim::groups(part.parameters()));
   for (int step = 0; step < 3; ++step) {
     const Tensor x = random_tokens(2, 8, c.vocab_size, seed + 10 + step),
@@ -178,10 +179,10 @@ inline void expect_mixed_precision_follows_single_device(bool sequence_parallel,
     const double want = single.forward(x, y);
     single.backward();
     part.zero_grad();
-    lab07::TPActivations acts;
+    nn::GPTActivations acts;
     const double got = part.forward(x, y, acts);
-    ASSERT_EQ(acts.probs.dtype(), DType::bf16) << "the head's probabilities on rank " << rank();
-    ASSERT_EQ(acts.lnf_mean.dtype(), DType::f32) << "ln_f's statistics on rank " << rank();
+    ASSERT_EQ(acts.head.probs.dtype(), DType::bf16) << "the head's probabilities on rank " << rank();
+    ASSERT_EQ(acts.head.lnf_mean.dtype(), DType::f32) << "ln_f's statistics on rank " << rank();
     part.backward(acts);
     EXPECT_NEAR(got, want, kBf16Loss * std::abs(want)) << "loss of step " << step + 1;
     if (step == 0)

@@ -10,11 +10,15 @@
 // hook); the planted fault gathers each unit only when it is needed.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <vector>
+
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "common/train/equivalence.hpp"
 #include "ddp.hpp"
 #include "tests/09_zero/zero_checks.hpp"
+#include "tests/support/reduce_mappings.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab09test;
@@ -113,18 +117,24 @@ struct GathersEverything {
 Footprint ddp_footprint(const ModelConfig& config) { return footprint(0, f32(), &config); }
 
 // How many all-gathers had been submitted (since `run` started) when each block's forward was
-// computing: seen from the block's reduce_forward hook (lab 07's g operator; a no-op here), called
-// after its attention projection.
+// computing: seen from the block's mappings (leave: lab 07's g operator; here a probe, no
+// reduction), called after its attention projection.
 std::vector<int64_t> gathers_during_block_forward(nn::GPT& model, const std::function<void()>& run) {
   const int L = static_cast<int>(model.config().n_layer);
   std::vector<int64_t> seen(L, -1);
   const comm::CommStats start = comm::comm_stats();
-  for (int i = 0; i < L; ++i)
-    model.block(i).reduce_forward = [&seen, &start, i](Tensor&) {
-      if (seen[i] < 0) seen[i] = comm::comm_total(comm::comm_stats() - start, "", "all_gather").calls;
-    };
+  std::vector<std::unique_ptr<scalelab::labtest::ReduceMappings>> probes;
+  for (int i = 0; i < L; ++i) {
+    probes.push_back(std::make_unique<scalelab::labtest::ReduceMappings>(
+        [&seen, &start, i](Tensor&) {
+          if (seen[i] < 0)
+            seen[i] = comm::comm_total(comm::comm_stats() - start, "", "all_gather").calls;
+        },
+        nullptr));
+    model.block(i).mappings = probes.back().get();
+  }
   run();
-  for (int i = 0; i < L; ++i) model.block(i).reduce_forward = nullptr;
+  for (int i = 0; i < L; ++i) model.block(i).mappings = nullptr;
   return seen;
 }
 

@@ -85,9 +85,14 @@ std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to, bool checkp
                                    const nn::GPTOptions& base) {
   nn::GPTOptions o = own_options(g, base);
   o.storage.pad_to = pad_to;
-  auto model = std::make_unique<lab10::Stage3D>(config(), o, g.tp, checkpoint);
-  for (int i = o.first_block; i < o.last_block; ++i)
-    lab07::make_tensor_parallel(model->block(i), g.tp);
+  return own_stage(config(), o, g.tp, checkpoint);
+}
+
+std::unique_ptr<nn::GPT> own_stage(const ModelConfig& c, const nn::GPTOptions& options,
+                                   comm::Communicator& tp, bool checkpoint) {
+  auto model = std::make_unique<nn::GPT>(c, options);
+  model->set_mappings(std::make_shared<lab07::TensorParallel>(tp));
+  if (checkpoint) model->set_block_policy(std::make_shared<lab10::FullCheckpoint>());
   return model;
 }
 

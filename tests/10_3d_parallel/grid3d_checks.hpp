@@ -46,7 +46,14 @@ Tensor expected(const nn::GPT& local, nn::GPT& reference, bool grads);
 /// (lab07::vocab_range), on top of `base` (float64 and the test's seed by default).
 nn::GPTOptions own_options(const lab10::Groups& g, const nn::GPTOptions& base = f64());
 
-/// The test's own 3D model (not the attendee's step 2): a lab10::Stage3D of own_options(g) (the
+/// An nn::GPT of `options` (model `c`) talking through lab 07's mappings on `tp`
+/// (lab07::TensorParallel: the blocks' f and g, the vocabulary-parallel ends) and, with
+/// `checkpoint`, recomputing its blocks (lab10::FullCheckpoint): what step 2 composes, written
+/// here so that the graders of later steps do not depend on the attendee's step 2.
+std::unique_ptr<nn::GPT> own_stage(const ModelConfig& c, const nn::GPTOptions& options,
+                                   comm::Communicator& tp, bool checkpoint = false);
+
+/// The test's own 3D model (not the attendee's step 2): own_stage of own_options(g) (the
 /// vocabulary-parallel ends on g.tp), the blocks' hooks set to lab 07's operators on g.tp.
 /// pad_to: the flat layout padded to a multiple of it (ZeRO's shards).
 std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to = 1, bool checkpoint = false,

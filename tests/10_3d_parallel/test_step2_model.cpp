@@ -49,9 +49,13 @@ testing::AssertionResult holds_its_share(const BuildFn& build) {
     nn::GPT full(config(), f64());
     if (why.empty() && !labtest::bitwise(model->params().values(), expected(*model, full, false)))
       why = "the values are not the single-device model's, cut by each parameter's shard";
+    // lab 07's mappings at every hook point: the blocks' f and g, the vocabulary-parallel ends
+    if (why.empty() && dynamic_cast<const lab07::TensorParallel*>(&model->mappings()) == nullptr)
+      why = "the model's mappings are not lab 07's TensorParallel: its projections stay partial "
+            "sums and its vocabulary shard is not embedded or scored over tp";
     for (int i = r.first; why.empty() && i < r.last; ++i)
-      if (!model->block(i).reduce_forward || !model->block(i).reduce_backward)
-        why = fmt::format("block {}'s hooks are not set: its projections stay partial sums", i);
+      if (model->block(i).mappings != &model->mappings())
+        why = fmt::format("block {} does not talk through the model's mappings", i);
     // every rank must agree (the next grid's communicators are collective)
     Tensor bad = Tensor::from_vector({why.empty() ? 0.0 : 1.0}, {1}, DType::f64);
     world().all_reduce(bad, comm::ReduceOp::max);
@@ -76,10 +80,7 @@ TEST(Step2_PlantedFault, WholeVocabularyOnEveryTpRankFails) {
     nn::GPTOptions o = own_options(g);
     o.vocab_lo = 0;
     o.vocab_hi = -1;  // the planted fault: the whole vocabulary
-    auto m = std::make_unique<lab10::Stage3D>(config(), o, g.tp);
-    for (int i = o.first_block; i < o.last_block; ++i)
-      lab07::make_tensor_parallel(m->block(i), g.tp);
-    return m;
+    return own_stage(config(), o, g.tp);
   }));
 }
 

@@ -28,19 +28,19 @@ std::vector<ModelConfig> configs() { return {config(), model_config("small")}; }
 // The precisions the memory figures are checked in: f32, and bf16 (mixed: f32 master).
 constexpr DType kPrecisions[] = {DType::f32, DType::bf16};
 
-// Tp rank 0's stage of the 3D model as step 2 builds it (lab10::Stage3D: V/tp vocabulary rows)
-// on this 1-rank world: no hooks, nothing summed (sizes only, the numbers are partial). In
+// Tp rank 0's stage of the 3D model as step 2 builds it (V/tp vocabulary rows, lab 07's
+// mappings) on this 1-rank world: nothing summed (sizes only, the numbers are partial). In
 // `precision`: f32, or bf16 mixed precision.
 std::unique_ptr<nn::GPT> stage(const ModelConfig& c, int tp, int pp, int s, DType precision,
                                bool checkpoint = false) {
   const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(c.n_layer), pp, s);
   const lab07::VocabRange v = lab07::vocab_range(c.vocab_size, 0, tp);
-  return std::make_unique<lab10::Stage3D>(
-      c, nn::GPTOptions{.dtype = lab10::master_dtype(precision), .seed = 1,
-                        .first_block = r.first, .last_block = r.last, .tp_rank = 0,
-                        .tp_size = tp, .vocab_lo = v.lo, .vocab_hi = v.hi,
-                        .compute_dtype = precision},
-      labtest::world(), checkpoint);
+  return own_stage(c,
+                   nn::GPTOptions{.dtype = lab10::master_dtype(precision), .seed = 1,
+                                  .first_block = r.first, .last_block = r.last, .tp_rank = 0,
+                                  .tp_size = tp, .vocab_lo = v.lo, .vocab_hi = v.hi,
+                                  .compute_dtype = precision},
+                   labtest::world(), checkpoint);
 }
 
 // One stage shape the memory tests measure: a config, tp, pp, the stage, checkpointing or not,
@@ -243,7 +243,8 @@ TEST(Step4_Planner, PredictedMemoryIsTheAllocatorsPeakOfAStep) {
         nn::GPTOptions o = own_options(g);
         o.dtype = lab10::master_dtype(precision);
         o.compute_dtype = precision;
-        lab10::Stage3D model(c, o, g.tp, ckpt);
+        const auto owner = own_stage(c, o, g.tp, ckpt);
+        nn::GPT& model = *owner;
         optim::AdamW adamw(optim::groups(model.parameters()));
         for (int step = 0; step < 2; ++step) {
           lab08::pipeline_step({&model}, lab08::schedule_1f1b(1, m, 0), kLab.batch(step), m, g.pp);

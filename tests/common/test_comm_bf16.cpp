@@ -16,6 +16,7 @@
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
 #include "tests/common/gradcheck.hpp"
+#include "tests/support/reduce_mappings.hpp"
 
 using namespace scalelab;
 using comm::Communicator;
@@ -86,7 +87,7 @@ TEST(CommBf16, SumRoundsTiesToEven) {
 TEST(CommBf16, TensorParallelGptTrainsOnBf16Activations) {
   // tiny (2 heads) split over the ranks' tensor-parallel group, mixed precision: the partial
   // outputs of the row-parallel projections are bf16 and all-reduced in bf16 (Block's
-  // reduce_forward / reduce_backward), against the same model on one rank. Tolerance: each
+  // mappings' leave / enter_backward), against the same model on one rank. Tolerance: each
   // partial sum is rounded to bf16 before the reduce and once more after it, a few 2^-8
   // roundings per block that the unsplit model does not make; measured (2 ranks) the losses
   // differ by 2e-5 and the embedding gradient by 0.3% of its norm: bounds 1e-3 and 3%. Without
@@ -100,13 +101,12 @@ TEST(CommBf16, TensorParallelGptTrainsOnBf16Activations) {
   o.tp_rank = world.rank();
   o.tp_size = world.size();
   nn::GPT split(cfg, o);
-  for (int i = split.first_block(); i < split.last_block(); ++i) {
-    split.block(i).reduce_forward = [&](Tensor& t) {
-      ASSERT_EQ(t.dtype(), DType::bf16);
-      world.all_reduce(t);
-    };
-    split.block(i).reduce_backward = [&](Tensor& t) { world.all_reduce(t); };
-  }
+  split.set_mappings(std::make_shared<scalelab::labtest::ReduceMappings>(
+      [&](Tensor& t) {
+        ASSERT_EQ(t.dtype(), DType::bf16);
+        world.all_reduce(t);
+      },
+      [&](Tensor& t) { world.all_reduce(t); }));
   Tensor x = scalelab::testing::random_tokens({4, 16}, 256, 1);
   Tensor y = scalelab::testing::random_tokens({4, 16}, 256, 2);
   whole.zero_grad();

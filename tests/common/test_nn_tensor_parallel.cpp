@@ -1,7 +1,7 @@
 // Tensor-parallel layers on 2 and 4 ranks: each rank holds 1/tp of every block's heads and MLP
 // hidden units (column-parallel qkv and fc, row-parallel projections). With the partial outputs
-// all-reduced (Block::reduce_forward, Megatron's "g") and the partial input gradients all-reduced
-// (Block::reduce_backward, the backward of "f"), and the row-parallel biases added ONCE, after the
+// all-reduced (the mappings' leave, Megatron's "g") and the partial input gradients all-reduced
+// (the mappings' enter_backward, the backward of "f"), and the row-parallel biases added ONCE, after the
 // reduce, the sharded model equals the single-device one:
 //  - one Block: output, input gradient and every gradient shard, float64, 1e-12 relative to the
 //    largest value (only summation order differs);
@@ -13,12 +13,14 @@
 
 #include <cmath>
 #include <memory>
+#include <vector>
 
 #include "common/comm/communicator.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "tests/common/gradcheck.hpp"
+#include "tests/support/reduce_mappings.hpp"
 
 using namespace scalelab;
 using namespace scalelab::testing;
@@ -75,10 +77,7 @@ nn::GPTOptions f64(int tp_rank = 0, int tp_size = 1) {
 }
 
 void make_tensor_parallel(nn::GPT& model) {
-  for (int i = model.first_block(); i < model.last_block(); ++i) {
-    model.block(i).reduce_forward = all_reduce;
-    model.block(i).reduce_backward = all_reduce;
-  }
+  model.set_mappings(std::make_shared<labtest::ReduceMappings>(all_reduce, all_reduce));
 }
 
 // The old, wrong workaround, emulated through the hook: every rank adds its own copy of the
@@ -93,7 +92,8 @@ void plant_bias_fault(nn::GPT& model, int rank) {
       for (nn::Parameter* bias : {&b->attn.proj.bias, &b->mlp.proj.bias})
         for (int64_t k = 0; k < bias->numel(); ++k) bias->value.data<double>()[k] = 0;
     auto calls = std::make_shared<int>(0);  // forward reduces attention, then the MLP
-    b->reduce_forward = [b, calls](Tensor& t) {
+    static std::vector<std::shared_ptr<labtest::ReduceMappings>> keep;  // a block does not own its mappings
+    keep.push_back(std::make_shared<labtest::ReduceMappings>([b, calls](Tensor& t) {
       const Tensor& bias = (*calls)++ % 2 == 0 ? b->attn.proj.bias.value : b->mlp.proj.bias.value;
       const int64_t C = bias.numel(), N = t.numel() / C;
       double* y = t.data<double>();
@@ -103,8 +103,8 @@ void plant_bias_fault(nn::GPT& model, int rank) {
       all_reduce(t);
       for (int64_t n = 0; n < N; ++n)
         for (int64_t c = 0; c < C; ++c) y[n * C + c] -= v[c];
-    };
-    b->reduce_backward = all_reduce;
+    }, all_reduce));
+    b->mappings = keep.back().get();
   }
 }
 
@@ -140,8 +140,8 @@ TEST(TensorParallel, ShardedBlockMatchesTheWholeBlock) {
     const std::vector<double> v = shard_of(ws.get(p->name).value, p->shard);
     for (int64_t i = 0; i < p->numel(); ++i) p->value.data<double>()[i] = v[i];
   }
-  part.reduce_forward = all_reduce;
-  part.reduce_backward = all_reduce;
+  const labtest::ReduceMappings f_and_g(all_reduce, all_reduce);
+  part.mappings = &f_and_g;
 
   Tensor x = uniform({2, 5, C}, 5), dout = uniform({2, 5, C}, 6);
   nn::BlockActivations wa, pa;

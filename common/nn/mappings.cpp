@@ -1,0 +1,54 @@
+// The single-device mappings: the library's own ops, exactly what nn::GPT computed before it
+// had hook points (so a model without parallel mappings gives the same numbers, bit for bit, and
+// holds the same tensors at the same moments).
+#include "common/nn/mappings.hpp"
+
+#include "common/nn/layernorm.hpp"
+#include "common/ops/ops.hpp"
+
+namespace scalelab::nn {
+
+void Mappings::layernorm_backward(LayerNorm& ln, Tensor& din, const Tensor& dout,
+                                  const Tensor& in, const Tensor& mean,
+                                  const Tensor& rstd) const {
+  ln.backward(din, dout, in, mean, rstd);
+}
+
+// One device holds every vocabulary row (lo = 0): GPT refuses a vocabulary-sharded model
+// with these mappings before it calls them.
+Tensor Mappings::embedding_forward(const Tensor& wte, int64_t /*lo*/, const Tensor& wpe,
+                                   const Tensor& tokens) const {
+  Tensor out = Tensor::empty({tokens.size(0), tokens.size(1), wte.size(1)}, wte.dtype(),
+                             wte.device());  // (B, T, C)
+  ops::embedding_forward(out, tokens, wte, wpe);
+  return out;
+}
+
+void Mappings::embedding_backward(Tensor& dwte, int64_t /*lo*/, Tensor& dwpe, const Tensor& dout,
+                                  const Tensor& tokens) const {
+  ops::embedding_backward(dwte, dwpe, dout, tokens);
+}
+
+double Mappings::cross_entropy(Tensor& logits, const Tensor& targets, int64_t /*lo*/) const {
+  const int64_t N = logits.size(0);
+  Tensor probs = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  Tensor losses = Tensor::empty({N}, ops::stats_dtype(logits.dtype()), logits.device());
+  ops::cross_entropy_forward(losses, probs, logits, targets);
+  logits = probs;  // the logits' buffer goes back to the allocator with the caller's last handle
+  return ops::sum(losses) / static_cast<double>(N);
+}
+
+void Mappings::cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t /*lo*/,
+                                      double scale) const {
+  const int64_t N = probs.size(0);
+  Tensor dlogits = Tensor::empty(probs.shape(), probs.dtype(), probs.device());
+  ops::cross_entropy_backward(dlogits, probs, targets, scale / static_cast<double>(N));
+  probs = dlogits;
+}
+
+const Mappings& Mappings::single_device() {
+  static const Mappings one;
+  return one;
+}
+
+}  // namespace scalelab::nn

@@ -1,0 +1,83 @@
+#pragma once
+// The hook points where a parallel technique plugs into the model (Megatron-LM's "mappings").
+// nn::Block and nn::GPT call these operators at fixed places and know nothing of ranks; this
+// class, the default, is one device: identities and the library's own ops. Lab 07 writes the
+// tensor-parallel ones (f and g, sequence parallelism's all-gather and reduce-scatter, the
+// vocabulary-parallel embedding and cross-entropy); a model takes them with GPT::set_mappings.
+//
+// Where the model calls them (one block; the head is the same with ln_f and the logits):
+//
+//   rows ─ ln1 ─ enter ─▶ attention (column- then row-parallel) ─ leave ─ +bias ─ +x ─▶ rows
+//                 ◀ enter_backward                                 ◀ leave_backward
+//
+//   tokens ─ embedding_forward ─ split_rows ─▶ blocks ─▶ ln_f ─ enter ─ logits ─ cross_entropy
+//
+// "rows" are the token rows a rank keeps between the regions: all N = B*T of them, (B, T, C), or
+// with sequence parallelism its N/tp, (N/tp, C). Inside a region every rank computes on all N
+// rows ("full", (B, T, C)) with its slice of the weights. The default keeps every row and
+// every weight, so each operator is the identity.
+#include <cstdint>
+
+#include "common/tensor.hpp"
+
+namespace scalelab::nn {
+
+class LayerNorm;
+
+class Mappings {
+ public:
+  virtual ~Mappings() = default;
+
+  // ---- the regions of a block (and the head's logits) ----
+  /// Into a region, forward: this rank's rows -> the full input of a column-parallel layer.
+  /// Tensor parallel: f (the identity); sequence parallel: all-gather the rows.
+  virtual Tensor enter(const Tensor& x) const { return x; }
+  /// ... backward: the full input's gradient, a partial sum on each rank -> this rank's rows.
+  /// f's backward: all-reduce; sequence parallel: reduce-scatter.
+  virtual Tensor enter_backward(const Tensor& dx) const { return dx; }
+  /// Out of a region, forward: a row-parallel layer's partial full output -> this rank's rows
+  /// of the sum. g: all-reduce; sequence parallel: reduce-scatter.
+  virtual Tensor leave(const Tensor& y) const { return y; }
+  /// ... backward: this rank's rows of the gradient -> the full gradient. g's backward: the
+  /// identity; sequence parallel: all-gather.
+  virtual Tensor leave_backward(const Tensor& dy) const { return dy; }
+  /// LayerNorm's backward on this rank's rows: din +=, ln's gradients +=. Sequence parallel: the
+  /// weight gradients of this rank's rows are partial sums, to be summed over the ranks.
+  virtual void layernorm_backward(LayerNorm& ln, Tensor& din, const Tensor& dout,
+                                  const Tensor& in, const Tensor& mean, const Tensor& rstd) const;
+
+  // ---- the vocabulary ----
+  /// True when the embedding and the head are split by vocabulary (Megatron's
+  /// vocabulary-parallel embedding and cross-entropy): the head is then a column-parallel layer
+  /// over the vocabulary, entered with enter() / enter_backward() like a block's regions. False
+  /// (the default, and mappings that split only the blocks): the head is whole on every rank.
+  virtual bool splits_vocabulary() const { return false; }
+
+  // ---- the embedding ----
+  /// (B, T, C) = wte[tokens] + wpe[0..T), every row on every rank; wte holds the vocabulary rows
+  /// [lo, lo + wte.size(0)) (default: all of them, lo = 0). tokens (B, T) i32 on wte's device.
+  virtual Tensor embedding_forward(const Tensor& wte, int64_t lo, const Tensor& wpe,
+                                   const Tensor& tokens) const;
+  /// dwte (its rows) +=, dwpe += from dout (B, T, C), the same on every rank.
+  virtual void embedding_backward(Tensor& dwte, int64_t lo, Tensor& dwpe, const Tensor& dout,
+                                  const Tensor& tokens) const;
+  /// The embedding's output (every row) -> this rank's rows. Sequence parallel: keep N/tp rows.
+  virtual Tensor split_rows(const Tensor& x) const { return x; }
+  /// ... backward: this rank's rows' gradient -> every row's. Sequence parallel: all-gather.
+  virtual Tensor split_rows_backward(const Tensor& dx) const { return dx; }
+
+  // ---- the loss ----
+  /// Mean cross-entropy over the N rows of logits (N, V_local), the columns [lo, lo + V_local)
+  /// of the (N, V) logits; targets (N) i32. Replaces `logits` by the same columns of the softmax
+  /// (what the backward needs). The same value on every rank.
+  virtual double cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const;
+  /// Replaces `probs` (N, V_local) by the gradient of scale * the mean loss w.r.t. the logits:
+  /// (probs - onehot(targets)) * scale / N on these columns.
+  virtual void cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
+                                      double scale) const;
+
+  /// The single-device mappings (what a model uses until set_mappings).
+  static const Mappings& single_device();
+};
+
+}  // namespace scalelab::nn
