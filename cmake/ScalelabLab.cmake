@@ -77,3 +77,17 @@ function(scalelab_add_lab nn name)
     endif()
   endforeach()
 endfunction()
+
+# scalelab_add_lab_gpu_tests(<nn>): ctest lab<nn>.gpu.np1 / .np2 (labels gpu, reference, lab<nn>)
+# run the lab's reference test binary on its Gpu_* tests: the solution with CUDA tensors against
+# the same on the CPU. They GTEST_SKIP where no GPU is visible, so CI runs them as skips. Not a
+# graded step: an attendee's code is graded on the CPU.
+function(scalelab_add_lab_gpu_tests nn)
+  if(NOT SCALELAB_BUILD_TESTS)
+    return()
+  endif()
+  foreach(k 1 2)
+    scalelab_add_mpi_test(lab${nn}.gpu.np${k} test_lab${nn}_solution RANKS ${k} TIMEOUT 120
+                          LABELS gpu reference lab${nn} ARGS --gtest_filter=Gpu_*)
+  endforeach()
+endfunction()

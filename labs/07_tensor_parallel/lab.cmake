@@ -12,11 +12,6 @@ if(SCALELAB_BUILD_TESTS)
   set_tests_properties(lab07.cli.tp_not_dividing_heads.np4 PROPERTIES PROCESSORS 4 TIMEOUT 40
                        LABELS "reference;lab07" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 endif()
-# On a GPU (label gpu; skipped without one): the reference run with CUDA tensors against the CPU
-# (tests/07_tensor_parallel/test_gpu.cpp). Not a graded step: the attendee's code is graded on the CPU.
-if(SCALELAB_BUILD_TESTS)
-  foreach(k 1 2)
-    scalelab_add_mpi_test(lab07.gpu.np${k} test_lab07_solution RANKS ${k} TIMEOUT 120
-                          LABELS gpu reference lab07 ARGS --gtest_filter=Gpu_*)
-  endforeach()
-endif()
+# On a GPU (label gpu; skipped without one): the reference with CUDA tensors against the CPU
+# (tests/07_tensor_parallel/test_gpu.cpp), not a graded step.
+scalelab_add_lab_gpu_tests(07)

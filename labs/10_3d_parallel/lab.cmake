@@ -29,11 +29,6 @@ if(SCALELAB_BUILD_TESTS)
                                 --data ${lab10_data})
   endforeach()
 endif()
-# On a GPU (label gpu; skipped without one): the reference run with CUDA tensors against the CPU
-# (tests/10_3d_parallel/test_gpu.cpp). Not a graded step: the attendee's code is graded on the CPU.
-if(SCALELAB_BUILD_TESTS)
-  foreach(k 1 2)
-    scalelab_add_mpi_test(lab10.gpu.np${k} test_lab10_solution RANKS ${k} TIMEOUT 120
-                          LABELS gpu reference lab10 ARGS --gtest_filter=Gpu_*)
-  endforeach()
-endif()
+# On a GPU (label gpu; skipped without one): the reference with CUDA tensors against the CPU
+# (tests/10_3d_parallel/test_gpu.cpp), not a graded step.
+scalelab_add_lab_gpu_tests(10)

@@ -19,26 +19,20 @@
 using namespace scalelab;
 using namespace lab07test;
 
-namespace {
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.to_vector()) m = std::max(m, std::abs(v));
-  return m;
-}
-}  // namespace
-
-TEST(Gpu_TPGPT, OneStepOnCudaMatchesTheCpu) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  ops::set_allow_tf32(false);
-  const Device gpu = Device::cuda(world_rank() % cuda_device_count());
+TEST(Gpu_TensorParallelGPT, OneStepOnCudaMatchesTheCpu) {
+  const std::optional<Device> maybe_gpu = labtest::test_gpu();
+  if (!maybe_gpu) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = *maybe_gpu;
   const ModelConfig config = test_config();
   const Tensor x = random_tokens(2, 16, config.vocab_size, 71);
   const Tensor y = random_tokens(2, 16, config.vocab_size, 72);
   for (DType precision : {DType::f32, DType::bf16})
     for (bool sp : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(precision) << (sp ? ", sequence parallel" : ""));
+      SCOPED_TRACE(::testing::Message() << dtype_name(precision)
+                                        << (sp ? ", sequence parallel" : ""));
       const bool bf16 = precision == DType::bf16;
-      const lab07::TPOptions on_cpu{.compute_dtype = precision, .seed = 5, .sequence_parallel = sp};
+      const lab07::TPOptions on_cpu{.compute_dtype = precision, .seed = 5,
+                                    .sequence_parallel = sp};
       lab07::TPOptions on_gpu = on_cpu;
       on_gpu.device = gpu;
       auto host_model = lab07::make_tp_gpt(config, group(), on_cpu);
@@ -56,6 +50,6 @@ TEST(Gpu_TPGPT, OneStepOnCudaMatchesTheCpu) {
       EXPECT_TRUE(labtest::close_on_every_rank(l, w, bf16 ? 2e-3 : 1e-5, 0));
       const Tensor want_g = host.params().grads();
       EXPECT_TRUE(labtest::close_on_every_rank(dev.params().grads().to(Device::cpu()), want_g, 0,
-                                               (bf16 ? 3e-2 : 1e-4) * max_abs(want_g)));
+                                               (bf16 ? 3e-2 : 1e-4) * labtest::max_abs(want_g)));
     }
 }

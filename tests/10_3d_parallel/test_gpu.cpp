@@ -18,18 +18,10 @@
 using namespace scalelab;
 using namespace scalelab::lab10test;
 
-namespace {
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.to_vector()) m = std::max(m, std::abs(v));
-  return m;
-}
-}  // namespace
-
 TEST(Gpu_Step3D, OneStepOnCudaMatchesTheCpu) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  ops::set_allow_tf32(false);
-  const Device gpu = Device::cuda(world_rank() % cuda_device_count());
+  const std::optional<Device> maybe_gpu = labtest::test_gpu();
+  if (!maybe_gpu) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = *maybe_gpu;
   const data::Batch global = kLab.batch(0);
   for (const lab10::GridShape& shape : grids_for(labtest::world().size()))
     for (DType precision : {DType::f32, DType::bf16})
@@ -51,6 +43,6 @@ TEST(Gpu_Step3D, OneStepOnCudaMatchesTheCpu) {
         const Tensor want_g = host.model().params().grads();
         EXPECT_TRUE(labtest::close_on_every_rank(dev.model().params().grads().to(Device::cpu()),
                                                  want_g, 0,
-                                                 (bf16 ? 3e-2 : 1e-4) * max_abs(want_g)));
+                                                 (bf16 ? 3e-2 : 1e-4) * labtest::max_abs(want_g)));
       }
 }

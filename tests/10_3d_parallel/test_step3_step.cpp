@@ -43,11 +43,6 @@ struct Precision {
 const Precision kMixed{.options = mixed(), .loss_rtol = 2e-3, .grad_rtol = 3e-2,
                        .grad_atol_of_max = 3e-2};
 
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.to_vector()) m = std::max(m, std::abs(v));
-  return m;
-}
 
 // One step of `step` on `shape` against the single device: numbers, then traffic per group.
 testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape& shape,
@@ -68,7 +63,7 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
   if (!loss_ok) return testing::AssertionFailure() << name(shape) << ": loss: " << loss_ok.message();
   const Tensor want_g = expected(*model, *ref, true);
   auto grads_ok = labtest::close_on_every_rank(model->params().grads(), want_g, p.grad_rtol,
-                                               kAtol + p.grad_atol_of_max * max_abs(want_g));
+                                               kAtol + p.grad_atol_of_max * labtest::max_abs(want_g));
   if (!grads_ok)
     return testing::AssertionFailure() << name(shape) << ": gradients: " << grads_ok.message();
   // tp: exactly the blocks' operators and the vocabulary-parallel ends on B/dp rows (nothing

@@ -1,13 +1,18 @@
 // The shared lab-test fixture: see lab_fixture.hpp for the contract.
 #include "tests/support/lab_fixture.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
 #include "common/data/tokenizer.hpp"
+#include "common/device.hpp"
 #include "common/errors.hpp"
+#include "common/ops/ops.hpp"
+#include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 
 namespace scalelab::labtest {
@@ -92,6 +97,19 @@ testing::AssertionResult bitwise(const Tensor& got, const Tensor& want) {
   const train::Diff d = train::compare(got, want);
   if (d.bitwise) return testing::AssertionSuccess();
   return testing::AssertionFailure() << "not bitwise equal: " << d.str();
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : t.to(Device::cpu()).to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
+std::optional<Device> test_gpu() {
+  const int gpus = cuda_device_count();
+  if (gpus == 0) return std::nullopt;
+  ops::set_allow_tf32(false);  // fp32 stays fp32: CUDA vs CPU at 1e-4
+  return Device::cuda(world_rank() % gpus);
 }
 
 }  // namespace scalelab::labtest

@@ -56,6 +56,7 @@
 ///                                              labtest::kAllReduceRtol, labtest::kAllReduceAtol));
 ///   }
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -135,5 +136,12 @@ testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& wa
 
 /// Every element identical, on this rank (not collective).
 testing::AssertionResult bitwise(const Tensor& got, const Tensor& want);
+
+/// The largest |element| of t (on any device): the scale of a "within x of the largest" bound.
+double max_abs(const Tensor& t);
+
+/// This rank's GPU (cuda:rank % devices) with TF32 off for fp32 matmuls, or nothing where no GPU
+/// is visible (the tests labelled gpu then GTEST_SKIP).
+std::optional<Device> test_gpu();
 
 }  // namespace scalelab::labtest
