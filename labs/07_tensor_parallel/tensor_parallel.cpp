@@ -1,5 +1,5 @@
 // Starter generated from solutions/07_tensor_parallel/tensor_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash bcb6b74f72850bcc (lets make-labs see your edits).
+// step (see README.md). Body hash 32b8983589587bfe (lets make-labs see your edits).
 // Lab 07: tensor parallelism: f and g, column- and row-parallel Linear, the TP block,
 // vocabulary-parallel embedding and cross-entropy.
 #include "tensor_parallel.hpp"
@@ -277,12 +277,12 @@ Tensor SequenceParallel::split_rows_backward(const Tensor& dx) const {
 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
                                      DType dtype, bool sp) {
-  // TODO step 6: count what TPActivations holds, tensor by tensor
+  // TODO step 6: count what the model's GPTActivations hold, tensor by tensor
   // HINT: see nn::BlockActivations / nn::GPTActivations: which are (B*T, C) on every
   // HINT: rank, which are cut by tp (heads, hidden units, vocabulary), which by sequence rows?
   // HINT: dtype_size(dtype) bytes per activation, dtype_size(ops::stats_dtype(dtype)) per statistic.
   throw scalelab::NotImplemented(
-      "lab 07 step 6: count what TPActivations holds, tensor by tensor (README.md#step-6)");
+      "lab 07 step 6: count what the model's GPTActivations hold, tensor by tensor (README.md#step-6)");
 }
 
 std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, DType dtype,

@@ -355,7 +355,7 @@ Tensor SequenceParallel::split_rows_backward(const Tensor& dx) const {
 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
                                      DType dtype, bool sp) {
-  // BEGIN SOLUTION step 6: count what TPActivations holds, tensor by tensor
+  // BEGIN SOLUTION step 6: count what the model's GPTActivations hold, tensor by tensor
   // HINT: see nn::BlockActivations / nn::GPTActivations: which are (B*T, C) on every
   // HINT: rank, which are cut by tp (heads, hidden units, vocabulary), which by sequence rows?
   // HINT: dtype_size(dtype) bytes per activation, dtype_size(ops::stats_dtype(dtype)) per statistic.

@@ -4,7 +4,7 @@
 //  - cross-entropy: loss, probabilities and dlogits within kRel (the softmax's sums run in
 //    another order); exactly three all-reduces of N numbers and nothing else; besides its input,
 //    it allocates O(N) (the allocator's peak), never the (N, V) logits;
-//  - the TPGPT (tied head on the vocabulary shard) follows the single-device GPT over 5 AdamW
+//  - the GPT of make_tp_gpt (tied head on the vocabulary shard) follows the single-device GPT over 5 AdamW
 //    steps within kAdamRel = 1e-9; its head holds (B*T, V/tp) probabilities, and its peak
 //    memory during the head stays below the size of the full logits (tp >= 2).
 #include <gtest/gtest.h>
