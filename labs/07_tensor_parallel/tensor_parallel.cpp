@@ -1,5 +1,5 @@
 // Starter generated from solutions/07_tensor_parallel/tensor_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 32b8983589587bfe (lets make-labs see your edits).
+// step (see README.md). Body hash c2e7e31e9a6f5079 (lets make-labs see your edits).
 // Lab 07: tensor parallelism: f and g, column- and row-parallel Linear, the TP block,
 // vocabulary-parallel embedding and cross-entropy.
 #include "tensor_parallel.hpp"
@@ -253,23 +253,6 @@ Tensor SequenceParallel::leave_backward(const Tensor& dy) const {
   // TODO step 5: our rows of the output's gradient -> the whole gradient
   throw scalelab::NotImplemented(
       "lab 07 step 5: our rows of the output's gradient -> the whole gradient (README.md#step-5)");
-  return full;
-}
-
-Tensor SequenceParallel::split_rows(const Tensor& x) const {
-  Tensor mine;
-  // TODO step 5: the embedding's whole output -> a copy of our rows
-  // HINT: sequence_rows; Tensor::rows is a view of rows [lo, hi) of a 2-d view; clone() copies.
-  throw scalelab::NotImplemented(
-      "lab 07 step 5: the embedding's whole output -> a copy of our rows (README.md#step-5)");
-  return mine;
-}
-
-Tensor SequenceParallel::split_rows_backward(const Tensor& dx) const {
-  Tensor full;
-  // TODO step 5: our rows' gradient -> every row's
-  throw scalelab::NotImplemented(
-      "lab 07 step 5: our rows' gradient -> every row's (README.md#step-5)");
   return full;
 }
 

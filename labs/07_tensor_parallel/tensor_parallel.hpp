@@ -233,8 +233,9 @@ class SequenceParallel : public TensorParallel {
   Tensor enter_backward(const Tensor& dx) const override;
   Tensor leave(const Tensor& y) const override;
   Tensor leave_backward(const Tensor& dy) const override;
-  /// Step 5b. The embedding's output (every row on every rank, after its all-reduce) -> this
-  /// rank's rows (a copy: the whole is freed); backward: our rows' gradient -> every row's.
+  /// Given (with step 5a's sequence_rows and scatter_sequence_backward): the embedding's output
+  /// (every row on every rank, after its all-reduce) -> a copy of this rank's rows; backward:
+  /// our rows' gradient -> every row's (an all-gather).
   Tensor split_rows(const Tensor& x) const override;
   Tensor split_rows_backward(const Tensor& dx) const override;
   /// Given: layernorm_backward_rows (LayerNorm weights see only our rows: their gradients are

@@ -76,6 +76,19 @@ void layernorm_backward_rows(nn::LayerNorm& ln, Tensor& din, const Tensor& dout,
   ops::add(ln.bias.grad, ln.bias.grad, db);
 }
 
+// The embedding's all-reduce leaves every row on every rank: keep ours (a copy: the whole is
+// freed). Megatron reduce-scatters the partial lookup instead (half the payload).
+Tensor SequenceParallel::split_rows(const Tensor& x) const {
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  const TokenRange rows = sequence_rows(N, tp_.rank(), tp_.size());
+  return x.view({N, C}).rows(rows.lo, rows.hi).clone();  // (N/tp, C)
+}
+
+// ... and its backward needs every row's gradient: the all-gather of step 5a.
+Tensor SequenceParallel::split_rows_backward(const Tensor& dx) const {
+  return scatter_sequence_backward(dx, tp_);
+}
+
 void SequenceParallel::layernorm_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout,
                                           const Tensor& in, const Tensor& mean,
                                           const Tensor& rstd) const {

@@ -332,25 +332,6 @@ Tensor SequenceParallel::leave_backward(const Tensor& dy) const {
   return full;
 }
 
-Tensor SequenceParallel::split_rows(const Tensor& x) const {
-  Tensor mine;
-  // BEGIN SOLUTION step 5: the embedding's whole output -> a copy of our rows
-  // HINT: sequence_rows; Tensor::rows is a view of rows [lo, hi) of a 2-d view; clone() copies.
-  const int64_t C = x.size(-1), N = x.numel() / C;
-  const TokenRange rows = sequence_rows(N, tp_.rank(), tp_.size());
-  mine = x.view({N, C}).rows(rows.lo, rows.hi).clone();  // (N/tp, C)
-  // END SOLUTION
-  return mine;
-}
-
-Tensor SequenceParallel::split_rows_backward(const Tensor& dx) const {
-  Tensor full;
-  // BEGIN SOLUTION step 5: our rows' gradient -> every row's
-  full = scatter_sequence_backward(dx, tp_);
-  // END SOLUTION
-  return full;
-}
-
 // ---- Step 6: measure --------------------------------------------------------------------------
 
 std::size_t activation_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, int tp,
