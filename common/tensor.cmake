@@ -6,6 +6,7 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/allocator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tensor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/ops.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/work.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/matmul_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/pointwise_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/norm_cpu.cpp

@@ -3,6 +3,7 @@
 #include "common/ops/fused_linear.hpp"
 
 #include "common/ops/fused_backend.hpp"
+#include "common/ops/work.hpp"
 #include "common/ops/ops.hpp"
 
 namespace scalelab::ops {
@@ -36,7 +37,10 @@ Views views(const char* op, Tensor& out, Tensor* pre, const Tensor& in, const Te
 
 void linear_forward(Tensor& out, const Tensor& in, const Tensor& weight, const Tensor& bias) {
   Views v = views("linear_forward", out, nullptr, in, weight, bias);
-  if (in.device().is_cuda() && cuda::linear_epilogue(v.out, nullptr, v.in, weight, bias)) return;
+  if (in.device().is_cuda() && cuda::linear_epilogue(v.out, nullptr, v.in, weight, bias)) {
+    count_matmul(1, v.in.size(0), weight.size(0), v.in.size(1));  // the fused GEMM's work
+    return;
+  }
   matmul(v.out, v.in, weight, false, true);
   add_bias(v.out, bias);
 }
@@ -44,7 +48,10 @@ void linear_forward(Tensor& out, const Tensor& in, const Tensor& weight, const T
 void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& in, const Tensor& weight,
                          const Tensor& bias) {
   Views v = views("linear_gelu_forward", out, &pre, in, weight, bias);
-  if (in.device().is_cuda() && cuda::linear_epilogue(v.out, &v.pre, v.in, weight, bias)) return;
+  if (in.device().is_cuda() && cuda::linear_epilogue(v.out, &v.pre, v.in, weight, bias)) {
+    count_matmul(1, v.in.size(0), weight.size(0), v.in.size(1));
+    return;
+  }
   matmul(v.pre, v.in, weight, false, true);
   add_bias(v.pre, bias);
   gelu_forward(v.out, v.pre);

@@ -2,6 +2,7 @@
 #include "common/ops/fused_norm.hpp"
 
 #include "common/ops/fused_backend.hpp"
+#include "common/ops/work.hpp"
 
 namespace scalelab::ops {
 
@@ -31,6 +32,7 @@ void residual_layernorm_forward(Tensor& res_out, Tensor& ln_out, Tensor& mean, T
   expect(bias, "bias", {C}, dt);
   expect(mean, "mean", {N}, stat);
   expect(rstd, "rstd", {N}, stat);
+  count_layernorm_rows(N);
   if (x.device().is_cpu())
     cpu::residual_layernorm_forward(res_out, ln_out, mean, rstd, x, residual, weight, bias, eps);
   else

@@ -6,6 +6,7 @@
 #include "common/ops/cpu/ops_cpu.hpp"
 #include "common/ops/cuda/ops_cuda.hpp"
 #include "common/device.hpp"
+#include "common/ops/work.hpp"
 
 namespace scalelab::ops {
 
@@ -87,6 +88,7 @@ void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, dou
   SCALELAB_CHECK(K == Kb && out.size(0) == M && out.size(1) == N,
                  "matmul: {}{} @ {}{} -> {}", a.str(), ta ? "^T" : "", b.str(), tb ? "^T" : "",
                  out.str());
+  count_matmul(1, M, N, K);
   SCALELAB_DISPATCH(d, matmul(out, a, b, ta, tb, alpha, beta, 1, M, N, K));
 }
 
@@ -104,6 +106,7 @@ void batched_matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool
                      out.size(2) == N,
                  "batched_matmul: {}{} @ {}{} -> {}", a.str(), ta ? "^T" : "", b.str(),
                  tb ? "^T" : "", out.str());
+  count_matmul(batch, M, N, K);
   SCALELAB_DISPATCH(d, matmul(out, a, b, ta, tb, alpha, beta, batch, M, N, K));
 }
 
@@ -176,6 +179,7 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   check_shape("layernorm_forward", "rstd", rstd, {N});
   check_shape("layernorm_forward", "weight", weight, {C});
   check_shape("layernorm_forward", "bias", bias, {C});
+  count_layernorm_rows(N);
   SCALELAB_DISPATCH(d, layernorm_forward(out, mean, rstd, in, weight, bias, eps));
 }
 
@@ -196,6 +200,7 @@ void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tenso
   check_shape("layernorm_backward", "dbias", dbias, {C});
   check_shape("layernorm_backward", "mean", mean, {N});
   check_shape("layernorm_backward", "rstd", rstd, {N});
+  count_layernorm_rows(N);
   SCALELAB_DISPATCH(d, layernorm_backward(din, dweight, dbias, dout, in, weight, mean, rstd));
 }
 

@@ -5,6 +5,7 @@
 //  - HOLDS: q, k, v rows and projection columns of NH/tp whole heads, 4C/tp MLP units;
 //  - COMPUTES: output, dx and every gradient shard within kRel = 1e-12 of the largest value;
 //  - SENDS: exactly 2 all-reduces of B*T*C forward (attention, MLP) and 2 backward;
+//  - WORKS: exactly 1/tp of the single-device block's GEMM FLOPs each way (ops' work counters);
 //  - a GPT of TP blocks (nn::GPT with tp_rank/tp_size, these mappings on its blocks; embedding and
 //    head whole on every rank) follows the single-device
 //    GPT over 5 AdamW steps, every parameter shard within kAdamRel = 1e-9 of its largest value.
@@ -32,12 +33,17 @@ struct Whole {
   nn::ParameterSet set;
   Tensor x = random_tensor({kB, kT, c.n_embd}, 31), dout = random_tensor({kB, kT, c.n_embd}, 32);
   Tensor y, dx;
+  ops::WorkCount forward_work, backward_work;  // the single device's (tensor ops' counters)
   Whole() {
     set.bind(block.parameters(), DType::f64, Device::cpu(), 3);
     set.values().copy_from(random_tensor({set.numel()}, 33));
     nn::BlockActivations a;
+    const ops::WorkCount start = ops::work_stats();
     y = block.forward(x, a);
+    const ops::WorkCount mid = ops::work_stats();
     dx = block.backward(dout, x, a);
+    forward_work = mid - start;
+    backward_work = ops::work_stats() - mid;
   }
 };
 
@@ -73,10 +79,12 @@ void take_shard(nn::Block& part, nn::ParameterSet& set, const Whole& whole) {
   const Traffic fwd = traffic_of([&] { y = part.forward(whole.x, a); });
   v(only_all_reduces(fwd, 2, 2 * act), " (forward: one all-reduce after attention, one after "
                                        "the MLP)");
+  v(a_share_of_the_work(fwd, whole.forward_work, tp), " (forward)");
   v(near(y, whole.y), " (block output)");
   const Traffic bwd = traffic_of([&] { dx = part.backward(whole.dout, whole.x, a); });
   v(only_all_reduces(bwd, 2, 2 * act), " (backward: one all-reduce into ln2's gradient, one "
                                        "into ln1's)");
+  v(a_share_of_the_work(bwd, whole.backward_work, tp), " (backward)");
   v(near(dx, whole.dx), " (dx)");
   for (nn::Parameter* p : part.parameters())
     v(near(p->grad, cut(whole.set.get(p->name).grad, p->shard)), " (" + p->name + " gradient)");

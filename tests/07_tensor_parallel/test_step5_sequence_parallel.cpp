@@ -8,6 +8,8 @@
 //  - what it SENDS: forward exactly 2 all-gathers + 2 reduce-scatters of N*C, no all-reduce;
 //    backward 4 all-gathers + 2 reduce-scatters of N*C and all-reduces of the 4 LayerNorm
 //    gradients only (4*C numbers);
+//  - what it COMPUTES: 1/tp of the single-device block's GEMM FLOPs each way and LayerNorms on
+//    this rank's N/tp rows only (the tensor ops' work counters);
 //  - what it HOLDS: the activations' bytes equal the formula, the replicated (B, T, C) tensors
 //    cut to N/tp rows: less than the block of step 3 holds for tp >= 2 (allocator-exact sizes);
 //  - the GPT with sequence parallelism (make_tp_gpt) follows the single-device GPT over 5 AdamW
@@ -35,12 +37,17 @@ struct Whole {
   nn::ParameterSet set;
   Tensor x = random_tensor({kB, kT, c.n_embd}, 71), dout = random_tensor({kB, kT, c.n_embd}, 72);
   Tensor y, dx;
+  ops::WorkCount forward_work, backward_work;  // the single device's (tensor ops' counters)
   Whole() {
     set.bind(block.parameters(), DType::f64, Device::cpu(), 3);
     set.values().copy_from(random_tensor({set.numel()}, 73));
     nn::BlockActivations a;
+    const ops::WorkCount start = ops::work_stats();
     y = block.forward(x, a);
+    const ops::WorkCount mid = ops::work_stats();
     dx = block.backward(dout, x, a);
+    forward_work = mid - start;
+    backward_work = ops::work_stats() - mid;
   }
 };
 
@@ -78,6 +85,11 @@ std::size_t sp_block_bytes(const ModelConfig& c, int tp) {
     v(::testing::AssertionFailure()
           << "forward: want exactly 2 all-gathers and 2 reduce-scatters of " << NC8
           << " bytes (N x C) and nothing else; the counters say:\n" << fwd.str(), "");
+  v(a_share_of_the_work(fwd, whole.forward_work, tp), " (forward)");
+  if (fwd.work.layernorm_rows != 2 * n)
+    v(::testing::AssertionFailure() << "forward: the LayerNorms normalized "
+                                    << fwd.work.layernorm_rows << " rows on this rank, want 2 x "
+                                    << n << " (this rank's N/tp rows, twice)", "");
   v(near(y_sp, rows_of(whole.y, lo, lo + n)), " (our output rows)");
   const Tensor dout_sp = rows_of(whole.dout, lo, lo + n);
   const Traffic bwd = traffic_of([&] { dx_sp = part.backward(dout_sp, x_sp, a, nullptr, kT); });
@@ -88,6 +100,7 @@ std::size_t sp_block_bytes(const ModelConfig& c, int tp) {
           << "backward: want 4 all-gathers (output gradient, LayerNorm output again) and 2 "
              "reduce-scatters of " << NC8 << " bytes, all-reduces of the LayerNorm gradients ("
           << 4 * C * 8 << " bytes) and nothing else; the counters say:\n" << bwd.str(), "");
+  v(a_share_of_the_work(bwd, whole.backward_work, tp), " (backward)");
   v(near(dx_sp, rows_of(whole.dx, lo, lo + n)), " (our dx rows)");
   for (nn::Parameter* p : part.parameters())
     v(near(p->grad, cut(whole.set.get(p->name).grad, p->shard)), " (" + p->name + " gradient)");

@@ -21,6 +21,7 @@
 #include "common/nn/gpt.hpp"
 #include "common/nn/parameter.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/work.hpp"
 #include "common/optim/optim.hpp"
 #include "common/tensor.hpp"
 #include "tensor_parallel.hpp"
@@ -136,8 +137,11 @@ struct Verdict {
 };
 
 /// What a call submitted on the tp group: calls and payload bytes per op.
+/// What a call sent (the byte counters) and computed (the tensor ops' work counters) on this
+/// rank: a rank that computes the whole layer gives the right numbers too, not the right work.
 struct Traffic {
   comm::CommStats stats;
+  ops::WorkCount work;
   comm::CommCount all() const { return comm::comm_total(stats, group().name()); }
   comm::CommCount op(const std::string& name) const {
     return comm::comm_total(stats, group().name(), name);
@@ -146,8 +150,18 @@ struct Traffic {
 };
 inline Traffic traffic_of(const std::function<void()>& fn) {
   const comm::CommStats before = comm::comm_stats();
+  const ops::WorkCount work_before = ops::work_stats();
   fn();
-  return Traffic{comm::comm_stats() - before};
+  return Traffic{comm::comm_stats() - before, ops::work_stats() - work_before};
+}
+
+/// This rank did exactly 1/tp of `whole`'s GEMM FLOPs (the shards divide evenly).
+inline ::testing::AssertionResult a_share_of_the_work(const Traffic& t,
+                                                      const ops::WorkCount& whole, int tp) {
+  if (t.work.matmul_flops * tp == whole.matmul_flops) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "this rank's matmuls did " << t.work.matmul_flops << " FLOPs, want 1/" << tp
+         << " of the single device's " << whole.matmul_flops << " (the tensor ops' counters)";
 }
 
 /// Exactly `calls` all-reduces of `bytes` in total, and nothing else on the tp group.

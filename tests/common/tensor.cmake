@@ -8,6 +8,8 @@ scalelab_add_test(NAME test_flash_attention
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_attention.cpp RANKS 1)
 scalelab_add_test(NAME test_fused_norm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_norm.cpp RANKS 1)
 scalelab_add_test(NAME test_fused_linear SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_linear.cpp RANKS 1)
+# the ops' work counters (what lab 07's graders read)
+scalelab_add_test(NAME test_work_counters SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_work_counters.cpp RANKS 1)
 # the per-row softmax pieces and masked indexing (lab 07's vocabulary-parallel ops), whole and split
 scalelab_add_test(NAME test_row_ops SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_row_ops.cpp RANKS 1)
 scalelab_add_test(NAME test_optim SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_optim.cpp RANKS 1)
