@@ -1,5 +1,5 @@
 // Starter generated from solutions/07_tensor_parallel/tensor_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash c2e7e31e9a6f5079 (lets make-labs see your edits).
+// step (see README.md). Body hash f29bcd8b27b858ce (lets make-labs see your edits).
 // Lab 07: tensor parallelism: f and g, column- and row-parallel Linear, the TP block,
 // vocabulary-parallel embedding and cross-entropy.
 #include "tensor_parallel.hpp"
@@ -17,6 +17,14 @@ namespace {
   std::vector<int64_t> s = x.shape();
   s.back() = last;
   return s;
+}
+
+// Applies one of step 1's operators (they work in place) to a handle on x's storage.
+[[maybe_unused]] Tensor apply(void (*op)(Tensor&, comm::Communicator&), const Tensor& x,
+                              comm::Communicator& tp) {
+  Tensor t = x;
+  op(t, tp);
+  return t;
 }
 
 }  // namespace
@@ -104,36 +112,28 @@ HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp) {
 // The placement of f and g: a region starts with f (its backward sums the partial input
 // gradients) and ends with g (it sums the partial outputs).
 Tensor TensorParallel::enter(const Tensor& x) const {
-  Tensor t = x;  // shares x's storage: the operators work in place
   // TODO step 3: entering a region: f
-  // HINT: step 1's operators take a Tensor& and work in place: call one on t, return t.
+  // HINT: step 1's operators work in place on a Tensor (a handle: a copy of x shares x's storage).
   throw scalelab::NotImplemented(
       "lab 07 step 3: entering a region: f (README.md#step-3)");
-  return t;
 }
 
 Tensor TensorParallel::enter_backward(const Tensor& dx) const {
-  Tensor t = dx;
   // TODO step 3: the gradient leaving a column-parallel input: f's backward
   throw scalelab::NotImplemented(
       "lab 07 step 3: the gradient leaving a column-parallel input: f's backward (README.md#step-3)");
-  return t;
 }
 
 Tensor TensorParallel::leave(const Tensor& y) const {
-  Tensor t = y;
   // TODO step 3: leaving a region: g
   throw scalelab::NotImplemented(
       "lab 07 step 3: leaving a region: g (README.md#step-3)");
-  return t;
 }
 
 Tensor TensorParallel::leave_backward(const Tensor& dy) const {
-  Tensor t = dy;
   // TODO step 3: g's backward
   throw scalelab::NotImplemented(
       "lab 07 step 3: g's backward (README.md#step-3)");
-  return t;
 }
 
 // ---- Step 4 -----------------------------------------------------------------------------------

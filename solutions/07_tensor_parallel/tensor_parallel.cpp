@@ -17,6 +17,14 @@ namespace {
   return s;
 }
 
+// Applies one of step 1's operators (they work in place) to a handle on x's storage.
+[[maybe_unused]] Tensor apply(void (*op)(Tensor&, comm::Communicator&), const Tensor& x,
+                              comm::Communicator& tp) {
+  Tensor t = x;
+  op(t, tp);
+  return t;
+}
+
 }  // namespace
 
 // ---- Step 1 -----------------------------------------------------------------------------------
@@ -135,36 +143,28 @@ HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp) {
 // The placement of f and g: a region starts with f (its backward sums the partial input
 // gradients) and ends with g (it sums the partial outputs).
 Tensor TensorParallel::enter(const Tensor& x) const {
-  Tensor t = x;  // shares x's storage: the operators work in place
   // BEGIN SOLUTION step 3: entering a region: f
-  // HINT: step 1's operators take a Tensor& and work in place: call one on t, return t.
-  f_forward(t, tp_);
+  // HINT: step 1's operators work in place on a Tensor (a handle: a copy of x shares x's storage).
+  return apply(f_forward, x, tp_);
   // END SOLUTION
-  return t;
 }
 
 Tensor TensorParallel::enter_backward(const Tensor& dx) const {
-  Tensor t = dx;
   // BEGIN SOLUTION step 3: the gradient leaving a column-parallel input: f's backward
-  f_backward(t, tp_);
+  return apply(f_backward, dx, tp_);
   // END SOLUTION
-  return t;
 }
 
 Tensor TensorParallel::leave(const Tensor& y) const {
-  Tensor t = y;
   // BEGIN SOLUTION step 3: leaving a region: g
-  g_forward(t, tp_);
+  return apply(g_forward, y, tp_);
   // END SOLUTION
-  return t;
 }
 
 Tensor TensorParallel::leave_backward(const Tensor& dy) const {
-  Tensor t = dy;
   // BEGIN SOLUTION step 3: g's backward
-  g_backward(t, tp_);
+  return apply(g_backward, dy, tp_);
   // END SOLUTION
-  return t;
 }
 
 // ---- Step 4 -----------------------------------------------------------------------------------
