@@ -441,6 +441,10 @@ class ReportTest(unittest.TestCase):
         verdict, detail = grade.classify(None, progress, 60, ClassifyTest.NO_REPORT)
         self.assertEqual(verdict, "timed out")
         self.assertIn("in Step4_Execute.OneFOneBEqualsSingleDevice", detail)
+        watchdog = "[scalelab] watchdog: rank 1 waits in send #1 (4 KiB, group world, to rank 0) for 45.3 s\n"
+        self.assertEqual(grade.classify(3, progress + watchdog, 60, ClassifyTest.NO_REPORT),
+                         ("timed out", "in Step4_Execute.OneFOneBEqualsSingleDevice: [scalelab] watchdog: "
+                                       "rank 1 waits in send #1 (4 KiB, group world, to rank 0) for 45.3 s"))
         # a test that ended (OK or FAILED, rank 0's or another rank's line) is not the one running
         ended = progress + "[  FAILED  ] Step4_Execute.OneFOneBEqualsSingleDevice on rank 1: x\n"
         self.assertEqual(grade.running_test(ended), "")
