@@ -1,5 +1,5 @@
 // Starter generated from solutions/09_zero/zero.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 48d3f65ae956b68a (lets make-labs see your edits).
+// step (see README.md). Body hash 08724ed63b0309f4 (lets make-labs see your edits).
 // Lab 09: ZeRO stages 1-3: shards, a sharded AdamW, gradients reduced to their owners, parameters
 // gathered unit by unit.
 #include "zero.hpp"
@@ -319,9 +319,9 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision) {
   SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
                    "paper_memory: precision f32 or bf16, got {}", dtype_name(precision));
   Held h;
-  // TODO step 5: the paper's bytes per rank by kind (README.md's first table)
+  // TODO step 5: the paper's bytes per rank by kind, as in the README's first table
   throw scalelab::NotImplemented(
-      "lab 09 step 5: the paper's bytes per rank by kind (README.md's first table) (README.md#step-5)");
+      "lab 09 step 5: the paper's bytes per rank by kind, as in the README's first table (README.md#step-5)");
   return h;
 }
 

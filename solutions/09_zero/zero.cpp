@@ -439,7 +439,7 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision) {
   SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
                    "paper_memory: precision f32 or bf16, got {}", dtype_name(precision));
   Held h;
-  // BEGIN SOLUTION step 5: the paper's bytes per rank by kind (README.md's first table)
+  // BEGIN SOLUTION step 5: the paper's bytes per rank by kind, as in the README's first table
   const bool mixed = precision == DType::bf16;
   const double P = static_cast<double>(psi), N = n;
   const double params = mixed ? 2 : 4, grads = mixed ? 2 : 4, state = mixed ? 12 : 8;
