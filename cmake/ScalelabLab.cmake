@@ -1,6 +1,6 @@
 # scalelab_add_lab(<NN> <name> SOURCES <impl.cpp...> STEPS <n> RANKS <k...>
 #                  [GIVEN <given.cpp...>] [STEP_RANKS "<step>:<k>,<k>" ...] [LIBS <targets...>]
-#                  [TIMEOUT <s>])
+#                  [OPTIONAL_STEPS <step...>] [TIMEOUT <s>])
 #
 # SOURCES are exercises: solutions/NN_name/<file> for the reference, the generated starter
 # labs/NN_name/<file> for the attendee. GIVEN files are not exercises: one copy, in labs/NN_name/,
@@ -13,10 +13,18 @@
 #                                                            with tests/support/lab_fixture.hpp)
 # and one ctest entry per (step, ranks, build): labNN.stepK.npR.starter|reference, each running
 # only the GoogleTest suites named StepK* (--gtest_filter), so one hang cannot mask other steps.
-# Labels: starter or reference, and labNN. Custom targets labNN_starter / labNN_reference build
+# Labels: starter or reference, and labNN; the entries of OPTIONAL_STEPS (beyond the lab's
+# 90-minute core, README.md says which) also carry `optional`, which the grader reports apart
+# from the core. Custom targets labNN_starter / labNN_reference build
 # one side, so the grader can build each lab on its own.
 function(scalelab_add_lab nn name)
-  cmake_parse_arguments(L "" "STEPS;TIMEOUT" "SOURCES;GIVEN;RANKS;STEP_RANKS;LIBS" ${ARGN})
+  cmake_parse_arguments(L "" "STEPS;TIMEOUT" "SOURCES;GIVEN;RANKS;STEP_RANKS;LIBS;OPTIONAL_STEPS"
+                        ${ARGN})
+  foreach(step IN LISTS L_OPTIONAL_STEPS)
+    if(NOT step MATCHES "^[0-9]+$" OR step LESS 1 OR step GREATER L_STEPS)
+      message(FATAL_ERROR "lab ${nn}: OPTIONAL_STEPS names step '${step}', not one of 1..${L_STEPS}")
+    endif()
+  endforeach()
   set(dir ${nn}_${name})
   set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${dir})
   set(sol_dir ${PROJECT_SOURCE_DIR}/solutions/${dir})
@@ -64,13 +72,17 @@ function(scalelab_add_lab nn name)
             string(REPLACE "," ";" ranks "${CMAKE_MATCH_1}")
           endif()
         endforeach()
+        set(step_labels ${label} lab${nn})
+        if(step IN_LIST L_OPTIONAL_STEPS)
+          list(APPEND step_labels optional)
+        endif()
         foreach(k IN LISTS ranks)
           set(timeout_arg)
           if(L_TIMEOUT)
             set(timeout_arg TIMEOUT ${L_TIMEOUT})
           endif()
           scalelab_add_mpi_test(lab${nn}.step${step}.np${k}.${label} ${test_exe} RANKS ${k}
-                                ${timeout_arg} LABELS ${label} lab${nn}
+                                ${timeout_arg} LABELS ${step_labels}
                                 ARGS --gtest_filter=Step${step}*)
         endforeach()
       endforeach()

@@ -23,8 +23,11 @@
 // Every operation is registered with the watchdog (common/watchdog.hpp: a hang ends the job with
 // exit 3 and a report), appears in the Chrome trace (common/trace.hpp) with its bytes, and is
 // counted per group and kind (common/comm/stats.hpp: comm_stats(), format_comm_stats()). Tensors
-// must be contiguous, of any shape, f32, f64 or i32 (no avg for i32). Shapes do not matter, only
-// element counts: a (4, 8) tensor all-gathers into any tensor of 4*8*size elements.
+// must be contiguous, of any shape, f32, f64, bf16 or i32 (no avg for i32). bf16 is moved as
+// 16-bit words (send/recv and gathers: bf16 activations and weights in mixed precision) and
+// reduced in float, rounded once per combine (NCCL's ncclBfloat16; on mpi our own MPI_Ops).
+// Shapes do not matter, only element counts: a (4, 8) tensor all-gathers into any tensor of
+// 4*8*size elements.
 #include <cstdint>
 #include <functional>
 #include <memory>

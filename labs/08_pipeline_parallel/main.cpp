@@ -10,6 +10,7 @@
 #include "common/allocator.hpp"
 #include "common/cli.hpp"
 #include "common/device.hpp"
+#include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
@@ -203,52 +204,61 @@ int main(int argc, char** argv) {
     std::vector<Kind> kinds = {Kind::afab, Kind::one_f_one_b};
     if (L % (p * 2) == 0) kinds.push_back(Kind::interleaved);
     bool sane = true;
-    for (Kind k : kinds) {
-      const int vk = k == Kind::interleaved ? (kind == Kind::interleaved ? v : 2) : 1;
-      auto table_pieces = build_pieces(config, k, p, vk, stage, model_options);
-      const auto ptrs = pointers(table_pieces);
-      for (int mm : {1, 2, 4, 8, 16}) {
-        if (opt.batch % mm != 0 || (k == Kind::interleaved && mm % p != 0)) continue;
-        const Schedule sched = make_schedule(k, p, mm, vk, stage);
-        std::vector<Schedule> sall;
-        for (int s = 0; s < p; ++s) sall.push_back(make_schedule(k, p, mm, vk, s));
-        const SimResult sr = simulate(sall, mm, vk);
-        const data::Batch batch = sampler.batch(opt.steps);
-        StageTime best;
-        best.step_s = 1e30;
-        for (int r = 0; r < reps; ++r) {
-          ExecStats st;
-          comm.barrier();  // every rank starts together
-          pipeline_step(ptrs, sched, batch, mm, comm, &st);
-          const StageTime t = measure_stage_time(st);
-          if (t.step_s < best.step_s) best = t;
+    // The table needs the optional steps (5: the measurements, 6: the interleaved rows). Without
+    // them it stops where the first missing one is called (on every rank at the same point: the
+    // same code runs everywhere) and says so: the training above is the core's result.
+    try {
+      for (Kind k : kinds) {
+        const int vk = k == Kind::interleaved ? (kind == Kind::interleaved ? v : 2) : 1;
+        auto table_pieces = build_pieces(config, k, p, vk, stage, model_options);
+        const auto ptrs = pointers(table_pieces);
+        for (int mm : {1, 2, 4, 8, 16}) {
+          if (opt.batch % mm != 0 || (k == Kind::interleaved && mm % p != 0)) continue;
+          const Schedule sched = make_schedule(k, p, mm, vk, stage);
+          std::vector<Schedule> sall;
+          for (int s = 0; s < p; ++s) sall.push_back(make_schedule(k, p, mm, vk, s));
+          const SimResult sr = simulate(sall, mm, vk);
+          const data::Batch batch = sampler.batch(opt.steps);
+          StageTime best;
+          best.step_s = 1e30;
+          for (int r = 0; r < reps; ++r) {
+            ExecStats st;
+            comm.barrier();  // every rank starts together
+            pipeline_step(ptrs, sched, batch, mm, comm, &st);
+            const StageTime t = measure_stage_time(st);
+            if (t.step_s < best.step_s) best = t;
+          }
+          std::vector<data::Batch> micro;
+          for (int i = 0; i < mm; ++i)
+            micro.push_back(batch.rows(i * (opt.batch / mm), (i + 1) * (opt.batch / mm)));
+          comm.barrier();
+          const double peak =
+              static_cast<double>(measure_peak_activation_bytes(ptrs, sched, micro, comm));
+          const std::vector<double> bubbles = gather(best.bubble, comm);
+          const std::vector<double> compute_ms = gather(best.compute_s * 1e3, comm);
+          const std::vector<double> wait_ms = gather(best.wait_s * 1e3, comm);
+          std::string times;
+          for (int r = 0; r < p; ++r)
+            times += fmt::format("{}{:.1f}/{:.1f}", r == 0 ? "" : " ", compute_ms[r], wait_ms[r]);
+          const std::vector<double> step_ms = gather(best.step_s * 1e3, comm);
+          const std::vector<double> peaks = gather(peak, comm);
+          std::vector<double> flights;
+          for (int x : sr.max_in_flight) flights.push_back(x);
+          std::string peak_text;
+          for (double b : peaks)
+            peak_text += (peak_text.empty() ? "" : " ") + metrics::human_bytes(b);
+          log::info("{:<12} {:>3} {:>7.3f} {:>7.3f}  {:<24} {:<36} {:>8.1f}  {:<12} {}",
+                    k == Kind::interleaved ? fmt::format("interleaved{}", vk) : kind_name(k), mm,
+                    bubble_formula(k, p, mm, vk), sr.bubble.empty() ? 0.0 : sr.bubble[0],
+                    list(bubbles, "{:.2f}"), times,
+                    *std::max_element(step_ms.begin(), step_ms.end()), list(flights, "{:.0f}"),
+                    peak_text);
+          sane = sane && !sr.deadlock;
         }
-        std::vector<data::Batch> micro;
-        for (int i = 0; i < mm; ++i)
-          micro.push_back(batch.rows(i * (opt.batch / mm), (i + 1) * (opt.batch / mm)));
-        comm.barrier();
-        const double peak =
-            static_cast<double>(measure_peak_activation_bytes(ptrs, sched, micro, comm));
-        const std::vector<double> bubbles = gather(best.bubble, comm);
-        const std::vector<double> compute_ms = gather(best.compute_s * 1e3, comm);
-        const std::vector<double> wait_ms = gather(best.wait_s * 1e3, comm);
-        std::string times;
-        for (int r = 0; r < p; ++r)
-          times += fmt::format("{}{:.1f}/{:.1f}", r == 0 ? "" : " ", compute_ms[r], wait_ms[r]);
-        const std::vector<double> step_ms = gather(best.step_s * 1e3, comm);
-        const std::vector<double> peaks = gather(peak, comm);
-        std::vector<double> flights;
-        for (int x : sr.max_in_flight) flights.push_back(x);
-        std::string peak_text;
-        for (double b : peaks) peak_text += (peak_text.empty() ? "" : " ") + metrics::human_bytes(b);
-        log::info("{:<12} {:>3} {:>7.3f} {:>7.3f}  {:<24} {:<36} {:>8.1f}  {:<12} {}",
-                  k == Kind::interleaved ? fmt::format("interleaved{}", vk) : kind_name(k), mm,
-                  bubble_formula(k, p, mm, vk), sr.bubble.empty() ? 0.0 : sr.bubble[0],
-                  list(bubbles, "{:.2f}"), times,
-                  *std::max_element(step_ms.begin(), step_ms.end()), list(flights, "{:.0f}"),
-                  peak_text);
-        sane = sane && !sr.deadlock;
       }
+    } catch (const NotImplemented& e) {
+      log::info("the table stops here: {} (an optional step: ./scalelab grade 08 lists them)",
+                e.what());
     }
     return train::on_every_rank(sane && twin_check.ok, comm) ? kExitOk : kExitFailed;
   });

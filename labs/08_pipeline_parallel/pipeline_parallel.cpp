@@ -1,5 +1,5 @@
 // Starter generated from solutions/08_pipeline_parallel/pipeline_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 5ce392a332157557 (lets make-labs see your edits).
+// step (see README.md). Body hash dacd70ce7606dc00 (lets make-labs see your edits).
 // Lab 08: pipeline parallelism: stages, activations over send/recv, schedules as data (AFAB,
 // 1F1B, interleaved 1F1B), executed with one GPTActivations per micro-batch in flight.
 #include "pipeline_parallel.hpp"
@@ -39,52 +39,50 @@ void check_schedule_args(int p, int m, int stage) {
 
 LayerRange stage_layers(int n_layer, int p, int stage) {
   LayerRange r;
-  // TODO step 1: balanced split: n_layer / p each, one more for the first n_layer % p
-  // HINT: stage s starts after the blocks of stages 0..s-1: s * base + min(s, extra).
+  // TODO step 1: every block in one stage, in order; sizes within one, larger first
   throw scalelab::NotImplemented(
-      "lab 08 step 1: balanced split: n_layer / p each, one more for the first n_layer % p (README.md#step-1)");
+      "lab 08 step 1: every block in one stage, in order; sizes within one, larger first (README.md#step-1)");
   return r;
 }
 
 std::unique_ptr<nn::GPT> build_stage(const ModelConfig& config, int p, int stage,
                                      nn::GPTOptions options) {
-  // TODO step 1: a GPT holding only this stage's blocks
-  // HINT: nn::GPTOptions has first_block and last_block; the seed stays the single-device one.
+  // TODO step 1: a GPT holding only this stage's blocks, with the single-device values
+  // HINT: nn::GPTOptions has first_block and last_block.
   throw scalelab::NotImplemented(
-      "lab 08 step 1: a GPT holding only this stage's blocks (README.md#step-1)");
+      "lab 08 step 1: a GPT holding only this stage's blocks, with the single-device values (README.md#step-1)");
 }
 
 void sync_tied_gradients(const std::vector<nn::GPT*>& chunks, comm::Communicator& pp) {
-  // TODO step 1: exchange wte / lm_head.weight gradients, both end with the sum
-  // HINT: post the receive and the send (async) before waiting either: both ends send first.
-  // HINT: a + b == b + a exactly in floating point, so both copies get the same bits.
+  // TODO step 1: both copies of the tied embedding end with the same sum of gradients
+  // HINT: the two ends may be two ranks or two pieces of this rank (README.md#step-1).
   throw scalelab::NotImplemented(
-      "lab 08 step 1: exchange wte / lm_head.weight gradients, both end with the sum (README.md#step-1)");
+      "lab 08 step 1: both copies of the tied embedding end with the same sum of gradients (README.md#step-1)");
 }
 
 // ---- Step 2 -------------------------------------------------------------------------------------
 
 int message_tag(Flow flow, int mb, int chunk) {
   int tag = 0;
-  // TODO step 2: one tag per (flow, mb, chunk)
+  // TODO step 2: a different tag for every (flow, micro-batch, chunk)
   throw scalelab::NotImplemented(
-      "lab 08 step 2: one tag per (flow, mb, chunk) (README.md#step-2)");
+      "lab 08 step 2: a different tag for every (flow, micro-batch, chunk) (README.md#step-2)");
   return tag;
 }
 
 comm::Work send_to(comm::Communicator& pp, const Tensor& t, int dst, Flow flow, int mb,
                    int chunk) {
-  // TODO step 2: a non-blocking send with the message's tag
+  // TODO step 2: start sending the message and return at once
   throw scalelab::NotImplemented(
-      "lab 08 step 2: a non-blocking send with the message's tag (README.md#step-2)");
+      "lab 08 step 2: start sending the message and return at once (README.md#step-2)");
 }
 
 Incoming recv_from(comm::Communicator& pp, const std::vector<int64_t>& shape, int src, Flow flow,
                    int mb, int chunk, DType dtype, Device device) {
   Incoming in;
-  // TODO step 2: a new buffer and a non-blocking receive with the message's tag
+  // TODO step 2: start receiving the message into a new buffer and return at once
   throw scalelab::NotImplemented(
-      "lab 08 step 2: a new buffer and a non-blocking receive with the message's tag (README.md#step-2)");
+      "lab 08 step 2: start receiving the message into a new buffer and return at once (README.md#step-2)");
   return in;
 }
 
@@ -92,22 +90,56 @@ Incoming recv_from(comm::Communicator& pp, const std::vector<int64_t>& shape, in
 
 Schedule schedule_afab(int p, int m, int stage) {
   Schedule s;
-  // TODO step 3: all forwards, then all backwards, with their messages
+  // TODO step 3: AFAB: every forward, then every backward, each with its messages
   throw scalelab::NotImplemented(
-      "lab 08 step 3: all forwards, then all backwards, with their messages (README.md#step-3)");
+      "lab 08 step 3: AFAB: every forward, then every backward, each with its messages (README.md#step-3)");
   return s;
 }
 
 Schedule schedule_1f1b(int p, int m, int stage) {
   Schedule s;
-  // TODO step 3: warm-up forwards, one forward / one backward, cool-down backwards
-  // HINT: the last stage has no warm-up: its forward of i is followed at once by backward i.
+  // TODO step 3: 1F1B: each backward as early as possible: <= p - stage in flight
   throw scalelab::NotImplemented(
-      "lab 08 step 3: warm-up forwards, one forward / one backward, cool-down backwards (README.md#step-3)");
+      "lab 08 step 3: 1F1B: each backward as early as possible: <= p - stage in flight (README.md#step-3)");
   return s;
 }
 
 // ---- Step 4 -------------------------------------------------------------------------------------
+
+namespace {
+
+// Given: the bookkeeping of run_schedule, so that step 4 is about the actions themselves.
+
+// What one (chunk, micro-batch) holds between its actions. Each member is released (assigned an
+// empty Tensor, or reset()) as soon as it has been used, so a stage holds only what is in flight.
+struct Slot {
+  nn::GPTActivations acts;  // filled by the forward, consumed by the backward
+  Tensor received;          // the activation (forward) or gradient (backward) from a neighbour
+  Tensor to_send;           // this piece's output (forward) or input gradient (backward)
+};
+
+// Sends in flight. A send reads its tensor until it completes, so each keeps the tensor alive;
+// poll() frees the finished ones (call it after every action), wait_all() ends the step.
+class PendingSends {
+ public:
+  void add(comm::Work work, Tensor t) { sends_.push_back({std::move(work), std::move(t)}); }
+  void poll() {
+    std::erase_if(sends_, [](Sending& s) { return s.work.test(); });
+  }
+  void wait_all() {
+    for (Sending& s : sends_) s.work.wait();
+    sends_.clear();
+  }
+
+ private:
+  struct Sending {
+    comm::Work work;
+    Tensor t;
+  };
+  std::vector<Sending> sends_;
+};
+
+}  // namespace
 
 double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedule,
                     const std::vector<data::Batch>& micro, comm::Communicator& pp,
@@ -120,15 +152,26 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
   const int64_t C = chunks[0]->config().n_embd;
   const Clock::time_point t0 = Clock::now();
   if (stats != nullptr) *stats = ExecStats{};
-  double loss_sum = 0;
-  // TODO step 4: execute the actions: one GPTActivations per micro-batch in flight
-  // HINT: keep per (chunk, micro-batch): its GPTActivations, the input received, the output to
-  // HINT: send, the gradient received; release each as soon as it is used.
-  // HINT: keep each send's Work AND its tensor until it is done (test() them as you go).
-  // HINT: stats (when given): one Timed{action, begin, seconds_since(t0)} per action, and the
-  // HINT: most micro-batches in flight; a trace::Scope per action shows it in --trace.
-  throw scalelab::NotImplemented(
-      "lab 08 step 4: execute the actions: one GPTActivations per micro-batch in flight (README.md#step-4)");
+  double loss_sum = 0;                                            // the last piece's losses
+  std::vector<std::vector<Slot>> slots(v, std::vector<Slot>(m));  // slots[chunk][micro-batch]
+  PendingSends sends;
+  int in_flight = 0;  // micro-batches forwarded and not yet backwarded on this rank
+  for (const Action& a : schedule) {
+    const double begin = seconds_since(t0);
+    const bool compute = a.op == Op::forward || a.op == Op::backward;
+    trace::Scope scope(to_string(a), compute ? "compute" : "p2p");
+    // TODO step 4: run one action: compute, or a message to or from a neighbour
+    // HINT: slots[a.chunk][a.mb], sends.add(...), loss_sum; the contract lists what each op does.
+    throw scalelab::NotImplemented(
+        "lab 08 step 4: run one action: compute, or a message to or from a neighbour (README.md#step-4)");
+    in_flight += a.op == Op::forward ? 1 : a.op == Op::backward ? -1 : 0;
+    sends.poll();  // finished sends free their buffers now, not at the end of the step
+    if (stats != nullptr) {
+      stats->actions.push_back({a, begin, seconds_since(t0)});
+      stats->max_in_flight = std::max(stats->max_in_flight, in_flight);
+    }
+  }
+  sends.wait_all();
   if (stats != nullptr) stats->step_s = seconds_since(t0);
   // The loss lives on the rank holding the head (the last stage): every rank gets it.
   Tensor loss = Tensor::from_vector({loss_sum / m}, {1}, DType::f64);
@@ -139,9 +182,9 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
 double pipeline_step(const std::vector<nn::GPT*>& chunks, const Schedule& schedule,
                      const data::Batch& batch, int m, comm::Communicator& pp, ExecStats* stats) {
   double loss = 0;
-  // TODO step 4: zero, cut into micro-batches, run the schedule, sum the tied gradients
+  // TODO step 4: one batch's gradients from m micro-batches, tied copies summed
   throw scalelab::NotImplemented(
-      "lab 08 step 4: zero, cut into micro-batches, run the schedule, sum the tied gradients (README.md#step-4)");
+      "lab 08 step 4: one batch's gradients from m micro-batches, tied copies summed (README.md#step-4)");
   return loss;
 }
 
@@ -165,17 +208,17 @@ const char* kind_name(Kind kind) {
 
 double bubble_formula(Kind kind, int p, int m, int v) {
   double b = 0;
-  // TODO step 5: (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1) interleaved
+  // TODO step 5: the simulator's bubble in closed form (the idle fraction of a stage)
   throw scalelab::NotImplemented(
-      "lab 08 step 5: (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1) interleaved (README.md#step-5)");
+      "lab 08 step 5: the simulator's bubble in closed form (the idle fraction of a stage) (README.md#step-5)");
   return b;
 }
 
 StageTime measure_stage_time(const ExecStats& stats) {
   StageTime t;
-  // TODO step 5: compute = forwards + backwards, wait = receives, bubble = 1 - compute/step
+  // TODO step 5: this rank's time computing, waiting and idle, from its own timings
   throw scalelab::NotImplemented(
-      "lab 08 step 5: compute = forwards + backwards, wait = receives, bubble = 1 - compute/step (README.md#step-5)");
+      "lab 08 step 5: this rank's time computing, waiting and idle, from its own timings (README.md#step-5)");
   return t;
 }
 
@@ -184,9 +227,9 @@ std::size_t measure_peak_activation_bytes(const std::vector<nn::GPT*>& chunks,
                                           const std::vector<data::Batch>& micro,
                                           comm::Communicator& pp) {
   std::size_t bytes = 0;
-  // TODO step 5: the allocator's peak during one run_schedule, above the start
+  // TODO step 5: the most bytes one run_schedule adds, by the allocator's counters
   throw scalelab::NotImplemented(
-      "lab 08 step 5: the allocator's peak during one run_schedule, above the start (README.md#step-5)");
+      "lab 08 step 5: the most bytes one run_schedule adds, by the allocator's counters (README.md#step-5)");
   return bytes;
 }
 
@@ -194,18 +237,17 @@ std::size_t measure_peak_activation_bytes(const std::vector<nn::GPT*>& chunks,
 
 LayerRange chunk_layers(int n_layer, int p, int v, int stage, int chunk) {
   LayerRange r;
-  // TODO step 6: piece vs = chunk * p + stage holds n_layer / (p v) blocks
+  // TODO step 6: the blocks of piece (stage, chunk), in schedule.hpp's piece order
   throw scalelab::NotImplemented(
-      "lab 08 step 6: piece vs = chunk * p + stage holds n_layer / (p v) blocks (README.md#step-6)");
+      "lab 08 step 6: the blocks of piece (stage, chunk), in schedule.hpp's piece order (README.md#step-6)");
   return r;
 }
 
 Schedule schedule_interleaved(int p, int m, int v, int stage) {
   Schedule s;
-  // TODO step 6: Megatron's interleaved order, warm-up, 1F1B, cool-down
-  // HINT: unit k of the m*v: group k / (p v) of p micro-batches, chunk (k / p) % v within it.
+  // TODO step 6: Megatron's interleaved 1F1B: no deadlock, the bubble shrunk by v
   throw scalelab::NotImplemented(
-      "lab 08 step 6: Megatron's interleaved order, warm-up, 1F1B, cool-down (README.md#step-6)");
+      "lab 08 step 6: Megatron's interleaved 1F1B: no deadlock, the bubble shrunk by v (README.md#step-6)");
   return s;
 }
 

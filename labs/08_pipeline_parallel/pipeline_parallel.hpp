@@ -6,14 +6,16 @@
 /// says in which order each stage runs its forwards and backwards:
 ///
 ///   AFAB (GPipe)   all forwards, then all backwards: every stage holds m micro-batches
-///   1F1B           a short warm-up of forwards, then one forward / one backward alternately:
-///                  stage s holds at most p - s micro-batches, the same bubble as AFAB
-///   interleaved    v model chunks per rank: the bubble shrinks by v, more messages
+///   1F1B           each backward as early as possible: stage s holds at most p - s
+///                  micro-batches, with the same bubble as AFAB
+///   interleaved    v model chunks per rank: a smaller bubble, v times the messages
 ///
-/// The bubble (the fraction of a step a stage waits) is (p - 1) / (m + p - 1) for AFAB and 1F1B.
+/// The bubble is the fraction of a step a stage is idle (waiting for its neighbours).
 ///
 /// Schedules are data (schedule.hpp, given): a list of Actions per stage, checked by a simulator
 /// before a single tensor moves; run_schedule executes the same list with the stage models.
+///
+/// Core steps 1-4 (about 90 minutes), optional steps 5 and 6: README.md.
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -36,10 +38,11 @@ struct LayerRange {
   bool operator==(const LayerRange&) const = default;
 };
 
-/// Step 1a. The blocks of stage `stage` of `p`, balanced by layer count: each stage gets
-/// n_layer / p consecutive blocks and the first n_layer % p stages one more (10 layers over 4
-/// stages: 3 3 2 2). Throws scalelab::UsageError (one line naming the numbers) when p < 1,
-/// p > n_layer (a stage would have no layer) or stage is not in [0, p).
+/// Step 1a. The blocks of stage `stage` of `p`, balanced by layer count: the stages together
+/// hold every block once, in order (stage 0 the first ones), each a contiguous range; sizes
+/// differ by at most one, the larger stages first (10 layers over 4 stages: 3 3 2 2). Throws
+/// scalelab::UsageError (one line naming the numbers) when p < 1, p > n_layer (a stage would
+/// have no layer) or stage is not in [0, p).
 LayerRange stage_layers(int n_layer, int p, int stage);
 
 /// Step 1b. This stage's model: an nn::GPT holding only stage_layers(config.n_layer, p, stage),
@@ -50,13 +53,17 @@ LayerRange stage_layers(int n_layer, int p, int stage);
 std::unique_ptr<nn::GPT> build_stage(const ModelConfig& config, int p, int stage,
                                      nn::GPTOptions options = {});
 
-/// Step 1c. The tied embedding across stages. The single-device model uses wte twice (embedding
-/// and head), so its gradient is the sum of both uses. With p > 1 the first stage's
-/// wte.weight and the last stage's lm_head.weight are two copies: call this on every rank of
-/// the pipeline group after backward; the piece holding the embedding and the piece holding
-/// the head exchange their gradients (non-blocking send and receive over `pp`) and each ends
-/// with the sum, so the two copies get the same update and stay equal. Other ranks, or a
-/// single piece holding both, do nothing. `chunks` is this rank's model pieces (one, or v).
+/// Step 1c. The tied embedding across pieces. The single-device model uses wte twice (embedding
+/// and head), so its gradient is the sum of both uses. Cut into pieces, the piece holding the
+/// embedding has wte.weight and the piece holding the head its own copy, lm_head.weight. Called
+/// on every rank of the pipeline group after backward; afterwards both copies' gradients hold
+/// the same sum of both uses, bit for bit, so the copies get the same update and stay equal:
+///  - the two pieces on two ranks (p > 1): they exchange their gradients over `pp` (each end
+///    sends one copy of wte; a rank holding neither sends nothing and changes nothing);
+///  - both pieces on this rank (p = 1 with v > 1 chunks: interleaving on one rank): the sum is
+///    made here, no message;
+///  - one piece holding both ends (p = 1, v = 1): wte is one tensor, already summed: nothing.
+/// `chunks` is this rank's model pieces (one, or v).
 void sync_tied_gradients(const std::vector<nn::GPT*>& chunks, comm::Communicator& pp);
 
 // ---- Step 2: point to point -------------------------------------------------------------------
@@ -70,7 +77,8 @@ inline constexpr int kMaxMicroBatches = 1024, kMaxChunks = 8;  // 2*8*1024 tags 
 
 /// Step 2a. The tag of a message: different for every (flow, mb, chunk), so a receive can only
 /// match the one message it means, whatever order they arrive in. `chunk` is the RECEIVING
-/// piece's chunk. Non-negative and below 2 * kMaxChunks * kMaxMicroBatches.
+/// piece's chunk. Non-negative and below 2 * kMaxChunks * kMaxMicroBatches (MPI guarantees
+/// tags up to 32767 only).
 int message_tag(Flow flow, int mb, int chunk = 0);
 
 /// Step 2b. Starts sending `t` to rank `dst` of `pp` with message_tag(flow, mb, chunk) and
@@ -80,7 +88,8 @@ comm::Work send_to(comm::Communicator& pp, const Tensor& t, int dst, Flow flow, 
                    int chunk = 0);
 
 /// Step 2c. Starts receiving the message (flow, mb, chunk) from rank `src` of `pp` into a new
-/// tensor of `shape` (f32 or the given dtype, on `device`); the Work says when it has arrived.
+/// tensor of `shape` (f32 or the given dtype, on `device`) and returns at once; the Work says
+/// when it has arrived. In a pipeline the shape is one micro-batch's (B/m, T, C).
 struct Incoming {
   Tensor t;
   comm::Work work;
@@ -91,17 +100,19 @@ Incoming recv_from(comm::Communicator& pp, const std::vector<int64_t>& shape, in
 
 // ---- Step 3: schedules as data ----------------------------------------------------------------
 
-/// Step 3a. AFAB (GPipe): for i = 0..m-1: [recv_activation i] forward i [send_activation i];
-/// then for i = 0..m-1: [recv_gradient i] backward i [send_gradient i] (the bracketed actions
-/// only where there is a previous / next stage). Throws UsageError when m < 1 or p < 1 or
-/// stage not in [0, p).
+/// Step 3a. AFAB (GPipe): every micro-batch's forward in order, then every backward in order;
+/// each forward preceded by the receive of its activation and followed by its send, each
+/// backward likewise with gradients (receives only where there is a previous stage for
+/// activations / a next stage for gradients; sends likewise). Throws UsageError when m < 1 or
+/// p < 1 or stage not in [0, p).
 Schedule schedule_afab(int p, int m, int stage);
 
-/// Step 3b. 1F1B (PipeDream-flush, Megatron-LM): a warm-up of min(p - stage - 1, m) forwards,
-/// then while forwards remain one forward and one backward (of the oldest micro-batch in
-/// flight), then the remaining backwards (cool-down). Micro-batches in order, sends and
-/// receives around each compute action as in AFAB. Stage s then never holds more than p - s
-/// micro-batches. m < p and m = 1 must work. Same usage errors as AFAB.
+/// Step 3b. 1F1B (PipeDream-flush, Megatron-LM): forwards and backwards each in micro-batch
+/// order, with the messages as in AFAB, and each backward as early as the pipeline lets it run:
+/// with all p stages' schedules together, simulate() finishes (no deadlock) as fast as AFAB,
+/// and stage s never holds more than min(p - s, m) micro-batches. A warm-up of forwards, a
+/// steady state alternating forward and backward, a cool-down of backwards. m < p and m = 1
+/// must work. Same usage errors as AFAB.
 Schedule schedule_1f1b(int p, int m, int stage);
 
 // ---- Step 4: execute --------------------------------------------------------------------------
@@ -121,18 +132,23 @@ struct ExecStats {
 
 /// Step 4a. Runs `schedule` on this rank with its model pieces `chunks` (chunks[c] for the
 /// actions of chunk c; one piece unless interleaved) over the micro-batches `micro` (every rank
-/// passes all of them; only the first piece reads the tokens and the last the targets):
-///   recv_activation  recv_from the previous piece (next_piece / prev_piece), wait for it
-///   forward          one nn::GPTActivations per micro-batch in flight: embed (first piece),
-///                    forward_blocks, head_forward (last piece: the loss)
-///   send_activation  send_to the next piece, without waiting (wait all sends at the end)
-///   recv_gradient    recv_from the next piece, wait for it
-///   backward         head_backward with loss_scale 1/m (last piece), backward_blocks,
-///                    embed_backward (first piece); the GPTActivations is consumed
-///   send_gradient    send_to the previous piece, without waiting
-/// Gradients ACCUMULATE (+=) over the micro-batches; nothing is zeroed here. Returns the mean
-/// loss over the m micro-batches on every rank of `pp` (sent from the rank of the last piece).
-/// Fills `stats` when given (times from one clock started at entry).
+/// passes all of them; only the first piece reads the tokens and the last the targets). The
+/// messages are (B/m, T, C) tensors of the model's compute dtype (bf16 in mixed precision),
+/// exchanged with the neighbouring pieces (next_piece / prev_piece):
+///   recv_activation  receive the previous piece's output of (mb, chunk), and wait for it
+///   forward          run this piece on it (the first piece embeds the tokens, the last piece
+///                    ends with the loss); keep what its backward needs (an nn::GPTActivations)
+///   send_activation  start sending this piece's output to the next piece; do not wait
+///   recv_gradient    receive the gradient of this piece's output, and wait for it
+///   backward         run this piece's backward (the last piece starts from the loss), which
+///                    consumes the forward's activations
+///   send_gradient    start sending the gradient of this piece's input to the previous piece
+/// What must hold: the pieces' gradients grow by the single-device gradients of the whole batch
+/// (the loss of the batch is the mean of the m micro-batches' losses), ACCUMULATED into what they
+/// held (nothing is zeroed here); every message is sent once and is done on return; a
+/// micro-batch's tensors are released as soon as they are used. Returns the mean loss over the
+/// m micro-batches on every rank of `pp` (sent from the rank of the last piece). Fills `stats`
+/// when given (the given bookkeeping does it).
 double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedule,
                     const std::vector<data::Batch>& micro, comm::Communicator& pp,
                     ExecStats* stats = nullptr);
@@ -152,10 +168,9 @@ enum class Kind { afab, one_f_one_b, interleaved };
 Kind parse_kind(const std::string& name);
 const char* kind_name(Kind kind);
 
-/// Step 5a. The predicted bubble fraction: (p - 1) / (m + p - 1) for AFAB and 1F1B (forward and
-/// backward of the same cost per micro-batch on every stage), (p - 1) / (v m + p - 1) for the
-/// interleaved schedule (the fill and drain take one chunk's time, 1/v of a stage's: the lecture
-/// writes it (p - 1) / (v m) for m >> p).
+/// Step 5a. The predicted bubble fraction of `kind` with p stages, m micro-batches and v chunks
+/// per rank: what simulate() measures on its timeline (every stage equally fast, messages
+/// free), in closed form. v is used by the interleaved schedule only.
 double bubble_formula(Kind kind, int p, int m, int v = 1);
 
 /// This rank's time in one step, from the run itself.
@@ -170,8 +185,7 @@ struct StageTime {
 StageTime measure_stage_time(const ExecStats& stats);
 
 /// Step 5c. The peak bytes one run_schedule adds on this rank above what was allocated before
-/// it (the allocator's counters: reset_peak_memory, memory_stats(device).current / .peak):
-/// AFAB holds m micro-batches' activations at its peak, 1F1B at most p - stage.
+/// it, by the allocator's counters (common/allocator.hpp): what the schedule holds at its worst.
 std::size_t measure_peak_activation_bytes(const std::vector<nn::GPT*>& chunks,
                                           const Schedule& schedule,
                                           const std::vector<data::Batch>& micro,
@@ -180,17 +194,18 @@ std::size_t measure_peak_activation_bytes(const std::vector<nn::GPT*>& chunks,
 // ---- Step 6: interleaved 1F1B ------------------------------------------------------------------
 
 /// Step 6a. The blocks of piece (stage, chunk) with v chunks per rank: the model is cut into
-/// p * v pieces of n_layer / (p v) blocks; piece vs = chunk * p + stage holds blocks
-/// [vs L/(pv), (vs + 1) L/(pv)). Throws UsageError unless n_layer % (p * v) == 0 (and p, v >= 1,
+/// p * v pieces of equal size, in order, numbered as schedule.hpp says (rank s holds pieces s,
+/// s + p, s + 2p, ...). Throws UsageError unless n_layer is a multiple of p * v (and p, v >= 1,
 /// stage, chunk in range).
 LayerRange chunk_layers(int n_layer, int p, int v, int stage, int chunk);
 
 /// Step 6b. Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021) on stage `stage` of `p` with
-/// `v` chunks and m micro-batches: the m*v forward units run in the order "p micro-batches of
-/// chunk 0, the same p of chunk 1, ..., chunk v-1, then the next p micro-batches"; backwards in
-/// the same order with the chunks reversed; a warm-up of min((p - stage - 1) * 2 + (v - 1) * p,
-/// m v) forwards, then one forward / one backward, then the cool-down. Throws UsageError when
-/// m < 1, v < 1 or m is not a multiple of p (the order above needs whole groups of p).
+/// `v` chunks and m micro-batches: the m*v forward units (micro-batch, chunk) run in the order
+/// "p micro-batches of chunk 0, the same p of chunk 1, ..., chunk v-1, then the next p
+/// micro-batches"; backwards in the same order with the chunks reversed; a warm-up of forwards,
+/// then one forward / one backward, then the cool-down. With every stage's schedule together
+/// simulate() finishes, with a bubble v times smaller than 1F1B's fill and drain. Throws
+/// UsageError when m < 1, v < 1 or m is not a multiple of p (the order needs whole groups of p).
 Schedule schedule_interleaved(int p, int m, int v, int stage);
 
 // ---- given: the schedule by name ----------------------------------------------------------------

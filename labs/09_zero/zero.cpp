@@ -1,5 +1,5 @@
 // Starter generated from solutions/09_zero/zero.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 9a68dc344da9af2e (lets make-labs see your edits).
+// step (see README.md). Body hash 08724ed63b0309f4 (lets make-labs see your edits).
 // Lab 09: ZeRO stages 1-3: shards, a sharded AdamW, gradients reduced to their owners, parameters
 // gathered unit by unit.
 #include "zero.hpp"
@@ -45,11 +45,9 @@ nn::ShardRange shard_range(int64_t numel, int rank, int n) {
                    n, n - 1);
   SCALELAB_REQUIRE(numel >= 0, "a layout of {} elements", numel);
   nn::ShardRange s;
-  // TODO step 1: equal shards of the padded layout; the real part stops at numel
-  // HINT: size = ceil(numel / n) in integers: (numel + n - 1) / n. The last shards may be partly
-  // HINT: or wholly padding: clamp lo and hi to numel.
+  // TODO step 1: n shards of one size cover numel; lo, hi: the real elements of mine
   throw scalelab::NotImplemented(
-      "lab 09 step 1: equal shards of the padded layout; the real part stops at numel (README.md#step-1)");
+      "lab 09 step 1: n shards of one size cover numel; lo, hi: the real elements of mine (README.md#step-1)");
   return s;
 }
 
@@ -79,22 +77,20 @@ Held Ddp::held() const {
 
 std::vector<optim::Group> shard_groups(nn::ParameterSet& params, const nn::ShardRange& s,
                                        const Tensor& shard_grads) {
-  // TODO step 2: groups over the real part of this rank's shard only
+  // TODO step 2: optimizer groups for the real elements of this rank's shard only
   // HINT: optim::groups_in_range(params, lo, hi, values, grads): values and grads start at lo.
   throw scalelab::NotImplemented(
-      "lab 09 step 2: groups over the real part of this rank's shard only (README.md#step-2)");
+      "lab 09 step 2: optimizer groups for the real elements of this rank's shard only (README.md#step-2)");
 }
 
 void all_gather_parameters(nn::ParameterSet& params, const nn::ShardRange& s,
                            comm::Communicator& comm) {
   trace::Scope scope("all_gather_parameters", "comm");
-  // TODO step 2: one all_gather of every rank's updated shard
-  // HINT: Tensor::clone() copies; the output is params.padded_values() (n * s.size elements).
+  // TODO step 2: every rank holds every rank's updated shard again, in one collective
   // HINT: mixed precision (--precision bf16): the layers compute with params.compute_values(), a
-  // HINT: bf16 copy of the values; after the gather it must be cast(values) again on every rank
-  // HINT: (params.refresh_compute(); a no-op in fp32).
+  // HINT: bf16 copy of the values, which must equal cast(values) again (params.refresh_compute()).
   throw scalelab::NotImplemented(
-      "lab 09 step 2: one all_gather of every rank's updated shard (README.md#step-2)");
+      "lab 09 step 2: every rank holds every rank's updated shard again, in one collective (README.md#step-2)");
 }
 
 Zero1::Zero1(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
@@ -103,23 +99,22 @@ Zero1::Zero1(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
   options.storage.pad_to = comm.size();  // n equal shards
   model_ = std::make_unique<nn::GPT>(config, options);
   nn::ParameterSet& ps = model_->params();
-  // TODO step 2: this rank's shard, and AdamW over it alone
-  // HINT: the shard of ps.numel() elements (size * n = ps.padded_numel()); the gradients of the
-  // HINT: shard are a view of ps.padded_grads() (stage 1 keeps the whole gradient buffer).
+  // TODO step 2: this rank's shard, and an AdamW whose state covers that shard alone
+  // HINT: stage 1 keeps the whole gradient buffer, ps.padded_grads().
   throw scalelab::NotImplemented(
-      "lab 09 step 2: this rank's shard, and AdamW over it alone (README.md#step-2)");
+      "lab 09 step 2: this rank's shard, and an AdamW whose state covers that shard alone (README.md#step-2)");
 }
 
 double Zero1::forward_backward(const data::Batch& global) {
-  // TODO step 2: as DDP: this rank's rows, the averaged gradient everywhere
+  // TODO step 2: as DDP: this rank's rows, the averaged gradient on every rank
   throw scalelab::NotImplemented(
-      "lab 09 step 2: as DDP: this rank's rows, the averaged gradient everywhere (README.md#step-2)");
+      "lab 09 step 2: as DDP: this rank's rows, the averaged gradient on every rank (README.md#step-2)");
 }
 
 void Zero1::step(double lr) {
-  // TODO step 2: step the shard, then every rank gets every shard back
+  // TODO step 2: update my shard; then every rank holds every updated shard
   throw scalelab::NotImplemented(
-      "lab 09 step 2: step the shard, then every rank gets every shard back (README.md#step-2)");
+      "lab 09 step 2: update my shard; then every rank holds every updated shard (README.md#step-2)");
 }
 
 Tensor Zero1::full_parameters() { return model_->params().values(); }
@@ -138,39 +133,36 @@ Zero2::Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
   options.storage.grads = nn::Storage::per_unit;  // GPT binds a unit's gradients when needed
   model_ = make_model(config, options, build);
   nn::ParameterSet& ps = model_->params();
-  // TODO step 3: the shard, this rank's own gradient shard, AdamW over the shard
-  // HINT: the gradient shard is a buffer of its own (s.size elements, zeros): there is no flat
-  // HINT: gradient buffer to take a view of.
+  // TODO step 3: this rank's shard, a gradient buffer for it alone, AdamW over it
+  // HINT: with per-unit gradients there is no flat gradient buffer to take a view of.
   throw scalelab::NotImplemented(
-      "lab 09 step 3: the shard, this rank's own gradient shard, AdamW over the shard (README.md#step-3)");
+      "lab 09 step 3: this rank's shard, a gradient buffer for it alone, AdamW over it (README.md#step-3)");
 }
 
 void Zero2::on_ready(const std::vector<nn::Parameter*>& done) {
   nn::ParameterSet& ps = model_->params();
-  // TODO step 3: a complete unit: reduce each owner's piece to it, keep mine, release
+  // TODO step 3: a unit whose gradients are final: each owner gets its summed piece
   // HINT: ps.unit_of(p), ps.units()[u] (its parameters [first, last), its elements [lo, hi)),
-  // HINT: ps.unit_grads(u); rank q owns shard_range(ps.numel(), q, n). Every rank reaches
-  // HINT: the same unit at the same point of backward, so the reduces match up.
+  // HINT: ps.unit_grads(u), ps.release_grads(u).
   throw scalelab::NotImplemented(
-      "lab 09 step 3: a complete unit: reduce each owner's piece to it, keep mine, release (README.md#step-3)");
+      "lab 09 step 3: a unit whose gradients are final: each owner gets its summed piece (README.md#step-3)");
 }
 
 double Zero2::forward_backward(const data::Batch& global) {
   const data::Batch mine = my_rows(global, comm_, model_->device());
   model_->set_backward_hook([this](const std::vector<nn::Parameter*>& done) { on_ready(done); });
   double loss = 0;
-  // TODO step 3: zero the shard, forward and backward (the hook reduces), average
-  // HINT: the shard holds the SUM over ranks: divide by n, as lab 03 does after its all-reduce.
+  // TODO step 3: the averaged gradient of my shard, from forward and backward
   throw scalelab::NotImplemented(
-      "lab 09 step 3: zero the shard, forward and backward (the hook reduces), average (README.md#step-3)");
+      "lab 09 step 3: the averaged gradient of my shard, from forward and backward (README.md#step-3)");
   model_->set_backward_hook({});
   return global_loss(loss, comm_);
 }
 
 void Zero2::step(double lr) {
-  // TODO step 3: as stage 1
+  // TODO step 3: as stage 1: update my shard, every rank holds every shard
   throw scalelab::NotImplemented(
-      "lab 09 step 3: as stage 1 (README.md#step-3)");
+      "lab 09 step 3: as stage 1: update my shard, every rank holds every shard (README.md#step-3)");
 }
 
 Tensor Zero2::full_parameters() { return model_->params().values(); }
@@ -197,39 +189,37 @@ Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
   };
   model_ = make_model(config, options, build);
   nn::ParameterSet& ps = model_->params();
-  // TODO step 4: a gradient shard per unit, AdamW over every unit's shard
-  // HINT: keep_initial_shard filled shards_ and values_; groups_in_range over
-  // HINT: [unit.lo + s.lo, unit.lo + s.hi) per unit, concatenated into one AdamW.
+  // TODO step 4: per unit a gradient shard; one AdamW over every unit's shard
+  // HINT: keep_initial_shard has filled shards_ and values_ by now (GPTOptions::on_init).
   throw scalelab::NotImplemented(
-      "lab 09 step 4: a gradient shard per unit, AdamW over every unit's shard (README.md#step-4)");
+      "lab 09 step 4: per unit a gradient shard; one AdamW over every unit's shard (README.md#step-4)");
 }
 
 void Zero3::keep_initial_shard(const nn::Unit& unit, const Tensor& values) {
-  // TODO step 4: keep this rank's shard of the unit (zeros in the padding)
+  // TODO step 4: keep this rank's shard of the unit's initial values
   throw scalelab::NotImplemented(
-      "lab 09 step 4: keep this rank's shard of the unit (zeros in the padding) (README.md#step-4)");
+      "lab 09 step 4: keep this rank's shard of the unit's initial values (README.md#step-4)");
 }
 
 bool Zero3::mixed() const { return model_->params().mixed(); }
 
 Zero3::Gather Zero3::start_gather(std::size_t u) {
   Gather g{u};
-  // TODO step 4: start the all_gather of unit u's shards (non-blocking)
+  // TODO step 4: start gathering unit u's shards from every rank; return at once
   // HINT: mixed() (--precision bf16): gather what the layers read, the 2-byte weights (the
-  // HINT: paper's): send a bf16 cast of the fp32 shard (ops::cast into a bf16 tensor of s.size
-  // HINT: elements, kept in g.send while the gather runs) into a bf16 buffer.
+  // HINT: paper's): a bf16 cast of the fp32 shard, kept in g.send while the gather runs.
   throw scalelab::NotImplemented(
-      "lab 09 step 4: start the all_gather of unit u's shards (non-blocking) (README.md#step-4)");
+      "lab 09 step 4: start gathering unit u's shards from every rank; return at once (README.md#step-4)");
   return g;
 }
 
 void Zero3::finish_gather(Gather& g) {
   nn::ParameterSet& ps = model_->params();
-  // TODO step 4: wait, bind the unit's values, copy the real elements in
+  // TODO step 4: the gathered unit bound in the model, ready for its layers
   // HINT: mixed(): bind the unit's bf16 compute buffer (ps.bind_compute) instead of its values:
   // HINT: the layers read Parameter::compute_value(), and the fp32 values stay unbound.
   throw scalelab::NotImplemented(
-      "lab 09 step 4: wait, bind the unit's values, copy the real elements in (README.md#step-4)");
+      "lab 09 step 4: the gathered unit bound in the model, ready for its layers (README.md#step-4)");
   note_gathered();
 }
 
@@ -242,9 +232,9 @@ void Zero3::release(std::size_t u) {
 
 void Zero3::reduce_scatter_grads(std::size_t u) {
   nn::ParameterSet& ps = model_->params();
-  // TODO step 4: the unit's gradient, padded, reduce-scattered into my shard; release
+  // TODO step 4: my shard of the unit's averaged gradient; the unit's gradients freed
   throw scalelab::NotImplemented(
-      "lab 09 step 4: the unit's gradient, padded, reduce-scattered into my shard; release (README.md#step-4)");
+      "lab 09 step 4: my shard of the unit's averaged gradient; the unit's gradients freed (README.md#step-4)");
 }
 
 std::size_t Zero3::gathered_bytes(std::size_t u) const {
@@ -268,21 +258,17 @@ double Zero3::forward_backward(const data::Batch& global) {
   peak_gathered_ = 0;
   nn::GPTActivations acts;
   double loss = 0;
-  // TODO step 4: gather, compute, release, unit by unit; prefetch the next unit
-  // HINT: forward: embedding, blocks 0..L-1, head (which also needs the tied embedding);
-  // HINT: m.embed(x, acts), m.block(i).forward(x, acts.blocks[i]) with acts.inputs[i] = x,
-  // HINT: m.head_forward(x, y, acts). Backward: m.head_backward(acts), then for i = L-1..0:
-  // HINT: m.params().bind_grads(block unit), m.block(i).backward(d, acts.inputs[i],
-  // HINT: acts.blocks[i]), reduce-scatter, release; m.embed_backward(d, acts).
+  // TODO step 4: unit by unit: gathered before use, freed after; the next one prefetched
+  // HINT: the model piece by piece, and the order of the units: README.md#step-4.
   throw scalelab::NotImplemented(
-      "lab 09 step 4: gather, compute, release, unit by unit; prefetch the next unit (README.md#step-4)");
+      "lab 09 step 4: unit by unit: gathered before use, freed after; the next one prefetched (README.md#step-4)");
   return global_loss(loss, comm_);
 }
 
 void Zero3::step(double lr) {
-  // TODO step 4: AdamW on the shards; nothing to gather (the next forward gathers)
+  // TODO step 4: update the shards (the next forward gathers what it needs)
   throw scalelab::NotImplemented(
-      "lab 09 step 4: AdamW on the shards; nothing to gather (the next forward gathers) (README.md#step-4)");
+      "lab 09 step 4: update the shards (the next forward gathers what it needs) (README.md#step-4)");
 }
 
 Tensor Zero3::full_parameters() {
@@ -333,13 +319,9 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision) {
   SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
                    "paper_memory: precision f32 or bf16, got {}", dtype_name(precision));
   Held h;
-  // TODO step 5: 4, 4 and 8 Psi in fp32, 2, 2 and 12 Psi in bf16; divide
-  // HINT: fp32: 4 Psi of parameters, 4 Psi of gradients, 8 Psi of m and v. bf16 (the paper's
-  // HINT: mixed precision): 2 Psi of 16-bit parameters, 2 Psi of 16-bit gradients, K = 12 Psi
-  // HINT: of optimizer state (fp32 master, m, v). Stage 1 shards the state, 2 the gradients
-  // HINT: too, 3 the parameters too.
+  // TODO step 5: the paper's bytes per rank by kind, as in the README's first table
   throw scalelab::NotImplemented(
-      "lab 09 step 5: 4, 4 and 8 Psi in fp32, 2, 2 and 12 Psi in bf16; divide (README.md#step-5)");
+      "lab 09 step 5: the paper's bytes per rank by kind, as in the README's first table (README.md#step-5)");
   return h;
 }
 
@@ -356,11 +338,9 @@ std::size_t paper_comm_bytes(int stage, int64_t psi, DType precision) {
   SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "unknown ZeRO stage {}", stage);
   SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
                    "paper_comm_bytes: precision f32 or bf16, got {}", dtype_name(precision));
-  // TODO step 5: payload by the byte counters, in units of 4 Psi bytes: 1, 2, 2, 3
-  // HINT: bf16: stages 0-2 move fp32 gradients and values (the same bytes); stage 3 gathers the
-  // HINT: 2-byte weights twice (2 Psi bytes each) and reduce-scatters 4-byte gradients (4 Psi).
+  // TODO step 5: the payload bytes one step of the stage shows on the byte counters
   throw scalelab::NotImplemented(
-      "lab 09 step 5: payload by the byte counters, in units of 4 Psi bytes: 1, 2, 2, 3 (README.md#step-5)");
+      "lab 09 step 5: the payload bytes one step of the stage shows on the byte counters (README.md#step-5)");
 }
 
 }  // namespace scalelab::lab09

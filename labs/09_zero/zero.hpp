@@ -16,6 +16,8 @@
 ///   auto t = lab09::make_trainer(2, config, {.seed = 1}, comm);
 ///   double loss = t->forward_backward(global_batch);  // this rank's rows, reduced gradients
 ///   t->step(lr);                                        // AdamW on the shard, gather back
+///
+/// Core steps 1-3 (about 90 minutes), optional steps 4 (ZeRO-3) and 5: README.md.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -33,16 +35,14 @@ namespace scalelab::lab09 {
 
 // ---- Step 1: shards ----------------------------------------------------------------------------
 
-/// Step 1. Shard `rank` of `n` of a flat layout of `numel` elements. The layout is padded at its
-/// end to a multiple of n so that every shard has the SAME size, size = ceil(numel / n): shard r
-/// is [r * size, (r + 1) * size) of the padded layout, and its real elements are [lo, hi) with
-/// lo = min(r * size, numel), hi = min((r + 1) * size, numel). Equal sizes are what all_gather and
-/// reduce_scatter need: they move n chunks of one size. The padding, n * size - numel < n
-/// elements, belongs to no parameter and is kept at zero. A shard that is all padding has
-/// lo = hi = numel (so lo and hi are always element indices of the real layout; the chunk of
-/// shard r in the padded layout starts at r * size). The same as the library's nn::shard_range,
-/// which the graders use as the reference. Throws scalelab::UsageError when n < 1, rank is not
-/// in [0, n) or numel < 0.
+/// Step 1. Shard `rank` of `n` of a flat layout of `numel` elements. Every shard has the SAME
+/// size (all_gather and reduce_scatter move n chunks of one size): the smallest size with which
+/// n shards cover numel. The layout is padded at its end to n * size elements; shard r is the
+/// r-th chunk of the padded layout, back to back, and [lo, hi) are its REAL elements, indices
+/// of the unpadded layout: the last shards may be partly padding, and a shard that is all
+/// padding has lo = hi = numel. The padding (fewer than n elements) belongs to no parameter and
+/// is kept at zero. The same as the library's nn::shard_range, which the graders use as the
+/// reference. Throws scalelab::UsageError when n < 1, rank is not in [0, n) or numel < 0.
 nn::ShardRange shard_range(int64_t numel, int rank, int n);
 
 // ---- the trainers (given: the base, stage 0, the factory) ----------------------------------------
@@ -207,7 +207,8 @@ class Zero2 final : public Trainer {
 /// all-gathered (bind_values) before it is used and released after; the next block's gather is
 /// started (all_gather_async) before the current block computes; after a unit's backward its
 /// gradients are reduce-scattered into the shard and released. Equal to ZeRO-2 up to the
-/// reduction order.
+/// reduction order. Running the model block by block, forward_backward fills its own
+/// nn::GPTActivations: a fresh one has empty `inputs` and `blocks`, sized to n_layer first.
 ///
 /// Mixed precision (compute_dtype bf16, mixed()): as the paper's stage 3. A rank keeps the same
 /// fp32 shards (master values, gradients, m, v: 16 Psi / n); a unit's gather sends the bf16 cast
@@ -286,14 +287,13 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision = DType::f32);
 Held layout_memory(int stage, int64_t psi, int n, DType precision = DType::f32);
 
 /// Step 5b. Payload bytes per step by the library's byte counters (common/comm/stats.hpp) that
-/// the paper's data movement predicts, fp32: DDP one all_reduce of the gradients (4 Psi of
-/// payload; a ring all-reduce IS a reduce-scatter plus an all-gather: the paper's "2 Psi"); stage
-/// 1 that all-reduce plus the all_gather of the parameters (4 Psi + 4 Psi); stage 2 the gradients
-/// reduced to their owners plus the all_gather (the paper's 2 Psi: 4 Psi + 4 Psi); stage 3 two
-/// all_gathers of the parameters (forward and backward) and one reduce_scatter (3 Psi: 12 Psi
-/// bytes). `precision` bf16: stages 0-2 move the same bytes (they reduce fp32 gradients
-/// and gather fp32 values); stage 3 gathers the 2-byte weights twice and reduce-scatters the
-/// 4-byte gradients once: 2 Psi + 2 Psi + 4 Psi = 8 Psi bytes.
+/// the paper's data movement predicts for this library's trainers: DDP one all_reduce of the
+/// gradients; stage 1 that all-reduce plus the all_gather of the parameters; stage 2 the
+/// gradients reduced to their owners plus the all_gather; stage 3 two all_gathers of the
+/// parameters (forward and backward) and one reduce_scatter of the gradients. The counters
+/// count payload: an all_reduce its tensor, an all_gather its output, a reduce_scatter its
+/// input, a reduce its tensor. `precision` bf16: stages 0-2 move fp32 gradients and values;
+/// stage 3 gathers 2-byte weights and reduce-scatters 4-byte gradients.
 std::size_t paper_comm_bytes(int stage, int64_t psi, DType precision = DType::f32);
 
 }  // namespace scalelab::lab09

@@ -37,8 +37,7 @@ void check_schedule_args(int p, int m, int stage) {
 
 LayerRange stage_layers(int n_layer, int p, int stage) {
   LayerRange r;
-  // BEGIN SOLUTION step 1: balanced split: n_layer / p each, one more for the first n_layer % p
-  // HINT: stage s starts after the blocks of stages 0..s-1: s * base + min(s, extra).
+  // BEGIN SOLUTION step 1: every block in one stage, in order; sizes within one, larger first
   SCALELAB_REQUIRE(p >= 1, "the number of pipeline stages must be at least 1, got {}", p);
   SCALELAB_REQUIRE(p <= n_layer, "{} pipeline stages for {} layers: a stage would have no layer",
                    p, n_layer);
@@ -52,8 +51,8 @@ LayerRange stage_layers(int n_layer, int p, int stage) {
 
 std::unique_ptr<nn::GPT> build_stage(const ModelConfig& config, int p, int stage,
                                      nn::GPTOptions options) {
-  // BEGIN SOLUTION step 1: a GPT holding only this stage's blocks
-  // HINT: nn::GPTOptions has first_block and last_block; the seed stays the single-device one.
+  // BEGIN SOLUTION step 1: a GPT holding only this stage's blocks, with the single-device values
+  // HINT: nn::GPTOptions has first_block and last_block.
   const LayerRange r = stage_layers(static_cast<int>(config.n_layer), p, stage);
   options.first_block = r.first;
   options.last_block = r.last;
@@ -62,9 +61,8 @@ std::unique_ptr<nn::GPT> build_stage(const ModelConfig& config, int p, int stage
 }
 
 void sync_tied_gradients(const std::vector<nn::GPT*>& chunks, comm::Communicator& pp) {
-  // BEGIN SOLUTION step 1: exchange wte / lm_head.weight gradients, both end with the sum
-  // HINT: post the receive and the send (async) before waiting either: both ends send first.
-  // HINT: a + b == b + a exactly in floating point, so both copies get the same bits.
+  // BEGIN SOLUTION step 1: both copies of the tied embedding end with the same sum of gradients
+  // HINT: the two ends may be two ranks or two pieces of this rank (README.md#step-1).
   nn::GPT* emb = nullptr;
   nn::GPT* head = nullptr;
   for (nn::GPT* c : chunks) {
@@ -96,7 +94,7 @@ void sync_tied_gradients(const std::vector<nn::GPT*>& chunks, comm::Communicator
 
 int message_tag(Flow flow, int mb, int chunk) {
   int tag = 0;
-  // BEGIN SOLUTION step 2: one tag per (flow, mb, chunk)
+  // BEGIN SOLUTION step 2: a different tag for every (flow, micro-batch, chunk)
   SCALELAB_CHECK(0 <= mb && mb < kMaxMicroBatches && 0 <= chunk && chunk < kMaxChunks,
                  "micro-batch {} / chunk {} outside the tag space", mb, chunk);
   tag = ((flow == Flow::gradient ? kMaxChunks : 0) + chunk) * kMaxMicroBatches + mb;
@@ -106,7 +104,7 @@ int message_tag(Flow flow, int mb, int chunk) {
 
 comm::Work send_to(comm::Communicator& pp, const Tensor& t, int dst, Flow flow, int mb,
                    int chunk) {
-  // BEGIN SOLUTION step 2: a non-blocking send with the message's tag
+  // BEGIN SOLUTION step 2: start sending the message and return at once
   return pp.send_async(t, dst, message_tag(flow, mb, chunk));
   // END SOLUTION
 }
@@ -114,7 +112,7 @@ comm::Work send_to(comm::Communicator& pp, const Tensor& t, int dst, Flow flow, 
 Incoming recv_from(comm::Communicator& pp, const std::vector<int64_t>& shape, int src, Flow flow,
                    int mb, int chunk, DType dtype, Device device) {
   Incoming in;
-  // BEGIN SOLUTION step 2: a new buffer and a non-blocking receive with the message's tag
+  // BEGIN SOLUTION step 2: start receiving the message into a new buffer and return at once
   in.t = Tensor::empty(shape, dtype, device);
   in.work = pp.recv_async(in.t, src, message_tag(flow, mb, chunk));
   // END SOLUTION
@@ -125,7 +123,7 @@ Incoming recv_from(comm::Communicator& pp, const std::vector<int64_t>& shape, in
 
 Schedule schedule_afab(int p, int m, int stage) {
   Schedule s;
-  // BEGIN SOLUTION step 3: all forwards, then all backwards, with their messages
+  // BEGIN SOLUTION step 3: AFAB: every forward, then every backward, each with its messages
   check_schedule_args(p, m, stage);
   const bool first = stage == 0, last = stage == p - 1;
   for (int i = 0; i < m; ++i) {
@@ -144,8 +142,7 @@ Schedule schedule_afab(int p, int m, int stage) {
 
 Schedule schedule_1f1b(int p, int m, int stage) {
   Schedule s;
-  // BEGIN SOLUTION step 3: warm-up forwards, one forward / one backward, cool-down backwards
-  // HINT: the last stage has no warm-up: its forward of i is followed at once by backward i.
+  // BEGIN SOLUTION step 3: 1F1B: each backward as early as possible: <= p - stage in flight
   check_schedule_args(p, m, stage);
   const bool first = stage == 0, last = stage == p - 1;
   auto forward = [&](int i) {
@@ -172,6 +169,41 @@ Schedule schedule_1f1b(int p, int m, int stage) {
 
 // ---- Step 4 -------------------------------------------------------------------------------------
 
+namespace {
+
+// Given: the bookkeeping of run_schedule, so that step 4 is about the actions themselves.
+
+// What one (chunk, micro-batch) holds between its actions. Each member is released (assigned an
+// empty Tensor, or reset()) as soon as it has been used, so a stage holds only what is in flight.
+struct Slot {
+  nn::GPTActivations acts;  // filled by the forward, consumed by the backward
+  Tensor received;          // the activation (forward) or gradient (backward) from a neighbour
+  Tensor to_send;           // this piece's output (forward) or input gradient (backward)
+};
+
+// Sends in flight. A send reads its tensor until it completes, so each keeps the tensor alive;
+// poll() frees the finished ones (call it after every action), wait_all() ends the step.
+class PendingSends {
+ public:
+  void add(comm::Work work, Tensor t) { sends_.push_back({std::move(work), std::move(t)}); }
+  void poll() {
+    std::erase_if(sends_, [](Sending& s) { return s.work.test(); });
+  }
+  void wait_all() {
+    for (Sending& s : sends_) s.work.wait();
+    sends_.clear();
+  }
+
+ private:
+  struct Sending {
+    comm::Work work;
+    Tensor t;
+  };
+  std::vector<Sending> sends_;
+};
+
+}  // namespace
+
 double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedule,
                     const std::vector<data::Batch>& micro, comm::Communicator& pp,
                     ExecStats* stats) {
@@ -183,95 +215,82 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
   const int64_t C = chunks[0]->config().n_embd;
   const Clock::time_point t0 = Clock::now();
   if (stats != nullptr) *stats = ExecStats{};
-  double loss_sum = 0;
-  // BEGIN SOLUTION step 4: execute the actions: one GPTActivations per micro-batch in flight
-  // HINT: keep per (chunk, micro-batch): its GPTActivations, the input received, the output to
-  // HINT: send, the gradient received; release each as soon as it is used.
-  // HINT: keep each send's Work AND its tensor until it is done (test() them as you go).
-  // HINT: stats (when given): one Timed{action, begin, seconds_since(t0)} per action, and the
-  // HINT: most micro-batches in flight; a trace::Scope per action shows it in --trace.
-  std::vector<std::vector<nn::GPTActivations>> acts(v, std::vector<nn::GPTActivations>(m));
-  std::vector<std::vector<Tensor>> received(v, std::vector<Tensor>(m));  // from the neighbour
-  std::vector<std::vector<Tensor>> to_send(v, std::vector<Tensor>(m));   // for the neighbour
-  struct Sending {
-    comm::Work work;
-    Tensor t;  // alive until the send is done
-  };
-  std::vector<Sending> sending;
-  int in_flight = 0;
+  double loss_sum = 0;                                            // the last piece's losses
+  std::vector<std::vector<Slot>> slots(v, std::vector<Slot>(m));  // slots[chunk][micro-batch]
+  PendingSends sends;
+  int in_flight = 0;  // micro-batches forwarded and not yet backwarded on this rank
   for (const Action& a : schedule) {
     const double begin = seconds_since(t0);
+    const bool compute = a.op == Op::forward || a.op == Op::backward;
+    trace::Scope scope(to_string(a), compute ? "compute" : "p2p");
+    // BEGIN SOLUTION step 4: run one action: compute, or a message to or from a neighbour
+    // HINT: slots[a.chunk][a.mb], sends.add(...), loss_sum; the contract lists what each op does.
     nn::GPT& model = *chunks.at(a.chunk);
     const data::Batch& mb = micro.at(a.mb);
-    const std::vector<int64_t> shape = {mb.batch_size(), mb.x.size(1), C};  // (B, T, C)
-    const std::string name = to_string(a);
-    trace::Scope scope(name, a.op == Op::forward || a.op == Op::backward ? "compute" : "p2p");
+    Slot& slot = slots[a.chunk][a.mb];
+    const std::vector<int64_t> shape = {mb.batch_size(), mb.x.size(1), C};  // (B/m, T, C)
     switch (a.op) {
       case Op::recv_activation: {
         const Piece from = prev_piece(p, v, stage, a.chunk);
         Incoming in = recv_from(pp, shape, from.stage, Flow::activation, a.mb, a.chunk, dtype, dev);
         in.work.wait();  // the one place a stage waits for its neighbour
-        received[a.chunk][a.mb] = in.t;
+        slot.received = in.t;
         break;
       }
       case Op::forward: {
-        nn::GPTActivations& A = acts[a.chunk][a.mb];
-        Tensor x = model.has_embedding() ? model.embed(mb.x.to(dev), A)  // (B, T, C)
-                                         : received[a.chunk][a.mb];
-        received[a.chunk][a.mb] = Tensor();  // A keeps it as the first block's input
-        Tensor y = model.forward_blocks(x, A);  // (B, T, C)
+        Tensor x = model.has_embedding() ? model.embed(mb.x.to(dev), slot.acts)  // (B/m, T, C)
+                                         : slot.received;
+        slot.received = Tensor();  // acts keeps it as the first block's input
+        Tensor y = model.forward_blocks(x, slot.acts);
         if (model.has_head())
-          loss_sum += model.head_forward(y, mb.y.to(dev), A);
+          loss_sum += model.head_forward(y, mb.y.to(dev), slot.acts);
         else
-          to_send[a.chunk][a.mb] = y;
-        in_flight += 1;
+          slot.to_send = y;
         break;
       }
       case Op::send_activation: {
         const Piece to = next_piece(p, v, stage, a.chunk);
-        Tensor& y = to_send[a.chunk][a.mb];
-        sending.push_back({send_to(pp, y, to.stage, Flow::activation, a.mb, to.chunk), y});
-        y = Tensor();
+        sends.add(send_to(pp, slot.to_send, to.stage, Flow::activation, a.mb, to.chunk),
+                  slot.to_send);
+        slot.to_send = Tensor();
         break;
       }
       case Op::recv_gradient: {
         const Piece from = next_piece(p, v, stage, a.chunk);
         Incoming in = recv_from(pp, shape, from.stage, Flow::gradient, a.mb, a.chunk, dtype, dev);
         in.work.wait();
-        received[a.chunk][a.mb] = in.t;
+        slot.received = in.t;
         break;
       }
       case Op::backward: {
-        nn::GPTActivations& A = acts[a.chunk][a.mb];
         // d loss / d (this piece's output), of the mean over m micro-batches: scale 1/m
-        Tensor dy = model.has_head() ? model.head_backward(A, 1.0 / m) : received[a.chunk][a.mb];
-        received[a.chunk][a.mb] = Tensor();
-        Tensor dx = model.backward_blocks(dy, A);  // gradients accumulate (+=)
+        Tensor dy = model.has_head() ? model.head_backward(slot.acts, 1.0 / m) : slot.received;
+        slot.received = Tensor();
+        Tensor dx = model.backward_blocks(dy, slot.acts);  // gradients accumulate (+=)
         if (model.has_embedding())
-          model.embed_backward(dx, A);
+          model.embed_backward(dx, slot.acts);
         else
-          to_send[a.chunk][a.mb] = dx;
-        A.reset();
-        in_flight -= 1;
+          slot.to_send = dx;
+        slot.acts.reset();
         break;
       }
       case Op::send_gradient: {
         const Piece to = prev_piece(p, v, stage, a.chunk);
-        Tensor& dx = to_send[a.chunk][a.mb];
-        sending.push_back({send_to(pp, dx, to.stage, Flow::gradient, a.mb, to.chunk), dx});
-        dx = Tensor();
+        sends.add(send_to(pp, slot.to_send, to.stage, Flow::gradient, a.mb, to.chunk),
+                  slot.to_send);
+        slot.to_send = Tensor();
         break;
       }
     }
-    // Sends that are done free their buffers now, not at the end of the step.
-    std::erase_if(sending, [](Sending& s) { return s.work.test(); });
+    // END SOLUTION
+    in_flight += a.op == Op::forward ? 1 : a.op == Op::backward ? -1 : 0;
+    sends.poll();  // finished sends free their buffers now, not at the end of the step
     if (stats != nullptr) {
       stats->actions.push_back({a, begin, seconds_since(t0)});
       stats->max_in_flight = std::max(stats->max_in_flight, in_flight);
     }
   }
-  for (Sending& s : sending) s.work.wait();
-  // END SOLUTION
+  sends.wait_all();
   if (stats != nullptr) stats->step_s = seconds_since(t0);
   // The loss lives on the rank holding the head (the last stage): every rank gets it.
   Tensor loss = Tensor::from_vector({loss_sum / m}, {1}, DType::f64);
@@ -282,7 +301,7 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
 double pipeline_step(const std::vector<nn::GPT*>& chunks, const Schedule& schedule,
                      const data::Batch& batch, int m, comm::Communicator& pp, ExecStats* stats) {
   double loss = 0;
-  // BEGIN SOLUTION step 4: zero, cut into micro-batches, run the schedule, sum the tied gradients
+  // BEGIN SOLUTION step 4: one batch's gradients from m micro-batches, tied copies summed
   const int64_t rows = batch.batch_size();
   SCALELAB_REQUIRE(m >= 1, "the number of micro-batches must be at least 1, got {}", m);
   SCALELAB_REQUIRE(rows % m == 0, "{} rows do not split into {} equal micro-batches", rows, m);
@@ -316,7 +335,7 @@ const char* kind_name(Kind kind) {
 
 double bubble_formula(Kind kind, int p, int m, int v) {
   double b = 0;
-  // BEGIN SOLUTION step 5: (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1) interleaved
+  // BEGIN SOLUTION step 5: the simulator's bubble in closed form (the idle fraction of a stage)
   const double fill = p - 1;
   const double work = kind == Kind::interleaved ? static_cast<double>(v) * m : m;
   b = fill / (work + fill);
@@ -326,7 +345,7 @@ double bubble_formula(Kind kind, int p, int m, int v) {
 
 StageTime measure_stage_time(const ExecStats& stats) {
   StageTime t;
-  // BEGIN SOLUTION step 5: compute = forwards + backwards, wait = receives, bubble = 1 - compute/step
+  // BEGIN SOLUTION step 5: this rank's time computing, waiting and idle, from its own timings
   for (const Timed& x : stats.actions) {
     const double d = x.end_s - x.begin_s;
     if (x.action.op == Op::forward || x.action.op == Op::backward) t.compute_s += d;
@@ -343,7 +362,7 @@ std::size_t measure_peak_activation_bytes(const std::vector<nn::GPT*>& chunks,
                                           const std::vector<data::Batch>& micro,
                                           comm::Communicator& pp) {
   std::size_t bytes = 0;
-  // BEGIN SOLUTION step 5: the allocator's peak during one run_schedule, above the start
+  // BEGIN SOLUTION step 5: the most bytes one run_schedule adds, by the allocator's counters
   const Device dev = chunks.at(0)->device();
   reset_peak_memory(dev);
   const std::size_t before = memory_stats(dev).current;
@@ -357,7 +376,7 @@ std::size_t measure_peak_activation_bytes(const std::vector<nn::GPT*>& chunks,
 
 LayerRange chunk_layers(int n_layer, int p, int v, int stage, int chunk) {
   LayerRange r;
-  // BEGIN SOLUTION step 6: piece vs = chunk * p + stage holds n_layer / (p v) blocks
+  // BEGIN SOLUTION step 6: the blocks of piece (stage, chunk), in schedule.hpp's piece order
   SCALELAB_REQUIRE(p >= 1 && v >= 1, "stages and chunks must be at least 1, got p {} v {}", p, v);
   SCALELAB_REQUIRE(n_layer % (p * v) == 0,
                    "interleaving {} layers over {} stages x {} chunks: the layers must be a "
@@ -373,8 +392,7 @@ LayerRange chunk_layers(int n_layer, int p, int v, int stage, int chunk) {
 
 Schedule schedule_interleaved(int p, int m, int v, int stage) {
   Schedule s;
-  // BEGIN SOLUTION step 6: Megatron's interleaved order, warm-up, 1F1B, cool-down
-  // HINT: unit k of the m*v: group k / (p v) of p micro-batches, chunk (k / p) % v within it.
+  // BEGIN SOLUTION step 6: Megatron's interleaved 1F1B: no deadlock, the bubble shrunk by v
   check_schedule_args(p, m, stage);
   SCALELAB_REQUIRE(v >= 1 && v <= kMaxChunks, "chunks per stage must be in [1, {}], got {}",
                    kMaxChunks, v);

@@ -43,9 +43,7 @@ nn::ShardRange shard_range(int64_t numel, int rank, int n) {
                    n, n - 1);
   SCALELAB_REQUIRE(numel >= 0, "a layout of {} elements", numel);
   nn::ShardRange s;
-  // BEGIN SOLUTION step 1: equal shards of the padded layout; the real part stops at numel
-  // HINT: size = ceil(numel / n) in integers: (numel + n - 1) / n. The last shards may be partly
-  // HINT: or wholly padding: clamp lo and hi to numel.
+  // BEGIN SOLUTION step 1: n shards of one size cover numel; lo, hi: the real elements of mine
   s.size = (numel + n - 1) / n;
   s.lo = std::min(static_cast<int64_t>(rank) * s.size, numel);
   s.hi = std::min(static_cast<int64_t>(rank) * s.size + s.size, numel);
@@ -79,7 +77,7 @@ Held Ddp::held() const {
 
 std::vector<optim::Group> shard_groups(nn::ParameterSet& params, const nn::ShardRange& s,
                                        const Tensor& shard_grads) {
-  // BEGIN SOLUTION step 2: groups over the real part of this rank's shard only
+  // BEGIN SOLUTION step 2: optimizer groups for the real elements of this rank's shard only
   // HINT: optim::groups_in_range(params, lo, hi, values, grads): values and grads start at lo.
   return optim::groups_in_range(params, s.lo, s.hi, params.padded_values().flat(s.lo, s.real()),
                                 shard_grads);
@@ -89,11 +87,9 @@ std::vector<optim::Group> shard_groups(nn::ParameterSet& params, const nn::Shard
 void all_gather_parameters(nn::ParameterSet& params, const nn::ShardRange& s,
                            comm::Communicator& comm) {
   trace::Scope scope("all_gather_parameters", "comm");
-  // BEGIN SOLUTION step 2: one all_gather of every rank's updated shard
-  // HINT: Tensor::clone() copies; the output is params.padded_values() (n * s.size elements).
+  // BEGIN SOLUTION step 2: every rank holds every rank's updated shard again, in one collective
   // HINT: mixed precision (--precision bf16): the layers compute with params.compute_values(), a
-  // HINT: bf16 copy of the values; after the gather it must be cast(values) again on every rank
-  // HINT: (params.refresh_compute(); a no-op in fp32).
+  // HINT: bf16 copy of the values, which must equal cast(values) again (params.refresh_compute()).
   Tensor& all = params.padded_values();
   // Shard r's chunk starts at r * size in the padded layout (s.lo is clamped to numel).
   const Tensor mine = all.flat(comm.rank() * s.size, s.size).clone();  // in and out must not overlap
@@ -112,9 +108,8 @@ Zero1::Zero1(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
   options.storage.pad_to = comm.size();  // n equal shards
   model_ = std::make_unique<nn::GPT>(config, options);
   nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 2: this rank's shard, and AdamW over it alone
-  // HINT: the shard of ps.numel() elements (size * n = ps.padded_numel()); the gradients of the
-  // HINT: shard are a view of ps.padded_grads() (stage 1 keeps the whole gradient buffer).
+  // BEGIN SOLUTION step 2: this rank's shard, and an AdamW whose state covers that shard alone
+  // HINT: stage 1 keeps the whole gradient buffer, ps.padded_grads().
   shard_ = shard_range(ps.numel(), comm.rank(), comm.size());
   adamw_ = std::make_unique<optim::AdamW>(
       shard_groups(ps, shard_, ps.padded_grads().flat(shard_.lo, shard_.size)), adamw);
@@ -122,13 +117,13 @@ Zero1::Zero1(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
 }
 
 double Zero1::forward_backward(const data::Batch& global) {
-  // BEGIN SOLUTION step 2: as DDP: this rank's rows, the averaged gradient everywhere
+  // BEGIN SOLUTION step 2: as DDP: this rank's rows, the averaged gradient on every rank
   return lab03::forward_backward(*model_, global, comm_);
   // END SOLUTION
 }
 
 void Zero1::step(double lr) {
-  // BEGIN SOLUTION step 2: step the shard, then every rank gets every shard back
+  // BEGIN SOLUTION step 2: update my shard; then every rank holds every updated shard
   adamw_->step(lr);
   all_gather_parameters(model_->params(), shard_, comm_);
   // END SOLUTION
@@ -150,9 +145,8 @@ Zero2::Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
   options.storage.grads = nn::Storage::per_unit;  // GPT binds a unit's gradients when needed
   model_ = make_model(config, options, build);
   nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 3: the shard, this rank's own gradient shard, AdamW over the shard
-  // HINT: the gradient shard is a buffer of its own (s.size elements, zeros): there is no flat
-  // HINT: gradient buffer to take a view of.
+  // BEGIN SOLUTION step 3: this rank's shard, a gradient buffer for it alone, AdamW over it
+  // HINT: with per-unit gradients there is no flat gradient buffer to take a view of.
   shard_ = shard_range(ps.numel(), comm.rank(), comm.size());
   grad_shard_ = Tensor::zeros({shard_.size}, ps.dtype(), ps.device());
   adamw_ = std::make_unique<optim::AdamW>(shard_groups(ps, shard_, grad_shard_), adamw);
@@ -161,10 +155,9 @@ Zero2::Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
 
 void Zero2::on_ready(const std::vector<nn::Parameter*>& done) {
   nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 3: a complete unit: reduce each owner's piece to it, keep mine, release
+  // BEGIN SOLUTION step 3: a unit whose gradients are final: each owner gets its summed piece
   // HINT: ps.unit_of(p), ps.units()[u] (its parameters [first, last), its elements [lo, hi)),
-  // HINT: ps.unit_grads(u); rank q owns shard_range(ps.numel(), q, n). Every rank reaches
-  // HINT: the same unit at the same point of backward, so the reduces match up.
+  // HINT: ps.unit_grads(u), ps.release_grads(u).
   for (const nn::Parameter* p : done) {
     const std::size_t u = ps.unit_of(p);
     const nn::Unit& unit = ps.units()[u];
@@ -194,8 +187,7 @@ double Zero2::forward_backward(const data::Batch& global) {
   const data::Batch mine = my_rows(global, comm_, model_->device());
   model_->set_backward_hook([this](const std::vector<nn::Parameter*>& done) { on_ready(done); });
   double loss = 0;
-  // BEGIN SOLUTION step 3: zero the shard, forward and backward (the hook reduces), average
-  // HINT: the shard holds the SUM over ranks: divide by n, as lab 03 does after its all-reduce.
+  // BEGIN SOLUTION step 3: the averaged gradient of my shard, from forward and backward
   ready_.clear();
   ops::fill(grad_shard_, 0.0);
   loss = model_->forward(mine.x, mine.y);
@@ -207,7 +199,7 @@ double Zero2::forward_backward(const data::Batch& global) {
 }
 
 void Zero2::step(double lr) {
-  // BEGIN SOLUTION step 3: as stage 1
+  // BEGIN SOLUTION step 3: as stage 1: update my shard, every rank holds every shard
   adamw_->step(lr);
   all_gather_parameters(model_->params(), shard_, comm_);
   // END SOLUTION
@@ -237,9 +229,8 @@ Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
   };
   model_ = make_model(config, options, build);
   nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 4: a gradient shard per unit, AdamW over every unit's shard
-  // HINT: keep_initial_shard filled shards_ and values_; groups_in_range over
-  // HINT: [unit.lo + s.lo, unit.lo + s.hi) per unit, concatenated into one AdamW.
+  // BEGIN SOLUTION step 4: per unit a gradient shard; one AdamW over every unit's shard
+  // HINT: keep_initial_shard has filled shards_ and values_ by now (GPTOptions::on_init).
   std::vector<optim::Group> groups;
   for (std::size_t u = 0; u < ps.units().size(); ++u) {
     const nn::Unit& unit = ps.units()[u];
@@ -254,7 +245,7 @@ Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
 }
 
 void Zero3::keep_initial_shard(const nn::Unit& unit, const Tensor& values) {
-  // BEGIN SOLUTION step 4: keep this rank's shard of the unit (zeros in the padding)
+  // BEGIN SOLUTION step 4: keep this rank's shard of the unit's initial values
   const nn::ShardRange s = shard_range(unit.numel(), comm_.rank(), comm_.size());
   Tensor mine = Tensor::zeros({s.size}, values.dtype(), values.device());
   if (s.real() > 0) {
@@ -270,10 +261,9 @@ bool Zero3::mixed() const { return model_->params().mixed(); }
 
 Zero3::Gather Zero3::start_gather(std::size_t u) {
   Gather g{u};
-  // BEGIN SOLUTION step 4: start the all_gather of unit u's shards (non-blocking)
+  // BEGIN SOLUTION step 4: start gathering unit u's shards from every rank; return at once
   // HINT: mixed() (--precision bf16): gather what the layers read, the 2-byte weights (the
-  // HINT: paper's): send a bf16 cast of the fp32 shard (ops::cast into a bf16 tensor of s.size
-  // HINT: elements, kept in g.send while the gather runs) into a bf16 buffer.
+  // HINT: paper's): a bf16 cast of the fp32 shard, kept in g.send while the gather runs.
   const nn::ShardRange& s = shards_.at(u);
   g.send = values_[u];
   if (mixed()) {  // the fp32 master shard stays here; the wire carries its bf16 cast
@@ -288,7 +278,7 @@ Zero3::Gather Zero3::start_gather(std::size_t u) {
 
 void Zero3::finish_gather(Gather& g) {
   nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 4: wait, bind the unit's values, copy the real elements in
+  // BEGIN SOLUTION step 4: the gathered unit bound in the model, ready for its layers
   // HINT: mixed(): bind the unit's bf16 compute buffer (ps.bind_compute) instead of its values:
   // HINT: the layers read Parameter::compute_value(), and the fp32 values stay unbound.
   g.work.wait();
@@ -309,7 +299,7 @@ void Zero3::release(std::size_t u) {
 
 void Zero3::reduce_scatter_grads(std::size_t u) {
   nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 4: the unit's gradient, padded, reduce-scattered into my shard; release
+  // BEGIN SOLUTION step 4: my shard of the unit's averaged gradient; the unit's gradients freed
   const nn::ShardRange& s = shards_.at(u);
   const Tensor g = ps.unit_grads(u);
   Tensor padded = Tensor::zeros({s.size * comm_.size()}, g.dtype(), g.device());
@@ -342,12 +332,8 @@ double Zero3::forward_backward(const data::Batch& global) {
   peak_gathered_ = 0;
   nn::GPTActivations acts;
   double loss = 0;
-  // BEGIN SOLUTION step 4: gather, compute, release, unit by unit; prefetch the next unit
-  // HINT: forward: embedding, blocks 0..L-1, head (which also needs the tied embedding);
-  // HINT: m.embed(x, acts), m.block(i).forward(x, acts.blocks[i]) with acts.inputs[i] = x,
-  // HINT: m.head_forward(x, y, acts). Backward: m.head_backward(acts), then for i = L-1..0:
-  // HINT: m.params().bind_grads(block unit), m.block(i).backward(d, acts.inputs[i],
-  // HINT: acts.blocks[i]), reduce-scatter, release; m.embed_backward(d, acts).
+  // BEGIN SOLUTION step 4: unit by unit: gathered before use, freed after; the next one prefetched
+  // HINT: the model piece by piece, and the order of the units: README.md#step-4.
   acts.inputs.assign(L, Tensor());
   acts.blocks.assign(L, nn::BlockActivations());
   Gather g = start_gather(emb);
@@ -400,7 +386,7 @@ double Zero3::forward_backward(const data::Batch& global) {
 }
 
 void Zero3::step(double lr) {
-  // BEGIN SOLUTION step 4: AdamW on the shards; nothing to gather (the next forward gathers)
+  // BEGIN SOLUTION step 4: update the shards (the next forward gathers what it needs)
   adamw_->step(lr);
   // END SOLUTION
 }
@@ -453,12 +439,7 @@ Held paper_memory(int stage, int64_t psi, int n, DType precision) {
   SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
                    "paper_memory: precision f32 or bf16, got {}", dtype_name(precision));
   Held h;
-  // BEGIN SOLUTION step 5: 4, 4 and 8 Psi in fp32, 2, 2 and 12 Psi in bf16; divide
-  // the ones the stage shards by n
-  // HINT: fp32: 4 Psi of parameters, 4 Psi of gradients, 8 Psi of m and v. bf16 (the paper's
-  // HINT: mixed precision): 2 Psi of 16-bit parameters, 2 Psi of 16-bit gradients, K = 12 Psi
-  // HINT: of optimizer state (fp32 master, m, v). Stage 1 shards the state, 2 the gradients
-  // HINT: too, 3 the parameters too.
+  // BEGIN SOLUTION step 5: the paper's bytes per rank by kind, as in the README's first table
   const bool mixed = precision == DType::bf16;
   const double P = static_cast<double>(psi), N = n;
   const double params = mixed ? 2 : 4, grads = mixed ? 2 : 4, state = mixed ? 12 : 8;
@@ -482,9 +463,7 @@ std::size_t paper_comm_bytes(int stage, int64_t psi, DType precision) {
   SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "unknown ZeRO stage {}", stage);
   SCALELAB_REQUIRE(precision == DType::f32 || precision == DType::bf16,
                    "paper_comm_bytes: precision f32 or bf16, got {}", dtype_name(precision));
-  // BEGIN SOLUTION step 5: payload by the byte counters, in units of 4 Psi bytes: 1, 2, 2, 3
-  // HINT: bf16: stages 0-2 move fp32 gradients and values (the same bytes); stage 3 gathers the
-  // HINT: 2-byte weights twice (2 Psi bytes each) and reduce-scatters 4-byte gradients (4 Psi).
+  // BEGIN SOLUTION step 5: the payload bytes one step of the stage shows on the byte counters
   const std::size_t unit = static_cast<std::size_t>(psi) * 4;
   if (stage == 3 && precision == DType::bf16)
     return 2 * bytes_of(psi, DType::bf16) + unit;  // all_gather x 2 in bf16 + reduce_scatter

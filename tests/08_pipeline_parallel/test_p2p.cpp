@@ -17,7 +17,7 @@ using namespace scalelab;
 namespace {
 
 constexpr int kM = 4;
-const std::vector<int64_t> kShape = {2, 16, 32};  // (B, T, C) of a tiny micro-batch
+const std::vector<int64_t> kShape = {2, 16, 32};  // (B/m, T, C) of a tiny micro-batch
 // Each receive is waited in this order: not the order the messages were sent.
 const std::vector<int> kReceiveOrder = {3, 1, 0, 2};
 
@@ -101,7 +101,7 @@ TEST(Step2_SendRecv, EachReceiveGetsTheMicroBatchItNames) {
   if (has_prev) ok = got_the_right_ones(acts, s - 1, lab08::Flow::activation);
   if (ok && has_next) ok = got_the_right_ones(grads, s + 1, lab08::Flow::gradient);
   EXPECT_TRUE(pptest::on_every_rank(ok));
-  // One message per micro-batch and direction, each exactly one (B, T, C) float32 tensor.
+  // One message per micro-batch and direction, each exactly one (B/m, T, C) float32 tensor.
   const comm::CommStats moved = comm::comm_stats() - c0;
   const int64_t msg = 2 * 16 * 32 * 4;
   const int64_t n_send = kM * ((has_next ? 1 : 0) + (has_prev ? 1 : 0));

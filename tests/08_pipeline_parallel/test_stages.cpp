@@ -65,12 +65,15 @@ TEST(Step1_BuildStage, HoldsItsBlocksWithTheSingleDeviceValues) {
   }
 }
 
-TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
-  comm::Communicator& pp = labtest::world();
-  const int p = pp.size(), s = pp.rank();
+namespace {
+
+// Known gradients for the two tied copies: the embedding's use gets 1 + i * 1e-3, the head's
+// 2 - i (i cycling over 97 values), and want = their sum, as the single device accumulates it.
+struct TiedParts {
+  Tensor emb, head, want;
+};
+TiedParts tied_parts() {
   const ModelConfig& cfg = kLab.config();
-  auto stage = lab08::build_stage(cfg, p, s, {.seed = kLab.seed});
-  // Known gradients: the first stage's wte gets 1 + i * 1e-3, the last stage's head copy 2 - i.
   auto pattern = [](int64_t n, double a, double b) {
     std::vector<double> v(static_cast<std::size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[i] = a + b * static_cast<double>(i % 97);
@@ -78,14 +81,27 @@ TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
   };
   const int64_t n = cfg.vocab_size * cfg.n_embd;
   const std::vector<int64_t> shape = {cfg.vocab_size, cfg.n_embd};
-  const Tensor emb_part = Tensor::from_vector(pattern(n, 1.0, 1e-3), shape);
-  const Tensor head_part = Tensor::from_vector(pattern(n, 2.0, -1.0), shape);
-  Tensor want = emb_part.clone();
-  ops::axpy(want, 1.0, head_part);
+  TiedParts t{Tensor::from_vector(pattern(n, 1.0, 1e-3), shape),
+              Tensor::from_vector(pattern(n, 2.0, -1.0), shape), Tensor()};
+  t.want = t.emb.clone();
+  ops::axpy(t.want, 1.0, t.head);
+  return t;
+}
+
+int64_t wte_bytes() { return kLab.config().vocab_size * kLab.config().n_embd * 4; }
+
+}  // namespace
+
+TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  auto stage = lab08::build_stage(kLab.config(), p, s, {.seed = kLab.seed});
+  const TiedParts parts = tied_parts();
   stage->zero_grad();
-  if (p > 1 && s == 0) stage->params().get("wte.weight").grad.copy_from(emb_part);
-  if (p > 1 && s == p - 1) stage->params().get("lm_head.weight").grad.copy_from(head_part);
-  if (p == 1) stage->params().get("wte.weight").grad.copy_from(want);  // one model: summed already
+  if (p > 1 && s == 0) stage->params().get("wte.weight").grad.copy_from(parts.emb);
+  if (p > 1 && s == p - 1) stage->params().get("lm_head.weight").grad.copy_from(parts.head);
+  if (p == 1)  // one model: wte is one tensor, summed already
+    stage->params().get("wte.weight").grad.copy_from(parts.want);
   const Tensor before = stage->params().grads().clone();
   const comm::CommStats c0 = comm::comm_stats();
   lab08::sync_tied_gradients({stage.get()}, pp);
@@ -93,7 +109,7 @@ TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
   testing::AssertionResult ok = testing::AssertionSuccess();
   if (s == 0 || s == p - 1) {
     const char* name = s == 0 ? "wte.weight" : "lm_head.weight";
-    ok = labtest::bitwise(stage->params().get(name).grad, want);
+    ok = labtest::bitwise(stage->params().get(name).grad, parts.want);
     if (!ok) ok << " (" << name << " on stage " << s << " must hold the sum of both uses)";
   } else {
     ok = labtest::bitwise(stage->params().grads(), before);
@@ -101,7 +117,37 @@ TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
   }
   EXPECT_TRUE(pptest::on_every_rank(ok));
   const int64_t sent = comm::comm_total(moved, "", "send").bytes;
-  const int64_t expected = p > 1 && (s == 0 || s == p - 1) ? n * 4 : 0;
+  const int64_t expected = p > 1 && (s == 0 || s == p - 1) ? wte_bytes() : 0;
   EXPECT_EQ(sent, expected) << "stage " << s << " of " << p
                             << ": only the two ends exchange, one copy of wte each";
+}
+
+TEST(Step1_TiedEmbedding, OneRankHoldingBothEndsSumsThemWithoutMessages) {
+  // Interleaving on one rank (step 6 with p = 1, v = 2): the rank's two pieces are the
+  // embedding's (blocks 0-1, chunk 0) and the head's (blocks 2-3, chunk 1), each with its copy
+  // of wte. Both copies must end with a + b, bitwise equal, and nothing goes over the wire. Each
+  // rank checks this alone, in a group of one.
+  comm::Communicator alone = labtest::world().split(labtest::world().rank(), 0, "alone");
+  const int L = static_cast<int>(kLab.config().n_layer);
+  nn::GPT emb(kLab.config(), {.seed = kLab.seed, .first_block = 0, .last_block = L / 2});
+  nn::GPT head(kLab.config(), {.seed = kLab.seed, .first_block = L / 2, .last_block = L});
+  ASSERT_TRUE(emb.has_embedding() && !emb.has_head());
+  ASSERT_TRUE(head.has_head() && !head.has_embedding());
+  const TiedParts parts = tied_parts();
+  emb.zero_grad();
+  head.zero_grad();
+  emb.params().get("wte.weight").grad.copy_from(parts.emb);
+  head.params().get("lm_head.weight").grad.copy_from(parts.head);
+  const comm::CommStats c0 = comm::comm_stats();
+  lab08::sync_tied_gradients({&emb, &head}, alone);
+  const comm::CommStats moved = comm::comm_stats() - c0;
+  testing::AssertionResult ok = labtest::bitwise(emb.params().get("wte.weight").grad, parts.want);
+  if (!ok) ok << " (wte.weight of the rank's embedding piece must hold the sum of both uses)";
+  testing::AssertionResult ok_head =
+      labtest::bitwise(head.params().get("lm_head.weight").grad, parts.want);
+  if (!ok_head) ok_head << " (lm_head.weight of the rank's head piece must hold the same sum)";
+  EXPECT_TRUE(pptest::on_every_rank(ok));
+  EXPECT_TRUE(pptest::on_every_rank(ok_head));
+  EXPECT_EQ(comm::comm_total(moved, "", "send").bytes, 0)
+      << "both ends on one rank: the sum needs no message";
 }

@@ -4,7 +4,9 @@
 // (state size), read from the optimizer and from the allocator; what it sends: one all_reduce
 // of the gradients and one all_gather of the parameters (byte counters). Planted faults: an
 // AdamW over the whole buffer on every rank (right numbers, no saving: the state check fails) and
-// a step without the all-gather (the replicas diverge).
+// a step without the all-gather (the replicas diverge). Then, last, the same stage in bf16
+// (zero_checks.hpp, "Mixed precision"): the bf16 DDP step, the compute copy recast; planted: no
+// recast.
 #include <gtest/gtest.h>
 
 #include "common/optim/optim.hpp"
@@ -122,4 +124,55 @@ TEST(Step2_PlantedFault, MissingAllGatherIsCaught) {
     EXPECT_FALSE(same_as_ddp(ps.values(), ddp.full_parameters()));
   else
     EXPECT_TRUE(same_as_ddp(ps.values(), ddp.full_parameters())) << "one rank owns everything";
+}
+
+// ---- bf16 (after the fp32 tests: a fault in ZeRO-1 itself is reported by those first) ----------
+
+namespace {
+
+// The planted fault: ZeRO-1 in bf16 that steps its shard (AdamW over groups_in_range: no compute
+// copy in the groups) and all-gathers the fp32 values, but never recasts the bf16 copy. Its
+// values are right; the layers compute with the initial weights for ever.
+class NoRecast final : public lab09::Trainer {
+ public:
+  NoRecast() : Trainer(world()) {
+    nn::GPTOptions o = mixed_bf16();
+    o.storage.pad_to = world().size();
+    model_ = std::make_unique<nn::GPT>(kLab.config(), o);
+    nn::ParameterSet& ps = model_->params();
+    s_ = nn::shard_range(ps.numel(), world().rank(), world().size());
+    adamw_ = std::make_unique<optim::AdamW>(optim::groups_in_range(
+        ps, s_.lo, s_.hi, ps.padded_values().flat(s_.lo, s_.real()),
+        ps.padded_grads().flat(s_.lo, s_.size)));
+  }
+  int stage() const override { return 1; }
+  double forward_backward(const data::Batch& global) override {
+    return lab03::forward_backward(*model_, global, world());
+  }
+  void step(double lr) override {
+    adamw_->step(lr);
+    gather_fp32_values(model_->params(), s_);  // fault: no refresh_compute()
+  }
+  Tensor full_parameters() override { return model_->params().values(); }
+  lab09::Held held() const override { return {}; }
+
+ private:
+  nn::ShardRange s_;
+  std::unique_ptr<optim::AdamW> adamw_;
+};
+
+}  // namespace
+
+TEST(Step2_Bf16, Zero1TakesTheBf16DdpStepAndRecastsTheCopy) {
+  lab09::Zero1 z(kLab.config(), mixed_bf16(), world());
+  ASSERT_TRUE(z.model().params().compute_values().defined()) << "built without the bf16 copy";
+  EXPECT_TRUE(takes_the_bf16_ddp_step(z, kZero1Rtol, kZero1Atol));
+  EXPECT_EQ(train::max_divergence_from_rank0(z.full_parameters(), world()), 0.0);
+}
+
+TEST(Step2_Bf16PlantedFault, SkippingTheRecastIsCaught) {
+  NoRecast bad;
+  // Stale from the first step on, on every rank count (one rank too: no group carries the copy).
+  EXPECT_FALSE(takes_the_bf16_ddp_step(bad, kZero2Rtol, kZero2Atol));
+  EXPECT_FALSE(compute_is_cast(bad.model().params()));
 }

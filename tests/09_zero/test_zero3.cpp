@@ -7,7 +7,8 @@
 // that gathers every unit before forward and frees them only after backward: the right numbers,
 // no saving during the step; the peak check must fail it. Prefetch: while block i computes its
 // forward, the gather of the next unit has been started (seen from the block's reduce_forward
-// hook); the planted fault gathers each unit only when it is needed.
+// hook); the planted fault gathers each unit only when it is needed. Last, in bf16: the bf16 DDP
+// step, 2-byte gathers, only fp32 shards held; planted: fp32 gathered and cast after (2x bytes).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -221,4 +222,149 @@ TEST(Step4_PlantedFault, GatheringOnlyWhenNeededIsCaught) {
   const std::vector<int64_t> seen = gathers_during_block_forward(
       *on_demand.model, [&] { on_demand.forward_backward(kLab.batch(0)); });
   EXPECT_FALSE(prefetches(seen));
+}
+
+// ---- bf16 (after the fp32 tests: a fault in ZeRO-3 itself is reported by those first) ----------
+
+TEST(Step4_Bf16, Zero3TakesTheBf16DdpStep) {
+  lab09::Zero3 z(kLab.config(), mixed_bf16(), world());
+  ASSERT_TRUE(z.mixed());
+  ASSERT_EQ(z.model().compute_dtype(), DType::bf16) << "activations in bf16";
+  EXPECT_TRUE(steps_like_the_bf16_ddp(z, kZero3Rtol, kZero3Atol));
+  const Tensor params = z.full_parameters();  // the fp32 masters, gathered
+  EXPECT_EQ(params.dtype(), DType::f32);
+  EXPECT_EQ(train::max_divergence_from_rank0(params, world()), 0.0);
+}
+
+namespace {
+
+// The planted fault: ZeRO-3 in bf16 with the reference's schedule (forward gathers the embedding,
+// each block, the head and the tied embedding; backward each block again), but each gather moves
+// the fp32 shards and casts into the unit's compute buffer afterwards. The layers see the same
+// bf16 weights, so its numbers are right; the wire carries twice the bytes.
+class CastsAfterGather final : public lab09::Trainer {
+ public:
+  CastsAfterGather() : Trainer(world()) {
+    model_ = std::make_unique<nn::GPT>(kLab.config(), z_.options(mixed_bf16()));
+    z_.make_optimizer(model_->params());
+  }
+  int stage() const override { return 3; }
+  double forward_backward(const data::Batch& global) override {
+    nn::GPT& m = *model_;
+    nn::ParameterSet& ps = m.params();
+    const data::Batch mine = labtest::my_rows(global);
+    const int L = static_cast<int>(m.config().n_layer);
+    const std::size_t emb = m.embedding_unit(), head = m.head_unit();
+    nn::GPTActivations acts;
+    acts.inputs.assign(L, Tensor());
+    acts.blocks.assign(L, nn::BlockActivations());
+    gather(emb);
+    Tensor x = m.embed(mine.x, acts);
+    ps.release_compute(emb);
+    for (int i = 0; i < L; ++i) {
+      gather(m.block_unit(i));
+      acts.inputs[i] = x;
+      x = m.block(i).forward(x, acts.blocks[i]);
+      ps.release_compute(m.block_unit(i));
+    }
+    gather(head);
+    gather(emb);
+    Tensor loss = Tensor::from_vector({m.head_forward(x, mine.y, acts)}, {1}, DType::f64);
+    Tensor d = m.head_backward(acts);
+    ps.release_compute(head);
+    ps.release_compute(emb);
+    z_.reduce_scatter(ps, head);
+    for (int i = L - 1; i >= 0; --i) {
+      const std::size_t u = m.block_unit(i);
+      gather(u);
+      ps.bind_grads(u);
+      d = m.block(i).backward(d, acts.inputs[i], acts.blocks[i]);
+      acts.blocks[i].reset();
+      ps.release_compute(u);
+      z_.reduce_scatter(ps, u);
+    }
+    m.embed_backward(d, acts);
+    z_.reduce_scatter(ps, emb);
+    world().all_reduce(loss, comm::ReduceOp::sum);
+    return loss.item() / world().size();
+  }
+  void step(double lr) override { z_.adamw->step(lr); }
+  Tensor full_parameters() override {
+    nn::ParameterSet& ps = model_->params();
+    Tensor all = Tensor::empty({ps.numel()});
+    for (std::size_t u = 0; u < ps.units().size(); ++u)
+      all.flat(ps.units()[u].lo, ps.units()[u].numel()).copy_from(z_.gather_fp32(ps, u));
+    return all;
+  }
+  lab09::Held held() const override { return {}; }
+
+ private:
+  void gather(std::size_t u) {  // fault: 4 bytes per parameter on the wire, cast after
+    nn::ParameterSet& ps = model_->params();
+    Tensor c = ps.bind_compute(u);
+    ops::cast(c, z_.gather_fp32(ps, u));
+  }
+  HandZero3 z_;
+};
+
+// The gathers of one bf16 ZeRO-3 step carry bf16: the same all-gathers (calls) as the fp32 ZeRO-3
+// of the same code, at half its bytes, i.e. 2 bytes per gathered parameter (and within the fp32
+// test's bounds at 2 bytes); the reduce-scatter moves the fp32 gradients, every unit once.
+testing::AssertionResult gathers_bf16(lab09::Trainer& mixed) {
+  lab09::Zero3 fp32(kLab.config(), f32(), world());
+  const comm::CommStats want = one_step_traffic(fp32), got = one_step_traffic(mixed);
+  const auto count = [](const comm::CommStats& s, const std::string& op) {
+    return comm::comm_total(s, "", op);
+  };
+  const comm::CommCount g = count(got, "all_gather"), w = count(want, "all_gather");
+  if (g.calls != w.calls)
+    return testing::AssertionFailure() << g.calls << " all-gathers in a step, the fp32 ZeRO-3 "
+                                       << w.calls;
+  if (2 * g.bytes != w.bytes)
+    return testing::AssertionFailure() << "the all-gathers moved " << g.bytes << " bytes, the "
+                                       << "fp32 ZeRO-3's " << w.bytes << ": bf16 weights are half";
+  if (count(got, "reduce_scatter") != count(want, "reduce_scatter"))
+    return testing::AssertionFailure() << "the reduce-scatters differ from the fp32 ZeRO-3's "
+                                       << "(fp32 gradients, every unit once)";
+  return testing::AssertionSuccess() << g.calls << " all-gathers, " << g.bytes << " bytes";
+}
+
+}  // namespace
+
+TEST(Step4_Bf16, Zero3GathersBf16Weights) {
+  lab09::Zero3 z(kLab.config(), mixed_bf16(), world());
+  EXPECT_TRUE(gathers_bf16(z));
+  // the peak of gathered units: the fp32 schedule's elements at 2 bytes
+  lab09::Zero3 fp32(kLab.config(), f32(), world());
+  run_steps(fp32, 1);
+  EXPECT_GT(z.peak_gathered_bytes(), 0u);
+  EXPECT_EQ(2 * z.peak_gathered_bytes(), fp32.peak_gathered_bytes());
+}
+
+TEST(Step4_Bf16PlantedFault, GatheringFp32AndCastingAfterIsCaught) {
+  CastsAfterGather bad;
+  EXPECT_TRUE(steps_like_the_bf16_ddp(bad, kZero3Rtol, kZero3Atol)) << "its numbers are right";
+  CastsAfterGather fresh;
+  EXPECT_FALSE(gathers_bf16(fresh)) << "but moves fp32 on the wire";
+}
+
+TEST(Step4_Bf16, BetweenStepsOnlyTheFp32ShardsHeldEqualsTheAllocator) {
+  std::shared_ptr<lab09::Zero3> t;
+  const Footprint f = footprint([&]() {
+    t = std::make_shared<lab09::Zero3>(kLab.config(), mixed_bf16(), world());
+    return Steps{[t](const data::Batch& b) { t->forward_backward(b); }, [t]() { t->step(kLr); }};
+  });
+  const nn::ParameterSet& ps = t->model().params();
+  std::size_t shard_elements = 0;
+  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+    EXPECT_FALSE(ps.compute_bound(u)) << ps.units()[u].name << "'s bf16 weights are still there";
+    EXPECT_FALSE(ps.values_bound(u)) << ps.units()[u].name << "'s fp32 values were bound";
+    EXPECT_FALSE(ps.grads_bound(u)) << ps.units()[u].name << "'s gradients are still there";
+    shard_elements += static_cast<std::size_t>(t->unit_shard(u).size);
+  }
+  const lab09::Held h = t->held();
+  EXPECT_EQ(h.params, shard_elements * 4) << "the fp32 master shards, no bf16 copy";
+  EXPECT_EQ(h.grads, shard_elements * 4) << "the fp32 gradient shards";
+  EXPECT_EQ(h.total(), f.held) << "held counters against the allocator";
+  EXPECT_LE(f.held, shard_elements * 16) << "16 bytes per shard element at most";
 }

@@ -2,6 +2,7 @@
 // What lab 09's graders share: the setup, how a trainer is driven for a few steps, and the
 // memory and traffic measurements (allocator and byte counters) that the planted faults must
 // fail too. Everything here is collective where it steps a trainer.
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -116,6 +117,59 @@ inline comm::CommStats one_step_traffic(lab09::Trainer& t, int64_t step = 0) {
 }
 inline int64_t bytes_of(const comm::CommStats& s, const std::string& op) {
   return comm::comm_total(s, "", op).bytes;
+}
+
+// ---- Mixed precision (--precision bf16) ---------------------------------------------------------
+// Each step's bf16 tests come after its fp32 tests in the step's file (test_zero1/2/3.cpp), so a
+// fault in the stage itself is reported by an fp32 test first, the most telling one. A ZeRO-1
+// and a ZeRO-2 step take the bf16 DDP step (the given stage 0, same seed, same global batches):
+// losses and the fp32 parameters within the tolerances below, and after every step each rank's
+// compute copy is EXACTLY cast(values) (the all-gather moves fp32 values; a rank that forgets to
+// recast its copy computes the next step with stale weights). ZeRO-3 in bf16 (the paper's way)
+// takes the same step within its tolerance, gathers bf16 weights and holds the fp32 shards only.
+
+// Tolerances against the bf16 DDP over kBf16Steps steps. ZeRO-1 all-reduces the same fp32 gradients
+// and updates each element as DDP does, and AdamW's fused cast and refresh_compute round alike:
+// it is bitwise DDP (tolerance 0, as in fp32). ZeRO-2 reduces to the owners in another order:
+// the fp32 gradients differ in their last bits, so the masters do, and a master near a bf16
+// rounding boundary can give a copy one bf16 ulp (2^-8 relative) away, which moves the next
+// losses. Measured (kLab, 3 steps at lr 1e-2): 1 and 2 ranks bitwise; 4 ranks losses bitwise and
+// parameters within 7.7e-7 (|p| up to ~1). 1e-5 relative + 1e-5 absolute leaves a margin of
+// ~13 and still fails a stale copy by far (it moves the second loss by 8%, the parameters by
+// 3.5e-2).
+inline constexpr int kBf16Steps = 3;
+inline constexpr double kZero1Rtol = 0, kZero1Atol = 0;
+inline constexpr double kZero2Rtol = 1e-5, kZero2Atol = 1e-5;
+// ZeRO-3 computes each rank's gradient from the same bf16 weights as DDP (the gathered
+// cast(shard) is cast(master), element by element), bitwise; the fp32 gradients are then
+// reduce-scattered per unit, which the communicator may sum in another order than DDP's
+// all-reduce (it does not promise the same order), and then, as ZeRO-2, a master may differ in
+// its last bits and its copy by one bf16 ulp. Measured (kLab, 3 steps at lr 1e-2, MPI backend):
+// losses and parameters bitwise DDP's on 1, 2 and 4 ranks. ZeRO-2's bound keeps room for the
+// other order; a real fault (fp32 weights computed with, a stale unit) moves far more.
+inline constexpr double kZero3Rtol = 1e-5, kZero3Atol = 1e-5;
+
+// kBf16Steps steps of `t` against the bf16 DDP: the losses and the fp32 parameters (full_parameters)
+// within rtol/atol. `after` runs on `t` after the steps (collective checks). Collective.
+inline testing::AssertionResult steps_like_the_bf16_ddp(
+    lab09::Trainer& t, double rtol, double atol,
+    const std::function<testing::AssertionResult()>& after = testing::AssertionSuccess) {
+  lab09::Ddp ddp(kLab.config(), mixed_bf16(), labtest::world());
+  const std::vector<double> want = run_steps(ddp, kBf16Steps), got = run_steps(t, kBf16Steps);
+  auto extra = after();
+  auto params = labtest::close_on_every_rank(t.full_parameters(), ddp.full_parameters(), rtol, atol);
+  for (std::size_t s = 0; s < want.size(); ++s)
+    if (std::abs(got[s] - want[s]) > atol + rtol * std::abs(want[s]))
+      return testing::AssertionFailure() << "loss of step " << s << ": " << got[s]
+                                         << ", bf16 DDP " << want[s];
+  if (!params) return params << " (fp32 parameters against the bf16 DDP's)";
+  return extra;
+}
+
+// The same, and the flat compute copy cast(values) on every rank (stages 0-2). Collective.
+inline testing::AssertionResult takes_the_bf16_ddp_step(lab09::Trainer& t, double rtol, double atol) {
+  return steps_like_the_bf16_ddp(t, rtol, atol,
+                                 [&t] { return compute_is_cast(t.model().params()); });
 }
 
 /// The shards of a hand-written ZeRO-3 (the planted faults): per unit, this rank's fp32 value

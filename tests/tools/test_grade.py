@@ -10,7 +10,9 @@ one pristine tree and build (only hello_dist.cpp changes between them), and only
 grades a second lab, so the whole file stays within a few minutes on 2 cores.
 Run by ctest (label reference;tools) or directly: python3 tests/tools/test_grade.py
 """
+import contextlib
 import importlib.machinery
+import io
 import importlib.util
 import json
 import os
@@ -176,27 +178,37 @@ class GraderTest(unittest.TestCase):
         self.assertEqual({s["verdict"] for s in steps.values()}, {"passed"}, proc.stdout + proc.stderr)
         self.assertEqual(sorted(steps), [1, 2, 3])
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        report = json.loads((self.work / "correct.json").read_text())
+        self.assertEqual(report["schema"], "scalelab-grade/2")
+        self.assertEqual([s["optional"] for s in steps.values()], [False] * 3, "lab 00 is all core")
+        self.assertEqual((report["points"], report["max_points"], report["passed"]), (30, 30, True))
+        self.assertEqual((report["optional_points"], report["optional_max_points"]), (0, 0))
         self.assertIn(f"ignored (not an attendee file; the pristine copy is used): labs/{LAB}/extra.cpp, "
                       f"labs/{LAB}/main.cpp", proc.stderr)
 
-    def test_hang_is_timed_out_with_every_ranks_line(self):
+    def test_hang_is_timed_out_with_every_ranks_line_once_per_step(self):
         # No SCALELAB_TIMEOUT (the test main's default is 45 s) and a 15 s limit: the grader must
         # lower the watchdog below the limit, or the report is lost to the kill.
         proc, steps, elapsed = self.grade("hangs", test_timeout=15, watchdog_timeout=None)
         self.assertEqual(steps[3]["verdict"], "timed out", proc.stdout)
-        self.assertEqual(steps[3]["ranks"], [2, 4], "one rank passes, more ranks hang")
+        self.assertEqual(steps[3]["ranks"], [2], "one rank passes, two ranks hang")
         # the watchdog, not the grader's kill, ended it: its whole report, every rank's line
         detail = steps[3]["detail"]
         self.assertIn("all_reduce", detail)
         self.assertIn("sequence numbers", detail)
+        for rank in range(2):
+            self.assertIn(f"rank {rank}", detail)
+        # a hang costs one time limit: the 4-rank run, which would hang too, is not started
         run4 = next(r for r in steps[3]["runs"] if r["ranks"] == 4)
-        for rank in range(4):
-            self.assertIn(f"rank {rank}", run4["detail"])
+        self.assertEqual((run4["verdict"], run4["detail"], run4["log"], run4["seconds"]),
+                         ("skipped", "skipped: step already timed out on 2 rank(s)", None, 0.0))
         self.assertEqual(steps[1]["verdict"], "passed")
         self.assertNotEqual(proc.returncode, 0)
-        # two hanging runs, each bounded by the test timeout plus the kill grace period
-        self.assertLess(elapsed, 2 * (15 + 10) + 240)
+        # one hanging run, bounded by the test timeout plus the kill grace period
+        self.assertLess(elapsed, (15 + 10) + 240)
         assert_well_formed_xml(self, self.work / "hangs.xml")
+        skipped = ET.parse(self.work / "hangs.xml").getroot().findall(".//testcase[@name='np4']/skipped")
+        self.assertEqual(len(skipped), 1, "the skipped run is a JUnit <skipped/>")
 
     def test_faults_name_their_rank_and_cause(self):
         proc, steps, _ = self.grade("faults")
@@ -206,11 +218,11 @@ class GraderTest(unittest.TestCase):
         self.assertEqual(steps[1]["ranks"], [2, 4])
         self.assertIn("on rank 1: planted exception on rank 1", steps[1]["detail"])
         self.assertNotIn("ORTE", steps[1]["detail"])
-        # step 2: a segfault on rank 1 is "crashed", naming the rank and the signal
+        # step 2: a segfault on rank 1 is "crashed", naming the rank, the signal and the test
         self.assertEqual(steps[2]["verdict"], "crashed", proc.stdout)
         self.assertEqual(steps[2]["ranks"], [2, 4])
         for run in steps[2]["runs"][1:]:
-            self.assertEqual(run["detail"], "rank 1 killed by SIGSEGV (signal 11)")
+            self.assertRegex(run["detail"], r"^rank 1 killed by SIGSEGV \(signal 11\) in Step2_\w+\.\w+$")
         # step 3: a wrong value on rank 1 is "failed", naming the rank
         self.assertEqual(steps[3]["verdict"], "failed", proc.stdout)
         self.assertIn("on rank 1", steps[3]["detail"])
@@ -370,6 +382,121 @@ class ClassifyTest(unittest.TestCase):
             assert_well_formed_xml(self, path)
             failure = ET.parse(path).getroot().find(".//failure")
             self.assertEqual(failure.get("message"), "failed: [  FAILED  ] A.B on rank 1:  bad <&>")
+
+
+class ReportTest(unittest.TestCase):
+    """Optional steps, skipped runs, the running test's name, the CUDA choice and a foreign build
+    directory, on made-up inputs (no build)."""
+
+    @staticmethod
+    def step(n, verdict, optional=False):
+        return {"step": n, "optional": optional, "verdict": verdict, "detail": "", "ranks": [1],
+                "points": 10 if verdict == "passed" else 0, "max_points": 10, "log": None,
+                "runs": [{"ranks": 1, "test": f"lab08.step{n}.np1.starter", "verdict": verdict,
+                          "detail": "", "seconds": 1.0, "log": None, "output": ""}]}
+
+    def test_optional_steps_are_totalled_apart_and_do_not_block_the_core(self):
+        lab = {"lab": "08", "name": "pipeline_parallel", "build": "ok",
+               "steps": [self.step(1, "passed"), self.step(2, "passed"),
+                         self.step(5, "not implemented", True), self.step(6, "timed out", True)]}
+        grade.add_points(lab, lab["steps"])
+        self.assertEqual((lab["points"], lab["max_points"], lab["passed"]), (20, 20, True))
+        self.assertEqual((lab["optional_points"], lab["optional_max_points"], lab["optional_passed"]),
+                         (0, 20, False))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            grade.print_table(lab)
+        self.assertIn("  5 opt not implemented", out.getvalue())
+        self.assertRegex(out.getvalue(), r"core \(steps 1, 2\) +20/20")
+        self.assertRegex(out.getvalue(), r"optional \(steps 5, 6\) +0/20 +graded apart")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "g.xml"
+            grade.write_junit({"labs": [lab]}, path)
+            assert_well_formed_xml(self, path)
+            error = ET.parse(path).getroot().find(".//testcase[@classname='lab08.step6']/error")
+            self.assertTrue(error.get("message").startswith("(optional step) timed out"))
+
+    def test_skipped_runs_are_junit_skipped(self):
+        lab = {"lab": "08", "name": "pipeline_parallel", "steps": [self.step(2, "timed out")]}
+        lab["steps"][0]["runs"].append({"ranks": 4, "test": "lab08.step2.np4.starter", "verdict": "skipped",
+                                        "detail": "skipped: step already timed out on 2 rank(s)",
+                                        "seconds": 0.0, "log": None, "output": ""})
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "g.xml"
+            grade.write_junit({"labs": [lab]}, path)
+            suite = ET.parse(path).getroot().find("testsuite")
+            self.assertEqual((suite.get("errors"), suite.get("skipped")), ("1", "1"))
+            skipped = suite.find(".//testcase[@name='np4']/skipped")
+            self.assertIn("step already timed out", skipped.get("message"))
+        self.assertLess(grade.SEVERITY.index("timed out"), grade.SEVERITY.index("skipped"),
+                        "the step's verdict is the timed-out run's")
+
+    def test_a_crash_or_a_kill_names_the_running_test(self):
+        progress = ("[ RUN      ] Step4_Execute.AfabEqualsSingleDevice\n"
+                    "[       OK ] Step4_Execute.AfabEqualsSingleDevice (812 ms)\n"
+                    "[ RUN      ] Step4_Execute.OneFOneBEqualsSingleDevice\n")
+        died = "mpiexec noticed that process rank 0 with PID 7 on node vm exited on signal 11 (Segmentation fault).\n"
+        self.assertEqual(grade.classify(139, progress + died, 60, ClassifyTest.NO_REPORT),
+                         ("crashed", "rank 0 killed by SIGSEGV (signal 11) in Step4_Execute.OneFOneBEqualsSingleDevice"))
+        verdict, detail = grade.classify(None, progress, 60, ClassifyTest.NO_REPORT)
+        self.assertEqual(verdict, "timed out")
+        self.assertIn("in Step4_Execute.OneFOneBEqualsSingleDevice", detail)
+        watchdog = "[scalelab] watchdog: rank 1 waits in send #1 (4 KiB, group world, to rank 0) for 45.3 s\n"
+        self.assertEqual(grade.classify(3, progress + watchdog, 60, ClassifyTest.NO_REPORT),
+                         ("timed out", "in Step4_Execute.OneFOneBEqualsSingleDevice: [scalelab] watchdog: "
+                                       "rank 1 waits in send #1 (4 KiB, group world, to rank 0) for 45.3 s"))
+        # a test that ended (OK or FAILED, rank 0's or another rank's line) is not the one running
+        ended = progress + "[  FAILED  ] Step4_Execute.OneFOneBEqualsSingleDevice on rank 1: x\n"
+        self.assertEqual(grade.running_test(ended), "")
+        self.assertEqual(grade.running_test("no progress at all"), "")
+
+    def test_cuda_only_where_a_gpu_is_visible_unless_asked(self):
+        real = grade.gpu_visible
+        try:
+            grade.gpu_visible = lambda: False
+            cuda, why = grade.choose_cuda(None, "", False)
+            self.assertEqual(cuda, "OFF")
+            self.assertIn("no GPU visible", why)
+            self.assertIn("--cuda on", why)
+            grade.gpu_visible = lambda: True
+            self.assertEqual(grade.choose_cuda(None, "", False)[0], "AUTO")
+            self.assertEqual(grade.choose_cuda(None, "", True)[0], "OFF", "a submission: CPU unless asked")
+            self.assertEqual(grade.choose_cuda("ON", "OFF", True), ("ON", "--cuda"))
+            self.assertEqual(grade.choose_cuda(None, "on", False), ("ON", "SCALELAB_CUDA"))
+        finally:
+            grade.gpu_visible = real
+        old = os.environ.get("CUDA_VISIBLE_DEVICES")
+        try:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+            self.assertFalse(grade.gpu_visible(), "every device hidden")
+        finally:
+            os.environ.pop("CUDA_VISIBLE_DEVICES")
+            if old is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+    def test_build_directory_of_another_clone_is_refused_with_what_to_do(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            build = pathlib.Path(tmp) / "build"
+            build.mkdir()
+            (build / "CMakeCache.txt").write_text("# comment\nCMAKE_HOME_DIRECTORY:INTERNAL=/elsewhere/scalelab\n"
+                                                  "SCALELAB_CUDA:STRING=AUTO\n")
+            self.assertEqual(grade.foreign_build_dir(ROOT, build), "/elsewhere/scalelab")
+            with self.assertRaises(grade.Usage) as e:
+                grade.configure(ROOT, build, "OFF", "test", explicit=False)
+            self.assertIn("another source tree (/elsewhere/scalelab", str(e.exception))
+            self.assertIn(f"rm -rf {build}", str(e.exception))
+            (build / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={ROOT}\n")
+            self.assertIsNone(grade.foreign_build_dir(ROOT, build))
+
+    def test_the_labs_optional_steps_are_labelled(self):
+        # lab.cmake's OPTIONAL_STEPS reach the grader as the ctest label `optional`.
+        build = pathlib.Path(os.environ.get("SCALELAB_BUILD_DIR", ROOT / "build"))
+        if not (build / "CTestTestfile.cmake").is_file():
+            self.skipTest(f"no configured build in {build}")
+        optional = {(t["name"].split(".")[0], t["name"].split(".")[1])
+                    for t in grade.list_tests(build) if "starter" in t["labels"] and "optional" in t["labels"]}
+        for lab, steps in (("lab08", {5, 6}), ("lab09", {4, 5})):
+            self.assertEqual({int(s[4:]) for l, s in optional if l == lab}, steps, lab)
 
 
 class UsageTest(unittest.TestCase):

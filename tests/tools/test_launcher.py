@@ -96,6 +96,18 @@ class LauncherTest(unittest.TestCase):
             self.assertIn(str(backups[0]), proc.stderr)
             self.assertNotIn(b"// my work", lab.read_bytes())
 
+    def test_build_directory_of_another_clone_is_explained(self):
+        # A build directory copied from another clone: CMake would fail every build with a cache
+        # error; the launcher says what it is and what to do, before running anything.
+        with tempfile.TemporaryDirectory() as tmp:
+            build = pathlib.Path(tmp) / "build"
+            build.mkdir()
+            (build / "CMakeCache.txt").write_text("CMAKE_HOME_DIRECTORY:INTERNAL=/elsewhere/scalelab\n")
+            for args in (["build"], ["run", "00", "--solution"]):
+                proc = launch(*args, env={"SCALELAB_BUILD_DIR": str(build)})
+                self.assert_usage_error(proc, "configured for another source tree (/elsewhere/scalelab)")
+                self.assertIn(f"rm -rf {build}", proc.stderr)
+
     def test_help(self):
         for args in (["--help"], ["run", "--help"], ["grade", "--help"], ["setup", "--help"]):
             proc = launch(*args)
