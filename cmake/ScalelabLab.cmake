@@ -17,9 +17,17 @@
 # 90-minute core, README.md says which) also carry `optional`, which the grader reports apart
 # from the core. Custom targets labNN_starter / labNN_reference build
 # one side, so the grader can build each lab on its own.
+#
+# COMPOSES <NN...> (lab 10): the lab is built from earlier labs' work. Its code compiles against
+# their contracts only (labNN_headers); its graders link their references (each lab is graded on
+# its own); its programs link the same side: labNN_<name> (the attendee's program) runs the
+# attendee's own labs, labNN_<name>_solution the references. labNN_<name>_ref<AA>_<BB>
+# (built on demand: ./scalelab run NN --reference AA,BB) is the attendee's program with the
+# references of labs AA and BB in place of their own, for an attendee who skipped those. The
+# attendee's program is not in labNN_starter, so grading lab NN does not build the other labs.
 function(scalelab_add_lab nn name)
-  cmake_parse_arguments(L "" "STEPS;TIMEOUT" "SOURCES;GIVEN;RANKS;STEP_RANKS;LIBS;OPTIONAL_STEPS"
-                        ${ARGN})
+  cmake_parse_arguments(L "" "STEPS;TIMEOUT"
+                        "SOURCES;GIVEN;RANKS;STEP_RANKS;LIBS;OPTIONAL_STEPS;COMPOSES" ${ARGN})
   foreach(step IN LISTS L_OPTIONAL_STEPS)
     if(NOT step MATCHES "^[0-9]+$" OR step LESS 1 OR step GREATER L_STEPS)
       message(FATAL_ERROR "lab ${nn}: OPTIONAL_STEPS names step '${step}', not one of 1..${L_STEPS}")
@@ -34,6 +42,26 @@ function(scalelab_add_lab nn name)
   add_custom_target(lab${nn}_starter)
   add_custom_target(lab${nn}_reference)
   add_dependencies(reference lab${nn}_reference)
+  set_property(GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME ${name})
+
+  # The contract alone (to compile against): this lab's headers and those of the labs it links.
+  add_library(lab${nn}_headers INTERFACE)
+  target_include_directories(lab${nn}_headers INTERFACE ${lab_dir})
+  target_link_libraries(lab${nn}_headers INTERFACE scalelab::common)
+  foreach(lib IN LISTS L_LIBS)
+    if(lib MATCHES "^lab([0-9][0-9])_.*_solution_impl$")
+      target_link_libraries(lab${nn}_headers INTERFACE lab${CMAKE_MATCH_1}_headers)
+    endif()
+  endforeach()
+  set(composed_headers)
+  foreach(c IN LISTS L_COMPOSES)
+    get_property(cname GLOBAL PROPERTY SCALELAB_LAB_${c}_NAME)
+    if(NOT cname)
+      message(FATAL_ERROR "lab ${nn} COMPOSES lab ${c}, which is not defined before it")
+    endif()
+    list(APPEND composed_headers lab${c}_headers)
+    target_link_libraries(lab${nn}_headers INTERFACE lab${c}_headers)
+  endforeach()
 
   foreach(side starter solution)
     if(side STREQUAL "starter")
@@ -53,17 +81,28 @@ function(scalelab_add_lab nn name)
     list(APPEND impl_sources ${given_sources})
     add_library(${impl} STATIC ${impl_sources})
     target_include_directories(${impl} PUBLIC ${lab_dir})
-    target_link_libraries(${impl} PUBLIC scalelab::common ${L_LIBS})
+    target_link_libraries(${impl} PUBLIC scalelab::common ${L_LIBS} ${composed_headers})
+    # the composed labs' code, as a side: "starter" (the attendee's) or "solution"
+    set(composed_starter)
+    set(composed_solution)
+    foreach(c IN LISTS L_COMPOSES)
+      get_property(cname GLOBAL PROPERTY SCALELAB_LAB_${c}_NAME)
+      list(APPEND composed_starter lab${c}_${cname}_starter_impl)
+      list(APPEND composed_solution lab${c}_${cname}_solution_impl)
+    endforeach()
 
     set(program lab${nn}_${name}${suffix})
     add_executable(${program} ${lab_dir}/main.cpp)
-    target_link_libraries(${program} PRIVATE ${impl})
-    add_dependencies(${group} ${program})
+    target_link_libraries(${program} PRIVATE ${impl} ${composed_${side}})
+    if(NOT (L_COMPOSES AND side STREQUAL "starter"))
+      add_dependencies(${group} ${program})
+    endif()
 
     if(SCALELAB_BUILD_TESTS AND test_sources)
       set(test_exe test_lab${nn}${suffix})
       add_executable(${test_exe} ${test_sources})
-      target_link_libraries(${test_exe} PRIVATE ${impl} scalelab::lab_testing scalelab::test_main)
+      target_link_libraries(${test_exe} PRIVATE ${impl} ${composed_solution} scalelab::lab_testing
+                                                scalelab::test_main)
       add_dependencies(${group} ${test_exe})
       foreach(step RANGE 1 ${L_STEPS})
         set(ranks ${L_RANKS})
@@ -88,6 +127,32 @@ function(scalelab_add_lab nn name)
       endforeach()
     endif()
   endforeach()
+
+  # The attendee's program with the references of some composed labs (every non-empty subset).
+  list(LENGTH L_COMPOSES n_composed)
+  if(n_composed GREATER 0)
+    math(EXPR last_mask "(1 << ${n_composed}) - 1")
+    foreach(mask RANGE 1 ${last_mask})
+      set(suffix "")
+      set(libs)
+      set(i 0)
+      foreach(c IN LISTS L_COMPOSES)
+        get_property(cname GLOBAL PROPERTY SCALELAB_LAB_${c}_NAME)
+        math(EXPR bit "(${mask} >> ${i}) & 1")
+        if(bit)
+          string(APPEND suffix "_${c}")
+          list(APPEND libs lab${c}_${cname}_solution_impl)
+        else()
+          list(APPEND libs lab${c}_${cname}_starter_impl)
+        endif()
+        math(EXPR i "${i} + 1")
+      endforeach()
+      set(variant lab${nn}_${name}_ref${suffix})
+      string(REPLACE "_ref_" "_ref" variant ${variant})
+      add_executable(${variant} EXCLUDE_FROM_ALL ${lab_dir}/main.cpp)
+      target_link_libraries(${variant} PRIVATE lab${nn}_${name}_starter_impl ${libs})
+    endforeach()
+  endif()
 endfunction()
 
 # scalelab_add_lab_gpu_tests(<nn>): ctest lab<nn>.gpu.np1 / .np2 (labels gpu, reference, lab<nn>)
