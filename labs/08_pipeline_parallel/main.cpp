@@ -15,6 +15,7 @@
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/loop.hpp"
+#include "common/train/sizing.hpp"
 #include "pipeline_parallel.hpp"
 
 using namespace scalelab;
@@ -113,6 +114,19 @@ int main(int argc, char** argv) {
                      opt.batch, m);
 
     const Device device = train::rank_device(run.device);
+    // One micro-batch through this stage's blocks (and the head on the last); rank 0 also runs
+    // the single-device twin on the whole batch. On a GPU the activations are the GPU's, and
+    // only the batch is host memory. Too large: a usage error on every rank.
+    const LayerRange mine_layers = stage_layers(L, p, stage);
+    const bool twin_here = stage == 0 && twin_steps > 0;
+    train::require_host_memory(
+        train::step_bytes_at_least(
+            config, {.global_batch = opt.batch,
+                     .rows = !device.is_cpu() ? 0 : twin_here ? opt.batch : opt.batch / m,
+                     .layers = twin_here ? L : mine_layers.size(),
+                     .head = twin_here || stage == p - 1},
+            run.precision),
+        fmt::format("--batch {}", opt.batch), "a training step");
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
     const nn::GPTOptions model_options{.device = device, .seed = run.seed,
