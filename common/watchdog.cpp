@@ -268,7 +268,7 @@ void write_file(const std::string& path, const std::string& text) {
 void thread_main() {
   State& s = state();
   while (!s.stopping) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::duration<double>(kPeriod));
     if (s.stopping) break;
     bool expired = false;
     {
@@ -650,7 +650,8 @@ std::string build_report(const std::string& dir, int rank, int world_size) {
 }
 
 void set_timeout(double timeout_s) {
-  SCALELAB_REQUIRE(timeout_s > 0, "the watchdog timeout must be positive, got {}", timeout_s);
+  SCALELAB_REQUIRE(timeout_s >= kPeriod, "the watchdog timeout must be at least {} s (it looks "
+                   "every {} s), got {}", kPeriod, kPeriod, timeout_s);
   std::lock_guard lock(state().mutex);
   state().timeout_s = timeout_s;
 }
@@ -662,8 +663,8 @@ double timeout_from_env(double fallback) {
   if (!v || !*v) return fallback;
   char* end = nullptr;
   double t = std::strtod(v, &end);
-  SCALELAB_REQUIRE(end != v && *end == 0 && t > 0,
-                   "SCALELAB_TIMEOUT must be a positive number of seconds, got '{}'", v);
+  SCALELAB_REQUIRE(end != v && *end == 0 && t >= kPeriod,
+                   "SCALELAB_TIMEOUT must be a number of seconds, at least {}, got '{}'", kPeriod, v);
   return t;
 }
 

@@ -57,12 +57,17 @@ namespace scalelab::watchdog {
 /// Default timeout in seconds (the --timeout default).
 constexpr double kDefaultTimeout = 60.0;
 
+/// The watchdog thread looks every kPeriod seconds (and writes the heartbeat): a shorter timeout
+/// cannot be kept, so it is refused (--timeout 1e-300 used to be accepted and mean 0.1 s).
+constexpr double kPeriod = 0.1;
+
 /// Starts the watchdog thread (idempotent: later calls only change the timeout). Not collective.
 /// Communicators start it themselves with the current timeout, so calling this is only needed to
 /// change the timeout (cli --timeout, tests via SCALELAB_TIMEOUT).
 void start(double timeout_s);
 
-/// Sets the timeout without starting anything (the next start() uses it).
+/// Sets the timeout without starting anything (the next start() uses it). Below kPeriod, or not a
+/// number: UsageError.
 void set_timeout(double timeout_s);
 double timeout();
 

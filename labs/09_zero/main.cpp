@@ -155,8 +155,7 @@ int main(int argc, char** argv) {
         log::info("    single-device loss={:.6f}  |zero - single|={:.2e}", single_loss,
                   std::abs(loss - single_loss));
         if (!twin_check.add(loss, single_loss))
-          log::info("    the loss differs from the single-device twin's by more than {:g} "
-                    "relative", twin_check.tolerance);
+          log::info("    the loss against the single-device twin's: {}", twin_check.verdict());
       }
     }
     const double divergence = train::max_divergence_from_rank0(trainer->full_parameters(), comm);

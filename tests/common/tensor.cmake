@@ -36,6 +36,9 @@ scalelab_expect_usage_error(common.scalelab_data.missing_file scalelab_data ${no
 scalelab_expect_usage_error(common.scalelab_data.directory_as_text scalelab_data
   MATCH "^error: '.*tests/data' is a directory, not a text file"
   ARGS ${PROJECT_SOURCE_DIR}/tests/data --out ${CMAKE_CURRENT_BINARY_DIR}/unused)
+scalelab_expect_usage_error(common.scalelab_data.out_is_a_file scalelab_data
+  MATCH "^error: --out .*gpt_golden.txt is a file, not a directory"
+  ARGS ${tiny_data} --out ${tiny_data})
 # lab 02's program (defined later, in labs/; ctest resolves the target at generate time)
 set(lab02 lab02_single_device_solution)
 scalelab_expect_usage_error(lab02.cli.unknown_model ${lab02} --model huge --data ${tiny_data})
