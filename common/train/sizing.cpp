@@ -22,7 +22,9 @@ std::size_t step_bytes_at_least(const ModelConfig& c, const StepShape& s, DType 
   const double V = static_cast<double>(c.vocab_size), tp = std::max(1, s.tp);
   const double act = precision == DType::bf16 ? 2.0 : 4.0;
   const double tokens = static_cast<double>(s.rows) * T;  // of one forward
-  const double per_block = tokens * (C + (s.checkpoint ? 0.0 : 2.0 * 4.0 * C / tp));
+  const double heads = static_cast<double>(c.n_head) / tp;
+  const double kept = 2.0 * 4.0 * C / tp + (s.attention_probabilities ? heads * T : 0.0);
+  const double per_block = tokens * (C + (s.checkpoint ? 0.0 : kept));
   const double head = s.head ? tokens * V / tp : 0.0;
   const double activations =
       std::max(1, s.in_flight) * act * (static_cast<double>(s.layers) * per_block + head);

@@ -28,14 +28,18 @@ struct StepShape {
   int tp = 1;                ///< ranks the MLP's width and the vocabulary are split over
   bool head = true;          ///< this rank computes the head (the probabilities over the vocabulary)
   bool checkpoint = false;   ///< blocks keep only their input (activation checkpointing)
+  /// Attention written out (nn::GPTOptions' default, what labs 07-10 run): each block keeps its
+  /// (T, T) probabilities per head; false for flash attention, which keeps none.
+  bool attention_probabilities = true;
 };
 
 /// Bytes a step holds at once on the rank, at least: the global batch's tokens (x and y, int32:
 /// 8 B T) and `in_flight` forwards' activations of `rows` rows of T tokens: per block its input
-/// (rows T C) and, unless checkpointed, the MLP's h and g (rows T 4C / tp each); with the head,
-/// the probabilities (rows T V / tp). Activations are 2 bytes in bf16, else 4. Everything else a
-/// step holds (LayerNorm outputs, attention, the model and its optimizer, backward temporaries)
-/// is left out. Saturates at SIZE_MAX instead of overflowing.
+/// (rows T C) and, unless checkpointed, the MLP's h and g (rows T 4C / tp each) and the attention
+/// probabilities (rows (NH / tp) T T); with the head, the probabilities over the vocabulary
+/// (rows T V / tp). Activations are 2 bytes in bf16, else 4. Everything else a step holds
+/// (LayerNorm outputs, q, k, v, the model and its optimizer, backward temporaries) is left out.
+/// Saturates at SIZE_MAX instead of overflowing.
 std::size_t step_bytes_at_least(const ModelConfig& config, const StepShape& shape,
                                 DType precision);
 

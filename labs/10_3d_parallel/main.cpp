@@ -73,7 +73,7 @@ std::size_t parse_memory(const std::string& text) {
 // beyond a few thousand rows, while the time to measure grows with them) and never more than this
 // machine holds at once (planning for a cluster must not need the cluster's memory here): a
 // block's lower bound (train::step_bytes_at_least) within an eighth of a rank's memory, as its
-// attention, LayerNorms and backward temporaries, which the bound leaves out, take a few times
+// LayerNorms, q, k, v and backward temporaries, which the bound leaves out, take a few times
 // more. The same on every rank (collective): the least any rank can hold.
 constexpr int64_t kMeasureTokens = 8192;
 int64_t measure_rows(const ModelConfig& config, int64_t wanted, DType precision,

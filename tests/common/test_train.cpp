@@ -95,18 +95,22 @@ TEST(TwinCheck, ANonFiniteLossFailsAndSaysTrainingDiverged) {
   EXPECT_TRUE(inf.diverged);
 }
 
-// The lower bound, by hand for tiny (T 16, C 32, V 256) at 2 rows of 2 blocks with the head, a
-// global batch of 8: the batch's x and y 2 x 4 x 8 x 16 = 1024 bytes; per block 32 tokens x
-// (C + 8C) = 9216 elements, the head 32 x 256 = 8192; activations 4 x (2 x 9216 + 8192) bytes.
+// The lower bound, by hand for tiny (T 16, C 32, 2 heads, V 256) at 2 rows of 2 blocks with the
+// head, a global batch of 8: the batch's x and y 2 x 4 x 8 x 16 = 1024 bytes; per block 32
+// tokens x (C + 8C + 2 heads x T) = 10240 elements, the head 32 x 256 = 8192; activations
+// 4 x (2 x 10240 + 8192) bytes.
 TEST(Sizing, StepBytesAtLeastByHand) {
   const ModelConfig tiny = model_config("tiny");
   const train::StepShape shape{.global_batch = 8, .rows = 2, .layers = 2};
-  EXPECT_EQ(train::step_bytes_at_least(tiny, shape, DType::f32), 1024u + 4u * (2 * 9216 + 8192));
-  EXPECT_EQ(train::step_bytes_at_least(tiny, shape, DType::bf16), 1024u + 2u * (2 * 9216 + 8192));
-  train::StepShape split = shape;  // tp 2 halves the MLP and the vocabulary; checkpointing keeps
-  split.tp = 2;                    // only the blocks' inputs
+  EXPECT_EQ(train::step_bytes_at_least(tiny, shape, DType::f32), 1024u + 4u * (2 * 10240 + 8192));
+  EXPECT_EQ(train::step_bytes_at_least(tiny, shape, DType::bf16), 1024u + 2u * (2 * 10240 + 8192));
+  train::StepShape flash = shape;  // flash attention keeps no (T, T) probabilities
+  flash.attention_probabilities = false;
+  EXPECT_EQ(train::step_bytes_at_least(tiny, flash, DType::f32), 1024u + 4u * (2 * 9216 + 8192));
+  train::StepShape split = shape;  // tp 2 halves the MLP, the heads and the vocabulary;
+  split.tp = 2;                    // checkpointing keeps only the blocks' inputs
   EXPECT_EQ(train::step_bytes_at_least(tiny, split, DType::f32),
-            1024u + 4u * (2 * 32 * (32 + 4 * 32) + 4096));
+            1024u + 4u * (2 * 32 * (32 + 4 * 32 + 16) + 4096));
   split.checkpoint = true;
   split.head = false;
   split.in_flight = 3;
