@@ -100,7 +100,8 @@ int64_t measure_rows(const ModelConfig& config, int64_t wanted, DType precision,
     throw UsageError(fmt::format(
         "--ranks {}: no dp x tp x pp grid of {} ranks runs model {} with --batch {}: tp must "
         "divide its {} heads, pp must be at most its {} layers and dp x micro-batches must divide "
-        "the {} rows (so at most {} ranks)", ranks, ranks, config.name, batch, config.n_head,
+        "the {} rows (so a grid has at most {} ranks, and not every number below is one)", ranks,
+        ranks, config.name, batch, config.n_head,
         config.n_layer, batch, batch * config.n_head * config.n_layer));
   const auto smallest = std::min_element(any.begin(), any.end(), [](const auto& a, const auto& b) {
     return a.second.total_bytes < b.second.total_bytes;
