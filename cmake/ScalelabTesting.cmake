@@ -34,33 +34,40 @@ function(scalelab_add_mpi_test name target)
 endfunction()
 
 # scalelab_expect_usage_error(<ctest-name> <target> <program args...>)
-# scalelab_expect_usage_error(<ctest-name> <target> [RANKS <k>] [LABELS ...] ARGS <program args...>)
+# scalelab_expect_usage_error(<ctest-name> <target> [RANKS <k>] [LABELS ...] [MATCH <regex>]
+#                             ARGS <program args...>)
 # Bad input to a program: exit code 2 and one "error:" line, never a hang. Without RANKS the
 # program runs directly (a singleton MPI process) and must print exactly one line on stderr; with
 # RANKS it runs under mpiexec on k ranks, every rank reports the error and mpiexec adds its own
-# notice, so the check is one DISTINCT "error:" line. Labels default to "reference;common".
+# notice, so the check is one DISTINCT "error:" line. MATCH: that line must also match the
+# extended regular expression (grep -E), e.g. the option and the limit it names. Labels default
+# to "reference;common".
 function(scalelab_expect_usage_error name target)
-  cmake_parse_arguments(U "" "RANKS" "LABELS;ARGS" ${ARGN})
+  cmake_parse_arguments(U "" "RANKS;MATCH" "LABELS;ARGS" ${ARGN})
   list(APPEND U_ARGS ${U_UNPARSED_ARGUMENTS})
   if(NOT U_LABELS)
     set(U_LABELS reference common)
   endif()
+  # The regex travels in the environment (EXPECT_ERROR): no quoting through sh -c's arguments.
+  set(match "if [ -z \"$EXPECT_ERROR\" ] || grep '^error: ' \"$e\" | grep -qE -- \"$EXPECT_ERROR\"; \
+then m=0; else m=1; echo \"want an error line matching: $EXPECT_ERROR\"; fi")
   if(U_RANKS)
     add_test(NAME ${name}
              COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
-n=$(grep '^error: ' \"$e\" | sort -u | wc -l); rm -f \"$e\"; [ $rc -eq 2 ] && [ $n -eq 1 ]"
+n=$(grep '^error: ' \"$e\" | sort -u | wc -l); ${match}; rm -f \"$e\"; \
+[ $rc -eq 2 ] && [ $n -eq 1 ] && [ $m -eq 0 ]"
                      ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${U_RANKS} ${MPIEXEC_PREFLAGS}
                      $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${U_ARGS})
     set_tests_properties(${name} PROPERTIES PROCESSORS ${U_RANKS})
   else()
     add_test(NAME ${name}
              COMMAND sh -c "e=$(mktemp); \"$0\" \"$@\" >/dev/null 2>\"$e\"; rc=$?; cat \"$e\"; \
-n=$(wc -l < \"$e\"); g=$(grep -c '^error: ' \"$e\"); rm -f \"$e\"; \
-[ $rc -eq 2 ] && [ $n -eq 1 ] && [ $g -eq 1 ]"
+n=$(wc -l < \"$e\"); g=$(grep -c '^error: ' \"$e\"); ${match}; rm -f \"$e\"; \
+[ $rc -eq 2 ] && [ $n -eq 1 ] && [ $g -eq 1 ] && [ $m -eq 0 ]"
                      $<TARGET_FILE:${target}> ${U_ARGS})
   endif()
   set_tests_properties(${name} PROPERTIES LABELS "${U_LABELS}" TIMEOUT 30
-                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};EXPECT_ERROR=${U_MATCH}")
 endfunction()
 
 # scalelab_add_test(NAME <name> SOURCES <files...> [RANKS <k...>] [LABELS ...] [TIMEOUT <s>]

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -53,7 +54,8 @@ RunOptions run_options(const cxxopts::ParseResult& r) {
   SCALELAB_REQUIRE(o.backend == "auto" || o.backend == "mpi" || o.backend == "nccl" ||
                        o.backend == "self",
                    "--backend must be auto, mpi, nccl or self, got '{}'", o.backend);
-  SCALELAB_REQUIRE(o.timeout_s > 0, "--timeout must be positive, got {}", o.timeout_s);
+  SCALELAB_REQUIRE(o.timeout_s >= watchdog::kPeriod, "--timeout {}: at least {} seconds (the "
+                   "watchdog looks every {} s)", o.timeout_s, watchdog::kPeriod, watchdog::kPeriod);
   const std::string precision = r["precision"].as<std::string>();
   SCALELAB_REQUIRE(precision == "fp32" || precision == "bf16",
                    "--precision must be fp32 or bf16, got '{}'", precision);
@@ -127,10 +129,80 @@ void require_writable(const std::string& path, const std::string& what) {
   if (!error.empty()) throw UsageError(error);
 }
 
+namespace {
+
+// The option whose value is `text` on the command line: "--lr" for "--lr nan" or "--lr=nan",
+// "" when none is found.
+std::string option_with_value(int argc, char** argv, const std::string& text) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("-", 0) != 0) continue;
+    const std::size_t eq = arg.find('=');
+    if (eq != std::string::npos && arg.substr(eq + 1) == text) return arg.substr(0, eq);
+    if (eq == std::string::npos && i + 1 < argc && argv[i + 1] == text) return arg;
+  }
+  return "";
+}
+
+// Whether `option` takes `probe` as its value: cxxopts parses it again alone (each parse fills a
+// new ParseResult, and no program binds options to variables). "--name=value": an option with
+// an implicit value (a flag) would take a separate word as a stray argument instead.
+bool accepts(cxxopts::Options& options, const std::string& option, const std::string& probe) {
+  const bool long_name = option.rfind("--", 0) == 0;
+  const std::string joined = option + "=" + probe;
+  const char* args[] = {"probe", long_name ? joined.c_str() : option.c_str(), probe.c_str()};
+  try {
+    return options.parse(long_name ? 2 : 3, args).unmatched().empty();
+  } catch (const cxxopts::exceptions::exception&) {
+    return false;
+  }
+}
+
+// A flag: an option that takes true or false, and not a number.
+bool is_flag(cxxopts::Options& options, const std::string& option) {
+  return accepts(options, option, "true") && !accepts(options, option, "1.5");
+}
+
+// cxxopts says only "Argument 'X' failed to parse". Which kind of value the option takes is not
+// visible from outside cxxopts, so ask it (accepts) with a few probe values and read the kind and
+// its range off which ones it takes. The error then names the option and what it accepts.
+std::string describe_bad_value(cxxopts::Options& options, const std::string& option,
+                               const std::string& text) {
+  const auto accepts = [&](const std::string& probe) { return cli::accepts(options, option, probe); };
+  if (accepts("1.5"))  // a floating-point option: cxxopts reads it with a stream, which takes
+                       // neither nan nor inf nor a value beyond the double range
+    return fmt::format("{} {}: expected a finite number such as 0.5 or 3e-4", option, text);
+  if (accepts("true")) return fmt::format("{} {}: expected true or false", option, text);
+  const bool is_signed = accepts("-1");
+  const bool wide = accepts(is_signed ? "2147483648" : "4294967296");  // 64-bit, or 32-bit
+  const std::string range =
+      is_signed ? (wide ? fmt::format("{} to {}", std::numeric_limits<std::int64_t>::min(),
+                                      std::numeric_limits<std::int64_t>::max())
+                        : fmt::format("{} to {}", std::numeric_limits<std::int32_t>::min(),
+                                      std::numeric_limits<std::int32_t>::max()))
+                : (wide ? fmt::format("0 to {}", std::numeric_limits<std::uint64_t>::max())
+                        : fmt::format("0 to {}", std::numeric_limits<std::uint32_t>::max()));
+  return fmt::format("{} {}: expected a whole number from {}, in digits", option, text, range);
+}
+
+}  // namespace
+
 cxxopts::ParseResult parse(cxxopts::Options& options, int argc, char** argv) {
   cxxopts::ParseResult result;
   try {
     result = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
+    // "Argument 'X' failed to parse": name the option and what it takes
+    const std::string what = e.what();
+    const std::size_t open = what.find(cxxopts::LQUOTE);
+    const std::size_t close = what.rfind(cxxopts::RQUOTE);
+    const std::size_t from = open + cxxopts::LQUOTE.size();
+    const std::string text = open != std::string::npos && close != std::string::npos && close >= from
+                                 ? what.substr(from, close - from)
+                                 : "";
+    const std::string option = option_with_value(argc, argv, text);
+    if (option.empty()) throw UsageError(fmt::format("{} (see --help)", what));
+    throw UsageError(fmt::format("{} (see --help)", describe_bad_value(options, option, text)));
   } catch (const cxxopts::exceptions::exception& e) {
     throw UsageError(fmt::format("{} (see --help)", e.what()));
   }
@@ -138,8 +210,17 @@ cxxopts::ParseResult parse(cxxopts::Options& options, int argc, char** argv) {
     log::info("{}", options.help());
     exit_all(kExitOk);
   }
-  if (!result.unmatched().empty())
-    throw UsageError(fmt::format("unexpected argument '{}' (see --help)", result.unmatched()[0]));
+  if (!result.unmatched().empty()) {
+    // "--table false": a flag does not take the next word as its value
+    const std::string stray = result.unmatched()[0];
+    for (int i = 2; i < argc; ++i)
+      if (argv[i] == stray && std::string(argv[i - 1]).rfind("--", 0) == 0 &&
+          std::string(argv[i - 1]).find('=') == std::string::npos && is_flag(options, argv[i - 1]))
+        throw UsageError(fmt::format("unexpected argument '{}' after the flag {}: a flag's value "
+                                     "is joined to it, {}={} (see --help)", stray, argv[i - 1],
+                                     argv[i - 1], stray));
+    throw UsageError(fmt::format("unexpected argument '{}' (see --help)", stray));
+  }
   return result;
 }
 

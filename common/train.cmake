@@ -1,7 +1,9 @@
-# Shared by the training programs and graders of labs 03-06 (not a parallel technique): options,
-# corpus loading and step lines (loop), the single-device reference run (reference) and the
-# comparisons of a parallel result with it (equivalence).
+# Shared by the training programs and graders of labs 03-10 (not a parallel technique): options,
+# corpus loading and step lines (loop), sizing a run against the host's memory before it
+# allocates (sizing), the single-device reference run (reference) and the comparisons of a
+# parallel result with it (equivalence).
 target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/train/loop.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/train/sizing.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train/reference.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train/equivalence.cpp)

@@ -4,16 +4,22 @@
 Times optimizer.step() of torch.optim.AdamW over the parameters of a scalelab model config (the
 same shapes as scalelab_bench_adamw: 148 tensors for gpt-85m, 2-d weights with weight decay 0.1,
 the rest without; betas (0.9, 0.95), eps 1e-8, lr 6e-4, nanoGPT's) with torch.set_num_threads(1),
-for the implementations PyTorch has on the CPU: foreach (the default), the for-loop
-(foreach=False, fused=False) and fused=True where this PyTorch has it. With --scalelab BINARY it
-also runs scalelab_bench_adamw with the same config and repeats and prints one table.
+for each implementation the installed PyTorch has on the CPU: the for-loop over the tensors
+(foreach=False), foreach=True (one kernel per operation over all tensors) and fused=True, each
+where this PyTorch's AdamW takes the option and the CPU runs it (PyTorch 1.13 has no `fused`;
+fused on the CPU needs 2.4 or later). Which one is the default is not assumed: the script watches
+which implementation an AdamW built without options runs and marks that row (on the CPU it is the
+for-loop: PyTorch picks foreach by default only for GPU tensors). With --scalelab BINARY it also
+runs scalelab_bench_adamw with the same config and repeats and prints one table.
 
   OPENBLAS_NUM_THREADS=1 python3 tools/bench_adamw_torch.py \\
       --scalelab build/common/scalelab_bench_adamw
 
-Needs torch (pip install torch). Not part of the test suite.
+Needs torch (pip install torch, or Debian's python3-torch). tests/tools/test_bench_adamw_torch.py
+runs it when SCALELAB_TORCH_PYTHON names a python with torch.
 """
 import argparse
+import inspect
 import os
 import re
 import statistics
@@ -64,6 +70,70 @@ def time_torch(name, repeats, warmup, **kwargs):
     return n, min(times), statistics.median(times)
 
 
+# PyTorch's AdamW calls one private function per implementation, named by kind in every version
+# so far: _single_tensor_adamw (the for-loop), _multi_tensor_adamw (foreach), _fused_adamw (fused),
+# in torch.optim.adamw, or the _adam ones in torch.optim.adam where AdamW is Adam with decoupled
+# weight decay (2.6 and later). Watching which one a step calls tells the implementation.
+KINDS = (("_single_tensor_", "for-loop"), ("_multi_tensor_", "foreach"), ("_fused_", "fused"))
+
+
+def implementation(**kwargs):
+    """The implementation torch.optim.AdamW(**kwargs) runs one step with on CPU tensors:
+    'for-loop', 'foreach', 'fused', or 'unknown' (a PyTorch whose functions are named otherwise)."""
+    import importlib
+    import torch
+    seen = []
+    patched = []
+    for module_name in ("torch.optim.adamw", "torch.optim.adam"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for attr in dir(module):
+            for prefix, kind in KINDS:
+                if attr.startswith(prefix) and callable(getattr(module, attr)):
+                    original = getattr(module, attr)
+
+                    def spy(*a, _original=original, _kind=kind, **k):
+                        seen.append(_kind)
+                        return _original(*a, **k)
+                    setattr(module, attr, spy)
+                    patched.append((module, attr, original))
+    try:
+        p = torch.nn.Parameter(torch.zeros(4))
+        p.grad = torch.ones(4)
+        torch.optim.AdamW([p], **kwargs).step()
+    finally:
+        for module, attr, original in patched:
+            setattr(module, attr, original)
+    return seen[0] if seen else "unknown"
+
+
+def variants():
+    """(implementation, AdamW keyword arguments) for each implementation this PyTorch's AdamW
+    lets one choose; an implementation the CPU cannot run is reported when it is timed."""
+    import torch
+    takes = set(inspect.signature(torch.optim.AdamW.__init__).parameters)
+    out = []
+    if "foreach" in takes:
+        loop = dict(foreach=False, fused=False) if "fused" in takes else dict(foreach=False)
+        out += [("for-loop", loop), ("foreach", dict(foreach=True))]
+    if "fused" in takes:
+        out.append(("fused", dict(fused=True)))
+    return out
+
+
+def cpu_capability():
+    """The vector instructions PyTorch's CPU kernels use ("AVX2"): torch.backends.cpu (2.0+), or
+    the build configuration's 'CPU capability usage' line (older releases)."""
+    import torch
+    backend = getattr(torch.backends, "cpu", None)
+    if backend is not None and hasattr(backend, "get_cpu_capability"):
+        return backend.get_cpu_capability()
+    m = re.search(r"CPU capability usage: (\S+)", torch.__config__.show())
+    return m.group(1) if m else "CPU capability unknown"
+
+
 def time_scalelab(binary, name, repeats, warmup):
     out = subprocess.run([binary, "--model", name, "--repeats", str(repeats), "--warmup",
                           str(warmup)], check=True, capture_output=True, text=True).stdout
@@ -81,28 +151,40 @@ def main():
     ap.add_argument("--scalelab", metavar="BINARY", help="scalelab_bench_adamw to run as well")
     args = ap.parse_args()
 
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print(f"error: {sys.argv[0]} needs PyTorch, and {sys.executable} has none (pip install "
+              "torch, or Debian's python3-torch for /usr/bin/python3)", file=sys.stderr)
+        sys.exit(2)
     torch.set_num_threads(1)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     rows = []
     if args.scalelab:
         rows.append(("scalelab AdamW (one pass, AVX/SSE2)",)
                     + time_scalelab(args.scalelab, args.model, args.repeats, args.warmup))
-    variants = [("torch foreach=True (default)", dict(foreach=True, fused=False)),
-                ("torch foreach=False, fused=False", dict(foreach=False, fused=False)),
-                ("torch fused=True", dict(fused=True))]
-    for label, kwargs in variants:
+    default = implementation()
+    for kind, kwargs in variants():
+        options = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         try:
+            ran = implementation(**kwargs)  # what the options really select here
+            if ran == "unknown":
+                ran = kind
+            label = f"torch {ran} ({options})" + (", the default" if ran == default else "")
             rows.append((label,) + time_torch(args.model, args.repeats, args.warmup, **kwargs))
-        except (RuntimeError, TypeError, ValueError) as e:  # fused=True is not on every CPU build
-            print(f"# {label}: not available ({e})", file=sys.stderr)
+        except (RuntimeError, TypeError, ValueError) as e:  # e.g. fused=True on a CPU before 2.4
+            print(f"# torch {kind} ({options}): not available here ({e})", file=sys.stderr)
+    if not any(label.endswith(", the default") for label, *_ in rows):
+        # an implementation no option selects here (or an unknown one): time the default as it is
+        rows.append((f"torch default ({default})",)
+                    + time_torch(args.model, args.repeats, args.warmup))
     print(f"AdamW step, {args.model}, one CPU thread, best / median of {args.repeats} steps "
-          f"after {args.warmup} (torch {torch.__version__}, "
-          f"{torch.backends.cpu.get_cpu_capability()})")
-    print(f"| {'implementation':36} | {'params':>10} | {'best ms':>8} | {'median ms':>9} |")
-    print(f"|{'-' * 38}|{'-' * 11}:|{'-' * 9}:|{'-' * 10}:|")
+          f"after {args.warmup} (torch {torch.__version__}, {cpu_capability()}); the default "
+          f"AdamW here runs the {default} implementation")
+    print(f"| {'implementation':50} | {'params':>10} | {'best ms':>8} | {'median ms':>9} |")
+    print(f"|{'-' * 52}|{'-' * 11}:|{'-' * 9}:|{'-' * 10}:|")
     for label, n, best, median in rows:
-        print(f"| {label:36} | {n:>10} | {best:>8.1f} | {median:>9.1f} |")
+        print(f"| {label:50} | {n:>10} | {best:>8.1f} | {median:>9.1f} |")
     counts = {n for _, n, _, _ in rows}
     if len(counts) != 1:
         sys.exit(f"error: the implementations timed different parameter counts: {counts}")

@@ -122,6 +122,13 @@ def main(argv=None):
     except ImportError:
         print("error: torch is not importable by " + sys.executable, file=sys.stderr)
         return 2
+    # The model is nanoGPT's of PyTorch 2: F.scaled_dot_product_attention and torch.compile
+    # (Debian 12's python3-torch is 1.13, which has neither): say so instead of a traceback.
+    if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        print(f"error: {sys.argv[0]} needs PyTorch 2.0 or later "
+              f"(F.scaled_dot_product_attention, torch.compile); {sys.executable} has torch "
+              f"{torch.__version__}", file=sys.stderr)
+        return 2
     if a.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no GPU", file=sys.stderr)
         return 2

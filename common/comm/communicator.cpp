@@ -239,14 +239,21 @@ Work Communicator::submit(std::shared_ptr<Op> op) const {
 
   op->group = s.name;
   op->seq = p2p ? ++s.p2p_seq : ++s.coll_seq;
+  // A peer or root is a rank of this group; the watchdog's report speaks of world ranks, so it
+  // says both when they differ ("to rank 1 = world rank 3").
+  const auto who = [&](int group_rank) {
+    const int world = s.world_ranks[group_rank];
+    return world == group_rank ? fmt::format("rank {}", group_rank)
+                               : fmt::format("rank {} = world rank {}", group_rank, world);
+  };
   std::string detail;
-  if (op->kind == OpKind::send) detail = fmt::format("to rank {}", op->peer);
-  if (op->kind == OpKind::recv) detail = fmt::format("from rank {}", op->peer);
+  if (op->kind == OpKind::send) detail = "to " + who(op->peer);
+  if (op->kind == OpKind::recv) detail = "from " + who(op->peer);
   if (op->kind == OpKind::reduce || op->kind == OpKind::broadcast || op->kind == OpKind::scatter ||
       op->kind == OpKind::gather)
-    detail = fmt::format("root {}", op->root);
+    detail = "root " + who(op->root);
   op->watchdog_token = watchdog::enter(s.watchdog_group, detail::op_kind_name(op->kind), op->seq,
-                                       op->bytes, !p2p, detail);
+                                       op->bytes, !p2p, detail, p2p ? op->peer : -1);
   if (trace::enabled()) op->trace_begin_us = trace::now_us();
   // Communication accounting: every operation the user submits, here and nowhere else (split is
   // structural, not traffic).

@@ -34,8 +34,14 @@ std::string default_data_dir() {
 }
 
 std::string read_text_file(const std::string& path) {
+  // Opening a directory as a stream succeeds on Linux and reads nothing: it would be reported as
+  // an empty text file.
+  std::error_code ec;
+  SCALELAB_REQUIRE(!fs::is_directory(path, ec), "'{}' is a directory, not a text file: give a "
+                   "text file to tokenize (./scalelab data FILE), and --out DIR for where the "
+                   "corpus goes", path);
   std::ifstream in(path, std::ios::binary);
-  SCALELAB_REQUIRE(in.good(), "cannot read text file '{}'", path);
+  SCALELAB_REQUIRE(in.good(), "cannot read text file '{}': {}", path, std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   std::string text = ss.str();

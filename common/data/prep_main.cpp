@@ -2,6 +2,8 @@
 // from the King James Bible (Debian's bible-kjv) when no file is given. `./scalelab data` runs it.
 // The three files are published together (common/data/corpus.hpp: prepare_corpus); --check only
 // verifies a corpus directory (exit 0, or 2 naming what is wrong).
+#include <filesystem>
+
 #include "common/cli.hpp"
 #include "common/data/corpus.hpp"
 #include "common/log.hpp"
@@ -22,6 +24,15 @@ int main(int argc, char** argv) {
     options.parse_positional({"file"});
     options.positional_help("[FILE]");
     auto r = cli::parse(options, argc, argv);
+    // --out names a directory (made if missing): say so when it is empty or names a file,
+    // instead of "cannot create directory" or "missing corpus (no meta.json there)".
+    const std::string out_dir = r["out"].as<std::string>();
+    SCALELAB_REQUIRE(!out_dir.empty(), "--out is empty: give the corpus directory");
+    std::error_code ec;
+    SCALELAB_REQUIRE(!std::filesystem::exists(out_dir, ec) ||
+                         std::filesystem::is_directory(out_dir, ec),
+                     "--out {} is a file, not a directory: give the corpus directory (train.bin, "
+                     "val.bin and meta.json go there)", out_dir);
     if (r.count("check")) {
       SCALELAB_REQUIRE(r.count("file") == 0, "--check takes no text file");
       const data::CorpusMeta m = data::check_corpus(r["out"].as<std::string>());

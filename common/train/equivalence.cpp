@@ -44,6 +44,13 @@ std::string Diff::str() const {
 }
 
 bool TwinCheck::add(double loss, double twin) {
+  // A nan compares false with everything: without this, a diverged run reported the largest
+  // difference of its finite steps beside a failed verdict.
+  if (!std::isfinite(loss) || !std::isfinite(twin)) {
+    diverged = true;
+    ok = false;
+    return false;
+  }
   const double diff = std::abs(loss - twin);
   worst = std::max(worst, diff);
   const bool within = diff <= tolerance * std::abs(twin);
@@ -52,6 +59,8 @@ bool TwinCheck::add(double loss, double twin) {
 }
 
 std::string TwinCheck::verdict() const {
+  if (diverged)
+    return "NOT FINITE: the loss became nan or inf, training diverged (is --lr too large?)";
   return fmt::format("{} {:g} relative", ok ? "within" : "MORE THAN", tolerance);
 }
 

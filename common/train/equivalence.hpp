@@ -48,9 +48,11 @@ struct TwinCheck {
   double tolerance;
   double worst = 0;  // the largest |loss - twin| recorded
   bool ok = true;    // every step within tolerance
-  /// Records one step; false (and ok false from then on) when |loss - twin| > tolerance * |twin|.
+  bool diverged = false;  // a loss was nan or inf: training diverged (both may agree on it)
+  /// Records one step; false (and ok false from then on) when |loss - twin| > tolerance * |twin|
+  /// or either loss is not finite.
   bool add(double loss, double twin);
-  /// "within 1e-05 relative" or "MORE THAN 1e-05 relative".
+  /// "within 1e-05 relative", "MORE THAN 1e-05 relative", or that the loss is not finite.
   std::string verdict() const;
 };
 

@@ -1,6 +1,7 @@
 #include "common/train/loop.hpp"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "common/data/corpus.hpp"
 #include "common/device.hpp"
@@ -60,8 +61,26 @@ TrainOptions read_train_options(const cxxopts::ParseResult& r) {
 }
 
 std::vector<uint16_t> load_train_tokens(const TrainOptions& o) {
-  const std::string dir = o.data.empty() ? data::default_data_dir() : o.data;
-  return data::load_tokens(dir + "/train.bin");
+  if (o.data.empty()) return data::load_tokens(data::default_data_dir() + "/train.bin");
+  // --data names a corpus directory. Say so when it names a file (a text, or one of the corpus's
+  // own files) or nothing, instead of "missing data file 'FILE/train.bin'".
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(o.data);
+  if (fs::is_regular_file(p, ec)) {
+    const std::string name = p.filename().string();
+    const std::string dir = p.parent_path().empty() ? "." : p.parent_path().string();
+    SCALELAB_REQUIRE(name != "train.bin" && name != "val.bin" && name != "meta.json",
+                     "--data {} is a file of a corpus: give its directory, --data {}", o.data, dir);
+    throw UsageError(fmt::format("--data {} is a file: give a corpus directory (train.bin, "
+                                 "val.bin, meta.json); make one from this text with ./scalelab "
+                                 "data {} --out DIR, then --data DIR", o.data, o.data));
+  }
+  SCALELAB_REQUIRE(fs::exists(p, ec), "--data {}: no such directory (make a corpus there with "
+                   "./scalelab data [FILE] --out {})", o.data, o.data);
+  SCALELAB_REQUIRE(fs::is_directory(p, ec), "--data {} is not a directory: give a corpus "
+                   "directory (train.bin, val.bin, meta.json)", o.data);
+  return data::load_tokens(o.data + "/train.bin");
 }
 
 double learning_rate(const TrainOptions& o, int64_t step) {

@@ -11,6 +11,12 @@ if(SCALELAB_BUILD_TESTS)
                    -DMAX_SECONDS=20 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
   set_tests_properties(lab07.cli.tp_not_dividing_heads.np4 PROPERTIES PROCESSORS 4 TIMEOUT 40
                        LABELS "reference;lab07" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+  # A batch too large for this machine (issue 22): exit 2 on every rank, naming the option, the
+  # bytes needed and the bytes available, before anything is allocated or read.
+  scalelab_expect_usage_error(lab07.cli.batch_too_large_for_memory lab07_tensor_parallel_solution
+    RANKS 2 LABELS reference lab07
+    MATCH "^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has [0-9.]+GiB"
+    ARGS --model tiny --batch 1000000000 --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
 endif()
 # On a GPU (label gpu; skipped without one): the reference with CUDA tensors against the CPU
 # (tests/07_tensor_parallel/test_gpu.cpp), not a graded step.

@@ -23,6 +23,7 @@
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/loop.hpp"
+#include "common/train/sizing.hpp"
 #include "tensor_parallel.hpp"
 
 using namespace scalelab;
@@ -102,6 +103,14 @@ int main(int argc, char** argv) {
     const int tp = world.size(), rank = world.rank();
     lab07::check_tp(config, tp);  // a usage error on every rank, before any collective
     if (sp) lab07::sequence_rows(opt.batch * config.block_size, rank, tp);  // the same
+    // Every rank runs the whole batch (its heads and columns of it); rank 0 also runs the
+    // single-device twin on it. Too large for this machine: a usage error on every rank.
+    train::require_host_memory(
+        train::step_bytes_at_least(config, {.global_batch = opt.batch, .rows = opt.batch,
+                                            .layers = config.n_layer,
+                                            .tp = rank == 0 && twin_steps > 0 ? 1 : tp},
+                                   run.precision),
+        fmt::format("--batch {}", opt.batch), "a training step");
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
 

@@ -21,4 +21,12 @@ if(SCALELAB_BUILD_TESTS)
     scalelab_expect_usage_error(lab08.cli.${name} lab08_pipeline_parallel_solution
                                 RANKS ${ranks} LABELS reference lab08 ARGS ${case} --data ${lab08_data})
   endforeach()
+  # A batch too large for this machine (issue 22): named with the bytes needed and available.
+  scalelab_expect_usage_error(lab08.cli.batch_too_large_for_memory lab08_pipeline_parallel_solution
+    RANKS 2 LABELS reference lab08
+    MATCH "^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has [0-9.]+GiB"
+    ARGS --model tiny --batch 1000000000 --data ${lab08_data})
+  scalelab_expect_usage_error(lab08.cli.twin_steps_negative lab08_pipeline_parallel_solution
+    LABELS reference lab08 MATCH "^error: --twin-steps must be at least 0, got -1"
+    ARGS --model tiny --twin-steps -1 --data ${lab08_data})
 endif()

@@ -3,6 +3,14 @@ scalelab_add_lab(09 zero SOURCES zero.cpp STEPS 5 RANKS 1 2 4 LIBS lab03_ddp_sol
 # Bad input: one "error:" line and exit 2 (checked before any data is read).
 if(SCALELAB_BUILD_TESTS)
   scalelab_expect_usage_error(lab09.cli.bad_stage lab09_zero_solution LABELS reference lab09 ARGS --stage 4)
+  # Issue 22: a batch too large for this machine (the bytes needed and available, every rank),
+  # and a flag given a value that is not a truth value (the shared CLI names the option).
+  scalelab_expect_usage_error(lab09.cli.batch_too_large_for_memory lab09_zero_solution
+    RANKS 2 LABELS reference lab09
+    MATCH "^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has [0-9.]+GiB"
+    ARGS --model tiny --batch 1000000000 --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
+  scalelab_expect_usage_error(lab09.cli.table_not_a_bool lab09_zero_solution LABELS reference lab09
+    MATCH "^error: --table maybe: expected true or false" ARGS --table=maybe)
   # ZeRO-3 in bf16 (2-byte gathers into per-unit compute buffers) on 2 ranks: exit 0 only if the
   # losses are within 1e-3 of the bf16 twin's, the replicas agree and every table row (stages 0-3
   # in bf16) has held == allocator. On tests/common's bf16 corpus (its fixture makes it).

@@ -21,6 +21,7 @@
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/loop.hpp"
+#include "common/train/sizing.hpp"
 #include "ddp.hpp"
 #include "zero.hpp"
 
@@ -104,6 +105,18 @@ int main(int argc, char** argv) {
     auto comm = comm::Communicator::world(run.backend);
     const Device device = train::rank_device(run.device);
     const ModelConfig config = model_config(opt.model);
+    // A rank's share of the batch through the whole model; the whole batch on rank 0 when it
+    // runs the single-device twin, and on every rank for the table's n = 1 rows. On a GPU the
+    // activations are the GPU's, and only the batch is host memory. Too large: a usage error on
+    // every rank.
+    const bool whole = table || (comm.rank() == 0 && verify_steps > 0);
+    train::require_host_memory(
+        train::step_bytes_at_least(
+            config, {.global_batch = opt.batch,
+                     .rows = !device.is_cpu() ? 0 : whole ? opt.batch : opt.batch / comm.size(),
+                     .layers = config.n_layer},
+            run.precision),
+        fmt::format("--batch {}", opt.batch), "a training step");
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
     // A bad split (more ranks than rows) is a usage error on every rank, before any training.
@@ -148,8 +161,7 @@ int main(int argc, char** argv) {
         log::info("    single-device loss={:.6f}  |zero - single|={:.2e}", single_loss,
                   std::abs(loss - single_loss));
         if (!twin_check.add(loss, single_loss))
-          log::info("    the loss differs from the single-device twin's by more than {:g} "
-                    "relative", twin_check.tolerance);
+          log::info("    the loss against the single-device twin's: {}", twin_check.verdict());
       }
     }
     const double divergence = train::max_divergence_from_rank0(trainer->full_parameters(), comm);

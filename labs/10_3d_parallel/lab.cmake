@@ -28,6 +28,41 @@ if(SCALELAB_BUILD_TESTS)
                                 RANKS ${ranks} LABELS reference lab10 ARGS --model tiny ${case}
                                 --data ${lab10_data})
   endforeach()
+  # Issue 22: the line names the option and its limit. Values that do not parse (the shared CLI
+  # names the option and the range of its type); --memory sizes beyond 64 bits or below a byte;
+  # a --memory nothing fits in (the smallest that would); --plan on a GPU (it measures the CPU);
+  # a batch too large for this machine (bytes needed and available, before any allocation), for
+  # training and for --plan (which plans it, and says what memory it would need); --data naming
+  # a file or nothing. Found by the sweep after it: a --timeout below the watchdog's period, a
+  # negative --twin-steps, an option of training given to --plan or one of --plan to training
+  # (silently ignored before), a flag given its value as a separate word. Each as
+  # "ranks|name|regex|args...".
+  foreach(case
+      "1|steps_not_an_integer|^error: --steps 1e21: expected a whole number from -9223372036854775808 to 9223372036854775807|--steps|1e21"
+      "1|lr_nan|^error: --lr nan: expected a finite number|--lr|nan"
+      "1|seed_negative|^error: --seed -1: expected a whole number from 0 to 18446744073709551615|--seed|-1"
+      "1|micro_batches_beyond_int|^error: --micro-batches 3000000000: expected a whole number from -2147483648 to 2147483647|--micro-batches|3000000000"
+      "1|plan_memory_beyond_64_bits|^error: --memory 1e12GiB: more than a 64-bit byte count holds|--plan|--memory|1e12GiB"
+      "1|plan_memory_1e300|^error: --memory 1e300GiB: more than a 64-bit byte count holds|--plan|--memory|1e300GiB"
+      "1|plan_memory_below_a_byte|^error: --memory 1e-300: less than one byte per rank|--plan|--memory|1e-300"
+      "2|plan_nothing_fits|^error: --memory 0.1: no configuration of model tiny for 2 ranks and --batch 8 fits. the smallest needs [0-9.]+ MiB per rank .*give --memory [0-9]+MiB or more|--plan|--memory|0.1"
+      "1|plan_on_gpu|^error: --plan measures the CPU .*got --device cuda|--plan|--device|cuda"
+      "2|plan_ranks_without_a_grid|^error: --ranks 7: no dp x tp x pp grid of 7 ranks runs model tiny with --batch 8|--plan|--ranks|7"
+      "2|plan_batch_too_large|^error: --memory 1GiB: no configuration of model tiny for 2 ranks and --batch 1000000000 fits. the smallest needs|--plan|--batch|1000000000"
+      "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--dp|2|--batch|1000000000"
+      "1|data_is_a_file|^error: --data .*gpt_golden.txt is a file: give a corpus directory|--steps|1"
+      "1|data_missing|^error: --data /nonexistent/corpus: no such directory|--steps|1|--data|/nonexistent/corpus"
+      "1|timeout_below_the_watchdog_period|^error: --timeout 1e-300: at least 0.1 seconds|--timeout|1e-300"
+      "1|twin_steps_negative|^error: --twin-steps must be at least 0, got -1|--twin-steps|-1"
+      "1|plan_given_a_grid|^error: --dp is for a training run: --plan and --check-plan try every grid|--plan|--dp|3"
+      "1|memory_without_plan|^error: --memory is for --plan or --check-plan|--memory|80GiB"
+      "1|flag_given_a_separate_value|^error: unexpected argument 'yes' after the flag --checkpoint: a flag's value is joined to it, --checkpoint=yes|--checkpoint|yes")
+    string(REPLACE "|" ";" case "${case}")
+    list(POP_FRONT case ranks name regex)
+    scalelab_expect_usage_error(lab10.cli.${name} lab10_3d_parallel_solution
+                                RANKS ${ranks} LABELS reference lab10 MATCH "${regex}"
+                                ARGS --model tiny --data ${lab10_data} ${case})
+  endforeach()
 endif()
 # On a GPU (label gpu; skipped without one): the reference with CUDA tensors against the CPU
 # (tests/10_3d_parallel/test_gpu.cpp), not a graded step.

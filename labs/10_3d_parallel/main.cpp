@@ -17,6 +17,7 @@
 // step of the slowest rank), with the relative errors.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/loop.hpp"
+#include "common/train/sizing.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab10;
@@ -40,7 +42,9 @@ namespace {
 
 std::string mib(std::size_t bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
 
-// --memory: a size with a unit, "80GiB", "512MiB", "1.5GiB"; a plain number is MiB.
+// --memory: a size with a unit, "80GiB", "512MiB"; a plain number is MiB. From one byte to what
+// a 64-bit byte count holds (16 EiB): beyond it the conversion used to wrap around to "0 MiB per
+// rank", and below a byte nothing is left to plan with.
 std::size_t parse_memory(const std::string& text) {
   std::size_t used = 0;
   double value = 0;
@@ -55,7 +59,61 @@ std::size_t parse_memory(const std::string& text) {
                    "--memory '{}': expected a size such as 512MiB or 80GiB (a plain number is MiB)",
                    text);
   SCALELAB_REQUIRE(value > 0, "--memory must be positive, got '{}'", text);
-  return static_cast<std::size_t>(value * scale);
+  const double bytes = value * scale;
+  SCALELAB_REQUIRE(bytes >= 1, "--memory {}: less than one byte per rank (a plain number is MiB, "
+                   "e.g. --memory 512 or --memory 80GiB)", text);
+  constexpr double kMaxBytes = 18446744073709551615.0;  // 2^64: the largest size_t, rounded up
+  SCALELAB_REQUIRE(bytes < kMaxBytes, "--memory {}: more than a 64-bit byte count holds (16 EiB "
+                   "per rank); give one rank's memory, e.g. 80GiB", text);
+  return static_cast<std::size_t>(bytes);
+}
+
+// The micro-batch rows --plan measures the machine on: about what the plans run (the global
+// batch over the ranks), but at most kMeasureTokens tokens (a GEMM's rate no longer changes
+// beyond a few thousand rows, while the time to measure grows with them) and never more than this
+// machine holds at once (planning for a cluster must not need the cluster's memory here): a
+// block's lower bound (train::step_bytes_at_least) within an eighth of a rank's memory, as its
+// LayerNorms, q, k, v and backward temporaries, which the bound leaves out, take a few times
+// more. The same on every rank (collective): the least any rank can hold.
+constexpr int64_t kMeasureTokens = 8192;
+int64_t measure_rows(const ModelConfig& config, int64_t wanted, DType precision,
+                     comm::Communicator& world) {
+  const std::size_t memory = train::host_memory().per_rank() / 8;
+  const std::size_t per_row =
+      std::max<std::size_t>(1, train::step_bytes_at_least(config, {.rows = 1, .layers = 1,
+                                                                   .head = false}, precision));
+  Tensor fit = Tensor::from_vector(
+      {static_cast<double>(std::max<std::size_t>(1, memory / per_row))}, {1}, DType::f64);
+  world.all_reduce(fit, comm::ReduceOp::min);
+  const int64_t by_tokens = std::max<int64_t>(1, kMeasureTokens / config.block_size);
+  return std::min({wanted, by_tokens, static_cast<int64_t>(fit.item())});
+}
+
+// --plan found no configuration within --memory: say why, and what would fit (every rank: the
+// predictions are the same everywhere, so is the error).
+[[noreturn]] void explain_nothing_fits(const ModelConfig& config, int ranks, int64_t batch,
+                                       const Machine& machine, const std::string& memory,
+                                       DType precision) {
+  const auto any = plan_all(config, ranks, batch, machine,
+                            std::numeric_limits<std::size_t>::max(), precision);
+  if (any.empty())  // no grid at all: the sizes check_3d and check_runnable accept
+    throw UsageError(fmt::format(
+        "--ranks {}: no dp x tp x pp grid of {} ranks runs model {} with --batch {}: tp must "
+        "divide its {} heads, pp must be at most its {} layers and dp x micro-batches must divide "
+        "the {} rows (so a grid has at most {} ranks, and not every number below is one)", ranks,
+        ranks, config.name, batch, config.n_head,
+        config.n_layer, batch, batch * config.n_head * config.n_layer));
+  const auto smallest = std::min_element(any.begin(), any.end(), [](const auto& a, const auto& b) {
+    return a.second.total_bytes < b.second.total_bytes;
+  });
+  const auto& [p, d] = *smallest;
+  const std::size_t mib_needed = (d.total_bytes + 1048575) / 1048576;
+  throw UsageError(fmt::format(
+      "--memory {}: no configuration of model {} for {} ranks and --batch {} fits; the smallest "
+      "needs {} MiB per rank (dp {} x tp {} x pp {}, {} micro-batches, ZeRO-{}, checkpointing "
+      "{}): give --memory {}MiB or more, or a smaller --batch", memory, config.name, ranks,
+      batch, mib(d.total_bytes), p.grid.dp, p.grid.tp, p.grid.pp, p.micro_batches, p.zero_stage,
+      p.checkpoint ? "on" : "off", mib_needed));
 }
 
 // The grid to run. No size given (./scalelab demo): tp 2 and pp 2 where the ranks and the model
@@ -83,17 +141,26 @@ int plan(const ModelConfig& config, int64_t batch, DType precision,
   const double budget_mib = static_cast<double>(budget) / 1048576.0;
   const int top = parsed["top"].as<int>();
   SCALELAB_REQUIRE(top >= 1, "--top must be at least 1, got {}", top);
-  // the model's rate on a micro-batch of about the size the plans run
-  const Machine m = measure_machine(world, config, std::max<int64_t>(1, batch / ranks), precision);
+  // the model's rate on a micro-batch of about the size the plans run (what this machine holds)
+  const int64_t wanted_rows = std::max<int64_t>(1, batch / ranks);
+  const int64_t rows_measured = measure_rows(config, wanted_rows, precision, world);
+  const Machine m = measure_machine(world, config, rows_measured, precision);
   const auto rows = plan_all(config, ranks, batch, m, budget, precision);
+  if (rows.empty())
+    explain_nothing_fits(config, ranks, batch, m, parsed["memory"].as<std::string>(), precision);
   log::info("lab 10 planner: model {} ({} parameters), global batch {} x {} tokens, {} ranks, "
             "{:.0f} MiB per rank, {} + AdamW", config.name, parameter_count(config), batch,
             config.block_size, ranks, budget_mib,
             precision == DType::bf16 ? "bf16 mixed precision" : "fp32");
-  log::info("machine (measured on the {} ranks started): a block's forward + backward {:.1f} "
+  log::info("machine (measured on the {} ranks started{}): a block's forward + backward {:.1f} "
             "GFLOP/s per rank (sgemm n = {}: {:.1f}), all-reduce bus bandwidth {:.2f} GB/s, "
-            "latency {:.1f} us{}", world.size(), m.flops / 1e9, config.n_embd,
-            m.gemm_flops / 1e9, m.bus_bytes_per_s / 1e9, m.latency_s * 1e6,
+            "latency {:.1f} us{}", world.size(),
+            rows_measured < wanted_rows
+                ? fmt::format(", on micro-batches of {} rows instead of the plans' {}",
+                              rows_measured, wanted_rows)
+                : std::string(),
+            m.flops / 1e9, config.n_embd, m.gemm_flops / 1e9, m.bus_bytes_per_s / 1e9,
+            m.latency_s * 1e6,
             m.shared_cores ? "; more ranks than cores: the bubble is not idle time" : "");
   log::info("{} configurations fit; the fastest {} (memory and time of the busiest stage):",
             rows.size(), std::min<std::size_t>(rows.size(), top));
@@ -111,6 +178,24 @@ int plan(const ModelConfig& config, int64_t batch, DType precision,
               d.bubble, d.tp_s * 1e3, d.pp_s * 1e3, d.dp_s * 1e3, d.step_s * 1e3);
   }
   return 0;
+}
+
+// An option of one mode given in the other was silently ignored (./scalelab plan --dp 3 planned
+// every grid; --memory without --plan trained): a usage error names it and what it is for.
+void refuse_options_of_the_other_mode(const cxxopts::ParseResult& parsed) {
+  const bool planning = parsed.count("plan") || parsed.count("check-plan");
+  // what --plan and --check-plan choose themselves, or do not use
+  for (const char* name : {"dp", "tp", "pp", "grid-order", "micro-batches", "zero", "checkpoint",
+                           "twin-steps"})
+    SCALELAB_REQUIRE(!planning || parsed.count(name) == 0,
+                     "--{} is for a training run: --plan and --check-plan try every grid, "
+                     "micro-batch count, ZeRO stage and checkpointing themselves", name);
+  for (const char* name : {"ranks", "memory", "top", "check-steps"})
+    SCALELAB_REQUIRE(planning || parsed.count(name) == 0,
+                     "--{} is for --plan or --check-plan (this run trains)", name);
+  SCALELAB_REQUIRE(!parsed.count("top") || parsed.count("plan"), "--top is for --plan");
+  SCALELAB_REQUIRE(!parsed.count("check-steps") || parsed.count("check-plan"),
+                   "--check-steps is for --check-plan");
 }
 
 // ---- --check-plan (step 5): pure helpers -------------------------------------------------------
@@ -200,6 +285,13 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() == 0 || parsed["ranks"].as<int>() == world.size(),
                    "--check-plan runs on the ranks started ({}), got --ranks {}", world.size(),
                    parsed["ranks"].as<int>());
+  // Every plan draws the global batch, and the machine is measured on one block with a rank's
+  // share of it: too large for this machine is a usage error on every rank.
+  train::require_host_memory(
+      train::step_bytes_at_least(config, {.global_batch = opt.batch,
+                                          .rows = opt.batch / world.size(), .layers = 1,
+                                          .head = false}, precision),
+      fmt::format("--batch {}", opt.batch), "--check-plan");
   const Machine m = measure_machine(world, config,
                                     std::max<int64_t>(1, opt.batch / world.size()), precision);
   const auto rows = plan_all(config, world.size(), opt.batch, m, budget, precision);
@@ -303,8 +395,10 @@ int main(int argc, char** argv) {
     const GridOrder order = comm::parse_grid_order(parsed["grid-order"].as<std::string>());
     const int m = parsed["micro-batches"].as<int>();
     const int twin_steps = parsed["twin-steps"].as<int>();
+    SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
     const int zero = parsed["zero"].as<int>();
     const ModelConfig config = model_config(opt.model);
+    refuse_options_of_the_other_mode(parsed);
 
     auto world = comm::Communicator::world(run.backend);
     if (parsed.count("check-plan")) {
@@ -313,7 +407,12 @@ int main(int argc, char** argv) {
                                             "(--device cpu), got --device {}", run.device);
       return check_plan(config, opt, run.seed, run.precision, parsed, world);
     }
-    if (parsed.count("plan")) return plan(config, opt.batch, run.precision, parsed, world);
+    if (parsed.count("plan")) {
+      // the planner measures this machine's CPU, what lab 10 runs on: a GPU is not measured
+      SCALELAB_REQUIRE(run.device == "cpu", "--plan measures the CPU (lab 10 runs on the CPU), "
+                                            "got --device {}", run.device);
+      return plan(config, opt.batch, run.precision, parsed, world);
+    }
     const GridShape shape = default_grid(parsed["dp"].as<int>(), parsed["tp"].as<int>(),
                                          parsed["pp"].as<int>(), world.size(), config, order);
     // Bad grids are usage errors on every rank, before any data is read.
@@ -324,6 +423,20 @@ int main(int argc, char** argv) {
 
     const comm::ProcessGrid grid(world, shape.dp, shape.tp, shape.pp, shape.order);
     Groups g = groups_of(grid);
+    // A micro-batch of this replica through this stage's blocks split over tp (1F1B keeps up to
+    // min(pp - stage, m) of them), the head on the last stage; rank 0 also runs the single-device
+    // twin on the whole batch. Too large for this machine: a usage error on every rank.
+    const int stage = grid.coord().pp;
+    const lab08::LayerRange blocks = lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, stage);
+    const train::StepShape step_shape =
+        world.rank() == 0 && twin_steps > 0
+            ? train::StepShape{.global_batch = opt.batch, .rows = opt.batch, .layers = config.n_layer}
+            : train::StepShape{.global_batch = opt.batch, .rows = opt.batch / shape.dp / m,
+                               .in_flight = std::min(shape.pp - stage, m), .layers = blocks.size(),
+                               .tp = shape.tp, .head = stage == shape.pp - 1,
+                               .checkpoint = run_plan.checkpoint};
+    train::require_host_memory(train::step_bytes_at_least(config, step_shape, run.precision),
+                               fmt::format("--batch {}", opt.batch), "a training step");
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
     // bf16: mixed precision (fp32 master, gradients and AdamW state; bf16 compute copy and
@@ -395,8 +508,7 @@ int main(int argc, char** argv) {
         log::info("  single-device twin step={} loss={:.6f} (3D - twin: {:+.2e})", step, want,
                   loss - want);
         if (!twin_check.add(loss, want))
-          log::info("  the 3D step's loss differs from the twin's by more than {:g} relative",
-                    twin_check.tolerance);
+          log::info("  the 3D step's loss against the twin's: {}", twin_check.verdict());
       }
     }
     return static_cast<int>(train::on_every_rank(twin_check.ok, world) ? kExitOk : kExitFailed);

@@ -450,6 +450,20 @@ double block_flops_per_s(const ModelConfig& config, int64_t rows, DType precisio
   return flops * runs / timer.elapsed();
 }
 
+// The divisors of n, ascending: the sizes one axis of a grid of n ranks can have. Found up to
+// sqrt(n), so planning for a million ranks takes no time (trying every dp and tp up to n took
+// n log n steps).
+std::vector<int> divisors(int n) {
+  std::vector<int> low, high;
+  for (int d = 1; d <= n / d; ++d)
+    if (n % d == 0) {
+      low.push_back(d);
+      if (d != n / d) high.push_back(n / d);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
 }  // namespace
 
 Machine measure_machine(comm::Communicator& world, const ModelConfig& config, int64_t rows,
@@ -496,10 +510,9 @@ std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int
                                                   int64_t global_batch, const Machine& machine,
                                                   std::size_t memory_bytes, DType precision) {
   std::vector<std::pair<Plan, Prediction>> out;
-  for (int dp = 1; dp <= world_size; ++dp)
-    for (int tp = 1; dp * tp <= world_size; ++tp) {
-      if (world_size % (dp * tp) != 0) continue;
-      const int pp = world_size / (dp * tp);
+  for (int dp : divisors(world_size))
+    for (int tp : divisors(world_size / dp)) {
+      const int pp = world_size / dp / tp;
       for (int m : {1, 2, 4, 8})
         for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
           for (bool ckpt : {false, true}) {

@@ -33,18 +33,34 @@ endfunction()
 # rank 2 skipped all_reduce #1 and waits in barrier #1 while ranks 0,1 wait in all_reduce #1.
 scalelab_expect_exit(common.watchdog.skip.np3 3 skip 3
   "watchdog: rank [0-2] waits in (all_reduce|barrier) #1 \\(@@rank 2 (is in|waits in) barrier #1@@all_reduce #1 \\(4 MiB, group world\\)@@for [2-4]\\.[0-9] s@@rank [0-2] entered (barrier|all_reduce) #1 where rank [0-2] entered (all_reduce|barrier) #1: the ranks called different collectives")
-# rank 1 skipped one all_reduce and entered the next: rank 0 waits alone in #2, rank 1 finished #1.
+# rank 1 skipped one all_reduce and entered the next: rank 0 waits alone in #2, rank 1 finished #1
+# and went on (it waits in MPI_Finalize, in no collective): the report leads with rank 1.
 scalelab_expect_exit(common.watchdog.skip_next.np2 2 skip-next 3
-  "watchdog: rank 0 waits in all_reduce #2 \\(4 MiB, group world\\) for [2-4]\\.[0-9] s@@rank 1 finished #1@@rank 1 did not reach all_reduce #2")
+  "watchdog: rank 1 is in no collective and has made no progress for [0-9.]+ s while rank 0 waits for it@@rank 0 waits for rank 1 in all_reduce #2 \\(4 MiB, group world\\) for [2-4]\\.[0-9] s@@rank 1 finished #1@@rank 1 did not reach all_reduce #2")
 scalelab_expect_exit(common.watchdog.mismatch.np2 2 mismatch 1
   "all_reduce #1 \\(group world\\): ranks disagree on the collective: rank 0: all_reduce of 2 f32 sum, rank 1: all_reduce of 3 f32 sum")
 scalelab_expect_exit(common.watchdog.ok.np2 2 ok 0 "done")
+# A rank that stops (SIGSTOP: what a rank stuck in the kernel, under a debugger or on a dead node
+# looks like to its peers) answers nothing, not even its watchdog thread. The others infer it
+# from its heartbeat, and the report must lead with it, then the chain of waits it causes: rank 2
+# (in the middle of the world group, and of the chain rank 1 -> rank 3 -> rank 2) and rank 0.
+# watchdog_stop.py continues and kills every rank whatever happens.
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+foreach(stopped 2 0)
+  add_test(NAME common.watchdog.stopped_rank${stopped}.np4
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/watchdog_stop.py
+                   --rank ${stopped} --deadline 40 --
+                   ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:watchdog_hang> ${MPIEXEC_POSTFLAGS} --mode loop --timeout 3)
+  set_tests_properties(common.watchdog.stopped_rank${stopped}.np4 PROPERTIES PROCESSORS 4
+                       TIMEOUT 60 LABELS "reference;common" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+endforeach()
 # The same through the test main (what the grader runs): SCALELAB_TIMEOUT=2 instead of 45 s.
 add_executable(watchdog_gtest_hang ${CMAKE_CURRENT_LIST_DIR}/watchdog_gtest_hang.cpp)
 target_link_libraries(watchdog_gtest_hang PRIVATE scalelab::test_main)
 add_dependencies(reference watchdog_gtest_hang)
 scalelab_expect_exit(common.watchdog.in_test.np2 2 - 3
-  "watchdog: rank 0 waits in all_reduce #1 \\(64 B, group world\\) for [2-4]\\.[0-9] s@@rank 1 did not reach all_reduce #1 of group world"
+  "watchdog: rank 1 is in no collective and has made no progress@@rank 0 waits for rank 1 in all_reduce #1 \\(64 B, group world\\) for [2-4]\\.[0-9] s@@rank 1 did not reach all_reduce #1 of group world"
   TARGET watchdog_gtest_hang ENV SCALELAB_TIMEOUT=2)
 
 scalelab_add_test(NAME test_watchdog SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_watchdog.cpp

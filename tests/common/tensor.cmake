@@ -34,6 +34,15 @@ set(tiny_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # any text file 
 set(no_dir ${tiny_data}/no-such-dir)
 scalelab_expect_usage_error(common.scalelab_data.missing_file scalelab_data ${no_dir}/missing.txt
                             --out ${CMAKE_CURRENT_BINARY_DIR}/unused)
+# Issue 22: a directory given as the text to tokenize is named as a directory (it used to be
+# "text file '...' is empty"), and the shared CLI names the option of a value that does not
+# parse, with the range of its type, in every program (here the data tool and lab 02).
+scalelab_expect_usage_error(common.scalelab_data.directory_as_text scalelab_data
+  MATCH "^error: '.*tests/data' is a directory, not a text file"
+  ARGS ${PROJECT_SOURCE_DIR}/tests/data --out ${CMAKE_CURRENT_BINARY_DIR}/unused)
+scalelab_expect_usage_error(common.scalelab_data.out_is_a_file scalelab_data
+  MATCH "^error: --out .*gpt_golden.txt is a file, not a directory"
+  ARGS ${tiny_data} --out ${tiny_data})
 # lab 02's program (defined later, in labs/; ctest resolves the target at generate time)
 set(lab02 lab02_single_device_solution)
 scalelab_expect_usage_error(lab02.cli.unknown_model ${lab02} --model huge --data ${tiny_data})
@@ -43,6 +52,11 @@ scalelab_expect_usage_error(lab02.cli.context_zero ${lab02} --context 0 --data $
 scalelab_expect_usage_error(lab02.cli.context_too_long ${lab02} --model tiny --context 17
                             --data ${tiny_data})
 scalelab_expect_usage_error(lab02.cli.bad_option ${lab02} --no-such-option)
+scalelab_expect_usage_error(lab02.cli.steps_not_an_integer ${lab02}
+  MATCH "^error: --steps 1e21: expected a whole number from -?[0-9]+ to [0-9]+, in digits"
+  ARGS --steps 1e21 --data ${tiny_data})
+scalelab_expect_usage_error(lab02.cli.lr_nan ${lab02}
+  MATCH "^error: --lr nan: expected a finite number" ARGS --lr nan --data ${tiny_data})
 # Outputs are checked before the work starts (issue 9): a checkpoint that names a directory or
 # lies in a missing directory, a negative --checkpoint-every, an unwritable --trace.
 scalelab_expect_usage_error(lab02.cli.checkpoint_is_directory ${lab02}
@@ -70,6 +84,10 @@ scalelab_expect_usage_error(common.scalelab_data.check_corrupt_corpus scalelab_d
 scalelab_expect_usage_error(lab02.cli.corrupt_corpus ${lab02} --data ${corrupt_corpus})
 scalelab_expect_usage_error(lab02.cli.bin_file_as_text ${lab02} --data ${corrupt_corpus}/train.bin)
 scalelab_expect_usage_error(lab03.cli.corrupt_corpus lab03_ddp_solution --data ${corrupt_corpus})
+# labs 03-10 read a corpus directory: one of its files is named as such (issue 22)
+scalelab_expect_usage_error(lab03.cli.data_is_a_corpus_file lab03_ddp_solution
+  MATCH "^error: --data .*/train.bin is a file of a corpus: give its directory, --data .*corrupt"
+  ARGS --data ${corrupt_corpus}/train.bin)
 # On 2 ranks too: rank 0 checks the output, every rank exits 2 with the same one line (mpiexec
 # adds its own notice about the exit code), before any work.
 foreach(case "lab03_trace_dir_missing;lab03_ddp_solution;--trace;${no_dir}/t.json"

@@ -1,12 +1,18 @@
-// End to end on the host: `tiny` learns a small synthetic corpus, and runs are repeatable.
+// End to end on the host: `tiny` learns a small synthetic corpus, and runs are repeatable; and
+// what the training programs share: the twin check and sizing a run before it allocates.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "common/data/sampler.hpp"
 #include "common/data/tokenizer.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/optim/optim.hpp"
+#include "common/runtime.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/sizing.hpp"
 
 using namespace scalelab;
 
@@ -25,7 +31,7 @@ std::vector<uint16_t> corpus() {
 }
 
 // Trains tiny for `steps` and returns the training losses and the final validation loss.
-std::pair<std::vector<double>, double> train(int steps, uint64_t seed) {
+std::pair<std::vector<double>, double> train_tiny(int steps, uint64_t seed) {
   static const std::vector<uint16_t> tokens = corpus();
   const std::size_t n_train = tokens.size() * 9 / 10;
   static const std::vector<uint16_t> train_tokens(tokens.begin(), tokens.begin() + n_train),
@@ -56,7 +62,7 @@ TEST(Train, TinyLearnsASmallCorpus) {
   // ln(256) = 5.55 at init; the corpus is four fixed sentences in random order, so almost every
   // byte is predictable. Bound: val < 0.8 after 300 steps (measured 0.31 on this build; a model
   // that only learned byte frequencies would sit near 2.8).
-  auto [losses, val] = train(300, 1);
+  auto [losses, val] = train_tiny(300, 1);
   std::printf("tiny after 300 steps: train loss %.3f, val loss %.3f\n", losses.back(), val);
   EXPECT_GT(losses.front(), 5.0);
   EXPECT_LT(val, 0.8);
@@ -64,8 +70,74 @@ TEST(Train, TinyLearnsASmallCorpus) {
 
 TEST(Train, SameSeedSameLosses) {
   // bitwise: the host kernels are deterministic with a fixed number of BLAS threads
-  auto a = train(15, 3), b = train(15, 3);
+  auto a = train_tiny(15, 3), b = train_tiny(15, 3);
   EXPECT_EQ(a.first, b.first);
-  auto c = train(15, 4);
+  auto c = train_tiny(15, 4);
   EXPECT_NE(a.first, c.first);
+}
+
+// ---- what the training programs share: the twin check, sizing a run (issue 22) -------------------
+
+// A diverged run (the loss nan or inf) fails the twin check and says so, even when the twin
+// diverged the same way; the largest difference is that of the finite steps.
+TEST(TwinCheck, ANonFiniteLossFailsAndSaysTrainingDiverged) {
+  train::TwinCheck ok(DType::f32);
+  EXPECT_TRUE(ok.add(2.0, 2.0 + 1e-6));
+  EXPECT_TRUE(ok.ok);
+  EXPECT_EQ(ok.verdict(), "within 1e-05 relative");
+  train::TwinCheck nan(DType::f32);
+  EXPECT_TRUE(nan.add(2.0, 2.0));
+  EXPECT_FALSE(nan.add(std::nan(""), std::nan("")));
+  EXPECT_FALSE(nan.ok);
+  EXPECT_NE(nan.verdict().find("NOT FINITE"), std::string::npos) << nan.verdict();
+  train::TwinCheck inf(DType::bf16);
+  EXPECT_FALSE(inf.add(INFINITY, 3.0));
+  EXPECT_TRUE(inf.diverged);
+}
+
+// The lower bound, by hand for tiny (T 16, C 32, 2 heads, V 256) at 2 rows of 2 blocks with the
+// head, a global batch of 8: the batch's x and y 2 x 4 x 8 x 16 = 1024 bytes; per block 32
+// tokens x (C + 8C + 2 heads x T) = 10240 elements, the head 32 x 256 = 8192; activations
+// 4 x (2 x 10240 + 8192) bytes.
+TEST(Sizing, StepBytesAtLeastByHand) {
+  const ModelConfig tiny = model_config("tiny");
+  const train::StepShape shape{.global_batch = 8, .rows = 2, .layers = 2};
+  EXPECT_EQ(train::step_bytes_at_least(tiny, shape, DType::f32), 1024u + 4u * (2 * 10240 + 8192));
+  EXPECT_EQ(train::step_bytes_at_least(tiny, shape, DType::bf16), 1024u + 2u * (2 * 10240 + 8192));
+  train::StepShape flash = shape;  // flash attention keeps no (T, T) probabilities
+  flash.attention_probabilities = false;
+  EXPECT_EQ(train::step_bytes_at_least(tiny, flash, DType::f32), 1024u + 4u * (2 * 9216 + 8192));
+  train::StepShape split = shape;  // tp 2 halves the MLP, the heads and the vocabulary;
+  split.tp = 2;                    // checkpointing keeps only the blocks' inputs
+  EXPECT_EQ(train::step_bytes_at_least(tiny, split, DType::f32),
+            1024u + 4u * (2 * 32 * (32 + 4 * 32 + 16) + 4096));
+  split.checkpoint = true;
+  split.head = false;
+  split.in_flight = 3;
+  EXPECT_EQ(train::step_bytes_at_least(tiny, split, DType::f32), 1024u + 3u * 4u * (2 * 32 * 32));
+  // a batch beyond any machine saturates instead of wrapping around to a small number
+  const train::StepShape huge{.global_batch = INT64_MAX, .rows = INT64_MAX, .layers = 2};
+  EXPECT_EQ(train::step_bytes_at_least(tiny, huge, DType::f32),
+            std::numeric_limits<std::size_t>::max());
+}
+
+// Collective: every rank throws the same usage error naming the option when any rank is short;
+// nobody throws when everyone fits.
+TEST(Sizing, RequireHostMemoryRefusesOnEveryRank) {
+  EXPECT_NO_THROW(train::require_host_memory(1, "--batch 1", "a training step"));
+  const train::HostMemory mine = train::host_memory();
+  EXPECT_GT(mine.node_available, 0u);
+  EXPECT_GE(mine.ranks_on_node, 1);
+  // only the last rank needs more than any machine has: still every rank refuses
+  const std::size_t need = world_rank() == world_size() - 1
+                               ? std::numeric_limits<std::size_t>::max() : 1;
+  try {
+    train::require_host_memory(need, "--batch 99", "a training step");
+    ADD_FAILURE() << "no error on rank " << world_rank();
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("--batch 99: a training step needs at least", 0), 0u) << what;
+    EXPECT_NE(what.find(fmt::format("on rank {}, which has", world_size() - 1)), std::string::npos)
+        << what;
+  }
 }

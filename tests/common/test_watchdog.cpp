@@ -109,6 +109,157 @@ TEST(Watchdog, ReportNamesTheRankThatIsBehind) {
   if (t) watchdog::leave(t);
 }
 
+// ---- who stopped: the report's lead, from status files written by hand (issue 22) ----------
+// A stopped process cannot answer; its peers infer it from its heartbeat (a `beat` line older
+// than watchdog::stale_after) or from being in no operation while others wait for it. These
+// tests write the status files of a 4-rank job themselves, so each case is exact.
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// One rank's status file. `beat_age`: seconds since its heartbeat; `waits`: "kind\tseq\tbytes\t
+// group\tdetail\tpeer" lines begun 10 s ago; `groups`: "name\tmembers\tlast_seq\tlast_kind".
+struct FakeRank {
+  double beat_age = 0.1;
+  double progress_age = 10;
+  std::vector<std::string> waits, groups;
+};
+
+std::string write_job(const std::vector<FakeRank>& ranks, const std::string& name) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / fmt::format("{}_{}", name, ::getpid())).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const double now = now_s();
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    std::ofstream f(fmt::format("{}/rank-{}.txt", dir, r));
+    f << fmt::format("rank\t{}\nbeat\t{:.6f}\nprogress\t{:.6f}\n", r, now - ranks[r].beat_age,
+                     now - ranks[r].progress_age);
+    for (const auto& w : ranks[r].waits) {
+      // kind seq bytes group detail peer -> the file's order: kind seq bytes group start detail peer
+      std::vector<std::string> v;
+      std::stringstream ss(w);
+      std::string item;
+      while (std::getline(ss, item, '\t')) v.push_back(item);
+      f << fmt::format("wait\t{}\t{}\t{}\t{}\t{:.6f}\t{}\t{}\n", v[0], v[1], v[2], v[3], now - 10,
+                       v[4], v[5]);
+    }
+    for (const auto& g : ranks[r].groups) f << "group\t" << g << "\n";
+  }
+  return dir;
+}
+
+std::string first_line(const std::string& report) { return report.substr(0, report.find('\n')); }
+
+}  // namespace
+
+// Rank 2 of 4 stopped (SIGSTOP) while the others wait in all_reduce #7 of the world: its file
+// still says it was in #6, or even in #7; its heartbeat is 30 s old. It leads the report.
+TEST(WatchdogReport, AStoppedRankInTheMiddleLeads) {
+  if (world_rank() != 0) GTEST_SKIP() << "files only, rank 0 does it";
+  const std::string world = "world\t0,1,2,3\t6\tall_reduce";
+  std::vector<FakeRank> job(4);
+  for (int r : {0, 1, 3}) job[r] = {0.1, 10, {"all_reduce\t7\t64\tworld\t\t-1"}, {world}};
+  job[2] = {30, 30, {"all_reduce\t7\t64\tworld\t\t-1"}, {world}};  // in #7 when it stopped
+  const std::string dir = write_job(job, "wd_stopped_middle");
+  const std::string report = watchdog::build_report(dir, 1, 4);
+  EXPECT_EQ(first_line(report).rfind("[scalelab] watchdog: rank 2 does not run: no heartbeat from "
+                                     "it for 30.", 0), 0u) << report;
+  EXPECT_NE(report.find("while ranks 0,1,3 wait for it; its last status: in all_reduce #7 (64 B, "
+                        "group world)"), std::string::npos) << report;
+  EXPECT_NE(report.find("ranks 0,1,3 wait for rank 2 in all_reduce #7 (64 B, group world) for 10."),
+            std::string::npos) << report;
+  std::filesystem::remove_all(dir);
+}
+
+// Rank 0 stopped outside any operation. Rank 1 waits in a send to it; rank 3 waits in an
+// all-reduce of group {1, 3} for rank 1, which is in that send: the chain runs 3 -> 1 -> 0, and
+// rank 2, in a collective with rank 0, waits for it directly.
+TEST(WatchdogReport, RankZeroStoppedAndTheChainOfWaits) {
+  if (world_rank() != 0) GTEST_SKIP() << "files only, rank 0 does it";
+  std::vector<FakeRank> job(4);
+  job[0] = {20, 20, {}, {"pp0\t0,1\t0\t-", "pair0\t0,2\t4\tall_reduce"}};
+  job[1] = {0.1, 10, {"send\t5\t4096\tpp0\tto rank 0\t0"}, {"pp0\t0,1\t0\t-", "dp1\t1,3\t4\tall_reduce"}};
+  job[2] = {0.1, 10, {"all_reduce\t5\t64\tpair0\t\t-1"}, {"pair0\t0,2\t4\tall_reduce"}};
+  job[3] = {0.1, 10, {"all_reduce\t5\t64\tdp1\t\t-1"}, {"dp1\t1,3\t4\tall_reduce"}};
+  const std::string dir = write_job(job, "wd_stopped_zero");
+  const std::string report = watchdog::build_report(dir, 3, 4);
+  EXPECT_EQ(first_line(report).rfind("[scalelab] watchdog: rank 0 does not run", 0), 0u) << report;
+  EXPECT_NE(first_line(report).find("while ranks 1,2 wait for it; its last status: in no "
+                                    "collective"), std::string::npos) << report;
+  // nearest first: the ranks that wait for rank 0, then rank 3, which waits for rank 1
+  const std::size_t direct = report.find("rank 1 waits for rank 0 in send #5 (4 KiB, group pp0");
+  const std::size_t chained = report.find("rank 3 waits for rank 1 in all_reduce #5 (64 B, group dp1)");
+  EXPECT_NE(direct, std::string::npos) << report;
+  EXPECT_NE(chained, std::string::npos) << report;
+  EXPECT_LT(direct, chained) << report;
+  std::filesystem::remove_all(dir);
+}
+
+// Every heartbeat is fresh: rank 1 runs, but is in no operation while rank 0 waits for it in a
+// collective rank 1 has not reached (it skipped it, or computes forever): rank 1 leads.
+TEST(WatchdogReport, ARankInNoCollectiveThatOthersWaitForLeads) {
+  if (world_rank() != 0) GTEST_SKIP() << "files only, rank 0 does it";
+  std::vector<FakeRank> job(2);
+  job[0] = {0.1, 10, {"all_reduce\t2\t64\tworld\t\t-1"}, {"world\t0,1\t1\tall_reduce"}};
+  job[1] = {0.1, 12.5, {}, {"world\t0,1\t1\tall_reduce"}};
+  const std::string dir = write_job(job, "wd_idle");
+  const std::string report = watchdog::build_report(dir, 0, 2);
+  EXPECT_EQ(first_line(report).rfind("[scalelab] watchdog: rank 1 is in no collective and has "
+                                     "made no progress for 12.", 0), 0u) << report;
+  EXPECT_NE(report.find("rank 0 waits for rank 1 in all_reduce #2 (64 B, group world)"),
+            std::string::npos) << report;
+  std::filesystem::remove_all(dir);
+}
+
+// When every rank waits and none waits for a rank that is stopped or idle (ranks that called
+// different collectives), nobody stopped: the reporting rank leads, as before, with the mismatch.
+// A rank without a heartbeat line (an older build's file) never counts as stopped.
+TEST(WatchdogReport, WithoutARootTheReporterLeads) {
+  if (world_rank() != 0) GTEST_SKIP() << "files only, rank 0 does it";
+  std::vector<FakeRank> job(2);
+  job[0] = {0.1, 10, {"all_reduce\t1\t64\tworld\t\t-1"}, {"world\t0,1\t0\t-"}};
+  job[1] = {0.1, 10, {"barrier\t1\t0\tworld\t\t-1"}, {"world\t0,1\t0\t-"}};
+  const std::string dir = write_job(job, "wd_mismatch");
+  {  // rank 1's file as an older build wrote it: no beat, no progress
+    std::ofstream f(dir + "/rank-1.txt");
+    f << fmt::format("rank\t1\nwait\tbarrier\t1\t0\tworld\t{:.6f}\t\ngroup\tworld\t0,1\t0\t-\n",
+                     now_s() - 10);
+  }
+  const std::string report = watchdog::build_report(dir, 0, 2);
+  EXPECT_EQ(first_line(report).rfind("[scalelab] watchdog: rank 0 waits in all_reduce #1 (64 B, "
+                                     "group world) for 10.", 0), 0u) << report;
+  EXPECT_NE(report.find("rank 1 entered barrier #1 where rank 0 entered all_reduce #1"),
+            std::string::npos) << report;
+  std::filesystem::remove_all(dir);
+}
+
+// A rank whose status file is gone (it exited) while another waits for it in a send leads too.
+TEST(WatchdogReport, AnExitedRankThatOthersWaitForLeads) {
+  if (world_rank() != 0) GTEST_SKIP() << "files only, rank 0 does it";
+  std::vector<FakeRank> job(3);
+  job[0] = {0.1, 10, {"send\t1\t4096\tworld\tto rank 2\t2"}, {"world\t0,1,2\t0\t-"}};
+  job[1] = {0.1, 10, {"recv\t1\t4096\tworld\tfrom rank 0\t0"}, {"world\t0,1,2\t0\t-"}};
+  const std::string dir = write_job(job, "wd_exited");
+  std::filesystem::remove(dir + "/rank-2.txt");
+  const std::string report = watchdog::build_report(dir, 0, 3);
+  EXPECT_EQ(first_line(report).rfind("[scalelab] watchdog: rank 2 has no status file: it has "
+                                     "exited", 0), 0u) << report;
+  EXPECT_NE(report.find("rank 1 waits for rank 0 in recv #1"), std::string::npos)
+      << "rank 1 waits for rank 0, which sends to rank 2, not to it\n" << report;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(WatchdogReport, StaleAfterFollowsTheTimeoutWithinBounds) {
+  EXPECT_DOUBLE_EQ(watchdog::stale_after(3), 1.5);
+  EXPECT_DOUBLE_EQ(watchdog::stale_after(0.5), 1.0) << "a live watchdog thread writes every 0.1 s";
+  EXPECT_DOUBLE_EQ(watchdog::stale_after(600), 5.0);
+}
+
 // ---- run directories left by killed jobs (issue 9) ------------------------------------------------
 // A job killed, aborted or crashed leaves its scalelab-watchdog-* directory; the next start of
 // any job removes those whose owner processes are all gone, and never one with a live owner.

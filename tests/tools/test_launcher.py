@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Tests of the ./scalelab launcher's usage errors: one clear line, exit code 2."""
+"""Tests of the ./scalelab launcher: usage errors (one clear line, exit code 2), the notice of a
+killed rank, Ctrl-C (exit 130, saying what was stopped), and what `plan` starts."""
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 import unittest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -29,6 +32,23 @@ mpirun noticed that process rank 2 with PID 0 on node vm exited on signal 9 (Kil
 EOF
 exit 137
 """
+
+
+# A launcher whose job runs until it is signalled (it records its arguments for the test first).
+# Started in the background by a script, it ignores SIGINT (as any background command of a
+# non-interactive shell does) and ends on SIGTERM, as mpirun ends its ranks on it.
+FAKE_LONG_MPIRUN = r"""#!/bin/sh
+printf '%s\n' "$@" > "$FAKE_MPIRUN_ARGS"
+echo "fake job running" >&2
+exec sleep 60
+"""
+
+
+def fake_mpirun(tmp, script):
+    fake = pathlib.Path(tmp) / "mpirun"
+    fake.write_text(script)
+    fake.chmod(0o755)
+    return {"PATH": f"{tmp}:{os.environ['PATH']}", "FAKE_MPIRUN_ARGS": str(pathlib.Path(tmp) / "args")}
 
 
 class LauncherTest(unittest.TestCase):
@@ -75,6 +95,69 @@ class LauncherTest(unittest.TestCase):
         lines = [l for l in proc.stderr.splitlines() if l.strip()]
         self.assertEqual(lines, ["rank output",
                                  "error: rank 2 (on node vm) was killed by signal 9 (Killed); mpirun ended the others"])
+
+    def interrupt(self, sig, whole_group):
+        """Starts `./scalelab run 00` on a fake mpirun that runs until signalled, sends `sig` to
+        the launcher alone or to its whole process group (what Ctrl-C in a terminal does), and
+        returns (exit code, stderr, seconds from the signal to the exit)."""
+        launch("build", "lab00_hello_dist_solution")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, **fake_mpirun(tmp, FAKE_LONG_MPIRUN))
+            env.pop("MPIEXEC", None)
+            env.pop("SLURM_JOB_ID", None)
+            env.pop("PBS_JOBID", None)
+            proc = subprocess.Popen([str(ROOT / "scalelab"), "run", "00", "--solution", "-n", "2"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                    start_new_session=True)
+            try:
+                for _ in range(300):  # the fake mpirun is running once it has written its arguments
+                    if (pathlib.Path(tmp) / "args").exists():
+                        break
+                    time.sleep(0.1)
+                start = time.monotonic()
+                if whole_group:
+                    os.killpg(proc.pid, sig)
+                else:
+                    os.kill(proc.pid, sig)
+                _, err = proc.communicate(timeout=30)
+                return proc.returncode, err, time.monotonic() - start
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+    def test_ctrl_c_ends_the_job_with_130_and_says_what_was_stopped(self):
+        # Ctrl-C: SIGINT to the whole foreground process group (the launcher sees it too)
+        code, err, seconds = self.interrupt(signal.SIGINT, whole_group=True)
+        self.assertEqual(code, 130, err)
+        self.assertIn("scalelab: interrupted by SIGINT: stopped lab 00 (lab00_hello_dist_solution) "
+                      "on 2 ranks; exit code 130", err)
+        self.assertLess(seconds, 20, err)
+
+    def test_sigterm_to_the_launcher_alone_is_passed_on(self):
+        # `timeout`, a CI runner cancelling: the signal reaches scalelab only; it must still end
+        # the job (the fake mpirun only ends on the SIGTERM scalelab passes on) and exit 128 + 15
+        code, err, seconds = self.interrupt(signal.SIGTERM, whole_group=False)
+        self.assertEqual(code, 143, err)
+        self.assertIn("interrupted by SIGTERM: stopped lab 00", err)
+        self.assertLess(seconds, 20, err)
+
+    def test_plan_for_many_ranks_starts_one_process_per_core_at_most(self):
+        # the planner plans for --ranks N without starting them: mpirun gets -n min(N, cores)
+        # and the program --ranks N
+        launch("build", "lab10_3d_parallel_solution")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = fake_mpirun(tmp, "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$FAKE_MPIRUN_ARGS\"\n")
+            env.update(MPIEXEC="", SLURM_JOB_ID="", PBS_JOBID="")
+            cores = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+            for ranks, started in ((1024, min(1024, cores)), (1, 1)):
+                proc = launch("plan", "--ranks", str(ranks), "--model", "tiny", env=env)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                args = (pathlib.Path(tmp) / "args").read_text().splitlines()
+                self.assertEqual(args[:2], ["-n", str(started)], args)
+                self.assertIn("--plan", args)
+                self.assertEqual(args[args.index("--ranks") + 1], str(ranks), args)
+        self.assert_usage_error(launch("plan", "--ranks", "many"), "positive number of ranks")
 
     def test_reset_keeps_a_backup(self):
         # on a copy of the launcher, make-labs and lab 00 (reset rewrites files in the tree)
