@@ -72,6 +72,13 @@ class LauncherTest(unittest.TestCase):
         self.assert_usage_error(launch("run", "00", "--bogus"), "unknown option '--bogus'")
         self.assert_usage_error(launch("frobnicate"), "unknown command")
 
+    def test_reference_names_labs_the_lab_is_built_from(self):
+        # lab 10 runs the attendee's labs 07-09; --reference swaps in the named references only
+        self.assert_usage_error(launch("run", "10", "--reference", "05"), "built from labs 07, 08, 09")
+        self.assert_usage_error(launch("run", "07", "--reference", "05"), "applies to lab 10")
+        self.assert_usage_error(launch("run", "10", "--solution", "--reference", "07"),
+                                "not with --solution")
+
     def test_program_rejects_unknown_option_on_every_rank(self):
         proc = launch("run", "00", "--solution", "-n", "2", "--", "--bogus")
         self.assert_usage_error(proc, "bogus")
