@@ -98,7 +98,7 @@ if(SCALELAB_BUILD_TESTS)
   list(JOIN planted_cmd "|" planted_cmd)
   add_test(NAME lab10.program.planted_lab07_fails_its_twin.np4
            COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${planted_cmd}" -DEXPECT_CODE=1
-                   "-DEXPECT_REGEX=differs from the twin's by more than" -DMAX_SECONDS=60
+                   "-DEXPECT_REGEX=the 3D step's loss against the twin's: MORE THAN" -DMAX_SECONDS=60
                    -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
   set_tests_properties(lab10.program.planted_lab07_fails_its_twin.np4 PROPERTIES PROCESSORS 4
                        TIMEOUT 90 LABELS "reference;lab10" FIXTURES_REQUIRED bf16_corpus
