@@ -26,13 +26,13 @@ struct Bucket {
   std::vector<int> params;  ///< indices into model.parameters(), in ready order
 };
 
-/// Given. The order in which backward makes the parameters' gradients final, as indices into
-/// model.parameters(): recorded from the model's backward hook during one forward + backward of
-/// a one-token batch (the gradients are zeroed afterwards). Parameters reported by one hook call
-/// (one layer) are listed from the highest offset down, so for a GPT the order is exactly the
-/// reverse of the flat buffer: ln_f first, blocks from last to first, the embedding (wpe, then
-/// the tied wte) last. Note wte: the LM head writes into its gradient FIRST, but the embedding's
-/// backward adds to it at the very end, so it is ready last.
+/// Given (backward_hooks.cpp). The order in which backward makes the parameters' gradients
+/// final, as indices into model.parameters(): recorded from the model's backward hook during one
+/// forward + backward of a one-token batch (the gradients are zeroed afterwards). Parameters
+/// reported by one hook call (one layer) are listed from the highest offset down, so for a GPT
+/// the order is exactly the reverse of the flat buffer: ln_f first, blocks from last to first,
+/// the embedding (wpe, then the tied wte) last. Note wte: the LM head writes into its gradient
+/// FIRST, but the embedding's backward adds to it at the very end, so it is ready last.
 std::vector<int> ready_order(nn::GPT& model);
 
 // ---- Step 1: buckets -------------------------------------------------------------------------
@@ -53,15 +53,16 @@ using Launch = std::function<comm::Work(int bucket, const Tensor& grads)>;
 
 class OverlappedDDP {
  public:
-  /// Given. Sets up the bookkeeping below for `buckets` (from assign_buckets) of `model`.
+  /// Given (backward_hooks.cpp). Sets up the bookkeeping below for `buckets` (from
+  /// assign_buckets) of `model`.
   OverlappedDDP(nn::GPT& model, comm::Communicator& comm, std::vector<Bucket> buckets,
                 Launch launch = {});
   OverlappedDDP(const OverlappedDDP&) = delete;  // the hook and the launch point at this object
   OverlappedDDP& operator=(const OverlappedDDP&) = delete;
 
-  /// Given. Installs on_ready() as the model's backward hook.
+  /// Given (backward_hooks.cpp). Installs on_ready() as the model's backward hook.
   void attach();
-  /// Given. Removes the hook (e.g. for a no-sync micro-batch).
+  /// Given (backward_hooks.cpp). Removes the hook (e.g. for a no-sync micro-batch).
   void detach();
 
   /// Step 2. The backward hook: backward calls it with the parameters whose gradients just

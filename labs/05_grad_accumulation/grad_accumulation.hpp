@@ -70,7 +70,7 @@ double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
 struct BatchPlan {
   int64_t global = 0, micro = 0;
   int accum = 0, dp = 0;
-  /// "global batch 16 = micro-batch 2 x accum 2 x dp 4"
+  /// Given (batch_plan.cpp). "global batch 16 = micro-batch 2 x accum 2 x dp 4"
   std::string str() const;
 };
 

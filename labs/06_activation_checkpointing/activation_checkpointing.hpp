@@ -27,12 +27,12 @@ namespace scalelab::lab06 {
 struct Policy {
   enum Kind { none, every, every_kth, selective } kind = none;
   int k = 1;  // for every_kth
-  /// "none", "every", "every:2", "selective"
+  /// Given (policy_text.cpp). "none", "every", "every:2", "selective"
   std::string str() const;
 };
 
-/// Given. Parses the forms above; scalelab::UsageError for anything else (K must be a positive
-/// integer; whether K fits the model is checked by make_plan).
+/// Given (policy_text.cpp). Parses the forms above; scalelab::UsageError for anything else (K
+/// must be a positive integer; whether K fits the model is checked by make_plan).
 Policy parse_policy(const std::string& text);
 
 /// Per block (index 0 .. n_layer-1): recompute the whole block, or only its selective pieces.
@@ -99,8 +99,8 @@ double lecture_activation_bytes(double L, double s, double b, double h, double a
 std::size_t model_activation_bytes(const ModelConfig& config, int64_t batch, int64_t seq,
                                    const Plan& plan);
 
-/// Given. The bytes the blocks hold right now: every block's activations plus its input (the
-/// head's and the embedding's are not counted).
+/// Given (held_bytes.cpp). The bytes the blocks hold right now: every block's activations plus
+/// its input (the head's and the embedding's are not counted).
 std::size_t held_activation_bytes(const Saved& saved);
 
 }  // namespace scalelab::lab06

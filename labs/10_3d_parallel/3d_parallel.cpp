@@ -1,15 +1,12 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash bbf6b60df19830d9 (lets make-labs see your edits).
+// step (see README.md). Body hash 4f95be9082ca6065 (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
 #include <algorithm>
-#include <thread>
 
 #include "common/errors.hpp"
-#include "common/metrics.hpp"
 #include "common/ops/ops.hpp"
-#include "zero.hpp"  // lab 09: shard_groups, all_gather_parameters
 
 namespace scalelab::lab10 {
 
@@ -40,23 +37,7 @@ std::vector<int> group_ranks(const GridShape& shape, int rank, Axis axis) {
   return ranks;
 }
 
-// ---- given -------------------------------------------------------------------------------------
-
-void check_3d(const ModelConfig& config, const GridShape& shape, int world_size,
-              int64_t global_batch, int micro_batches) {
-  comm::check_grid(shape, world_size);
-  lab07::check_tp(config, shape.tp);
-  lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, 0);  // pp <= n_layer
-  SCALELAB_REQUIRE(micro_batches >= 1, "the number of micro-batches must be at least 1, got {}",
-                   micro_batches);
-  SCALELAB_REQUIRE(global_batch % (static_cast<int64_t>(shape.dp) * micro_batches) == 0,
-                   "the global batch of {} rows does not split into dp {} x {} micro-batches",
-                   global_batch, shape.dp, micro_batches);
-}
-
-Groups groups_of(const comm::ProcessGrid& grid) {
-  return Groups{grid.shape(), grid.coord(), grid.tp(), grid.dp(), grid.pp()};
-}
+// ---- given: check_3d and groups_of are in grid_setup.cpp ----------------------------------------
 
 // ---- Step 2 -------------------------------------------------------------------------------------
 
@@ -92,92 +73,7 @@ double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_b
   return loss;
 }
 
-// ---- given: ZeRO-1 over dp ------------------------------------------------------------------------
-
-Zero1Optimizer::Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, optim::AdamWConfig adamw)
-    : model_(model), dp_(dp) {
-  nn::ParameterSet& ps = model.params();
-  SCALELAB_CHECK(ps.padded_numel() % dp.size() == 0,
-                 "ZeRO-1 over dp {} needs the model built with storage.pad_to = {}", dp.size(),
-                 dp.size());
-  shard_ = nn::shard_range(ps.numel(), dp.rank(), dp.size());
-  adamw_ = std::make_unique<optim::AdamW>(
-      lab09::shard_groups(ps, shard_, ps.padded_grads().flat(shard_.lo, shard_.size)), adamw);
-}
-
-void Zero1Optimizer::step(double lr) {
-  adamw_->step(lr);
-  lab09::all_gather_parameters(model_.params(), shard_, dp_);
-}
-
-// ---- given: a plan's step and optimizer ------------------------------------------------------------
-
-void check_runnable(const Plan& p) {
-  SCALELAB_REQUIRE(p.zero_stage >= 0 && p.zero_stage <= 3, "--zero must be 0, 1, 2 or 3, got {}",
-                   p.zero_stage);
-  if (p.zero_stage >= 2) {
-    SCALELAB_REQUIRE(p.grid.pp == 1, "ZeRO-{} needs pp = 1 (got pp {}): with a pipeline every "
-                     "micro-batch would reduce (ZeRO-2) or gather (ZeRO-3) every unit; use ZeRO-1",
-                     p.zero_stage, p.grid.pp);
-    SCALELAB_REQUIRE(p.micro_batches == 1, "ZeRO-{} runs one micro-batch per replica (got {}): "
-                     "lab 09's trainers do not accumulate", p.zero_stage, p.micro_batches);
-  }
-  SCALELAB_REQUIRE(!(p.zero_stage == 3 && p.checkpoint), "ZeRO-3 with checkpointing is not "
-                   "run: lab 09's ZeRO-3 drives the blocks itself and does not recompute");
-}
-
-Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
-                     nn::GPTOptions options, optim::AdamWConfig adamw)
-    : g_(g), plan_(plan) {
-  check_runnable(plan);
-  SCALELAB_CHECK(plan.grid.dp == g.shape.dp && plan.grid.tp == g.shape.tp &&
-                 plan.grid.pp == g.shape.pp, "a plan for another grid than the groups'");
-  if (plan.zero_stage <= 1) {
-    if (plan.zero_stage == 1) options.storage.pad_to = g.shape.dp;  // dp equal shards
-    own_ = build_3d_model(config, g, options, plan.checkpoint);
-    model_ = own_.get();
-    if (plan.zero_stage == 1)
-      zero1_ = std::make_unique<Zero1Optimizer>(*own_, g.dp, adamw);
-    else
-      adamw_ = std::make_unique<optim::AdamW>(optim::groups(own_->parameters()), adamw);
-    return;
-  }
-  // lab 09's trainers build the model with the storage they need, through our builder
-  const lab09::ModelBuilder build = [&config, &g, ckpt = plan.checkpoint](
-                                        const nn::GPTOptions& o) {
-    return build_3d_model(config, g, o, ckpt);
-  };
-  if (plan.zero_stage == 2)
-    zero_ = std::make_unique<lab09::Zero2>(config, options, g.dp, adamw, build);
-  else
-    zero_ = std::make_unique<lab09::Zero3>(config, options, g.dp, adamw, build);
-  model_ = &zero_->model();
-}
-
-Trainer3D::~Trainer3D() = default;
-
-double Trainer3D::step(const data::Batch& global, lab08::ExecStats* stats) {
-  if (!zero_) return step_3d(*model_, g_, global, plan_.micro_batches, stats);
-  if (stats != nullptr) *stats = lab08::ExecStats{};
-  return zero_->forward_backward(global);  // pp = 1, m = 1: no schedule to time
-}
-
-void Trainer3D::optimizer_step(double lr) {
-  if (zero1_) zero1_->step(lr);
-  else if (adamw_) adamw_->step(lr);
-  else zero_->step(lr);
-}
-
-std::size_t Trainer3D::optimizer_state_bytes() const {
-  if (zero1_) return zero1_->state_bytes();
-  if (adamw_) return adamw_->state_bytes();
-  return plan_.zero_stage == 2 ? static_cast<lab09::Zero2&>(*zero_).optimizer().state_bytes()
-                               : static_cast<lab09::Zero3&>(*zero_).optimizer().state_bytes();
-}
-
-Tensor Trainer3D::parameters() {
-  return zero_ ? zero_->full_parameters() : model_->params().values();
-}
+// ---- given: Zero1Optimizer, check_runnable and Trainer3D are in trainer3d.cpp -------------------
 
 // ---- Step 4 -------------------------------------------------------------------------------------
 
@@ -236,130 +132,6 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
   return best;
 }
 
-}  // namespace scalelab::lab10
-
-namespace scalelab::lab10 {
-
-// ---- given: the machine and the search ---------------------------------------------------------
-
-namespace {
-
-// The model's rate: one block forward and backward on `rows` rows, as the 3D step runs it (the
-// middle block of a 3-layer copy of the config: no embedding, no head), FLOPs counted as the
-// planner counts them. The MEAN over ~0.3 s, not the best: with more ranks than cores, all
-// measuring at once, the best run is one that had a core to itself, while a step shares it.
-double block_flops_per_s(const ModelConfig& config, int64_t rows, DType precision) {
-  ModelConfig c = config;
-  c.n_layer = 3;
-  nn::GPT stage(c, {.dtype = master_dtype(precision), .seed = 1, .first_block = 1,
-                    .last_block = 2, .compute_dtype = precision});
-  const int64_t T = c.block_size, C = c.n_embd;
-  Tensor x = Tensor::empty({rows, T, C}, precision), dy = Tensor::empty({rows, T, C}, precision);
-  ops::fill(x, 0.5);
-  ops::fill(dy, 1e-3);
-  const auto once = [&] {
-    nn::GPTActivations acts;
-    stage.forward_blocks(x, acts);
-    stage.backward_blocks(dy, acts);
-  };
-  once();  // warm-up (allocations, thread pools)
-  int runs = 0;
-  metrics::Timer timer(Device::cpu());
-  while (runs < 3 || (timer.elapsed() < 0.3 && runs < 200)) {
-    once();
-    ++runs;
-  }
-  const double flops = (6.0 * static_cast<double>(stage.num_parameters()) + 12.0 * T * C) *
-                       static_cast<double>(rows * T);
-  return flops * runs / timer.elapsed();
-}
-
-// The divisors of n, ascending: the sizes one axis of a grid of n ranks can have. Found up to
-// sqrt(n), so planning for a million ranks takes no time (trying every dp and tp up to n took
-// n log n steps).
-std::vector<int> divisors(int n) {
-  std::vector<int> low, high;
-  for (int d = 1; d <= n / d; ++d)
-    if (n % d == 0) {
-      low.push_back(d);
-      if (d != n / d) high.push_back(n / d);
-    }
-  low.insert(low.end(), high.rbegin(), high.rend());
-  return low;
-}
-
-}  // namespace
-
-Machine measure_machine(comm::Communicator& world, const ModelConfig& config, int64_t rows,
-                        DType precision, std::size_t bytes) {
-  Machine m;
-  // Every rank at once (they share the cores), averaged.
-  world.barrier();
-  Tensor f = Tensor::from_vector(
-      {block_flops_per_s(config, rows, precision),
-       metrics::measure_matmul_tflops(Device::cpu(), config.n_embd) * 1e12}, {2}, DType::f64);
-  world.all_reduce(f, comm::ReduceOp::avg);
-  m.flops = f.to_vector()[0];
-  m.gemm_flops = f.to_vector()[1];
-  const int n = world.size();
-  // Shared cores: more ranks started than this machine has cores (one machine assumed: the
-  // launcher's oversubscribed runs; a cluster job has a core or a GPU per rank).
-  m.shared_cores = static_cast<unsigned>(n) > std::max(1u, std::thread::hardware_concurrency());
-  if (n == 1) {  // nothing to measure: no communication is predicted either
-    m.bus_bytes_per_s = 1e12;
-    return m;
-  }
-  auto timed = [&](Tensor& t) {  // the slowest rank's time of one all-reduce, best of 3
-    double best = 1e30;
-    world.all_reduce(t);  // warm-up
-    for (int i = 0; i < 3; ++i) {
-      world.barrier();
-      metrics::Timer timer(Device::cpu());
-      world.all_reduce(t);
-      Tensor dt = Tensor::from_vector({timer.elapsed()}, {1}, DType::f64);
-      world.all_reduce(dt, comm::ReduceOp::max);
-      best = std::min(best, dt.item());
-    }
-    return best;
-  };
-  Tensor one = Tensor::zeros({1});
-  m.latency_s = timed(one);
-  Tensor big = Tensor::zeros({static_cast<int64_t>(bytes / 4)});
-  const double t = std::max(timed(big) - m.latency_s, 1e-9);
-  m.bus_bytes_per_s = 2.0 * (n - 1) / n * static_cast<double>(bytes) / t;
-  return m;
-}
-
-std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
-                                                  int64_t global_batch, const Machine& machine,
-                                                  std::size_t memory_bytes, DType precision) {
-  std::vector<std::pair<Plan, Prediction>> out;
-  for (int dp : divisors(world_size))
-    for (int tp : divisors(world_size / dp)) {
-      const int pp = world_size / dp / tp;
-      for (int m : {1, 2, 4, 8})
-        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
-          for (bool ckpt : {false, true}) {
-            const Plan plan{{dp, tp, pp}, m, zero, ckpt};
-            try {
-              check_3d(config, plan.grid, world_size, global_batch, m);
-              // ZeRO-2/3 only with pp = 1 and m = 1: with micro-batches (a pipeline's, or
-              // accumulation) every unit would be reduced (2) or gathered (3) once per
-              // micro-batch. DeepSpeed refuses ZeRO-2/3 with its pipeline engine and Megatron's
-              // distributed optimizer is ZeRO-1 for the same reason (README, step 3).
-              check_runnable(plan);
-            } catch (const UsageError&) {
-              continue;  // not a valid grid for this model and batch, or not a runnable plan
-            }
-            const Prediction p = predict(config, global_batch, plan, machine, precision);
-            if (p.total_bytes <= memory_bytes) out.emplace_back(plan, p);
-          }
-    }
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    return a.second.step_s != b.second.step_s ? a.second.step_s < b.second.step_s
-                                              : a.second.total_bytes < b.second.total_bytes;
-  });
-  return out;
-}
+// ---- given: measure_machine is in planner_machine.cpp, plan_all in plan_search.cpp --------------
 
 }  // namespace scalelab::lab10

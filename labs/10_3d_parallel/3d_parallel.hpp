@@ -55,16 +55,16 @@ std::vector<int> group_ranks(const GridShape& shape, int rank, Axis axis);
 
 // ---- given: what a grid must satisfy ---------------------------------------------------------------
 
-/// Given. scalelab::UsageError (one line, the same on every rank) unless dp*tp*pp equals
-/// `world_size` (comm::check_grid), tp divides the heads, MLP width and vocabulary
+/// Given (grid_setup.cpp). scalelab::UsageError (one line, the same on every rank) unless dp*tp*pp
+/// equals `world_size` (comm::check_grid), tp divides the heads, MLP width and vocabulary
 /// (lab07::check_tp), pp is at most the number of layers (lab08::stage_layers), m >= 1 and the
 /// global batch splits into dp * m equal micro-batches.
 void check_3d(const ModelConfig& config, const GridShape& shape, int world_size,
               int64_t global_batch, int micro_batches);
 
-/// Given. The communicators a rank's model and step use, copied out of a comm::ProcessGrid (a
-/// Communicator is a handle). The model built in step 2 keeps a pointer to `tp` (lab 07's
-/// operators), so a Groups must outlive the model built on it.
+/// Given (grid_setup.cpp: groups_of). The communicators a rank's model and step use, copied out of
+/// a comm::ProcessGrid (a Communicator is a handle). The model built in step 2 keeps a pointer to
+/// `tp` (lab 07's operators), so a Groups must outlive the model built on it.
 struct Groups {
   GridShape shape;
   GridCoord coord;
@@ -122,13 +122,13 @@ data::Batch dp_rows(const data::Batch& global, const Groups& g);
 double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_batches,
                lab08::ExecStats* stats = nullptr);
 
-/// Given. ZeRO-1 over the dp group (lab 09), in place of a whole AdamW on every rank: the model
-/// must be built with options.storage.pad_to = g.shape.dp (dp equal shards of its flat layout).
-/// Each dp rank keeps AdamW's m and v for its shard only (nn::shard_range of the stage's flat
-/// parameters), steps it (lab09::shard_groups) and all-gathers the shards over dp
+/// Given (trainer3d.cpp). ZeRO-1 over the dp group (lab 09), in place of a whole AdamW on every
+/// rank: the model must be built with options.storage.pad_to = g.shape.dp (dp equal shards of its
+/// flat layout). Each dp rank keeps AdamW's m and v for its shard only (nn::shard_range of the
+/// stage's flat parameters), steps it (lab09::shard_groups) and all-gathers the shards over dp
 /// (lab09::all_gather_parameters). After step_3d (whose dp average leaves the whole averaged
-/// gradient on every replica) it is bit for bit a whole AdamW on every rank. ZeRO's group is the
-/// dp group: the replicas of one (tp, pp) shard hold the same parameters, other groups do not.
+/// gradient on every replica) it is bit for bit a whole AdamW on every rank. ZeRO's group is the dp
+/// group: the replicas of one (tp, pp) shard hold the same parameters, other groups do not.
 class Zero1Optimizer {
  public:
   Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, optim::AdamWConfig adamw = {});
@@ -153,17 +153,17 @@ struct Plan {
   bool checkpoint = false; ///< full activation checkpointing of every block (lab 06)
 };
 
-/// Given. UsageError (one line) unless the 3D step can run `plan`: ZeRO-2 and 3 only with pp = 1
-/// and one micro-batch (lab 09's trainers run a replica's rows as one batch: with micro-batches,
-/// whether of a pipeline or of accumulation, ZeRO-2 would reduce every unit's gradient once per
-/// micro-batch and ZeRO-3 gather every unit once per micro-batch, which is why DeepSpeed refuses
-/// ZeRO-2/3 with pipeline parallelism and Megatron's distributed optimizer is ZeRO-1), ZeRO-3
-/// without checkpointing (lab 09's ZeRO-3 drives the blocks itself, gathering each unit: it does
-/// not recompute). The grid itself is check_3d's.
+/// Given (trainer3d.cpp). UsageError (one line) unless the 3D step can run `plan`: ZeRO-2 and 3
+/// only with pp = 1 and one micro-batch (lab 09's trainers run a replica's rows as one batch: with
+/// micro-batches, whether of a pipeline or of accumulation, ZeRO-2 would reduce every unit's
+/// gradient once per micro-batch and ZeRO-3 gather every unit once per micro-batch, which is why
+/// DeepSpeed refuses ZeRO-2/3 with pipeline parallelism and Megatron's distributed optimizer is
+/// ZeRO-1), ZeRO-3 without checkpointing (lab 09's ZeRO-3 drives the blocks itself, gathering each
+/// unit: it does not recompute). The grid itself is check_3d's.
 void check_runnable(const Plan& plan);
 
-/// Given. One rank's side of a plan: its model (build_3d_model, with the plan's checkpointing)
-/// and the step and optimizer of the plan's ZeRO stage over g.dp:
+/// Given (trainer3d.cpp). One rank's side of a plan: its model (build_3d_model, with the plan's
+/// checkpointing) and the step and optimizer of the plan's ZeRO stage over g.dp:
 ///   0     step_3d, then a whole AdamW on every rank
 ///   1     step_3d, then Zero1Optimizer (the model padded to dp shards)
 ///   2, 3  (check_runnable: pp = 1, m = 1) lab 09's Zero2 / Zero3 trainer over g.dp, whose model
@@ -309,18 +309,18 @@ std::size_t max_in_flight(int pp, int stage, int micro_batches);
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
                    const Machine& machine, DType precision);
 
-/// Given. This machine's figures, measured on `world` (collective), every rank at once (they may
-/// share cores), averaged: the model's rate (Machine::flops: one block of `config` forward and
-/// backward on `rows` rows in `precision`), a square sgemm of side C for comparison, and an
-/// all-reduce of `bytes` over all ranks.
+/// Given (planner_machine.cpp). This machine's figures, measured on `world` (collective), every
+/// rank at once (they may share cores), averaged: the model's rate (Machine::flops: one block of
+/// `config` forward and backward on `rows` rows in `precision`), a square sgemm of side C for
+/// comparison, and an all-reduce of `bytes` over all ranks.
 Machine measure_machine(comm::Communicator& world, const ModelConfig& config, int64_t rows,
                         DType precision, std::size_t bytes = 4 << 20);
 
-/// Given. Every configuration of `world_size` ranks that check_3d accepts for `global_batch`,
-/// with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on, that the 3D
-/// step can run (check_runnable: no ZeRO-2/3 with a pipeline or micro-batches, no ZeRO-3 with
-/// checkpointing), whose predicted total fits `memory_bytes`; sorted by predicted step time,
-/// fastest first.
+/// Given (plan_search.cpp). Every configuration of `world_size` ranks that check_3d accepts for
+/// `global_batch`, with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on,
+/// that the 3D step can run (check_runnable: no ZeRO-2/3 with a pipeline or micro-batches, no
+/// ZeRO-3 with checkpointing), whose predicted total fits `memory_bytes`; sorted by predicted step
+/// time, fastest first.
 std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
                                                   int64_t global_batch, const Machine& machine,
                                                   std::size_t memory_bytes, DType precision);

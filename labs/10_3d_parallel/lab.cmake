@@ -5,7 +5,9 @@
 # Step 1 (the grid) is pure index math: one rank. Steps 2-3 run real grids: 4 ranks (dp x tp x pp
 # = 1x2x2, 2x1x2, 2x2x1, and 2x1x2 in picotron's order) and, for step 3, 8 ranks (2x2x2, 1x2x4,
 # 2x4x1, 4x1x2, and 2x2x2 in picotron's order).
-scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp GIVEN checkpoint.cpp STEPS 4 RANKS 4
+scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp
+                 GIVEN checkpoint.cpp grid_setup.cpp trainer3d.cpp planner_machine.cpp plan_search.cpp
+                 STEPS 4 RANKS 4
                  STEP_RANKS "1:1" "3:4,8" "4:1"
                  COMPOSES 07 08 09
                  TIMEOUT 60)

@@ -1,8 +1,6 @@
 // Lab 05: gradient accumulation: micro-batches, scaled losses, one all-reduce per step.
 #include "grad_accumulation.hpp"
 
-#include <fmt/format.h>
-
 #include "common/allocator.hpp"
 #include "common/errors.hpp"
 #include "common/trace.hpp"
@@ -10,10 +8,7 @@
 
 namespace scalelab::lab05 {
 
-std::string BatchPlan::str() const {
-  return fmt::format("global batch {} = micro-batch {} x accum {} x dp {}", global, micro, accum,
-                     dp);
-}
+// BatchPlan::str() (given): batch_plan.cpp.
 
 std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum) {
   std::vector<data::Batch> out;
