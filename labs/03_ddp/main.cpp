@@ -10,71 +10,59 @@
 #include "common/log.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
-#include "common/train/loop.hpp"
+#include "common/train/session.hpp"
 #include "ddp.hpp"
 
 using namespace scalelab;
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("lab03_ddp", "Lab 03: data-parallel training (DDP)");
-    cli::add_run_options(options, /*mixed_precision=*/true);
-    train::add_train_options(options, {.steps = 50});
-    options.add_options("lab 03")
+    train::Session session("lab03_ddp", "Lab 03: data-parallel training (DDP)", {.steps = 50});
+    session.add_options("lab 03")
         ("verify-steps", "rank 0 also runs the single-device model for this many steps and "
                          "prints both losses (0: off)",
          cxxopts::value<int64_t>()->default_value("3"));
-    const auto parsed = cli::parse(options, argc, argv);
-    const auto run = cli::run_options(parsed);
-    const auto opt = train::read_train_options(parsed);
+    const auto& parsed = session.parse(argc, argv);
     const int64_t verify_steps = parsed["verify-steps"].as<int64_t>();
     SCALELAB_REQUIRE(verify_steps >= 0, "--verify-steps must not be negative");
-
-    auto comm = comm::Communicator::world(run.backend);
-    const Device device = train::rank_device(run.device);
-    const ModelConfig config = model_config(opt.model);
-    const auto tokens = train::load_train_tokens(opt);
-    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    const auto& run = session.run();
+    const auto& opt = session.opt();
+    const ModelConfig& config = session.config();
+    comm::Communicator& comm = session.comm();
     // A bad split (more ranks than rows) is a usage error on every rank, before any training.
-    const int64_t local_rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size())
+    const int64_t local_rows = lab03::local_batch(session.sampler().batch(0), comm.rank(), comm.size())
                                    .batch_size();
 
     // Each rank starts from its own seed: only the broadcast makes them one model.
-    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank(),
-                           .compute_dtype = run.precision});
+    nn::GPT model(config, session.model_options(run.seed + comm.rank()));
     lab03::broadcast_parameters(model, comm);
     model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
 
     std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin, for --verify-steps
     std::unique_ptr<optim::AdamW> single_opt;
-    if (comm.rank() == 0 && verify_steps > 0) {
-      single = std::make_unique<nn::GPT>(  // in the run's precision too
-          config,
-          nn::GPTOptions{.device = device, .seed = run.seed, .compute_dtype = run.precision});
+    if (comm.rank() == 0 && verify_steps > 0) {  // in the run's precision too
+      single = std::make_unique<nn::GPT>(config, session.model_options(run.seed));
       single_opt = std::make_unique<optim::AdamW>(optim::groups(single->parameters()));
     }
 
-    log::info("lab 03 ddp: model {} ({} parameters), {} ranks, global batch {} x {} tokens = "
-              "{} rows per rank, {} steps, backend {}", config.name,
-              metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(),
-              opt.batch, config.block_size, local_rows, opt.steps, comm.backend());
-    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm, run.precision);
-    log::info("{}", train::precision_note(run.precision));
-    log::info("{}", reporter.mfu_note());
+    session.announce(fmt::format(
+        "lab 03 ddp: model {} ({} parameters), {} ranks, global batch {} x {} tokens = {} rows per "
+        "rank, {} steps, backend {}", config.name,
+        metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(), opt.batch,
+        config.block_size, local_rows, opt.steps, comm.backend()));
 
     for (int64_t step = 0; step < opt.steps; ++step) {
-      const data::Batch global = sampler.batch(step);
-      const double lr = train::learning_rate(opt, step);
-      metrics::Timer timer(device);
+      const data::Batch global = session.sampler().batch(step);
+      const double lr = session.lr(step);
+      metrics::Timer timer(session.device());
       const double loss = lab03::forward_backward(model, global, comm);
       adamw.step(lr);
       const double dt = timer.elapsed();
-      log::info("{}", reporter.line(step, loss, dt, lr));
+      log::info("{}", session.step_line(step, loss, dt));
       if (single && step < verify_steps) {
         single->zero_grad();
-        const data::Batch g = global.to(device);
+        const data::Batch g = global.to(session.device());
         const double single_loss = single->forward(g.x, g.y);
         single->backward();
         single_opt->step(lr);

@@ -12,7 +12,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
-#include "common/train/loop.hpp"
+#include "common/train/session.hpp"
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
 
@@ -104,53 +104,43 @@ Row measure(nn::GPT& model, comm::Communicator& comm, const data::Batch& mine, d
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("lab04_ddp_overlap",
-                                     "Lab 04: DDP with bucketed all-reduces overlapped with backward");
-    cli::add_run_options(options, /*mixed_precision=*/true);
-    train::add_train_options(options, {.batch = 16, .steps = 20});
-    options.add_options("lab 04")
+    train::Session session("lab04_ddp_overlap",
+                     "Lab 04: DDP with bucketed all-reduces overlapped with backward",
+                     {.batch = 16, .steps = 20});
+    session.add_options("lab 04")
         ("bucket-mb", "bucket size in MiB for training", cxxopts::value<double>()->default_value("0.25"))
         ("sweep", "bucket sizes (MiB) for the table", cxxopts::value<std::vector<double>>()->default_value("0.0625,0.25,1,4"))
         ("reps", "measured steps per row of the table", cxxopts::value<int>()->default_value("7"));
-    const auto parsed = cli::parse(options, argc, argv);
-    const auto run = cli::run_options(parsed);
-    const auto opt = train::read_train_options(parsed);
+    const auto& parsed = session.parse(argc, argv);
     const double bucket_mb = parsed["bucket-mb"].as<double>();
     const auto sweep = parsed["sweep"].as<std::vector<double>>();
     const int reps = parsed["reps"].as<int>();
     SCALELAB_REQUIRE(bucket_mb > 0, "--bucket-mb must be positive, got {}", bucket_mb);
     for (double mb : sweep) SCALELAB_REQUIRE(mb > 0, "--sweep sizes must be positive, got {}", mb);
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
-
-    auto comm = comm::Communicator::world(run.backend);
-    const Device device = train::rank_device(run.device);
-    const ModelConfig config = model_config(opt.model);
-    const auto tokens = train::load_train_tokens(opt);
-    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    const auto& opt = session.opt();
+    const ModelConfig& config = session.config();
+    comm::Communicator& comm = session.comm();
+    const Device device = session.device();
+    data::Sampler& sampler = session.sampler();
     const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
 
-    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank(),
-                           .compute_dtype = run.precision});
+    nn::GPT model(config, session.model_options(session.run().seed + comm.rank()));
     lab03::broadcast_parameters(model, comm);
     model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
     const auto buckets = lab04::assign_buckets(model.params(), lab04::ready_order(model),
                                                static_cast<std::size_t>(bucket_mb * kMiB));
-    log::info("lab 04 ddp_overlap: model {} ({} parameters, {} of gradients), {} ranks, global "
-              "batch {} x {} tokens ({} rows per rank), {} buckets of <= {:g} MiB, {} steps",
-              config.name, metrics::human_count(static_cast<double>(model.num_parameters())),
-              metrics::human_bytes(static_cast<double>(model.params().grads().nbytes())),
-              comm.size(), opt.batch, config.block_size, rows, buckets.size(), bucket_mb,
-              opt.steps);
-    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm, run.precision);
-    log::info("{}", train::precision_note(run.precision));
-    log::info("{}", reporter.mfu_note());
+    session.announce(fmt::format(
+        "lab 04 ddp_overlap: model {} ({} parameters, {} of gradients), {} ranks, global batch {} "
+        "x {} tokens ({} rows per rank), {} buckets of <= {:g} MiB, {} steps", config.name,
+        metrics::human_count(static_cast<double>(model.num_parameters())),
+        metrics::human_bytes(static_cast<double>(model.params().grads().nbytes())), comm.size(),
+        opt.batch, config.block_size, rows, buckets.size(), bucket_mb, opt.steps));
     {
       lab04::OverlappedDDP ddp(model, comm, buckets);
       ddp.attach();
       for (int64_t step = 0; step < opt.steps; ++step) {
-        const double lr = train::learning_rate(opt, step);
         metrics::Timer timer(device);
         const data::Batch mine =
             lab03::local_batch(sampler.batch(step), comm.rank(), comm.size()).to(device);
@@ -170,8 +160,8 @@ int main(int argc, char** argv) {
         }
         Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
         comm.all_reduce(l, comm::ReduceOp::avg);
-        adamw.step(lr);
-        log::info("{}", reporter.line(step, l.item(), timer.elapsed(), lr));
+        adamw.step(session.lr(step));
+        log::info("{}", session.step_line(step, l.item(), timer.elapsed()));
       }
       ddp.detach();
     }

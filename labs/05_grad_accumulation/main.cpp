@@ -9,7 +9,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
-#include "common/train/loop.hpp"
+#include "common/train/session.hpp"
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
 #include "grad_accumulation.hpp"
@@ -18,32 +18,26 @@ using namespace scalelab;
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("lab05_grad_accumulation",
-                                     "Lab 05: DDP with gradient accumulation");
-    cli::add_run_options(options, /*mixed_precision=*/true);
-    train::add_train_options(options, {.batch = 32, .steps = 30});
-    options.add_options("lab 05")
+    train::Session session("lab05_grad_accumulation", "Lab 05: DDP with gradient accumulation",
+                     {.batch = 32, .steps = 30});
+    session.add_options("lab 05")
         ("accum", "micro-batches per optimizer step on each rank",
          cxxopts::value<int>()->default_value("4"))
         ("bucket-mb", "gradient bucket size in MiB (lab 04's overlapped all-reduce)",
          cxxopts::value<double>()->default_value("0.25"));
-    const auto parsed = cli::parse(options, argc, argv);
-    const auto run = cli::run_options(parsed);
-    const auto opt = train::read_train_options(parsed);
+    const auto& parsed = session.parse(argc, argv);
     const int accum = parsed["accum"].as<int>();
     const double bucket_mb = parsed["bucket-mb"].as<double>();
     SCALELAB_REQUIRE(bucket_mb > 0, "--bucket-mb must be positive, got {}", bucket_mb);
-
-    auto comm = comm::Communicator::world(run.backend);
+    const auto& run = session.run();
+    const auto& opt = session.opt();
+    const ModelConfig& config = session.config();
+    comm::Communicator& comm = session.comm();
     // A bad plan (accum 0, more ranks than rows, ...) is a usage error on every rank.
     const lab05::BatchPlan plan = lab05::plan_batch(opt.batch, accum, comm.size());
-    const Device device = train::rank_device(run.device);
-    const ModelConfig config = model_config(opt.model);
-    const auto tokens = train::load_train_tokens(opt);
-    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    data::Sampler& sampler = session.sampler();
 
-    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank(),
-                           .compute_dtype = run.precision});
+    nn::GPT model(config, session.model_options(run.seed + comm.rank()));
     lab03::broadcast_parameters(model, comm);
     model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
@@ -52,21 +46,16 @@ int main(int argc, char** argv) {
                                                    static_cast<std::size_t>(bucket_mb * 1048576)));
     ddp.attach();
 
-    log::info("lab 05 grad_accumulation: model {} ({} parameters), {} ranks, {} tokens per row, "
-              "{} steps", config.name,
-              metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(),
-              config.block_size, opt.steps);
+    session.announce(fmt::format("lab 05 grad_accumulation: model {} ({} parameters), {} ranks, {} "
+                           "tokens per row, {} steps", config.name,
+                           metrics::human_count(static_cast<double>(model.num_parameters())),
+                           comm.size(), config.block_size, opt.steps));
     log::info("{}", plan.str());
-    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm, run.precision);
-    log::info("{}", train::precision_note(run.precision));
-    log::info("{}", reporter.mfu_note());
     for (int64_t step = 0; step < opt.steps; ++step) {
-      const double lr = train::learning_rate(opt, step);
-      metrics::Timer timer(device);
+      metrics::Timer timer(session.device());
       const double loss = lab05::ddp_accumulate(model, sampler.batch(step), accum, comm, ddp);
-      adamw.step(lr);
-      log::info("{}", reporter.line(step, loss, timer.elapsed(), lr));
+      adamw.step(session.lr(step));
+      log::info("{}", session.step_line(step, loss, timer.elapsed()));
     }
 
     ddp.detach();

@@ -11,7 +11,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
-#include "common/train/loop.hpp"
+#include "common/train/session.hpp"
 #include "activation_checkpointing.hpp"
 #include "ddp.hpp"
 
@@ -63,46 +63,38 @@ Row measure(nn::GPT& model, const data::Batch& mine, const lab06::Policy& policy
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("lab06_activation_checkpointing",
-                                     "Lab 06: DDP training with activation checkpointing");
-    cli::add_run_options(options, /*mixed_precision=*/true);
-    train::add_train_options(options, {.batch = 16, .steps = 20});
-    options.add_options("lab 06")
+    train::Session session("lab06_activation_checkpointing",
+                     "Lab 06: DDP training with activation checkpointing",
+                     {.batch = 16, .steps = 20});
+    session.add_options("lab 06")
         ("checkpoint", "policy for training: none, every, every:K, selective",
          cxxopts::value<std::string>()->default_value("every"))
         ("reps", "repetitions per policy in the table (the best time is shown)",
          cxxopts::value<int>()->default_value("3"));
-    const auto parsed = cli::parse(options, argc, argv);
-    const auto run = cli::run_options(parsed);
-    const auto opt = train::read_train_options(parsed);
+    const auto& parsed = session.parse(argc, argv);
     const int reps = parsed["reps"].as<int>();
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
-    const ModelConfig config = model_config(opt.model);
+    const auto& opt = session.opt();
+    const ModelConfig& config = session.config();
     const lab06::Policy policy = lab06::parse_policy(parsed["checkpoint"].as<std::string>());
     // A bad policy (an interval larger than the model) is a usage error on every rank.
     const lab06::Plan plan = lab06::make_plan(policy, static_cast<int>(config.n_layer));
 
-    auto comm = comm::Communicator::world(run.backend);
-    const Device device = train::rank_device(run.device);
-    const auto tokens = train::load_train_tokens(opt);
-    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    comm::Communicator& comm = session.comm();
+    const Device device = session.device();
+    data::Sampler& sampler = session.sampler();
     const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
 
-    nn::GPT model(config, {.device = device, .seed = run.seed + comm.rank(),
-                           .compute_dtype = run.precision});
+    nn::GPT model(config, session.model_options(session.run().seed + comm.rank()));
     lab03::broadcast_parameters(model, comm);
     model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
-    log::info("lab 06 activation_checkpointing: model {} ({} parameters), {} ranks, global batch "
-              "{} x {} tokens ({} rows per rank), checkpoint policy {}, {} steps", config.name,
-              metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(),
-              opt.batch, config.block_size, rows, policy.str(), opt.steps);
-    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm, run.precision);
-    log::info("{}", train::precision_note(run.precision));
-    log::info("{}", reporter.mfu_note());
+    session.announce(fmt::format(
+        "lab 06 activation_checkpointing: model {} ({} parameters), {} ranks, global batch {} x {} "
+        "tokens ({} rows per rank), checkpoint policy {}, {} steps", config.name,
+        metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(), opt.batch,
+        config.block_size, rows, policy.str(), opt.steps));
     for (int64_t step = 0; step < opt.steps; ++step) {
-      const double lr = train::learning_rate(opt, step);
       metrics::Timer timer(device);
       const data::Batch mine =
           lab03::local_batch(sampler.batch(step), comm.rank(), comm.size()).to(device);
@@ -113,8 +105,8 @@ int main(int argc, char** argv) {
       lab03::all_reduce_gradients(model, comm);
       Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
       comm.all_reduce(l, comm::ReduceOp::avg);
-      adamw.step(lr);
-      log::info("{}", reporter.line(step, l.item(), timer.elapsed(), lr));
+      adamw.step(session.lr(step));
+      log::info("{}", session.step_line(step, l.item(), timer.elapsed()));
     }
 
     // The table: every policy on this rank's rows of the next batch (no communication).

@@ -22,7 +22,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
-#include "common/train/loop.hpp"
+#include "common/train/session.hpp"
 #include "common/train/sizing.hpp"
 #include "tensor_parallel.hpp"
 
@@ -78,28 +78,25 @@ Row measure(const ModelConfig& config, comm::Communicator& group, const data::Ba
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("lab07_tensor_parallel",
-                                     "Lab 07: tensor-parallel GPT training over all ranks");
-    cli::add_run_options(options, /*mixed_precision=*/true);
-    train::add_train_options(options, {.batch = 8, .steps = 20});
-    options.add_options("lab 07")
+    train::Session session("lab07_tensor_parallel",
+                     "Lab 07: tensor-parallel GPT training over all ranks", {.batch = 8, .steps = 20});
+    session.add_options("lab 07")
         ("twin-steps", "steps for which the single-device twin runs beside (its loss printed)",
          cxxopts::value<int>()->default_value("5"))
         ("reps", "timed steps per row of the table (the best time is shown)",
          cxxopts::value<int>()->default_value("3"))
         ("sequence-parallel", "train with sequence parallelism (step 5)");
-    const auto parsed = cli::parse(options, argc, argv);
-    const auto run = cli::run_options(parsed);
-    const auto opt = train::read_train_options(parsed);
+    const auto& parsed = session.parse(argc, argv);
     const int twin_steps = parsed["twin-steps"].as<int>();
     const int reps = parsed["reps"].as<int>();
     const bool sp = parsed.count("sequence-parallel") > 0;
     SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
-    const ModelConfig config = model_config(opt.model);
-
-    auto world = comm::Communicator::world(run.backend);
-    const Device device = train::rank_device(run.device);
+    const auto& run = session.run();
+    const auto& opt = session.opt();
+    const ModelConfig& config = session.config();
+    comm::Communicator& world = session.comm();
+    const Device device = session.device();
     const int tp = world.size(), rank = world.rank();
     lab07::check_tp(config, tp);  // a usage error on every rank, before any collective
     if (sp) lab07::sequence_rows(opt.batch * config.block_size, rank, tp);  // the same
@@ -111,8 +108,7 @@ int main(int argc, char** argv) {
                                             .tp = rank == 0 && twin_steps > 0 ? 1 : tp},
                                    run.precision),
         fmt::format("--batch {}", opt.batch), "a training step");
-    const auto tokens = train::load_train_tokens(opt);
-    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    data::Sampler& sampler = session.sampler();
 
     // the tp group is the whole world here; it gets its own name in the byte counters
     comm::Communicator group = world.split(0, rank, fmt::format("tp{}", tp));
@@ -125,21 +121,18 @@ int main(int argc, char** argv) {
     std::optional<nn::GPT> twin;
     std::optional<optim::AdamW> twin_adamw;
     if (rank == 0 && twin_steps > 0) {
-      twin.emplace(config, nn::GPTOptions{.device = device, .seed = run.seed,
-                                          .compute_dtype = run.precision});
+      twin.emplace(config, session.model_options(run.seed));
       twin_adamw.emplace(optim::groups(twin->parameters()));
     }
-    log::info("lab 07 tensor_parallel: model {} ({} parameters, {} on each of {} ranks), global "
-              "batch {} x {} tokens on every rank, {} steps{}", config.name,
-              metrics::human_count(static_cast<double>(parameter_count(config))),
-              metrics::human_count(static_cast<double>(model->num_parameters())), tp, opt.batch,
-              config.block_size, opt.steps, sp ? ", sequence parallel" : "");
-    log::info("{}", train::precision_note(run.precision));
-    train::StepReporter reporter(config, opt.batch * config.block_size, device,
-                                 opt.peak_tflops, world, run.precision);
+    session.announce(fmt::format(
+        "lab 07 tensor_parallel: model {} ({} parameters, {} on each of {} ranks), global batch {} "
+        "x {} tokens on every rank, {} steps{}", config.name,
+        metrics::human_count(static_cast<double>(parameter_count(config))),
+        metrics::human_count(static_cast<double>(model->num_parameters())), tp, opt.batch,
+        config.block_size, opt.steps, sp ? ", sequence parallel" : ""));
     train::TwinCheck twin_check(run.precision);  // fp32 1e-5, bf16 1e-3 relative
     for (int64_t step = 0; step < opt.steps; ++step) {
-      const double lr = train::learning_rate(opt, step);
+      const double lr = session.lr(step);
       metrics::Timer timer(device);
       const data::Batch batch = sampler.batch(step).to(device);  // the whole batch, every rank
       model->zero_grad();
@@ -148,7 +141,7 @@ int main(int argc, char** argv) {
       model->backward(acts);
       adamw.step(lr);
       const double dt = timer.elapsed();
-      std::string line = reporter.line(step, loss, dt, lr);
+      std::string line = session.step_line(step, loss, dt);
       if (twin && step < twin_steps) {
         twin->zero_grad();
         const double want = twin->forward(batch.x, batch.y);

@@ -15,7 +15,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
-#include "common/train/loop.hpp"
+#include "common/train/session.hpp"
 #include "common/train/sizing.hpp"
 #include "pipeline_parallel.hpp"
 
@@ -79,11 +79,10 @@ std::string list(const std::vector<double>& xs, const char* fmt_spec) {
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("lab08_pipeline_parallel",
-                                     "Lab 08: pipeline-parallel training, one stage per rank");
-    cli::add_run_options(options, /*mixed_precision=*/true);
-    train::add_train_options(options, {.batch = 16, .steps = 20});
-    options.add_options("lab 08")
+    train::Session session("lab08_pipeline_parallel",
+                     "Lab 08: pipeline-parallel training, one stage per rank",
+                     {.batch = 16, .steps = 20});
+    session.add_options("lab 08")
         ("schedule", "afab, 1f1b or interleaved",
          cxxopts::value<std::string>()->default_value("1f1b"))
         ("micro-batches", "micro-batches per step (m)", cxxopts::value<int>()->default_value("8"))
@@ -93,9 +92,9 @@ int main(int argc, char** argv) {
          cxxopts::value<int>()->default_value("3"))
         ("reps", "repetitions per row of the bubble table (the fastest is shown)",
          cxxopts::value<int>()->default_value("3"));
-    const auto parsed = cli::parse(options, argc, argv);
-    const auto run = cli::run_options(parsed);
-    const auto opt = train::read_train_options(parsed);
+    const auto& parsed = session.parse(argc, argv);
+    const auto& run = session.run();
+    const auto& opt = session.opt();
     const Kind kind = parse_kind(parsed["schedule"].as<std::string>());
     const int m = parsed["micro-batches"].as<int>();
     const int v = kind == Kind::interleaved ? parsed["chunks"].as<int>() : 1;
@@ -104,9 +103,9 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
     SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
 
-    auto comm = comm::Communicator::world(run.backend);
+    comm::Communicator& comm = session.comm();
     const int p = comm.size(), stage = comm.rank();
-    const ModelConfig config = model_config(opt.model);
+    const ModelConfig& config = session.config();
     const int L = static_cast<int>(config.n_layer);
     // Bad configurations are usage errors on every rank, before any data is read.
     stage_layers(L, p, stage);
@@ -115,7 +114,7 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(opt.batch % m == 0, "--batch {} does not split into {} equal micro-batches",
                      opt.batch, m);
 
-    const Device device = train::rank_device(run.device);
+    const Device device = session.device();
     // One micro-batch through this stage's blocks (and the head on the last); rank 0 also runs
     // the single-device twin on the whole batch. On a GPU the activations are the GPU's, and
     // only the batch is host memory. Too large: a usage error on every rank.
@@ -129,17 +128,16 @@ int main(int argc, char** argv) {
                      .head = twin_here || stage == p - 1},
             run.precision),
         fmt::format("--batch {}", opt.batch), "a training step");
-    const auto tokens = train::load_train_tokens(opt);
-    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
-    const nn::GPTOptions model_options{.device = device, .seed = run.seed,
-                                       .compute_dtype = run.precision};
+    data::Sampler& sampler = session.sampler();
+    const nn::GPTOptions model_options = session.model_options(run.seed);
     auto pieces = build_pieces(config, kind, p, v, stage, model_options);
     const std::vector<nn::GPT*> mine = pointers(pieces);
     optim::AdamW adamw(optim::groups(all_parameters(mine)));
-    log::info("lab 08 pipeline_parallel: model {} ({} layers), {} stages, schedule {}{}, {} "
-              "micro-batches of {} rows, {} steps", config.name, L, p, kind_name(kind),
-              v > 1 ? fmt::format(" with {} chunks per rank", v) : std::string(), m,
-              opt.batch / m, opt.steps);
+    session.announce(fmt::format("lab 08 pipeline_parallel: model {} ({} layers), {} stages, schedule "
+                           "{}{}, {} micro-batches of {} rows, {} steps", config.name, L, p,
+                           kind_name(kind),
+                           v > 1 ? fmt::format(" with {} chunks per rank", v) : std::string(), m,
+                           opt.batch / m, opt.steps));
     for (int r = 0; r < p; ++r) {  // what every stage holds (the same rule on every rank)
       std::string blocks;
       for (int c = 0; c < v; ++c) {
@@ -151,7 +149,6 @@ int main(int argc, char** argv) {
                 r == p - 1 ? ", ln_f and head" : "");
     }
 
-    log::info("{}", train::precision_note(run.precision));
     // The single-device twin (rank 0): the same seed, the same global batches, AdamW. The pipeline
     // must match it: fp32 to 1e-5 relative (only the order of the gradient sums over micro-batches
     // differs), bf16 to 1e-3 (every activation rounds to 8 bits; the micro-batches' weight
@@ -163,16 +160,14 @@ int main(int argc, char** argv) {
       twin = std::make_unique<nn::GPT>(config, model_options);  // the same precision
       twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
     }
-    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm, run.precision);
     ExecStats last;
     for (int64_t step = 0; step < opt.steps; ++step) {
-      const double lr = train::learning_rate(opt, step);
+      const double lr = session.lr(step);
       metrics::Timer timer(device);
       const data::Batch batch = sampler.batch(step);
       const double loss = pipeline_step(mine, schedule, batch, m, comm, &last);
       adamw.step(lr);
-      log::info("{}", reporter.line(step, loss, timer.elapsed(), lr));
+      log::info("{}", session.step_line(step, loss, timer.elapsed()));
       if (twin && step < twin_steps) {
         const data::Batch on = batch.to(device);
         twin->zero_grad();

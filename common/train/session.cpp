@@ -1,0 +1,46 @@
+#include "common/train/session.hpp"
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+
+namespace scalelab::train {
+
+Session::Session(const std::string& program, const std::string& description,
+                 const TrainOptions& defaults)
+    : options_(cli::make_options(program, description)) {
+  cli::add_run_options(options_, /*mixed_precision=*/true);
+  add_train_options(options_, defaults);
+}
+
+const cxxopts::ParseResult& Session::parse(int argc, char** argv) {
+  parsed_ = cli::parse(options_, argc, argv);
+  run_ = cli::run_options(parsed_);
+  opt_ = read_train_options(parsed_);
+  config_ = model_config(opt_.model);
+  comm_.emplace(comm::Communicator::world(run_.backend));
+  device_ = rank_device(run_.device);
+  return parsed_;
+}
+
+data::Sampler& Session::sampler() {
+  if (!sampler_) {
+    tokens_ = load_train_tokens(opt_);
+    sampler_.emplace(tokens_, opt_.batch, config_.block_size, run_.seed);
+  }
+  return *sampler_;
+}
+
+void Session::announce(const std::string& headline) {
+  log::info("{}", headline);
+  log::info("{}", precision_note(run_.precision));
+  reporter_ = std::make_unique<StepReporter>(config_, opt_.batch * config_.block_size, device_,
+                                             opt_.peak_tflops, *comm_, run_.precision);
+  log::info("{}", reporter_->mfu_note());
+}
+
+std::string Session::step_line(int64_t step, double loss, double dt_s) {
+  SCALELAB_CHECK(reporter_ != nullptr, "Session::step_line before announce()");
+  return reporter_->line(step, loss, dt_s, lr(step));
+}
+
+}  // namespace scalelab::train

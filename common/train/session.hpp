@@ -1,0 +1,90 @@
+#pragma once
+/// @file session.hpp
+/// The frame every training program of labs 03-08 shares, so that a lab's main() shows only what
+/// the lab is about: the command line (the shared run and train options plus the lab's own), the
+/// world communicator, this rank's device, the model config, the corpus and its sampler of global
+/// batches, and the step reporter with its notes.
+///
+///   train::Session session("lab03_ddp", "Lab 03: data-parallel training (DDP)", {.steps = 50});
+///   session.add_options("lab 03")("verify-steps", "...", cxxopts::value<int64_t>()->default_value("3"));
+///   const auto& parsed = session.parse(argc, argv);     // UsageError on a bad value: exit 2
+///   nn::GPT model(session.config(), session.model_options(session.run().seed + session.comm().rank()));
+///   session.announce("lab 03 ddp: ...");                 // collective: the reporter measures a peak
+///   for (int64_t step = 0; step < session.opt().steps; ++step) {
+///     ... session.sampler().batch(step) ...
+///     log::info("{}", session.step_line(step, loss, dt));
+///   }
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <cxxopts.hpp>
+
+#include "common/cli.hpp"
+#include "common/comm/communicator.hpp"
+#include "common/data/sampler.hpp"
+#include "common/model_config.hpp"
+#include "common/nn/gpt.hpp"
+#include "common/train/loop.hpp"
+
+namespace scalelab::train {
+
+class Session {
+ public:
+  /// Declares the shared options (cli::add_run_options with --precision, and add_train_options
+  /// with this program's `defaults`).
+  Session(const std::string& program, const std::string& description,
+          const TrainOptions& defaults);
+
+  /// Where the lab declares its own options, before parse().
+  cxxopts::OptionAdder add_options(const std::string& group) {
+    return options_.add_options(group);
+  }
+
+  /// Parses argv, reads the shared options (UsageError on a bad value, every rank), makes the
+  /// world communicator and picks this rank's device (collective over the world). Returns the
+  /// parse result, for the lab's own options.
+  const cxxopts::ParseResult& parse(int argc, char** argv);
+
+  const cli::RunOptions& run() const { return run_; }
+  const TrainOptions& opt() const { return opt_; }
+  const ModelConfig& config() const { return config_; }
+  comm::Communicator& comm() { return *comm_; }
+  Device device() const { return device_; }
+
+  /// The sampler of global batches of the run's corpus, seeded by --seed. The corpus is read on
+  /// the first call, so a program can refuse a run (sizing, bad shapes) before reading data.
+  data::Sampler& sampler();
+
+  /// A model on this rank's device in the run's precision, drawn from `seed`.
+  nn::GPTOptions model_options(uint64_t seed) const {
+    return {.device = device_, .seed = seed, .compute_dtype = run_.precision};
+  }
+
+  /// The learning rate of `step` (warmup, cosine decay).
+  double lr(int64_t step) const { return learning_rate(opt_, step); }
+
+  /// Logs `headline`, the precision note and where the MFU peak comes from, and makes the step
+  /// reporter. Collective over the world (on a CPU every rank measures its sgemm peak at once).
+  void announce(const std::string& headline);
+
+  /// The step line (loss, dt, tokens/s, MFU, the peak memory of the busiest rank) of one global
+  /// batch. Collective. Needs announce() first.
+  std::string step_line(int64_t step, double loss, double dt_s);
+
+ private:
+  cxxopts::Options options_;
+  cxxopts::ParseResult parsed_;
+  cli::RunOptions run_;
+  TrainOptions opt_;
+  ModelConfig config_;
+  std::optional<comm::Communicator> comm_;
+  Device device_ = Device::cpu();
+  std::vector<uint16_t> tokens_;
+  std::optional<data::Sampler> sampler_;
+  std::unique_ptr<StepReporter> reporter_;
+};
+
+}  // namespace scalelab::train
