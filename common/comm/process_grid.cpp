@@ -12,8 +12,8 @@
 namespace scalelab::comm {
 
 GridOrder parse_grid_order(const std::string& name) {
-  if (name == "megatron") return GridOrder::megatron;
-  if (name == "picotron") return GridOrder::picotron;
+  if (name == "megatron" || name == grid_axes_string(GridOrder::megatron)) return GridOrder::megatron;
+  if (name == "picotron" || name == grid_axes_string(GridOrder::picotron)) return GridOrder::picotron;
   throw UsageError(fmt::format("unknown process grid order '{}': use megatron or picotron", name));
 }
 
@@ -25,82 +25,151 @@ const char* grid_order_name(GridOrder order) {
   return "?";
 }
 
-void check_grid(const GridShape& s, int world_size) {
-  SCALELAB_REQUIRE(s.dp >= 1 && s.tp >= 1 && s.pp >= 1,
-                   "process grid: dp, tp and pp must be at least 1, got dp {} x tp {} x pp {} "
-                   "(world of {} ranks)",
-                   s.dp, s.tp, s.pp, world_size);
-  SCALELAB_REQUIRE(s.dp * s.tp * s.pp == world_size,
-                   "process grid: dp {} x tp {} x pp {} = {} ranks, but the world has {} ranks "
-                   "(dp*tp*pp must equal the world size)",
-                   s.dp, s.tp, s.pp, s.dp * s.tp * s.pp, world_size);
+const char* grid_axis_name(GridAxis axis) {
+  switch (axis) {
+    case GridAxis::tp: return "tp";
+    case GridAxis::cp: return "cp";
+    case GridAxis::dp: return "dp";
+    case GridAxis::pp: return "pp";
+  }
+  return "?";
 }
 
-// ---- rank <-> coordinate -------------------------------------------------------------------------
+// Inside out. tp innermost in both (its all-reduces are on the critical path: NVLink), cp next
+// (a ring step per attention layer); they differ in whether dp or pp is outermost.
+std::array<GridAxis, 4> grid_axes(GridOrder order) {
+  switch (order) {
+    case GridOrder::megatron: return {GridAxis::tp, GridAxis::cp, GridAxis::dp, GridAxis::pp};
+    case GridOrder::picotron: return {GridAxis::tp, GridAxis::cp, GridAxis::pp, GridAxis::dp};
+  }
+  return {};
+}
+
+std::string grid_axes_string(GridOrder order) {
+  std::string out;
+  for (GridAxis a : grid_axes(order)) {
+    if (!out.empty()) out += '-';
+    out += grid_axis_name(a);
+  }
+  return out;
+}
+
+int GridCoord::at(GridAxis a) const {
+  switch (a) {
+    case GridAxis::tp: return tp;
+    case GridAxis::cp: return cp;
+    case GridAxis::dp: return dp;
+    case GridAxis::pp: return pp;
+  }
+  return 0;
+}
+
+void GridCoord::set(GridAxis a, int index) {
+  switch (a) {
+    case GridAxis::tp: tp = index; break;
+    case GridAxis::cp: cp = index; break;
+    case GridAxis::dp: dp = index; break;
+    case GridAxis::pp: pp = index; break;
+  }
+}
+
+int GridShape::size(GridAxis a) const {
+  switch (a) {
+    case GridAxis::tp: return tp;
+    case GridAxis::cp: return cp;
+    case GridAxis::dp: return dp;
+    case GridAxis::pp: return pp;
+  }
+  return 0;
+}
+
+namespace {
+
+// "dp 2 x tp 2 x pp 2", and " x cp 2" only for a context-parallel grid, so the 3D grids of
+// labs 07-10 read as they always did.
+std::string sizes_text(const GridShape& s) {
+  std::string t = fmt::format("dp {} x tp {} x pp {}", s.dp, s.tp, s.pp);
+  if (s.cp != 1) t += fmt::format(" x cp {}", s.cp);
+  return t;
+}
+
+}  // namespace
+
+void check_grid(const GridShape& s, int world_size) {
+  const bool cp = s.cp != 1;
+  SCALELAB_REQUIRE(s.dp >= 1 && s.tp >= 1 && s.pp >= 1 && s.cp >= 1,
+                   "process grid: dp, tp{} and pp must be at least 1, got {} (world of {} ranks)",
+                   cp ? ", cp" : "", sizes_text(s), world_size);
+  SCALELAB_REQUIRE(s.world_size() == world_size,
+                   "process grid: {} = {} ranks, but the world has {} ranks ({} must equal the "
+                   "world size)",
+                   sizes_text(s), s.world_size(), world_size, cp ? "dp*tp*pp*cp" : "dp*tp*pp");
+}
+
+// ---- rank <-> coordinate: one mixed-radix number, the order's first axis its lowest digit ----
 
 int grid_rank(const GridShape& s, const GridCoord& c) {
-  SCALELAB_CHECK(c.dp >= 0 && c.dp < s.dp && c.tp >= 0 && c.tp < s.tp && c.pp >= 0 && c.pp < s.pp,
-                 "grid_rank: coordinate (dp {}, tp {}, pp {}) is outside the grid dp {} x tp {} x "
-                 "pp {}",
-                 c.dp, c.tp, c.pp, s.dp, s.tp, s.pp);
-  switch (s.order) {
-    case GridOrder::megatron:  // pp outermost, then dp, tp innermost
-      return c.pp * (s.dp * s.tp) + c.dp * s.tp + c.tp;
-    case GridOrder::picotron:  // dp outermost, then pp, tp innermost
-      return c.dp * (s.pp * s.tp) + c.pp * s.tp + c.tp;
+  int rank = 0, stride = 1;
+  for (GridAxis a : grid_axes(s.order)) {
+    SCALELAB_CHECK(c.at(a) >= 0 && c.at(a) < s.size(a),
+                   "grid_rank: coordinate (dp {}, tp {}, pp {}, cp {}) is outside the grid {}",
+                   c.dp, c.tp, c.pp, c.cp, sizes_text(s));
+    rank += c.at(a) * stride;
+    stride *= s.size(a);
   }
-  return -1;
+  return rank;
 }
 
 GridCoord grid_coord(const GridShape& s, int rank) {
   SCALELAB_CHECK(rank >= 0 && rank < s.world_size(), "grid_coord: rank {} is outside a grid of {} ranks",
                  rank, s.world_size());
   GridCoord c;
-  c.tp = rank % s.tp;  // innermost in both orders
-  switch (s.order) {
-    case GridOrder::megatron:
-      c.dp = (rank / s.tp) % s.dp;
-      c.pp = rank / (s.tp * s.dp);
-      break;
-    case GridOrder::picotron:
-      c.pp = (rank / s.tp) % s.pp;
-      c.dp = rank / (s.tp * s.pp);
-      break;
+  for (GridAxis a : grid_axes(s.order)) {
+    c.set(a, rank % s.size(a));
+    rank /= s.size(a);
   }
   return c;
 }
 
 // ---- group members -------------------------------------------------------------------------------
 
-// Each group: fix `rank`'s coordinate on every axis but one and walk that axis.
+// Fix `rank`'s coordinate on every axis not in `axes` and walk those, the first outermost, so a
+// member's position in the list is its group rank.
+std::vector<int> group_ranks(const GridShape& s, int rank, const std::vector<GridAxis>& axes) {
+  const GridCoord mine = grid_coord(s, rank);
+  std::vector<int> members = {grid_rank(s, mine)};
+  for (GridAxis a : axes) {  // each axis multiplies the list by its size, as the inner digit
+    std::vector<int> next;
+    for (int m : members)
+      for (int i = 0; i < s.size(a); ++i) {
+        GridCoord c = grid_coord(s, m);
+        c.set(a, i);
+        next.push_back(grid_rank(s, c));
+      }
+    members = std::move(next);
+  }
+  return members;
+}
+
 std::vector<int> tp_group_ranks(const GridShape& s, int rank) {
-  GridCoord c = grid_coord(s, rank);
-  std::vector<int> members;
-  for (int t = 0; t < s.tp; ++t) members.push_back(grid_rank(s, {c.dp, t, c.pp}));
-  return members;
+  return group_ranks(s, rank, {GridAxis::tp});
 }
-
 std::vector<int> dp_group_ranks(const GridShape& s, int rank) {
-  GridCoord c = grid_coord(s, rank);
-  std::vector<int> members;
-  for (int d = 0; d < s.dp; ++d) members.push_back(grid_rank(s, {d, c.tp, c.pp}));
-  return members;
+  return group_ranks(s, rank, {GridAxis::dp});
 }
-
 std::vector<int> pp_group_ranks(const GridShape& s, int rank) {
-  GridCoord c = grid_coord(s, rank);
-  std::vector<int> members;
-  for (int p = 0; p < s.pp; ++p) members.push_back(grid_rank(s, {c.dp, c.tp, p}));
-  return members;
+  return group_ranks(s, rank, {GridAxis::pp});
 }
-
-// Fix pp; walk dp (outer) and tp (inner): group rank = dp*tp_size + tp.
+std::vector<int> cp_group_ranks(const GridShape& s, int rank) {
+  return group_ranks(s, rank, {GridAxis::cp});
+}
+// Group rank = dp*tp_size + tp.
 std::vector<int> tp_dp_group_ranks(const GridShape& s, int rank) {
-  GridCoord c = grid_coord(s, rank);
-  std::vector<int> members;
-  for (int d = 0; d < s.dp; ++d)
-    for (int t = 0; t < s.tp; ++t) members.push_back(grid_rank(s, {d, t, c.pp}));
-  return members;
+  return group_ranks(s, rank, {GridAxis::dp, GridAxis::tp});
+}
+// Group rank = dp*cp_size + cp.
+std::vector<int> dp_cp_group_ranks(const GridShape& s, int rank) {
+  return group_ranks(s, rank, {GridAxis::dp, GridAxis::cp});
 }
 
 namespace {
@@ -129,6 +198,10 @@ int pp_group_index(const GridShape& s, int rank) { return group_index(s, rank, p
 int tp_dp_group_index(const GridShape& s, int rank) {
   return group_index(s, rank, tp_dp_group_ranks);
 }
+int cp_group_index(const GridShape& s, int rank) { return group_index(s, rank, cp_group_ranks); }
+int dp_cp_group_index(const GridShape& s, int rank) {
+  return group_index(s, rank, dp_cp_group_ranks);
+}
 
 // ---- the table -----------------------------------------------------------------------------------
 
@@ -143,41 +216,59 @@ std::string group_cell(const std::string& prefix, int index, const std::vector<i
 
 std::string grid_table(const GridShape& s) {
   check_grid(s, s.world_size());
-  const std::string formula =
-      s.order == GridOrder::megatron
-          ? fmt::format("rank = pp*{} + dp*{} + tp", s.dp * s.tp, s.tp)
-          : fmt::format("rank = dp*{} + pp*{} + tp", s.pp * s.tp, s.tp);
-  std::string out = fmt::format("process grid: dp {} x tp {} x pp {} = {} ranks, order {} ({})\n",
-                                s.dp, s.tp, s.pp, s.world_size(), grid_order_name(s.order),
-                                formula);
+  const bool with_cp = s.cp != 1;
+  // The mixed-radix formula, outermost axis first: "rank = pp*4 + dp*2 + tp".
+  std::string formula;
+  int stride = s.world_size();
+  const auto axes = grid_axes(s.order);
+  for (auto it = axes.rbegin(); it != axes.rend(); ++it) {
+    stride /= s.size(*it);
+    if (*it == GridAxis::cp && !with_cp) continue;
+    formula += formula.empty() ? "rank = " : " + ";
+    formula += stride == 1 && *it == axes.front() ? std::string(grid_axis_name(*it))
+                                                  : fmt::format("{}*{}", grid_axis_name(*it), stride);
+  }
+  std::string out = fmt::format("process grid: {} = {} ranks, order {} ({})\n", sizes_text(s),
+                                s.world_size(), grid_order_name(s.order), formula);
 
   // Cells first, then pad each group column to its widest cell.
+  std::vector<std::string> titles = {"tp group", "dp group", "pp group", "tp x dp group"};
+  if (with_cp) titles.insert(titles.end(), {"cp group", "dp x cp group"});
   std::vector<std::vector<std::string>> groups(s.world_size());
-  std::vector<std::size_t> width = {std::string("tp group").size(), std::string("dp group").size(),
-                                    std::string("pp group").size(),
-                                    std::string("tp x dp group").size()};
+  std::vector<std::size_t> width;
+  for (const std::string& t : titles) width.push_back(t.size());
   for (int r = 0; r < s.world_size(); ++r) {
     groups[r] = {group_cell("tp", tp_group_index(s, r), tp_group_ranks(s, r)),
                  group_cell("dp", dp_group_index(s, r), dp_group_ranks(s, r)),
                  group_cell("pp", pp_group_index(s, r), pp_group_ranks(s, r)),
                  group_cell("tpdp", tp_dp_group_index(s, r), tp_dp_group_ranks(s, r))};
-    for (int k = 0; k < 4; ++k) width[k] = std::max(width[k], groups[r][k].size());
+    if (with_cp) {
+      groups[r].push_back(group_cell("cp", cp_group_index(s, r), cp_group_ranks(s, r)));
+      groups[r].push_back(group_cell("dpcp", dp_cp_group_index(s, r), dp_cp_group_ranks(s, r)));
+    }
+    for (std::size_t k = 0; k < titles.size(); ++k) width[k] = std::max(width[k], groups[r][k].size());
   }
-  out += fmt::format("rank  dp  tp  pp  {:<{}}  {:<{}}  {:<{}}  {}\n", "tp group", width[0],
-                     "dp group", width[1], "pp group", width[2], "tp x dp group");
+  // The last column is not padded (no trailing blanks).
+  auto row = [&](const std::vector<std::string>& cells) {
+    std::string line;
+    for (std::size_t k = 0; k < cells.size(); ++k)
+      line += k + 1 == cells.size() ? cells[k] : fmt::format("{:<{}}  ", cells[k], width[k]);
+    return line;
+  };
+  out += fmt::format("rank  dp  tp  pp  {}{}\n", with_cp ? "cp  " : "", row(titles));
   for (int r = 0; r < s.world_size(); ++r) {
     GridCoord c = grid_coord(s, r);
-    out += fmt::format("{:>4}  {:>2}  {:>2}  {:>2}  {:<{}}  {:<{}}  {:<{}}  {}\n", r, c.dp, c.tp,
-                       c.pp, groups[r][0], width[0], groups[r][1], width[1], groups[r][2],
-                       width[2], groups[r][3]);
+    out += fmt::format("{:>4}  {:>2}  {:>2}  {:>2}  {}{}\n", r, c.dp, c.tp, c.pp,
+                       with_cp ? fmt::format("{:>2}  ", c.cp) : "", row(groups[r]));
   }
   return out;
 }
 
 // ---- the communicators ---------------------------------------------------------------------------
 
-ProcessGrid::ProcessGrid(const Communicator& world, int dp, int tp, int pp, GridOrder order)
-    : shape_{dp, tp, pp, order}, world_(world) {
+ProcessGrid::ProcessGrid(const Communicator& world, int dp, int tp, int pp, GridOrder order,
+                         int cp)
+    : shape_{dp, tp, pp, order, cp}, world_(world) {
   SCALELAB_CHECK(world.valid(), "ProcessGrid: the world communicator is empty");
   check_grid(shape_, world.size());
   rank_ = world.rank();
@@ -192,6 +283,14 @@ ProcessGrid::ProcessGrid(const Communicator& world, int dp, int tp, int pp, Grid
   dp_ = world.split(i_dp, coord_.dp, fmt::format("dp{}", i_dp));
   pp_ = world.split(i_pp, coord_.pp, fmt::format("pp{}", i_pp));
   tp_dp_ = world.split(i_tpdp, coord_.dp * tp + coord_.tp, fmt::format("tpdp{}", i_tpdp));
+  if (cp == 1) {  // no context parallelism: each rank is its own cp group, dp x cp is dp
+    cp_ = world.split(rank_, 0, fmt::format("cp{}", rank_));
+    dp_cp_ = dp_;
+    return;
+  }
+  const int i_cp = cp_group_index(shape_, rank_), i_dpcp = dp_cp_group_index(shape_, rank_);
+  cp_ = world.split(i_cp, coord_.cp, fmt::format("cp{}", i_cp));
+  dp_cp_ = world.split(i_dpcp, coord_.dp * cp + coord_.cp, fmt::format("dpcp{}", i_dpcp));
 }
 
 }  // namespace scalelab::comm

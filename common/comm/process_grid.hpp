@@ -1,6 +1,9 @@
 #pragma once
-// The 3D process grid of labs 07-10: every rank of the world gets a coordinate (dp, tp, pp) and
-// a communicator for each of its groups.
+// The process grid of labs 07-11: every rank of the world gets a coordinate (dp, tp, pp, cp) and
+// a communicator for each of its groups. It is one mixed-radix numbering over an order of named
+// axes, read from the inside out: "tp-cp-dp-pp" (Megatron) means tp varies fastest between
+// neighbouring ranks, then cp, dp, and pp slowest. A fourth axis (cp, context parallel: lab 11)
+// is one more letter of the order; with cp = 1 everything below is the 3D grid of labs 07-10.
 //
 //   auto world = comm::Communicator::world("auto");
 //   comm::ProcessGrid grid(world, /*dp=*/2, /*tp=*/2, /*pp=*/2);   // 8 ranks, Megatron order
@@ -18,9 +21,10 @@
 // Inside a group, a rank's group rank is its index on the varying axis: tp().rank() == tp_rank(),
 // dp().rank() == dp_rank(), pp().rank() == pp_rank(), tp_dp().rank() == dp_rank()*tp + tp_rank().
 //
-// Layout: which world rank gets which coordinate (the `order`).
-//   megatron  rank = pp_idx*(dp*tp) + dp_idx*tp + tp_idx       tp innermost, then dp, pp outermost
-//   picotron  rank = dp_idx*(pp*tp) + pp_idx*tp + tp_idx       tp innermost, then pp, dp outermost
+// Layout: which world rank gets which coordinate (the `order`, its axes from the inside out).
+//   megatron  tp-cp-dp-pp   rank = ((pp_idx*dp + dp_idx)*cp + cp_idx)*tp + tp_idx
+//   picotron  tp-cp-pp-dp   rank = ((dp_idx*pp + pp_idx)*cp + cp_idx)*tp + tp_idx
+// (with cp = 1: megatron rank = pp_idx*(dp*tp) + dp_idx*tp + tp_idx.)
 // Why tp goes innermost: ranks r and r+1 are (almost always) on the same node, where GPUs talk
 // over NVLink (hundreds of GB/s) instead of the network (tens of GB/s). Tensor parallelism talks
 // the most: an all-reduce of B*T*C activations twice per block in forward and again in backward,
@@ -28,12 +32,13 @@
 // Megatron-LM puts dp next (one gradient all-reduce per step, overlapped with backward) and pp
 // outermost (only point-to-point activations between neighbouring stages, the least traffic, so
 // it may cross the slowest links). picotron (huggingface/picotron, process_group_manager.py) views
-// torch.arange(world) as a (dp, pp, cp, tp) tensor (cp = context parallel, 1 here): tp is still
-// innermost, but pp comes before dp, so one pipeline's stages are close together and dp replicas
+// torch.arange(world) as a (dp, pp, cp, tp) tensor (cp = context parallel): tp is still
+// innermost, cp next (its ring of K/V blocks talks every attention layer), but pp comes before dp, so one pipeline's stages are close together and dp replicas
 // are far apart. Both are correct; they differ only in which traffic crosses the slower links.
 //
 // The index math is in free functions (grid_rank, grid_coord, *_group_ranks, grid_table) that
 // need no communicator, so tests can check the tables of 8 or 16 ranks on one process.
+#include <array>
 #include <string>
 #include <vector>
 
@@ -43,27 +48,41 @@ namespace scalelab::comm {
 
 enum class GridOrder { megatron, picotron };
 
-/// "megatron" or "picotron" (the --grid-order option). Anything else throws UsageError.
+/// "megatron" or "picotron" (the --grid-order option), or their axis orders written out
+/// ("tp-cp-dp-pp", "tp-cp-pp-dp"). Anything else throws UsageError.
 GridOrder parse_grid_order(const std::string& name);
 const char* grid_order_name(GridOrder order);
+
+/// The named axes of the grid.
+enum class GridAxis { tp, cp, dp, pp };
+const char* grid_axis_name(GridAxis axis);
+/// The axes of `order` from the innermost (neighbouring ranks) to the outermost.
+std::array<GridAxis, 4> grid_axes(GridOrder order);
+/// The same as a string: "tp-cp-dp-pp" (megatron), "tp-cp-pp-dp" (picotron).
+std::string grid_axes_string(GridOrder order);
 
 /// One rank's position in the grid: its index on each axis.
 struct GridCoord {
   int dp = 0, tp = 0, pp = 0;
+  int cp = 0;
+  int at(GridAxis a) const;
+  void set(GridAxis a, int index);
   bool operator==(const GridCoord&) const = default;
 };
 
-/// The sizes of the three axes and the layout.
+/// The sizes of the axes and the layout (cp last, so {dp, tp, pp, order} is a 3D grid).
 struct GridShape {
   int dp = 1, tp = 1, pp = 1;
   GridOrder order = GridOrder::megatron;
-  int world_size() const { return dp * tp * pp; }
+  int cp = 1;
+  int size(GridAxis a) const;
+  int world_size() const { return dp * tp * pp * cp; }
 };
 
 // ---- pure index math (no communicator) ---------------------------------------------------------
 
-/// Throws UsageError (exit 2) when a size is < 1 or dp*tp*pp != world_size, with one line that
-/// names the sizes and the world size.
+/// Throws UsageError (exit 2) when a size is < 1 or dp*tp*pp*cp != world_size, with one line
+/// that names the sizes and the world size.
 void check_grid(const GridShape& shape, int world_size);
 
 /// The world rank at coordinate `c` (see the layout formulas above).
@@ -76,6 +95,14 @@ std::vector<int> tp_group_ranks(const GridShape& shape, int rank);
 std::vector<int> dp_group_ranks(const GridShape& shape, int rank);
 std::vector<int> pp_group_ranks(const GridShape& shape, int rank);
 std::vector<int> tp_dp_group_ranks(const GridShape& shape, int rank);
+/// Context parallel: the cp ranks that hold one sequence's zig-zag chunks (lab 11).
+std::vector<int> cp_group_ranks(const GridShape& shape, int rank);
+/// The dp x cp ranks whose replicated weights see different tokens (group rank dp*cp + cp): the
+/// gradients of a context-parallel model are averaged over them, not over dp alone.
+std::vector<int> dp_cp_group_ranks(const GridShape& shape, int rank);
+/// The members of `rank`'s group along `axes` (the others fixed), the first axis outermost:
+/// {dp, tp} is tp_dp_group_ranks. The functions above are this for one or two axes.
+std::vector<int> group_ranks(const GridShape& shape, int rank, const std::vector<GridAxis>& axes);
 
 /// The number of `rank`'s group among the groups of its kind, counted in the order of their
 /// lowest world rank: tp group 0 holds rank 0, tp group 1 the lowest rank not in tp group 0, ...
@@ -84,9 +111,12 @@ int tp_group_index(const GridShape& shape, int rank);
 int dp_group_index(const GridShape& shape, int rank);
 int pp_group_index(const GridShape& shape, int rank);
 int tp_dp_group_index(const GridShape& shape, int rank);
+int cp_group_index(const GridShape& shape, int rank);
+int dp_cp_group_index(const GridShape& shape, int rank);
 
 /// The group table: a title line, a header, then one line per world rank with its coordinates
-/// and the name and members (world ranks, in group order) of its tp, dp, pp and tp x dp groups:
+/// and the name and members (world ranks, in group order) of its tp, dp, pp and tp x dp groups
+/// (and with cp > 1 its cp index, cp and dp x cp groups):
 ///   process grid: dp 2 x tp 2 x pp 2 = 8 ranks, order megatron (rank = pp*4 + dp*2 + tp)
 ///   rank  dp  tp  pp  tp group     dp group     pp group     tp x dp group
 ///      0   0   0   0  tp0 [0 1]    dp0 [0 2]    pp0 [0 4]    tpdp0 [0 1 2 3]
@@ -97,16 +127,20 @@ std::string grid_table(const GridShape& shape);
 class ProcessGrid {
  public:
   ProcessGrid() = default;  // not usable
-  /// Lays the ranks of `world` out as dp x tp x pp and splits it into the four kinds of group
+  /// Lays the ranks of `world` out as dp x tp x pp (x cp) and splits it into its kinds of group
   /// (collective over `world`: every rank calls it with the same arguments). Throws UsageError
-  /// when the sizes do not fit (check_grid).
+  /// when the sizes do not fit (check_grid). With cp = 1 the cp group is this rank alone and
+  /// the dp x cp group is the dp group.
   ProcessGrid(const Communicator& world, int dp, int tp, int pp,
-              GridOrder order = GridOrder::megatron);
+              GridOrder order = GridOrder::megatron, int cp = 1);
+  explicit ProcessGrid(const Communicator& world, const GridShape& shape)
+      : ProcessGrid(world, shape.dp, shape.tp, shape.pp, shape.order, shape.cp) {}
 
   const GridShape& shape() const { return shape_; }
   int dp_size() const { return shape_.dp; }
   int tp_size() const { return shape_.tp; }
   int pp_size() const { return shape_.pp; }
+  int cp_size() const { return shape_.cp; }
   GridOrder order() const { return shape_.order; }
 
   /// This rank in `world`, and its coordinates.
@@ -115,8 +149,10 @@ class ProcessGrid {
   int dp_rank() const { return coord_.dp; }
   int tp_rank() const { return coord_.tp; }
   int pp_rank() const { return coord_.pp; }
+  int cp_rank() const { return coord_.cp; }
 
-  /// The communicators. Names: "tp<i>", "dp<i>", "pp<i>", "tpdp<i>" (i: *_group_index), as the
+  /// The communicators. Names: "tp<i>", "dp<i>", "pp<i>", "tpdp<i>", "cp<i>", "dpcp<i>" (i:
+  /// *_group_index), as the
   /// watchdog reports, the trace and the byte counters show them.
   /// (A Communicator is a handle: the copy returned shares the group.)
   Communicator world() const { return world_; }
@@ -124,9 +160,13 @@ class ProcessGrid {
   Communicator dp() const { return dp_; }
   Communicator pp() const { return pp_; }
   Communicator tp_dp() const { return tp_dp_; }
+  Communicator cp() const { return cp_; }
+  Communicator dp_cp() const { return dp_cp_; }
 
   /// The rank in `world` at a coordinate.
-  int world_rank_of(int dp, int tp, int pp) const { return grid_rank(shape_, {dp, tp, pp}); }
+  int world_rank_of(int dp, int tp, int pp, int cp = 0) const {
+    return grid_rank(shape_, {dp, tp, pp, cp});
+  }
 
   /// Pipeline neighbours as ranks of pp() (== their pp index), -1 past either end:
   ///   pp().send(x, next_stage_rank()) on every stage but the last.
@@ -142,7 +182,7 @@ class ProcessGrid {
   GridShape shape_;
   int rank_ = 0;
   GridCoord coord_;
-  Communicator world_, tp_, dp_, pp_, tp_dp_;
+  Communicator world_, tp_, dp_, pp_, tp_dp_, cp_, dp_cp_;
 };
 
 }  // namespace scalelab::comm

@@ -9,6 +9,7 @@
 //   orders; the communicators' sizes, ranks, world ranks and names match the pure functions, an
 //   all-reduce over each group sums its members' world ranks, and activations go down the
 //   pipeline over pp() with next_stage_rank / prev_stage_rank.
+#include <algorithm>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -183,6 +184,82 @@ TEST(GridLayout, EveryShapeRoundTripsAndGroupsPartitionTheWorld) {
         }
 }
 
+// ---- four axes (context parallel, lab 11) ------------------------------------------------------------
+
+namespace {
+
+// The reference layout of a 4D grid, written from the frameworks' definitions rather than from
+// the mixed-radix code: torch.arange(world).view(pp, dp, cp, tp) (Megatron, tp-cp-dp-pp) or
+// .view(dp, pp, cp, tp) (picotron): walk the view in row-major order, numbering the cells.
+std::vector<GridCoord> view_layout(const GridShape& s) {
+  std::vector<GridCoord> at_rank;
+  const bool mega = s.order == GridOrder::megatron;
+  const int outer = mega ? s.pp : s.dp, second = mega ? s.dp : s.pp;
+  for (int o = 0; o < outer; ++o)
+    for (int m = 0; m < second; ++m)
+      for (int c = 0; c < s.cp; ++c)
+        for (int t = 0; t < s.tp; ++t)
+          at_rank.push_back(mega ? GridCoord{m, t, o, c} : GridCoord{o, t, m, c});
+  return at_rank;
+}
+
+}  // namespace
+
+TEST(GridLayout, FourAxesFollowTheFrameworksViews) {
+  for (GridOrder order : {GridOrder::megatron, GridOrder::picotron})
+    for (const GridShape s : {GridShape{2, 2, 2, order, 2}, GridShape{3, 1, 2, order, 2},
+                              GridShape{1, 2, 1, order, 4}}) {
+      SCOPED_TRACE(testing::Message() << comm::grid_order_name(order) << " dp " << s.dp << " tp "
+                                      << s.tp << " pp " << s.pp << " cp " << s.cp);
+      const std::vector<GridCoord> want = view_layout(s);
+      ASSERT_EQ(static_cast<int>(want.size()), s.world_size());
+      for (int r = 0; r < s.world_size(); ++r) {
+        EXPECT_EQ(comm::grid_coord(s, r), want[r]) << "rank " << r;
+        EXPECT_EQ(comm::grid_rank(s, want[r]), r);
+        // A group: the ranks that agree with r on every axis but the group's.
+        auto members = [&](auto same) {
+          std::vector<int> m;
+          for (int q = 0; q < s.world_size(); ++q)
+            if (same(want[q], want[r])) m.push_back(q);
+          return m;
+        };
+        const auto cp_group = members([](GridCoord a, GridCoord b) {
+          return a.dp == b.dp && a.tp == b.tp && a.pp == b.pp;
+        });
+        const auto dp_cp_group = members([](GridCoord a, GridCoord b) {
+          return a.tp == b.tp && a.pp == b.pp;
+        });
+        const auto tp_dp_group = members([](GridCoord a, GridCoord b) {
+          return a.cp == b.cp && a.pp == b.pp;
+        });
+        auto sorted = [](std::vector<int> v) { std::sort(v.begin(), v.end()); return v; };
+        EXPECT_EQ(sorted(comm::cp_group_ranks(s, r)), cp_group);
+        EXPECT_EQ(sorted(comm::dp_cp_group_ranks(s, r)), dp_cp_group);
+        EXPECT_EQ(sorted(comm::tp_dp_group_ranks(s, r)), tp_dp_group);
+        // group rank = the index on the axis (cp), dp*cp + cp (dp x cp)
+        EXPECT_EQ(comm::cp_group_ranks(s, r).at(want[r].cp), r);
+        EXPECT_EQ(comm::dp_cp_group_ranks(s, r).at(want[r].dp * s.cp + want[r].cp), r);
+      }
+    }
+  EXPECT_EQ(comm::grid_axes_string(GridOrder::megatron), "tp-cp-dp-pp");
+  EXPECT_EQ(comm::grid_axes_string(GridOrder::picotron), "tp-cp-pp-dp");
+  EXPECT_EQ(comm::parse_grid_order("tp-cp-pp-dp"), GridOrder::picotron);
+  const std::string table = comm::grid_table({2, 1, 1, GridOrder::megatron, 2});
+  EXPECT_EQ(table,
+            "process grid: dp 2 x tp 1 x pp 1 x cp 2 = 4 ranks, order megatron (rank = pp*4 + "
+            "dp*2 + cp*1 + tp)\n"
+            "rank  dp  tp  pp  cp  tp group  dp group   pp group  tp x dp group  cp group   "
+            "dp x cp group\n"
+            "   0   0   0   0   0  tp0 [0]   dp0 [0 2]  pp0 [0]   tpdp0 [0 2]    cp0 [0 1]  "
+            "dpcp0 [0 1 2 3]\n"
+            "   1   0   0   0   1  tp1 [1]   dp1 [1 3]  pp1 [1]   tpdp1 [1 3]    cp0 [0 1]  "
+            "dpcp0 [0 1 2 3]\n"
+            "   2   1   0   0   0  tp2 [2]   dp0 [0 2]  pp2 [2]   tpdp0 [0 2]    cp1 [2 3]  "
+            "dpcp0 [0 1 2 3]\n"
+            "   3   1   0   0   1  tp3 [3]   dp1 [1 3]  pp3 [3]   tpdp1 [1 3]    cp1 [2 3]  "
+            "dpcp0 [0 1 2 3]\n");
+}
+
 // ---- bad grids -----------------------------------------------------------------------------------
 
 TEST(GridErrors, SizesThatDoNotFitTheWorldAreUsageErrors) {
@@ -195,6 +272,10 @@ TEST(GridErrors, SizesThatDoNotFitTheWorldAreUsageErrors) {
   EXPECT_THROW(comm::check_grid({1, 1, -1}, 1), UsageError);
   EXPECT_THROW(comm::check_grid({1, 1, 1}, 2), UsageError);
   EXPECT_NO_THROW(comm::check_grid({1, 3, 2}, 6));
+  EXPECT_EQ(message_of([] { comm::check_grid({2, 1, 1, GridOrder::megatron, 2}, 2); }),
+            "process grid: dp 2 x tp 1 x pp 1 x cp 2 = 4 ranks, but the world has 2 ranks "
+            "(dp*tp*pp*cp must equal the world size)");
+  EXPECT_THROW(comm::check_grid({1, 1, 1, GridOrder::megatron, 0}, 1), UsageError);
 }
 
 TEST(GridErrors, UnknownOrderIsAUsageError) {
@@ -242,7 +323,8 @@ std::vector<GridShape> shapes_of(int world) {
     for (int dp = 1; dp <= world; ++dp)
       for (int tp = 1; tp <= world; ++tp)
         for (int pp = 1; pp <= world; ++pp)
-          if (dp * tp * pp == world) shapes.push_back({dp, tp, pp, order});
+          for (int cp = 1; cp <= world; ++cp)
+            if (dp * tp * pp * cp == world) shapes.push_back({dp, tp, pp, order, cp});
   return shapes;
 }
 
@@ -253,13 +335,13 @@ TEST(ProcessGridRun, EveryFactorisationOfTheWorldInBothOrders) {
   const int r = world.rank();
   for (const GridShape& s : shapes_of(world.size())) {
     SCOPED_TRACE(testing::Message() << comm::grid_order_name(s.order) << " dp " << s.dp << " tp "
-                                    << s.tp << " pp " << s.pp);
-    ProcessGrid grid(world, s.dp, s.tp, s.pp, s.order);
+                                    << s.tp << " pp " << s.pp << " cp " << s.cp);
+    ProcessGrid grid(world, s);
     const GridCoord c = comm::grid_coord(s, r);
     EXPECT_EQ(grid.rank(), r);
     EXPECT_EQ(grid.coord(), c);
-    EXPECT_EQ(grid.dp_size() * grid.tp_size() * grid.pp_size(), world.size());
-    EXPECT_EQ(grid.world_rank_of(c.dp, c.tp, c.pp), r);
+    EXPECT_EQ(grid.dp_size() * grid.tp_size() * grid.pp_size() * grid.cp_size(), world.size());
+    EXPECT_EQ(grid.world_rank_of(c.dp, c.tp, c.pp, c.cp), r);
     check_group(grid.tp(), comm::tp_group_ranks(s, r), c.tp,
                 fmt::format("tp{}", comm::tp_group_index(s, r)));
     check_group(grid.dp(), comm::dp_group_ranks(s, r), c.dp,
@@ -268,6 +350,15 @@ TEST(ProcessGridRun, EveryFactorisationOfTheWorldInBothOrders) {
                 fmt::format("pp{}", comm::pp_group_index(s, r)));
     check_group(grid.tp_dp(), comm::tp_dp_group_ranks(s, r), c.dp * s.tp + c.tp,
                 fmt::format("tpdp{}", comm::tp_dp_group_index(s, r)));
+    if (s.cp > 1) {
+      check_group(grid.cp(), comm::cp_group_ranks(s, r), c.cp,
+                  fmt::format("cp{}", comm::cp_group_index(s, r)));
+      check_group(grid.dp_cp(), comm::dp_cp_group_ranks(s, r), c.dp * s.cp + c.cp,
+                  fmt::format("dpcp{}", comm::dp_cp_group_index(s, r)));
+    } else {
+      EXPECT_EQ(grid.cp().size(), 1);
+      EXPECT_EQ(grid.dp_cp().world_ranks(), grid.dp().world_ranks());
+    }
 
     // The pipeline: stage k sends its world rank to stage k+1 over pp().
     EXPECT_EQ(grid.is_first_stage(), c.pp == 0);
@@ -281,7 +372,7 @@ TEST(ProcessGridRun, EveryFactorisationOfTheWorldInBothOrders) {
       grid.pp().send(Tensor::from_vector({static_cast<double>(r)}, {1}), grid.next_stage_rank());
     w.wait();
     if (!grid.is_first_stage())
-      EXPECT_EQ(from_prev.item(0), grid.world_rank_of(c.dp, c.tp, c.pp - 1));
+      EXPECT_EQ(from_prev.item(0), grid.world_rank_of(c.dp, c.tp, c.pp - 1, c.cp));
 
     EXPECT_EQ(grid.table(), comm::grid_table(s));
   }
