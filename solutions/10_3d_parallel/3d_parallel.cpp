@@ -273,15 +273,17 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
                                              (s == g.pp - 1 ? 3 * (ring * ce_bytes / bw + lat) : 0));
     const double pp_s = g.pp == 1 ? 0 : 2.0 * m * (mb_bytes / bw + lat);
     // dp, within the step (the optimizer's all-gather of ZeRO 1/2 comes after it): ZeRO 0/1
-    // one all-reduce of the gradients; ZeRO-2 a reduce to the owners per unit (half a ring
-    // all-reduce's bytes); ZeRO-3 per unit 2 all-gathers and a reduce-scatter (1.5 all-reduces).
+    // one all-reduce of the gradients, after the last micro-batch; ZeRO-2 a reduce to the owners
+    // per unit (half a ring all-reduce's bytes); ZeRO-3 per unit 2 all-gathers and a
+    // reduce-scatter (1.5 all-reduces). ZeRO-2/3 run at every micro-batch's backward (ZeRO-3's
+    // gathers at every forward too): m times.
     const double grad_bytes = static_cast<double>(params) * master;  // fp32 in mixed precision
     const double units = static_cast<double>(r.size()) + (s == 0 ? 1 : 0) + (s == g.pp - 1 ? 1 : 0);
     const double all_reduce = 2.0 * (g.dp - 1) / g.dp * grad_bytes / bw;
     double dp_s = all_reduce + lat;
-    if (plan.zero_stage == 2) dp_s = 0.5 * all_reduce + units * lat;
+    if (plan.zero_stage == 2) dp_s = m * (0.5 * all_reduce + units * lat);
     // (its all-gathers move what the layers read: half the bytes in mixed precision)
-    if (plan.zero_stage == 3) dp_s = (0.5 + act / master) * all_reduce + 3 * units * lat;
+    if (plan.zero_stage == 3) dp_s = m * ((0.5 + act / master) * all_reduce + 3 * units * lat);
     if (g.dp == 1) dp_s = 0;
     Prediction p;
     p.params = params;
