@@ -327,8 +327,9 @@ class GatherRelease final : public nn::BlockPolicy {
   int gathers_ = 0;
 };
 
-/// Step 4e. The ZeRO-3 trainer: the model built with a GatherRelease policy's options, AdamW
-/// over its shards. Equal to ZeRO-2 up to the reduction order.
+/// The ZeRO-3 trainer (given but for step 4e, its step: AdamW on the shards): the model built
+/// with a GatherRelease policy's options, AdamW over the policy's shards. Equal to ZeRO-2 up to
+/// the reduction order.
 ///
 /// Mixed precision (compute_dtype bf16, mixed()): as the paper's stage 3. A rank keeps the same
 /// fp32 shards (master values, gradients, m, v: 16 Psi / n); a unit's gather sends the bf16 cast

@@ -247,9 +247,10 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     const int64_t unit = (stage_parameters(config, g.tp, 1, 0) - V * C / g.tp - T * C - 2 * C) /
                          config.n_layer;
     const int64_t embedding = V * C / g.tp + T * C;
-    // ZeRO-2/3's working set during the backward (lab 09's trainers, pp = 1): whole unit
-    // gradients (master dtype) are bound until reduced: the tied embedding's from the head's
-    // backward to the embedding's, and the block's being differentiated; ZeRO-3 also holds that
+    // ZeRO-2/3's working set during the backward (lab 09's policies): whole unit gradients
+    // (master dtype) are bound until reduced: the tied embedding's (with a pipeline: a tied
+    // copy's, the embedding or the head's lm_head, kept whole until the tied sum), and the
+    // block's being differentiated (an approximation beyond pp = 1); ZeRO-3 also holds that
     // block's gathered values and the next block's all-gather buffer (what the layers read: the
     // bf16 weights in mixed precision).
     if (plan.zero_stage >= 2)
