@@ -14,7 +14,7 @@
 
 namespace scalelab::lab10 {
 
-// ---- given: ZeRO-1/2's sharded optimizer over dp ----------------------------------------------------
+// ---- given: ZeRO-1/2's sharded optimizer over dp ------------------------------------------------
 
 Zero1Optimizer::Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, optim::AdamWConfig adamw)
     : Zero1Optimizer(model, dp, Tensor(), adamw) {}
@@ -37,7 +37,7 @@ void Zero1Optimizer::step(double lr) {
   lab09::all_gather_parameters(model_.params(), shard_, dp_);
 }
 
-// ---- given: a plan's step and optimizer ------------------------------------------------------------
+// ---- given: a plan's step and optimizer ---------------------------------------------------------
 
 void check_runnable(const Plan& p) {
   SCALELAB_REQUIRE(p.zero_stage >= 0 && p.zero_stage <= 3, "--zero must be 0, 1, 2 or 3, got {}",
@@ -165,7 +165,8 @@ void Trainer3D::optimizer_step(double lr) {
 
 std::size_t Trainer3D::optimizer_state_bytes() const {
   std::size_t n = 0;
-  for (const auto& x : pieces_) n += x->sharded ? x->sharded->state_bytes() : x->adamw->state_bytes();
+  for (const auto& x : pieces_)
+    n += x->sharded ? x->sharded->state_bytes() : x->adamw->state_bytes();
   return n;
 }
 
