@@ -90,6 +90,17 @@ const Tensor& GPT::head_weight() const {
 }
 Tensor& GPT::head_grad() { return lm_head ? lm_head->grad : embedding->wte.grad; }
 
+void GPT::add_block_policy(std::shared_ptr<BlockPolicy> policy) {
+  if (!policy_) {
+    policy_ = std::move(policy);
+    return;
+  }
+  auto list = std::make_shared<PolicyList>();
+  list->add(policy_);
+  list->add(std::move(policy));
+  policy_ = std::move(list);
+}
+
 void GPT::set_mappings(std::shared_ptr<const Mappings> mappings) {
   SCALELAB_CHECK(mappings != nullptr, "set_mappings(nullptr): use Mappings::single_device()");
   mappings_ = std::move(mappings);
@@ -112,13 +123,17 @@ Tensor GPT::embed(const Tensor& tokens, GPTActivations& acts) const {
   SCALELAB_CHECK(tokens.dim() == 2 && tokens.size(1) <= config_.block_size,
                  "tokens {} longer than the context of {}", tokens.str(), config_.block_size);
   check_vocabulary_mappings();
-  need_values(embedding_unit());
+  const std::size_t u = embedding_unit();
+  if (policy_) policy_->before_unit_forward(*this, u);  // e.g. ZeRO-3: gather the unit
+  need_values(u);
   acts.tokens = tokens;
   acts.seq_len = tokens.size(1);
   // (B, T, C) on every rank, then the rows this rank keeps (all of them unless sequence parallel)
   const Tensor x = mappings().embedding_forward(embedding->wte.compute_value(), vocab_lo_,
                                                 embedding->wpe.compute_value(), tokens);
-  return mappings().split_rows(x);
+  Tensor rows = mappings().split_rows(x);
+  if (policy_) policy_->after_unit_forward(*this, u);  // e.g. ZeRO-3: free it
+  return rows;
 }
 
 Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
@@ -127,11 +142,15 @@ Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
   acts.blocks.assign(blocks_.size(), BlockActivations());
   Tensor h = x;
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    need_values(block_unit(first_ + static_cast<int>(i)));
+    const std::size_t u = block_unit(first_ + static_cast<int>(i));
+    if (policy_) policy_->before_unit_forward(*this, u);
+    need_values(u);
     acts.inputs[i] = h;
     h = blocks_[i]->forward(h, acts.blocks[i], acts.seq_len);
-    if (policy_)  // e.g. checkpointing: drop what the block saved, keep its input
+    if (policy_) {  // e.g. checkpointing: drop what the block saved, keep its input
       policy_->after_forward(*blocks_[i], acts.inputs[i], acts.blocks[i], acts.seq_len);
+      policy_->after_unit_forward(*this, u);
+    }
   }
   return h;
 }
@@ -143,6 +162,7 @@ double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations&
   const int64_t N = targets.numel(), V = vocab_hi_ - vocab_lo_;  // V: this rank's columns
   const DType dt = params_.compute_dtype();  // bf16 activations in mixed precision
   const Device dev = options_.device;
+  if (policy_) policy_->before_unit_forward(*this, head_unit());
   need_values(head_unit());
   if (!lm_head) need_values(embedding_unit());  // the tied wte
   HeadActivations& h = acts.head;
@@ -159,7 +179,9 @@ double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations&
   h.probs = Tensor::empty({N, V}, dt, dev);
   ops::matmul(h.probs, in, head_weight(), false, true);  // logits = lnf @ W^T
   // the loss; the logits become the softmax's columns (a new tensor, or in place)
-  return mappings().cross_entropy(h.probs, targets.view({N}), vocab_lo_);
+  const double loss = mappings().cross_entropy(h.probs, targets.view({N}), vocab_lo_);
+  if (policy_) policy_->after_unit_forward(*this, head_unit());
+  return loss;
 }
 
 Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
@@ -168,6 +190,7 @@ Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
   const int64_t C = h.x.size(-1), N = h.targets.numel();
   const DType dt = params_.compute_dtype();
   const Device dev = options_.device;
+  if (policy_) policy_->before_unit_backward(*this, head_unit());
   need_values(head_unit());
   need_grads(head_unit());
   if (!lm_head) {  // the head writes the tied wte's gradient first
@@ -192,6 +215,7 @@ Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
   mappings().layernorm_backward(*ln_f, dx, dlnf_rows, h.x, h.lnf_mean, h.lnf_rstd);
   fire(ln_f->parameters());
   h.reset();
+  if (policy_) policy_->after_unit_backward(*this, head_unit());  // e.g. ZeRO-2: reduce it
   return dx;
 }
 
@@ -202,13 +226,16 @@ Tensor GPT::backward_blocks(const Tensor& dout, GPTActivations& acts) {
   const BackwardHook* hook = hook_ ? &hook_ : nullptr;
   Tensor d = dout;
   for (int i = static_cast<int>(blocks_.size()) - 1; i >= 0; --i) {
-    need_values(block_unit(first_ + i));
-    need_grads(block_unit(first_ + i));
+    const std::size_t u = block_unit(first_ + i);
+    if (policy_) policy_->before_unit_backward(*this, u);  // e.g. ZeRO-3: gather the unit
+    need_values(u);
+    need_grads(u);
     if (policy_)  // e.g. checkpointing: recompute what the block's backward reads
       policy_->before_backward(*blocks_[i], acts.inputs[i], acts.blocks[i], acts.seq_len);
     d = blocks_[i]->backward(d, acts.inputs[i], acts.blocks[i], hook, acts.seq_len);
     acts.blocks[i].reset();  // used up: memory falls as backward proceeds
     acts.inputs[i] = Tensor();
+    if (policy_) policy_->after_unit_backward(*this, u);  // e.g. ZeRO-2/3: reduce its gradient
   }
   acts.blocks.clear();
   acts.inputs.clear();
@@ -217,7 +244,9 @@ Tensor GPT::backward_blocks(const Tensor& dout, GPTActivations& acts) {
 
 void GPT::embed_backward(const Tensor& dx, GPTActivations& acts) {
   SCALELAB_CHECK(acts.tokens.defined(), "embed_backward() without embed()");
-  need_grads(embedding_unit());
+  const std::size_t u = embedding_unit();
+  if (policy_) policy_->before_unit_backward(*this, u);
+  need_grads(u);
   const Tensor& tokens = acts.tokens;
   // every row's gradient (sequence parallel: all-gathered), as (B, T, C)
   const Tensor d = mappings().split_rows_backward(dx).view(
@@ -225,6 +254,7 @@ void GPT::embed_backward(const Tensor& dx, GPTActivations& acts) {
   mappings().embedding_backward(embedding->wte.grad, vocab_lo_, embedding->wpe.grad, d, tokens);
   acts.tokens = Tensor();
   fire(embedding->parameters());  // wte is final only now: the head wrote to it first
+  if (policy_) policy_->after_unit_backward(*this, u);
 }
 
 double GPT::forward(const Tensor& tokens, const Tensor& targets, GPTActivations& acts) {

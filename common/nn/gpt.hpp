@@ -14,7 +14,8 @@
 //    on the stage with block 0, the head on the stage with the last block;
 //  - tp_size > 1 keeps a 1/tp share of every block's heads and MLP, vocab_lo/hi a share of the
 //    vocabulary (tensor parallel): the caller's mappings (set_mappings, mappings.hpp) say how
-//    the shares talk; a block policy (set_block_policy) what is kept or recomputed.
+//    the shares talk; a block policy (set_block_policy) what is kept or recomputed, and what
+//    happens around each unit (ZeRO's gathers and gradient reductions).
 //
 //   nn::GPT model(model_config("tiny"), {.device = Device::cpu(), .seed = 1});
 //   nn::GPTActivations acts;
@@ -71,18 +72,74 @@ struct GPTOptions {
   bool flash_attention = false;
 };
 
-/// What a policy may do around each block's forward and backward: GPT::forward_blocks calls
-/// after_forward once a block has filled its activations from `input`, and backward_blocks calls
-/// before_backward right before the block's backward reads them. Activation checkpointing is one
-/// (drop them after the forward, recompute them from the input before the backward); the
-/// default keeps everything.
+class GPT;
+
+/// What a policy may do around each unit of the model (the embedding, each block, the head: the
+/// units of params().units()) and around each block's activations. The model's own pieces call
+/// it (embed, forward_blocks, head_forward, head_backward, backward_blocks, embed_backward), so
+/// every driver and every pipeline schedule gets it:
+///
+///   embed          before_unit_forward(embedding)  ... after_unit_forward(embedding)
+///   forward_blocks before_unit_forward(block i)  block i forward  after_forward(block i)
+///                  after_unit_forward(block i)
+///   head_forward   before_unit_forward(head)  ... after_unit_forward(head)   (a head tied to
+///                  wte on the same model also reads the embedding unit's values)
+///   head_backward  before_unit_backward(head)  ... after_unit_backward(head)
+///   backward_blocks before_unit_backward(block i)  before_backward(block i)  block i backward
+///                  after_unit_backward(block i)
+///   embed_backward before_unit_backward(embedding)  ... after_unit_backward(embedding)
+///
+/// The unit hooks come first and last, so what a unit hook provides (ZeRO-3's gathered values) is
+/// there for the block hooks (checkpointing's recomputation). Activation checkpointing is a
+/// block policy (drop a block's activations after its forward, recompute them from the input
+/// before its backward); ZeRO-2 a unit policy (reduce a unit's gradient once its backward is
+/// done), ZeRO-3 too (gather a unit before its forward and backward, free it after). Several
+/// compose (PolicyList, GPT::add_block_policy). The default keeps everything and does nothing.
+/// A policy may keep state: the model calls it from its const forward pieces all the same.
 class BlockPolicy {
  public:
   virtual ~BlockPolicy() = default;
   virtual void after_forward(const Block& /*block*/, const Tensor& /*input*/,
-                             BlockActivations& /*acts*/, int64_t /*seq_len*/) const {}
+                             BlockActivations& /*acts*/, int64_t /*seq_len*/) {}
   virtual void before_backward(const Block& /*block*/, const Tensor& /*input*/,
-                               BlockActivations& /*acts*/, int64_t /*seq_len*/) const {}
+                               BlockActivations& /*acts*/, int64_t /*seq_len*/) {}
+  /// `unit`: the index in model.params().units() (GPT::embedding_unit, block_unit, head_unit).
+  virtual void before_unit_forward(const GPT& /*model*/, std::size_t /*unit*/) {}
+  virtual void after_unit_forward(const GPT& /*model*/, std::size_t /*unit*/) {}
+  virtual void before_unit_backward(const GPT& /*model*/, std::size_t /*unit*/) {}
+  virtual void after_unit_backward(const GPT& /*model*/, std::size_t /*unit*/) {}
+};
+
+/// Several policies as one: every hook calls each policy in the order they were added.
+class PolicyList final : public BlockPolicy {
+ public:
+  PolicyList() = default;
+  explicit PolicyList(std::vector<std::shared_ptr<BlockPolicy>> policies)
+      : list_(std::move(policies)) {}
+  void add(std::shared_ptr<BlockPolicy> p) { list_.push_back(std::move(p)); }
+  const std::vector<std::shared_ptr<BlockPolicy>>& policies() const { return list_; }
+  void after_forward(const Block& b, const Tensor& in, BlockActivations& a, int64_t t) override {
+    for (auto& p : list_) p->after_forward(b, in, a, t);
+  }
+  void before_backward(const Block& b, const Tensor& in, BlockActivations& a,
+                       int64_t t) override {
+    for (auto& p : list_) p->before_backward(b, in, a, t);
+  }
+  void before_unit_forward(const GPT& m, std::size_t u) override {
+    for (auto& p : list_) p->before_unit_forward(m, u);
+  }
+  void after_unit_forward(const GPT& m, std::size_t u) override {
+    for (auto& p : list_) p->after_unit_forward(m, u);
+  }
+  void before_unit_backward(const GPT& m, std::size_t u) override {
+    for (auto& p : list_) p->before_unit_backward(m, u);
+  }
+  void after_unit_backward(const GPT& m, std::size_t u) override {
+    for (auto& p : list_) p->after_unit_backward(m, u);
+  }
+
+ private:
+  std::vector<std::shared_ptr<BlockPolicy>> list_;
 };
 
 /// What the head saves for backward.
@@ -171,9 +228,12 @@ class GPT {
   /// vocabulary is sharded (GPTOptions::vocab_lo/hi) needs vocabulary-parallel ones.
   void set_mappings(std::shared_ptr<const Mappings> mappings);
   const Mappings& mappings() const;
-  /// What forward_blocks / backward_blocks do around each block (BlockPolicy): e.g. checkpoint.
-  void set_block_policy(std::shared_ptr<const BlockPolicy> policy) { policy_ = std::move(policy); }
-  const BlockPolicy* block_policy() const { return policy_.get(); }
+  /// What the pieces do around each unit and block (BlockPolicy): e.g. checkpointing, ZeRO-2/3.
+  /// set_block_policy replaces the policy (nullptr: none); add_block_policy appends one to it
+  /// (the policies run in the order added: PolicyList).
+  void set_block_policy(std::shared_ptr<BlockPolicy> policy) { policy_ = std::move(policy); }
+  void add_block_policy(std::shared_ptr<BlockPolicy> policy);
+  BlockPolicy* block_policy() const { return policy_.get(); }
 
   // ---- units (ZeRO) ----
   /// Unit index of the embedding / of block i / of the head in params().units().
@@ -228,7 +288,7 @@ class GPT {
   ParameterSet params_;
   BackwardHook hook_;
   std::shared_ptr<const Mappings> mappings_;  // null: Mappings::single_device()
-  std::shared_ptr<const BlockPolicy> policy_;  // null: keep every block's activations
+  std::shared_ptr<BlockPolicy> policy_;  // null: keep every block's activations, do nothing
   GPTActivations acts_;  // for forward(tokens, targets) / backward() only
 };
 

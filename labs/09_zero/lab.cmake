@@ -1,4 +1,4 @@
-scalelab_add_lab(09 zero SOURCES zero.cpp STEPS 5 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60
+scalelab_add_lab(09 zero SOURCES zero.cpp GIVEN zero_policies.cpp STEPS 5 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60
                  OPTIONAL_STEPS 4 5)  # the core (steps 1-3) fits 90 minutes: README.md
 # Bad input: one "error:" line and exit 2 (checked before any data is read).
 if(SCALELAB_BUILD_TESTS)

@@ -1,5 +1,5 @@
 // Starter generated from solutions/09_zero/zero.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 08724ed63b0309f4 (lets make-labs see your edits).
+// step (see README.md). Body hash 8ecd759fe0138674 (lets make-labs see your edits).
 // Lab 09: ZeRO stages 1-3: shards, a sharded AdamW, gradients reduced to their owners, parameters
 // gathered unit by unit.
 #include "zero.hpp"
@@ -126,36 +126,37 @@ Held Zero1::held() const {
 
 // ---- step 3: ZeRO-2 -------------------------------------------------------------------------------
 
+void reduce_unit_to_owners(nn::ParameterSet& ps, std::size_t u, const nn::ShardRange& mine,
+                           Tensor& grad_shard, comm::Communicator& comm) {
+  // TODO step 3: a unit whose gradients are final: each owner adds its summed piece
+  // HINT: ps.units()[u] (its elements [lo, hi) of the flat layout), ps.unit_grads(u),
+  // HINT: comm.reduce_async, ps.release_grads(u).
+  throw scalelab::NotImplemented(
+      "lab 09 step 3: a unit whose gradients are final: each owner adds its summed piece (README.md#step-3)");
+}
+
 Zero2::Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
              optim::AdamWConfig adamw, const ModelBuilder& build)
     : Trainer(comm) {
   options.storage.pad_to = comm.size();
   options.storage.grads = nn::Storage::per_unit;  // GPT binds a unit's gradients when needed
   model_ = make_model(config, options, build);
+  // the policy: this rank's shard, its gradient buffer, reduce_unit_to_owners after each unit
+  policy_ = std::make_shared<GradientRelease>(*model_, comm);
+  model_->add_block_policy(policy_);
   nn::ParameterSet& ps = model_->params();
-  // TODO step 3: this rank's shard, a gradient buffer for it alone, AdamW over it
-  // HINT: with per-unit gradients there is no flat gradient buffer to take a view of.
+  // TODO step 3: an AdamW whose state covers this rank's shard alone
+  // HINT: with per-unit gradients there is no flat gradient buffer: the policy's grad_shard().
   throw scalelab::NotImplemented(
-      "lab 09 step 3: this rank's shard, a gradient buffer for it alone, AdamW over it (README.md#step-3)");
-}
-
-void Zero2::on_ready(const std::vector<nn::Parameter*>& done) {
-  nn::ParameterSet& ps = model_->params();
-  // TODO step 3: a unit whose gradients are final: each owner gets its summed piece
-  // HINT: ps.unit_of(p), ps.units()[u] (its parameters [first, last), its elements [lo, hi)),
-  // HINT: ps.unit_grads(u), ps.release_grads(u).
-  throw scalelab::NotImplemented(
-      "lab 09 step 3: a unit whose gradients are final: each owner gets its summed piece (README.md#step-3)");
+      "lab 09 step 3: an AdamW whose state covers this rank's shard alone (README.md#step-3)");
 }
 
 double Zero2::forward_backward(const data::Batch& global) {
   const data::Batch mine = my_rows(global, comm_, model_->device());
-  model_->set_backward_hook([this](const std::vector<nn::Parameter*>& done) { on_ready(done); });
-  double loss = 0;
-  // TODO step 3: the averaged gradient of my shard, from forward and backward
-  throw scalelab::NotImplemented(
-      "lab 09 step 3: the averaged gradient of my shard, from forward and backward (README.md#step-3)");
-  model_->set_backward_hook({});
+  policy_->begin();
+  const double loss = model_->forward(mine.x, mine.y);
+  model_->backward();  // the policy reduces each unit as its backward ends
+  policy_->finish();   // the average: 1/n
   return global_loss(loss, comm_);
 }
 
@@ -169,7 +170,7 @@ Tensor Zero2::full_parameters() { return model_->params().values(); }
 
 Held Zero2::held() const {
   nn::ParameterSet& ps = model_->params();
-  std::size_t grads = grad_shard_.defined() ? grad_shard_.nbytes() : 0;
+  std::size_t grads = policy_->grad_shard().defined() ? policy_->grad_shard().nbytes() : 0;
   for (std::size_t u = 0; u < ps.units().size(); ++u)
     if (ps.grads_bound(u)) grads += bytes_of(ps.units()[u].numel(), ps.dtype());
   return {flat_parameter_bytes(ps), grads, adamw_ ? adamw_->state_bytes() : 0};
@@ -177,91 +178,60 @@ Held Zero2::held() const {
 
 // ---- step 4: ZeRO-3 -------------------------------------------------------------------------------
 
-Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
-             optim::AdamWConfig adamw, const ModelBuilder& build)
-    : Trainer(comm) {
-  // Mixed precision (compute_dtype bf16): the same per-unit storage; a gathered unit is bound as
-  // its bf16 compute buffer (ParameterSet::bind_compute), never as fp32 values.
-  options.storage.values = nn::Storage::per_unit;
-  options.storage.grads = nn::Storage::per_unit;
-  options.on_init = [this](const nn::Unit& unit, const Tensor& values) {
-    keep_initial_shard(unit, values);
-  };
-  model_ = make_model(config, options, build);
-  nn::ParameterSet& ps = model_->params();
-  // TODO step 4: per unit a gradient shard; one AdamW over every unit's shard
-  // HINT: keep_initial_shard has filled shards_ and values_ by now (GPTOptions::on_init).
-  throw scalelab::NotImplemented(
-      "lab 09 step 4: per unit a gradient shard; one AdamW over every unit's shard (README.md#step-4)");
-}
-
-void Zero3::keep_initial_shard(const nn::Unit& unit, const Tensor& values) {
-  // TODO step 4: keep this rank's shard of the unit's initial values
-  throw scalelab::NotImplemented(
-      "lab 09 step 4: keep this rank's shard of the unit's initial values (README.md#step-4)");
-}
-
-bool Zero3::mixed() const { return model_->params().mixed(); }
-
-Zero3::Gather Zero3::start_gather(std::size_t u) {
-  Gather g{u};
+UnitGather start_unit_gather(const nn::ParameterSet& ps, std::size_t u, const Tensor& shard,
+                             comm::Communicator& comm) {
+  UnitGather g{u};
   // TODO step 4: start gathering unit u's shards from every rank; return at once
-  // HINT: mixed() (--precision bf16): gather what the layers read, the 2-byte weights (the
+  // HINT: ps.mixed() (--precision bf16): gather what the layers read, the 2-byte weights (the
   // HINT: paper's): a bf16 cast of the fp32 shard, kept in g.send while the gather runs.
   throw scalelab::NotImplemented(
       "lab 09 step 4: start gathering unit u's shards from every rank; return at once (README.md#step-4)");
   return g;
 }
 
-void Zero3::finish_gather(Gather& g) {
-  nn::ParameterSet& ps = model_->params();
+void finish_unit_gather(nn::ParameterSet& ps, UnitGather& g) {
   // TODO step 4: the gathered unit bound in the model, ready for its layers
-  // HINT: mixed(): bind the unit's bf16 compute buffer (ps.bind_compute) instead of its values:
-  // HINT: the layers read Parameter::compute_value(), and the fp32 values stay unbound.
+  // HINT: ps.mixed(): bind the unit's bf16 compute buffer (ps.bind_compute) instead of its
+  // HINT: values: the layers read Parameter::compute_value(), and the fp32 values stay unbound.
   throw scalelab::NotImplemented(
       "lab 09 step 4: the gathered unit bound in the model, ready for its layers (README.md#step-4)");
-  note_gathered();
 }
 
-void Zero3::release(std::size_t u) {
+void release_unit(nn::ParameterSet& ps, std::size_t u) {
   // TODO step 4: free a gathered unit
-  // HINT: mixed(): what finish_gather bound is the compute buffer (ps.release_compute).
+  // HINT: ps.mixed(): what finish_unit_gather bound is the compute buffer (ps.release_compute).
   throw scalelab::NotImplemented(
       "lab 09 step 4: free a gathered unit (README.md#step-4)");
 }
 
-void Zero3::reduce_scatter_grads(std::size_t u) {
-  nn::ParameterSet& ps = model_->params();
-  // TODO step 4: my shard of the unit's averaged gradient; the unit's gradients freed
+void reduce_scatter_unit(nn::ParameterSet& ps, std::size_t u, Tensor& grad_shard,
+                         comm::Communicator& comm) {
+  // TODO step 4: my shard of the unit's summed gradient added in; the unit's freed
   throw scalelab::NotImplemented(
-      "lab 09 step 4: my shard of the unit's averaged gradient; the unit's gradients freed (README.md#step-4)");
+      "lab 09 step 4: my shard of the unit's summed gradient added in; the unit's freed (README.md#step-4)");
 }
 
-std::size_t Zero3::gathered_bytes(std::size_t u) const {
-  const nn::ParameterSet& ps = model_->params();
-  const int64_t n = ps.units()[u].numel();
-  return (ps.values_bound(u) ? bytes_of(n, ps.dtype()) : 0) +
-         (mixed() && ps.compute_bound(u) ? bytes_of(n, DType::bf16) : 0);
+Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
+             optim::AdamWConfig adamw, const ModelBuilder& build)
+    : Trainer(comm) {
+  // Mixed precision (compute_dtype bf16): the same per-unit storage; a gathered unit is bound as
+  // its bf16 compute buffer (ParameterSet::bind_compute), never as fp32 values.
+  policy_ = std::make_shared<GatherRelease>(comm);
+  model_ = make_model(config, policy_->prepare(options), build);
+  policy_->attach(*model_);
+  model_->add_block_policy(policy_);
+  adamw_ = std::make_unique<optim::AdamW>(policy_->optimizer_groups(), adamw);
 }
 
-void Zero3::note_gathered() {
-  std::size_t now = 0;
-  for (std::size_t u = 0; u < model_->params().units().size(); ++u) now += gathered_bytes(u);
-  peak_gathered_ = std::max(peak_gathered_, now);
-}
+bool Zero3::mixed() const { return model_->params().mixed(); }
 
 double Zero3::forward_backward(const data::Batch& global) {
-  nn::GPT& m = *model_;
-  const data::Batch mine = my_rows(global, comm_, m.device());
-  const int L = static_cast<int>(m.config().n_layer);
-  const std::size_t emb = m.embedding_unit(), head = m.head_unit();
-  peak_gathered_ = 0;
+  const data::Batch mine = my_rows(global, comm_, model_->device());
+  policy_->begin();
   nn::GPTActivations acts;
-  double loss = 0;
-  // TODO step 4: unit by unit: gathered before use, freed after; the next one prefetched
-  // HINT: the model piece by piece, and the order of the units: README.md#step-4.
-  throw scalelab::NotImplemented(
-      "lab 09 step 4: unit by unit: gathered before use, freed after; the next one prefetched (README.md#step-4)");
+  const double loss = model_->forward(mine.x, mine.y, acts);  // each unit gathered, freed
+  model_->backward(acts);  // gathered again, freed, its gradient reduce-scattered
+  policy_->finish();
   return global_loss(loss, comm_);
 }
 
@@ -271,27 +241,10 @@ void Zero3::step(double lr) {
       "lab 09 step 4: update the shards (the next forward gathers what it needs) (README.md#step-4)");
 }
 
-Tensor Zero3::full_parameters() {
-  // The fp32 master shards themselves (not start_gather, which sends bf16 in mixed precision).
-  nn::ParameterSet& ps = model_->params();
-  Tensor all = Tensor::empty({ps.numel()}, ps.dtype(), ps.device());
-  for (std::size_t u = 0; u < ps.units().size(); ++u) {
-    Tensor buffer = Tensor::empty({shards_.at(u).size * comm_.size()}, ps.dtype(), ps.device());
-    comm_.all_gather(values_[u], buffer);
-    Tensor dst = all.flat(ps.units()[u].lo, ps.units()[u].numel());
-    dst.copy_from(buffer.flat(0, ps.units()[u].numel()));
-  }
-  return all;
-}
+Tensor Zero3::full_parameters() { return policy_->full_parameters(); }
 
 Held Zero3::held() const {
-  nn::ParameterSet& ps = model_->params();
-  Held h;
-  for (std::size_t u = 0; u < values_.size(); ++u) {
-    h.params += values_[u].nbytes() + gathered_bytes(u);  // bound units: none between steps
-    h.grads += (u < grads_.size() ? grads_[u].nbytes() : 0) +
-               (ps.grads_bound(u) ? bytes_of(ps.units()[u].numel(), ps.dtype()) : 0);
-  }
+  Held h = policy_->held();
   h.optimizer = adamw_ ? adamw_->state_bytes() : 0;
   return h;
 }

@@ -163,52 +163,173 @@ class Zero1 final : public Trainer {
 /// recast after the gather. Stage 3: see Zero3 (the paper's way: only shards of the fp32 master
 /// are kept, the 2-byte weights are gathered).
 
-/// Step 3. ZeRO-2: gradients sharded too. The model keeps its gradients per unit
+/// Step 3a. ZeRO-2's reduction of ONE unit, once its backward is done (its gradients,
+/// ps.unit_grads(u), are final on every rank): reduce them to the OWNERS of their elements (one
+/// comm.reduce per shard shard_range(ps.numel(), q, n) that the unit overlaps, rooted at q),
+/// ADD the summed piece this rank owns into `grad_shard` (this rank's shard `mine`: element
+/// mine.lo at index 0), then release the unit's gradients (ps.release_grads). Adding, not
+/// copying: with micro-batches (accumulation, a pipeline's) a unit is reduced once per
+/// micro-batch and the shard sums them. The sum over the ranks, not the average (the caller
+/// divides the shard by n once). Collective over comm: every rank calls it for the same unit.
+void reduce_unit_to_owners(nn::ParameterSet& ps, std::size_t u, const nn::ShardRange& mine,
+                           Tensor& grad_shard, comm::Communicator& comm);
+
+/// Given (zero_policies.cpp). ZeRO-2 as a policy at nn::GPT's unit hooks (nn::BlockPolicy), so
+/// that any driver gets it: lab 09's Zero2 (one batch), lab 10's pipeline schedules (one
+/// reduction per unit and micro-batch). The model must keep its gradients per unit
+/// (storage.grads = per_unit) and be padded to comm.size() shards (storage.pad_to). Owns this
+/// rank's gradient shard (shard_range(ps.numel(), rank, n)). After each unit's backward it calls
+/// reduce_unit_to_owners, unless the unit is held (hold: a tied copy whose gradient must first
+/// be summed with the other copy's, lab08::sync_tied_gradients), which finish() reduces.
+class GradientRelease final : public nn::BlockPolicy {
+ public:
+  GradientRelease(nn::GPT& model, comm::Communicator& comm);
+  void after_unit_backward(const nn::GPT& model, std::size_t unit) override;
+  /// Unit u's gradient stays whole (accumulating over micro-batches) until finish().
+  void hold(std::size_t u) { held_.push_back(u); }
+  /// A step begins: the gradient shard is zeroed.
+  void begin();
+  /// The step's backwards are done (and tied copies summed): reduce the held units, then
+  /// average the shard (1/n). Collective.
+  void finish();
+  const nn::ShardRange& shard() const { return shard_; }
+  Tensor& grad_shard() { return grad_shard_; }
+  /// Unit reductions (reduce_unit_to_owners calls) since begin().
+  int reductions() const { return reductions_; }
+
+ private:
+  nn::GPT& model_;
+  comm::Communicator& comm_;
+  nn::ShardRange shard_;
+  Tensor grad_shard_;
+  std::vector<std::size_t> held_;
+  int reductions_ = 0;
+};
+
+/// Step 3b. ZeRO-2: gradients sharded too. The model keeps its gradients per unit
 /// (storage.grads = nn::Storage::per_unit): GPT binds a unit's gradient buffer when backward
-/// first writes to it. As soon as backward has made a whole unit's gradients final (the backward
-/// hook), on_ready reduces that unit to the OWNERS of its elements (one comm.reduce per shard
-/// the unit overlaps, rooted at that shard's rank), copies the piece this rank owns into its
-/// gradient shard and releases the unit's gradients. The full gradient never exists at once;
+/// first writes to it. As soon as backward has made a whole unit's gradients final,
+/// reduce_unit_to_owners sums it on the owners and releases it (the GradientRelease policy
+/// calls it at the unit's after_unit_backward hook). The full gradient never exists at once;
 /// between steps a rank holds its gradient shard only. Then AdamW on the shard and the
 /// all-gather, as stage 1. Equal to ZeRO-1 up to the reduction order.
 class Zero2 final : public Trainer {
  public:
   /// Builds the model with storage.grads = per_unit, pad_to = comm.size().
+  /// Its GradientRelease policy is set on the model (set_block_policy).
   Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
         optim::AdamWConfig adamw = {}, const ModelBuilder& build = {});
   int stage() const override { return 2; }
+  /// Given: begin, the model's forward and backward (the policy reduces each unit), finish.
   double forward_backward(const data::Batch& global) override;
   void step(double lr) override;
   Tensor full_parameters() override;
   Held held() const override;
-  const nn::ShardRange& shard() const { return shard_; }
+  const nn::ShardRange& shard() const { return policy_->shard(); }
   const optim::AdamW& optimizer() const { return *adamw_; }
   /// This rank's averaged gradient shard (shard().size elements, element lo at index 0).
-  const Tensor& grad_shard() const { return grad_shard_; }
-
-  /// The backward hook (installed during forward_backward): counts final gradients per unit;
-  /// a complete unit is reduced to its owners and released.
-  void on_ready(const std::vector<nn::Parameter*>& done);
+  const Tensor& grad_shard() const { return policy_->grad_shard(); }
 
  private:
-  nn::ShardRange shard_;
-  Tensor grad_shard_;
+  std::shared_ptr<GradientRelease> policy_;
   std::unique_ptr<optim::AdamW> adamw_;
-  std::unordered_map<std::size_t, std::size_t> ready_;  // unit -> parameters final this step
 };
 
 // ---- Step 4: ZeRO-3 ---------------------------------------------------------------------------
 
-/// Step 4. ZeRO-3: parameters sharded too. The model keeps values and gradients per unit
+/// Step 4: ZeRO-3: parameters sharded too. The model keeps values and gradients per unit
 /// (embedding, blocks.i, head). Every UNIT is split over the ranks with shard_range(unit
 /// numel, rank, n), so gathering one unit is one all_gather and reducing it one
 /// reduce_scatter. A rank keeps, per unit, its value shard, its gradient shard and AdamW's m and
-/// v for them: 16 Psi / n bytes. Forward and backward run the model piece by piece: a unit is
-/// all-gathered (bind_values) before it is used and released after; the next block's gather is
-/// started (all_gather_async) before the current block computes; after a unit's backward its
-/// gradients are reduce-scattered into the shard and released. Equal to ZeRO-2 up to the
-/// reduction order. Running the model block by block, forward_backward fills its own
-/// nn::GPTActivations: a fresh one has empty `inputs` and `blocks`, sized to n_layer first.
+/// v for them: 16 Psi / n bytes. A unit is all-gathered before its forward and again before its
+/// backward and released after each; the next unit's gather is started (all_gather_async)
+/// before the current one computes (prefetch); after a unit's backward its gradients are
+/// reduce-scattered into the shard and released. Step 4 writes the four operations on one
+/// unit; the GatherRelease policy (given) calls them at the model's unit hooks.
+
+/// An all_gather of one unit in flight.
+struct UnitGather {
+  std::size_t unit = 0;
+  Tensor send;    ///< what this rank sends: its fp32 shard, or its bf16 cast (kept alive here)
+  Tensor buffer;  ///< n * shard size elements, of send's dtype
+  comm::Work work;
+};
+
+/// Step 4a. Starts gathering unit u from every rank's shard of it (`shard`: this rank's
+/// shard_range(unit numel, rank, n) of the unit's values, s.size elements, padding zero) over
+/// comm, and returns at once. In mixed precision (ps.mixed()) the wire carries what the layers
+/// read, the bf16 cast of the shard (2 bytes per parameter).
+UnitGather start_unit_gather(const nn::ParameterSet& ps, std::size_t u, const Tensor& shard,
+                             comm::Communicator& comm);
+/// Step 4b. Waits for the gather and binds the unit in the model with its real elements, ready
+/// for its layers: its values (ps.bind_values), or in mixed precision its bf16 compute buffer
+/// (ps.bind_compute; the fp32 values stay unbound). Frees the staging buffers.
+void finish_unit_gather(nn::ParameterSet& ps, UnitGather& g);
+/// Step 4c. Frees a gathered unit (what finish_unit_gather bound).
+void release_unit(nn::ParameterSet& ps, std::size_t u);
+/// Step 4d. ZeRO-3's reduction of unit u, once its backward is done: reduce_scatter its
+/// gradients (padded to n * grad_shard.numel() elements) over comm, ADD this rank's piece (the
+/// sum over the ranks; the caller averages once) into grad_shard, release the unit's gradients.
+/// Collective.
+void reduce_scatter_unit(nn::ParameterSet& ps, std::size_t u, Tensor& grad_shard,
+                         comm::Communicator& comm);
+
+/// Given (zero_policies.cpp). ZeRO-3 as a policy at nn::GPT's unit hooks: before a unit's
+/// forward or backward it is gathered (finish_unit_gather of its prefetched gather, or
+/// start and finish now), and the NEXT unit's gather is started (forward: the next unit of the
+/// model; backward: the previous one; not the embedding's backward, which reads no values);
+/// after, it is released, and after its backward its gradient is reduce-scattered
+/// (reduce_scatter_unit) unless held (a tied copy: see GradientRelease::hold). A head tied to
+/// wte on the same model gathers the embedding with it. Keeps this rank's value and gradient
+/// shard of every unit. Build the model with prepare(options) (per-unit storage, on_init keeping
+/// the initial shards), then attach(model).
+class GatherRelease final : public nn::BlockPolicy {
+ public:
+  explicit GatherRelease(comm::Communicator& comm) : comm_(comm) {}
+  nn::GPTOptions prepare(nn::GPTOptions options);
+  void attach(nn::GPT& model);
+  void before_unit_forward(const nn::GPT& model, std::size_t unit) override;
+  void after_unit_forward(const nn::GPT& model, std::size_t unit) override;
+  void before_unit_backward(const nn::GPT& model, std::size_t unit) override;
+  void after_unit_backward(const nn::GPT& model, std::size_t unit) override;
+  void hold(std::size_t u) { held_.push_back(u); }
+  /// A step begins: gradient shards zeroed, the peak of gathered bytes reset.
+  void begin();
+  /// Reduce the held units, average the gradient shards (1/n); no gather left in flight.
+  void finish();
+  /// AdamW groups over every unit's value and gradient shard (m and v for them alone).
+  std::vector<optim::Group> optimizer_groups();
+  const nn::ShardRange& unit_shard(std::size_t u) const { return shards_.at(u); }
+  /// Every parameter, flat, in the model's order: the fp32 shards all-gathered. Collective.
+  Tensor full_parameters();
+  /// This rank's value shards (params) and gradient shards (grads) plus units bound now.
+  Held held() const;
+  /// Peak of the bytes of gathered units held at once since begin(): fp32 values (4 bytes per
+  /// parameter), or bf16 compute buffers in mixed precision (2).
+  std::size_t peak_gathered_bytes() const { return peak_gathered_; }
+  /// Unit gathers (start_unit_gather calls) since begin().
+  int gathers() const { return gathers_; }
+
+ private:
+  void keep_initial_shard(const nn::Unit& unit, const Tensor& values);
+  void gather(std::size_t u);     // bound now (its prefetch finished, or gathered here)
+  void prefetch(std::size_t u);   // started, unless bound or in flight
+  void release(std::size_t u);
+  std::size_t gathered_bytes(std::size_t u) const;
+  bool tied_head(std::size_t u) const;
+  comm::Communicator& comm_;
+  nn::GPT* model_ = nullptr;
+  std::vector<nn::ShardRange> shards_;
+  std::vector<Tensor> values_, grads_;  // per unit: this rank's shards
+  std::vector<UnitGather> in_flight_;
+  std::vector<std::size_t> held_;
+  std::size_t peak_gathered_ = 0;
+  int gathers_ = 0;
+};
+
+/// The ZeRO-3 trainer (given but for step 4e, its step: AdamW on the shards): the model built
+/// with a GatherRelease policy's options, AdamW over the policy's shards. Equal to ZeRO-2 up to
+/// the reduction order.
 ///
 /// Mixed precision (compute_dtype bf16, mixed()): as the paper's stage 3. A rank keeps the same
 /// fp32 shards (master values, gradients, m, v: 16 Psi / n); a unit's gather sends the bf16 cast
@@ -219,45 +340,28 @@ class Zero2 final : public Trainer {
 /// rank: the same numbers, but the gradients are summed in another order).
 class Zero3 final : public Trainer {
  public:
-  /// Builds the model with values and grads per_unit; keeps each unit's initial shard in
-  /// keep_initial_shard (GPTOptions::on_init: the only time a rank sees a whole unit's values
-  /// without gathering them).
+  /// Builds the model with the GatherRelease policy's options (values and grads per unit; each
+  /// unit's initial shard kept at GPTOptions::on_init, the only time a rank sees a whole unit's
+  /// values without gathering them) and sets the policy on it.
   Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
         optim::AdamWConfig adamw = {}, const ModelBuilder& build = {});
   int stage() const override { return 3; }
+  /// Given: begin, the model's forward and backward (the policy gathers, frees, reduces), finish.
   double forward_backward(const data::Batch& global) override;
   void step(double lr) override;
   Tensor full_parameters() override;
   Held held() const override;
   /// This rank's shard of unit u (shard_range(unit numel, rank, n)).
-  const nn::ShardRange& unit_shard(std::size_t u) const { return shards_.at(u); }
+  const nn::ShardRange& unit_shard(std::size_t u) const { return policy_->unit_shard(u); }
   const optim::AdamW& optimizer() const { return *adamw_; }
-  /// Peak of the bytes of gathered units held at once during the last forward_backward: fp32
-  /// values (4 bytes per parameter), or bf16 compute buffers in mixed precision (2).
-  std::size_t peak_gathered_bytes() const { return peak_gathered_; }
+  /// Peak of the bytes of gathered units held at once during the last forward_backward.
+  std::size_t peak_gathered_bytes() const { return policy_->peak_gathered_bytes(); }
   /// Mixed precision: the gathers carry bf16 into the units' compute buffers.
   bool mixed() const;
 
  private:
-  struct Gather {  // an all_gather in flight for one unit
-    std::size_t unit = 0;
-    Tensor send;    // what this rank sends: its fp32 shard, or its bf16 cast (kept alive here)
-    Tensor buffer;  // n * shard size elements, of send's dtype
-    comm::Work work;
-  };
-  void keep_initial_shard(const nn::Unit& unit, const Tensor& values);
-  Gather start_gather(std::size_t u);
-  void finish_gather(Gather& g);
-  void release(std::size_t u);
-  void reduce_scatter_grads(std::size_t u);
-  void note_gathered();
-  /// Bytes of unit u gathered and bound now (values, or the bf16 compute buffer).
-  std::size_t gathered_bytes(std::size_t u) const;
-
-  std::vector<nn::ShardRange> shards_;
-  std::vector<Tensor> values_, grads_;  // per unit: this rank's shards
+  std::shared_ptr<GatherRelease> policy_;
   std::unique_ptr<optim::AdamW> adamw_;
-  std::size_t peak_gathered_ = 0;
 };
 
 /// Given. The trainer of `stage` (0..3); anything else is a UsageError.

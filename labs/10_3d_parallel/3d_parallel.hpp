@@ -25,7 +25,7 @@
 #include "common/optim/optim.hpp"
 #include "pipeline_parallel.hpp"  // lab 08: stages, schedules, the executor
 #include "tensor_parallel.hpp"    // lab 07: the tensor-parallel block's operators
-#include "zero.hpp"               // lab 09: the ZeRO-2/3 trainers
+#include "zero.hpp"               // lab 09: shards, ZeRO-2/3 as policies at the model's hooks
 
 namespace scalelab::lab10 {
 
@@ -82,9 +82,9 @@ Groups groups_of(const comm::ProcessGrid& grid);
 class FullCheckpoint : public nn::BlockPolicy {
  public:
   void after_forward(const nn::Block& block, const Tensor& input, nn::BlockActivations& acts,
-                     int64_t seq_len) const override;
+                     int64_t seq_len) override;
   void before_backward(const nn::Block& block, const Tensor& input, nn::BlockActivations& acts,
-                       int64_t seq_len) const override;
+                       int64_t seq_len) override;
 };
 
 // ---- Step 2: the 3D model ---------------------------------------------------------------------------
@@ -122,16 +122,22 @@ data::Batch dp_rows(const data::Batch& global, const Groups& g);
 double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_batches,
                lab08::ExecStats* stats = nullptr);
 
-/// Given (trainer3d.cpp). ZeRO-1 over the dp group (lab 09), in place of a whole AdamW on every
-/// rank: the model must be built with options.storage.pad_to = g.shape.dp (dp equal shards of its
-/// flat layout). Each dp rank keeps AdamW's m and v for its shard only (nn::shard_range of the
-/// stage's flat parameters), steps it (lab09::shard_groups) and all-gathers the shards over dp
-/// (lab09::all_gather_parameters). After step_3d (whose dp average leaves the whole averaged
-/// gradient on every replica) it is bit for bit a whole AdamW on every rank. ZeRO's group is the dp
-/// group: the replicas of one (tp, pp) shard hold the same parameters, other groups do not.
+/// Given (trainer3d.cpp). ZeRO-1/2's sharded optimizer over the dp group (lab 09), in place of a
+/// whole AdamW on every rank: the model must be built with options.storage.pad_to = g.shape.dp (dp
+/// equal shards of its flat layout). Each dp rank keeps AdamW's m and v for its shard only
+/// (nn::shard_range of the stage's flat parameters), steps it (lab09::shard_groups) and
+/// all-gathers the shards over dp (lab09::all_gather_parameters). ZeRO-1: the shard's gradient is
+/// a view of the flat gradient buffer; after step_3d (whose dp average leaves the whole averaged
+/// gradient on every replica) it is bit for bit a whole AdamW on every rank. ZeRO-2: the gradient
+/// shard is the lab09::GradientRelease policy's. ZeRO's group is the dp group: the replicas of one
+/// (tp, pp) shard hold the same parameters, other groups do not.
 class Zero1Optimizer {
  public:
+  /// ZeRO-1: the gradients are the model's flat buffer.
   Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, optim::AdamWConfig adamw = {});
+  /// ZeRO-2: `grad_shard` holds this rank's averaged gradient shard (element shard.lo at 0).
+  Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, const Tensor& grad_shard,
+                 optim::AdamWConfig adamw = {});
   void step(double lr);
   /// Bytes of m and v this rank keeps (its shard's).
   std::size_t state_bytes() const { return adamw_->state_bytes(); }
@@ -151,27 +157,40 @@ struct Plan {
   int micro_batches = 1;   ///< m, per replica and step
   int zero_stage = 0;      ///< 0 (plain dp average), 1, 2 or 3 (lab 09), sharded over dp
   bool checkpoint = false; ///< full activation checkpointing of every block (lab 06)
+  lab08::Kind schedule = lab08::Kind::one_f_one_b;  ///< lab 08's afab, 1f1b or interleaved
+  int chunks = 1;          ///< model chunks per rank (v: interleaved only)
 };
 
-/// Given (trainer3d.cpp). UsageError (one line) unless the 3D step can run `plan`: ZeRO-2 and 3
-/// only with pp = 1 and one micro-batch (lab 09's trainers run a replica's rows as one batch: with
-/// micro-batches, whether of a pipeline or of accumulation, ZeRO-2 would reduce every unit's
-/// gradient once per micro-batch and ZeRO-3 gather every unit once per micro-batch, which is why
-/// DeepSpeed refuses ZeRO-2/3 with pipeline parallelism and Megatron's distributed optimizer is
-/// ZeRO-1), ZeRO-3 without checkpointing (lab 09's ZeRO-3 drives the blocks itself, gathering each
-/// unit: it does not recompute). The grid itself is check_3d's.
+/// Given (trainer3d.cpp). UsageError (one line) unless the 3D step can run `plan`: a ZeRO stage
+/// 0-3; chunks > 1 only with the interleaved schedule, at most lab08::kMaxChunks; the
+/// interleaved schedule needs m a multiple of pp (lab 08's groups of p micro-batches). Every
+/// ZeRO stage composes with every schedule and with checkpointing: ZeRO-2/3 are policies at
+/// the model's unit hooks (lab09::GradientRelease, lab09::GatherRelease), called by the model's
+/// pieces whatever drives them. What that costs with m micro-batches: ZeRO-2 reduces each unit's
+/// gradient once per micro-batch (m x its dp traffic), ZeRO-3 gathers each unit for every
+/// micro-batch's forward and backward and reduce-scatters its gradient once per micro-batch (m x;
+/// DeepSpeed refuses ZeRO-2/3 with its pipeline for this reason; predict counts it). The grid
+/// itself is check_3d's; the layers of an interleaved plan, lab08::chunk_layers'.
 void check_runnable(const Plan& plan);
 
-/// Given (trainer3d.cpp). One rank's side of a plan: its model (build_3d_model, with the plan's
-/// checkpointing) and the step and optimizer of the plan's ZeRO stage over g.dp:
-///   0     step_3d, then a whole AdamW on every rank
-///   1     step_3d, then Zero1Optimizer (the model padded to dp shards)
-///   2, 3  (check_runnable: pp = 1, m = 1) lab 09's Zero2 / Zero3 trainer over g.dp, whose model
-///         is this rank's 3D model (build_3d_model, as lab09::ModelBuilder): it takes this
-///         replica's rows (dp rank d: the same rows as dp_rows), reduces each unit's gradient to its owners over dp (2) or
-///         gathers each unit before use and reduce-scatters its gradient (3); the tp all-reduces
-///         happen inside the blocks and the vocabulary-parallel ends as in step_3d.
-/// Keeps references to `g`.
+/// Given (trainer3d.cpp). One rank's side of a plan: its model pieces (one, or v chunks for the
+/// interleaved schedule: build_3d_model on the virtual stage chunk * pp + stage of pp * v, which
+/// is lab08::chunk_layers' piece), with the plan's checkpointing, and the step and optimizer of
+/// the plan's ZeRO stage over g.dp:
+///   0     a whole AdamW on every rank
+///   1     Zero1Optimizer (the model padded to dp shards)
+///   2     a lab09::GradientRelease policy on each piece (gradients per unit, reduced to their
+///         owners over dp after each unit's backward, every micro-batch) and Zero1Optimizer on
+///         its gradient shard
+///   3     a lab09::GatherRelease policy on each piece (values and gradients per unit: gathered
+///         over dp before each unit's forward and backward, the next one prefetched, released
+///         after, gradients reduce-scattered) and an AdamW over its shards
+/// The step: 1F1B with one chunk and ZeRO 0/1 is your step_3d; otherwise the given driver: the
+/// plan's schedule (lab08::make_schedule, run_schedule over the pieces), the tied gradient
+/// (lab08::sync_tied_gradients; ZeRO-2/3 hold the tied units' gradients whole until then), then
+/// the dp average (ZeRO 0/1: an all-reduce) or the policies' finish (ZeRO-2/3: the held units
+/// reduced, the shards averaged). Checkpointing (FullCheckpoint) and the ZeRO policy compose on
+/// each piece (nn::GPT::add_block_policy). Keeps references to `g`.
 class Trainer3D {
  public:
   Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan, nn::GPTOptions options = {},
@@ -181,20 +200,23 @@ class Trainer3D {
   double step(const data::Batch& global, lab08::ExecStats* stats = nullptr);
   /// The optimizer step on what this rank owns (and the gathers that follow it).
   void optimizer_step(double lr);
-  nn::GPT& model() { return *model_; }
+  /// This rank's first piece (its only one unless interleaved).
+  nn::GPT& model();
+  /// Every piece of this rank, chunk c in element c.
+  std::vector<nn::GPT*> pieces() const;
   /// Bytes of AdamW's m and v this rank keeps.
   std::size_t optimizer_state_bytes() const;
-  /// Every parameter of this rank's model, flat (ZeRO-3 gathers them over dp: collective).
+  /// Every parameter of this rank's pieces, flat, piece after piece (ZeRO-3 gathers them over
+  /// dp: collective).
   Tensor parameters();
+  /// ZeRO-2: unit reductions in the last step; ZeRO-3: unit gathers (0 otherwise).
+  int unit_collectives() const;
 
  private:
+  struct Piece;  // a chunk's groups, model, policy and optimizer (trainer3d.cpp)
   Groups& g_;
   Plan plan_;
-  nn::GPT* model_ = nullptr;
-  std::unique_ptr<nn::GPT> own_;  // ZeRO 0 and 1 (2 and 3: the lab 09 trainer owns the model)
-  std::unique_ptr<optim::AdamW> adamw_;
-  std::unique_ptr<Zero1Optimizer> zero1_;
-  std::unique_ptr<lab09::Trainer> zero_;
+  std::vector<std::unique_ptr<Piece>> pieces_;
 };
 
 /// Step 4a. Elements a rank of pipeline stage `stage` of `pp`, tp size `tp`, holds in the 3D model
@@ -301,7 +323,9 @@ struct Prediction {
 ///            2 (dp-1)/dp x params x (master bytes) / bus_bytes_per_s + latency (ZeRO 0, 1);
 ///            ZeRO-2 half of it (a reduce to the owners) + latency per unit; ZeRO-3 1.5 x (2
 ///            all-gathers and a reduce-scatter; in bf16 the gathers move 2-byte weights: 1.0 x)
-///            + 3 latencies per unit (units: the stage's blocks, embedding, head). 0 when dp = 1.
+///            + 3 latencies per unit (units: the stage's blocks, embedding, head). ZeRO-2 and 3
+///            run at every micro-batch's backward (and ZeRO-3's gathers at every forward): x m.
+///            0 when dp = 1.
 /// Bytes: activations in `precision`, the cross-entropy's numbers in ops::stats_dtype(precision),
 /// values and gradients in master_dtype(precision); ZeRO-2/3's bound unit gradients in the
 /// master dtype, ZeRO-3's gathered values in `precision` (what the layers read).
@@ -317,10 +341,11 @@ Machine measure_machine(comm::Communicator& world, const ModelConfig& config, in
                         DType precision, std::size_t bytes = 4 << 20);
 
 /// Given (plan_search.cpp). Every configuration of `world_size` ranks that check_3d accepts for
-/// `global_batch`, with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on,
-/// that the 3D step can run (check_runnable: no ZeRO-2/3 with a pipeline or micro-batches, no
-/// ZeRO-3 with checkpointing), whose predicted total fits `memory_bytes`; sorted by predicted step
-/// time, fastest first.
+/// `global_batch`, with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on
+/// (every combination runs: check_runnable; the 1F1B schedule, one chunk per rank), whose
+/// predicted total fits `memory_bytes`; sorted by predicted step time, fastest first. ZeRO-2/3
+/// with micro-batches are listed with their m-fold dp traffic (predict), so they rank where
+/// they cost.
 std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
                                                   int64_t global_batch, const Machine& machine,
                                                   std::size_t memory_bytes, DType precision);

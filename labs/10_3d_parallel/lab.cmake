@@ -11,7 +11,7 @@ scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp
                  STEP_RANKS "1:1" "3:4,8" "4:1"
                  COMPOSES 07 08 09
                  TIMEOUT 60)
-# Bad grids (and a bad --memory size, --zero stage (ZeRO-2/3 with pp > 1), or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
+# Bad grids (and a bad --memory size, --zero stage, or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.
 if(SCALELAB_BUILD_TESTS)
   set(lab10_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
@@ -22,7 +22,6 @@ if(SCALELAB_BUILD_TESTS)
                "1;plan_memory_bad_unit;--plan;--memory;80GB"
                "1;plan_memory_not_a_size;--plan;--memory;lots"
                "1;zero_stage_unsupported;--zero;4"
-               "2;zero2_with_pipeline;--dp;1;--tp;1;--pp;2;--zero;2"
                "1;check_plan_without_steps;--check-plan;--check-steps;0"
                "1;check_plan_and_plan;--check-plan;--plan")
     list(POP_FRONT case ranks name)
@@ -58,6 +57,10 @@ if(SCALELAB_BUILD_TESTS)
       "1|twin_steps_negative|^error: --twin-steps must be at least 0, got -1|--twin-steps|-1"
       "1|plan_given_a_grid|^error: --dp is for a training run: --plan and --check-plan try every grid|--plan|--dp|3"
       "1|memory_without_plan|^error: --memory is for --plan or --check-plan|--memory|80GiB"
+      "2|chunks_without_interleaved|^error: --chunks 2: several model chunks per rank need --schedule interleaved|--dp|1|--tp|1|--pp|2|--zero|2|--chunks|2"
+      "2|interleaved_layers_not_divisible|^error: interleaving 2 layers over 2 stages x 2 chunks: the layers must be a multiple of 4|--dp|1|--tp|1|--pp|2|--zero|3|--schedule|interleaved"
+      "2|interleaved_micro_batches_not_in_groups|^error: --schedule interleaved runs micro-batches in groups of the 2 stages: --micro-batches 1 is not a multiple of 2|--dp|1|--tp|1|--pp|2|--zero|2|--schedule|interleaved|--micro-batches|1"
+      "1|schedule_unknown|^error: unknown schedule 'gpipe'|--schedule|gpipe"
       "1|flag_given_a_separate_value|^error: unexpected argument 'yes' after the flag --checkpoint: a flag's value is joined to it, --checkpoint=yes|--checkpoint|yes")
     string(REPLACE "|" ";" case "${case}")
     list(POP_FRONT case ranks name regex)

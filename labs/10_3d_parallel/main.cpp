@@ -4,7 +4,8 @@
 //
 //   ./scalelab run 10 --solution -n 8 -- --dp 2 --tp 2 --pp 2
 //   ./scalelab run 10 -n 4 -- --dp 1 --tp 2 --pp 2 --grid-order picotron --steps 5
-//   ./scalelab run 10 --solution -n 4 -- --dp 2 --tp 2 --pp 1 --zero 3 --micro-batches 1
+//   ./scalelab run 10 --solution -n 8 -- --zero 3 --checkpoint --micro-batches 4  # dp 2 tp 2 pp 2
+//   ./scalelab run 10 --solution -n 8 -- --dp 2 --tp 2 --pp 2 --zero 2 --schedule interleaved
 //   ./scalelab run 10 --solution -n 8 -- --plan --model gpt-85m --ranks 8 --memory 80GiB
 //   ./scalelab run 10 --solution -n 4 -- --check-plan
 //
@@ -186,7 +187,7 @@ void refuse_options_of_the_other_mode(const cxxopts::ParseResult& parsed) {
   const bool planning = parsed.count("plan") || parsed.count("check-plan");
   // what --plan and --check-plan choose themselves, or do not use
   for (const char* name : {"dp", "tp", "pp", "grid-order", "micro-batches", "zero", "checkpoint",
-                           "twin-steps"})
+                           "twin-steps", "schedule", "chunks"})
     SCALELAB_REQUIRE(!planning || parsed.count(name) == 0,
                      "--{} is for a training run: --plan and --check-plan try every grid, "
                      "micro-batch count, ZeRO stage and checkpointing themselves", name);
@@ -375,9 +376,13 @@ int main(int argc, char** argv) {
          cxxopts::value<int>()->default_value("2"))
         ("twin-steps", "steps compared with the single-device twin (rank 0)",
          cxxopts::value<int>()->default_value("3"))
-        ("zero", "0: a whole AdamW on every rank; 1: ZeRO-1 over the dp group (lab 09); 2, 3: "
-                 "ZeRO-2/3 over the dp group (pp 1 and --micro-batches 1 only)",
+        ("zero", "0: a whole AdamW on every rank; 1, 2, 3: ZeRO-1/2/3 over the dp group (lab "
+                 "09; 2 and 3 reduce / gather every unit once per micro-batch)",
          cxxopts::value<int>()->default_value("0"))
+        ("schedule", "the pipeline schedule (lab 08): afab, 1f1b or interleaved",
+         cxxopts::value<std::string>()->default_value("1f1b"))
+        ("chunks", "model chunks per rank for --schedule interleaved (v; 0: 2 when "
+                   "interleaved, else 1)", cxxopts::value<int>()->default_value("0"))
         ("checkpoint", "full activation checkpointing of every block (recomputed in backward)")
         ("plan", "list the configurations step 4 predicts, fastest first (trains nothing)")
         ("ranks", "--plan: ranks to plan for (default: the ranks started)",
@@ -417,8 +422,13 @@ int main(int argc, char** argv) {
                                          parsed["pp"].as<int>(), world.size(), config, order);
     // Bad grids are usage errors on every rank, before any data is read.
     check_3d(config, shape, world.size(), opt.batch, m);
-    const Plan run_plan{shape, m, zero, parsed.count("checkpoint") > 0};
+    const lab08::Kind schedule = lab08::parse_kind(parsed["schedule"].as<std::string>());
+    const int chunks = parsed["chunks"].as<int>() != 0 ? parsed["chunks"].as<int>()
+                       : schedule == lab08::Kind::interleaved ? 2 : 1;
+    const Plan run_plan{shape, m, zero, parsed.count("checkpoint") > 0, schedule, chunks};
     check_runnable(run_plan);
+    if (schedule == lab08::Kind::interleaved)  // the layers must split into pp x v equal pieces
+      lab08::chunk_layers(static_cast<int>(config.n_layer), shape.pp, chunks, 0, 0);
     const Device device = train::rank_device(run.device);
 
     const comm::ProcessGrid grid(world, shape.dp, shape.tp, shape.pp, shape.order);
@@ -447,10 +457,12 @@ int main(int argc, char** argv) {
     nn::GPT* model = &trainer.model();
 
     log::info("lab 10 3d_parallel: model {} ({} layers, {} heads), global batch {} = dp {} x {} "
-              "micro-batches of {} rows, {} steps, {}{}", config.name, config.n_layer,
-              config.n_head, opt.batch, shape.dp, m, opt.batch / shape.dp / m, opt.steps,
+              "micro-batches of {} rows, {} steps, {}{}, schedule {}{}", config.name,
+              config.n_layer, config.n_head, opt.batch, shape.dp, m, opt.batch / shape.dp / m,
+              opt.steps,
               zero == 0 ? "AdamW whole on every rank" : fmt::format("ZeRO-{} over dp", zero),
-              run_plan.checkpoint ? ", every block checkpointed" : "");
+              run_plan.checkpoint ? ", every block checkpointed" : "", lab08::kind_name(schedule),
+              chunks > 1 ? fmt::format(" with {} chunks per rank", chunks) : "");
     log::info("{}", train::precision_note(run.precision));
     log::info("{}", grid.table());
     for (int s = 0; s < shape.pp; ++s) {  // what every stage holds (the same rule on every rank)
@@ -486,11 +498,25 @@ int main(int argc, char** argv) {
       metrics::Timer timer(device);
       const data::Batch batch = sampler.batch(step);  // on the host: each stage moves its rows
       if (step == 0) comm::reset_comm_stats();
+      const comm::CommStats before_step = comm::comm_stats();
       const double loss = trainer.step(batch);
+      const comm::CommStats after_step = comm::comm_stats();
       trainer.optimizer_step(lr);
       const double dt = timer.elapsed();
       if (step == 0) {
         const comm::CommStats first = comm::comm_stats();
+        // What ZeRO costs over dp, from the byte counters: ZeRO-2 reduces every unit's gradient
+        // once per micro-batch, ZeRO-3 gathers every unit for every micro-batch's forward and
+        // backward and reduce-scatters it once per micro-batch: m times one batch's traffic.
+        const int64_t in_step = comm::comm_total(after_step - before_step, g.dp.name()).bytes;
+        const int64_t in_opt = comm::comm_total(first - after_step, g.dp.name()).bytes;
+        log::info("dp traffic of step 0 on rank 0 (group {}): {} payload bytes in the step ({} "
+                  "per micro-batch over m = {}{}), {} in the optimizer step", g.dp.name(),
+                  in_step, in_step / m, m,
+                  zero >= 2 ? fmt::format(", {} unit {}", trainer.unit_collectives(),
+                                          zero == 2 ? "reductions" : "gathers")
+                            : std::string(),
+                  in_opt);
         if (zero > 0)
           log::info("ZeRO-{}: rank 0 keeps {} bytes of AdamW state (a whole AdamW: {})", zero,
                     trainer.optimizer_state_bytes(), 2 * model->num_parameters() * 4);

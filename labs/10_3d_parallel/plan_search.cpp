@@ -1,5 +1,5 @@
 // Lab 10, given: the planner's search. plan_all (every grid check_3d accepts, every m in
-// {1, 2, 4, 8}, ZeRO stage and checkpointing that check_runnable accepts, predicted by your
+// {1, 2, 4, 8}, ZeRO stage and checkpointing (check_runnable: all of them run), predicted by your
 // predict(), kept when it fits the memory, sorted by predicted step time). Not an exercise: read
 // it to see which plans `./scalelab plan` ranks and why some are never listed.
 #include "3d_parallel.hpp"
@@ -40,10 +40,9 @@ std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int
             const Plan plan{{dp, tp, pp}, m, zero, ckpt};
             try {
               check_3d(config, plan.grid, world_size, global_batch, m);
-              // ZeRO-2/3 only with pp = 1 and m = 1: with micro-batches (a pipeline's, or
-              // accumulation) every unit would be reduced (2) or gathered (3) once per
-              // micro-batch. DeepSpeed refuses ZeRO-2/3 with its pipeline engine and Megatron's
-              // distributed optimizer is ZeRO-1 for the same reason (README, step 3).
+              // Every ZeRO stage runs with micro-batches and a pipeline; ZeRO-2/3 then reduce
+              // (2) or gather (3) every unit once per micro-batch, which predict counts (m x
+              // their dp traffic), so they rank where they cost.
               check_runnable(plan);
             } catch (const UsageError&) {
               continue;  // not a valid grid for this model and batch, or not a runnable plan

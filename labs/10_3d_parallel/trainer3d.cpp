@@ -1,27 +1,35 @@
-// Lab 10, given: a plan's step and optimizer. Zero1Optimizer (ZeRO-1 over dp, from lab 09's
-// shard_groups and all_gather_parameters), check_runnable (which ZeRO stages, schedules and
-// checkpointing the 3D step runs together) and Trainer3D (one rank's model, built by your
-// build_3d_model, with the step and optimizer of the plan's ZeRO stage: your step_3d for ZeRO 0
-// and 1, lab 09's trainers for 2 and 3). Not an exercise: read it to see where your step 2 and
-// step 3 are called when the program trains and when the planner's plans are checked.
+// Lab 10, given: a plan's step and optimizer. Zero1Optimizer (ZeRO-1/2's sharded AdamW over dp,
+// from lab 09's shard_groups and all_gather_parameters), check_runnable (what the 3D step runs)
+// and Trainer3D (one rank's model pieces, built by your build_3d_model, with the plan's schedule,
+// checkpointing and ZeRO stage: lab 09's GradientRelease / GatherRelease policies at the model's
+// unit hooks, which call your lab 09 functions; your step_3d for 1F1B with ZeRO 0 and 1). Not an
+// exercise: read it to see where your step 2 and step 3 are called when the program trains and
+// when the planner's plans are checked.
 #include "3d_parallel.hpp"
 
+#include <algorithm>
+
 #include "common/errors.hpp"
-#include "zero.hpp"  // lab 09: shard_groups, all_gather_parameters
+#include "zero.hpp"  // lab 09: shard_groups, all_gather_parameters, the ZeRO-2/3 policies
 
 namespace scalelab::lab10 {
 
-// ---- given: ZeRO-1 over dp ------------------------------------------------------------------------
+// ---- given: ZeRO-1/2's sharded optimizer over dp ------------------------------------------------
 
 Zero1Optimizer::Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, optim::AdamWConfig adamw)
+    : Zero1Optimizer(model, dp, Tensor(), adamw) {}
+
+Zero1Optimizer::Zero1Optimizer(nn::GPT& model, comm::Communicator& dp, const Tensor& grad_shard,
+                               optim::AdamWConfig adamw)
     : model_(model), dp_(dp) {
   nn::ParameterSet& ps = model.params();
   SCALELAB_CHECK(ps.padded_numel() % dp.size() == 0,
-                 "ZeRO-1 over dp {} needs the model built with storage.pad_to = {}", dp.size(),
+                 "ZeRO-1/2 over dp {} needs the model built with storage.pad_to = {}", dp.size(),
                  dp.size());
   shard_ = nn::shard_range(ps.numel(), dp.rank(), dp.size());
-  adamw_ = std::make_unique<optim::AdamW>(
-      lab09::shard_groups(ps, shard_, ps.padded_grads().flat(shard_.lo, shard_.size)), adamw);
+  const Tensor grads =
+      grad_shard.defined() ? grad_shard : ps.padded_grads().flat(shard_.lo, shard_.size);
+  adamw_ = std::make_unique<optim::AdamW>(lab09::shard_groups(ps, shard_, grads), adamw);
 }
 
 void Zero1Optimizer::step(double lr) {
@@ -29,21 +37,32 @@ void Zero1Optimizer::step(double lr) {
   lab09::all_gather_parameters(model_.params(), shard_, dp_);
 }
 
-// ---- given: a plan's step and optimizer ------------------------------------------------------------
+// ---- given: a plan's step and optimizer ---------------------------------------------------------
 
 void check_runnable(const Plan& p) {
   SCALELAB_REQUIRE(p.zero_stage >= 0 && p.zero_stage <= 3, "--zero must be 0, 1, 2 or 3, got {}",
                    p.zero_stage);
-  if (p.zero_stage >= 2) {
-    SCALELAB_REQUIRE(p.grid.pp == 1, "ZeRO-{} needs pp = 1 (got pp {}): with a pipeline every "
-                     "micro-batch would reduce (ZeRO-2) or gather (ZeRO-3) every unit; use ZeRO-1",
-                     p.zero_stage, p.grid.pp);
-    SCALELAB_REQUIRE(p.micro_batches == 1, "ZeRO-{} runs one micro-batch per replica (got {}): "
-                     "lab 09's trainers do not accumulate", p.zero_stage, p.micro_batches);
-  }
-  SCALELAB_REQUIRE(!(p.zero_stage == 3 && p.checkpoint), "ZeRO-3 with checkpointing is not "
-                   "run: lab 09's ZeRO-3 drives the blocks itself and does not recompute");
+  const bool interleaved = p.schedule == lab08::Kind::interleaved;
+  SCALELAB_REQUIRE(p.chunks >= 1 && p.chunks <= lab08::kMaxChunks,
+                   "--chunks must be in [1, {}], got {}", lab08::kMaxChunks, p.chunks);
+  SCALELAB_REQUIRE(interleaved || p.chunks == 1, "--chunks {}: several model chunks per rank "
+                   "need --schedule interleaved (got {})", p.chunks, lab08::kind_name(p.schedule));
+  SCALELAB_REQUIRE(!interleaved || p.micro_batches % p.grid.pp == 0, "--schedule interleaved "
+                   "runs micro-batches in groups of the {} stages: --micro-batches {} is not a "
+                   "multiple of {}", p.grid.pp, p.micro_batches, p.grid.pp);
 }
+
+// One model piece of this rank (chunk c of v): the groups its model keeps a reference to (g, with
+// the virtual stage c * pp + stage of pp * v, so build_3d_model cuts lab08::chunk_layers' piece),
+// the model, its ZeRO policy and its optimizer.
+struct Trainer3D::Piece {
+  Groups groups;
+  std::unique_ptr<nn::GPT> model;
+  std::shared_ptr<lab09::GradientRelease> release;  // ZeRO-2
+  std::shared_ptr<lab09::GatherRelease> gather;     // ZeRO-3
+  std::unique_ptr<Zero1Optimizer> sharded;          // ZeRO-1, 2
+  std::unique_ptr<optim::AdamW> adamw;              // ZeRO 0, 3
+};
 
 Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
                      nn::GPTOptions options, optim::AdamWConfig adamw)
@@ -51,51 +70,129 @@ Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
   check_runnable(plan);
   SCALELAB_CHECK(plan.grid.dp == g.shape.dp && plan.grid.tp == g.shape.tp &&
                  plan.grid.pp == g.shape.pp, "a plan for another grid than the groups'");
-  if (plan.zero_stage <= 1) {
-    if (plan.zero_stage == 1) options.storage.pad_to = g.shape.dp;  // dp equal shards
-    own_ = build_3d_model(config, g, options, plan.checkpoint);
-    model_ = own_.get();
-    if (plan.zero_stage == 1)
-      zero1_ = std::make_unique<Zero1Optimizer>(*own_, g.dp, adamw);
-    else
-      adamw_ = std::make_unique<optim::AdamW>(optim::groups(own_->parameters()), adamw);
-    return;
+  const int v = plan.chunks, p = g.shape.pp;
+  if (plan.schedule == lab08::Kind::interleaved)  // the layers split into p * v equal pieces
+    lab08::chunk_layers(static_cast<int>(config.n_layer), p, v, g.coord.pp, 0);
+  // ZeRO-1/2: dp equal shards of the flat layout (ZeRO-3 shards every unit on its own)
+  if (plan.zero_stage == 1 || plan.zero_stage == 2) options.storage.pad_to = g.shape.dp;
+  if (plan.zero_stage == 2) options.storage.grads = nn::Storage::per_unit;
+  for (int c = 0; c < v; ++c) {
+    auto piece = std::make_unique<Piece>(Piece{g});
+    piece->groups.shape.pp = p * v;  // the virtual stage: build_3d_model cuts that piece
+    piece->groups.coord.pp = c * p + g.coord.pp;
+    Piece& x = *piece;
+    nn::GPTOptions o = options;
+    if (plan.zero_stage == 3) {
+      x.gather = std::make_shared<lab09::GatherRelease>(g.dp);
+      o = x.gather->prepare(o);
+    }
+    x.model = build_3d_model(config, x.groups, o, plan.checkpoint);
+    nn::GPT& m = *x.model;
+    // A tied copy (the embedding of a piece without the head, a piece's own lm_head) keeps its
+    // gradient whole until sync_tied_gradients has summed it with the other copy's.
+    std::vector<std::size_t> tied;
+    if (m.has_embedding() && !m.has_head()) tied.push_back(m.embedding_unit());
+    if (m.lm_head) tied.push_back(m.head_unit());
+    switch (plan.zero_stage) {
+      case 0:
+        x.adamw = std::make_unique<optim::AdamW>(optim::groups(m.parameters()), adamw);
+        break;
+      case 1: x.sharded = std::make_unique<Zero1Optimizer>(m, g.dp, adamw); break;
+      case 2:
+        x.release = std::make_shared<lab09::GradientRelease>(m, g.dp);
+        for (std::size_t u : tied) x.release->hold(u);
+        m.add_block_policy(x.release);  // after the checkpointing policy, if any
+        x.sharded = std::make_unique<Zero1Optimizer>(m, g.dp, x.release->grad_shard(), adamw);
+        break;
+      default:
+        x.gather->attach(m);
+        for (std::size_t u : tied) x.gather->hold(u);
+        m.add_block_policy(x.gather);
+        x.adamw = std::make_unique<optim::AdamW>(x.gather->optimizer_groups(), adamw);
+        break;
+    }
+    pieces_.push_back(std::move(piece));
   }
-  // lab 09's trainers build the model with the storage they need, through our builder
-  const lab09::ModelBuilder build = [&config, &g, ckpt = plan.checkpoint](
-                                        const nn::GPTOptions& o) {
-    return build_3d_model(config, g, o, ckpt);
-  };
-  if (plan.zero_stage == 2)
-    zero_ = std::make_unique<lab09::Zero2>(config, options, g.dp, adamw, build);
-  else
-    zero_ = std::make_unique<lab09::Zero3>(config, options, g.dp, adamw, build);
-  model_ = &zero_->model();
 }
 
 Trainer3D::~Trainer3D() = default;
 
+nn::GPT& Trainer3D::model() { return *pieces_.front()->model; }
+
+std::vector<nn::GPT*> Trainer3D::pieces() const {
+  std::vector<nn::GPT*> out;
+  for (const auto& x : pieces_) out.push_back(x->model.get());
+  return out;
+}
+
 double Trainer3D::step(const data::Batch& global, lab08::ExecStats* stats) {
-  if (!zero_) return step_3d(*model_, g_, global, plan_.micro_batches, stats);
-  if (stats != nullptr) *stats = lab08::ExecStats{};
-  return zero_->forward_backward(global);  // pp = 1, m = 1: no schedule to time
+  const int m = plan_.micro_batches;
+  if (plan_.zero_stage <= 1 && plan_.schedule == lab08::Kind::one_f_one_b && plan_.chunks == 1)
+    return step_3d(model(), g_, global, m, stats);  // your step 3
+  // The given driver: any schedule, any number of chunks, the ZeRO policies.
+  for (auto& x : pieces_) {
+    x->model->zero_grad();
+    if (x->release) x->release->begin();
+    if (x->gather) x->gather->begin();
+  }
+  const data::Batch mine = dp_rows(global, g_);
+  SCALELAB_REQUIRE(mine.batch_size() % m == 0, "{} rows do not split into {} micro-batches",
+                   mine.batch_size(), m);
+  const int64_t b = mine.batch_size() / m;
+  std::vector<data::Batch> micro;
+  for (int i = 0; i < m; ++i) micro.push_back(mine.rows(i * b, (i + 1) * b));
+  const lab08::Schedule schedule =
+      lab08::make_schedule(plan_.schedule, g_.shape.pp, m, plan_.chunks, g_.coord.pp);
+  const std::vector<nn::GPT*> chunks = pieces();
+  double loss = lab08::run_schedule(chunks, schedule, micro, g_.pp, stats);
+  lab08::sync_tied_gradients(chunks, g_.pp);  // ZeRO-2/3: the held (whole) tied gradients
+  for (auto& x : pieces_) {
+    if (x->release) x->release->finish();  // the held units reduced, the shard averaged
+    else if (x->gather) x->gather->finish();
+    else g_.dp.all_reduce(x->model->params().grads(), comm::ReduceOp::avg);
+  }
+  Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
+  g_.dp.all_reduce(l, comm::ReduceOp::avg);
+  return l.item();
 }
 
 void Trainer3D::optimizer_step(double lr) {
-  if (zero1_) zero1_->step(lr);
-  else if (adamw_) adamw_->step(lr);
-  else zero_->step(lr);
+  for (auto& x : pieces_) {
+    if (x->sharded) x->sharded->step(lr);
+    else x->adamw->step(lr);
+  }
 }
 
 std::size_t Trainer3D::optimizer_state_bytes() const {
-  if (zero1_) return zero1_->state_bytes();
-  if (adamw_) return adamw_->state_bytes();
-  return plan_.zero_stage == 2 ? static_cast<lab09::Zero2&>(*zero_).optimizer().state_bytes()
-                               : static_cast<lab09::Zero3&>(*zero_).optimizer().state_bytes();
+  std::size_t n = 0;
+  for (const auto& x : pieces_)
+    n += x->sharded ? x->sharded->state_bytes() : x->adamw->state_bytes();
+  return n;
 }
 
 Tensor Trainer3D::parameters() {
-  return zero_ ? zero_->full_parameters() : model_->params().values();
+  if (pieces_.size() == 1 && !pieces_[0]->gather) return model().params().values();
+  std::vector<Tensor> all;
+  int64_t n = 0;
+  for (auto& x : pieces_) {
+    all.push_back(x->gather ? x->gather->full_parameters() : x->model->params().values());
+    n += all.back().numel();
+  }
+  Tensor out = Tensor::empty({n}, all[0].dtype(), all[0].device());
+  int64_t at = 0;
+  for (const Tensor& t : all) {
+    Tensor dst = out.flat(at, t.numel());
+    dst.copy_from(t);
+    at += t.numel();
+  }
+  return out;
+}
+
+int Trainer3D::unit_collectives() const {
+  int n = 0;
+  for (const auto& x : pieces_)
+    n += x->release ? x->release->reductions() : x->gather ? x->gather->gathers() : 0;
+  return n;
 }
 
 }  // namespace scalelab::lab10

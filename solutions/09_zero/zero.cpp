@@ -138,70 +138,62 @@ Held Zero1::held() const {
 
 // ---- step 3: ZeRO-2 -------------------------------------------------------------------------------
 
+void reduce_unit_to_owners(nn::ParameterSet& ps, std::size_t u, const nn::ShardRange& mine,
+                           Tensor& grad_shard, comm::Communicator& comm) {
+  // BEGIN SOLUTION step 3: a unit whose gradients are final: each owner adds its summed piece
+  // HINT: ps.units()[u] (its elements [lo, hi) of the flat layout), ps.unit_grads(u),
+  // HINT: comm.reduce_async, ps.release_grads(u).
+  const nn::Unit& unit = ps.units()[u];
+  const Tensor g = ps.unit_grads(u);
+  std::vector<comm::Work> works;
+  for (int q = 0; q < comm.size(); ++q) {  // the owners of the unit's elements
+    const nn::ShardRange owner = shard_range(ps.numel(), q, comm.size());
+    const int64_t b = std::max(unit.lo, owner.lo), e = std::min(unit.hi, owner.hi);
+    if (b < e) works.push_back(comm.reduce_async(g.flat(b - unit.lo, e - b), q));
+  }
+  // Wait before adding and releasing: a reduce reads (and on the root writes) the unit's buffer
+  // while it runs. Keeping the Works and releasing later would let the reduces overlap the next
+  // layers' backward (lab 04's trick) at the price of more units alive at once.
+  comm::wait_all(works);
+  const int64_t b = std::max(unit.lo, mine.lo), e = std::min(unit.hi, mine.hi);
+  if (b < e) {  // my piece: the sum over the ranks arrived here; += over micro-batches
+    Tensor dst = grad_shard.flat(b - mine.lo, e - b);
+    ops::add(dst, dst, g.flat(b - unit.lo, e - b));
+  }
+  ps.release_grads(u);  // the full unit gradient is gone: only the shard stays
+  // END SOLUTION
+}
+
 Zero2::Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
              optim::AdamWConfig adamw, const ModelBuilder& build)
     : Trainer(comm) {
   options.storage.pad_to = comm.size();
   options.storage.grads = nn::Storage::per_unit;  // GPT binds a unit's gradients when needed
   model_ = make_model(config, options, build);
+  // the policy: this rank's shard, its gradient buffer, reduce_unit_to_owners after each unit
+  policy_ = std::make_shared<GradientRelease>(*model_, comm);
+  model_->add_block_policy(policy_);
   nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 3: this rank's shard, a gradient buffer for it alone, AdamW over it
-  // HINT: with per-unit gradients there is no flat gradient buffer to take a view of.
-  shard_ = shard_range(ps.numel(), comm.rank(), comm.size());
-  grad_shard_ = Tensor::zeros({shard_.size}, ps.dtype(), ps.device());
-  adamw_ = std::make_unique<optim::AdamW>(shard_groups(ps, shard_, grad_shard_), adamw);
-  // END SOLUTION
-}
-
-void Zero2::on_ready(const std::vector<nn::Parameter*>& done) {
-  nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 3: a unit whose gradients are final: each owner gets its summed piece
-  // HINT: ps.unit_of(p), ps.units()[u] (its parameters [first, last), its elements [lo, hi)),
-  // HINT: ps.unit_grads(u), ps.release_grads(u).
-  for (const nn::Parameter* p : done) {
-    const std::size_t u = ps.unit_of(p);
-    const nn::Unit& unit = ps.units()[u];
-    if (++ready_[u] < unit.last - unit.first) continue;  // the unit is not final yet
-    const Tensor g = ps.unit_grads(u);
-    std::vector<comm::Work> works;
-    for (int q = 0; q < comm_.size(); ++q) {  // the owners of the unit's elements
-      const nn::ShardRange owner = shard_range(ps.numel(), q, comm_.size());
-      const int64_t b = std::max(unit.lo, owner.lo), e = std::min(unit.hi, owner.hi);
-      if (b < e) works.push_back(comm_.reduce_async(g.flat(b - unit.lo, e - b), q));
-    }
-    // Wait before copying and releasing: a reduce reads (and on the root writes) the unit's
-    // buffer while it runs. Keeping the Works and releasing later would let the reduces overlap
-    // the next layers' backward (lab 04's trick) at the price of more units alive at once.
-    comm::wait_all(works);
-    const int64_t b = std::max(unit.lo, shard_.lo), e = std::min(unit.hi, shard_.hi);
-    if (b < e) {  // my piece: the sum over the ranks arrived here
-      Tensor dst = grad_shard_.flat(b - shard_.lo, e - b);
-      dst.copy_from(g.flat(b - unit.lo, e - b));
-    }
-    ps.release_grads(u);  // the full unit gradient is gone: only the shard stays
-  }
+  // BEGIN SOLUTION step 3: an AdamW whose state covers this rank's shard alone
+  // HINT: with per-unit gradients there is no flat gradient buffer: the policy's grad_shard().
+  adamw_ = std::make_unique<optim::AdamW>(
+      shard_groups(ps, policy_->shard(), policy_->grad_shard()), adamw);
   // END SOLUTION
 }
 
 double Zero2::forward_backward(const data::Batch& global) {
   const data::Batch mine = my_rows(global, comm_, model_->device());
-  model_->set_backward_hook([this](const std::vector<nn::Parameter*>& done) { on_ready(done); });
-  double loss = 0;
-  // BEGIN SOLUTION step 3: the averaged gradient of my shard, from forward and backward
-  ready_.clear();
-  ops::fill(grad_shard_, 0.0);
-  loss = model_->forward(mine.x, mine.y);
-  model_->backward();
-  ops::scale(grad_shard_, 1.0 / comm_.size());
-  // END SOLUTION
-  model_->set_backward_hook({});
+  policy_->begin();
+  const double loss = model_->forward(mine.x, mine.y);
+  model_->backward();  // the policy reduces each unit as its backward ends
+  policy_->finish();   // the average: 1/n
   return global_loss(loss, comm_);
 }
 
 void Zero2::step(double lr) {
   // BEGIN SOLUTION step 3: as stage 1: update my shard, every rank holds every shard
   adamw_->step(lr);
-  all_gather_parameters(model_->params(), shard_, comm_);
+  all_gather_parameters(model_->params(), policy_->shard(), comm_);
   // END SOLUTION
 }
 
@@ -209,7 +201,7 @@ Tensor Zero2::full_parameters() { return model_->params().values(); }
 
 Held Zero2::held() const {
   nn::ParameterSet& ps = model_->params();
-  std::size_t grads = grad_shard_.defined() ? grad_shard_.nbytes() : 0;
+  std::size_t grads = policy_->grad_shard().defined() ? policy_->grad_shard().nbytes() : 0;
   for (std::size_t u = 0; u < ps.units().size(); ++u)
     if (ps.grads_bound(u)) grads += bytes_of(ps.units()[u].numel(), ps.dtype());
   return {flat_parameter_bytes(ps), grads, adamw_ ? adamw_->state_bytes() : 0};
@@ -217,171 +209,77 @@ Held Zero2::held() const {
 
 // ---- step 4: ZeRO-3 -------------------------------------------------------------------------------
 
+UnitGather start_unit_gather(const nn::ParameterSet& ps, std::size_t u, const Tensor& shard,
+                             comm::Communicator& comm) {
+  UnitGather g{u};
+  // BEGIN SOLUTION step 4: start gathering unit u's shards from every rank; return at once
+  // HINT: ps.mixed() (--precision bf16): gather what the layers read, the 2-byte weights (the
+  // HINT: paper's): a bf16 cast of the fp32 shard, kept in g.send while the gather runs.
+  g.send = shard;
+  if (ps.mixed()) {  // the fp32 master shard stays here; the wire carries its bf16 cast
+    g.send = Tensor::empty({shard.numel()}, DType::bf16, shard.device());
+    ops::cast(g.send, shard);
+  }
+  g.buffer = Tensor::empty({shard.numel() * comm.size()}, g.send.dtype(), g.send.device());
+  g.work = comm.all_gather_async(g.send, g.buffer);
+  // END SOLUTION
+  return g;
+}
+
+void finish_unit_gather(nn::ParameterSet& ps, UnitGather& g) {
+  // BEGIN SOLUTION step 4: the gathered unit bound in the model, ready for its layers
+  // HINT: ps.mixed(): bind the unit's bf16 compute buffer (ps.bind_compute) instead of its
+  // HINT: values: the layers read Parameter::compute_value(), and the fp32 values stay unbound.
+  g.work.wait();
+  Tensor v = ps.mixed() ? ps.bind_compute(g.unit) : ps.bind_values(g.unit);
+  v.copy_from(g.buffer.flat(0, ps.units()[g.unit].numel()));
+  g.buffer = g.send = Tensor();  // the padded staging buffer (and the sent cast) are done
+  // END SOLUTION
+}
+
+void release_unit(nn::ParameterSet& ps, std::size_t u) {
+  // BEGIN SOLUTION step 4: free a gathered unit
+  // HINT: ps.mixed(): what finish_unit_gather bound is the compute buffer (ps.release_compute).
+  if (ps.mixed()) ps.release_compute(u);
+  else ps.release_values(u);
+  // END SOLUTION
+}
+
+void reduce_scatter_unit(nn::ParameterSet& ps, std::size_t u, Tensor& grad_shard,
+                         comm::Communicator& comm) {
+  // BEGIN SOLUTION step 4: my shard of the unit's summed gradient added in; the unit's freed
+  const Tensor g = ps.unit_grads(u);
+  Tensor padded = Tensor::zeros({grad_shard.numel() * comm.size()}, g.dtype(), g.device());
+  Tensor real = padded.flat(0, g.numel());
+  real.copy_from(g);
+  ps.release_grads(u);
+  Tensor mine = Tensor::empty({grad_shard.numel()}, g.dtype(), g.device());
+  comm.reduce_scatter(padded, mine);
+  ops::add(grad_shard, grad_shard, mine);  // += over micro-batches
+  // END SOLUTION
+}
+
 Zero3::Zero3(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
              optim::AdamWConfig adamw, const ModelBuilder& build)
     : Trainer(comm) {
   // Mixed precision (compute_dtype bf16): the same per-unit storage; a gathered unit is bound as
   // its bf16 compute buffer (ParameterSet::bind_compute), never as fp32 values.
-  options.storage.values = nn::Storage::per_unit;
-  options.storage.grads = nn::Storage::per_unit;
-  options.on_init = [this](const nn::Unit& unit, const Tensor& values) {
-    keep_initial_shard(unit, values);
-  };
-  model_ = make_model(config, options, build);
-  nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 4: per unit a gradient shard; one AdamW over every unit's shard
-  // HINT: keep_initial_shard has filled shards_ and values_ by now (GPTOptions::on_init).
-  std::vector<optim::Group> groups;
-  for (std::size_t u = 0; u < ps.units().size(); ++u) {
-    const nn::Unit& unit = ps.units()[u];
-    const nn::ShardRange& s = shards_.at(u);
-    grads_.push_back(Tensor::zeros({s.size}, ps.dtype(), ps.device()));
-    for (optim::Group& g :
-         optim::groups_in_range(ps, unit.lo + s.lo, unit.lo + s.hi, values_[u], grads_[u]))
-      groups.push_back(std::move(g));
-  }
-  adamw_ = std::make_unique<optim::AdamW>(std::move(groups), adamw);
-  // END SOLUTION
-}
-
-void Zero3::keep_initial_shard(const nn::Unit& unit, const Tensor& values) {
-  // BEGIN SOLUTION step 4: keep this rank's shard of the unit's initial values
-  const nn::ShardRange s = shard_range(unit.numel(), comm_.rank(), comm_.size());
-  Tensor mine = Tensor::zeros({s.size}, values.dtype(), values.device());
-  if (s.real() > 0) {
-    Tensor dst = mine.flat(0, s.real());
-    dst.copy_from(values.flat(s.lo, s.real()));
-  }
-  shards_.push_back(s);
-  values_.push_back(mine);
-  // END SOLUTION
+  policy_ = std::make_shared<GatherRelease>(comm);
+  model_ = make_model(config, policy_->prepare(options), build);
+  policy_->attach(*model_);
+  model_->add_block_policy(policy_);
+  adamw_ = std::make_unique<optim::AdamW>(policy_->optimizer_groups(), adamw);
 }
 
 bool Zero3::mixed() const { return model_->params().mixed(); }
 
-Zero3::Gather Zero3::start_gather(std::size_t u) {
-  Gather g{u};
-  // BEGIN SOLUTION step 4: start gathering unit u's shards from every rank; return at once
-  // HINT: mixed() (--precision bf16): gather what the layers read, the 2-byte weights (the
-  // HINT: paper's): a bf16 cast of the fp32 shard, kept in g.send while the gather runs.
-  const nn::ShardRange& s = shards_.at(u);
-  g.send = values_[u];
-  if (mixed()) {  // the fp32 master shard stays here; the wire carries its bf16 cast
-    g.send = Tensor::empty({s.size}, DType::bf16, values_[u].device());
-    ops::cast(g.send, values_[u]);
-  }
-  g.buffer = Tensor::empty({s.size * comm_.size()}, g.send.dtype(), g.send.device());
-  g.work = comm_.all_gather_async(g.send, g.buffer);
-  // END SOLUTION
-  return g;
-}
-
-void Zero3::finish_gather(Gather& g) {
-  nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 4: the gathered unit bound in the model, ready for its layers
-  // HINT: mixed(): bind the unit's bf16 compute buffer (ps.bind_compute) instead of its values:
-  // HINT: the layers read Parameter::compute_value(), and the fp32 values stay unbound.
-  g.work.wait();
-  Tensor v = mixed() ? ps.bind_compute(g.unit) : ps.bind_values(g.unit);
-  v.copy_from(g.buffer.flat(0, ps.units()[g.unit].numel()));
-  g.buffer = g.send = Tensor();  // the padded staging buffer (and the sent cast) are done
-  // END SOLUTION
-  note_gathered();
-}
-
-void Zero3::release(std::size_t u) {
-  // BEGIN SOLUTION step 4: free a gathered unit
-  // HINT: mixed(): what finish_gather bound is the compute buffer (ps.release_compute).
-  if (mixed()) model_->params().release_compute(u);
-  else model_->params().release_values(u);
-  // END SOLUTION
-}
-
-void Zero3::reduce_scatter_grads(std::size_t u) {
-  nn::ParameterSet& ps = model_->params();
-  // BEGIN SOLUTION step 4: my shard of the unit's averaged gradient; the unit's gradients freed
-  const nn::ShardRange& s = shards_.at(u);
-  const Tensor g = ps.unit_grads(u);
-  Tensor padded = Tensor::zeros({s.size * comm_.size()}, g.dtype(), g.device());
-  Tensor real = padded.flat(0, g.numel());
-  real.copy_from(g);
-  ps.release_grads(u);
-  comm_.reduce_scatter(padded, grads_[u]);
-  ops::scale(grads_[u], 1.0 / comm_.size());
-  // END SOLUTION
-}
-
-std::size_t Zero3::gathered_bytes(std::size_t u) const {
-  const nn::ParameterSet& ps = model_->params();
-  const int64_t n = ps.units()[u].numel();
-  return (ps.values_bound(u) ? bytes_of(n, ps.dtype()) : 0) +
-         (mixed() && ps.compute_bound(u) ? bytes_of(n, DType::bf16) : 0);
-}
-
-void Zero3::note_gathered() {
-  std::size_t now = 0;
-  for (std::size_t u = 0; u < model_->params().units().size(); ++u) now += gathered_bytes(u);
-  peak_gathered_ = std::max(peak_gathered_, now);
-}
-
 double Zero3::forward_backward(const data::Batch& global) {
-  nn::GPT& m = *model_;
-  const data::Batch mine = my_rows(global, comm_, m.device());
-  const int L = static_cast<int>(m.config().n_layer);
-  const std::size_t emb = m.embedding_unit(), head = m.head_unit();
-  peak_gathered_ = 0;
+  const data::Batch mine = my_rows(global, comm_, model_->device());
+  policy_->begin();
   nn::GPTActivations acts;
-  double loss = 0;
-  // BEGIN SOLUTION step 4: unit by unit: gathered before use, freed after; the next one prefetched
-  // HINT: the model piece by piece, and the order of the units: README.md#step-4.
-  acts.inputs.assign(L, Tensor());
-  acts.blocks.assign(L, nn::BlockActivations());
-  Gather g = start_gather(emb);
-  finish_gather(g);
-  Gather next = start_gather(m.block_unit(0));  // in flight while the embedding runs
-  Tensor x;
-  {
-    trace::Scope scope("embed");
-    x = m.embed(mine.x, acts);  // (B, T, C)
-  }
-  release(emb);
-  for (int i = 0; i < L; ++i) {
-    Gather cur = std::move(next);
-    finish_gather(cur);
-    next = start_gather(i + 1 < L ? m.block_unit(i + 1) : head);  // prefetch
-    trace::Scope scope("block forward");
-    acts.inputs[i] = x;
-    x = m.block(i).forward(x, acts.blocks[i]);
-    release(m.block_unit(i));
-  }
-  finish_gather(next);  // the head
-  Gather tied = start_gather(emb);  // the head's matmul uses wte
-  finish_gather(tied);
-  loss = m.head_forward(x, mine.y, acts);
-  // backward: the head and the embedding are still gathered
-  next = start_gather(m.block_unit(L - 1));
-  Tensor d = m.head_backward(acts);  // writes ln_f's and the tied wte's gradients
-  release(head);
-  release(emb);  // embed_backward needs the tokens, not wte's values
-  reduce_scatter_grads(head);
-  for (int i = L - 1; i >= 0; --i) {
-    const std::size_t u = m.block_unit(i);
-    Gather cur = std::move(next);
-    finish_gather(cur);
-    if (i > 0) next = start_gather(m.block_unit(i - 1));
-    m.params().bind_grads(u);  // zeroed
-    {
-      trace::Scope scope("block backward");
-      d = m.block(i).backward(d, acts.inputs[i], acts.blocks[i]);
-    }
-    acts.blocks[i].reset();
-    acts.inputs[i] = Tensor();
-    release(u);
-    reduce_scatter_grads(u);
-  }
-  m.embed_backward(d, acts);  // wte's gradient is final only now
-  reduce_scatter_grads(emb);
-  // END SOLUTION
+  const double loss = model_->forward(mine.x, mine.y, acts);  // each unit gathered, freed
+  model_->backward(acts);  // gathered again, freed, its gradient reduce-scattered
+  policy_->finish();
   return global_loss(loss, comm_);
 }
 
@@ -391,27 +289,10 @@ void Zero3::step(double lr) {
   // END SOLUTION
 }
 
-Tensor Zero3::full_parameters() {
-  // The fp32 master shards themselves (not start_gather, which sends bf16 in mixed precision).
-  nn::ParameterSet& ps = model_->params();
-  Tensor all = Tensor::empty({ps.numel()}, ps.dtype(), ps.device());
-  for (std::size_t u = 0; u < ps.units().size(); ++u) {
-    Tensor buffer = Tensor::empty({shards_.at(u).size * comm_.size()}, ps.dtype(), ps.device());
-    comm_.all_gather(values_[u], buffer);
-    Tensor dst = all.flat(ps.units()[u].lo, ps.units()[u].numel());
-    dst.copy_from(buffer.flat(0, ps.units()[u].numel()));
-  }
-  return all;
-}
+Tensor Zero3::full_parameters() { return policy_->full_parameters(); }
 
 Held Zero3::held() const {
-  nn::ParameterSet& ps = model_->params();
-  Held h;
-  for (std::size_t u = 0; u < values_.size(); ++u) {
-    h.params += values_[u].nbytes() + gathered_bytes(u);  // bound units: none between steps
-    h.grads += (u < grads_.size() ? grads_[u].nbytes() : 0) +
-               (ps.grads_bound(u) ? bytes_of(ps.units()[u].numel(), ps.dtype()) : 0);
-  }
+  Held h = policy_->held();
   h.optimizer = adamw_ ? adamw_->state_bytes() : 0;
   return h;
 }

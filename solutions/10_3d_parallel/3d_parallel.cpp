@@ -247,9 +247,10 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     const int64_t unit = (stage_parameters(config, g.tp, 1, 0) - V * C / g.tp - T * C - 2 * C) /
                          config.n_layer;
     const int64_t embedding = V * C / g.tp + T * C;
-    // ZeRO-2/3's working set during the backward (lab 09's trainers, pp = 1): whole unit
-    // gradients (master dtype) are bound until reduced: the tied embedding's from the head's
-    // backward to the embedding's, and the block's being differentiated; ZeRO-3 also holds that
+    // ZeRO-2/3's working set during the backward (lab 09's policies): whole unit gradients
+    // (master dtype) are bound until reduced: the tied embedding's (with a pipeline: a tied
+    // copy's, the embedding or the head's lm_head, kept whole until the tied sum), and the
+    // block's being differentiated (an approximation beyond pp = 1); ZeRO-3 also holds that
     // block's gathered values and the next block's all-gather buffer (what the layers read: the
     // bf16 weights in mixed precision).
     if (plan.zero_stage >= 2)
@@ -273,15 +274,17 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
                                              (s == g.pp - 1 ? 3 * (ring * ce_bytes / bw + lat) : 0));
     const double pp_s = g.pp == 1 ? 0 : 2.0 * m * (mb_bytes / bw + lat);
     // dp, within the step (the optimizer's all-gather of ZeRO 1/2 comes after it): ZeRO 0/1
-    // one all-reduce of the gradients; ZeRO-2 a reduce to the owners per unit (half a ring
-    // all-reduce's bytes); ZeRO-3 per unit 2 all-gathers and a reduce-scatter (1.5 all-reduces).
+    // one all-reduce of the gradients, after the last micro-batch; ZeRO-2 a reduce to the owners
+    // per unit (half a ring all-reduce's bytes); ZeRO-3 per unit 2 all-gathers and a
+    // reduce-scatter (1.5 all-reduces). ZeRO-2/3 run at every micro-batch's backward (ZeRO-3's
+    // gathers at every forward too): m times.
     const double grad_bytes = static_cast<double>(params) * master;  // fp32 in mixed precision
     const double units = static_cast<double>(r.size()) + (s == 0 ? 1 : 0) + (s == g.pp - 1 ? 1 : 0);
     const double all_reduce = 2.0 * (g.dp - 1) / g.dp * grad_bytes / bw;
     double dp_s = all_reduce + lat;
-    if (plan.zero_stage == 2) dp_s = 0.5 * all_reduce + units * lat;
+    if (plan.zero_stage == 2) dp_s = m * (0.5 * all_reduce + units * lat);
     // (its all-gathers move what the layers read: half the bytes in mixed precision)
-    if (plan.zero_stage == 3) dp_s = (0.5 + act / master) * all_reduce + 3 * units * lat;
+    if (plan.zero_stage == 3) dp_s = m * ((0.5 + act / master) * all_reduce + 3 * units * lat);
     if (g.dp == 1) dp_s = 0;
     Prediction p;
     p.params = params;

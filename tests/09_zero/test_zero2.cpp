@@ -113,6 +113,31 @@ TEST(Step3_Zero2, GradientShardIsTheSingleDeviceGradientOnThisRanksElements) {
   EXPECT_TRUE(ok);
 }
 
+// Accumulation (lab 10 runs the same reduction once per micro-batch): two backwards of the same
+// rows, each unit reduced after each, leave twice the summed gradient in the shard: the reduction
+// adds into the shard, it does not overwrite it (1e-5 / 1e-6, as above).
+TEST(Step3_Zero2, ReductionAddsIntoTheShard) {
+  nn::GPTOptions o = f32();
+  o.storage.grads = nn::Storage::per_unit;
+  o.storage.pad_to = world().size();
+  nn::GPT model(kLab.config(), o);
+  nn::ParameterSet& ps = model.params();
+  const nn::ShardRange s = nn::shard_range(ps.numel(), world().rank(), world().size());
+  Tensor shard = Tensor::zeros({s.size});
+  const data::Batch global = kLab.batch(0);
+  const data::Batch mine = labtest::my_rows(global);
+  for (int k = 0; k < 2; ++k) {
+    model.forward(mine.x, mine.y);
+    model.backward();
+    for (std::size_t u = 0; u < ps.units().size(); ++u)
+      lab09::reduce_unit_to_owners(ps, u, s, shard, world());
+  }
+  Tensor want = kLab.reference(global).grads.flat(s.lo, s.real()).clone();
+  ops::scale(want, 2.0 * world().size());  // two backwards, summed (not averaged) over the ranks
+  EXPECT_TRUE(labtest::close_on_every_rank(shard.flat(0, s.real()), want,
+                                           labtest::kAllReduceRtol, labtest::kAllReduceAtol));
+}
+
 TEST(Step3_Zero2, FiveAdamWStepsEqualZero1) {
   // Stage 1 is bitwise lab 03's DDP (step 2's test): compared with the given DDP so that this
   // step is graded on its own.

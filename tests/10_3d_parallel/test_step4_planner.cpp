@@ -7,6 +7,7 @@
 // size 1, compute divided by dp).
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
@@ -312,6 +313,30 @@ TEST(Step4_Planner, TimeModelStructure) {
             piped.state_bytes + piped.activation_bytes + piped.transient_bytes);
   EXPECT_LT(lab10::predict(c, 16, {{4, 1, 1}, 1, 1, false}, mach, DType::f32).state_bytes,
             at(4, 1, 1, 1).state_bytes);  // ZeRO-1 shards the optimizer state
+}
+
+// Issue 21: ZeRO-2 and 3 run with micro-batches and a pipeline, reducing (2) or gathering and
+// reduce-scattering (3) every unit once per micro-batch: their dp time is m times one batch's
+// (the formula changed: before, these plans were refused and their dp time counted once).
+// ZeRO-0/1 average the gradient once per step, whatever m. plan_all lists them now.
+TEST(Step4_Planner, ZeroTwoAndThreeDpTrafficIsPerMicroBatch) {
+  const ModelConfig c = model_config("small");
+  const lab10::Machine mach{.flops = 1e10, .bus_bytes_per_s = 1e9, .latency_s = 1e-5};
+  const auto dp_s = [&](int zero, int m) {
+    return lab10::predict(c, 16, {{2, 1, 2}, m, zero, false}, mach, DType::f32).dp_s;
+  };
+  for (int zero : {0, 1}) EXPECT_DOUBLE_EQ(dp_s(zero, 4), dp_s(zero, 1)) << "ZeRO-" << zero;
+  for (int zero : {2, 3}) {
+    EXPECT_GT(dp_s(zero, 1), 0) << "ZeRO-" << zero;
+    EXPECT_NEAR(dp_s(zero, 4), 4 * dp_s(zero, 1), 1e-12) << "ZeRO-" << zero;
+  }
+  const auto plans = lab10::plan_all(c, 4, 16, mach, std::numeric_limits<std::size_t>::max(),
+                                     DType::f32);
+  const bool listed = std::any_of(plans.begin(), plans.end(), [](const auto& x) {
+    return x.first.zero_stage == 3 && x.first.grid.pp > 1 && x.first.micro_batches > 1 &&
+           x.first.checkpoint;
+  });
+  EXPECT_TRUE(listed) << "ZeRO-3 with a pipeline, micro-batches and checkpointing is a plan";
 }
 
 // ---- planted faults -----------------------------------------------------------------------------

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
@@ -268,6 +271,56 @@ TEST(GPT, HookFiresOncePerParameterWhenItsGradientIsFinal) {
   EXPECT_EQ(order.back(), "wpe.weight");    // the tied wte only after the embedding's backward
   for (nn::Parameter* p : model.parameters())  // nothing changed after the hook saw it
     EXPECT_EQ(norm_at_hook[p->name], ops::sum_squares(p->grad)) << p->name;
+}
+
+// The unit hooks (issue 21): the model's own pieces call them around every unit, in forward and
+// backward order, the unit hooks outside the block hooks (so a gather is there for a
+// recomputation); a PolicyList calls its policies in the order added; with the hooks only
+// observing, the gradients are bitwise those of the model without a policy.
+namespace {
+class Recorder final : public nn::BlockPolicy {
+ public:
+  Recorder(std::vector<std::string>& log, std::string tag) : log_(log), tag_(std::move(tag)) {}
+  void after_forward(const nn::Block& b, const Tensor&, nn::BlockActivations&, int64_t) override {
+    add("af", static_cast<std::size_t>(b.index));
+  }
+  void before_backward(const nn::Block& b, const Tensor&, nn::BlockActivations&,
+                       int64_t) override {
+    add("bb", static_cast<std::size_t>(b.index));
+  }
+  void before_unit_forward(const nn::GPT&, std::size_t u) override { add("F<", u); }
+  void after_unit_forward(const nn::GPT&, std::size_t u) override { add("F>", u); }
+  void before_unit_backward(const nn::GPT&, std::size_t u) override { add("B<", u); }
+  void after_unit_backward(const nn::GPT&, std::size_t u) override { add("B>", u); }
+
+ private:
+  void add(const char* what, std::size_t i) { log_.push_back(tag_ + what + std::to_string(i)); }
+  std::vector<std::string>& log_;
+  std::string tag_;
+};
+}  // namespace
+
+TEST(GPT, UnitHooksRunAroundEveryUnitInOrder) {
+  nn::GPT plain(micro(), f64_options()), hooked(micro(), f64_options());
+  std::vector<std::string> log;
+  hooked.add_block_policy(std::make_shared<Recorder>(log, ""));
+  hooked.add_block_policy(std::make_shared<Recorder>(log, "2:"));
+  Tensor x = random_tokens({2, 5}, 11, 12), y = random_tokens({2, 5}, 11, 13);
+  EXPECT_EQ(hooked.forward(x, y), plain.forward(x, y));
+  hooked.backward();
+  plain.backward();
+  expect_equal(hooked.params().grads(), plain.params().grads(), "gradients");
+  // units: 0 embedding, 1 blocks.0, 2 blocks.1, 3 head (block hooks name the block's index)
+  const std::vector<std::string> want = {
+      "F<0", "2:F<0", "F>0", "2:F>0",
+      "F<1", "2:F<1", "af0", "2:af0", "F>1", "2:F>1",
+      "F<2", "2:F<2", "af1", "2:af1", "F>2", "2:F>2",
+      "F<3", "2:F<3", "F>3", "2:F>3",
+      "B<3", "2:B<3", "B>3", "2:B>3",
+      "B<2", "2:B<2", "bb1", "2:bb1", "B>2", "2:B>2",
+      "B<1", "2:B<1", "bb0", "2:bb0", "B>1", "2:B>1",
+      "B<0", "2:B<0", "B>0", "2:B>0"};
+  EXPECT_EQ(log, want);
 }
 
 TEST(GPT, GenerateIsSeededAndExtendsThePrompt) {

@@ -1,0 +1,366 @@
+// Step 3, issue 21: every ZeRO stage composes with every pipeline schedule, checkpointing and
+// micro-batches (Trainer3D: lab 09's GradientRelease / GatherRelease policies at nn::GPT's unit
+// hooks, lab 08's schedules and executor). A covering sample (every pair of the factors zero
+// 0-3 x schedule afab/1f1b/interleaved x m 1/2/4 x checkpointing off/on x fp32/bf16 appears in
+// some case; interleaved needs m a multiple of pp = 2, so (interleaved, m = 1) is not run),
+// on 4 ranks (dp 2 x tp 1 x pp 2) and 8 ranks (dp 2 x tp 2 x pp 2), each against the
+// single-device twin: 3 optimizer steps from the same seed on the same global batches.
+//
+// The optimizer is AdamW with eps = 1, which makes its update about lr x the gradient (plain SGD
+// with momentum): continuous in the gradient, so the reduction order's rounding stays rounding
+// (with eps = 1e-8 the first update is lr x sign(g), and an element whose gradient rounds to
+// either side of 0 moves by 2 lr). Tolerances: fp32 every step's loss within 1e-5 relative and
+// the parameters after 3 steps within 1e-5 relative / 1e-6 absolute (sums over tp, dp and
+// micro-batches in another order); bf16 (mixed precision: each tp rank rounds its partial sums
+// to bf16) the losses within 2e-3 relative and the parameters within 1e-3 absolute. Measured:
+// fp32 losses 7e-9 relative, parameters 1.5e-8 absolute; bf16 losses 2.4e-5, parameters 1.2e-4.
+//
+// The technique: with m micro-batches ZeRO-2 reduces every unit once per micro-batch and ZeRO-3
+// gathers every unit for every micro-batch's forward and backward (the byte counters and the
+// policies' counts say so), and ZeRO-3 holds one unit gathered at a time (and a tied
+// embedding). Planted: a ZeRO-2 whose reduction overwrites its shard (lab 09's ZeRO-2 as it was,
+// one batch per step: only the last micro-batch survives) fails the twin; a ZeRO-3 that never
+// releases a gathered unit fails the bound on gathered elements.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "common/comm/stats.hpp"
+#include "common/ops/ops.hpp"
+#include "common/optim/optim.hpp"
+#include "grid3d_checks.hpp"
+
+namespace {
+
+using namespace scalelab;
+using namespace scalelab::lab10test;
+using labtest::world;
+
+constexpr int kSteps = 3;
+constexpr double kLr = 0.1;
+constexpr optim::AdamWConfig kSmooth{.eps = 1.0};
+
+struct Case {
+  int zero = 0;
+  lab08::Kind schedule = lab08::Kind::one_f_one_b;
+  int m = 1;
+  bool checkpoint = false;
+  DType precision = DType::f32;
+};
+
+std::string name(const Case& c) {
+  return fmt::format("ZeRO-{} {} m {}{} {}", c.zero, lab08::kind_name(c.schedule), c.m,
+                     c.checkpoint ? " checkpointed" : "", dtype_name(c.precision));
+}
+
+// The covering sample (a greedy pairwise design), plus the issue's own run: ZeRO-3,
+// checkpointing, 4 micro-batches, 1F1B.
+std::vector<Case> cases() {
+  using K = lab08::Kind;
+  constexpr DType f32 = DType::f32, bf16 = DType::bf16;
+  return {{2, K::one_f_one_b, 2, true, bf16},  {3, K::interleaved, 2, false, f32},
+          {1, K::afab, 1, false, bf16},        {0, K::afab, 4, true, f32},
+          {1, K::one_f_one_b, 1, true, f32},   {0, K::interleaved, 4, false, bf16},
+          {2, K::one_f_one_b, 4, false, f32},  {3, K::one_f_one_b, 1, true, bf16},
+          {1, K::interleaved, 2, true, bf16},  {0, K::one_f_one_b, 1, false, f32},
+          {2, K::afab, 1, false, bf16},        {3, K::afab, 2, true, f32},
+          {2, K::interleaved, 2, true, f32},   {3, K::afab, 4, false, f32},
+          {1, K::afab, 4, false, f32},         {0, K::one_f_one_b, 2, false, bf16},
+          {3, K::one_f_one_b, 4, true, f32}};
+}
+
+lab10::GridShape grid_shape() {
+  return world().size() == 8 ? lab10::GridShape{2, 2, 2} : lab10::GridShape{2, 1, 2};
+}
+
+nn::GPTOptions options(DType precision) {
+  return {.dtype = DType::f32, .seed = kLab.seed, .compute_dtype = precision};
+}
+
+// What each piece of `t` should hold: the twin's values cut as each piece's parameters are.
+Tensor expected_values(lab10::Trainer3D& t, nn::GPT& twin) {
+  std::vector<double> all;
+  for (nn::GPT* piece : t.pieces()) {
+    const std::vector<double> v = expected(*piece, twin, false).to_vector();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return Tensor::from_vector(all, {static_cast<int64_t>(all.size())}, DType::f64);
+}
+
+// kSteps steps of the plan against the single-device twin (every rank runs the twin: tiny).
+testing::AssertionResult matches_twin(const Case& c) {
+  const lab10::GridShape shape = grid_shape();
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  const bool interleaved = c.schedule == lab08::Kind::interleaved;
+  const lab10::Plan plan{shape, c.m, c.zero, c.checkpoint, c.schedule, interleaved ? 2 : 1};
+  lab10::Trainer3D t(config(), g, plan, options(c.precision), kSmooth);
+  nn::GPT twin(config(), options(c.precision));
+  optim::AdamW twin_opt(optim::groups(twin.parameters()), kSmooth);
+  const bool bf16 = c.precision == DType::bf16;
+  const double loss_rtol = bf16 ? 2e-3 : 1e-5;
+  for (int s = 0; s < kSteps; ++s) {
+    const data::Batch batch = kLab.batch(s);
+    const double got = t.step(batch);
+    t.optimizer_step(kLr);
+    twin.zero_grad();
+    const double want = twin.forward(batch.x, batch.y);
+    twin.backward();
+    twin_opt.step(kLr);
+    if (!(std::abs(got - want) <= loss_rtol * std::abs(want)))  // the same on every rank
+      return testing::AssertionFailure() << name(c) << ": step " << s << " loss " << got
+                                         << ", the twin's " << want << " (rtol " << loss_rtol
+                                         << ")";
+  }
+  return labtest::close_on_every_rank(t.parameters(), expected_values(t, twin),
+                                      bf16 ? 0 : 1e-5, bf16 ? 1e-3 : 1e-6)
+         << " (" << name(c) << ", parameters after " << kSteps << " steps)";
+}
+
+TEST(Step3_ZeroSweep, EveryZeroStageScheduleAndCheckpointingMatchesTheTwin) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(name(c));
+    EXPECT_TRUE(matches_twin(c));
+  }
+}
+
+// ---- the extra cost with micro-batches, counted -----------------------------------------------
+
+// The dp payload of one step and the units the policy reduced (2) or gathered (3).
+struct Traffic {
+  int64_t dp_bytes = 0;
+  int unit_collectives = 0;
+};
+Traffic one_step(int zero, int m) {
+  const lab10::GridShape shape = grid_shape();
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  lab10::Trainer3D t(config(), g, {shape, m, zero, false}, options(DType::f32));
+  const comm::CommStats before = comm::comm_stats();
+  t.step(kLab.batch(0));
+  return {comm::comm_total(comm::comm_stats() - before, g.dp.name()).bytes - 8,  // - the loss
+          t.unit_collectives()};
+}
+
+// ZeRO-2 reduces each unit once per micro-batch except the tied copy it holds until the tied sum
+// (one reduction per step); ZeRO-3 gathers each unit for every micro-batch's forward and
+// backward (the embedding's backward reads no values) and reduce-scatters each unit once per
+// micro-batch (the tied copy once per step). ZeRO-1 averages the gradient once: its dp bytes do
+// not grow with m, ZeRO-2's and ZeRO-3's grow about m-fold (more than 3x from m = 1 to 4).
+TEST(Step3_ZeroSweep, ZeroTwoAndThreeCostMTimesPerStep) {
+  const lab10::GridShape shape = grid_shape();
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  const auto probe = lab10::build_3d_model(config(), g, options(DType::f32));
+  const int units = static_cast<int>(probe->params().units().size());
+  const int tied = probe->has_embedding() != probe->has_head() ? 1 : 0;
+  for (int m : {1, 4}) {
+    SCOPED_TRACE(fmt::format("m {}", m));
+    const Traffic z1 = one_step(1, m), z2 = one_step(2, m), z3 = one_step(3, m);
+    EXPECT_EQ(z2.unit_collectives, m * (units - tied) + tied);
+    // forward: every unit (a head tied to wte on the same model: none here, pp = 2); backward:
+    // every unit but the embedding
+    EXPECT_EQ(z3.unit_collectives,
+              m * (units + units - (probe->has_embedding() ? 1 : 0)));
+    if (m == 4) {
+      const Traffic z1_1 = one_step(1, 1), z2_1 = one_step(2, 1), z3_1 = one_step(3, 1);
+      EXPECT_EQ(z1.dp_bytes, z1_1.dp_bytes) << "ZeRO-1 averages once per step, whatever m";
+      EXPECT_GT(z2.dp_bytes, 3 * z2_1.dp_bytes) << "ZeRO-2: a reduction per micro-batch";
+      EXPECT_GT(z3.dp_bytes, 3 * z3_1.dp_bytes) << "ZeRO-3: every gather and reduce-scatter x m";
+    }
+  }
+}
+
+// ---- planted faults ---------------------------------------------------------------------------
+
+// ZeRO-3's working set: at every unit hook, the units bound in the model (ParameterSet's bound
+// values: what the allocator holds for gathered units, besides the prefetch's staging buffer)
+// are at most the largest unit, plus the embedding where the head is tied to it on the same
+// model. A probe appended after the ZeRO policy sees the model's state at each hook.
+class GatheredProbe final : public nn::BlockPolicy {
+ public:
+  explicit GatheredProbe(nn::GPT& m) : m_(m) {}
+  void before_unit_forward(const nn::GPT&, std::size_t) override { note(); }
+  void after_unit_forward(const nn::GPT&, std::size_t) override { note(); }
+  void before_unit_backward(const nn::GPT&, std::size_t) override { note(); }
+  void after_unit_backward(const nn::GPT&, std::size_t) override { note(); }
+  int64_t peak = 0;
+
+ private:
+  void note() {
+    const nn::ParameterSet& ps = m_.params();
+    int64_t now = 0;
+    for (std::size_t u = 0; u < ps.units().size(); ++u)
+      if (ps.compute_bound(u)) now += ps.units()[u].numel();
+    peak = std::max(peak, now);
+  }
+  nn::GPT& m_;
+};
+
+int64_t working_set_bound(nn::GPT& m) {
+  int64_t largest = 0;
+  for (const nn::Unit& u : m.params().units()) largest = std::max(largest, u.numel());
+  const bool tied = m.has_embedding() && m.has_head() && !m.lm_head;
+  return largest + (tied ? m.params().units()[m.embedding_unit()].numel() : 0);
+}
+
+// A ZeRO-3 written here that gathers each unit when first needed and never releases it (the
+// forward's numbers are right; only the working set is checked).
+class NeverReleases final : public nn::BlockPolicy {
+ public:
+  NeverReleases(nn::GPT& m, comm::Communicator& dp, std::vector<Tensor>& shards)
+      : m_(m), dp_(dp), shards_(shards) {}
+  void before_unit_forward(const nn::GPT&, std::size_t u) override { gather(u); }
+  void before_unit_backward(const nn::GPT&, std::size_t u) override { gather(u); }
+
+ private:
+  void gather(std::size_t u) {
+    nn::ParameterSet& ps = m_.params();
+    if (ps.values_bound(u)) return;  // fault: kept from its first use on
+    Tensor all = Tensor::empty({shards_[u].numel() * dp_.size()});
+    dp_.all_gather(shards_[u], all);
+    ps.bind_values(u).copy_from(all.flat(0, ps.units()[u].numel()));
+    if (m_.has_embedding() && !m_.lm_head && m_.has_head() && u == m_.head_unit())
+      gather(m_.embedding_unit());
+  }
+  nn::GPT& m_;
+  comm::Communicator& dp_;
+  std::vector<Tensor>& shards_;
+};
+
+// One 1F1B step, m = 4, of a ZeRO-3 model on the sweep's grid with the given policy (and the
+// probe after it); returns the probe's peak against the bound, on every rank.
+testing::AssertionResult gathers_one_unit_at_a_time(bool plant) {
+  const lab10::GridShape shape = grid_shape();
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  std::vector<Tensor> shards;  // the planted one's value shards
+  auto real = std::make_shared<lab09::GatherRelease>(g.dp);
+  nn::GPTOptions o = real->prepare(options(DType::f32));
+  if (plant)
+    o.on_init = [&](const nn::Unit& u, const Tensor& v) {
+      const nn::ShardRange s = nn::shard_range(u.numel(), g.dp.rank(), g.dp.size());
+      Tensor mine = Tensor::zeros({s.size});
+      if (s.real() > 0) mine.flat(0, s.real()).copy_from(v.flat(s.lo, s.real()));
+      shards.push_back(mine);
+    };
+  auto model = own_model(g, 1, false, o);
+  if (plant) {
+    model->add_block_policy(std::make_shared<NeverReleases>(*model, g.dp, shards));
+  } else {
+    real->attach(*model);
+    model->add_block_policy(real);
+    real->begin();
+  }
+  auto probe = std::make_shared<GatheredProbe>(*model);
+  model->add_block_policy(probe);
+  constexpr int m = 4;
+  const data::Batch mine = lab10::dp_rows(kLab.batch(0), g);
+  std::vector<data::Batch> micro;
+  for (int i = 0; i < m; ++i) micro.push_back(mine.rows(i * mine.batch_size() / m,
+                                                        (i + 1) * mine.batch_size() / m));
+  lab08::run_schedule({model.get()}, lab08::schedule_1f1b(shape.pp, m, g.coord.pp), micro, g.pp);
+  if (!plant) real->finish();
+  const int64_t bound = working_set_bound(*model);
+  Tensor worst = Tensor::from_vector({static_cast<double>(probe->peak - bound)}, {1}, DType::f64);
+  world().all_reduce(worst, comm::ReduceOp::max);
+  if (worst.item() > 0)
+    return testing::AssertionFailure() << "gathered up to " << probe->peak << " elements at once "
+                                       << "on this rank (bound " << bound << ": the largest "
+                                       << "unit, and a tied embedding)";
+  return testing::AssertionSuccess() << "peak " << probe->peak << " <= " << bound;
+}
+
+TEST(Step3_ZeroSweep, ZeroThreeHoldsOneUnitGatheredAtATime) {
+  EXPECT_TRUE(gathers_one_unit_at_a_time(false));
+}
+
+TEST(Step3_ZeroSweepPlantedFault, ZeroThreeThatNeverReleasesIsCaught) {
+  EXPECT_FALSE(gathers_one_unit_at_a_time(true));
+}
+
+// A ZeRO-2 written here whose reduction COPIES the owners' sums into the shard (lab 09's first
+// ZeRO-2, one batch per step): with micro-batches each reduction overwrites the last, so only
+// the last micro-batch's gradient is stepped. The twin check catches it.
+class OverwritingRelease final : public nn::BlockPolicy {
+ public:
+  OverwritingRelease(nn::GPT& m, comm::Communicator& dp) : m_(m), dp_(dp) {
+    s_ = nn::shard_range(m.params().numel(), dp.rank(), dp.size());
+    shard = Tensor::zeros({s_.size}, m.params().dtype());
+  }
+  void after_unit_backward(const nn::GPT&, std::size_t u) override {
+    nn::ParameterSet& ps = m_.params();
+    const nn::Unit& unit = ps.units()[u];
+    const Tensor grads = ps.unit_grads(u);
+    for (int q = 0; q < dp_.size(); ++q) {
+      const nn::ShardRange o = nn::shard_range(ps.numel(), q, dp_.size());
+      const int64_t b = std::max(unit.lo, o.lo), e = std::min(unit.hi, o.hi);
+      if (b < e) dp_.reduce(grads.flat(b - unit.lo, e - b), q);
+    }
+    const int64_t b = std::max(unit.lo, s_.lo), e = std::min(unit.hi, s_.hi);
+    if (b < e) shard.flat(b - s_.lo, e - b).copy_from(grads.flat(b - unit.lo, e - b));  // fault
+    ps.release_grads(u);
+  }
+  Tensor shard;
+  nn::ShardRange s_;
+
+ private:
+  nn::GPT& m_;
+  comm::Communicator& dp_;
+};
+
+// One 1F1B step, m = 4, on a pipeline of dp 2 (pp 1 keeps the tied embedding in one unit), of
+// a ZeRO-2 with the given policy: its gradient shard against the twin's gradient on the shard's
+// elements (fp32, 1e-5 / 1e-6).
+testing::AssertionResult zero2_shard_matches(bool plant) {
+  const lab10::GridShape shape = world().size() == 8 ? lab10::GridShape{2, 4, 1}
+                                                      : lab10::GridShape{2, 2, 1};
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  nn::GPTOptions o = options(DType::f32);
+  o.storage.grads = nn::Storage::per_unit;
+  auto model = own_model(g, shape.dp, false, o);
+  std::shared_ptr<lab09::GradientRelease> real;
+  std::shared_ptr<OverwritingRelease> bad;
+  if (plant) {
+    bad = std::make_shared<OverwritingRelease>(*model, g.dp);
+    model->add_block_policy(bad);
+  } else {
+    real = std::make_shared<lab09::GradientRelease>(*model, g.dp);
+    model->add_block_policy(real);
+    real->begin();
+  }
+  constexpr int m = 4;
+  const data::Batch global = kLab.batch(0);
+  const data::Batch mine = lab10::dp_rows(global, g);
+  std::vector<data::Batch> micro;
+  for (int i = 0; i < m; ++i) micro.push_back(mine.rows(i * mine.batch_size() / m,
+                                                        (i + 1) * mine.batch_size() / m));
+  lab08::run_schedule({model.get()}, lab08::schedule_1f1b(1, m, 0), micro, g.pp);
+  Tensor got;
+  nn::ShardRange s;
+  if (plant) {
+    got = bad->shard;
+    ops::scale(got, 1.0 / g.dp.size());
+    s = bad->s_;
+  } else {
+    real->finish();
+    got = real->grad_shard();
+    s = real->shard();
+  }
+  auto twin = reference_model(global, options(DType::f32));
+  const Tensor want = expected(*model, *twin, true);
+  return labtest::close_on_every_rank(got.flat(0, s.real()), want.flat(s.lo, s.real()), 1e-5,
+                                      1e-6);
+}
+
+TEST(Step3_ZeroSweep, ZeroTwoShardSumsEveryMicroBatch) { EXPECT_TRUE(zero2_shard_matches(false)); }
+
+TEST(Step3_ZeroSweepPlantedFault, ZeroTwoKeepingOnlyTheLastMicroBatchIsCaught) {
+  EXPECT_FALSE(zero2_shard_matches(true));
+}
+
+}  // namespace
