@@ -53,7 +53,7 @@ void CausalSelfAttention::forward(Tensor& out, const Tensor& x, AttentionActivat
   if (flash || (m && m->replaces_attention())) {
     // one fused op: softmax(scale q k^T) v without the (T, T) matrix; keeps lse for backward
     yh = Tensor::empty({B * NH, T, hs}, dt, dev);
-    a.lse = (m ? *m : Mappings::single_device()).attention_forward(yh, q, k, v, scale);
+    a.lse = (m ? *m : Mappings::single_device()).attention_forward(yh, q, k, v, scale, a.kept);
   } else {
     {
       Tensor preatt = Tensor::empty({B * NH, T, T}, dt, dev);  // (BH, T, T), freed after softmax
@@ -93,7 +93,8 @@ void CausalSelfAttention::backward(Tensor& dx, const Tensor& dout, const Tensor&
     Tensor yh = Tensor::empty({B, NH, T, hs}, dt, dev);
     ops::merge_heads_backward(yh, a.y);
     (m ? *m : Mappings::single_device())
-        .attention_backward(dq3, dk3, dv3, dyh3, q, k, v, yh.view({B * NH, T, hs}), a.lse, scale);
+        .attention_backward(dq3, dk3, dv3, dyh3, q, k, v, yh.view({B * NH, T, hs}), a.lse, a.kept,
+                            scale);
   } else {
     Tensor datt = Tensor::empty({B * NH, T, T}, dt, dev);
     ops::batched_matmul(datt, dyh3, v, false, true);  // datt = dy @ v^T

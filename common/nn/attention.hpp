@@ -25,6 +25,7 @@ struct AttentionActivations {
   Tensor att;      // (B*NH, T, T) softmax probabilities (0 above the diagonal); unfused only
   Tensor lse;      // (B*NH, T) log-sum-exp of each row's scores, f32; flash only (or what the
                    // mappings' attention core keeps: Mappings::attention_forward)
+  std::vector<Tensor> kept;  // anything else that core keeps (lab 11's all-to-all: its heads)
   Tensor y;        // (B, T, C) heads merged: the input of the output projection
   void reset() { *this = AttentionActivations{}; }
 };

@@ -9,6 +9,8 @@ std::size_t BlockActivations::nbytes() const {
   for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &attn.q, &attn.k, &attn.v, &attn.att,
                           &attn.lse, &attn.y, &res2, &ln2, &ln2_mean, &ln2_rstd, &mlp.h, &mlp.g})
     if (t->defined()) n += t->nbytes();
+  for (const Tensor& t : attn.kept)
+    if (t.defined()) n += t.nbytes();
   return n;
 }
 

@@ -16,7 +16,7 @@ void Mappings::layernorm_backward(LayerNorm& ln, Tensor& din, const Tensor& dout
 }
 
 Tensor Mappings::attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,
-                                   double scale) const {
+                                   double scale, std::vector<Tensor>& /*kept*/) const {
   Tensor lse = Tensor::empty({q.size(0), q.size(1)}, ops::flash_attention_lse_dtype(q.dtype()),
                              q.device());  // (BH, T)
   ops::flash_attention_forward(y, lse, q, k, v, scale);
@@ -25,8 +25,9 @@ Tensor Mappings::attention_forward(Tensor& y, const Tensor& q, const Tensor& k, 
 
 void Mappings::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dy,
                                   const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& y, const Tensor& saved, double scale) const {
-  ops::flash_attention_backward(dq, dk, dv, dy, q, k, v, y, saved, scale);
+                                  const Tensor& y, const Tensor& lse,
+                                  const std::vector<Tensor>& /*kept*/, double scale) const {
+  ops::flash_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scale);
 }
 
 // One device holds every vocabulary row (lo = 0): GPT refuses a vocabulary-sharded model

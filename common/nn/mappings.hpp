@@ -17,6 +17,7 @@
 // rows ("full", (B, T, C)) with its slice of the weights. The default keeps every row and
 // every weight, so each operator is the identity.
 #include <cstdint>
+#include <vector>
 
 #include "common/tensor.hpp"
 
@@ -51,16 +52,18 @@ class Mappings {
   /// the model was not built with GPTOptions::flash_attention. Context parallel (lab 11): yes.
   virtual bool replaces_attention() const { return false; }
   /// The fused core of causal attention on this rank's rows: y = softmax(scale q k^T) v, causal
-  /// in the sequence, from q, k, v (BH, T, hs) of this rank's T rows. Returns what backward needs
-  /// (kept in AttentionActivations::lse). Default: ops::flash_attention_forward, returning its
+  /// in the sequence, from q, k, v (BH, T, hs) of this rank's T rows. Returns the log-sum-exp
+  /// backward needs (kept in AttentionActivations::lse) and may add more tensors to `kept`
+  /// (AttentionActivations::kept). Default: ops::flash_attention_forward, returning its
   /// log-sum-exp (BH, T). Context parallel (lab 11): the rows are this rank's share of the
   /// sequence and the other ranks' keys come by ring or by all-to-all.
   virtual Tensor attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,
-                                   double scale) const;
-  /// Sets dq, dk, dv (BH, T, hs) from dy; y and `saved` are what attention_forward gave.
+                                   double scale, std::vector<Tensor>& kept) const;
+  /// Sets dq, dk, dv (BH, T, hs) from dy; y, `lse` and `kept` are what attention_forward gave.
   virtual void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dy,
                                   const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& y, const Tensor& saved, double scale) const;
+                                  const Tensor& y, const Tensor& lse,
+                                  const std::vector<Tensor>& kept, double scale) const;
 
   // ---- the vocabulary ----
   /// True when the embedding and the head are split by vocabulary (Megatron's

@@ -1,5 +1,5 @@
 // Starter generated from solutions/11_context_parallel/context_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash c5359c340c695d9a (lets make-labs see your edits).
+// step (see README.md). Body hash 4910fc1cb102670c (lets make-labs see your edits).
 // Lab 11: context parallelism: the zig-zag split of the sequence, ring attention forward and
 // backward, and all-to-all (Ulysses) attention.
 #include "context_parallel.hpp"
@@ -102,18 +102,23 @@ void ring_attention_backward(Tensor& dq, Tensor& dkv, const Tensor& dy, const Te
 // ---- step 4 ----------------------------------------------------------------------------------
 
 Tensor all_to_all_attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,
-                                    int64_t n_head, double scale, comm::Communicator& cp) {
-  (void)y, (void)q, (void)k, (void)v, (void)n_head, (void)scale, (void)cp;
-  throw NotImplemented("lab 11 step 4: (README.md#step-4)");
+                                    int64_t n_head, double scale, comm::Communicator& cp,
+                                    std::vector<Tensor>& kept) {
+  const int n = cp.size();
+  SCALELAB_REQUIRE(n_head % n == 0, "all-to-all attention: {} heads over {} ranks", n_head, n);
+  Tensor lse;
+  // TODO step 4: my heads over the whole sequence, one exchange in and one out
+  throw scalelab::NotImplemented(
+      "lab 11 step 4: my heads over the whole sequence, one exchange in and one out (README.md#step-4)");
+  return lse;
 }
 
 void all_to_all_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dy,
-                                   const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& y, const Tensor& saved, int64_t n_head,
-                                   double scale, comm::Communicator& cp) {
-  (void)dq, (void)dk, (void)dv, (void)dy, (void)q, (void)k, (void)v, (void)y, (void)saved,
-      (void)n_head, (void)scale, (void)cp;
-  throw NotImplemented("lab 11 step 4: (README.md#step-4)");
+                                   const Tensor& lse, const std::vector<Tensor>& kept,
+                                   int64_t n_head, double scale, comm::Communicator& cp) {
+  // TODO step 4: dy to my heads, their backward, each gradient back to its rows' rank
+  throw scalelab::NotImplemented(
+      "lab 11 step 4: dy to my heads, their backward, each gradient back to its rows' rank (README.md#step-4)");
 }
 
 }  // namespace scalelab::lab11

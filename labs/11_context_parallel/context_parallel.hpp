@@ -88,18 +88,31 @@ void ring_attention_backward(Tensor& dq, Tensor& dkv, const Tensor& dy, const Te
 
 // ---- step 4 (optional): all-to-all attention (DeepSpeed-Ulysses) ------------------------------
 
-/// The same attention with the heads split instead of the sequence: one all-to-all gives each
-/// rank NH/cp heads over the whole sequence, causal flash attention runs there, and one
-/// all-to-all brings every rank its rows of every head back. q, k, v, y (B*NH, T/cp, hs): this
-/// rank's zig-zag rows of all NH heads (B = batch rows, NH divisible by cp). Returns what
-/// backward needs.
+/// The same attention with the heads split instead of the sequence: all-to-alls give each rank
+/// NH/cp heads over the whole sequence, causal flash attention runs there, and one all-to-all
+/// brings every rank its rows of every head back. q, k, v, y (B*NH, T/cp, hs): this rank's
+/// zig-zag rows of all NH heads (B = batch rows, NH divisible by cp). Returns the log-sum-exp of
+/// its heads' rows, (B*NH/cp, T); puts in `kept` whatever else backward needs.
 Tensor all_to_all_attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,
-                                    int64_t n_head, double scale, comm::Communicator& cp);
-/// Sets dq, dk, dv (B*NH, T/cp, hs) from dy; y and `saved` as the forward gave.
+                                    int64_t n_head, double scale, comm::Communicator& cp,
+                                    std::vector<Tensor>& kept);
+/// Sets dq, dk, dv (B*NH, T/cp, hs) from dy; lse and `kept` as the forward gave them.
 void all_to_all_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dy,
-                                   const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& y, const Tensor& saved, int64_t n_head,
-                                   double scale, comm::Communicator& cp);
+                                   const Tensor& lse, const std::vector<Tensor>& kept,
+                                   int64_t n_head, double scale, comm::Communicator& cp);
+
+// ---- given (layout.cpp): the head-split layouts of step 4 ----------------------------------------
+
+/// Given. (B*NH, T/cp, hs) -> (cp, B*NH/cp, T/cp, hs): part j is every batch row's heads
+/// [j NH/cp, (j+1) NH/cp), what goes to rank j in an all-to-all. A new tensor.
+Tensor heads_out(const Tensor& x, int64_t n_head, int cp);
+/// Given. The inverse: part j (from rank j: my rows of its heads) back into (B*NH, T/cp, hs).
+Tensor heads_in(const Tensor& parts, int64_t n_head, int cp);
+/// Given. (cp, BH', T/cp, hs), part s being rank s's zig-zag rows -> (BH', T, hs) in sequence
+/// order (what causal attention needs). A new tensor.
+Tensor to_sequence_order(const Tensor& parts, int cp);
+/// Given. The inverse: (BH', T, hs) -> (cp, BH', T/cp, hs), part s = rank s's zig-zag rows.
+Tensor to_zigzag_order(const Tensor& x, int cp);
 
 // ---- given (cp_model.cpp): the model, its step, the checks -------------------------------------
 

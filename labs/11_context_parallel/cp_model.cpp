@@ -40,9 +40,9 @@ class ContextParallel final : public nn::Mappings {
   bool replaces_attention() const override { return true; }
 
   Tensor attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,
-                           double scale) const override {
+                           double scale, std::vector<Tensor>& kept) const override {
     if (attention_ == Attention::all_to_all)
-      return all_to_all_attention_forward(y, q, k, v, n_head_, scale, cp_);
+      return all_to_all_attention_forward(y, q, k, v, n_head_, scale, cp_, kept);
     const Tensor qc = to_chunks(q), kv = pack_kv(k, v);  // (2, BH, c, hs), (2, 2, BH, c, hs)
     Tensor yc = Tensor::empty(qc.shape(), qc.dtype(), qc.device());
     Tensor lse = ring_attention_forward(yc, qc, kv, scale, cp_);
@@ -51,16 +51,16 @@ class ContextParallel final : public nn::Mappings {
   }
 
   void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dy, const Tensor& q,
-                          const Tensor& k, const Tensor& v, const Tensor& y, const Tensor& saved,
-                          double scale) const override {
+                          const Tensor& k, const Tensor& v, const Tensor& y, const Tensor& lse,
+                          const std::vector<Tensor>& kept, double scale) const override {
     if (attention_ == Attention::all_to_all) {
-      all_to_all_attention_backward(dq, dk, dv, dy, q, k, v, y, saved, n_head_, scale, cp_);
+      all_to_all_attention_backward(dq, dk, dv, dy, lse, kept, n_head_, scale, cp_);
       return;
     }
     const Tensor qc = to_chunks(q), kv = pack_kv(k, v), yc = to_chunks(y), dyc = to_chunks(dy);
     Tensor dqc = Tensor::empty(qc.shape(), qc.dtype(), qc.device());
     Tensor dkv = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
-    ring_attention_backward(dqc, dkv, dyc, qc, kv, yc, saved, scale, cp_);
+    ring_attention_backward(dqc, dkv, dyc, qc, kv, yc, lse, scale, cp_);
     from_chunks(dq, dqc);
     from_chunks(dk, kv_part(dkv, 0));
     from_chunks(dv, kv_part(dkv, 1));

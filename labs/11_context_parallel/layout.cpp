@@ -68,3 +68,63 @@ Tensor kv_part(const Tensor& kv, int which) {
 }
 
 }  // namespace scalelab::lab11
+
+// ---- step 4's head-split layouts ---------------------------------------------------------------
+namespace scalelab::lab11 {
+
+namespace {
+// out[i] = rows[ids[i]] of a (rows, width) view: one gather_rows on the device.
+Tensor permute_rows(const Tensor& x, const std::vector<int64_t>& ids, int64_t width,
+                    std::vector<int64_t> shape) {
+  std::vector<double> v(ids.begin(), ids.end());
+  const Tensor idx = Tensor::from_vector(v, {static_cast<int64_t>(ids.size())}, DType::i32)
+                         .to(x.device());
+  Tensor out = Tensor::empty(std::move(shape), x.dtype(), x.device());
+  Tensor o = out.view({static_cast<int64_t>(ids.size()), width});
+  ops::gather_rows(o, x.view({x.numel() / width, width}), idx, 0);
+  return out;
+}
+}  // namespace
+
+// (B, cp, H Tl hs) -> (cp, B, H Tl hs): merge_heads's swap of its two middle axes, with B' = 1.
+Tensor heads_out(const Tensor& x, int64_t n_head, int cp) {
+  const int64_t BNH = x.size(0), Tl = x.size(1), hs = x.size(2), B = BNH / n_head;
+  const int64_t w = (n_head / cp) * Tl * hs;
+  Tensor out = Tensor::empty({cp, B * n_head / cp, Tl, hs}, x.dtype(), x.device());
+  Tensor o = out.view({1, cp, B * w});
+  ops::merge_heads(o, x.view({1, B, cp, w}));
+  return out;
+}
+
+Tensor heads_in(const Tensor& parts, int64_t n_head, int cp) {
+  const int64_t BH = parts.size(1), Tl = parts.size(2), hs = parts.size(3);
+  const int64_t B = BH * cp / n_head, w = (n_head / cp) * Tl * hs;
+  Tensor out = Tensor::empty({B * n_head, Tl, hs}, parts.dtype(), parts.device());
+  Tensor o = out.view({1, B, cp * w});
+  ops::merge_heads(o, parts.view({1, cp, B, w}));
+  return out;
+}
+
+// Rows of c hs numbers: part s, head h, half (0: chunk s, 1: chunk 2cp-1-s) <-> head h, chunk k.
+Tensor to_sequence_order(const Tensor& parts, int cp) {
+  const int64_t BH = parts.size(1), c = parts.size(2) / 2, hs = parts.size(3);
+  std::vector<int64_t> ids;
+  for (int64_t h = 0; h < BH; ++h)
+    for (int64_t k = 0; k < 2 * cp; ++k) {
+      const int64_t s = k < cp ? k : 2 * cp - 1 - k, half = k < cp ? 0 : 1;
+      ids.push_back((s * BH + h) * 2 + half);
+    }
+  return permute_rows(parts, ids, c * hs, {BH, 2 * cp * c, hs});
+}
+
+Tensor to_zigzag_order(const Tensor& x, int cp) {
+  const int64_t BH = x.size(0), c = x.size(1) / (2 * cp), hs = x.size(2);
+  std::vector<int64_t> ids;
+  for (int64_t s = 0; s < cp; ++s)
+    for (int64_t h = 0; h < BH; ++h)
+      for (int64_t half = 0; half < 2; ++half)
+        ids.push_back(h * 2 * cp + (half == 0 ? s : 2 * cp - 1 - s));
+  return permute_rows(x, ids, c * hs, {cp, BH, 2 * c, hs});
+}
+
+}  // namespace scalelab::lab11

@@ -220,18 +220,54 @@ void ring_attention_backward(Tensor& dq, Tensor& dkv, const Tensor& dy, const Te
 // ---- step 4 ----------------------------------------------------------------------------------
 
 Tensor all_to_all_attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,
-                                    int64_t n_head, double scale, comm::Communicator& cp) {
-  (void)y, (void)q, (void)k, (void)v, (void)n_head, (void)scale, (void)cp;
-  throw NotImplemented("lab 11 step 4: (README.md#step-4)");
+                                    int64_t n_head, double scale, comm::Communicator& cp,
+                                    std::vector<Tensor>& kept) {
+  const int n = cp.size();
+  SCALELAB_REQUIRE(n_head % n == 0, "all-to-all attention: {} heads over {} ranks", n_head, n);
+  Tensor lse;
+  // BEGIN SOLUTION step 4: my heads over the whole sequence, one exchange in and one out
+  // In: every rank sends rank j its rows of heads group j and gets the whole sequence of mine.
+  const auto gather_heads = [&](const Tensor& mine) {
+    const Tensor out = heads_out(mine, n_head, n);
+    Tensor got = Tensor::empty(out.shape(), out.dtype(), out.device());
+    cp.all_to_all(out, got);
+    return to_sequence_order(got, n);  // (B NH/cp, T, hs)
+  };
+  const Tensor qh = gather_heads(q), kh = gather_heads(k), vh = gather_heads(v);
+  Tensor yh = Tensor::empty(qh.shape(), qh.dtype(), qh.device());
+  lse = Tensor::empty({qh.size(0), qh.size(1)}, ops::flash_attention_lse_dtype(qh.dtype()),
+                      qh.device());
+  ops::flash_attention_forward(yh, lse, qh, kh, vh, scale);  // plain causal: the whole sequence
+  // Out: every rank gets its rows of every head back.
+  const Tensor back = to_zigzag_order(yh, n);
+  Tensor got = Tensor::empty(back.shape(), back.dtype(), back.device());
+  cp.all_to_all(back, got);
+  y.copy_from(heads_in(got, n_head, n));
+  kept = {qh, kh, vh, yh};  // what the backward reads, in the head-split layout
+  // END SOLUTION
+  return lse;
 }
 
 void all_to_all_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dy,
-                                   const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& y, const Tensor& saved, int64_t n_head,
-                                   double scale, comm::Communicator& cp) {
-  (void)dq, (void)dk, (void)dv, (void)dy, (void)q, (void)k, (void)v, (void)y, (void)saved,
-      (void)n_head, (void)scale, (void)cp;
-  throw NotImplemented("lab 11 step 4: (README.md#step-4)");
+                                   const Tensor& lse, const std::vector<Tensor>& kept,
+                                   int64_t n_head, double scale, comm::Communicator& cp) {
+  // BEGIN SOLUTION step 4: dy to my heads, their backward, each gradient back to its rows' rank
+  const int n = cp.size();
+  const Tensor out = heads_out(dy, n_head, n);
+  Tensor got = Tensor::empty(out.shape(), out.dtype(), out.device());
+  cp.all_to_all(out, got);
+  const Tensor dyh = to_sequence_order(got, n);
+  Tensor dqh = Tensor::empty(dyh.shape(), dyh.dtype(), dyh.device());
+  Tensor dkh = dqh.clone(), dvh = dqh.clone();
+  ops::flash_attention_backward(dqh, dkh, dvh, dyh, kept.at(0), kept.at(1), kept.at(2),
+                                kept.at(3), lse, scale);
+  for (auto [grad, mine] : {std::pair{&dqh, &dq}, {&dkh, &dk}, {&dvh, &dv}}) {
+    const Tensor back = to_zigzag_order(*grad, n);
+    Tensor mine_back = Tensor::empty(back.shape(), back.dtype(), back.device());
+    cp.all_to_all(back, mine_back);
+    mine->copy_from(heads_in(mine_back, n_head, n));
+  }
+  // END SOLUTION
 }
 
 }  // namespace scalelab::lab11
