@@ -21,3 +21,17 @@ if(SCALELAB_BUILD_TESTS)
                                 ARGS --model tiny --data ${lab11_data} ${case})
   endforeach()
 endif()
+# The program on 2 ranks, ring and all-to-all, fp32 and bf16: exit 0 only when its losses follow
+# the single-device twin's (fp32 1e-5, bf16 1e-3 relative). On tests/common's corpus (a fixture).
+if(SCALELAB_BUILD_TESTS)
+  foreach(case "ring_f32|ring|fp32" "all_to_all_bf16|all-to-all|bf16")
+    string(REPLACE "|" ";" case "${case}")
+    list(POP_FRONT case name attention precision)
+    scalelab_add_mpi_test(lab11.program.${name}.np2 lab11_context_parallel_solution RANKS 2
+                          TIMEOUT 60 LABELS reference lab11
+                          ARGS --model tiny --steps 2 --batch 2 --twin-steps 2
+                               --attention ${attention} --precision ${precision}
+                               --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
+    set_tests_properties(lab11.program.${name}.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
+  endforeach()
+endif()

@@ -147,11 +147,15 @@ int main(int argc, char** argv) {
       log::info("  attention sent ({}): {} MiB; formula {} MiB  [ring: L (3cp-2) x 2 B (T/cp) C "
                 "= {} MiB; all-to-all: L x 8 B (T/cp) C = {} MiB]", lab11::attention_name(attention),
                 mib(sent), mib(formula), mib(ring_formula), mib(a2a_formula));
+      // Every activation is per row, so a rank holds 1/cp of the single device's; all-to-all
+      // also keeps its heads' q, k, v and y over the whole sequence: 4 B (T/cp) C per layer.
+      const double extra = attention == lab11::Attention::ring ? 0 : L * 4.0 * rows;
       log::info("  activations after forward: {} MiB{}", mib(static_cast<double>(acts)),
-                single_acts ? fmt::format("; single device {} MiB / cp = {} MiB",
+                single_acts ? fmt::format("; formula: single device {} MiB / cp{} = {} MiB",
                                           mib(static_cast<double>(single_acts)),
-                                          mib(static_cast<double>(single_acts) / cp))
-                            : std::string());
+                                          extra > 0 ? " + L x 4 B (T/cp) C" : "",
+                                          mib(static_cast<double>(single_acts) / cp + extra))
+                            : std::string(" (the formula needs --twin-steps)"));
       log::info("");
       log::info("causal work per rank: score blocks of c x c, c = T/(2cp) = {} (single device: "
                 "{} blocks)", T / (2 * cp), cp * (2 * cp + 1));
