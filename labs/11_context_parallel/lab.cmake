@@ -21,6 +21,9 @@ if(SCALELAB_BUILD_TESTS)
                                 ARGS --model tiny --data ${lab11_data} ${case})
   endforeach()
 endif()
+# On a GPU (label gpu; skipped without one): the reference's step with CUDA tensors against the
+# CPU (tests/11_context_parallel/test_gpu.cpp), not a graded step.
+scalelab_add_lab_gpu_tests(11)
 # The program on 2 ranks, ring and all-to-all, fp32 and bf16: exit 0 only when its losses follow
 # the single-device twin's (fp32 1e-5, bf16 1e-3 relative). On tests/common's corpus (a fixture).
 if(SCALELAB_BUILD_TESTS)
