@@ -1,5 +1,5 @@
 # Lab 11: context parallelism. Step 1 (the zig-zag split) is pure index math and copies: one rank
-# and 4 ranks' layouts. Steps 2-4 run real rings and all-to-alls on 2 and 4 ranks (cp = world).
+# checks the layouts of cp = 1..8. Steps 2-4 run real rings and all-to-alls on 2 and 4 ranks (cp = world).
 scalelab_add_lab(11 context_parallel SOURCES context_parallel.cpp
                  GIVEN layout.cpp cp_model.cpp
                  STEPS 4 RANKS 2 4
@@ -13,7 +13,8 @@ if(SCALELAB_BUILD_TESTS)
       "4|cp_not_the_world|^error: --cp 2: context parallelism here runs on every rank|--cp|2"
       "4|context_not_divisible|^error: --context 100: the zig-zag split cuts the sequence into 2 cp = 8|--context|100"
       "4|heads_not_divisible|^error: --attention all-to-all: the model's 2 heads do not split over cp = 4|--attention|all-to-all"
-      "1|attention_unknown|^error: --attention star: ring or all-to-all|--attention|star")
+      "1|attention_unknown|^error: --attention star: ring or all-to-all|--attention|star"
+      "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--batch|1000000000")
     string(REPLACE "|" ";" case "${case}")
     list(POP_FRONT case ranks name regex)
     scalelab_expect_usage_error(lab11.cli.${name} lab11_context_parallel_solution

@@ -22,6 +22,7 @@
 #include "common/train/equivalence.hpp"
 #include "common/data/sampler.hpp"
 #include "common/train/loop.hpp"
+#include "common/train/sizing.hpp"
 #include "context_parallel.hpp"
 
 using namespace scalelab;
@@ -65,6 +66,20 @@ int main(int argc, char** argv) {
     lab11::check_cp(cp, comm.size(), T, config.n_head, attention);
     config.block_size = T;  // the position table covers the long context
     const Device device = train::rank_device(run.device);
+    // Sized before anything is allocated: a rank's forward holds B rows of T/cp tokens (rank 0's
+    // twin B rows of T), fused attention keeps no (T, T) probabilities. On a GPU the
+    // activations are the GPU's, and only the batch is host memory. Too large: a usage error on
+    // every rank.
+    ModelConfig rows_config = config;
+    rows_config.block_size = comm.rank() == 0 && twin_steps > 0 ? T : T / cp;
+    train::require_host_memory(
+        train::step_bytes_at_least(rows_config,
+                                   {.global_batch = opt.batch,
+                                    .rows = device.is_cpu() ? opt.batch : 0,
+                                    .layers = config.n_layer,
+                                    .attention_probabilities = false},
+                                   run.precision),
+        fmt::format("--batch {}", opt.batch), "a training step");
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, T, run.seed);
 
