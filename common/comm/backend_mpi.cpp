@@ -354,6 +354,15 @@ class MpiBackend final : public Backend {
         copy_back(op.out, out);
         return;
       }
+      case OpKind::all_to_all: {
+        Tensor in = host_view(op.in, true), out = host_view(op.out, false);
+        const int chunk = static_cast<int>(in.numel() / size_);
+        check_mpi(MPI_Alltoall(in.data_ptr(), chunk, mpi_type(in.dtype()), out.data_ptr(), chunk,
+                               mpi_type(in.dtype()), comm_),
+                  op, "MPI_Alltoall");
+        copy_back(op.out, out);
+        return;
+      }
       case OpKind::reduce_scatter: {
         Tensor in = host_view(op.in, true), out = host_view(op.out, false);
         check_mpi(MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), count_of(out),

@@ -227,6 +227,15 @@ class NcclBackend final : public Backend {
             check_nccl(ncclRecv(at(op.out, r * n_in), n_in, nccl_type(op.in.dtype()), r, comm_,
                                 stream_), op, "ncclRecv");
         return;
+      case OpKind::all_to_all:  // chunk r to rank r and chunk r from rank r, inside the group
+        for (int r = 0; r < size_; ++r) {
+          const int64_t chunk = n_in / size_;
+          check_nccl(ncclSend(at(op.in, r * chunk), chunk, nccl_type(op.in.dtype()), r, comm_,
+                              stream_), op, "ncclSend");
+          check_nccl(ncclRecv(at(op.out, r * chunk), chunk, nccl_type(op.in.dtype()), r, comm_,
+                              stream_), op, "ncclRecv");
+        }
+        return;
       case OpKind::send:
         check_nccl(ncclSend(ptr(op.in), n_in, nccl_type(op.in.dtype()), op.peer, comm_, stream_), op,
                    "ncclSend");

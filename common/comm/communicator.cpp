@@ -48,6 +48,7 @@ const char* op_kind_name(OpKind kind) {
     case OpKind::send: return "send";
     case OpKind::recv: return "recv";
     case OpKind::split: return "split";
+    case OpKind::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -318,6 +319,21 @@ Work Communicator::all_gather_async(const Tensor& in, const Tensor& out) {
   return submit(op);
 }
 void Communicator::all_gather(const Tensor& in, const Tensor& out) { all_gather_async(in, out).wait(); }
+
+Work Communicator::all_to_all_async(const Tensor& in, const Tensor& out) {
+  auto op = make_op(OpKind::all_to_all);
+  check_tensor(in, op->kind, "input");
+  check_tensor(out, op->kind, "output");
+  SCALELAB_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() &&
+                     in.numel() % size() == 0,
+                 "all_to_all: the input {} and output {} must be of one dtype and size, in {} "
+                 "equal chunks", in.str(), out.str(), size());
+  op->in = in;
+  op->out = out;
+  op->bytes = in.nbytes();
+  return submit(op);
+}
+void Communicator::all_to_all(const Tensor& in, const Tensor& out) { all_to_all_async(in, out).wait(); }
 
 Work Communicator::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp rop) {
   auto op = make_op(OpKind::reduce_scatter);

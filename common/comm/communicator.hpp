@@ -113,6 +113,10 @@ class Communicator {
   /// `out` (size * in.numel elements) = rank 0's `in`, then rank 1's, ...
   void all_gather(const Tensor& in, const Tensor& out);
   Work all_gather_async(const Tensor& in, const Tensor& out);
+  /// `in` and `out` (one size, size() equal chunks): chunk r of my `in` goes to rank r, and
+  /// chunk s of my `out` comes from rank s (a transpose of the ranks' chunks; lab 11's Ulysses).
+  void all_to_all(const Tensor& in, const Tensor& out);
+  Work all_to_all_async(const Tensor& in, const Tensor& out);
   /// `in` has size * out.numel elements; rank r gets the reduction of every rank's r-th chunk.
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum);
   Work reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum);

@@ -17,14 +17,14 @@ namespace scalelab::comm::detail {
 
 enum class OpKind {
   all_reduce, reduce, broadcast, all_gather, reduce_scatter, scatter, gather, barrier,
-  send, recv, split
+  send, recv, split, all_to_all
 };
 const char* op_kind_name(OpKind kind);
 inline bool is_point_to_point(OpKind k) { return k == OpKind::send || k == OpKind::recv; }
 
 /// Which tensor an operation reads and writes (see Communicator's comments):
 ///   all_reduce, reduce, broadcast: `out` in place;   send: `in`;   recv: `out`;
-///   all_gather, reduce_scatter, scatter, gather: `in` -> `out`.
+///   all_gather, reduce_scatter, scatter, gather, all_to_all: `in` -> `out`.
 struct Op {
   OpKind kind;
   Tensor in, out;

@@ -14,6 +14,7 @@
 //   all_gather                      the output's bytes  (size x the input's)
 //   reduce_scatter                  the input's bytes   (size x the output's)
 //   scatter, gather                 size x the chunk's bytes (root's whole buffer, on every rank)
+//   all_to_all                      the input's bytes (= the output's)
 //   send, recv                      the message's bytes
 //   barrier                         0
 // So a reduce_scatter of a gradient of Psi bytes and an all_gather of the parameters back count
@@ -42,7 +43,7 @@ struct CommCount {
 struct CommKey {
   std::string group;  // the communicator's name
   std::string op;     // all_reduce, reduce, broadcast, all_gather, reduce_scatter, scatter,
-                      // gather, send, recv, barrier
+                      // gather, all_to_all, send, recv, barrier
   auto operator<=>(const CommKey&) const = default;
 };
 

@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 
 namespace scalelab::nn {
@@ -36,7 +35,8 @@ CausalSelfAttention::CausalSelfAttention(const std::string& name, int64_t n_embd
   SCALELAB_CHECK(n_head % tp_size == 0, "n_head {} not divisible by tp {}", n_head, tp_size);
 }
 
-void CausalSelfAttention::forward(Tensor& out, const Tensor& x, AttentionActivations& a) const {
+void CausalSelfAttention::forward(Tensor& out, const Tensor& x, AttentionActivations& a,
+                                  const Mappings* m) const {
   const int64_t B = x.size(0), T = x.size(1), NH = n_head_, hs = head_size_, C = NH * hs;
   const DType dt = x.dtype();
   const Device dev = x.device();
@@ -50,11 +50,10 @@ void CausalSelfAttention::forward(Tensor& out, const Tensor& x, AttentionActivat
                v = a.v.view({B * NH, T, hs});
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   Tensor yh;  // (BH, T, hs)
-  if (flash) {
+  if (flash || (m && m->replaces_attention())) {
     // one fused op: softmax(scale q k^T) v without the (T, T) matrix; keeps lse for backward
     yh = Tensor::empty({B * NH, T, hs}, dt, dev);
-    a.lse = Tensor::empty({B * NH, T}, ops::flash_attention_lse_dtype(dt), dev);
-    ops::flash_attention_forward(yh, a.lse, q, k, v, scale);
+    a.lse = (m ? *m : Mappings::single_device()).attention_forward(yh, q, k, v, scale, a.kept);
   } else {
     {
       Tensor preatt = Tensor::empty({B * NH, T, T}, dt, dev);  // (BH, T, T), freed after softmax
@@ -71,7 +70,8 @@ void CausalSelfAttention::forward(Tensor& out, const Tensor& x, AttentionActivat
 }
 
 void CausalSelfAttention::backward(Tensor& dx, const Tensor& dout, const Tensor& x,
-                                   const AttentionActivations& a, const BackwardHook* hook) {
+                                   const AttentionActivations& a, const BackwardHook* hook,
+                                   const Mappings* m) {
   const int64_t B = x.size(0), T = x.size(1), NH = n_head_, hs = head_size_, C = NH * hs;
   const DType dt = x.dtype();
   const Device dev = x.device();
@@ -88,12 +88,13 @@ void CausalSelfAttention::backward(Tensor& dx, const Tensor& dout, const Tensor&
   Tensor dq3 = dq.view({B * NH, T, hs}), dk3 = dk.view({B * NH, T, hs}),
          dv3 = dv.view({B * NH, T, hs});
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  if (flash) {
+  if (a.lse.defined()) {  // the fused path (forward kept no probabilities)
     // the fused backward needs the forward's per-head output: y with its heads split again
     Tensor yh = Tensor::empty({B, NH, T, hs}, dt, dev);
     ops::merge_heads_backward(yh, a.y);
-    ops::flash_attention_backward(dq3, dk3, dv3, dyh3, q, k, v, yh.view({B * NH, T, hs}), a.lse,
-                                  scale);
+    (m ? *m : Mappings::single_device())
+        .attention_backward(dq3, dk3, dv3, dyh3, q, k, v, yh.view({B * NH, T, hs}), a.lse, a.kept,
+                            scale);
   } else {
     Tensor datt = Tensor::empty({B * NH, T, T}, dt, dev);
     ops::batched_matmul(datt, dyh3, v, false, true);  // datt = dy @ v^T

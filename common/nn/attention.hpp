@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/nn/linear.hpp"
+#include "common/nn/mappings.hpp"
 
 namespace scalelab::nn {
 
@@ -22,7 +23,9 @@ namespace scalelab::nn {
 struct AttentionActivations {
   Tensor q, k, v;  // (B, NH, T, hs)
   Tensor att;      // (B*NH, T, T) softmax probabilities (0 above the diagonal); unfused only
-  Tensor lse;      // (B*NH, T) log-sum-exp of each row's scores, f32; flash only
+  Tensor lse;      // (B*NH, T) log-sum-exp of each row's scores, f32; flash only (or what the
+                   // mappings' attention core keeps: Mappings::attention_forward)
+  std::vector<Tensor> kept;  // anything else that core keeps (lab 11's all-to-all: its heads)
   Tensor y;        // (B, T, C) heads merged: the input of the output projection
   void reset() { *this = AttentionActivations{}; }
 };
@@ -31,12 +34,14 @@ class CausalSelfAttention {
  public:
   CausalSelfAttention(const std::string& name, int64_t n_embd, int64_t n_head, int64_t n_layer,
                       int tp_rank = 0, int tp_size = 1);
-  /// out (B, T, C) from x (B, T, C); fills `acts`.
-  void forward(Tensor& out, const Tensor& x, AttentionActivations& acts) const;
+  /// out (B, T, C) from x (B, T, C); fills `acts`. The fused path's core is m's
+  /// (Mappings::attention_forward; null: one device), used when `flash` is set or m replaces it.
+  void forward(Tensor& out, const Tensor& x, AttentionActivations& acts,
+               const Mappings* m = nullptr) const;
   /// dx (B, T, C) += from dout (B, T, C); parameter gradients +=. Calls `hook` (if set) after
   /// each projection's backward.
   void backward(Tensor& dx, const Tensor& dout, const Tensor& x, const AttentionActivations& acts,
-                const BackwardHook* hook = nullptr);
+                const BackwardHook* hook = nullptr, const Mappings* m = nullptr);
   std::vector<Parameter*> parameters();
 
   int64_t n_head() const { return n_head_; }  // heads on this rank

@@ -9,6 +9,8 @@ std::size_t BlockActivations::nbytes() const {
   for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &attn.q, &attn.k, &attn.v, &attn.att,
                           &attn.lse, &attn.y, &res2, &ln2, &ln2_mean, &ln2_rstd, &mlp.h, &mlp.g})
     if (t->defined()) n += t->nbytes();
+  for (const Tensor& t : attn.kept)
+    if (t.defined()) n += t.nbytes();
   return n;
 }
 
@@ -52,7 +54,7 @@ Tensor Block::forward(const Tensor& x, BlockActivations& a, int64_t seq_len) con
   {
     const Tensor in = as_batch(m.enter(a.ln1), seq_len);  // (B, T, C): f, or all-gather
     Tensor partial = Tensor::empty(in.shape(), dt, dev);
-    attn.forward(partial, in, a.attn);
+    attn.forward(partial, in, a.attn, &m);
     Tensor attn_out = m.leave(partial);  // g: sum the heads' partial outputs (or reduce-scatter)
     if (attn.proj.row_parallel()) attn.proj.add_bias(attn_out);  // once, after the sum
     a.ln2 = Tensor::empty(x.shape(), dt, dev);
@@ -101,7 +103,7 @@ Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivatio
     const Tensor dattn = as_batch(m.leave_backward(dres2), seq_len);
     const Tensor in = as_batch(m.enter(a.ln1), seq_len);
     Tensor dln1 = Tensor::zeros(in.shape(), dt, dev);
-    attn.backward(dln1, dattn, in, a.attn, hook);
+    attn.backward(dln1, dattn, in, a.attn, hook, &m);
     const Tensor dln1_rows = m.enter_backward(dln1).view(x.shape());
     m.layernorm_backward(ln1, dx, dln1_rows, x, a.ln1_mean, a.ln1_rstd);
     if (hook && *hook) (*hook)(ln1.parameters());

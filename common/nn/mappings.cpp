@@ -4,6 +4,7 @@
 #include "common/nn/mappings.hpp"
 
 #include "common/nn/layernorm.hpp"
+#include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 
 namespace scalelab::nn {
@@ -12,6 +13,21 @@ void Mappings::layernorm_backward(LayerNorm& ln, Tensor& din, const Tensor& dout
                                   const Tensor& in, const Tensor& mean,
                                   const Tensor& rstd) const {
   ln.backward(din, dout, in, mean, rstd);
+}
+
+Tensor Mappings::attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   double scale, std::vector<Tensor>& /*kept*/) const {
+  Tensor lse = Tensor::empty({q.size(0), q.size(1)}, ops::flash_attention_lse_dtype(q.dtype()),
+                             q.device());  // (BH, T)
+  ops::flash_attention_forward(y, lse, q, k, v, scale);
+  return lse;
+}
+
+void Mappings::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dy,
+                                  const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& y, const Tensor& lse,
+                                  const std::vector<Tensor>& /*kept*/, double scale) const {
+  ops::flash_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scale);
 }
 
 // One device holds every vocabulary row (lo = 0): GPT refuses a vocabulary-sharded model

@@ -17,6 +17,7 @@
 // rows ("full", (B, T, C)) with its slice of the weights. The default keeps every row and
 // every weight, so each operator is the identity.
 #include <cstdint>
+#include <vector>
 
 #include "common/tensor.hpp"
 
@@ -46,6 +47,24 @@ class Mappings {
   virtual void layernorm_backward(LayerNorm& ln, Tensor& din, const Tensor& dout,
                                   const Tensor& in, const Tensor& mean, const Tensor& rstd) const;
 
+  // ---- the attention core ----
+  /// True when attention's core is the mappings' own (attention_forward/backward below) even if
+  /// the model was not built with GPTOptions::flash_attention. Context parallel (lab 11): yes.
+  virtual bool replaces_attention() const { return false; }
+  /// The fused core of causal attention on this rank's rows: y = softmax(scale q k^T) v, causal
+  /// in the sequence, from q, k, v (BH, T, hs) of this rank's T rows. Returns the log-sum-exp
+  /// backward needs (kept in AttentionActivations::lse) and may add more tensors to `kept`
+  /// (AttentionActivations::kept). Default: ops::flash_attention_forward, returning its
+  /// log-sum-exp (BH, T). Context parallel (lab 11): the rows are this rank's share of the
+  /// sequence and the other ranks' keys come by ring or by all-to-all.
+  virtual Tensor attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   double scale, std::vector<Tensor>& kept) const;
+  /// Sets dq, dk, dv (BH, T, hs) from dy; y, `lse` and `kept` are what attention_forward gave.
+  virtual void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dy,
+                                  const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& y, const Tensor& lse,
+                                  const std::vector<Tensor>& kept, double scale) const;
+
   // ---- the vocabulary ----
   /// True when the embedding and the head are split by vocabulary (Megatron's
   /// vocabulary-parallel embedding and cross-entropy): the head is then a column-parallel layer
@@ -55,6 +74,7 @@ class Mappings {
 
   // ---- the embedding ----
   /// (B, T, C) = wte[tokens] + wpe[0..T), every row on every rank; wte holds the vocabulary rows
+  /// (context parallel, lab 11, overrides it: wpe of the global positions of this rank's rows)
   /// [lo, lo + wte.size(0)) (default: all of them, lo = 0). tokens (B, T) i32 on wte's device.
   virtual Tensor embedding_forward(const Tensor& wte, int64_t lo, const Tensor& wpe,
                                    const Tensor& tokens) const;

@@ -2,6 +2,7 @@
 #include "common/ops/flash_attention.hpp"
 
 #include "common/ops/fused_backend.hpp"
+#include "common/ops/work.hpp"
 
 namespace scalelab::ops {
 
@@ -36,20 +37,31 @@ void check_lse(const char* op, const Tensor& lse, const Tensor& q) {
 DType flash_attention_lse_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, double scale) {
+                             const Tensor& v, double scale, bool causal) {
   check_qkv_like("flash_attention_forward", q, {&q, &k, &v, &out});
   check_lse("flash_attention_forward", lse, q);
-  if (q.device().is_cpu()) cpu::flash_attention_forward(out, lse, q, k, v, scale);
-  else cuda::flash_attention_forward(out, lse, q, k, v, scale);
+  count_attention(q.size(0), q.size(1), causal);
+  if (q.device().is_cpu()) cpu::flash_attention_forward(out, lse, q, k, v, scale, causal);
+  else cuda::flash_attention_forward(out, lse, q, k, v, scale, causal);
 }
 
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& lse, double scale) {
+                              const Tensor& lse, double scale, bool causal) {
   check_qkv_like("flash_attention_backward", q, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   check_lse("flash_attention_backward", lse, q);
-  if (q.device().is_cpu()) cpu::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
-  else cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+  count_attention(q.size(0), q.size(1), causal);
+  if (q.device().is_cpu())
+    cpu::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
+  else cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
+}
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  check_qkv_like("attention_merge", out, {&out, &out_b});
+  check_lse("attention_merge", lse, out);
+  check_lse("attention_merge", lse_b, out);
+  if (out.device().is_cpu()) cpu::attention_merge(out, lse, out_b, lse_b);
+  else cuda::attention_merge(out, lse, out_b, lse_b);
 }
 
 }  // namespace scalelab::ops

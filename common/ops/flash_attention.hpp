@@ -11,21 +11,33 @@
 //
 // Shapes: q, k, v, out, dout, dq, dk, dv (BH, T, hs), BH = B * n_head, one dtype: f32, f64 or
 // bf16 (compute in float, in double for f64). lse (BH, T) is f32 for f32 and bf16 data, f64 for
-// f64. The mask is causal: query t sees keys s <= t.
+// f64. The mask is causal (query t sees keys s <= t), or with causal = false there is none: every
+// query sees every key. The unmasked form is one block of ring attention (lab 11): this rank's
+// queries against keys that all come earlier in the sequence; attention_merge then combines
+// the blocks' partial results with the online-softmax rule.
 #include "common/tensor.hpp"
 
 namespace scalelab::ops {
 
-/// Sets out = softmax_causal(scale * q k^T) v and lse[bh, t] = log(sum_{s<=t} exp(scale q_t.k_s)).
+/// Sets out = softmax_causal(scale * q k^T) v and lse[bh, t] = log(sum_{s<=t} exp(scale q_t.k_s))
+/// (causal = false: over every s). Counted in work_stats().attention_pairs.
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, double scale);
+                             const Tensor& v, double scale, bool causal = true);
 
 /// Sets dq, dk, dv from dout, recomputing the probabilities tile by tile from q, k and lse.
 /// out is the forward's output (D = rowsum(dout * out) replaces the T^2 term of the softmax
-/// backward).
+/// backward). Given the out and lse of the WHOLE attention of these queries (over more keys than
+/// k holds), it sets this block's share: the dq terms of these keys, and dk, dv of these keys
+/// from these queries (ring attention's backward sums them over blocks).
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& lse, double scale);
+                              const Tensor& lse, double scale, bool causal = true);
+
+/// Merges the attention of the same queries over another, disjoint set of keys into (out, lse):
+/// lse' = log(exp(lse) + exp(lse_b)), out' = out exp(lse - lse') + out_b exp(lse_b - lse'),
+/// per row (the online-softmax rule, one block at a time). A row with lse_b = -inf is left as it
+/// is. out, out_b (BH, T, hs) of one dtype; lse, lse_b (BH, T) in flash_attention_lse_dtype.
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
 
 /// The dtype of lse for data of `dtype`: f64 for f64, else f32.
 DType flash_attention_lse_dtype(DType dtype);

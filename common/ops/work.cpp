@@ -7,23 +7,24 @@
 namespace scalelab::ops {
 
 namespace {
-std::atomic<std::int64_t> g_calls{0}, g_flops{0}, g_rows{0};
+std::atomic<std::int64_t> g_calls{0}, g_flops{0}, g_rows{0}, g_pairs{0};
 }  // namespace
 
 WorkCount work_stats() {
   return {g_calls.load(std::memory_order_relaxed), g_flops.load(std::memory_order_relaxed),
-          g_rows.load(std::memory_order_relaxed)};
+          g_rows.load(std::memory_order_relaxed), g_pairs.load(std::memory_order_relaxed)};
 }
 
 void reset_work_stats() {
   g_calls = 0;
   g_flops = 0;
   g_rows = 0;
+  g_pairs = 0;
 }
 
 WorkCount operator-(const WorkCount& a, const WorkCount& b) {
   return {a.matmul_calls - b.matmul_calls, a.matmul_flops - b.matmul_flops,
-          a.layernorm_rows - b.layernorm_rows};
+          a.layernorm_rows - b.layernorm_rows, a.attention_pairs - b.attention_pairs};
 }
 
 void count_matmul(std::int64_t batch, std::int64_t M, std::int64_t N, std::int64_t K) {
@@ -32,5 +33,9 @@ void count_matmul(std::int64_t batch, std::int64_t M, std::int64_t N, std::int64
 }
 
 void count_layernorm_rows(std::int64_t rows) { g_rows.fetch_add(rows, std::memory_order_relaxed); }
+
+void count_attention(std::int64_t bh, std::int64_t t, bool causal) {
+  g_pairs.fetch_add(bh * (causal ? t * (t + 1) / 2 : t * t), std::memory_order_relaxed);
+}
 
 }  // namespace scalelab::ops

@@ -12,7 +12,8 @@
 // What is counted, at the op's dispatch (after its argument checks):
 //   matmul, batched_matmul, linear_forward / linear_gelu_forward   2*M*N*K FLOPs per matrix
 //   layernorm_forward, residual_layernorm_forward, layernorm_backward   the rows (N of (N, C))
-// Attention inside ops::flash_attention_* is not counted (its matmuls are fused in the kernel).
+//   flash_attention_forward / _backward   the (query, key) score pairs: BH*T*(T+1)/2 causal,
+//                                         BH*T*T unmasked (its matmuls are fused: no FLOPs counted)
 #include <cstdint>
 
 namespace scalelab::ops {
@@ -21,6 +22,7 @@ struct WorkCount {
   std::int64_t matmul_calls = 0;
   std::int64_t matmul_flops = 0;  // 2*M*N*K per matrix multiply
   std::int64_t layernorm_rows = 0;  // rows normalized (forward) or differentiated (backward)
+  std::int64_t attention_pairs = 0;  // fused attention's (query, key) scores computed
   bool operator==(const WorkCount&) const = default;
 };
 
@@ -34,5 +36,7 @@ WorkCount operator-(const WorkCount& after, const WorkCount& before);
 /// Called by the ops' dispatchers (not by labs).
 void count_matmul(std::int64_t batch, std::int64_t M, std::int64_t N, std::int64_t K);
 void count_layernorm_rows(std::int64_t rows);
+/// bh heads of t queries against t keys, causal or not.
+void count_attention(std::int64_t bh, std::int64_t t, bool causal);
 
 }  // namespace scalelab::ops

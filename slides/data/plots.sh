@@ -29,3 +29,5 @@ $plot pipeline $d/08_pp_n4.txt -o $o/08_pipeline.svg --command "./scalelab run 0
 $plot zero $d/09_zero_n4.txt -o $o/09_zero_memory.svg --command "./scalelab run 09 --solution -n 4 -- --stage 1"
 $plot grid $d/10_3d_n*.txt -o $o/10_grids.svg \
   --command "./scalelab run 10 --solution -n R -- --dp DP --tp TP --pp PP --steps 10 --twin-steps 10"
+$plot cp $d/11_cp_n4_ring.txt $d/11_cp_n4_all_to_all.txt -o $o/11_cp.svg \
+  --command "./scalelab run 11 --solution -n 4 -- --cp 4 --attention ring|all-to-all"

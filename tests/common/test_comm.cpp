@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "common/comm/communicator.hpp"
+#include "common/comm/stats.hpp"
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
 
@@ -139,6 +140,26 @@ TEST_P(Collectives, AllGatherInRankOrder) {
   c.all_gather(in, out);
   for (int r = 0; r < c.size(); ++r)
     for (int64_t i = 0; i < 6; ++i) ASSERT_EQ(at(out, r * 6 + i), value(r, i));
+}
+
+// all_to_all (lab 11's Ulysses): chunk s of my output is chunk `my rank` of rank s's input; the
+// byte counters count the input's bytes; the two tensors must be of one size.
+TEST_P(Collectives, AllToAllTransposesTheRanksChunks) {
+  for (int64_t n : kSizes) {
+    const int64_t N = n * c.size();
+    Tensor in = filled(N, c.rank(), dt());
+    Tensor out = Tensor::zeros({N}, dt());
+    const comm::CommStats before = comm::comm_stats();
+    c.all_to_all(in, out);
+    EXPECT_EQ(comm::comm_total(comm::comm_stats() - before, "", "all_to_all").bytes,
+              static_cast<std::int64_t>(in.nbytes()));
+    const int64_t w = std::max<int64_t>(n, 1);
+    ASSERT_EQ(first_mismatch(out, N, [&](int64_t j) {
+                return value(static_cast<int>(j / w), c.rank() * n + j % w);
+              }), -1) << "n=" << n;
+  }
+  EXPECT_THROW(c.all_to_all(Tensor::zeros({4 * c.size()}, dt()), Tensor::zeros({4 * c.size() + 1}, dt())),
+               CheckFailed);
 }
 
 TEST_P(Collectives, ReduceScatterGivesEachRankItsChunk) {

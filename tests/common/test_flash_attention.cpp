@@ -18,6 +18,7 @@
 #include "common/allocator.hpp"
 #include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/work.hpp"
 #include "tests/common/gradcheck.hpp"
 
 using namespace scalelab;
@@ -165,4 +166,51 @@ TEST(FlashAttention, ChecksShapesAndDtypes) {
   Tensor lse = Tensor::zeros({2, 5});
   EXPECT_THROW(ops::flash_attention_forward(out, lse, q, k_short, v, 0.25), CheckFailed);
   EXPECT_NO_THROW(ops::flash_attention_forward(out, lse, q, k, v, 0.25));
+}
+
+// Ring attention's pieces (lab 11): causal attention over T = 2c keys, cut into two blocks of c.
+// The second half of the queries sees the first half of the keys unmasked (causal = false) and
+// the second half causally; attention_merge of the two partial results is the whole attention's
+// rows, and the blocks' backwards (given the whole attention's out and lse) sum to its
+// gradients. f64, 1e-12 relative (sums in another order). The work counter counts the pairs.
+TEST(FlashAttention, UnmaskedBlocksMergeToCausal) {
+  const int64_t c = 21, hs = 16, T = 2 * c;
+  const Inputs in = make_inputs(Case{1, T, hs}, DType::f64, 11);
+  const Reference r = unfused(in);
+  // rows [a, a + c) of a (1, T, hs) or (1, T) tensor, as its own (1, c, ...) tensor
+  auto half = [&](const Tensor& t, int64_t a) {
+    const int64_t w = t.dim() == 3 ? hs : 1;
+    return t.view({T, w}).rows(a, a + c).clone().view(t.dim() == 3 ? std::vector<int64_t>{1, c, hs}
+                                                                     : std::vector<int64_t>{1, c});
+  };
+  const Tensor q2 = half(in.q, c), k1 = half(in.k, 0), v1 = half(in.v, 0), k2 = half(in.k, c),
+               v2 = half(in.v, c), q1 = half(in.q, 0);
+  const ops::WorkCount before = ops::work_stats();
+  Tensor out = Tensor::empty({1, c, hs}, DType::f64), lse = Tensor::empty({1, c}, DType::f64);
+  Tensor out_b = out.clone(), lse_b = lse.clone();
+  ops::flash_attention_forward(out, lse, q2, k1, v1, in.scale, /*causal=*/false);
+  ops::flash_attention_forward(out_b, lse_b, q2, k2, v2, in.scale, /*causal=*/true);
+  EXPECT_EQ((ops::work_stats() - before).attention_pairs, c * c + c * (c + 1) / 2);
+  ops::attention_merge(out, lse, out_b, lse_b);
+  EXPECT_LT(rel_error(out, half(r.out, c)), 1e-12);
+  EXPECT_LT(rel_error(lse, half(r.lse, c)), 1e-12);
+
+  // backward of the (q2, k1) block and of the two diagonal blocks, with the whole out and lse
+  const Tensor out1 = half(r.out, 0), lse1 = half(r.lse, 0), dout1 = half(in.dout, 0),
+               dout2 = half(in.dout, c);
+  Tensor dq_a = Tensor::empty({1, c, hs}, DType::f64), dk_a = dq_a.clone(), dv_a = dq_a.clone();
+  Tensor dq_b = dq_a.clone(), dk_b = dq_a.clone(), dv_b = dq_a.clone();
+  Tensor dq_c = dq_a.clone(), dk_c = dq_a.clone(), dv_c = dq_a.clone();
+  ops::flash_attention_backward(dq_a, dk_a, dv_a, dout2, q2, k1, v1, out, lse, in.scale, false);
+  ops::flash_attention_backward(dq_b, dk_b, dv_b, dout2, q2, k2, v2, out, lse, in.scale, true);
+  ops::flash_attention_backward(dq_c, dk_c, dv_c, dout1, q1, k1, v1, out1, lse1, in.scale, true);
+  ops::add(dq_a, dq_a, dq_b);  // dq of the second half: both key blocks
+  ops::add(dk_a, dk_a, dk_c);  // dk, dv of the first half: both query blocks
+  ops::add(dv_a, dv_a, dv_c);
+  EXPECT_LT(rel_error(dq_a, half(r.dq, c)), 1e-12);
+  EXPECT_LT(rel_error(dk_a, half(r.dk, 0)), 1e-12);
+  EXPECT_LT(rel_error(dv_a, half(r.dv, 0)), 1e-12);
+  EXPECT_LT(rel_error(dq_c, half(r.dq, 0)), 1e-12);
+  EXPECT_LT(rel_error(dk_b, half(r.dk, c)), 1e-12);
+  EXPECT_LT(rel_error(dv_b, half(r.dv, c)), 1e-12);
 }

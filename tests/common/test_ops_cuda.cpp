@@ -8,6 +8,7 @@
 
 #include "common/device.hpp"
 #include "common/nn/gpt.hpp"
+#include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "tests/common/cuda_checks.hpp"
@@ -84,6 +85,22 @@ TEST_F(CudaOps, AttentionPieces) {
                  ops::causal_softmax_forward(t[1], t[0], 0.3);
                  ops::causal_softmax_backward(t[3], t[1], t[2], 0.3);
                });
+}
+
+// Ring attention's pieces (lab 11): an unmasked flash block forward and backward, and the
+// online-softmax merge of two blocks' (output, log-sum-exp). Head size 16 (the kernel's sizes).
+TEST_F(CudaOps, UnmaskedFlashBlocksAndMerge) {
+  same_on_both("flash, causal = false", {rnd({3, 37, 16}, 40), rnd({3, 37, 16}, 41), rnd({3, 37, 16}, 42),
+                                         rnd({3, 37, 16}, 43), rnd({3, 37, 16}, 0), rnd({3, 37}, 0),
+                                         rnd({3, 37, 16}, 0), rnd({3, 37, 16}, 0), rnd({3, 37, 16}, 0)},
+               [](std::vector<Tensor>& t) {
+                 ops::flash_attention_forward(t[4], t[5], t[0], t[1], t[2], 0.25, /*causal=*/false);
+                 ops::flash_attention_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[2], t[4], t[5],
+                                               0.25, /*causal=*/false);
+               });
+  same_on_both("attention_merge", {rnd({3, 37, 16}, 44), rnd({3, 37}, 45, -2, 2), rnd({3, 37, 16}, 46),
+                                   rnd({3, 37}, 47, -2, 2)},
+               [](std::vector<Tensor>& t) { ops::attention_merge(t[0], t[1], t[2], t[3]); });
 }
 
 TEST_F(CudaOps, EmbeddingAndCrossEntropy) {

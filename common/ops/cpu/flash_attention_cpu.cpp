@@ -50,7 +50,7 @@ A dot_row(const S* a, const S* b, int64_t hs) {
 // For one (T, hs) head. S is the storage type, A the compute (accumulation) type.
 template <class S, class A>
 void forward_head(S* out, A* lse, const S* q, const S* k, const S* v, int64_t T, int64_t hs,
-                  A scale) {
+                  A scale, bool causal) {
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   for (int64_t q0 = 0; q0 < T; q0 += kBr) {  // one query tile: rows [q0, q1)
     const int64_t q1 = std::min(q0 + kBr, T);
@@ -59,7 +59,7 @@ void forward_head(S* out, A* lse, const S* q, const S* k, const S* v, int64_t T,
     for (int64_t r = 0; r < q1 - q0; ++r) m[r] = kNegInf, l[r] = 0;
 
     // Causal: keys after the tile's last query (q1 - 1) are masked for every row: skip them.
-    for (int64_t k0 = 0; k0 < q1; k0 += kBc) {
+    for (int64_t k0 = 0; k0 < (causal ? q1 : T); k0 += kBc) {
       const int64_t k1 = std::min(k0 + kBc, T);
       for (int64_t r = 0; r < q1 - q0; ++r) {
         const int64_t i = q0 + r;
@@ -68,7 +68,7 @@ void forward_head(S* out, A* lse, const S* q, const S* k, const S* v, int64_t T,
         A tile_max = kNegInf;
         for (int64_t c = 0; c < k1 - k0; ++c) {
           const int64_t j = k0 + c;
-          s[c] = j <= i ? scale * dot_row<A>(q + i * hs, k + j * hs, hs) : kNegInf;
+          s[c] = !causal || j <= i ? scale * dot_row<A>(q + i * hs, k + j * hs, hs) : kNegInf;
           tile_max = std::max(tile_max, s[c]);
         }
         if (tile_max == kNegInf) continue;  // the whole tile is in this row's future
@@ -119,7 +119,8 @@ void prob_and_dscore(A& p, A& ds, const S* qi, const S* kj, const S* vj, const S
 
 template <class S, class A>
 void backward_head(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v,
-                   const S* out, const A* lse, A* D, int64_t T, int64_t hs, A scale) {
+                   const S* out, const A* lse, A* D, int64_t T, int64_t hs, A scale,
+                   bool causal) {
   for (int64_t i = 0; i < T; ++i) D[i] = dot_row<A>(dout + i * hs, out + i * hs, hs);
 
   std::vector<A> acc(std::max(kBr, kBc) * hs);
@@ -127,9 +128,9 @@ void backward_head(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, c
   for (int64_t q0 = 0; q0 < T; q0 += kBr) {
     const int64_t q1 = std::min(q0 + kBr, T);
     std::fill(acc.begin(), acc.end(), A(0));
-    for (int64_t k0 = 0; k0 < q1; k0 += kBc)
+    for (int64_t k0 = 0; k0 < (causal ? q1 : T); k0 += kBc)
       for (int64_t r = 0; r < q1 - q0; ++r)
-        for (int64_t j = k0, i = q0 + r; j < std::min(k0 + kBc, i + 1); ++j) {
+        for (int64_t j = k0, i = q0 + r; j < std::min(k0 + kBc, causal ? i + 1 : T); ++j) {
           A p, ds;
           prob_and_dscore(p, ds, q + i * hs, k + j * hs, v + j * hs, dout + i * hs, lse[i], D[i],
                           hs, scale);
@@ -144,9 +145,11 @@ void backward_head(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, c
     const int64_t k1 = std::min(k0 + kBc, T);
     std::fill(acc.begin(), acc.end(), A(0));
     std::fill(acc_v.begin(), acc_v.end(), A(0));
-    for (int64_t q0 = k0 - k0 % kBr; q0 < T; q0 += kBr)  // the first query tile that sees k0
+    // causal: from the first query tile that sees k0
+    for (int64_t q0 = causal ? k0 - k0 % kBr : 0; q0 < T; q0 += kBr)
       for (int64_t c = 0; c < k1 - k0; ++c)
-        for (int64_t i = std::max(q0, k0 + c), j = k0 + c; i < std::min(q0 + kBr, T); ++i) {
+        for (int64_t i = causal ? std::max(q0, k0 + c) : q0, j = k0 + c;
+             i < std::min(q0 + kBr, T); ++i) {
           A p, ds;
           prob_and_dscore(p, ds, q + i * hs, k + j * hs, v + j * hs, dout + i * hs, lse[i], D[i],
                           hs, scale);
@@ -176,7 +179,7 @@ void with_types(DType dtype, F f) {
 }  // namespace
 
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, double scale) {
+                             const Tensor& v, double scale, bool causal) {
   const int64_t BH = q.size(0), T = q.size(1), hs = q.size(2);
   with_types(q.dtype(), [&](auto s_tag, auto a_tag) {
     using S = decltype(s_tag);
@@ -184,13 +187,13 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
     for (int64_t h = 0; h < BH; ++h)
       forward_head<S, A>(out.data<S>() + h * T * hs, lse.data<A>() + h * T,
                          q.data<S>() + h * T * hs, k.data<S>() + h * T * hs,
-                         v.data<S>() + h * T * hs, T, hs, A(scale));
+                         v.data<S>() + h * T * hs, T, hs, A(scale), causal);
   });
 }
 
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& lse, double scale) {
+                              const Tensor& lse, double scale, bool causal) {
   const int64_t BH = q.size(0), T = q.size(1), hs = q.size(2);
   with_types(q.dtype(), [&](auto s_tag, auto a_tag) {
     using S = decltype(s_tag);
@@ -201,7 +204,32 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
       backward_head<S, A>(dq.data<S>() + h * n, dk.data<S>() + h * n, dv.data<S>() + h * n,
                           dout.data<S>() + h * n, q.data<S>() + h * n, k.data<S>() + h * n,
                           v.data<S>() + h * n, out.data<S>() + h * n, lse.data<A>() + h * T,
-                          D.data<A>(), T, hs, A(scale));
+                          D.data<A>(), T, hs, A(scale), causal);
+  });
+}
+
+// The online-softmax merge of two partial attentions over disjoint key sets (ring attention):
+// per row, lse = log(e^lse + e^lse_b) and out = out e^(lse_old - lse) + out_b e^(lse_b - lse).
+// A row that saw no key has lse = -inf and contributes nothing.
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const int64_t rows = lse.numel(), hs = out.size(2);
+  with_types(out.dtype(), [&](auto s_tag, auto a_tag) {
+    using S = decltype(s_tag);
+    using A = decltype(a_tag);
+    constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+    S* o = out.data<S>();
+    const S* ob = out_b.data<S>();
+    A* l = lse.data<A>();
+    const A* lb = lse_b.data<A>();
+    for (int64_t r = 0; r < rows; ++r) {
+      if (lb[r] == kNegInf) continue;
+      const A m = std::max(l[r], lb[r]);
+      const A merged = m + std::log(std::exp(l[r] - m) + std::exp(lb[r] - m));
+      const A wa = std::exp(l[r] - merged), wb = std::exp(lb[r] - merged);
+      for (int64_t d = 0; d < hs; ++d)
+        o[r * hs + d] = store<S>(wa * load(o[r * hs + d]) + wb * load(ob[r * hs + d]));
+      l[r] = merged;
+    }
   });
 }
 

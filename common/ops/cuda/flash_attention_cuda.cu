@@ -49,14 +49,16 @@ __device__ inline void stage_rows(A* tile, const S* m, int r0, int n, int T) {
 // ---- forward: one thread per query row i --------------------------------------------------------
 template <class S, class A, int HS>
 __global__ void flash_forward_kernel(S* out, A* lse, const S* q, const S* k, const S* v, int T,
-                                     A scale) {
+                                     A scale, bool causal) {
   extern __shared__ __align__(16) unsigned char smem[];
   A* Ks = reinterpret_cast<A*>(smem);  // kCols x HS: a tile of keys
   A* Vs = Ks + kCols * HS;             // kCols x HS: the matching values
   const int64_t head = (int64_t)blockIdx.y * T * HS;
   q += head, k += head, v += head, out += head, lse += (int64_t)blockIdx.y * T;
   const int q0 = blockIdx.x * kRows, i = q0 + threadIdx.x;
-  const int last = min(q0 + kRows, T) - 1;  // the tile's last query: later keys are all masked
+  // the last key any row of the tile sees (causal: the tile's last query)
+  const int last = causal ? min(q0 + kRows, T) - 1 : T - 1;
+  const int lim = causal ? i : T - 1;  // the last key this row sees
 
   A qi[HS], acc[HS];
 #pragma unroll
@@ -68,12 +70,12 @@ __global__ void flash_forward_kernel(S* out, A* lse, const S* q, const S* k, con
     stage_rows<S, A, HS>(Ks, k, k0, kCols, T);
     stage_rows<S, A, HS>(Vs, v, k0, kCols, T);
     __syncthreads();
-    if (i >= T || k0 > i) continue;  // past the end, or a tile wholly in this row's future
+    if (i >= T || k0 > lim) continue;  // past the end, or a tile wholly in this row's future
     A s[kCols];
     A tile_max = -INFINITY;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      s[c] = k0 + c <= i ? scale * dot<A, HS>(qi, Ks + c * HS) : A(-INFINITY);
+      s[c] = k0 + c <= lim ? scale * dot<A, HS>(qi, Ks + c * HS) : A(-INFINITY);
       tile_max = max(tile_max, s[c]);
     }
     const A m_new = max(m, tile_max);
@@ -83,7 +85,7 @@ __global__ void flash_forward_kernel(S* out, A* lse, const S* q, const S* k, con
     for (int d = 0; d < HS; ++d) acc[d] *= correction;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      const A p = k0 + c <= i ? exp(s[c] - m_new) : A(0);
+      const A p = k0 + c <= lim ? exp(s[c] - m_new) : A(0);
       l += p;
 #pragma unroll
       for (int d = 0; d < HS; ++d) acc[d] += p * Vs[c * HS + d];
@@ -111,7 +113,7 @@ __global__ void flash_backward_d_kernel(A* D, const S* dout, const S* out, int64
 // Pass 1: dQ_i = scale * sum_{j <= i} dS_ij k_j, one thread per query row i; keys staged in tiles.
 template <class S, class A, int HS>
 __global__ void flash_backward_dq_kernel(S* dq, const S* dout, const S* q, const S* k, const S* v,
-                                         const A* lse, const A* D, int T, A scale) {
+                                         const A* lse, const A* D, int T, A scale, bool causal) {
   extern __shared__ __align__(16) unsigned char smem[];
   A* Ks = reinterpret_cast<A*>(smem);
   A* Vs = Ks + kCols * HS;
@@ -119,7 +121,8 @@ __global__ void flash_backward_dq_kernel(S* dq, const S* dout, const S* q, const
   q += head, k += head, v += head, dout += head, dq += head;
   lse += (int64_t)blockIdx.y * T, D += (int64_t)blockIdx.y * T;
   const int q0 = blockIdx.x * kRows, i = q0 + threadIdx.x;
-  const int last = min(q0 + kRows, T) - 1;
+  const int last = causal ? min(q0 + kRows, T) - 1 : T - 1;
+  const int lim = causal ? i : T - 1;  // the last key this row sees
 
   A qi[HS], doi[HS], acc[HS];
 #pragma unroll
@@ -136,7 +139,7 @@ __global__ void flash_backward_dq_kernel(S* dq, const S* dout, const S* q, const
     stage_rows<S, A, HS>(Vs, v, k0, kCols, T);
     __syncthreads();
     if (i >= T) continue;
-    for (int c = 0; c < kCols && k0 + c <= i; ++c) {
+    for (int c = 0; c < kCols && k0 + c <= lim; ++c) {
       const A p = exp(scale * dot<A, HS>(qi, Ks + c * HS) - lse_i);
       const A ds = p * (dot<A, HS>(doi, Vs + c * HS) - D_i);
 #pragma unroll
@@ -155,7 +158,8 @@ __global__ void flash_backward_dq_kernel(S* dq, const S* dout, const S* q, const
 // different across a warp.
 template <class S, class A, int HS>
 __global__ void flash_backward_dkdv_kernel(S* dk, S* dv, const S* dout, const S* q, const S* k,
-                                           const S* v, const A* lse, const A* D, int T, A scale) {
+                                           const S* v, const A* lse, const A* D, int T, A scale,
+                                           bool causal) {
   constexpr int P = HS + 1;
   extern __shared__ __align__(16) unsigned char smem[];
   A* Kown = reinterpret_cast<A*>(smem);  // kRows x P
@@ -180,7 +184,8 @@ __global__ void flash_backward_dkdv_kernel(S* dk, S* dv, const S* dout, const S*
 #pragma unroll
   for (int d = 0; d < HS; ++d) dk_acc[d] = 0, dv_acc[d] = 0;
 
-  for (int i0 = k0; i0 < T; i0 += kCols) {  // causal: queries before k0 see none of these keys
+  // causal: queries before k0 see none of these keys
+  for (int i0 = causal ? k0 : 0; i0 < T; i0 += kCols) {
     __syncthreads();
     stage_rows<S, A, HS>(Qs, q, i0, kCols, T);
     stage_rows<S, A, HS>(dOs, dout, i0, kCols, T);
@@ -191,7 +196,7 @@ __global__ void flash_backward_dkdv_kernel(S* dk, S* dv, const S* dout, const S*
     __syncthreads();
     if (j >= T) continue;
     for (int c = 0; c < kCols && i0 + c < T; ++c) {
-      if (i0 + c < j) continue;  // query before key: masked
+      if (causal && i0 + c < j) continue;  // query before key: masked
       A s = 0, dp = 0;
 #pragma unroll
       for (int d = 0; d < HS; ++d) s += Qs[c * HS + d] * kj[d], dp += dOs[c * HS + d] * vj[d];
@@ -210,6 +215,24 @@ __global__ void flash_backward_dkdv_kernel(S* dk, S* dv, const S* dout, const S*
     dk[(int64_t)j * HS + d] = S(scale * dk_acc[d]);
     dv[(int64_t)j * HS + d] = S(dv_acc[d]);
   }
+}
+
+// The online-softmax merge (attention_merge), one warp per row: every lane computes the row's
+// weights from the old lse, then lane 0 stores the new lse once the warp has read it.
+template <class S, class A>
+__global__ void attention_merge_kernel(S* out, A* lse, const S* out_b, const A* lse_b,
+                                       int64_t rows, int hs) {
+  const int64_t row = warp_row();
+  if (row >= rows) return;
+  const A la = lse[row], lb = lse_b[row];
+  if (lb == A(-INFINITY)) return;
+  const A m = max(la, lb);
+  const A merged = m + log(exp(la - m) + exp(lb - m));
+  const A wa = exp(la - merged), wb = exp(lb - merged);
+  for (int d = lane(); d < hs; d += kWarp)
+    out[row * hs + d] = S(wa * A(out[row * hs + d]) + wb * A(out_b[row * hs + d]));
+  __syncwarp();
+  if (lane() == 0) lse[row] = merged;
 }
 
 // Launches `kernel` with `smem` bytes of dynamic shared memory (above the default 48 KiB a kernel
@@ -248,8 +271,21 @@ dim3 grid_for(int64_t BH, int64_t T) {
 }
 }  // namespace
 
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  use_device(out);
+  const int64_t rows = lse.numel(), hs = out.size(2);
+  with_types(out.dtype(), 16, [&](auto s_tag, auto a_tag, auto) {  // any head size: no template
+    using S = decltype(s_tag);
+    using A = decltype(a_tag);
+    attention_merge_kernel<S, A><<<blocks_for_rows(rows), kThreads>>>(
+        out.data<S>(), lse.data<A>(), out_b.data<S>(), lse_b.data<A>(), rows,
+        static_cast<int>(hs));
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, double scale) {
+                             const Tensor& v, double scale, bool causal) {
   use_device(out);
   const int64_t BH = q.size(0), T = q.size(1), hs = q.size(2);
   with_types(q.dtype(), hs, [&](auto s_tag, auto a_tag, auto hs_c) {
@@ -258,13 +294,13 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
     constexpr int HS = decltype(hs_c)::value;
     launch(flash_forward_kernel<S, A, HS>, grid_for(BH, T), kRows, 2 * kCols * HS * sizeof(A),
            out.data<S>(), lse.data<A>(), q.data<S>(), k.data<S>(), v.data<S>(),
-           static_cast<int>(T), A(scale));
+           static_cast<int>(T), A(scale), causal);
   });
 }
 
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& lse, double scale) {
+                              const Tensor& lse, double scale, bool causal) {
   use_device(dq);
   const int64_t BH = q.size(0), T = q.size(1), hs = q.size(2);
   with_types(q.dtype(), hs, [&](auto s_tag, auto a_tag, auto hs_c) {
@@ -277,11 +313,11 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
     CUDA_CHECK_LAUNCH();
     launch(flash_backward_dq_kernel<S, A, HS>, grid_for(BH, T), kRows, 2 * kCols * HS * sizeof(A),
            dq.data<S>(), dout.data<S>(), q.data<S>(), k.data<S>(), v.data<S>(), lse.data<A>(),
-           D.data<A>(), static_cast<int>(T), A(scale));
+           D.data<A>(), static_cast<int>(T), A(scale), causal);
     const size_t smem = (2 * kRows * (HS + 1) + 2 * kCols * HS + 2 * kCols) * sizeof(A);
     launch(flash_backward_dkdv_kernel<S, A, HS>, grid_for(BH, T), kRows, smem, dk.data<S>(),
            dv.data<S>(), dout.data<S>(), q.data<S>(), k.data<S>(), v.data<S>(), lse.data<A>(),
-           D.data<A>(), static_cast<int>(T), A(scale));
+           D.data<A>(), static_cast<int>(T), A(scale), causal);
   });
 }
 

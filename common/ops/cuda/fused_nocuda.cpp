@@ -7,10 +7,11 @@ namespace {
 [[noreturn]] void no_cuda() { throw UsageError("CUDA op called but scalelab was built without CUDA"); }
 }  // namespace
 void flash_attention_forward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             double) { no_cuda(); }
+                             double, bool) { no_cuda(); }
 void flash_attention_backward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&,
                               const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              double) { no_cuda(); }
+                              double, bool) { no_cuda(); }
+void attention_merge(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void residual_layernorm_forward(Tensor&, Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&,
                                 const Tensor&, const Tensor&, double) { no_cuda(); }
 bool linear_epilogue(Tensor&, Tensor*, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }

@@ -1,0 +1,120 @@
+#pragma once
+// What lab 11's graders share: random attention inputs of the whole sequence (the same on every
+// rank), the single-device flash attention on them, the grader's OWN zig-zag rows (so steps 2-4
+// are graded without the attendee's step 1), a reference ring forward with two planted variants
+// (an all-gather instead of the ring; no causal skip), and the single-device GPT twin.
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/allocator.hpp"
+#include "common/comm/stats.hpp"
+#include "common/ops/flash_attention.hpp"
+#include "common/ops/ops.hpp"
+#include "common/ops/work.hpp"
+#include "context_parallel.hpp"
+#include "tests/support/lab_fixture.hpp"
+
+namespace cptest {
+
+using namespace scalelab;
+
+/// Uniform [-1, 1) numbers from `seed`, rounded to `dtype` (the same on every rank).
+inline Tensor random(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  std::vector<double> v(n);
+  for (double& x : v) x = u(gen);
+  return Tensor::from_vector(v, shape, dtype);
+}
+
+/// The grader's zig-zag rows of x (B, T, ...) for rank of cp: chunks rank and 2cp-1-rank.
+inline Tensor zigzag_rows(const Tensor& x, int cp, int rank) {
+  const int64_t B = x.size(0), T = x.size(1), c = T / (2 * cp), w = c * (x.numel() / (B * T));
+  std::vector<int64_t> shape = x.shape();
+  shape[1] = T / cp;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  const Tensor in = x.view({B * 2 * cp, w});
+  Tensor o = out.view({B * 2, w});
+  for (int64_t b = 0; b < B; ++b) {
+    o.rows(2 * b, 2 * b + 1).copy_from(in.rows(b * 2 * cp + rank, b * 2 * cp + rank + 1));
+    const int64_t late = b * 2 * cp + 2 * cp - 1 - rank;
+    o.rows(2 * b + 1, 2 * b + 2).copy_from(in.rows(late, late + 1));
+  }
+  return out;
+}
+
+/// The grader's zig-zag positions.
+inline std::vector<int64_t> zigzag_positions(int64_t T, int cp, int rank) {
+  const int64_t c = T / (2 * cp);
+  std::vector<int64_t> p;
+  for (int64_t k : {static_cast<int64_t>(rank), 2 * cp - 1 - static_cast<int64_t>(rank)})
+    for (int64_t i = 0; i < c; ++i) p.push_back(k * c + i);
+  return p;
+}
+
+/// Attention over the whole sequence: inputs (BH, T, hs) and the single device's flash results.
+struct Full {
+  Tensor q, k, v, dy;   // (BH, T, hs)
+  Tensor y, lse;        // forward
+  Tensor dq, dk, dv;    // backward
+  double scale = 0;
+};
+
+inline Full full_attention(int64_t BH, int64_t T, int64_t hs, DType dtype, uint64_t seed) {
+  Full f;
+  f.q = random({BH, T, hs}, seed, dtype);
+  f.k = random({BH, T, hs}, seed + 1, dtype);
+  f.v = random({BH, T, hs}, seed + 2, dtype);
+  f.dy = random({BH, T, hs}, seed + 3, dtype);
+  f.scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  f.y = Tensor::empty({BH, T, hs}, dtype);
+  f.lse = Tensor::empty({BH, T}, ops::flash_attention_lse_dtype(dtype));
+  ops::flash_attention_forward(f.y, f.lse, f.q, f.k, f.v, f.scale);
+  f.dq = Tensor::empty({BH, T, hs}, dtype);
+  f.dk = f.dq.clone();
+  f.dv = f.dq.clone();
+  ops::flash_attention_backward(f.dq, f.dk, f.dv, f.dy, f.q, f.k, f.v, f.y, f.lse, f.scale);
+  return f;
+}
+
+/// This rank's ring inputs and the reference's answers, in the chunk-major layout.
+struct Mine {
+  Tensor q, kv, dy;        // (2, BH, c, hs), (2, 2, BH, c, hs), (2, BH, c, hs)
+  Tensor y, lse, dq, dkv;  // what the ring must give
+};
+
+inline Mine mine(const Full& f, int cp, int rank) {
+  Mine m;
+  const Tensor lse3 = f.lse.view({f.lse.size(0), f.lse.size(1), 1});
+  m.q = lab11::to_chunks(zigzag_rows(f.q, cp, rank));
+  m.kv = lab11::pack_kv(zigzag_rows(f.k, cp, rank), zigzag_rows(f.v, cp, rank));
+  m.dy = lab11::to_chunks(zigzag_rows(f.dy, cp, rank));
+  m.y = lab11::to_chunks(zigzag_rows(f.y, cp, rank));
+  const Tensor lse_c = lab11::to_chunks(zigzag_rows(lse3, cp, rank));  // (2, BH, c, 1)
+  m.lse = lse_c.view({2, lse_c.size(1), lse_c.size(2)});
+  m.dq = lab11::to_chunks(zigzag_rows(f.dq, cp, rank));
+  m.dkv = lab11::pack_kv(zigzag_rows(f.dk, cp, rank), zigzag_rows(f.dv, cp, rank));
+  return m;
+}
+
+/// fp32: the blocks' sums and merges run in another order than one flash call: 1e-5 relative,
+/// 1e-6 absolute. bf16: each block's output rounds to 8 bits before it is merged and the
+/// gradients are summed in bf16 over the blocks: 3e-2 relative and absolute (values of order 1).
+inline double rtol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-5; }
+inline double atol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-6; }
+
+/// How a test ring gets the other blocks, and whether it skips the fully masked ones.
+enum class Variant { ring, all_gather, no_causal_skip };
+
+/// A reference ring forward (Variant::ring), and the planted wrong techniques. Same contract as
+/// lab11::ring_attention_forward.
+Tensor reference_ring_forward(Tensor& y, const Tensor& q, const Tensor& kv, double scale,
+                              comm::Communicator& cp, Variant variant = Variant::ring);
+
+/// "" when rank's sends of one call were exactly `blocks` messages of kv_bytes, else what was.
+std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_t kv_bytes);
+
+}  // namespace cptest

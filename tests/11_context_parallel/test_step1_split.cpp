@@ -1,0 +1,97 @@
+// Lab 11 step 1: the zig-zag split. Pure index math and copies: exact. The positions against
+// the grader's own layout (chunk r then chunk 2cp-1-r), the owner as their inverse, the shard of a
+// tensor (f32 rows and i32 tokens) and its inverse bitwise, and the causal balance: every rank's
+// queries need the same number of score blocks (within one). Planted: the contiguous split (rank
+// r keeps tokens [r T/cp, (r+1) T/cp)) fails the balance check.
+#include <algorithm>
+#include <functional>
+
+#include <gtest/gtest.h>
+
+#include "common/errors.hpp"
+#include "tests/11_context_parallel/cp_checks.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+using PositionsFn = std::function<std::vector<int64_t>(int64_t T, int cp, int rank)>;
+
+// Causal balance: the ranks' score-block counts differ by at most one block, and add up to the
+// single device's 2cp(2cp+1)/2.
+testing::AssertionResult balanced(const PositionsFn& positions, int64_t T, int cp) {
+  int64_t lo = INT64_MAX, hi = 0, total = 0;
+  std::string per_rank;
+  for (int r = 0; r < cp; ++r) {
+    const int64_t b = lab11::causal_blocks(positions(T, cp, r), T, cp);
+    lo = std::min(lo, b), hi = std::max(hi, b), total += b;
+    per_rank += fmt::format(" {}", b);
+  }
+  if (hi - lo <= 1 && total == cp * (2 * cp + 1)) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "T " << T << ", cp " << cp << ": score blocks per rank"
+                                     << per_rank << " (want equal within one, "
+                                     << cp * (2 * cp + 1) << " in all)";
+}
+
+}  // namespace
+
+TEST(Step1_Split, PositionsAreChunkRThenChunk2cpMinus1MinusR) {
+  for (int cp = 1; cp <= 8; ++cp)
+    for (int64_t c : {1, 3, 8}) {
+      const int64_t T = 2 * cp * c;
+      std::vector<int> seen(T, 0);
+      for (int r = 0; r < cp; ++r) {
+        const std::vector<int64_t> got = lab11::zigzag_positions(T, cp, r);
+        EXPECT_EQ(got, cptest::zigzag_positions(T, cp, r)) << "T " << T << ", cp " << cp << ", rank " << r;
+        for (int64_t t : got)
+          if (t >= 0 && t < T) ++seen[t];
+      }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int k) { return k == 1; }))
+          << "T " << T << ", cp " << cp << ": some token is on no rank or on two";
+    }
+}
+
+TEST(Step1_Split, OwnerIsTheInverse) {
+  for (int cp = 1; cp <= 8; ++cp) {
+    const int64_t T = 2 * cp * 5;
+    for (int64_t t = 0; t < T; ++t) {
+      const lab11::Owner o = lab11::zigzag_owner(t, T, cp);
+      const std::vector<int64_t> p = cptest::zigzag_positions(T, cp, o.rank < 0 || o.rank >= cp ? 0 : o.rank);
+      ASSERT_TRUE(o.rank >= 0 && o.rank < cp && o.row >= 0 && o.row < T / cp)
+          << "token " << t << " of " << T << ", cp " << cp << ": rank " << o.rank << ", row " << o.row;
+      EXPECT_EQ(p[o.row], t) << "cp " << cp << ": zigzag_owner(" << t << ") = rank " << o.rank
+                             << ", row " << o.row << ", which holds token " << p[o.row];
+    }
+  }
+}
+
+TEST(Step1_Split, ShardAndUnshardAreExactCopies) {
+  const int cp = 3;
+  const Tensor x = cptest::random({2, 2 * cp * 4, 5}, 42, DType::f32);  // (B, T, C)
+  std::vector<double> ids(2 * 2 * cp * 4);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<double>(i % 251);
+  const Tensor tokens = Tensor::from_vector(ids, {2, 2 * cp * 4}, DType::i32);  // (B, T)
+  for (const Tensor* t : {&x, &tokens}) {
+    std::vector<Tensor> shards;
+    for (int r = 0; r < cp; ++r) {
+      shards.push_back(lab11::shard_sequence(*t, cp, r));
+      EXPECT_EQ(shards.back().to_vector(), cptest::zigzag_rows(*t, cp, r).to_vector())
+          << dtype_name(t->dtype()) << ", rank " << r;
+    }
+    EXPECT_EQ(lab11::unshard_sequence(shards).to_vector(), t->to_vector()) << dtype_name(t->dtype());
+  }
+}
+
+TEST(Step1_Split, RefusesWhatDoesNotCut) {
+  EXPECT_THROW(lab11::zigzag_positions(10, 3, 0), UsageError);  // 10 tokens in 6 chunks
+  EXPECT_THROW(lab11::zigzag_positions(12, 3, 3), UsageError);  // no rank 3 of 3
+  EXPECT_THROW(lab11::zigzag_owner(12, 12, 3), UsageError);     // no token 12 of 12
+}
+
+TEST(Step1_Balance, EveryRankComputesTheSameCausalWork) {
+  for (int cp = 1; cp <= 8; ++cp) EXPECT_TRUE(balanced(lab11::zigzag_positions, 2 * cp * 4, cp));
+}
+
+TEST(Step1_PlantedFault, ContiguousSplitIsUnbalanced) {
+  for (int cp = 2; cp <= 8; ++cp) EXPECT_FALSE(balanced(lab11::contiguous_positions, 2 * cp * 4, cp));
+}

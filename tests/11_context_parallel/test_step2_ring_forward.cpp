@@ -1,0 +1,140 @@
+// Lab 11 step 2: ring attention, forward, on cp = every rank (2 and 4). Against the single
+// device's flash attention over the whole sequence (cp_checks.hpp: fp32 1e-5 relative / 1e-6
+// absolute, bf16 3e-2). The technique, from the library's counters, never the attendee's report:
+//  - bytes (comm_stats): cp-1 sends of one K/V block each, nothing else;
+//  - memory (the allocator's peak over the call): at most min(2, cp-1) remote K/V blocks at once
+//    (the one in use and the one arriving), plus the merge's scratch (one query chunk's output
+//    and log-sum-exps: under half a block);
+//  - work (work_stats().attention_pairs): exactly 1/cp of the single device's causal score pairs,
+//    so the fully masked blocks were skipped and the zig-zag balance holds.
+// Planted: an all-gather of every block (bytes and memory fail), a ring that computes the masked
+// blocks too (work fails).
+#include <gtest/gtest.h>
+
+#include "tests/11_context_parallel/cp_checks.hpp"
+
+using namespace scalelab;
+using cptest::Variant;
+
+namespace {
+
+constexpr int64_t kBH = 3, kC = 8, kHs = 16;  // heads x batch rows, chunk length, head size
+
+using Forward = std::function<Tensor(Tensor&, const Tensor&, const Tensor&, double,
+                                     comm::Communicator&)>;
+Forward attendee() { return lab11::ring_attention_forward; }
+Forward reference(Variant v) {
+  return [v](Tensor& y, const Tensor& q, const Tensor& kv, double s, comm::Communicator& cp) {
+    return cptest::reference_ring_forward(y, q, kv, s, cp, v);
+  };
+}
+
+// One forward on every rank; what it gave and what the counters saw.
+struct RingRun {
+  Tensor y, lse;
+  cptest::Mine want;
+  comm::CommStats did;
+  std::size_t peak_extra = 0, kv_bytes = 0;
+  int64_t pairs = 0, single_pairs = 0;
+};
+
+RingRun run(const Forward& forward, DType dt, comm::Communicator& cp) {
+  const int n = cp.size();
+  const int64_t T = 2 * n * kC;
+  const cptest::Full full = cptest::full_attention(kBH, T, kHs, dt, 1000 + n);
+  RingRun r;
+  r.want = cptest::mine(full, n, cp.rank());
+  r.kv_bytes = r.want.kv.nbytes();
+  r.single_pairs = kBH * T * (T + 1) / 2;
+  r.y = Tensor::empty(r.want.q.shape(), dt);
+  cp.barrier();  // the communicator lets go of its last operation's tensors
+  const Device cpu = Device::cpu();
+  reset_peak_memory(cpu);
+  const std::size_t before = memory_stats(cpu).current;
+  const comm::CommStats stats = comm::comm_stats();
+  const ops::WorkCount work = ops::work_stats();
+  r.lse = forward(r.y, r.want.q, r.want.kv, full.scale, cp);
+  r.peak_extra = memory_stats(cpu).peak - before;
+  r.did = comm::comm_stats() - stats;
+  r.pairs = (ops::work_stats() - work).attention_pairs;
+  return r;
+}
+
+testing::AssertionResult bytes_ok(const RingRun& r, int n) {
+  const std::string p = cptest::sends_problem(r.did, n - 1, r.kv_bytes);
+  if (p.empty()) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "ring forward: " << p;
+}
+
+testing::AssertionResult memory_ok(const RingRun& r, int n) {
+  const std::size_t remote = static_cast<std::size_t>(std::min(2, n - 1)) * r.kv_bytes;
+  const std::size_t bound = remote + r.kv_bytes / 2;
+  if (r.peak_extra <= bound) return testing::AssertionSuccess();
+  return testing::AssertionFailure()
+         << "ring forward held up to " << r.peak_extra << " bytes beyond its inputs: more than "
+         << std::min(2, n - 1) << " remote K/V blocks of " << r.kv_bytes
+         << " bytes and the merge's scratch (" << bound << " in all)";
+}
+
+testing::AssertionResult work_ok(const RingRun& r, int n) {
+  if (r.pairs * n == r.single_pairs) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "computed " << r.pairs << " (query, key) scores; 1/" << n
+                                     << " of the single device's causal " << r.single_pairs
+                                     << " is " << r.single_pairs / n
+                                     << " (masked blocks skipped, zig-zag balance)";
+}
+
+void output_matches(DType dt) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(attendee(), dt, cp);
+  EXPECT_TRUE(labtest::close_on_every_rank(r.y, r.want.y, cptest::rtol(dt), cptest::atol(dt)));
+  EXPECT_TRUE(labtest::close_on_every_rank(r.lse, r.want.lse, cptest::rtol(dt), cptest::atol(dt)));
+}
+
+}  // namespace
+
+TEST(Step2_Ring, OutputEqualsFullAttentionF32) { output_matches(DType::f32); }
+TEST(Step2_Ring, OutputEqualsFullAttentionBf16) { output_matches(DType::bf16); }
+
+TEST(Step2_Ring, SendsCpMinusOneBlocks) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(attendee(), DType::f32, cp);
+  EXPECT_TRUE(bytes_ok(r, cp.size()));
+}
+
+TEST(Step2_Ring, HoldsAtMostTwoRemoteBlocks) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(attendee(), DType::f32, cp);
+  EXPECT_TRUE(memory_ok(r, cp.size()));
+}
+
+TEST(Step2_Ring, SkipsMaskedBlocksAndIsBalanced) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(attendee(), DType::f32, cp);
+  EXPECT_TRUE(work_ok(r, cp.size()));
+}
+
+// The reference passes every check (so they can pass), and each plant fails its own.
+TEST(Step2_PlantedFault, ReferenceRingPassesTheChecks) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(reference(Variant::ring), DType::f32, cp);
+  EXPECT_TRUE(labtest::close_on_every_rank(r.y, r.want.y, 1e-5, 1e-6));
+  EXPECT_TRUE(bytes_ok(r, cp.size()));
+  EXPECT_TRUE(memory_ok(r, cp.size()));
+  EXPECT_TRUE(work_ok(r, cp.size()));
+}
+
+TEST(Step2_PlantedFault, AllGatherOfEveryBlockFails) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(reference(Variant::all_gather), DType::f32, cp);
+  EXPECT_TRUE(labtest::close_on_every_rank(r.y, r.want.y, 1e-5, 1e-6));  // right numbers ...
+  EXPECT_FALSE(bytes_ok(r, cp.size()));                                   // ... wrong technique
+  EXPECT_FALSE(memory_ok(r, cp.size()));
+}
+
+TEST(Step2_PlantedFault, ForgottenCausalSkipFailsTheWorkCount) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(reference(Variant::no_causal_skip), DType::f32, cp);
+  EXPECT_TRUE(labtest::close_on_every_rank(r.y, r.want.y, 1e-5, 1e-6));
+  EXPECT_FALSE(work_ok(r, cp.size()));
+}

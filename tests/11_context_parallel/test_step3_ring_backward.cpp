@@ -1,0 +1,128 @@
+// Lab 11 step 3: ring attention, backward, on cp = every rank (2 and 4).
+//  - The attention alone, from the reference forward's y and lse (so this step is graded without
+//    step 2): dq and dK/dV of this rank's rows against the single device's flash backward (fp32
+//    1e-5 relative / 1e-6 absolute; bf16 3e-2: every block's gradient rounds before it is summed).
+//  - Bytes (comm_stats): K/V blocks cp-1 times, their dK/dV cp times (round the ring and home).
+//  - The whole model (needs step 2): the context-parallel GPT (the given mappings, the grader's
+//    positions and rows) against the single-device GPT with the same seed and global batch, loss
+//    and every gradient after the all-reduce: fp32 1e-5 relative (the loss) and kAllReduceRtol /
+//    kAllReduceAtol (gradients); bf16 2e-3 of the loss and 3e-2 of the largest gradient (as labs
+//    07 and 10).
+// Planted: dK/dV that do not travel (each rank keeps what it computed for the blocks it saw and
+// its own block's gradient is only its own queries' share) fail the gradient check.
+#include <gtest/gtest.h>
+
+#include "common/data/sampler.hpp"
+#include "tests/11_context_parallel/cp_checks.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+constexpr int64_t kBH = 3, kC = 8, kHs = 16;
+
+struct Grads {
+  Tensor dq, dkv;
+  cptest::Mine want;
+  comm::CommStats did;
+};
+
+using Backward = std::function<void(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                    const Tensor&, const Tensor&, double, comm::Communicator&)>;
+
+Grads run(const Backward& backward, DType dt, comm::Communicator& cp) {
+  const int n = cp.size();
+  const cptest::Full full = cptest::full_attention(kBH, 2 * n * kC, kHs, dt, 2000 + n);
+  Grads g;
+  g.want = cptest::mine(full, n, cp.rank());
+  Tensor y = Tensor::empty(g.want.q.shape(), dt);
+  const Tensor lse = cptest::reference_ring_forward(y, g.want.q, g.want.kv, full.scale, cp);
+  g.dq = Tensor::empty(g.want.q.shape(), dt);
+  g.dkv = Tensor::empty(g.want.kv.shape(), dt);
+  cp.barrier();
+  const comm::CommStats before = comm::comm_stats();
+  backward(g.dq, g.dkv, g.want.dy, g.want.q, g.want.kv, y, lse, full.scale, cp);
+  g.did = comm::comm_stats() - before;
+  return g;
+}
+
+// Planted: no dK/dV travels; only this rank's queries' share of its own block's gradient.
+void local_dkv_only(Tensor& dq, Tensor& dkv, const Tensor& dy, const Tensor& q, const Tensor& kv,
+                    const Tensor& y, const Tensor& lse, double scale, comm::Communicator& cp) {
+  const int64_t BH = q.size(1), c = q.size(2), hs = q.size(3);
+  Tensor dq_b = Tensor::empty({BH, c, hs}, q.dtype()), dk_b = dq_b.clone(), dv_b = dq_b.clone();
+  ops::fill(dq, 0.0);
+  ops::fill(dkv, 0.0);
+  const auto lse_of = [&](int i) { return lse.view({2, BH * c}).rows(i, i + 1).view({BH, c}); };
+  for (const auto& [i, j, causal] : {std::tuple{0, 0, true}, {1, 0, false}, {1, 1, true}}) {
+    ops::flash_attention_backward(dq_b, dk_b, dv_b, lab11::chunk(dy, i), lab11::chunk(q, i),
+                                  lab11::chunk(lab11::kv_part(kv, 0), j),
+                                  lab11::chunk(lab11::kv_part(kv, 1), j), lab11::chunk(y, i),
+                                  lse_of(i), scale, causal);
+    Tensor dqi = lab11::chunk(dq, i), dkj = lab11::chunk(lab11::kv_part(dkv, 0), j),
+           dvj = lab11::chunk(lab11::kv_part(dkv, 1), j);
+    ops::add(dqi, dqi, dq_b), ops::add(dkj, dkj, dk_b), ops::add(dvj, dvj, dv_b);
+  }
+  (void)cp;
+}
+
+void gradients_match(DType dt) {
+  comm::Communicator cp = labtest::new_world();
+  const Grads g = run(lab11::ring_attention_backward, dt, cp);
+  EXPECT_TRUE(labtest::close_on_every_rank(g.dq, g.want.dq, cptest::rtol(dt), cptest::atol(dt)));
+  EXPECT_TRUE(labtest::close_on_every_rank(g.dkv, g.want.dkv, cptest::rtol(dt), cptest::atol(dt)));
+}
+
+// The whole model: loss and flat gradients of the context-parallel GPT and of the single device.
+void model_matches(DType dt) {
+  comm::Communicator cp = labtest::new_world();
+  const int n = cp.size();
+  ModelConfig config = labtest::test_model(2);
+  const int64_t T = 4 * config.block_size;  // a long context: 4 x tiny's block size
+  config.block_size = T;
+  const data::Sampler sampler(labtest::synthetic_corpus(7), 2, T, 99);
+  const data::Batch batch = sampler.batch(0);
+  const nn::GPTOptions options{.seed = 1234, .compute_dtype = dt, .flash_attention = true};
+
+  nn::GPT single(config, options);
+  const double single_loss = single.forward(batch.x, batch.y);
+  single.backward();
+
+  nn::GPT model(config, options);
+  model.set_mappings(lab11::make_cp_mappings(cp, cptest::zigzag_positions(T, n, cp.rank()),
+                                             lab11::Attention::ring, config.n_head));
+  const double loss = lab11::cp_forward_backward(
+      model, batch.x, batch.y, cp, [&](const Tensor& t) { return cptest::zigzag_rows(t, n, cp.rank()); });
+  const Tensor got = model.params().grads(), want = single.params().grads();
+  if (dt == DType::bf16) {
+    EXPECT_NEAR(loss, single_loss, 2e-3 * std::abs(single_loss));
+    const double big = labtest::max_abs(want);
+    EXPECT_TRUE(labtest::close_on_every_rank(got, want, 0, 3e-2 * big));
+  } else {
+    EXPECT_NEAR(loss, single_loss, 1e-5 * std::abs(single_loss));
+    EXPECT_TRUE(labtest::close_on_every_rank(got, want, labtest::kAllReduceRtol,
+                                             labtest::kAllReduceAtol));
+  }
+}
+
+}  // namespace
+
+TEST(Step3_Ring, GradientsEqualFullAttentionF32) { gradients_match(DType::f32); }
+TEST(Step3_Ring, GradientsEqualFullAttentionBf16) { gradients_match(DType::bf16); }
+
+TEST(Step3_Ring, SendsEachBlockAndItsGradient) {
+  comm::Communicator cp = labtest::new_world();
+  const Grads g = run(lab11::ring_attention_backward, DType::f32, cp);
+  const int n = cp.size();
+  const std::string p = cptest::sends_problem(g.did, 2 * n - 1, g.want.kv.nbytes());
+  EXPECT_EQ(p, "") << "ring backward: K/V blocks " << n - 1 << " times and dK/dV " << n << " times";
+}
+
+TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) { model_matches(DType::f32); }
+TEST(Step3_Model, LossAndGradientsEqualSingleDeviceBf16) { model_matches(DType::bf16); }
+
+TEST(Step3_PlantedFault, DkDvThatDoNotTravelFail) {
+  comm::Communicator cp = labtest::new_world();
+  const Grads g = run(local_dkv_only, DType::f32, cp);
+  EXPECT_FALSE(labtest::close_on_every_rank(g.dkv, g.want.dkv, 1e-5, 1e-6));
+}

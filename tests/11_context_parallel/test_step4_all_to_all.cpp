@@ -1,0 +1,156 @@
+// Lab 11 step 4 (optional): all-to-all attention (DeepSpeed-Ulysses), on cp = every rank (2, 4).
+//  - The attention alone: output and dq, dk, dv of this rank's zig-zag rows against the single
+//    device's flash attention (fp32 1e-5 relative / 1e-6 absolute: only copies around one flash
+//    call, so in practice exact; bf16 3e-2 as the ring's).
+//  - Bytes (comm_stats): by all-to-all alone, q, k, v in and y out in forward, dy in and dq, dk,
+//    dv out in backward: 4 x the bytes of this rank's q each way; no send, no all-gather.
+//  - The whole model: the context-parallel GPT with all-to-all attention against the single
+//    device (4 heads so that cp = 4 divides them), tolerances as step 3's.
+// Planted: an all-to-all attention that runs causal attention on the rows in the order they
+// arrive (rank by rank: zig-zag), not in sequence order, fails the output check.
+#include <gtest/gtest.h>
+
+#include "common/data/sampler.hpp"
+#include "tests/11_context_parallel/cp_checks.hpp"
+
+using namespace scalelab;
+
+namespace {
+
+constexpr int64_t kB = 2, kNH = 4, kC = 8, kHs = 16;
+
+struct Ulysses {
+  Tensor y, dq, dk, dv;      // what the attendee's code gave
+  Tensor want_y, want_dq, want_dk, want_dv;
+  comm::CommStats fwd, bwd;  // the traffic of each
+  std::size_t q_bytes = 0;
+};
+
+using Forward = std::function<Tensor(Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                                     double, comm::Communicator&, std::vector<Tensor>&)>;
+
+Ulysses run(DType dt, comm::Communicator& cp, const Forward& forward = lab11::all_to_all_attention_forward) {
+  const int n = cp.size(), r = cp.rank();
+  const cptest::Full full = cptest::full_attention(kB * kNH, 2 * n * kC, kHs, dt, 3000 + n);
+  Ulysses u;
+  const Tensor q = cptest::zigzag_rows(full.q, n, r), k = cptest::zigzag_rows(full.k, n, r),
+               v = cptest::zigzag_rows(full.v, n, r), dy = cptest::zigzag_rows(full.dy, n, r);
+  u.want_y = cptest::zigzag_rows(full.y, n, r);
+  u.want_dq = cptest::zigzag_rows(full.dq, n, r);
+  u.want_dk = cptest::zigzag_rows(full.dk, n, r);
+  u.want_dv = cptest::zigzag_rows(full.dv, n, r);
+  u.q_bytes = q.nbytes();
+  u.y = Tensor::empty(q.shape(), dt);
+  std::vector<Tensor> kept;
+  cp.barrier();
+  const comm::CommStats s0 = comm::comm_stats();
+  const Tensor lse = forward(u.y, q, k, v, kNH, full.scale, cp, kept);
+  const comm::CommStats s1 = comm::comm_stats();
+  u.fwd = s1 - s0;
+  u.dq = Tensor::empty(q.shape(), dt), u.dk = u.dq.clone(), u.dv = u.dq.clone();
+  lab11::all_to_all_attention_backward(u.dq, u.dk, u.dv, dy, lse, kept, kNH, full.scale, cp);
+  u.bwd = comm::comm_stats() - s1;
+  return u;
+}
+
+// Planted: the reference's steps, but causal attention over the rows in arrival order.
+Tensor arrival_order(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head,
+                     double scale, comm::Communicator& cp, std::vector<Tensor>& kept) {
+  const int n = cp.size();
+  const auto in = [&](const Tensor& mine) {
+    const Tensor out = lab11::heads_out(mine, n_head, n);
+    Tensor got = Tensor::empty(out.shape(), out.dtype());
+    cp.all_to_all(out, got);
+    // rank-major (cp, BH', T/cp, hs) -> (BH', T, hs) with the ranks' rows one after the other
+    const int64_t BH = got.size(1), w = got.size(2) * got.size(3);
+    Tensor seq = Tensor::empty({BH, n * got.size(2), got.size(3)}, got.dtype());
+    Tensor s = seq.view({1, BH, n * w});
+    ops::merge_heads(s, got.view({1, n, BH, w}));
+    return seq;
+  };
+  const Tensor qh = in(q), kh = in(k), vh = in(v);
+  Tensor yh = Tensor::empty(qh.shape(), qh.dtype());
+  Tensor lse = Tensor::empty({qh.size(0), qh.size(1)}, ops::flash_attention_lse_dtype(qh.dtype()));
+  ops::flash_attention_forward(yh, lse, qh, kh, vh, scale);
+  const Tensor back = lab11::to_zigzag_order(yh, n);  // only the way in is wrong
+  Tensor got = Tensor::empty(back.shape(), back.dtype());
+  cp.all_to_all(back, got);
+  y.copy_from(lab11::heads_in(got, n_head, n));
+  kept = {qh, kh, vh, yh};
+  return lse;
+}
+
+std::string bytes_problem(const comm::CommStats& did, std::size_t q_bytes, const char* what) {
+  const comm::CommCount a2a = comm::comm_total(did, "", "all_to_all");
+  const int64_t others = comm::comm_total(did).calls - a2a.calls;
+  if (a2a.calls == 4 && a2a.bytes == 4 * static_cast<int64_t>(q_bytes) && others == 0) return "";
+  return fmt::format("{}: {} all-to-alls of {} bytes in all and {} other operations; want 4 "
+                     "all-to-alls of this rank's q-sized tensors ({} bytes each) and nothing else",
+                     what, a2a.calls, a2a.bytes, others, q_bytes);
+}
+
+void attention_matches(DType dt) {
+  comm::Communicator cp = labtest::new_world();
+  const Ulysses u = run(dt, cp);
+  const double rt = cptest::rtol(dt), at = cptest::atol(dt);
+  EXPECT_TRUE(labtest::close_on_every_rank(u.y, u.want_y, rt, at));
+  EXPECT_TRUE(labtest::close_on_every_rank(u.dq, u.want_dq, rt, at));
+  EXPECT_TRUE(labtest::close_on_every_rank(u.dk, u.want_dk, rt, at));
+  EXPECT_TRUE(labtest::close_on_every_rank(u.dv, u.want_dv, rt, at));
+}
+
+void model_matches(DType dt) {
+  comm::Communicator cp = labtest::new_world();
+  const int n = cp.size();
+  ModelConfig config = labtest::test_model(2);
+  config.n_head = 4;  // divisible by cp = 2 and 4
+  const int64_t T = 4 * config.block_size;
+  config.block_size = T;
+  const data::Sampler sampler(labtest::synthetic_corpus(7), 2, T, 99);
+  const data::Batch batch = sampler.batch(0);
+  const nn::GPTOptions options{.seed = 1234, .compute_dtype = dt, .flash_attention = true};
+  nn::GPT single(config, options);
+  const double single_loss = single.forward(batch.x, batch.y);
+  single.backward();
+  nn::GPT model(config, options);
+  model.set_mappings(lab11::make_cp_mappings(cp, cptest::zigzag_positions(T, n, cp.rank()),
+                                             lab11::Attention::all_to_all, config.n_head));
+  const double loss = lab11::cp_forward_backward(
+      model, batch.x, batch.y, cp, [&](const Tensor& t) { return cptest::zigzag_rows(t, n, cp.rank()); });
+  const Tensor got = model.params().grads(), want = single.params().grads();
+  if (dt == DType::bf16) {
+    EXPECT_NEAR(loss, single_loss, 2e-3 * std::abs(single_loss));
+    EXPECT_TRUE(labtest::close_on_every_rank(got, want, 0, 3e-2 * labtest::max_abs(want)));
+  } else {
+    EXPECT_NEAR(loss, single_loss, 1e-5 * std::abs(single_loss));
+    EXPECT_TRUE(labtest::close_on_every_rank(got, want, labtest::kAllReduceRtol,
+                                             labtest::kAllReduceAtol));
+  }
+}
+
+}  // namespace
+
+TEST(Step4_AllToAll, EqualsFullAttentionF32) { attention_matches(DType::f32); }
+TEST(Step4_AllToAll, EqualsFullAttentionBf16) { attention_matches(DType::bf16); }
+
+TEST(Step4_AllToAll, FourAllToAllsEachWay) {
+  comm::Communicator cp = labtest::new_world();
+  const Ulysses u = run(DType::f32, cp);
+  EXPECT_EQ(bytes_problem(u.fwd, u.q_bytes, "forward"), "");
+  EXPECT_EQ(bytes_problem(u.bwd, u.q_bytes, "backward"), "");
+}
+
+TEST(Step4_Model, LossAndGradientsEqualSingleDeviceF32) { model_matches(DType::f32); }
+TEST(Step4_Model, LossAndGradientsEqualSingleDeviceBf16) { model_matches(DType::bf16); }
+
+TEST(Step4_PlantedFault, RowsInArrivalOrderFail) {
+  comm::Communicator cp = labtest::new_world();
+  const int n = cp.size();
+  const cptest::Full full = cptest::full_attention(kB * kNH, 2 * n * kC, kHs, DType::f32, 3000 + n);
+  const Tensor q = cptest::zigzag_rows(full.q, n, cp.rank()), k = cptest::zigzag_rows(full.k, n, cp.rank()),
+               v = cptest::zigzag_rows(full.v, n, cp.rank());
+  Tensor y = Tensor::empty(q.shape());
+  std::vector<Tensor> kept;
+  arrival_order(y, q, k, v, kNH, full.scale, cp, kept);
+  EXPECT_FALSE(labtest::close_on_every_rank(y, cptest::zigzag_rows(full.y, n, cp.rank()), 1e-5, 1e-6));
+}
