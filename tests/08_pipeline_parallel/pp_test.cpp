@@ -224,7 +224,8 @@ Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn:
     return -1;
   };
   const auto name = [&](const char* op, int mb, int chunk) {
-    return v > 1 ? fmt::format("{}{}.{}", op, mb, chunk) : fmt::format("{}{}", op, mb);
+    // as lab08::to_string writes an action: "F3", and "F3.1" for chunks other than 0
+    return chunk > 0 ? fmt::format("{}{}.{}", op, mb, chunk) : fmt::format("{}{}", op, mb);
   };
   for (const exec_log::Event& ev : log) {
     if (ev.object != nullptr) {  // a model piece
