@@ -34,7 +34,7 @@ TrafficBudget& TrafficBudget::expect(const comm::Communicator& group, const std:
   else
     row.calls += calls;
   row.bytes += bytes;
-  if (calls == 0 && bytes == 0) rows_.erase(key);  // "none of these": the same as no row
+  if (row.calls == 0 && row.bytes == 0) rows_.erase(key);  // "none of these": as no row at all
   return *this;
 }
 
