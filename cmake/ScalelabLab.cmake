@@ -168,3 +168,58 @@ function(scalelab_add_lab_gpu_tests nn)
                           LABELS gpu reference lab${nn} ARGS --gtest_filter=Gpu_*)
   endforeach()
 endfunction()
+
+# scalelab_add_planted_submissions(<NN> PLANTS <file.plant> TESTS <test sources...>
+#                                  CASES "<cheat>:<step>:<ranks>:<regex>" ...)
+# Planted submissions: a copy of the lab's reference (solutions/NN_name/<name>.cpp) with the
+# cheats of PLANTS planted (cmake/plant_file.cmake: each switched on at run time by
+# SCALELAB_PLANT=<cheat>), linked with the lab's GIVEN files and graders TESTS (the step files the
+# cheats concern) into test_labNN_planted. Each CASE is one ctest entry
+# labNN.planted.<cheat>.np<ranks> (labels reference, labNN): the step's graders run on the
+# planted submission, as the grader runs them on an attendee's, and must FAIL (exit 1) with a
+# verdict line matching <regex>: the class of cheat the step stops, shown stopped.
+function(scalelab_add_planted_submissions nn)
+  cmake_parse_arguments(P "" "PLANTS" "TESTS;CASES" ${ARGN})
+  if(NOT SCALELAB_BUILD_TESTS)
+    return()
+  endif()
+  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
+  get_target_property(impl_sources lab${nn}_${name}_solution_impl SOURCES)
+  set(reference ${PROJECT_SOURCE_DIR}/solutions/${nn}_${name}/${name}.cpp)
+  set(planted ${CMAKE_CURRENT_BINARY_DIR}/planted_submissions_lab${nn}/${name}.cpp)
+  add_custom_command(OUTPUT ${planted}
+                     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/planted_submissions_lab${nn}
+                     COMMAND ${CMAKE_COMMAND} -DIN=${reference} -DOUT=${planted} -DPLANTS=${P_PLANTS}
+                             -P ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
+                     DEPENDS ${reference} ${P_PLANTS} ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
+                     COMMENT "planting lab ${nn}'s cheats into a copy of its reference" VERBATIM)
+  list(TRANSFORM impl_sources REPLACE "^${reference}$" "${planted}")
+  add_library(lab${nn}_planted_submission_impl STATIC ${impl_sources})
+  get_target_property(impl_libs lab${nn}_${name}_solution_impl LINK_LIBRARIES)
+  target_include_directories(lab${nn}_planted_submission_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/${nn}_${name})
+  target_link_libraries(lab${nn}_planted_submission_impl PUBLIC ${impl_libs})
+  add_executable(test_lab${nn}_planted ${P_TESTS})
+  target_link_libraries(test_lab${nn}_planted PRIVATE lab${nn}_planted_submission_impl scalelab::lab_testing
+                        scalelab::test_main)
+  add_dependencies(reference test_lab${nn}_planted)
+  foreach(case IN LISTS P_CASES)
+    if(NOT case MATCHES "^([a-z0-9_]+):([0-9]+):([0-9]+):(.+)$")
+      message(FATAL_ERROR "lab ${nn}: planted case '${case}' is not <cheat>:<step>:<ranks>:<regex>")
+    endif()
+    set(cheat ${CMAKE_MATCH_1})
+    set(step ${CMAKE_MATCH_2})
+    set(ranks ${CMAKE_MATCH_3})
+    set(regex "${CMAKE_MATCH_4}")
+    set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
+        $<TARGET_FILE:test_lab${nn}_planted> ${MPIEXEC_POSTFLAGS} --gtest_filter=Step${step}*)
+    list(JOIN cmd "|" cmd)
+    set(test lab${nn}.planted.${cheat}.np${ranks})
+    add_test(NAME ${test}
+             COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=1
+                     "-DEXPECT_REGEX=\\[scalelab\\] verdict: failed: ${regex}" -DMAX_SECONDS=60
+                     -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+    set_tests_properties(${test} PROPERTIES PROCESSORS ${ranks} TIMEOUT 90
+                         LABELS "reference;lab${nn}"
+                         ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=${cheat}")
+  endforeach()
+endfunction()

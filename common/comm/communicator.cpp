@@ -10,6 +10,7 @@
 
 #include "common/comm/op.hpp"
 #include "common/errors.hpp"
+#include "common/exec_log.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
 #include "common/watchdog.hpp"
@@ -258,7 +259,16 @@ Work Communicator::submit(std::shared_ptr<Op> op) const {
   if (trace::enabled()) op->trace_begin_us = trace::now_us();
   // Communication accounting: every operation the user submits, here and nowhere else (split is
   // structural, not traffic).
-  if (op->kind != OpKind::split) detail::count_op(s.name, op->kind, op->bytes);
+  if (op->kind != OpKind::split) {
+    const bool reduction = op->kind == OpKind::all_reduce || op->kind == OpKind::reduce ||
+                           op->kind == OpKind::reduce_scatter;
+    const bool rooted = op->kind == OpKind::reduce || op->kind == OpKind::broadcast ||
+                        op->kind == OpKind::scatter || op->kind == OpKind::gather;
+    const int peer = p2p ? s.world_ranks[op->peer] : rooted ? s.world_ranks[op->root] : -1;
+    detail::count_op(s.name, s.world_ranks, op->kind, reduction ? reduce_op_name(op->reduce) : "",
+                     peer, op->bytes);
+    exec_log::record_comm(detail::op_kind_name(op->kind), s.name, peer, op->tag, op->bytes);
+  }
   target->submit(op);
   return Work(op);
 }

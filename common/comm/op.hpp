@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <mpi.h>
 
@@ -72,9 +73,12 @@ class Backend {
   virtual void submit(std::shared_ptr<Op> op) = 0;
 };
 
-/// Adds one call of `kind` with `bytes` of payload to this process's counters (stats.cpp).
-/// Called by Communicator::submit only, on the submitting thread: the one place ops are counted.
-void count_op(const std::string& group, OpKind kind, std::size_t bytes);
+/// Adds one call of `kind` with `bytes` of payload to this process's counters and ledger
+/// (stats.cpp): on `group` (its name, its members as world ranks), with reduction `reduce` ("" for
+/// none) and `peer` (world rank of the destination, source or root; -1 for none). Called by
+/// Communicator::submit only, on the submitting thread: the one place ops are counted.
+void count_op(const std::string& group, const std::vector<int>& members, OpKind kind,
+              const char* reduce, int peer, std::size_t bytes);
 
 // Backend factories (backend_mpi.cpp, backend_self.cpp, backend_nccl*.cpp).
 /// Takes ownership of `comm` (a duplicate made for this communicator).

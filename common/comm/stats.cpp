@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/comm/op.hpp"
 
@@ -16,16 +17,20 @@ namespace {
 
 std::mutex g_mutex;
 CommStats g_stats;
+Traffic g_traffic;
 
 }  // namespace
 
 namespace detail {
 
-void count_op(const std::string& group, OpKind kind, std::size_t bytes) {
+void count_op(const std::string& group, const std::vector<int>& members, OpKind kind,
+              const char* reduce, int peer, std::size_t bytes) {
   std::lock_guard lock(g_mutex);
-  CommCount& c = g_stats[CommKey{group, op_kind_name(kind)}];
-  c.calls += 1;
-  c.bytes += static_cast<std::int64_t>(bytes);
+  for (CommCount* c : {&g_stats[CommKey{group, op_kind_name(kind)}],
+                       &g_traffic[TrafficKey{group, members, op_kind_name(kind), reduce, peer}]}) {
+    c->calls += 1;
+    c->bytes += static_cast<std::int64_t>(bytes);
+  }
 }
 
 }  // namespace detail
@@ -38,10 +43,18 @@ CommStats comm_stats() {
 void reset_comm_stats() {
   std::lock_guard lock(g_mutex);
   g_stats.clear();
+  g_traffic.clear();
 }
 
-CommStats operator-(const CommStats& after, const CommStats& before) {
-  CommStats diff;
+Traffic traffic() {
+  std::lock_guard lock(g_mutex);
+  return g_traffic;
+}
+
+namespace {
+template <class Map>
+Map difference(const Map& after, const Map& before) {
+  Map diff;
   for (const auto& [key, count] : after) {
     CommCount d = count;
     auto it = before.find(key);
@@ -52,6 +65,22 @@ CommStats operator-(const CommStats& after, const CommStats& before) {
     if (d.calls != 0) diff[key] = d;
   }
   return diff;
+}
+}  // namespace
+
+Traffic operator-(const Traffic& after, const Traffic& before) { return difference(after, before); }
+
+std::string traffic_key_str(const TrafficKey& k) {
+  std::string s = k.op;
+  if (!k.reduce.empty()) s += "(" + k.reduce + ")";
+  if (k.op == "send") s += fmt::format(" to world rank {}", k.peer);
+  else if (k.op == "recv") s += fmt::format(" from world rank {}", k.peer);
+  else if (k.peer >= 0) s += fmt::format(" root world rank {}", k.peer);
+  return s + fmt::format(" on {} [{}]", k.group, fmt::join(k.members, " "));
+}
+
+CommStats operator-(const CommStats& after, const CommStats& before) {
+  return difference(after, before);
 }
 
 CommCount comm_total(const CommStats& stats, const std::string& group, const std::string& op) {

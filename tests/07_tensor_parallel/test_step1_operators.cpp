@@ -1,8 +1,9 @@
 // Lab 07 step 1: the conjugate operators f and g. Graded on integer-valued float64 tensors, so
 // every sum is exact (no tolerance): rank r contributes (r + 1) * (i + 1) at element i, and the
 // sum over tp ranks is (i + 1) * tp (tp + 1) / 2. The byte counters check what is sent: f's
-// forward and g's backward send nothing; f's backward and g's forward one all-reduce of the
-// tensor (also with one rank, as the contract says).
+// forward and g's backward send nothing; f's backward and g's forward one SUM all-reduce of the
+// tensor on the tp group (also with one rank, as the contract says), and nothing on any other
+// communicator (the library's traffic ledger, tests/support/traffic_budget.hpp).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -71,4 +72,24 @@ TEST(Step1_PlantedFault, FBackwardWithoutAllReduceIsCaught) {
 TEST(Step1_PlantedFault, AllReduceInFForwardIsCaught) {
   const Op reduces = [](Tensor& t, comm::Communicator& c) { c.all_reduce(t); };
   EXPECT_FALSE(is_identity(reduces)) << "the check of FForwardIsTheIdentity must fail";
+}
+
+// The sum made on a private communicator (a split of the tp group under a name of its own: an
+// all-gather and a local sum), behind a max all-reduce of the now equal tensors on the tp group:
+// right numbers, and the tp group shows "one all-reduce of the tensor" as the byte counters'
+// (group, op) totals used to. The traffic ledger sees the max and the private all-gather.
+TEST(Step1_PlantedFault, SumOnAPrivateCommunicatorBehindAMaxAllReduceIsCaught) {
+  const Op hidden = [](Tensor& t, comm::Communicator& c) {
+    comm::Communicator mine = c.split(0, c.rank(), "private");
+    Tensor all = Tensor::empty({c.size() * t.numel()}, t.dtype());
+    mine.all_gather(t.view({t.numel()}), all);
+    Tensor flat = t.view({t.numel()});
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      double sum = 0;
+      for (int r = 0; r < c.size(); ++r) sum += all.item(r * t.numel() + i);
+      flat.data<double>()[i] = sum;
+    }
+    c.all_reduce(t, comm::ReduceOp::max);  // equal on every rank: changes nothing
+  };
+  EXPECT_FALSE(sums_over_ranks(hidden)) << "the check of FBackwardSums... must fail";
 }

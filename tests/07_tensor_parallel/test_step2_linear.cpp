@@ -4,8 +4,11 @@
 //  - what each rank HOLDS: the weight's local shape (out/tp, in) or (out, in/tp);
 //  - what it COMPUTES: its output features (column) or the whole output (row), dx, dW, db, within
 //    kRel = 1e-12 of the largest value (the sharded GEMM and the all-reduce sum in another order);
-//  - what it SENDS (byte counters): column: nothing forward, one all-reduce of dx (N x in)
-//    backward; row: one all-reduce of y (N x out) forward, nothing backward.
+//  - what it SENDS (the library's traffic ledger, every communicator): column: nothing forward,
+//    one sum all-reduce of dx (N x in) backward; row: one sum all-reduce of y (N x out) forward,
+//    nothing backward;
+//  - what it WORKS (the tensor ops' counters): exactly 1/tp of the single-device layer's GEMM
+//    FLOPs each way.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -76,11 +79,16 @@ struct Whole {
   nn::ParameterSet set;
   Tensor x = random_tensor({kB, kT, kIn}, 11), dy = random_tensor({kB, kT, kOut}, 12);
   Tensor y = Tensor::empty({kB, kT, kOut}, DType::f64), dx = Tensor::zeros({kB, kT, kIn}, DType::f64);
+  ops::WorkCount forward_work, backward_work;  // the single device's (tensor ops' counters)
   Whole() {
     set.bind(layer.parameters(), DType::f64, Device::cpu(), 5);
     set.values().copy_from(random_tensor({set.numel()}, 13));
+    const ops::WorkCount start = ops::work_stats();
     layer.forward(y, x);
+    const ops::WorkCount mid = ops::work_stats();
     layer.backward(dx, dy, x);
+    forward_work = mid - start;
+    backward_work = ops::work_stats() - mid;
   }
 };
 
@@ -114,6 +122,7 @@ struct Part {
   const Traffic fwd = traffic_of([&] { y = impl.forward(part.layer, whole.x, group()); });
   Verdict v;
   v(only_all_reduces(fwd, 0, 0), " (column-parallel forward)");
+  v(a_share_of_the_work(fwd, whole.forward_work, tp), " (column-parallel forward)");
   if (!on_every_rank(y.shape() == std::vector<int64_t>{kB, kT, n}))
     return ::testing::AssertionFailure() << "y_local is " << y.str() << ", want (2, 3, " << n
                                          << ") (on every rank)";
@@ -124,6 +133,7 @@ struct Part {
   const Traffic bwd =
       traffic_of([&] { dx = impl.backward(part.layer, dy_local, whole.x, group()); });
   v(only_all_reduces(bwd, 1, kN * kIn * 8), " (column-parallel backward: f's all-reduce of dx)");
+  v(a_share_of_the_work(bwd, whole.backward_work, tp), " (column-parallel backward)");
   v(near(dx, whole.dx), " (dx, the whole input gradient)");
   v(near(part.layer.weight.grad, cut(whole.layer.weight.grad, shard)), " (dW rows)");
   v(near(part.layer.bias.grad, cut(whole.layer.bias.grad, shard)), " (db)");
@@ -147,11 +157,13 @@ struct Part {
   const Traffic fwd = traffic_of([&] { y = impl.forward(part.layer, x_local, group()); });
   Verdict v;
   v(only_all_reduces(fwd, 1, kN * kOut * 8), " (row-parallel forward: g's all-reduce of y)");
+  v(a_share_of_the_work(fwd, whole.forward_work, tp), " (row-parallel forward)");
   v(near(y, whole.y), " (y: the bias must count once)");
   Tensor dx;
   const Traffic bwd =
       traffic_of([&] { dx = impl.backward(part.layer, whole.dy, x_local, group()); });
   v(only_all_reduces(bwd, 0, 0), " (row-parallel backward)");
+  v(a_share_of_the_work(bwd, whole.backward_work, tp), " (row-parallel backward)");
   v(near(dx, cut(whole.dx.view({kN, kIn}), nn::Shard{1, {{lo, lo + n}}})),
     fmt::format(" (dx_local: input features [{}, {}))", lo, lo + n));
   v(near(part.layer.weight.grad, cut(whole.layer.weight.grad, shard)), " (dW columns)");

@@ -2,8 +2,10 @@
 //  - embedding: bitwise the single-device lookup (each row comes from one rank, the others add
 //    exact zeros); gradients within kRel; one all-reduce of B*T*C forward, nothing backward;
 //  - cross-entropy: loss, probabilities and dlogits within kRel (the softmax's sums run in
-//    another order); exactly three all-reduces of N numbers and nothing else; besides its input,
-//    it allocates O(N) (the allocator's peak), never the (N, V) logits;
+//    another order); exactly three all-reduces of N numbers (a max, two sums) on the tp group
+//    and nothing else on any communicator; besides its input, it allocates O(N) (the
+//    allocator's peak) and the process heap grows by O(N) (a counting malloc: std::vector,
+//    new[], statics), never the (N, V) logits;
 //  - the GPT of make_tp_gpt (tied head on the vocabulary shard) follows the single-device GPT over 5 AdamW
 //    steps within kAdamRel = 1e-9; its head holds (B*T, V/tp) probabilities, and its peak
 //    memory during the head stays below the size of the full logits (tp >= 2).
@@ -17,6 +19,7 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
+#include "tests/support/heap.hpp"
 #include "tp_test_support.hpp"
 
 using namespace scalelab;
@@ -25,6 +28,11 @@ using namespace lab07test;
 namespace {
 
 constexpr int64_t kV = 256, kC = 8, kB = 3, kT = 5, kN = kB * kT;
+// What the heap may grow by besides a step's tensors: the communicator's records of its
+// operations and the matching check's buffers (measured: 1.8 to 2.6 KiB for the cross-entropy's
+// three all-reduces, 1.8 to 2.4 KiB over the head's tensors, on 1, 2 and 4 ranks). Below this
+// rank's (N, V/tp) logits even at tp 4 (7680 bytes) and far below the full (N, V) (30720).
+constexpr std::size_t kHeapSlack = 6144;
 
 using CrossEntropy =
     std::function<double(Tensor& logits, const Tensor& targets, int64_t lo, comm::Communicator&)>;
@@ -33,6 +41,7 @@ struct CEResult {
   double loss = 0;
   Tensor probs;
   std::size_t extra_peak = 0;  // allocator bytes above the start, during the call
+  labtest::HeapGrowth heap;    // the whole heap (std::vector, new[], statics, Tensors)
   Traffic moved;
 };
 
@@ -43,7 +52,8 @@ CEResult run_ce(const CrossEntropy& ce, const Tensor& full, const Tensor& target
   r.probs = columns(full, lo, lo + n);
   reset_peak_memory(Device::cpu());
   const std::size_t start = memory_stats(Device::cpu()).current;
-  r.moved = traffic_of([&] { r.loss = ce(r.probs, targets, lo, group()); });
+  r.heap = labtest::heap_growth_of(
+      [&] { r.moved = traffic_of([&] { r.loss = ce(r.probs, targets, lo, group()); }); });
   r.extra_peak = memory_stats(Device::cpu()).peak - start;
   return r;
 }
@@ -57,13 +67,24 @@ Tensor ce_targets() { return random_tokens(kN, 1, kV, 42).view({kN}); }
   ops::cross_entropy_forward(losses, probs, full, targets);
   const double want = ops::sum(losses) / kN;
   const CEResult r = run_ce(ce, full, targets);
-  if (auto ok = only_all_reduces(r.moved, 3, 3 * kN * 8); !ok)
-    return ok << " (the max, the target logit, the sum of exponentials: N numbers each)";
+  if (auto ok = exactly(r.moved, labtest::TrafficBudget{}
+                                     .all_reduce(group(), 1, kN * 8, comm::ReduceOp::max)
+                                     .all_reduce(group(), 2, 2 * kN * 8));
+      !ok)
+    return ok << " (a max all-reduce of the rows' maxima, sum all-reduces of the target logits and of the sums of exponentials: N numbers each)";
   const std::size_t budget = 4 * kN * 8;
   if (r.extra_peak > budget)
     return ::testing::AssertionFailure()
            << "the cross-entropy allocated " << r.extra_peak << " bytes at its peak; O(N) = "
            << budget << " allowed, the full logits are " << kN * kV * 8;
+  // However held (a std::vector, new[], a static): the heap may grow by the O(N) vectors and the
+  // communicator's bookkeeping (kHeapSlack), never by a copy of the logits.
+  if (r.heap.peak > static_cast<int64_t>(budget + kHeapSlack))
+    return ::testing::AssertionFailure()
+           << "the process heap grew by " << r.heap.peak << " bytes at its peak during the "
+           << "cross-entropy (counting malloc: std::vector, new[] and statics too); O(N) = "
+           << budget << " + " << kHeapSlack << " of bookkeeping allowed, this rank's logits are "
+           << kN * kV / size() * 8 << " bytes";
   if (auto ok = near({r.loss}, {want}); !ok) return ok << " (mean loss)";
   const int64_t n = kV / size(), lo = rank() * n;
   if (auto ok = near(r.probs, cut(probs, nn::Shard{1, {{lo, lo + n}}})); !ok)
@@ -176,16 +197,21 @@ TEST(Step4_GPT, TheFullLogitsNeverExistOnOneRank) {
   const Tensor h = model.forward_blocks(model.embed(x, acts), acts);
   reset_peak_memory(Device::cpu());
   const std::size_t start = memory_stats(Device::cpu()).current;
-  model.head_forward(h, y, acts);
+  const labtest::HeapGrowth heap = labtest::heap_growth_of([&] { model.head_forward(h, y, acts); });
   const std::size_t peak = memory_stats(Device::cpu()).peak - start;
   EXPECT_EQ(acts.head.probs.shape(), (std::vector<int64_t>{BT, c.vocab_size / size()}));
   // the head's own tensors: lnf (B*T*C), its statistics (2 B*T), probs (B*T*V/tp); the
   // cross-entropy's three B*T vectors
   const std::size_t want = (BT * c.n_embd + 2 * BT + BT * c.vocab_size / size() + 3 * BT) * 4;
   EXPECT_LE(peak, want) << "the head's peak: ln_f's output, (B*T, V/tp) and O(B*T) besides";
-  if (size() > 1)
+  if (size() > 1) {
     EXPECT_LT(peak, static_cast<std::size_t>(BT * c.vocab_size * 4))
         << "below the full (B*T, V) logits";
+    // the whole heap, however held: the head's tensors and bookkeeping, never the full logits
+    EXPECT_LE(heap.peak, static_cast<int64_t>(want + kHeapSlack))
+        << "the heap grew by " << heap.peak << " bytes during the head (std::vector, new[], "
+        << "statics and Tensors): more than its tensors and " << kHeapSlack << " of bookkeeping";
+  }
 }
 
 TEST(Step4_Usage, TpNotDividingTheVocabularyIsAUsageError) {
@@ -257,5 +283,22 @@ TEST(Step4_PlantedFault, GatheredLogitsAreCaught) {
     for (int64_t i = 0; i < N; ++i)
       for (int64_t v = 0; v < Vl; ++v) z.data<double>()[i * Vl + v] = probs.data<double>()[i * V + lo + v];
     return ops::sum(losses) / N;
+  })) << "the check of Step4_CrossEntropy must fail";
+}
+
+// The right technique's three all-reduces, but the softmax computed through a full-size
+// (N, V) std::vector (a static: it outlives the call): right numbers, right traffic, and the
+// allocator sees nothing. The counting malloc does.
+TEST(Step4_PlantedFault, FullLogitsInAStdVectorAreCaught) {
+  EXPECT_FALSE(check_ce([](Tensor& z, const Tensor& t, int64_t lo, comm::Communicator& c) {
+    static std::vector<double> full;
+    full.assign(static_cast<std::size_t>(z.size(0) * z.size(1) * c.size()), 0.0);
+    const int64_t Vl = z.size(1), V = Vl * c.size();
+    for (int64_t i = 0; i < z.size(0); ++i)
+      for (int64_t v = 0; v < Vl; ++v) full[i * V + lo + v] = z.data<double>()[i * Vl + v];
+    const double loss = planted_base(z, t, lo, c, true);
+    full.clear();
+    full.shrink_to_fit();
+    return loss;
   })) << "the check of Step4_CrossEntropy must fail";
 }

@@ -26,6 +26,7 @@
 #include "common/tensor.hpp"
 #include "tensor_parallel.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 namespace lab07test {
 
@@ -136,23 +137,22 @@ struct Verdict {
   explicit operator bool() const { return static_cast<bool>(first); }
 };
 
-/// What a call submitted on the tp group: calls and payload bytes per op.
-/// What a call sent (the byte counters) and computed (the tensor ops' work counters) on this
-/// rank: a rank that computes the whole layer gives the right numbers too, not the right work.
+/// What a call sent (the library's ledger: every communicator, every op, its reduction) and
+/// computed (the tensor ops' work counters) on this rank: a rank that computes the whole layer
+/// gives the right numbers too, not the right work; an all-reduce on a communicator of its own,
+/// or a max where the technique sums, gives the right bytes on the tp group, not the right
+/// traffic.
 struct Traffic {
-  comm::CommStats stats;
+  comm::Traffic moved;
   ops::WorkCount work;
-  comm::CommCount all() const { return comm::comm_total(stats, group().name()); }
-  comm::CommCount op(const std::string& name) const {
-    return comm::comm_total(stats, group().name(), name);
-  }
-  std::string str() const { return comm::format_comm_stats(stats); }
+  std::string str() const { return labtest::traffic_str(moved); }
 };
 inline Traffic traffic_of(const std::function<void()>& fn) {
-  const comm::CommStats before = comm::comm_stats();
   const ops::WorkCount work_before = ops::work_stats();
-  fn();
-  return Traffic{comm::comm_stats() - before, ops::work_stats() - work_before};
+  Traffic t;
+  t.moved = labtest::traffic_of(fn);
+  t.work = ops::work_stats() - work_before;
+  return t;
 }
 
 /// This rank did exactly 1/tp of `whole`'s GEMM FLOPs (the shards divide evenly).
@@ -164,15 +164,16 @@ inline ::testing::AssertionResult a_share_of_the_work(const Traffic& t,
          << " of the single device's " << whole.matmul_flops << " (the tensor ops' counters)";
 }
 
-/// Exactly `calls` all-reduces of `bytes` in total, and nothing else on the tp group.
+/// Exactly `budget` on every communicator (tests/support/traffic_budget.hpp), this rank named.
+inline ::testing::AssertionResult exactly(const Traffic& t, const labtest::TrafficBudget& budget) {
+  return labtest::exact_traffic(t.moved, budget);
+}
+
+/// Exactly `calls` sum all-reduces of `bytes` in total on the tp group, and nothing else on any
+/// communicator.
 inline ::testing::AssertionResult only_all_reduces(const Traffic& t, int64_t calls,
                                                    int64_t bytes) {
-  const comm::CommCount ar = t.op("all_reduce"), all = t.all();
-  if (ar.calls == calls && ar.bytes == bytes && all.calls == calls && all.bytes == bytes)
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "want exactly " << calls << " all-reduce(s) of " << bytes
-                                       << " bytes in total and nothing else; the counters say:\n"
-                                       << t.str();
+  return exactly(t, labtest::TrafficBudget{}.all_reduce(group(), calls, bytes));
 }
 
 /// Mixed precision: three steps (forward, backward; AdamW) of make_tp_gpt's model with a bf16 compute copy

@@ -2,6 +2,7 @@
 #include "pp_test.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/allocator.hpp"
 #include "common/ops/ops.hpp"
@@ -96,12 +97,7 @@ testing::AssertionResult grads_match(const std::vector<nn::GPT*>& pieces, nn::GP
 }
 
 testing::AssertionResult on_every_rank(const testing::AssertionResult& ok) {
-  const bool all = train::on_every_rank(static_cast<bool>(ok), labtest::world());
-  if (all) return testing::AssertionSuccess();
-  if (!ok)
-    return testing::AssertionFailure() << "rank " << labtest::world().rank() << ": "
-                                       << ok.message();
-  return testing::AssertionFailure() << "failed on another rank";
+  return labtest::on_every_rank(ok);  // every rank reports the failing ranks' own causes
 }
 
 double local_pipeline(const std::vector<nn::GPT*>& stages, const std::vector<data::Batch>& micro,
@@ -212,6 +208,72 @@ std::size_t one_micro_batch_bytes(nn::GPT& g, const data::Batch& micro) {
   Tensor y = g.forward_blocks(x, acts);
   if (g.has_head()) g.head_forward(y, micro.y, acts);
   return acts.nbytes();
+}
+
+Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn::GPT*>& chunks,
+                  const comm::Communicator& pp, int64_t message_bytes) {
+  Executed e;
+  const int v = static_cast<int>(chunks.size()), p = pp.size(), s = pp.rank();
+  const int next = s + 1 < p ? pp.world_ranks()[s + 1] : -1, prev = s > 0 ? pp.world_ranks()[s - 1] : -1;
+  std::vector<int> forwards(v, 0), backwards(v, 0);
+  int in_flight = 0, sA = 0, rA = 0, sG = 0, rG = 0;
+  std::vector<std::string> compute, actions;
+  const auto chunk_of = [&](const void* object) {
+    for (int c = 0; c < v; ++c)
+      if (chunks[c] == object) return c;
+    return -1;
+  };
+  const auto name = [&](const char* op, int mb, int chunk) {
+    // as lab08::to_string writes an action: "F3", and "F3.1" for chunks other than 0
+    return chunk > 0 ? fmt::format("{}{}.{}", op, mb, chunk) : fmt::format("{}{}", op, mb);
+  };
+  for (const exec_log::Event& ev : log) {
+    if (ev.object != nullptr) {  // a model piece
+      const int c = chunk_of(ev.object);
+      if (c < 0) {
+        ++e.stray_calls;
+        continue;
+      }
+      if (ev.what == "forward_blocks") {
+        compute.push_back(name("F", forwards[c]++, c));
+        actions.push_back(compute.back());
+        e.max_in_flight = std::max(e.max_in_flight, ++in_flight);
+      } else if (ev.what == "backward_blocks") {
+        compute.push_back(name("B", backwards[c]++, c));
+        actions.push_back(compute.back());
+        --in_flight;
+      }
+      continue;
+    }
+    if (v != 1 || ev.group != pp.name() || ev.bytes != message_bytes) continue;
+    if (ev.what == "send" && ev.peer == next && next >= 0) actions.push_back(fmt::format("sA{}", sA++));
+    else if (ev.what == "recv" && ev.peer == prev && prev >= 0) actions.push_back(fmt::format("rA{}", rA++));
+    else if (ev.what == "recv" && ev.peer == next && next >= 0) actions.push_back(fmt::format("rG{}", rG++));
+    else if (ev.what == "send" && ev.peer == prev && prev >= 0) actions.push_back(fmt::format("sG{}", sG++));
+    else actions.push_back(fmt::format("{}?{}", ev.what, ev.peer));  // a message to nobody's neighbour
+  }
+  e.compute = fmt::format("{}", fmt::join(compute, " "));
+  e.actions = fmt::format("{}", fmt::join(actions, " "));
+  return e;
+}
+
+testing::AssertionResult ran(const Executed& e, const lab08::Schedule& schedule, bool with_messages) {
+  const int rank = labtest::world().rank();
+  if (e.stray_calls > 0)
+    return testing::AssertionFailure() << "rank " << rank << ": " << e.stray_calls
+                                       << " forward/backward call(s) on a model that is not one "
+                                          "of the stage's pieces (the library's execution log)";
+  if (e.compute != lab08::compute_order(schedule))
+    return testing::AssertionFailure()
+           << "rank " << rank << " executed (the library's log of forward_blocks / "
+           << "backward_blocks calls):\n  " << e.compute << "\nits schedule says:\n  "
+           << lab08::compute_order(schedule);
+  if (with_messages && e.actions != lab08::to_string(schedule))
+    return testing::AssertionFailure()
+           << "rank " << rank << " executed (the library's log of piece calls and "
+           << "send/recv):\n  " << e.actions << "\nits schedule says:\n  "
+           << lab08::to_string(schedule);
+  return testing::AssertionSuccess();
 }
 
 }  // namespace scalelab::pptest

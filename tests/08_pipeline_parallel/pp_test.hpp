@@ -18,7 +18,9 @@
 
 #include <gtest/gtest.h>
 
+#include "common/comm/communicator.hpp"
 #include "common/data/sampler.hpp"
+#include "common/exec_log.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/train/equivalence.hpp"
 #include "schedule.hpp"
@@ -57,7 +59,8 @@ lab08::Schedule test_schedule(bool afab, int p, int m, int stage, int extra_warm
 testing::AssertionResult grads_match(const std::vector<nn::GPT*>& pieces, nn::GPT& reference,
                                      bool bitwise_except_tied = false);
 
-/// `ok` on every rank of the world (collective); the message of this rank's failure, if any.
+/// `ok` on every rank of the world (collective); the failing ranks' own messages, on every rank
+/// (labtest::on_every_rank).
 testing::AssertionResult on_every_rank(const testing::AssertionResult& ok);
 
 /// A pipeline in one process: stages[s] is stage s's model; AFAB order, every micro-batch through
@@ -78,5 +81,30 @@ std::size_t local_stage_peak(nn::GPT& stage_model, const lab08::Schedule& schedu
 
 /// Bytes of one micro-batch's activations on this stage (a GPTActivations after one forward).
 std::size_t one_micro_batch_bytes(nn::GPT& stage_model, const data::Batch& micro);
+
+/// What a run REALLY executed on this rank, read from the library's execution log
+/// (common/exec_log.hpp: the GPT pieces' calls and the communicators' operations, recorded
+/// by the library itself), never from the attendee's ExecStats.
+struct Executed {
+  /// The forwards (forward_blocks) and backwards (backward_blocks) of each piece in `chunks`, in
+  /// order: the k-th forward of a chunk is its micro-batch k (every schedule runs a chunk's
+  /// micro-batches in order), as compute_order prints them.
+  std::string compute;
+  /// With one chunk per rank: every action, the messages too, as to_string(Schedule) prints
+  /// them. A send or receive of one micro-batch's (B/m, T, C) message on `pp` to or from the
+  /// next stage is sA / rG, to or from the previous one sG / rA (the k-th of each kind is
+  /// micro-batch k); other messages (the tied embedding's exchange) are not actions.
+  std::string actions;
+  /// Most micro-batches forwarded and not yet backwarded at once, over every chunk.
+  int max_in_flight = 0;
+  /// Piece calls on a model that is not one of `chunks` (the run computed elsewhere).
+  int stray_calls = 0;
+};
+Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn::GPT*>& chunks,
+                  const comm::Communicator& pp, int64_t message_bytes);
+
+/// The run executed `schedule`: its compute order, and `with_messages` (one chunk per rank) its
+/// every action, in the schedule's order; a failure shows both, this rank named.
+testing::AssertionResult ran(const Executed& e, const lab08::Schedule& schedule, bool with_messages);
 
 }  // namespace scalelab::pptest

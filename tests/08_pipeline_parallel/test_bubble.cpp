@@ -1,6 +1,9 @@
 // Lab 08 step 5 graders: the bubble formula, the bubble measured from a run's own timings, and
 // the activation memory each schedule holds, from the allocator's counters (exact, repeatable:
 // no timing is asserted against a formula, since CI's ranks share 2 cores).
+// The peak is the grader's own measurement around the real run (the allocator's counters), and
+// what ran is the library's execution log; the attendee's measure_peak_activation_bytes must
+// report that same peak (within half a micro-batch).
 // Memory: A = one micro-batch's activations on this stage (GPTActivations::nbytes after one
 // forward), P1 = the peak of one micro-batch's forward + backward (A plus backward's
 // temporaries). A schedule that holds k micro-batches peaks near P1 + (k - 1) A; the check
@@ -8,7 +11,10 @@
 // long holds one more, a whole A more.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "common/allocator.hpp"
+#include "common/exec_log.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
 
@@ -76,6 +82,21 @@ MemoryBounds bounds(nn::GPT& stage, const std::vector<data::Batch>& micro) {
   return b;
 }
 
+// The run held k micro-batches by the grader's measurement (`measured`), and the attendee's
+// function reported that peak (within half a micro-batch: the two windows open a few
+// allocations apart).
+testing::AssertionResult peak_check(std::size_t reported, std::size_t measured,
+                                    const MemoryBounds& b, int k, const std::string& what) {
+  if (auto ok = b.holds(measured, k, what + " (measured by the grader around the run)"); !ok)
+    return ok;
+  const double off = std::abs(static_cast<double>(reported) - static_cast<double>(measured));
+  if (off > b.a / 2)
+    return testing::AssertionFailure()
+           << what << ": measure_peak_activation_bytes reported " << reported
+           << " bytes, the allocator's peak around the same run was " << measured;
+  return testing::AssertionSuccess();
+}
+
 }  // namespace
 
 TEST(Step5_Memory, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
@@ -91,13 +112,25 @@ TEST(Step5_Memory, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
   // before the measurements is freed during them.
   pp.barrier();
   const MemoryBounds b = bounds(*pieces[0], micro);
-  const std::size_t afab =
-      measure_peak_activation_bytes(pptest::raw(pieces), pptest::test_schedule(true, p, kM, s), micro, pp);
-  pp.barrier();
-  const std::size_t ofob =
-      measure_peak_activation_bytes(pptest::raw(pieces), pptest::test_schedule(false, p, kM, s), micro, pp);
-  testing::AssertionResult ok = b.holds(afab, kM, fmt::format("AFAB stage {}", s));
-  if (ok) ok = b.holds(ofob, std::min(p - s, kM), fmt::format("1F1B stage {} of {}", s, p));
+  testing::AssertionResult ok = testing::AssertionSuccess();
+  for (const bool afab : {true, false}) {
+    const Schedule schedule = pptest::test_schedule(afab, p, kM, s);
+    const std::string what = fmt::format("{} stage {} of {}", afab ? "AFAB" : "1F1B", s, p);
+    // The grader's own measurement around the real run (the allocator's peak, and what ran from
+    // the library's log), beside the number the attendee's function reports.
+    pp.barrier();
+    reset_peak_memory(Device::cpu());
+    const std::size_t before = memory_stats(Device::cpu()).current;
+    exec_log::Recording recording;
+    const std::size_t reported =
+        measure_peak_activation_bytes(pptest::raw(pieces), schedule, micro, pp);
+    const std::size_t measured = memory_stats(Device::cpu()).peak - before;
+    const pptest::Executed e = pptest::executed(recording.events(), pptest::raw(pieces), pp,
+                                                kLab.global_batch / kM * kLab.config().block_size *
+                                                    kLab.config().n_embd * 4);
+    if (ok) ok = pptest::ran(e, schedule, /*with_messages=*/true);
+    if (ok) ok = peak_check(reported, measured, b, afab ? kM : std::min(p - s, kM), what);
+  }
   EXPECT_TRUE(pptest::on_every_rank(ok));
 }
 
@@ -116,4 +149,23 @@ TEST(Step5_PlantedFault, WarmupOneTooLongHoldsOneMore) {
     EXPECT_FALSE(b.holds(peak, std::min(kP - s, kM), "planted"))
         << "stage " << s << ": the memory check must fail when the warm-up is one too long";
   }
+}
+
+// A measurement that reports what the schedule promises (the 1F1B figure) while the run holds
+// every micro-batch (an executor running AFAB): the grader's own measurement of the real run
+// fails the check whatever the report says.
+TEST(Step5_PlantedFault, AReportedPeakThatIsNotTheRunsIsCaught) {
+  constexpr int kP = 4, kM = 8, kStage = 0;
+  const std::vector<data::Batch> micro = pptest::split(kLab.batch(0), kM);
+  labtest::world().barrier();  // see Step5_Memory
+  const auto [first, last] = pptest::blocks_of(4, kP, kStage);
+  nn::GPT stage(kLab.config(), {.seed = kLab.seed, .first_block = first, .last_block = last});
+  const MemoryBounds b = bounds(stage, micro);
+  const int k = std::min(kP - kStage, kM);
+  const auto promised = static_cast<std::size_t>(b.p1 + (k - 1) * b.a);
+  const std::size_t ran_1f1b = pptest::local_stage_peak(stage, pptest::test_schedule(false, kP, kM, kStage), micro);
+  const std::size_t ran_afab = pptest::local_stage_peak(stage, pptest::test_schedule(true, kP, kM, kStage), micro);
+  EXPECT_TRUE(peak_check(ran_1f1b, ran_1f1b, b, k, "the base")) << "1F1B run and reported passes";
+  EXPECT_FALSE(peak_check(promised, ran_afab, b, k, "planted"))
+      << "the memory check must fail when the run holds every micro-batch";
 }

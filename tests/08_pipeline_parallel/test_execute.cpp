@@ -3,18 +3,24 @@
 // stage's gradients by parameter name (tolerances in pp_test.hpp: 1e-5 / 1e-6, and bitwise
 // for m = 1 but the tied wte). What the technique must look like is checked too: each rank
 // sends exactly one (B/m, T, C) activation and one gradient per
-// micro-batch to its neighbours (byte counters), holds as many micro-batches as its schedule
-// says, and the tied copies stay equal over optimizer steps. The stage models are built by the
+// micro-batch to its neighbours and nothing else but the mean loss (the library's traffic
+// ledger, every communicator, tests/support/traffic_budget.hpp), runs its schedule's actions in
+// the schedule's order and holds as many micro-batches as the simulator says for it (both from
+// the library's execution log, common/exec_log.hpp: the GPT pieces' calls and the messages as
+// the library saw them, never the attendee's ExecStats), and the tied copies stay equal over
+// optimizer steps. The stage models are built by the
 // test (pp_test.cpp), so this step is graded apart from step 1's build_stage.
 // The planted faults run the test's own one-process pipeline (pp_test.cpp) through the same
 // gradient check.
 #include <gtest/gtest.h>
 
 #include "common/comm/stats.hpp"
+#include "common/exec_log.hpp"
 #include "common/errors.hpp"
 #include "common/optim/optim.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab08;
@@ -24,36 +30,58 @@ namespace {
 
 struct Run {
   double loss = 0;
-  comm::CommStats moved;
-  ExecStats stats;
+  comm::Traffic moved;       // the library's ledger: every communicator
+  pptest::Executed executed;  // the library's execution log, never the attendee's ExecStats
 };
 
-Run run_pipeline(const std::vector<nn::GPT*>& pieces, Kind kind, int m, int v,
+// One (B/m, T, C) float32 tensor per micro-batch and direction.
+int64_t message_bytes(int m) {
+  const ModelConfig& c = kLab.config();
+  return kLab.global_batch / m * c.block_size * c.n_embd * 4;
+}
+
+Run run_pipeline(const std::vector<nn::GPT*>& pieces, const Schedule& schedule, int m,
                  const data::Batch& batch) {
   comm::Communicator& pp = labtest::world();
   Run r;
-  // AFAB and 1F1B: the test's own schedules (pp_test.cpp), so step 4 does not need step 3
-  const Schedule schedule = kind == Kind::interleaved
-                                ? schedule_interleaved(pp.size(), m, v, pp.rank())
-                                : pptest::test_schedule(kind == Kind::afab, pp.size(), m, pp.rank());
-  const comm::CommStats c0 = comm::comm_stats();
-  r.loss = pipeline_step(pieces, schedule, batch, m, pp, &r.stats);
-  r.moved = comm::comm_stats() - c0;
+  exec_log::Recording recording;
+  r.moved = labtest::traffic_of([&] { r.loss = pipeline_step(pieces, schedule, batch, m, pp); });
+  r.executed = pptest::executed(recording.events(), pieces, pp, message_bytes(m));
   return r;
 }
 
-// One (B/m, T, C) float32 tensor per micro-batch and direction; the two ends also exchange
-// one copy of wte; the loss broadcast is not a send.
-int64_t expected_send_bytes(int p, int s, int m, int v) {
+// Per piece of this rank: m activations to the next piece and m gradients from it, m activations
+// from the previous piece and m gradients to it (a piece on this same rank too: interleaving on
+// one rank sends to itself); the two ends also exchange one copy of wte (p > 1). Besides these,
+// only the mean loss (one collective of at most 8 bytes) may move.
+testing::AssertionResult exact_pipeline_traffic(const comm::Traffic& moved, int p, int s, int m,
+                                                int v) {
+  comm::Communicator& pp = labtest::world();
   const ModelConfig& c = kLab.config();
-  const int64_t msg = kLab.global_batch / m * c.block_size * c.n_embd * 4;
-  int64_t pieces_sending = 0;  // forward messages this rank sends (and as many backward)
+  const int64_t msg = message_bytes(m), wte = c.vocab_size * c.n_embd * 4;
+  labtest::TrafficBudget budget;
   for (int chunk = 0; chunk < v; ++chunk) {
-    pieces_sending += next_piece(p, v, s, chunk).exists ? 1 : 0;
-    pieces_sending += prev_piece(p, v, s, chunk).exists ? 1 : 0;
+    if (const Piece n = next_piece(p, v, s, chunk); n.exists)
+      budget.send(pp, n.stage, m, m * msg).recv(pp, n.stage, m, m * msg);
+    if (const Piece q = prev_piece(p, v, s, chunk); q.exists)
+      budget.recv(pp, q.stage, m, m * msg).send(pp, q.stage, m, m * msg);
   }
-  const bool tied = p > 1 && (s == 0 || s == p - 1);
-  return pieces_sending * m * msg + (tied ? c.vocab_size * c.n_embd * 4 : 0);
+  if (p > 1 && (s == 0 || s == p - 1)) {
+    const int other = s == 0 ? p - 1 : 0;
+    budget.send(pp, other, 1, wte).recv(pp, other, 1, wte);
+  }
+  comm::Traffic p2p, loss;
+  for (const auto& [key, count] : moved)
+    (key.op == "send" || key.op == "recv" ? p2p : loss)[key] = count;
+  testing::AssertionResult ok = labtest::exact_traffic(p2p, budget);
+  if (!ok) return ok;
+  int64_t calls = 0, bytes = 0;
+  for (const auto& [key, count] : loss) calls += count.calls, bytes += count.bytes;
+  if (calls > 1 || bytes > 8)
+    return testing::AssertionFailure() << "rank " << s << ": collectives besides the messages "
+                                       << "(only the mean loss may move, at most 8 bytes):\n"
+                                       << labtest::traffic_str(loss);
+  return testing::AssertionSuccess();
 }
 
 void check_against_single_device(Kind kind, int m, int v) {
@@ -64,18 +92,25 @@ void check_against_single_device(Kind kind, int m, int v) {
   auto ref = pptest::reference_model(batch, &want_loss);
   auto pieces = pptest::pieces_of(p, v, s);
   const std::vector<nn::GPT*> mine = pptest::raw(pieces);
-  const Run r = run_pipeline(mine, kind, m, v, batch);
+  // AFAB and 1F1B: the test's own schedules (pp_test.cpp), so step 4 does not need step 3
+  const auto schedule_of = [&](int stage) {
+    return kind == Kind::interleaved ? schedule_interleaved(p, m, v, stage)
+                                     : pptest::test_schedule(kind == Kind::afab, p, m, stage);
+  };
+  const Schedule schedule = schedule_of(s);
+  const Run r = run_pipeline(mine, schedule, m, batch);
   const std::string what = fmt::format("{} p {} m {} v {}", kind_name(kind), p, m, v);
   EXPECT_NEAR(r.loss, want_loss, 1e-6 * want_loss) << what << ": the loss, on every rank";
   EXPECT_TRUE(pptest::on_every_rank(pptest::grads_match(mine, *ref, m == 1))) << what;
-  EXPECT_EQ(comm::comm_total(r.moved, "", "send").bytes, expected_send_bytes(p, s, m, v))
+  EXPECT_TRUE(exact_pipeline_traffic(r.moved, p, s, m, v))
       << what << ", stage " << s << ": one activation and one gradient per micro-batch";
-  // As many micro-batches in flight as the simulator says for this schedule.
+  // What ran, from the library's own log: the schedule's actions in its order, and as many
+  // micro-batches in flight as the simulator says for it.
+  EXPECT_TRUE(pptest::ran(r.executed, schedule, /*with_messages=*/v == 1)) << what;
   std::vector<Schedule> all;
-  for (int x = 0; x < p; ++x)
-    all.push_back(kind == Kind::interleaved ? schedule_interleaved(p, m, v, x)
-                                            : pptest::test_schedule(kind == Kind::afab, p, m, x));
-  EXPECT_EQ(r.stats.max_in_flight, simulate(all, m, v).max_in_flight[s]) << what << " stage " << s;
+  for (int x = 0; x < p; ++x) all.push_back(schedule_of(x));
+  EXPECT_EQ(r.executed.max_in_flight, simulate(all, m, v).max_in_flight[s])
+      << what << " stage " << s << ": micro-batches in flight (the library's execution log)";
 }
 
 }  // namespace
@@ -179,6 +214,41 @@ TEST(Step4_PlantedFault, TiedGradientNotSummedIsCaught) {
 TEST(Step4_PlantedFault, WrongMicroBatchReceivedIsCaught) {
   EXPECT_FALSE(local_check(2, {.wrong_micro_batch = true}))
       << "the gradient check must fail when a stage computes on another micro-batch's input";
+}
+
+// An executor that runs AFAB whatever its schedule says (and may report what the schedule
+// promises in its ExecStats): the numbers are right, the order and the memory are not. Run here
+// on one stage alone (pp_test.cpp's local_stage_peak runs a schedule's forwards and backwards
+// for real), the library's log shows what ran.
+namespace {
+
+testing::AssertionResult order_and_in_flight(const Schedule& run, const Schedule& promised, int p,
+                                             int m, int stage, nn::GPT& piece,
+                                             const std::vector<data::Batch>& micro) {
+  exec_log::Recording recording;
+  pptest::local_stage_peak(piece, run, micro);
+  const pptest::Executed e = pptest::executed(recording.events(), {&piece}, labtest::world(), 0);
+  if (auto ok = pptest::ran(e, promised, /*with_messages=*/false); !ok) return ok;
+  std::vector<Schedule> all;
+  for (int x = 0; x < p; ++x) all.push_back(pptest::test_schedule(false, p, m, x));
+  if (e.max_in_flight != simulate(all, m).max_in_flight[stage])
+    return testing::AssertionFailure() << e.max_in_flight << " micro-batches in flight";
+  return testing::AssertionSuccess();
+}
+
+}  // namespace
+
+TEST(Step4_PlantedFault, AnExecutorIgnoringItsScheduleIsCaught) {
+  constexpr int kP = 4, kM = 8, kStage = 1;
+  const std::vector<data::Batch> micro = pptest::split(kLab.batch(0), kM);
+  const auto [first, last] = pptest::blocks_of(4, kP, kStage);
+  nn::GPT stage(kLab.config(), {.seed = kLab.seed, .first_block = first, .last_block = last});
+  const Schedule ofob = pptest::test_schedule(false, kP, kM, kStage),
+                 afab = pptest::test_schedule(true, kP, kM, kStage);
+  EXPECT_TRUE(order_and_in_flight(ofob, ofob, kP, kM, kStage, stage, micro))
+      << "the base: 1F1B run as 1F1B passes";
+  EXPECT_FALSE(order_and_in_flight(afab, ofob, kP, kM, kStage, stage, micro))
+      << "the check of Step4_Execute must fail when AFAB runs in place of 1F1B";
 }
 
 // ---- Step 6 (interleaved, executed) -------------------------------------------------------------

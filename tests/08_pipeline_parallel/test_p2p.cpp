@@ -11,6 +11,7 @@
 #include "common/ops/ops.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
 
@@ -67,7 +68,7 @@ TEST(Step2_SendRecv, EachReceiveGetsTheMicroBatchItNames) {
   comm::Communicator pp = labtest::new_world();
   const int p = pp.size(), s = pp.rank();
   const bool has_next = s + 1 < p, has_prev = s > 0;
-  const comm::CommStats c0 = comm::comm_stats();
+  const comm::Traffic c0 = comm::traffic();
   // Every stage first starts all its sends (activations forward, gradients backward: both
   // neighbours send to each other at once, a deadlock if a send waited for its receive) ...
   std::vector<Tensor> out;
@@ -102,12 +103,13 @@ TEST(Step2_SendRecv, EachReceiveGetsTheMicroBatchItNames) {
   if (ok && has_next) ok = got_the_right_ones(grads, s + 1, lab08::Flow::gradient);
   EXPECT_TRUE(pptest::on_every_rank(ok));
   // One message per micro-batch and direction, each exactly one (B/m, T, C) float32 tensor.
-  const comm::CommStats moved = comm::comm_stats() - c0;
+  // Exactly that, to and from each neighbour, and nothing else on any communicator.
+  const comm::Traffic moved = comm::traffic() - c0;
   const int64_t msg = 2 * 16 * 32 * 4;
-  const int64_t n_send = kM * ((has_next ? 1 : 0) + (has_prev ? 1 : 0));
-  EXPECT_EQ(comm::comm_total(moved, "", "send").calls, n_send);
-  EXPECT_EQ(comm::comm_total(moved, "", "send").bytes, n_send * msg);
-  EXPECT_EQ(comm::comm_total(moved, "", "recv").bytes, n_send * msg);
+  labtest::TrafficBudget budget;
+  if (has_next) budget.send(pp, s + 1, kM, kM * msg).recv(pp, s + 1, kM, kM * msg);
+  if (has_prev) budget.send(pp, s - 1, kM, kM * msg).recv(pp, s - 1, kM, kM * msg);
+  EXPECT_TRUE(labtest::exact_traffic(moved, budget));
 }
 
 TEST(Step2_SendRecv, LargeMessagesBothWaysAtOnce) {

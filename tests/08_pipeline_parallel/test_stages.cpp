@@ -9,6 +9,7 @@
 #include "common/ops/ops.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
 using pptest::kLab;
@@ -103,9 +104,7 @@ TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
   if (p == 1)  // one model: wte is one tensor, summed already
     stage->params().get("wte.weight").grad.copy_from(parts.want);
   const Tensor before = stage->params().grads().clone();
-  const comm::CommStats c0 = comm::comm_stats();
-  lab08::sync_tied_gradients({stage.get()}, pp);
-  const comm::CommStats moved = comm::comm_stats() - c0;
+  const comm::Traffic moved = labtest::traffic_of([&] { lab08::sync_tied_gradients({stage.get()}, pp); });
   testing::AssertionResult ok = testing::AssertionSuccess();
   if (s == 0 || s == p - 1) {
     const char* name = s == 0 ? "wte.weight" : "lm_head.weight";
@@ -116,10 +115,12 @@ TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
     if (!ok) ok << " (a middle stage holds no tied copy: its gradients stay as they were)";
   }
   EXPECT_TRUE(pptest::on_every_rank(ok));
-  const int64_t sent = comm::comm_total(moved, "", "send").bytes;
-  const int64_t expected = p > 1 && (s == 0 || s == p - 1) ? wte_bytes() : 0;
-  EXPECT_EQ(sent, expected) << "stage " << s << " of " << p
-                            << ": only the two ends exchange, one copy of wte each";
+  labtest::TrafficBudget budget;  // only the two ends exchange, one copy of wte each way
+  if (p > 1 && (s == 0 || s == p - 1)) {
+    const int other = s == 0 ? p - 1 : 0;
+    budget.send(pp, other, 1, wte_bytes()).recv(pp, other, 1, wte_bytes());
+  }
+  EXPECT_TRUE(labtest::exact_traffic(moved, budget)) << "stage " << s << " of " << p;
 }
 
 TEST(Step1_TiedEmbedding, OneRankHoldingBothEndsSumsThemWithoutMessages) {
@@ -138,9 +139,7 @@ TEST(Step1_TiedEmbedding, OneRankHoldingBothEndsSumsThemWithoutMessages) {
   head.zero_grad();
   emb.params().get("wte.weight").grad.copy_from(parts.emb);
   head.params().get("lm_head.weight").grad.copy_from(parts.head);
-  const comm::CommStats c0 = comm::comm_stats();
-  lab08::sync_tied_gradients({&emb, &head}, alone);
-  const comm::CommStats moved = comm::comm_stats() - c0;
+  const comm::Traffic moved = labtest::traffic_of([&] { lab08::sync_tied_gradients({&emb, &head}, alone); });
   testing::AssertionResult ok = labtest::bitwise(emb.params().get("wte.weight").grad, parts.want);
   if (!ok) ok << " (wte.weight of the rank's embedding piece must hold the sum of both uses)";
   testing::AssertionResult ok_head =
@@ -148,6 +147,6 @@ TEST(Step1_TiedEmbedding, OneRankHoldingBothEndsSumsThemWithoutMessages) {
   if (!ok_head) ok_head << " (lm_head.weight of the rank's head piece must hold the same sum)";
   EXPECT_TRUE(pptest::on_every_rank(ok));
   EXPECT_TRUE(pptest::on_every_rank(ok_head));
-  EXPECT_EQ(comm::comm_total(moved, "", "send").bytes, 0)
+  EXPECT_TRUE(labtest::exact_traffic(moved, labtest::TrafficBudget{}))
       << "both ends on one rank: the sum needs no message";
 }

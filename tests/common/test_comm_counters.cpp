@@ -1,17 +1,22 @@
 // Communication accounting (common/comm/stats.hpp) at 1, 2 and 4 ranks, on the mpi and self
 // backends: a known sequence of every collective, blocking and async, send/recv and a split
 // sub-group must give exactly the expected calls and payload bytes per (group, op); rejected calls,
-// split and the matching check (on in tests) count nothing; reset, difference and the table.
+// split and the matching check (on in tests) count nothing; reset, difference and the table; the
+// finer ledger the graders budget (group members, reduction, peer) and the execution log.
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/comm/communicator.hpp"
 #include "common/comm/op.hpp"
 #include "common/comm/process_grid.hpp"
 #include "common/comm/stats.hpp"
 #include "common/errors.hpp"
+#include "common/exec_log.hpp"
 #include "common/runtime.hpp"
 
 using namespace scalelab;
@@ -152,9 +157,67 @@ TEST(CountersThreads, ConcurrentCountingLosesNothing) {
   std::vector<std::thread> threads;
   for (int k = 0; k < 4; ++k)
     threads.emplace_back([] {
-      for (int i = 0; i < 10000; ++i) comm::detail::count_op("threads", comm::detail::OpKind::send, 3);
+      for (int i = 0; i < 10000; ++i)
+        comm::detail::count_op("threads", {0, 1}, comm::detail::OpKind::send, "", 1, 3);
     });
   for (auto& t : threads) t.join();
   expect_stats(comm::comm_stats(), {{{"threads", "send"}, {40000, 120000}}});
+  EXPECT_EQ((comm::traffic()[{"threads", {0, 1}, "send", "", 1}]), (CommCount{40000, 120000}));
+  comm::reset_comm_stats();
+  EXPECT_TRUE(comm::traffic().empty()) << "reset clears the ledger too";
+}
+
+// The ledger (comm::traffic()): per group name AND members, op, reduction and peer (world
+// ranks). A duplicate of the world under another name is its own row; one under the same name
+// and members shares the world's; a max all-reduce is not a sum; send/recv and rooted
+// collectives name their peer or root; the execution log sees the same operations in order.
+TEST(CountersLedger, GroupsReductionsAndPeersAreTold) {
+  auto c = Communicator::world("mpi");
+  const int n = c.size(), r = c.rank();
+  std::vector<int> all(n);
+  for (int k = 0; k < n; ++k) all[k] = k;
+  comm::reset_comm_stats();
+  exec_log::Recording recording;
+  c.all_reduce(Tensor::zeros({4}));                                   // sum, 16 B
+  c.all_reduce(Tensor::zeros({4}), comm::ReduceOp::max);              // max, 16 B
+  c.reduce_scatter(Tensor::zeros({2 * static_cast<std::int64_t>(n)}), Tensor::zeros({2}),
+                   comm::ReduceOp::avg);
+  c.broadcast(Tensor::zeros({1}), n - 1);
+  Communicator twin = c.split(0, r, "world");    // same name, same members: the world's row
+  Communicator mine = c.split(0, r, "private");  // same members, its own name: its own row
+  twin.all_reduce(Tensor::zeros({4}));
+  mine.all_gather(Tensor::zeros({1}), Tensor::zeros({static_cast<std::int64_t>(n)}));
+  if (n > 1) {
+    Tensor in = Tensor::zeros({3});
+    comm::Work rw = c.recv_async(in, (r + n - 1) % n, 5);
+    c.send(Tensor::zeros({3}), (r + 1) % n, 5);
+    rw.wait();
+  }
+  comm::Traffic want = {
+      {{"world", all, "all_reduce", "sum", -1}, {2, 32}},
+      {{"world", all, "all_reduce", "max", -1}, {1, 16}},
+      {{"world", all, "reduce_scatter", "avg", -1}, {1, 8 * n}},
+      {{"world", all, "broadcast", "", n - 1}, {1, 4}},
+      {{"private", all, "all_gather", "", -1}, {1, 4 * n}},
+  };
+  if (n > 1) {
+    want[{"world", all, "send", "", (r + 1) % n}] = {1, 12};
+    want[{"world", all, "recv", "", (r + n - 1) % n}] = {1, 12};
+  }
+  EXPECT_TRUE(comm::traffic() == want);
+  EXPECT_EQ(comm::traffic_key_str({"world", all, "all_reduce", "max", -1}),
+            fmt::format("all_reduce(max) on world [{}]", fmt::join(all, " ")));
+  const std::vector<exec_log::Event> log = recording.events();
+  ASSERT_GE(log.size(), 6u);
+  EXPECT_EQ(log[0].what, "all_reduce");
+  EXPECT_EQ(log[3].what, "broadcast");
+  EXPECT_EQ(log[3].peer, n - 1);
+  EXPECT_EQ(log[5].group, "private");
+  if (n > 1) {
+    EXPECT_EQ(log[6].what, "recv");
+    EXPECT_EQ(log[6].tag, 5);
+    EXPECT_EQ(log[7].what, "send");
+    EXPECT_EQ(log[7].peer, (r + 1) % n);
+  }
   comm::reset_comm_stats();
 }

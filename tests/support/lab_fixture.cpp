@@ -8,6 +8,10 @@
 #include <string>
 #include <utility>
 
+#include <mpi.h>
+
+#include <fmt/format.h>
+
 #include "common/data/tokenizer.hpp"
 #include "common/device.hpp"
 #include "common/errors.hpp"
@@ -85,12 +89,41 @@ data::Batch my_rows(const data::Batch& global) {
   return rank_rows(global, world().rank(), world().size());
 }
 
+testing::AssertionResult on_every_rank(const testing::AssertionResult& ok) {
+  // Every rank's message (empty when it passed), gathered to every rank: lengths, then bytes.
+  constexpr std::size_t kMaxMessage = 400;
+  std::string mine = ok ? std::string() : std::string(ok.message());
+  if (!ok && mine.empty()) mine = "failed";
+  if (mine.size() > kMaxMessage) mine = mine.substr(0, kMaxMessage) + "...";
+  const int size = world_size();
+  int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(size), offsets(size, 0);
+  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  for (int r = 1; r < size; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::string all(static_cast<std::size_t>(offsets[size - 1] + lengths[size - 1]), '\0');
+  MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                 MPI_CHAR, MPI_COMM_WORLD);
+  std::string causes;
+  int failing = 0;
+  for (int r = 0; r < size; ++r) {
+    if (lengths[r] == 0) continue;
+    if (++failing <= 3)
+      causes += fmt::format("{}rank {}: {}", causes.empty() ? "" : "; ", r,
+                            all.substr(static_cast<std::size_t>(offsets[r]), lengths[r]));
+  }
+  if (failing == 0) return testing::AssertionSuccess();
+  if (failing > 3) causes += fmt::format("; and {} more rank(s)", failing - 3);
+  return testing::AssertionFailure() << causes;
+}
+
 testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want, double rtol,
                                              double atol) {
   const train::Diff d = train::compare(got, want);
-  if (train::on_every_rank(d.within(rtol, atol), world())) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "not within rtol " << rtol << " atol " << atol
-                                     << " on every rank; on this rank: " << d.str();
+  testing::AssertionResult mine = testing::AssertionSuccess();
+  if (!d.within(rtol, atol))
+    mine = testing::AssertionFailure() << "not within rtol " << rtol << " atol " << atol << ": "
+                                       << d.str();
+  return on_every_rank(mine);
 }
 
 testing::AssertionResult bitwise(const Tensor& got, const Tensor& want) {

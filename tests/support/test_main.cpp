@@ -2,7 +2,9 @@
 //
 // - Every rank runs the same tests; only rank 0 prints GoogleTest's progress.
 // - After each test the ranks compare verdicts: a failure on any rank is printed by rank 0 with
-//   that rank's first failure message, and the test counts as failed for everyone.
+//   that rank's first failure message, and the test counts as failed for everyone. The verdict
+//   names the first rank that gives its own cause (not the echo "failed on another rank" of a
+//   collective check: labtest::on_every_rank gives every rank the failing ranks' causes).
 // - Exceptions are not swallowed by GoogleTest: one escaping a test (NotImplemented from a
 //   starter, or a bug) ends the job on every rank instead of leaving the others in a collective.
 // - The last line on rank 0 is the verdict the grader reads:
@@ -35,6 +37,13 @@ constexpr int kMessageBytes = 1024;
 std::string g_current_test;   // for reports of exceptions that escape a test
 std::string g_first_failure;  // "Suite.Test on rank r: message", empty while all passed
 
+// "failed on another rank", "another rank failed" and the like: a collective check's echo on a
+// rank that passed it. A rank's own cause rarely says so; when every failing rank's message does,
+// the first is shown anyway.
+bool only_an_echo(const std::string& message) {
+  return message.find("another rank") != std::string::npos;
+}
+
 class RankVerdictListener : public testing::EmptyTestEventListener {
  public:
   void OnTestStart(const testing::TestInfo& info) override {
@@ -61,13 +70,22 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
     MPI_Gather(mine, kMessageBytes, MPI_CHAR, all.data(), kMessageBytes, MPI_CHAR, 0,
                MPI_COMM_WORLD);
     if (rank != 0) return;
+    // The verdict names the rank where it happened: a rank whose message only says that another
+    // rank failed (a collective check's echo) yields to one that gives its own cause.
+    std::string echo;
     for (int r = 0; r < size; ++r) {
       const char* m = all.data() + r * kMessageBytes;
       if (m[0] == 0) continue;
       std::string line = fmt::format("{} on rank {}: {}", g_current_test, r, m);
       if (r != 0) fmt::print("[  FAILED  ] {}\n", line);
-      if (g_first_failure.empty()) g_first_failure = line;
+      if (!g_first_failure.empty()) continue;
+      if (only_an_echo(m)) {
+        if (echo.empty()) echo = line;
+      } else {
+        g_first_failure = line;
+      }
     }
+    if (g_first_failure.empty()) g_first_failure = echo;
   }
 
  private:

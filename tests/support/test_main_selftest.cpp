@@ -24,6 +24,14 @@ TEST(SelfTest_NotImplemented, Throws) {
   throw scalelab::NotImplemented("lab 99 step 1: planted (README.md#step-1)");
 }
 
+// A collective check fails because of rank 1: rank 0 only echoes it ("failed on another rank",
+// as a check that agrees over every rank says on the ranks that passed), rank 1 gives the cause.
+// The verdict must name rank 1 and its cause, not rank 0's echo.
+TEST(SelfTest_EchoOnRank0, Fails) {
+  if (world_rank() == 0) ADD_FAILURE() << "failed on another rank";
+  if (world_rank() == 1) ADD_FAILURE() << "planted cause on rank 1";
+}
+
 TEST(SelfTest_Passes, Passes) { EXPECT_EQ(1 + 1, 2); }
 
 // A skip written in a test: the per-rank XML report says where (the grader accepts only skips

@@ -46,6 +46,12 @@ class TestMainTest(unittest.TestCase):
         self.assertIn("[scalelab] verdict: failed: SelfTest_FailOnRank1.Fails on rank 1:", out)
         self.assertIn("planted failure", out)
 
+    def test_the_verdict_names_the_rank_with_the_cause_not_an_echo(self):
+        proc, out, _ = run("SelfTest_EchoOnRank0", ranks=3)
+        self.assertEqual(proc.returncode, 1, out)
+        self.assertIn("[scalelab] verdict: failed: SelfTest_EchoOnRank0.Fails on rank 1:", out)
+        self.assertIn("planted cause on rank 1", out.split("[scalelab] verdict:")[-1])
+
     def test_exception_on_one_rank_ends_the_job(self):
         proc, out, seconds = run("SelfTest_ThrowOnRank1")
         self.assertNotEqual(proc.returncode, 0, out)

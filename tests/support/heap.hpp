@@ -1,0 +1,39 @@
+#pragma once
+/// @file heap.hpp
+/// Every byte this process holds on its heap, not only Tensors: the test binaries link a counting
+/// malloc (tests/support/heap_hook.cpp: malloc, calloc, realloc, aligned_alloc, posix_memalign,
+/// memalign and free, so operator new / new[], std::vector, a static container, a Tensor's host
+/// memory and malloc itself), measured with malloc_usable_size. A grader bounds what a call holds
+/// at its worst however it holds it:
+///
+///   const labtest::HeapGrowth grew = labtest::heap_growth_of([&] { ce(logits, targets, lo, tp); });
+///   EXPECT_LT(grew.peak, N * V * 8) << "the full (N, V) logits were held";
+///
+/// What it cannot see: memory that is not from the heap (a fixed-size static array, the stack,
+/// mmap called directly) and other processes. The counters are process-wide: a communicator's
+/// worker thread allocating meanwhile counts too (its buffers are small; bounds allow for them).
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace scalelab::labtest {
+
+struct HeapStats {
+  int64_t current = 0;  ///< bytes held now (usable sizes of live blocks; relative to start-up)
+  int64_t peak = 0;     ///< the most held since start-up or reset_heap_peak()
+  int64_t allocations = 0;  ///< blocks allocated since start-up
+};
+
+HeapStats heap_stats();
+/// Sets the peak to the current figure.
+void reset_heap_peak();
+/// What a call did to the heap: the most bytes held at once during it above what was held when
+/// it started, and what it still holds on return (negative: it freed more than it kept).
+struct HeapGrowth {
+  int64_t peak = 0;
+  int64_t held = 0;
+};
+/// Runs `fn` and measures it.
+HeapGrowth heap_growth_of(const std::function<void()>& fn);
+
+}  // namespace scalelab::labtest

@@ -1,0 +1,83 @@
+// Exact traffic budgets: see traffic_budget.hpp.
+#include "tests/support/traffic_budget.hpp"
+
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/errors.hpp"
+#include "common/runtime.hpp"
+
+namespace scalelab::labtest {
+
+namespace {
+bool is_reduction(const std::string& op) {
+  return op == "all_reduce" || op == "reduce" || op == "reduce_scatter";
+}
+bool is_rooted(const std::string& op) {
+  return op == "reduce" || op == "broadcast" || op == "scatter" || op == "gather";
+}
+}  // namespace
+
+TrafficBudget& TrafficBudget::expect(const comm::Communicator& group, const std::string& op,
+                                     int64_t calls, int64_t bytes, comm::ReduceOp reduce, int peer) {
+  const bool p2p = op == "send" || op == "recv";
+  SCALELAB_CHECK(!(p2p || is_rooted(op)) || (peer >= 0 && peer < group.size()),
+                 "TrafficBudget: {} on {} needs a peer or root of the group, got {}", op,
+                 group.name(), peer);
+  comm::TrafficKey key{group.name(), group.world_ranks(), op,
+                       is_reduction(op) ? comm::reduce_op_name(reduce) : "",
+                       p2p || is_rooted(op) ? group.world_ranks()[peer] : -1};
+  comm::CommCount& row = rows_[key];
+  if (calls == kAnyCalls || row.calls == kAnyCalls)
+    row.calls = kAnyCalls;
+  else
+    row.calls += calls;
+  row.bytes += bytes;
+  if (row.calls == 0 && row.bytes == 0) rows_.erase(key);  // "none of these": as no row at all
+  return *this;
+}
+
+comm::Traffic traffic_of(const std::function<void()>& fn) {
+  const comm::Traffic before = comm::traffic();
+  fn();
+  return comm::traffic() - before;
+}
+
+std::string traffic_str(const comm::Traffic& t) {
+  if (t.empty()) return "  (no communication)\n";
+  std::string s;
+  for (const auto& [key, count] : t)
+    s += fmt::format("  {}: {} call(s), {} bytes\n", comm::traffic_key_str(key), count.calls,
+                     count.bytes);
+  return s;
+}
+
+testing::AssertionResult exact_traffic(const comm::Traffic& got, const TrafficBudget& budget) {
+  const comm::Traffic& want = budget.rows();
+  std::set<comm::TrafficKey> keys;
+  for (const auto& [k, c] : got) keys.insert(k);
+  for (const auto& [k, c] : want) keys.insert(k);
+  std::string wrong;
+  for (const comm::TrafficKey& k : keys) {
+    const auto g = got.find(k), w = want.find(k);
+    const comm::CommCount have = g == got.end() ? comm::CommCount{} : g->second;
+    if (w == want.end()) {
+      wrong += fmt::format("  {}: {} call(s), {} bytes, outside the budget\n",
+                           comm::traffic_key_str(k), have.calls, have.bytes);
+      continue;
+    }
+    const comm::CommCount need = w->second;
+    const bool calls_ok = need.calls == kAnyCalls ? have.calls > 0 : have.calls == need.calls;
+    if (!calls_ok || have.bytes != need.bytes)
+      wrong += fmt::format("  {}: {} call(s), {} bytes; the budget is {} call(s), {} bytes\n",
+                           comm::traffic_key_str(k), have.calls, have.bytes,
+                           need.calls == kAnyCalls ? std::string("any") : fmt::format("{}", need.calls),
+                           need.bytes);
+  }
+  if (wrong.empty()) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "traffic outside the exact budget on rank " << world_rank()
+                                     << ":\n" << wrong << "everything it sent:\n" << traffic_str(got);
+}
+
+}  // namespace scalelab::labtest
