@@ -1,48 +1,57 @@
 #pragma once
-// The one place scalelab allocates tensor memory. It counts the bytes in use and the peak per
-// device, so every memory figure a lab prints is measured, not guessed.
-//
-// The counters are exact: "current" is the sum of the sizes of the live tensors' allocations
-// (counted when device_alloc returns, uncounted when device_free is called, in the host
-// program's order), "peak" its maximum. They are not what the operating system or the driver
-// report, which is more:
-//   - host: aligned_alloc / free; glibc keeps freed memory for reuse, and the process also holds
-//     code, MPI's buffers and the like, so its RSS is larger than "current".
-//   - CUDA: a stream-ordered memory pool per device (cudaMallocFromPoolAsync / cudaFreeAsync on
-//     the compute stream, the legacy default stream where the kernels run; allocator_cuda.cu).
-//     A free does not synchronise the device; the pool keeps what it reserved (release threshold
-//     UINT64_MAX) for the next allocation, so nvidia-smi shows the pool's reservation (about the
-//     peak plus fragmentation, plus the CUDA context, cuBLAS and NCCL), larger than "current".
-//     Rule for other streams: a tensor used by work on another stream (the nccl backend's) must
-//     stay alive (a Tensor handle held) until that work has completed on the GPU; the nccl
-//     backend's operations hold their tensors until their completion event has fired.
+/// @file allocator.hpp
+/// The one place scalelab allocates tensor memory. It counts the bytes in use and the peak per
+/// device, so every memory figure a lab prints is measured, not guessed.
+///
+/// The counters are exact: "current" is the sum of the sizes of the live tensors' allocations
+/// (counted when device_alloc returns, uncounted when device_free is called, in the host
+/// program's order), "peak" its maximum. They are not what the operating system or the driver
+/// report, which is more:
+///   - host: aligned_alloc / free; glibc keeps freed memory for reuse, and the process also holds
+///     code, MPI's buffers and the like, so its RSS is larger than "current".
+///   - CUDA: a stream-ordered memory pool per device (cudaMallocFromPoolAsync / cudaFreeAsync on
+///     the compute stream, the legacy default stream where the kernels run; allocator_cuda.cu).
+///     A free does not synchronise the device; the pool keeps what it reserved (release threshold
+///     UINT64_MAX) for the next allocation, so nvidia-smi shows the pool's reservation (about the
+///     peak plus fragmentation, plus the CUDA context, cuBLAS and NCCL), larger than "current".
+///     Rule for other streams: a tensor used by work on another stream (the nccl backend's) must
+///     stay alive (a Tensor handle held) until that work has completed on the GPU; the nccl
+///     backend's operations hold their tensors until their completion event has fired.
 #include <cstddef>
 #include <string>
 
 namespace scalelab {
 
+/// The kind of memory a tensor lives in.
 enum class DeviceType { cpu, cuda };
 
 /// Where a tensor lives: the host, or CUDA device `index`.
 struct Device {
-  DeviceType type = DeviceType::cpu;
-  int index = 0;
+  DeviceType type = DeviceType::cpu;  ///< host or GPU
+  int index = 0;                      ///< which GPU (0 on the host)
 
+  /// The host.
   static Device cpu() { return {DeviceType::cpu, 0}; }
+  /// CUDA device `i`.
   static Device cuda(int i = 0) { return {DeviceType::cuda, i}; }
+  /// True for a GPU.
   bool is_cuda() const { return type == DeviceType::cuda; }
+  /// True for the host.
   bool is_cpu() const { return type == DeviceType::cpu; }
   /// "cpu" or "cuda:0".
   std::string str() const;
   /// Parses "cpu", "cuda" (device 0) or "cuda:N"; throws UsageError otherwise.
   static Device parse(const std::string& text);
+  /// The same memory: both the host, or the same GPU.
   bool operator==(const Device& o) const { return type == o.type && (is_cpu() || index == o.index); }
+  /// Not the same memory.
   bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
 /// Bytes held by live tensors on a device now, and the most held since start or the last reset.
 struct MemoryStats {
-  std::size_t current = 0, peak = 0;
+  std::size_t current = 0;  ///< bytes held now
+  std::size_t peak = 0;     ///< the most held since the start or reset_peak_memory
 };
 
 /// The allocator's counters for `device`.

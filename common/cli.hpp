@@ -1,6 +1,7 @@
 #pragma once
-// The command line every scalelab program shares (cxxopts). Each program adds its own options to
-// the ones here; parse() handles --help and turns every parse error into one UsageError line.
+/// @file cli.hpp
+/// The command line every scalelab program shares (cxxopts). Each program adds its own options to
+/// the ones here; parse() handles --help and turns every parse error into one UsageError line.
 #include <cstdint>
 #include <string>
 
@@ -19,13 +20,15 @@ cxxopts::Options make_options(const std::string& program, const std::string& des
 /// Without it --precision bf16 is a usage error naming the program (it trains in fp32 only).
 void add_run_options(cxxopts::Options& options, bool mixed_precision = false);
 
+/// The options every program shares (add_run_options): what to run on and how to watch it.
 struct RunOptions {
-  std::uint64_t seed = 1337;
-  std::string device = "cpu";     // cpu | cuda
-  std::string backend = "auto";   // auto | mpi | nccl | self
-  double timeout_s = 60.0;        // watchdog: a collective that takes longer ends the job (exit 3)
-  std::string trace;              // Chrome trace file, empty for none
-  DType precision = DType::f32;   // --precision: f32, or bf16 (mixed precision)
+  std::uint64_t seed = 1337;      ///< --seed: the model's initial values and the batches
+  std::string device = "cpu";     ///< --device: cpu | cuda
+  std::string backend = "auto";   ///< --backend: auto | mpi | nccl | self
+  double timeout_s = 60.0;        ///< watchdog: a collective that takes longer ends the job (exit 3)
+  std::string trace;              ///< --trace: Chrome trace file, empty for none
+  DType precision = DType::f32;   ///< --precision: f32, or bf16 (mixed precision)
+  /// True in bf16 mixed precision.
   bool bf16() const { return precision == DType::bf16; }
 };
 

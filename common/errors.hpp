@@ -1,6 +1,7 @@
 #pragma once
-// The three kinds of error a scalelab program can raise, and the exit code each one ends with:
-// 0 ok, 1 check failed, 2 bad input or usage, 3 watchdog timeout.
+/// @file errors.hpp
+/// The three kinds of error a scalelab program can raise, and the exit code each one ends with:
+/// 0 ok, 1 check failed, 2 bad input or usage, 3 watchdog timeout.
 #include <stdexcept>
 #include <string>
 
@@ -8,6 +9,8 @@
 
 namespace scalelab {
 
+/// Every program's exit codes: 0 ok, 1 a check failed, 2 bad input or usage, 3 a hang (the
+/// watchdog).
 enum ExitCode : int { kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitHang = 3 };
 
 /// Bad input or usage: one clear line on rank 0, exit code 2 on every rank.

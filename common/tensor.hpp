@@ -1,13 +1,14 @@
 #pragma once
-// scalelab's n-d tensor: a shared storage (one allocation from common/allocator), a shape, strides
-// and an element offset into the storage. Views (rows, flat, view) share the storage and copy
-// nothing, which is how later labs cut micro-batches, gradient buckets and ZeRO shards out of one
-// buffer. Every op in common/ops takes contiguous tensors; strides exist so a view can say what it
-// is, not so ops can be clever.
-//
-//   Tensor x = Tensor::zeros({B, T, C});           // f32 on the host
-//   Tensor first = x.rows(0, 1);                     // (1, T, C), same memory
-//   Tensor g = x.to(Device::cuda(0));                // explicit copy to a GPU
+/// @file tensor.hpp
+/// scalelab's n-d tensor: a shared storage (one allocation from common/allocator), a shape, strides
+/// and an element offset into the storage. Views (rows, flat, view) share the storage and copy
+/// nothing, which is how later labs cut micro-batches, gradient buckets and ZeRO shards out of one
+/// buffer. Every op in common/ops takes contiguous tensors; strides exist so a view can say what it
+/// is, not so ops can be clever.
+///
+///   Tensor x = Tensor::zeros({B, T, C});           // f32 on the host
+///   Tensor first = x.rows(0, 1);                     // (1, T, C), same memory
+///   Tensor g = x.to(Device::cuda(0));                // explicit copy to a GPU
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,18 +21,24 @@
 
 namespace scalelab {
 
+/// Bytes per element of `dtype` (4 for f32, 2 for bf16, ...).
 std::size_t dtype_size(DType dtype);
+/// "f32", "bf16", ... (for messages and tables).
 const char* dtype_name(DType dtype);
 
 /// One allocation. Freed (and uncounted) when the last tensor viewing it goes away.
 class Storage {
  public:
+  /// Allocates `nbytes` on `device` through common/allocator.hpp, so memory_stats() counts them.
   Storage(std::size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
+  /// The first byte (a device pointer for a GPU storage).
   void* data() const { return ptr_; }
+  /// Bytes allocated: every view of this storage lies within them.
   std::size_t nbytes() const { return nbytes_; }
+  /// Where the bytes live.
   Device device() const { return device_; }
 
  private:
@@ -40,9 +47,14 @@ class Storage {
   Device device_;
 };
 
+/// An n-d array: a handle on a shared Storage with a shape, strides, an element offset and a
+/// dtype. Copying a Tensor copies the handle, not the elements (both see the same memory, as a
+/// NumPy view does); clone() and to() copy elements. Ops (common/ops/ops.hpp) take contiguous
+/// tensors and check devices and dtypes, so a mistake is an error naming the shapes, not a silent
+/// wrong answer. What one rank holds is what the allocator counts: the graders read it.
 class Tensor {
  public:
-  Tensor() = default;  // undefined: defined() is false
+  Tensor() = default;  ///< undefined: defined() is false
 
   /// Uninitialised memory.
   static Tensor empty(std::vector<int64_t> shape, DType dtype = DType::f32,
@@ -54,16 +66,26 @@ class Tensor {
   static Tensor from_vector(const std::vector<double>& values, std::vector<int64_t> shape,
                             DType dtype = DType::f32);
 
+  /// The size of each dimension, outermost first: (B, T, C) for a batch of activations.
   const std::vector<int64_t>& shape() const { return shape_; }
+  /// Elements to step over per index of each dimension (row-major when contiguous).
   const std::vector<int64_t>& strides() const { return strides_; }
+  /// The number of dimensions.
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
   /// Size of dimension d; negative d counts from the end.
   int64_t size(int d) const;
+  /// The number of elements: the product of the shape (1 for a 0-d tensor).
   int64_t numel() const;
+  /// numel() x the element size: the bytes this view covers (what the byte counters count when
+  /// it is sent), not its storage's.
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  /// The element type (f32, f64, bf16, i32, ...).
   DType dtype() const { return dtype_; }
+  /// Where the elements live (the CPU for an undefined tensor).
   Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
+  /// True when the elements are back to back in row-major order (what every op needs).
   bool is_contiguous() const;
+  /// False for a default-constructed Tensor (no storage), e.g. a gradient not yet bound.
   bool defined() const { return storage_ != nullptr; }
   /// Element offset of this view into its storage.
   int64_t offset() const { return offset_; }
@@ -72,7 +94,9 @@ class Tensor {
   /// "(2, 3) f32 cpu"
   std::string str() const;
 
+  /// The address of the first element of this view (a device address for a GPU tensor).
   void* data_ptr();
+  /// The address of the first element of this view, read-only.
   const void* data_ptr() const;
   /// Typed pointer to the first element; checks that T matches dtype().
   template <class T>
@@ -80,6 +104,7 @@ class Tensor {
     check_type(dtype_of<T>());
     return static_cast<T*>(data_ptr());
   }
+  /// Typed read-only pointer to the first element; checks that T matches dtype().
   template <class T>
   const T* data() const {
     check_type(dtype_of<T>());

@@ -1,15 +1,16 @@
 #pragma once
-// Chrome trace events ("ph":"X", complete events), one process per rank (pid = rank), merged by
-// rank 0 into one JSON file that Perfetto (ui.perfetto.dev) or chrome://tracing opens.
-//
-//   trace::enable("run.json");               // every rank, same path (from --trace)
-//   { trace::Scope s("forward"); ... }       // one event from construction to destruction
-//   trace::finish();                          // collective: rank 0 writes run.json
-//
-// Every collective of common/comm appears on its own track (tid 1, "comm") with its bytes,
-// group and sequence number; compute scopes go on tid 0. When tracing is off, Scope costs one
-// branch. Timestamps are CLOCK_MONOTONIC microseconds, shifted so the earliest event of the job
-// is 0 (ranks on one node share that clock; across nodes the offsets are only approximate).
+/// @file trace.hpp
+/// Chrome trace events ("ph":"X", complete events), one process per rank (pid = rank), merged by
+/// rank 0 into one JSON file that Perfetto (ui.perfetto.dev) or chrome://tracing opens.
+///
+///   trace::enable("run.json");               // every rank, same path (from --trace)
+///   { trace::Scope s("forward"); ... }       // one event from construction to destruction
+///   trace::finish();                          // collective: rank 0 writes run.json
+///
+/// Every collective of common/comm appears on its own track (tid 1, "comm") with its bytes,
+/// group and sequence number; compute scopes go on tid 0. When tracing is off, Scope costs one
+/// branch. Timestamps are CLOCK_MONOTONIC microseconds, shifted so the earliest event of the job
+/// is 0 (ranks on one node share that clock; across nodes the offsets are only approximate).
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -36,6 +37,7 @@ void event(std::string_view name, std::string_view category, double begin_us, do
 /// RAII: one event named `name` from construction to destruction (on the compute track).
 class Scope {
  public:
+  /// Starts the event (nothing when tracing is off); `category` names its track.
   explicit Scope(std::string_view name, std::string_view category = "compute");
   ~Scope();
   Scope(const Scope&) = delete;

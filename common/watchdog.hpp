@@ -1,51 +1,52 @@
 #pragma once
-// The hang watchdog: every collective (and send/recv) of common/comm registers itself on entry
-// and exit. One that is still unfinished after the timeout ends the job with exit code 3 and a
-// report that leads with the rank whose own progress stopped, then the chain of waits it causes,
-// then what every rank is doing, e.g. (rank 5 stopped with SIGSTOP)
-//
-//   [scalelab] watchdog: rank 5 does not run: no heartbeat from it for 10.3 s (the process is
-//     stopped or frozen: ...) while ranks 1,4 wait for it; it was last in no collective (computing)
-//     rank 4 waits for rank 5 in all_reduce #57 (4 MiB, group dp1) for 10.0 s
-//     rank 1 waits for rank 5 in recv #12 (1 MiB, group pp1, from rank 1) for 10.0 s
-//     ranks 0,2,3,6,7 wait for ranks 1,4 in all_reduce #58 (4 B, group world) for 10.0 s
-//     seen from rank 2, which waits in all_reduce #58 (4 B, group world) for 10.1 s;
-//     ...
-//     group world sequence numbers: rank 0 in all_reduce #58, ..., rank 5 finished #57, frozen
-//
-// How it works without the stuck collective, and without MPI:
-// - each rank's watchdog thread writes the rank's state (what it waits in, the last finished
-//   sequence number of each group, when it last entered or left an operation) to a small status
-//   file in a run directory every 100 ms, with the time of writing: the heartbeat;
-// - the rank whose oldest registered operation passed the timeout reads every rank's file,
-//   prints the report on stderr and _exit(3)s; the launcher (mpirun, srun) then ends the others.
-//   A lock file makes sure one rank reports when several time out together.
-// - A stopped process cannot answer, so the report infers who stopped: a rank whose heartbeat is
-//   older than stale_after(timeout) does not run at all (stopped, frozen, its node gone); a rank
-//   that others wait for, directly or through a chain, and that is in no operation, has stopped
-//   progressing (it skipped a collective, or is stuck computing) although its watchdog still
-//   beats. Those ranks lead the report. When there is none (every rank waits, e.g. ranks that
-//   called different collectives), the reporting rank leads, as before.
-// Sequence numbers count a group's collectives on each rank, so a rank that skipped one shows a
-// smaller number than its peers in the report, even when it entered the next one of the same kind
-// and MPI matched that with the peers' previous one.
-//
-// The run directory is shared by the ranks of one job and found without talking to them:
-//   ${SCALELAB_RUN_DIR:-${TMPDIR:-/tmp}}/scalelab-watchdog-<job>
-// with <job> from SCALELAB_JOB_ID, else the launcher's job id (PMIX_NAMESPACE of Open MPI/PMIx,
-// SLURM_JOB_ID.SLURM_STEP_ID), else the launcher's process id (every rank of a one-node job has
-// the same parent), else this process's id (a singleton). For jobs across nodes set
-// SCALELAB_RUN_DIR to a directory on a shared file system (otherwise each node's report only
-// sees that node's ranks). Times in the status files are wall-clock times, so ranks on different
-// nodes compare them (NTP keeps the nodes' clocks within milliseconds).
-//
-// Cleaning up: every rank writes owner-<rank>.txt (host, pid, the process's start time) into the
-// run directory; a rank that ends normally removes its files and the last one the directory. A
-// job killed, aborted or crashed leaves it: the next start() of any job removes every
-// scalelab-watchdog-* directory under the same base whose owners on this host are all gone (a
-// pid reused by another process counts as gone). A directory with a live owner, or with owners
-// on another host, is never touched; one with no owner file (an older build's, or one being
-// created) only after kOwnerlessAge seconds without a change.
+/// @file watchdog.hpp
+/// The hang watchdog: every collective (and send/recv) of common/comm registers itself on entry
+/// and exit. One that is still unfinished after the timeout ends the job with exit code 3 and a
+/// report that leads with the rank whose own progress stopped, then the chain of waits it causes,
+/// then what every rank is doing, e.g. (rank 5 stopped with SIGSTOP)
+///
+///   [scalelab] watchdog: rank 5 does not run: no heartbeat from it for 10.3 s (the process is
+///     stopped or frozen: ...) while ranks 1,4 wait for it; it was last in no collective (computing)
+///     rank 4 waits for rank 5 in all_reduce #57 (4 MiB, group dp1) for 10.0 s
+///     rank 1 waits for rank 5 in recv #12 (1 MiB, group pp1, from rank 1) for 10.0 s
+///     ranks 0,2,3,6,7 wait for ranks 1,4 in all_reduce #58 (4 B, group world) for 10.0 s
+///     seen from rank 2, which waits in all_reduce #58 (4 B, group world) for 10.1 s;
+///     ...
+///     group world sequence numbers: rank 0 in all_reduce #58, ..., rank 5 finished #57, frozen
+///
+/// How it works without the stuck collective, and without MPI:
+/// - each rank's watchdog thread writes the rank's state (what it waits in, the last finished
+///   sequence number of each group, when it last entered or left an operation) to a small status
+///   file in a run directory every 100 ms, with the time of writing: the heartbeat;
+/// - the rank whose oldest registered operation passed the timeout reads every rank's file,
+///   prints the report on stderr and _exit(3)s; the launcher (mpirun, srun) then ends the others.
+///   A lock file makes sure one rank reports when several time out together.
+/// - A stopped process cannot answer, so the report infers who stopped: a rank whose heartbeat is
+///   older than stale_after(timeout) does not run at all (stopped, frozen, its node gone); a rank
+///   that others wait for, directly or through a chain, and that is in no operation, has stopped
+///   progressing (it skipped a collective, or is stuck computing) although its watchdog still
+///   beats. Those ranks lead the report. When there is none (every rank waits, e.g. ranks that
+///   called different collectives), the reporting rank leads, as before.
+/// Sequence numbers count a group's collectives on each rank, so a rank that skipped one shows a
+/// smaller number than its peers in the report, even when it entered the next one of the same kind
+/// and MPI matched that with the peers' previous one.
+///
+/// The run directory is shared by the ranks of one job and found without talking to them:
+///   ${SCALELAB_RUN_DIR:-${TMPDIR:-/tmp}}/scalelab-watchdog-JOB
+/// with JOB from SCALELAB_JOB_ID, else the launcher's job id (PMIX_NAMESPACE of Open MPI/PMIx,
+/// SLURM_JOB_ID.SLURM_STEP_ID), else the launcher's process id (every rank of a one-node job has
+/// the same parent), else this process's id (a singleton). For jobs across nodes set
+/// SCALELAB_RUN_DIR to a directory on a shared file system (otherwise each node's report only
+/// sees that node's ranks). Times in the status files are wall-clock times, so ranks on different
+/// nodes compare them (NTP keeps the nodes' clocks within milliseconds).
+///
+/// Cleaning up: every rank writes owner-RANK.txt (host, pid, the process's start time) into the
+/// run directory; a rank that ends normally removes its files and the last one the directory. A
+/// job killed, aborted or crashed leaves it: the next start() of any job removes every
+/// scalelab-watchdog-* directory under the same base whose owners on this host are all gone (a
+/// pid reused by another process counts as gone). A directory with a live owner, or with owners
+/// on another host, is never touched; one with no owner file (an older build's, or one being
+/// created) only after kOwnerlessAge seconds without a change.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -69,6 +70,7 @@ void start(double timeout_s);
 /// Sets the timeout without starting anything (the next start() uses it). Below kPeriod, or not a
 /// number: UsageError.
 void set_timeout(double timeout_s);
+/// The timeout in seconds.
 double timeout();
 
 /// Reads SCALELAB_TIMEOUT (seconds) if set and valid, else `fallback`.

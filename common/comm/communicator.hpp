@@ -1,33 +1,34 @@
 #pragma once
-// The communication layer every lab talks through: a Communicator over a group of ranks, with
-// the collectives of the lecture, point-to-point send/recv, non-blocking variants returning a
-// Work handle, and split() into sub-groups (the DP/TP/PP groups of later labs).
-//
-//   auto world = comm::Communicator::world("auto");         // every rank, once
-//   world.all_reduce(grad, comm::ReduceOp::avg);             // in place, every rank gets the avg
-//   comm::Work w = world.all_reduce_async(bucket);           // returns at once ...
-//   ...                                                      // ... compute meanwhile
-//   w.wait();                                                // bucket now holds the sum
-//   auto dp = world.split(/*color=*/rank % 2, /*key=*/rank, "dp");
-//
-// Backends (common/comm/backend_*.cpp):
-//   mpi   host memory. Every MPI call of one communicator runs on that communicator's worker
-//         thread, in submission order, so a non-blocking collective makes progress while the
-//         caller computes, and every rank issues the same MPI calls in the same order. CUDA
-//         tensors are staged through host memory.
-//   nccl  device memory (CUDA tensors), on a communication stream separate from compute; the
-//         ncclUniqueId goes from rank 0 to the others over MPI.
-//   self  a world of one, no launcher needed (each rank is alone).
-//   auto  nccl for CUDA tensors when NCCL was compiled in, mpi otherwise.
-//
-// Every operation is registered with the watchdog (common/watchdog.hpp: a hang ends the job with
-// exit 3 and a report), appears in the Chrome trace (common/trace.hpp) with its bytes, and is
-// counted per group and kind (common/comm/stats.hpp: comm_stats(), format_comm_stats()). Tensors
-// must be contiguous, of any shape, f32, f64, bf16 or i32 (no avg for i32). bf16 is moved as
-// 16-bit words (send/recv and gathers: bf16 activations and weights in mixed precision) and
-// reduced in float, rounded once per combine (NCCL's ncclBfloat16; on mpi our own MPI_Ops).
-// Shapes do not matter, only element counts: a (4, 8) tensor all-gathers into any tensor of
-// 4*8*size elements.
+/// @file communicator.hpp
+/// The communication layer every lab talks through: a Communicator over a group of ranks, with
+/// the collectives of the lecture, point-to-point send/recv, non-blocking variants returning a
+/// Work handle, and split() into sub-groups (the DP/TP/PP groups of later labs).
+///
+///   auto world = comm::Communicator::world("auto");         // every rank, once
+///   world.all_reduce(grad, comm::ReduceOp::avg);             // in place, every rank gets the avg
+///   comm::Work w = world.all_reduce_async(bucket);           // returns at once ...
+///   ...                                                      // ... compute meanwhile
+///   w.wait();                                                // bucket now holds the sum
+///   auto dp = world.split(/*color=*/rank % 2, /*key=*/rank, "dp");
+///
+/// Backends (common/comm/backend_*.cpp):
+///   mpi   host memory. Every MPI call of one communicator runs on that communicator's worker
+///         thread, in submission order, so a non-blocking collective makes progress while the
+///         caller computes, and every rank issues the same MPI calls in the same order. CUDA
+///         tensors are staged through host memory.
+///   nccl  device memory (CUDA tensors), on a communication stream separate from compute; the
+///         ncclUniqueId goes from rank 0 to the others over MPI.
+///   self  a world of one, no launcher needed (each rank is alone).
+///   auto  nccl for CUDA tensors when NCCL was compiled in, mpi otherwise.
+///
+/// Every operation is registered with the watchdog (common/watchdog.hpp: a hang ends the job with
+/// exit 3 and a report), appears in the Chrome trace (common/trace.hpp) with its bytes, and is
+/// counted per group and kind (common/comm/stats.hpp: comm_stats(), format_comm_stats()). Tensors
+/// must be contiguous, of any shape, f32, f64, bf16 or i32 (no avg for i32). bf16 is moved as
+/// 16-bit words (send/recv and gathers: bf16 activations and weights in mixed precision) and
+/// reduced in float, rounded once per combine (NCCL's ncclBfloat16; on mpi our own MPI_Ops).
+/// Shapes do not matter, only element counts: a (4, 8) tensor all-gathers into any tensor of
+/// 4*8*size elements.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -39,7 +40,10 @@
 
 namespace scalelab::comm {
 
+/// How a reduction combines the ranks' elements: avg is the sum divided by the group's size
+/// (what data parallelism does to gradients; not for i32).
 enum class ReduceOp { sum, max, min, avg };
+/// "sum", "max", "min" or "avg" (for traces and error messages).
 const char* reduce_op_name(ReduceOp op);
 
 namespace detail {
@@ -56,6 +60,7 @@ class Work {
   void wait();
   /// True when done (then wait() returns at once). Never blocks.
   bool test();
+  /// False for a default-constructed Work (no operation to wait for).
   bool valid() const { return op_ != nullptr; }
 
  private:
@@ -72,6 +77,7 @@ void wait_all(std::vector<Work>& works);
 /// (instead of a hang or silent garbage). Costs one small all-gather per collective: on in tests
 /// (tests/support/test_main.cpp), off by default, on with SCALELAB_COMM_CHECK=1.
 void set_check_matching(bool on);
+/// Whether set_check_matching is on.
 bool check_matching();
 
 /// True when this build has the NCCL backend.
@@ -81,16 +87,24 @@ bool nccl_compiled();
 /// one GPU only from 2.30 on, with NCCL_MULTI_RANK_GPU_ENABLE=1.
 int nccl_version();
 
+/// A group of ranks that talk: the world, or a sub-group made by split() (a tp, dp or pp group
+/// of the later labs). A handle: copies share the group. Every rank of the group calls its
+/// collectives in the same order with matching sizes (set_check_matching checks it); each call
+/// is counted by kind and bytes under the group's name (common/comm/stats.hpp), which is how the
+/// graders see what a technique sends.
 class Communicator {
  public:
-  Communicator() = default;  // not usable; see world()
+  Communicator() = default;  ///< not usable; see world()
 
   /// The communicator of all ranks (collective over MPI_COMM_WORLD for mpi/nccl/auto; for
   /// "self" each rank gets its own world of one). `backend`: auto, mpi, nccl or self (the
   /// --backend option). Starts the watchdog with its current timeout.
   static Communicator world(const std::string& backend = "auto");
 
+  /// This rank's index in the group, 0 .. size() - 1 (not its world rank unless the group is
+  /// the world: world_ranks() maps them).
   int rank() const;
+  /// The number of ranks in the group.
   int size() const;
   /// "world", or the name given to split().
   const std::string& name() const;
@@ -98,20 +112,29 @@ class Communicator {
   const std::string& backend() const;
   /// This group's members as ranks of MPI_COMM_WORLD, in this group's rank order.
   const std::vector<int>& world_ranks() const;
+  /// False for a default-constructed Communicator.
   bool valid() const { return s_ != nullptr; }
 
   // ---- collectives: every rank of the group calls them in the same order -----------------
   /// In place: every rank ends with the reduction of all ranks' `t`.
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum);
+  /// The same, non-blocking: returns at once; the tensors may be read or changed only
+  /// after the Work is done.
   Work all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::sum);
   /// In place: `root` ends with the reduction; the others' `t` is unspecified afterwards.
   void reduce(const Tensor& t, int root, ReduceOp op = ReduceOp::sum);
+  /// The same, non-blocking: returns at once; the tensors may be read or changed only
+  /// after the Work is done.
   Work reduce_async(const Tensor& t, int root, ReduceOp op = ReduceOp::sum);
   /// In place: every rank ends with root's `t`.
   void broadcast(const Tensor& t, int root);
+  /// The same, non-blocking: returns at once; the tensors may be read or changed only
+  /// after the Work is done.
   Work broadcast_async(const Tensor& t, int root);
   /// `out` (size * in.numel elements) = rank 0's `in`, then rank 1's, ...
   void all_gather(const Tensor& in, const Tensor& out);
+  /// The same, non-blocking: returns at once; the tensors may be read or changed only
+  /// after the Work is done.
   Work all_gather_async(const Tensor& in, const Tensor& out);
   /// `in` and `out` (one size, size() equal chunks): chunk r of my `in` goes to rank r, and
   /// chunk s of my `out` comes from rank s (a transpose of the ranks' chunks; lab 11's Ulysses).
@@ -119,14 +142,22 @@ class Communicator {
   Work all_to_all_async(const Tensor& in, const Tensor& out);
   /// `in` has size * out.numel elements; rank r gets the reduction of every rank's r-th chunk.
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum);
+  /// The same, non-blocking: returns at once; the tensors may be read or changed only
+  /// after the Work is done.
   Work reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum);
   /// Root's `in` (size * out.numel elements, ignored elsewhere) in chunks: rank r gets chunk r.
   void scatter(const Tensor& in, const Tensor& out, int root);
+  /// The same, non-blocking: returns at once; the tensors may be read or changed only
+  /// after the Work is done.
   Work scatter_async(const Tensor& in, const Tensor& out, int root);
   /// Root's `out` (size * in.numel elements, ignored elsewhere) = every rank's `in`, in order.
   void gather(const Tensor& in, const Tensor& out, int root);
+  /// The same, non-blocking: returns at once; the tensors may be read or changed only
+  /// after the Work is done.
   Work gather_async(const Tensor& in, const Tensor& out, int root);
+  /// Returns once every rank of the group has called it.
   void barrier();
+  /// The barrier, non-blocking: the Work is done once every rank has called it.
   Work barrier_async();
 
   // ---- point to point ------------------------------------------------------------------
@@ -134,9 +165,12 @@ class Communicator {
   /// blocking send may wait until the receiver posts its recv: in a ring, post recv_async
   /// first, then send, then wait the recv.
   void send(const Tensor& t, int dst, int tag = 0);
+  /// The send, non-blocking: returns at once; keep `t` unchanged and alive until the Work is
+  /// done (the message is read from it).
   Work send_async(const Tensor& t, int dst, int tag = 0);
   /// Receives into `t` from `src`; the message must have exactly t.numel() elements.
   void recv(const Tensor& t, int src, int tag = 0);
+  /// The receive, non-blocking: returns at once; `t` holds the message once the Work is done.
   Work recv_async(const Tensor& t, int src, int tag = 0);
 
   /// Sub-communicators: ranks with the same `color` form one group, ordered by `key` (then by

@@ -1,16 +1,17 @@
 #pragma once
-// Causal multi-head self-attention (GPT-2): a fused QKV projection, per-head scaled dot-product
-// attention with a causal mask, and an output projection. By default attention is written out
-// (two batched matmuls and a causal softmax) so every step is visible and checkable, and the
-// (T, T) probabilities are kept for backward. With `flash` set the same attention runs as one
-// fused op (common/ops/flash_attention.hpp): it keeps one log-sum-exp per row instead of the
-// (T, T) matrix and recomputes the probabilities in backward: the fast path on a GPU, and the
-// only one that fits long contexts.
-//
-// Tensor parallel (lab 07): with tp_size > 1 this layer keeps heads [r*NH/tp, (r+1)*NH/tp) only:
-// the q, k and v rows of those heads in the QKV weight (column parallel) and the matching
-// columns of the output projection (row parallel). Its output is then a PARTIAL sum, without the
-// projection's bias: the caller all-reduces it and then adds the bias once (proj.add_bias).
+/// @file attention.hpp
+/// Causal multi-head self-attention (GPT-2): a fused QKV projection, per-head scaled dot-product
+/// attention with a causal mask, and an output projection. By default attention is written out
+/// (two batched matmuls and a causal softmax) so every step is visible and checkable, and the
+/// (T, T) probabilities are kept for backward. With `flash` set the same attention runs as one
+/// fused op (common/ops/flash_attention.hpp): it keeps one log-sum-exp per row instead of the
+/// (T, T) matrix and recomputes the probabilities in backward: the fast path on a GPU, and the
+/// only one that fits long contexts.
+///
+/// Tensor parallel (lab 07): with tp_size > 1 this layer keeps a contiguous 1/tp of the heads
+/// only: the q, k and v rows of those heads in the QKV weight (column parallel) and the matching
+/// columns of the output projection (row parallel). Its output is then a PARTIAL sum, without the
+/// projection's bias: the caller all-reduces it and then adds the bias once (proj.add_bias).
 #include <string>
 #include <vector>
 
@@ -21,17 +22,26 @@ namespace scalelab::nn {
 
 /// What forward saves for backward. Separate allocations, freed by reset().
 struct AttentionActivations {
-  Tensor q, k, v;  // (B, NH, T, hs)
-  Tensor att;      // (B*NH, T, T) softmax probabilities (0 above the diagonal); unfused only
-  Tensor lse;      // (B*NH, T) log-sum-exp of each row's scores, f32; flash only (or what the
-                   // mappings' attention core keeps: Mappings::attention_forward)
-  std::vector<Tensor> kept;  // anything else that core keeps (lab 11's all-to-all: its heads)
-  Tensor y;        // (B, T, C) heads merged: the input of the output projection
+  Tensor q;    ///< (B, NH, T, hs) the queries (NH: this rank's heads)
+  Tensor k;    ///< (B, NH, T, hs) the keys
+  Tensor v;    ///< (B, NH, T, hs) the values
+  Tensor att;  ///< (B*NH, T, T) softmax probabilities (0 above the diagonal); unfused only
+  /// (B*NH, T) log-sum-exp of each row's scores, f32; flash only (or what the mappings'
+  /// attention core keeps: Mappings::attention_forward)
+  Tensor lse;
+  /// Anything else that core keeps (lab 11's all-to-all: its heads).
+  std::vector<Tensor> kept;
+  Tensor y;    ///< (B, T, C) heads merged: the input of the output projection
+  /// Frees every tensor.
   void reset() { *this = AttentionActivations{}; }
 };
 
+/// GPT-2's attention sub-layer; holds its weights (or a tensor-parallel rank's heads of them),
+/// never its activations.
 class CausalSelfAttention {
  public:
+  /// Parameters `name`.qkv (3C, C) and `name`.proj (C, C) with biases; n_layer scales the
+  /// projection's initial values (GPT-2's residual scaling); tp_rank / tp_size: its heads.
   CausalSelfAttention(const std::string& name, int64_t n_embd, int64_t n_head, int64_t n_layer,
                       int tp_rank = 0, int tp_size = 1);
   /// out (B, T, C) from x (B, T, C); fills `acts`. The fused path's core is m's
@@ -42,11 +52,15 @@ class CausalSelfAttention {
   /// each projection's backward.
   void backward(Tensor& dx, const Tensor& dout, const Tensor& x, const AttentionActivations& acts,
                 const BackwardHook* hook = nullptr, const Mappings* m = nullptr);
+  /// qkv's, then proj's.
   std::vector<Parameter*> parameters();
 
-  int64_t n_head() const { return n_head_; }  // heads on this rank
+  /// The heads on this rank (all of them without tensor parallelism).
+  int64_t n_head() const { return n_head_; }
+  /// C / n_head of the whole model: every head's width.
   int64_t head_size() const { return head_size_; }
-  Linear qkv, proj;
+  Linear qkv;   ///< the fused q, k, v projection (column parallel under tp)
+  Linear proj;  ///< the output projection (row parallel under tp)
   /// Fused (flash) attention instead of the written-out one (GPTOptions::flash_attention).
   bool flash = false;
 

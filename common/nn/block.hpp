@@ -1,12 +1,13 @@
 #pragma once
-// One pre-LayerNorm transformer block (GPT-2):
-//   x -> x + attn(ln1(x)) = r -> r + mlp(ln2(r))
-//
-// The block keeps NO activations: forward fills a BlockActivations the caller owns, and backward
-// reads it. So one block can have several forwards in flight (a pipeline stage runs F(0) F(1)
-// F(2) B(0) F(3) B(1) ... with one BlockActivations per micro-batch), and activation
-// checkpointing frees one (reset()) and fills it again by calling forward on the same input.
-// Every tensor in it is its own allocation, counted by the allocator.
+/// @file block.hpp
+/// One pre-LayerNorm transformer block (GPT-2):
+///   x -> x + attn(ln1(x)) = r -> r + mlp(ln2(r))
+///
+/// The block keeps NO activations: forward fills a BlockActivations the caller owns, and backward
+/// reads it. So one block can have several forwards in flight (a pipeline stage runs F(0) F(1)
+/// F(2) B(0) F(3) B(1) ... with one BlockActivations per micro-batch), and activation
+/// checkpointing frees one (reset()) and fills it again by calling forward on the same input.
+/// Every tensor in it is its own allocation, counted by the allocator.
 #include <string>
 #include <vector>
 
@@ -19,11 +20,15 @@ namespace scalelab::nn {
 
 /// What one forward of a Block saves for its backward.
 struct BlockActivations {
-  Tensor ln1, ln1_mean, ln1_rstd;  // (B, T, C), (B*T), (B*T)
-  AttentionActivations attn;
-  Tensor res2;                     // (B, T, C): x + attn(ln1(x))
-  Tensor ln2, ln2_mean, ln2_rstd;
-  MLPActivations mlp;
+  Tensor ln1;                      ///< (B, T, C): ln1(x), the attention's input
+  Tensor ln1_mean;                 ///< (B*T): ln1's per-row mean (statistics dtype)
+  Tensor ln1_rstd;                 ///< (B*T): ln1's per-row 1/std
+  AttentionActivations attn;       ///< what the attention saved
+  Tensor res2;                     ///< (B, T, C): x + attn(ln1(x)), the MLP's residual
+  Tensor ln2;                      ///< (B, T, C): ln2(res2), the MLP's input
+  Tensor ln2_mean;                 ///< (B*T): ln2's per-row mean
+  Tensor ln2_rstd;                 ///< (B*T): ln2's per-row 1/std
+  MLPActivations mlp;              ///< what the MLP saved
   /// Frees every tensor (their bytes go back to the allocator).
   void reset() { *this = BlockActivations{}; }
   /// True when forward filled it (backward can run; selective pieces may still be missing).
@@ -32,8 +37,13 @@ struct BlockActivations {
   std::size_t nbytes() const;
 };
 
+/// One transformer block: holds its parameters (or a tensor-parallel rank's slice of them),
+/// never its activations, so the same block serves several micro-batches in flight.
 class Block {
  public:
+  /// Block `index` of an n_layer model of width n_embd with n_head heads; tp_rank / tp_size:
+  /// the share of its heads and MLP units it holds (the library's even cut unless
+  /// GPTOptions::cut_block sets the shards). Parameters are bound later (ParameterSet).
   Block(int index, int64_t n_embd, int64_t n_head, int64_t n_layer, int tp_rank = 0,
         int tp_size = 1);
   /// Returns the block's output (a new allocation, the shape of x) and fills `acts` (any
@@ -46,6 +56,7 @@ class Block {
   /// layer's gradients become final.
   Tensor backward(const Tensor& dout, const Tensor& x, const BlockActivations& acts,
                   const BackwardHook* hook = nullptr, int64_t seq_len = 0);
+  /// Its parameters, in the stable order (ln1, attention, ln2, MLP).
   std::vector<Parameter*> parameters();
 
   /// Where the block's communication happens (mappings.hpp): entering and leaving its attention
@@ -53,11 +64,11 @@ class Block {
   /// Not owned: nn::GPT::set_mappings points every block at its mappings.
   const Mappings* mappings = nullptr;
 
-  int index;
-  LayerNorm ln1;
-  CausalSelfAttention attn;
-  LayerNorm ln2;
-  MLP mlp;
+  int index;                 ///< its global index in the model (names: "blocks.<index>.")
+  LayerNorm ln1;             ///< before the attention
+  CausalSelfAttention attn;  ///< the attention sub-layer
+  LayerNorm ln2;             ///< before the MLP
+  MLP mlp;                   ///< the MLP sub-layer
 };
 
 }  // namespace scalelab::nn

@@ -1,29 +1,30 @@
 #pragma once
-// GPT (nanoGPT / GPT-2 shape): token + position embedding, n_layer Blocks, a final LayerNorm and a
-// LM head tied to the token embedding, trained with cross-entropy.
-//
-// Built for the later labs:
-//  - parameters and gradients are views into one flat buffer each (params().values()/grads()),
-//    in a stable order: wte, wpe, blocks.0..., ln_f (and lm_head.weight if untied);
-//  - set_backward_hook() is called as each layer's gradients become final (DDP overlap);
-//  - activations belong to a forward CALL, not to the model: every forward fills a
-//    GPTActivations the caller owns and backward consumes it (frees each block's activations once
-//    its backward is done). A pipeline stage keeps one per micro-batch in flight; checkpointing
-//    resets a block's entry and calls block(i).forward(acts.inputs[i], acts.blocks[i]) again;
-//  - a GPT can hold blocks [first_block, last_block) only (a pipeline stage): the embedding lives
-//    on the stage with block 0, the head on the stage with the last block;
-//  - tp_size > 1 keeps a 1/tp share of every block's heads and MLP, vocab_lo/hi a share of the
-//    vocabulary (tensor parallel): the caller's mappings (set_mappings, mappings.hpp) say how
-//    the shares talk; a block policy (set_block_policy) what is kept or recomputed, and what
-//    happens around each unit (ZeRO's gathers and gradient reductions).
-//
-//   nn::GPT model(model_config("tiny"), {.device = Device::cpu(), .seed = 1});
-//   nn::GPTActivations acts;
-//   double loss = model.forward(tokens, targets, acts);  // tokens, targets (B, T) i32
-//   model.zero_grad(); model.backward(acts);              // grads in model.params().grads()
-//
-// A plain training loop may use forward(tokens, targets) / backward() instead: they use one
-// GPTActivations owned by the model (activations()), for code that has one batch in flight.
+/// @file gpt.hpp
+/// GPT (nanoGPT / GPT-2 shape): token + position embedding, n_layer Blocks, a final LayerNorm and a
+/// LM head tied to the token embedding, trained with cross-entropy.
+///
+/// Built for the later labs:
+///  - parameters and gradients are views into one flat buffer each (params().values()/grads()),
+///    in a stable order: wte, wpe, blocks.0..., ln_f (and lm_head.weight if untied);
+///  - set_backward_hook() is called as each layer's gradients become final (DDP overlap);
+///  - activations belong to a forward CALL, not to the model: every forward fills a
+///    GPTActivations the caller owns and backward consumes it (frees each block's activations once
+///    its backward is done). A pipeline stage keeps one per micro-batch in flight; checkpointing
+///    resets a block's entry and calls block(i).forward(acts.inputs[i], acts.blocks[i]) again;
+///  - a GPT can hold blocks [first_block, last_block) only (a pipeline stage): the embedding lives
+///    on the stage with block 0, the head on the stage with the last block;
+///  - tp_size > 1 keeps a 1/tp share of every block's heads and MLP, vocab_lo/hi a share of the
+///    vocabulary (tensor parallel): the caller's mappings (set_mappings, mappings.hpp) say how
+///    the shares talk; a block policy (set_block_policy) what is kept or recomputed, and what
+///    happens around each unit (ZeRO's gathers and gradient reductions).
+///
+///   nn::GPT model(model_config("tiny"), {.device = Device::cpu(), .seed = 1});
+///   nn::GPTActivations acts;
+///   double loss = model.forward(tokens, targets, acts);  // tokens, targets (B, T) i32
+///   model.zero_grad(); model.backward(acts);              // grads in model.params().grads()
+///
+/// A plain training loop may use forward(tokens, targets) / backward() instead: they use one
+/// GPTActivations owned by the model (activations()), for code that has one batch in flight.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,13 +39,18 @@
 
 namespace scalelab::nn {
 
+/// How to build a GPT: where and in what it lives, and which share of the single-device model it
+/// holds (a pipeline stage's blocks, a tensor-parallel rank's slices, a vocabulary range). Every
+/// parameter is drawn whole from (seed, name) and then cut, so any share holds exactly the
+/// single-device values: every parallel technique is checked against the one-device model.
 struct GPTOptions {
-  DType dtype = DType::f32;
-  Device device = Device::cpu();
-  uint64_t seed = 1337;
-  int first_block = 0;
-  int last_block = -1;  // -1: n_layer
-  int tp_rank = 0, tp_size = 1;
+  DType dtype = DType::f32;        ///< parameters, gradients, optimizer state (the master copy)
+  Device device = Device::cpu();   ///< where parameters and activations live
+  uint64_t seed = 1337;            ///< with a parameter's name, the seed of its initial values
+  int first_block = 0;             ///< the first block this model holds (a pipeline stage)
+  int last_block = -1;             ///< one past the last block it holds (-1: n_layer)
+  int tp_rank = 0;                 ///< this rank's index in its tensor-parallel group
+  int tp_size = 1;                 ///< the group's size: blocks keep a 1/tp_size share
   /// Called on each block right after it is made and before any parameter is bound: it may set
   /// which slice of each weight the block keeps (Parameter::shard), e.g. lab 07's head_shards,
   /// column_shard and row_shard for tp_rank of tp_size. Unset: the library's even cut.
@@ -53,7 +59,8 @@ struct GPTOptions {
   /// this model keeps (-1: V, the whole vocabulary). Drawn whole from (seed, name) and cut, as
   /// the blocks' tp shards are. A sharded model embeds and computes its loss through
   /// vocabulary-parallel mappings (GPT::set_mappings, lab 07).
-  int64_t vocab_lo = 0, vocab_hi = -1;
+  int64_t vocab_lo = 0;
+  int64_t vocab_hi = -1;  ///< one past the last vocabulary row kept (-1: V); see vocab_lo
   /// Flat buffers (default), or per-unit value / gradient storage and padding for ZeRO (see
   /// ParameterSet). Units: "embedding" (wte, wpe), "blocks.i", "head" (ln_f, and lm_head.weight
   /// on a stage without the embedding).
@@ -99,8 +106,10 @@ class GPT;
 class BlockPolicy {
  public:
   virtual ~BlockPolicy() = default;
+  /// After block `block` filled `acts` from `input`: may drop what the backward can recompute.
   virtual void after_forward(const Block& /*block*/, const Tensor& /*input*/,
                              BlockActivations& /*acts*/, int64_t /*seq_len*/) {}
+  /// Right before the block's backward reads `acts`: may refill them from `input`.
   virtual void before_backward(const Block& /*block*/, const Tensor& /*input*/,
                                BlockActivations& /*acts*/, int64_t /*seq_len*/) {}
   /// `unit`: the index in model.params().units() (GPT::embedding_unit, block_unit, head_unit).
@@ -144,22 +153,26 @@ class PolicyList final : public BlockPolicy {
 
 /// What the head saves for backward.
 struct HeadActivations {
-  Tensor x;                        // (B, T, C) input of ln_f (the last block's output); sequence
-                                   // parallel: this rank's rows (N/tp, C)
-  Tensor lnf, lnf_mean, lnf_rstd;  // the shape of x, and its rows' statistics
-  Tensor probs;                    // (B*T, V) softmax of the logits (V: this rank's columns)
-  Tensor targets;                  // (B, T) i32
+  /// (B, T, C) input of ln_f (the last block's output); sequence parallel: this rank's rows
+  /// (N/tp, C).
+  Tensor x;
+  Tensor lnf;       ///< ln_f's output, the shape of x
+  Tensor lnf_mean;  ///< ln_f's per-row mean (the statistics dtype: fp32 for bf16)
+  Tensor lnf_rstd;  ///< ln_f's per-row 1/std
+  Tensor probs;     ///< (B*T, V) softmax of the logits (V: this rank's columns)
+  Tensor targets;   ///< (B, T) i32
+  /// Frees everything.
   void reset() { *this = HeadActivations{}; }
 };
 
 /// Everything one forward of a GPT (or of a stage: blocks [first_block, last_block)) saves for
 /// its backward. Entry i of `inputs` and `blocks` belongs to block first_block + i.
 struct GPTActivations {
-  Tensor tokens;                         // (B, T) i32, saved by embed (first stage)
-  int64_t seq_len = 0;                   // T: set by embed and by forward_blocks on (B, T, C)
-  std::vector<Tensor> inputs;            // (B, T, C) the input of each block
-  std::vector<BlockActivations> blocks;  // what each block saved (reset: checkpointed)
-  HeadActivations head;                  // saved by head_forward (last stage)
+  Tensor tokens;                         ///< (B, T) i32, saved by embed (first stage)
+  int64_t seq_len = 0;                   ///< T: set by embed and by forward_blocks on (B, T, C)
+  std::vector<Tensor> inputs;            ///< (B, T, C) the input of each block
+  std::vector<BlockActivations> blocks;  ///< what each block saved (reset: checkpointed)
+  HeadActivations head;                  ///< saved by head_forward (last stage)
   /// Frees everything.
   void reset() { *this = GPTActivations{}; }
   /// Bytes held now: every block's activations and input, and the head's (its input, ln_f's
@@ -167,26 +180,45 @@ struct GPTActivations {
   std::size_t nbytes() const;
 };
 
+/// The one GPT of every lab (GPT-2 shape, llm.c style: explicit forward and backward). Labs
+/// 02-06 train it whole; labs 07-10 build a share of it (GPTOptions) and plug their technique in
+/// at its hook points (set_mappings, set_block_policy, set_backward_hook) instead of copying it.
+/// Not copyable: parameters live in one ParameterSet the optimizer points into.
 class GPT {
  public:
+  /// Draws every parameter of `config` whole from (options.seed, name) and keeps this model's
+  /// share of it (options).
   explicit GPT(const ModelConfig& config, const GPTOptions& options = {});
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
+  /// The shape of the whole model (layers, heads, widths, vocabulary, context).
   const ModelConfig& config() const { return config_; }
+  /// How this model was built.
   const GPTOptions& options() const { return options_; }
+  /// Where its parameters and activations live.
   Device device() const { return options_.device; }
+  /// True on the stage holding block 0: it embeds the tokens.
   bool has_embedding() const { return first_ == 0; }
+  /// True on the stage holding the last block: ln_f, the logits and the loss.
   bool has_head() const { return last_ == config_.n_layer; }
+  /// The global index of its first block.
   int first_block() const { return first_; }
+  /// One past the global index of its last block.
   int last_block() const { return last_; }
 
+  /// Its parameters: flat (or per-unit) values and gradients, and each parameter's views.
   ParameterSet& params() { return params_; }
   /// The dtype activations have: bf16 in mixed precision, else the parameters' dtype.
   DType compute_dtype() const { return params_.compute_dtype(); }
+  /// Every parameter, in the stable order (wte, wpe, blocks..., ln_f, lm_head.weight).
   const std::vector<Parameter*>& parameters() const { return params_.list(); }
+  /// Elements this model holds (its share only: what a rank keeps).
   int64_t num_parameters() const { return params_.numel(); }
+  /// Sets every gradient to zero (backward accumulates).
   void zero_grad() { params_.zero_grad(); }
+  /// Called during backward with the parameters whose gradients just became final (lab 04's
+  /// overlap starts their all-reduce there; lab 09's ZeRO-2 reduces a finished unit).
   void set_backward_hook(BackwardHook hook) { hook_ = std::move(hook); }
 
   // ---- the whole model (a GPT holding every block) ----
@@ -199,6 +231,7 @@ class GPT {
   double forward(const Tensor& tokens, const Tensor& targets) {
     return forward(tokens, targets, acts_);
   }
+  /// The backward of forward(tokens, targets), with the model's own GPTActivations.
   void backward(double loss_scale = 1.0) { backward(acts_, loss_scale); }
 
   // ---- the pieces (pipeline stages, checkpointing, tensor parallel drivers) ----
@@ -227,18 +260,22 @@ class GPT {
   /// communicates (mappings.hpp): lab 07's tensor and sequence parallelism. A model whose
   /// vocabulary is sharded (GPTOptions::vocab_lo/hi) needs vocabulary-parallel ones.
   void set_mappings(std::shared_ptr<const Mappings> mappings);
+  /// The mappings in use (the one-device default until set_mappings).
   const Mappings& mappings() const;
   /// What the pieces do around each unit and block (BlockPolicy): e.g. checkpointing, ZeRO-2/3.
   /// set_block_policy replaces the policy (nullptr: none); add_block_policy appends one to it
   /// (the policies run in the order added: PolicyList).
   void set_block_policy(std::shared_ptr<BlockPolicy> policy) { policy_ = std::move(policy); }
   void add_block_policy(std::shared_ptr<BlockPolicy> policy);
+  /// The block policy in use (null: keep everything).
   BlockPolicy* block_policy() const { return policy_.get(); }
 
   // ---- units (ZeRO) ----
   /// Unit index of the embedding / of block i / of the head in params().units().
   std::size_t embedding_unit() const;
+  /// Unit index of block i (global index) in params().units().
   std::size_t block_unit(int i) const;
+  /// Unit index of the head (ln_f, and a last stage's lm_head.weight).
   std::size_t head_unit() const;
 
   /// Logits (B, T, V) of tokens (B, T), keeping no activations (generation, evaluation).
@@ -255,14 +292,17 @@ class GPT {
   /// Bytes of the model's own activations held right now (GPTActivations::nbytes).
   std::size_t activation_bytes() const { return acts_.nbytes(); }
 
-  std::optional<Embedding> embedding;
-  std::vector<std::unique_ptr<Block>> blocks_;
-  std::optional<LayerNorm> ln_f;
-  std::optional<Parameter> lm_head;  // only on a head stage without the embedding (untied copy)
+  std::optional<Embedding> embedding;           ///< wte, wpe: only with has_embedding()
+  std::vector<std::unique_ptr<Block>> blocks_;  ///< blocks [first_block, last_block)
+  std::optional<LayerNorm> ln_f;                ///< only with has_head()
+  /// The tied head's own copy of wte, only on a head stage without the embedding.
+  std::optional<Parameter> lm_head;
 
   /// The vocabulary rows [lo, hi) of wte / lm_head.weight this model keeps (GPTOptions).
   int64_t vocab_lo() const { return vocab_lo_; }
+  /// One past the last vocabulary row this model keeps.
   int64_t vocab_hi() const { return vocab_hi_; }
+  /// True when it keeps only part of the vocabulary (vocabulary parallel).
   bool vocab_sharded() const { return vocab_hi_ - vocab_lo_ != config_.vocab_size; }
 
  private:

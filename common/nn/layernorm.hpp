@@ -1,6 +1,7 @@
 #pragma once
-// LayerNorm over the last dimension, with learned scale and shift (PyTorch's nn.LayerNorm,
-// eps 1e-5). The caller keeps the saved statistics (mean, rstd), so it decides their lifetime.
+/// @file layernorm.hpp
+/// LayerNorm over the last dimension, with learned scale and shift (PyTorch's nn.LayerNorm,
+/// eps 1e-5). The caller keeps the saved statistics (mean, rstd), so it decides their lifetime.
 #include <string>
 #include <vector>
 
@@ -8,8 +9,10 @@
 
 namespace scalelab::nn {
 
+/// LayerNorm over the last dimension: per row, (x - mean) / std, then scale and shift.
 class LayerNorm {
  public:
+  /// Parameters `name`.weight (ones) and `name`.bias (zeros), each (features).
   LayerNorm(std::string name, int64_t features);
   /// out (N, C), mean (N), rstd (N) from in (N, C)
   void forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in) const;
@@ -21,9 +24,11 @@ class LayerNorm {
   /// din += ..., dweight += ..., dbias += ... from dout (N, C)
   void backward(Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean,
                 const Tensor& rstd);
+  /// weight, then bias.
   std::vector<Parameter*> parameters() { return {&weight, &bias}; }
-  Parameter weight, bias;
-  double eps = 1e-5;
+  Parameter weight;   ///< the per-feature scale
+  Parameter bias;     ///< the per-feature shift
+  double eps = 1e-5;  ///< added to the variance before the square root
 };
 
 }  // namespace scalelab::nn

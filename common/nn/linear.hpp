@@ -1,10 +1,11 @@
 #pragma once
-// y = x W^T + b, with W stored (out, in) as PyTorch's nn.Linear.
-// A Linear may own a slice of its full weight (Shard): rows = some output features (column
-// parallel: each rank computes part of y), columns = some input features (row parallel: each rank
-// computes a partial sum of y, to be all-reduced). A row-parallel layer keeps its bias whole and
-// does NOT add it in forward: the caller adds it once, after the all-reduce (add_bias), so the
-// sum over ranks counts it once and every rank's copy gets the same, whole gradient.
+/// @file linear.hpp
+/// y = x W^T + b, with W stored (out, in) as PyTorch's nn.Linear.
+/// A Linear may own a slice of its full weight (Shard): rows = some output features (column
+/// parallel: each rank computes part of y), columns = some input features (row parallel: each rank
+/// computes a partial sum of y, to be all-reduced). A row-parallel layer keeps its bias whole and
+/// does NOT add it in forward: the caller adds it once, after the all-reduce (add_bias), so the
+/// sum over ranks counts it once and every rank's copy gets the same, whole gradient.
 #include <string>
 #include <vector>
 
@@ -12,6 +13,8 @@
 
 namespace scalelab::nn {
 
+/// A fully connected layer, possibly holding only a slice of its weight (Shard): the column-
+/// and row-parallel Linear of tensor parallelism are this class with a shard.
 class Linear {
  public:
   /// `std` is the init scale of the weight; `shard` which rows (dim 0) or columns (dim 1) of
@@ -30,14 +33,19 @@ class Linear {
   /// db += column sums of dout.
   void backward(Tensor& din, const Tensor& dout, const Tensor& in);
 
+  /// Input features this layer holds (all of them unless row parallel).
   int64_t in_features() const { return weight.shape()[1]; }
+  /// Output features this layer holds (all of them unless column parallel).
   int64_t out_features() const { return weight.shape()[0]; }
+  /// Whether it has a bias.
   bool has_bias() const { return has_bias_; }
   /// Holds a slice of the input features (its output is a partial sum).
   bool row_parallel() const { return weight.shard.dim == 1; }
+  /// weight, then bias (if any).
   std::vector<Parameter*> parameters();
 
-  Parameter weight, bias;
+  Parameter weight;  ///< (out, in), or this layer's slice of it
+  Parameter bias;    ///< (out), or this layer's slice (whole in a row-parallel layer)
 
  private:
   bool has_bias_;

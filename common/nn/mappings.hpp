@@ -1,21 +1,22 @@
 #pragma once
-// The hook points where a parallel technique plugs into the model (Megatron-LM's "mappings").
-// nn::Block and nn::GPT call these operators at fixed places and know nothing of ranks; this
-// class, the default, is one device: identities and the library's own ops. Lab 07 writes the
-// tensor-parallel ones (f and g, sequence parallelism's all-gather and reduce-scatter, the
-// vocabulary-parallel embedding and cross-entropy); a model takes them with GPT::set_mappings.
-//
-// Where the model calls them (one block; the head is the same with ln_f and the logits):
-//
-//   rows ─ ln1 ─ enter ─▶ attention (column- then row-parallel) ─ leave ─ +bias ─ +x ─▶ rows
-//                 ◀ enter_backward                                 ◀ leave_backward
-//
-//   tokens ─ embedding_forward ─ split_rows ─▶ blocks ─▶ ln_f ─ enter ─ logits ─ cross_entropy
-//
-// "rows" are the token rows a rank keeps between the regions: all N = B*T of them, (B, T, C), or
-// with sequence parallelism its N/tp, (N/tp, C). Inside a region every rank computes on all N
-// rows ("full", (B, T, C)) with its slice of the weights. The default keeps every row and
-// every weight, so each operator is the identity.
+/// @file mappings.hpp
+/// The hook points where a parallel technique plugs into the model (Megatron-LM's "mappings").
+/// nn::Block and nn::GPT call these operators at fixed places and know nothing of ranks; this
+/// class, the default, is one device: identities and the library's own ops. Lab 07 writes the
+/// tensor-parallel ones (f and g, sequence parallelism's all-gather and reduce-scatter, the
+/// vocabulary-parallel embedding and cross-entropy); a model takes them with GPT::set_mappings.
+///
+/// Where the model calls them (one block; the head is the same with ln_f and the logits):
+///
+///   rows ─ ln1 ─ enter ─▶ attention (column- then row-parallel) ─ leave ─ +bias ─ +x ─▶ rows
+///                 ◀ enter_backward                                 ◀ leave_backward
+///
+///   tokens ─ embedding_forward ─ split_rows ─▶ blocks ─▶ ln_f ─ enter ─ logits ─ cross_entropy
+///
+/// "rows" are the token rows a rank keeps between the regions: all N = B*T of them, (B, T, C), or
+/// with sequence parallelism its N/tp, (N/tp, C). Inside a region every rank computes on all N
+/// rows ("full", (B, T, C)) with its slice of the weights. The default keeps every row and
+/// every weight, so each operator is the identity.
 #include <cstdint>
 #include <vector>
 
@@ -25,22 +26,24 @@ namespace scalelab::nn {
 
 class LayerNorm;
 
+/// The operators a model calls where a parallel technique communicates; this base class is one
+/// device (identities and the library's own ops). Subclass it and override what your technique
+/// changes (lab 07's TensorParallel and SequenceParallel); GPT::set_mappings plugs it in.
 class Mappings {
  public:
   virtual ~Mappings() = default;
 
   // ---- the regions of a block (and the head's logits) ----
-  /// Into a region, forward: this rank's rows -> the full input of a column-parallel layer.
-  /// Tensor parallel: f (the identity); sequence parallel: all-gather the rows.
+  /// Into a region, forward: this rank's rows -> the full input of a column-parallel layer
+  /// (lab 07 step 3 decides what tensor parallelism does here, step 5 sequence parallelism).
   virtual Tensor enter(const Tensor& x) const { return x; }
-  /// ... backward: the full input's gradient, a partial sum on each rank -> this rank's rows.
-  /// f's backward: all-reduce; sequence parallel: reduce-scatter.
+  /// ... backward: the full input's gradient, a partial sum on each rank -> this rank's rows of
+  /// the sum.
   virtual Tensor enter_backward(const Tensor& dx) const { return dx; }
   /// Out of a region, forward: a row-parallel layer's partial full output -> this rank's rows
-  /// of the sum. g: all-reduce; sequence parallel: reduce-scatter.
+  /// of the sum.
   virtual Tensor leave(const Tensor& y) const { return y; }
-  /// ... backward: this rank's rows of the gradient -> the full gradient. g's backward: the
-  /// identity; sequence parallel: all-gather.
+  /// ... backward: this rank's rows of the output's gradient -> the full gradient.
   virtual Tensor leave_backward(const Tensor& dy) const { return dy; }
   /// LayerNorm's backward on this rank's rows: din +=, ln's gradients +=. Sequence parallel: the
   /// weight gradients of this rank's rows are partial sums, to be summed over the ranks.
@@ -91,8 +94,8 @@ class Mappings {
   /// of the (N, V) logits; targets (N) i32. Replaces `logits` by the same columns of the softmax
   /// (what the backward needs). The same value on every rank.
   virtual double cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const;
-  /// Replaces `probs` (N, V_local) by the gradient of scale * the mean loss w.r.t. the logits:
-  /// (probs - onehot(targets)) * scale / N on these columns.
+  /// Replaces `probs` (N, V_local) by the gradient of scale * the mean loss w.r.t. the logits,
+  /// on these columns.
   virtual void cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
                                       double scale) const;
 

@@ -1,7 +1,8 @@
 #pragma once
-// A model's parameters: named tensors that are views into ONE flat buffer of values and ONE flat
-// buffer of gradients, in a stable order. Later labs rely on that: a DDP bucket, a ZeRO shard or a
-// flat all-reduce is a slice of the flat buffer (Tensor::flat), no gathering or copying needed.
+/// @file parameter.hpp
+/// A model's parameters: named tensors that are views into ONE flat buffer of values and ONE flat
+/// buffer of gradients, in a stable order. Later labs rely on that: a DDP bucket, a ZeRO shard or a
+/// flat all-reduce is a slice of the flat buffer (Tensor::flat), no gathering or copying needed.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -17,29 +18,35 @@ namespace scalelab::nn {
 /// parallel); `ranges` are [begin, end) along that dim, concatenated in order. Several ranges
 /// let a fused QKV weight keep the q, k and v rows of its heads.
 struct Shard {
-  int dim = -1;  // -1: the whole tensor
-  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int dim = -1;  ///< 0: rows, 1: columns, -1: the whole tensor
+  std::vector<std::pair<int64_t, int64_t>> ranges;  ///< [begin, end) along dim, in order
+  /// True for the whole tensor (no shard).
   bool whole() const { return dim < 0; }
   /// Rows or columns kept.
   int64_t count() const;
 };
 
+/// How a parameter's initial values are drawn.
 enum class Init { normal, zeros, ones };
 
+/// One named weight of a model: what it is (name, full shape, the shard this model keeps, how
+/// to initialise it) and, once bound by a ParameterSet, views of its value and gradient.
 struct Parameter {
-  std::string name;                // "blocks.0.attn.qkv.weight"
-  std::vector<int64_t> full_shape; // the unsharded shape
-  Shard shard;                     // which part of it this parameter holds
-  Init init = Init::normal;
-  double init_std = 0.02;
-  bool weight_decay = false;       // nanoGPT decays 2-d weights only
-  std::string init_key;            // whose values to draw (defaults to name; a copy of a tied
-                                   // weight on another pipeline stage names the original)
-  Tensor value, grad;              // views into the flat buffers, set by ParameterSet::bind
-  Tensor compute;                  // mixed precision: a view into the set's bf16 copy of the
-                                   // values (flat), or into its unit's bf16 compute buffer
-                                   // (per-unit values: bound by ParameterSet::bind_compute);
-                                   // undefined when the set computes in its own dtype
+  std::string name;                ///< "blocks.0.attn.qkv.weight"
+  std::vector<int64_t> full_shape; ///< the unsharded shape
+  Shard shard;                     ///< which part of it this parameter holds
+  Init init = Init::normal;        ///< how its full tensor is drawn
+  double init_std = 0.02;          ///< the normal's standard deviation
+  bool weight_decay = false;       ///< nanoGPT decays 2-d weights only
+  /// Whose values to draw (defaults to name; a copy of a tied weight on another pipeline stage
+  /// names the original).
+  std::string init_key;
+  Tensor value;                    ///< a view into the values (flat buffer or its unit's), set by ParameterSet::bind
+  Tensor grad;                     ///< a view into the gradients, the shape of value
+  /// Mixed precision: a view into the set's bf16 copy of the values (flat), or into its unit's
+  /// bf16 compute buffer (per-unit values: bound by ParameterSet::bind_compute); undefined when
+  /// the set computes in its own dtype.
+  Tensor compute;
 
   /// What the layers compute with: the bf16 compute copy in mixed precision, else the value.
   /// Optimizers update `value` (the fp32 master) and refresh the copy (ParameterSet).
@@ -47,6 +54,7 @@ struct Parameter {
 
   /// The local shape (full_shape with the shard applied).
   std::vector<int64_t> shape() const;
+  /// Elements this parameter holds (of its shard).
   int64_t numel() const;
 };
 
@@ -59,10 +67,12 @@ void init_parameter(Parameter& p, uint64_t seed);
 /// embedding, one block, the head. ZeRO-3 gathers a unit's values before its forward and frees
 /// them after; ZeRO-2 holds a unit's gradients only until they are reduced into the shard.
 struct Unit {
-  std::string name;          // "embedding", "blocks.3", "head"
-  std::size_t first = 0;     // parameters [first, last) of the set
-  std::size_t last = 0;
-  int64_t lo = 0, hi = 0;    // elements [lo, hi) of the flat layout
+  std::string name;          ///< "embedding", "blocks.3", "head"
+  std::size_t first = 0;     ///< its first parameter's index in the set
+  std::size_t last = 0;      ///< one past its last parameter's index
+  int64_t lo = 0;            ///< its first element in the flat layout
+  int64_t hi = 0;            ///< one past its last element
+  /// Its elements.
   int64_t numel() const { return hi - lo; }
 };
 
@@ -74,9 +84,11 @@ struct Unit {
 ///             held for a released unit: the allocator's counters show the saving.
 enum class Storage { flat, per_unit };
 
+/// How a ParameterSet stores values and gradients (and pads its layout, and in what dtype the
+/// layers compute): what DDP, ZeRO and mixed precision choose.
 struct StorageOptions {
-  Storage values = Storage::flat;
-  Storage grads = Storage::flat;
+  Storage values = Storage::flat;  ///< flat, or per_unit (ZeRO-3)
+  Storage grads = Storage::flat;   ///< flat, or per_unit (ZeRO-2 and 3)
   /// The flat layout is padded at its end to a multiple of this (the number of ZeRO shards):
   /// padded_numel() = round_up(numel(), pad_to), so n equal shards cover it exactly. The
   /// padding elements belong to no parameter; flat buffers hold them as zeros.
@@ -94,9 +106,13 @@ struct StorageOptions {
 /// has size = ceil(numel / n) elements, [lo, lo + size); the real elements of the shard are
 /// [lo, hi) with hi = min(lo + size, numel) (the last shards may be partly or wholly padding).
 struct ShardRange {
-  int64_t lo = 0, hi = 0, size = 0;
+  int64_t lo = 0;    ///< the shard's first element in the padded layout
+  int64_t hi = 0;    ///< one past its last real element
+  int64_t size = 0;  ///< every shard's size, padding included
+  /// Its real elements (no padding).
   int64_t real() const { return hi - lo; }
 };
+/// Shard `rank` of `n` of a flat layout of `numel` elements (ShardRange; lab 09 writes it).
 ShardRange shard_range(int64_t numel, int rank, int n);
 
 /// Lays out parameters in one flat layout of values and of gradients, in a stable order.
@@ -113,15 +129,19 @@ class ParameterSet {
             StorageOptions storage = {},
             const std::function<void(const Unit&, const Tensor& values)>& on_init = {});
 
+  /// The parameters, in layout order.
   const std::vector<Parameter*>& list() const { return params_; }
-  /// The flat value / gradient buffer without the padding. Flat storage only.
+  /// The flat value buffer without the padding. Flat storage only.
   Tensor& values();
+  /// The flat gradient buffer without the padding. Flat storage only.
   Tensor& grads();
-  /// The same with the padding (padded_numel() elements).
+  /// The flat values with the padding (padded_numel() elements).
   Tensor& padded_values();
+  /// The flat gradients with the padding.
   Tensor& padded_grads();
-  /// Elements of all parameters (no padding), and with the padding.
+  /// Elements of all parameters (no padding).
   int64_t numel() const { return numel_; }
+  /// Elements with the padding: a multiple of StorageOptions::pad_to.
   int64_t padded_numel() const { return padded_numel_; }
   /// Element offset of parameter i in the flat layout.
   int64_t offset(std::size_t i) const { return offsets_.at(i); }
@@ -145,13 +165,19 @@ class ParameterSet {
   void refresh_compute();
 
   // ---- units (per_unit storage) -----------------------------------------------------------
+  /// The units, in layout order.
   const std::vector<Unit>& units() const { return units_; }
   /// Index of the unit holding parameter p.
   std::size_t unit_of(const Parameter* p) const;
+  /// How values and gradients are stored.
   const StorageOptions& storage() const { return storage_; }
+  /// The values' and gradients' dtype (the fp32 master in mixed precision).
   DType dtype() const { return dtype_; }
+  /// Where they live.
   Device device() const { return device_; }
+  /// Whether unit `unit`'s values are held now (always with flat storage).
   bool values_bound(std::size_t unit) const;
+  /// Whether unit `unit`'s gradients are held now (always with flat storage).
   bool grads_bound(std::size_t unit) const;
   /// Allocates unit u's own value buffer (u.numel() elements, uninitialised), points its
   /// parameters' values at it and returns it (the caller fills it, e.g. by an all-gather).
@@ -162,8 +188,9 @@ class ParameterSet {
   Tensor bind_grads(std::size_t unit);
   /// Frees unit u's gradients.
   void release_grads(std::size_t unit);
-  /// Unit u's values / gradients as one 1-d tensor (flat storage: a view of the flat buffer).
+  /// Unit u's values as one 1-d tensor (flat storage: a view of the flat buffer).
   Tensor unit_values(std::size_t unit) const;
+  /// Unit u's gradients as one 1-d tensor (flat storage: a view of the flat buffer).
   Tensor unit_grads(std::size_t unit) const;
 
   // ---- per-unit compute buffers (mixed precision with per_unit values: ZeRO-3 in bf16) -----

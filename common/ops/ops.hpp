@@ -1,38 +1,39 @@
 #pragma once
-// The ops every layer is built from: one function per op, dispatched on the tensors' device to
-// ops/cpu (OpenBLAS + loops) or ops/cuda (cuBLAS + kernels). Each checks shapes, dtypes and
-// devices once, here, so the backends can trust their inputs.
-//
-// Conventions (as in llm.c):
-//  - every tensor is contiguous; shapes are in the comments, e.g. (N, C) with N = B*T rows;
-//  - `*_backward` functions ACCUMULATE (+=) into parameter gradients and into input gradients
-//    (`din`), so a tensor used twice (a residual, a tied weight) gets the sum of both paths;
-//    functions documented as "sets" overwrite instead;
-//  - f32 everywhere; f64 too on the host (and on CUDA) so gradient checks are exact enough;
-//    bf16 (common/bf16.hpp) for mixed precision, under the rules below.
-//
-// bf16, the mixed-precision rules (checked in ops.cpp; both backends implement them). bf16 is a
-// STORAGE type: every kernel loads bf16 into float, computes in float (double for f64) and rounds
-// once when it stores (nearest, ties to even). What stays fp32 in mixed precision is what needs
-// the 24-bit mantissa: master weights, gradients, optimizer state, LayerNorm statistics, losses.
-//  R1. bf16 is accepted wherever f32 is (all tensors of the op bf16) for: fill, scale, axpy, add,
-//      copy, add_bias, gelu_forward/backward, softmax_forward, split_heads(_backward),
-//      merge_heads(_backward), causal_softmax_forward/backward, matmul, batched_matmul, sum and
-//      sum_squares (both accumulate in double), cast.
-//  R2. matmul / batched_matmul: a and b of one dtype; out of that dtype, OR out f32 with a and b
-//      bf16 (fp32 accumulation written to fp32: how a weight gradient lands in an fp32 gradient
-//      buffer with beta = 1). Accumulation is always fp32 (f64 for f64).
-//  R3. layernorm_forward: out, in, weight, bias of one dtype; mean and rstd f32 when that is bf16.
-//      layernorm_backward: din, dout, in, weight of the data dtype; dweight and dbias the data
-//      dtype or f32 when it is bf16; mean, rstd as in forward.
-//  R4. embedding_forward: out, wte, wpe of one dtype. embedding_backward: dout bf16 with dwte /
-//      dwpe f32 allowed (fp32 gradients).
-//  R5. cross_entropy_forward: logits bf16 allowed, then losses f32; probs the logits' dtype.
-//      cross_entropy_backward: dlogits and probs of one dtype. Softmax and log in float.
-//  R6. bias_backward: dbias f32 with dout bf16 allowed.
-//  R7. cast: any of f32, f64, bf16 to any of them.
-//  R8. adamw_update: param, grad, m, v f32 (or f64); an optional bf16 `compute` of param's numel
-//      also gets bf16(new param) in the same pass (update the master, refresh the compute copy).
+/// @file ops.hpp
+/// The ops every layer is built from: one function per op, dispatched on the tensors' device to
+/// ops/cpu (OpenBLAS + loops) or ops/cuda (cuBLAS + kernels). Each checks shapes, dtypes and
+/// devices once, here, so the backends can trust their inputs.
+///
+/// Conventions (as in llm.c):
+///  - every tensor is contiguous; shapes are in the comments, e.g. (N, C) with N = B*T rows;
+///  - `*_backward` functions ACCUMULATE (+=) into parameter gradients and into input gradients
+///    (`din`), so a tensor used twice (a residual, a tied weight) gets the sum of both paths;
+///    functions documented as "sets" overwrite instead;
+///  - f32 everywhere; f64 too on the host (and on CUDA) so gradient checks are exact enough;
+///    bf16 (common/bf16.hpp) for mixed precision, under the rules below.
+///
+/// bf16, the mixed-precision rules (checked in ops.cpp; both backends implement them). bf16 is a
+/// STORAGE type: every kernel loads bf16 into float, computes in float (double for f64) and rounds
+/// once when it stores (nearest, ties to even). What stays fp32 in mixed precision is what needs
+/// the 24-bit mantissa: master weights, gradients, optimizer state, LayerNorm statistics, losses.
+///  R1. bf16 is accepted wherever f32 is (all tensors of the op bf16) for: fill, scale, axpy, add,
+///      copy, add_bias, gelu_forward/backward, softmax_forward, split_heads(_backward),
+///      merge_heads(_backward), causal_softmax_forward/backward, matmul, batched_matmul, sum and
+///      sum_squares (both accumulate in double), cast.
+///  R2. matmul / batched_matmul: a and b of one dtype; out of that dtype, OR out f32 with a and b
+///      bf16 (fp32 accumulation written to fp32: how a weight gradient lands in an fp32 gradient
+///      buffer with beta = 1). Accumulation is always fp32 (f64 for f64).
+///  R3. layernorm_forward: out, in, weight, bias of one dtype; mean and rstd f32 when that is bf16.
+///      layernorm_backward: din, dout, in, weight of the data dtype; dweight and dbias the data
+///      dtype or f32 when it is bf16; mean, rstd as in forward.
+///  R4. embedding_forward: out, wte, wpe of one dtype. embedding_backward: dout bf16 with dwte /
+///      dwpe f32 allowed (fp32 gradients).
+///  R5. cross_entropy_forward: logits bf16 allowed, then losses f32; probs the logits' dtype.
+///      cross_entropy_backward: dlogits and probs of one dtype. Softmax and log in float.
+///  R6. bias_backward: dbias f32 with dout bf16 allowed.
+///  R7. cast: any of f32, f64, bf16 to any of them.
+///  R8. adamw_update: param, grad, m, v f32 (or f64); an optional bf16 `compute` of param's numel
+///      also gets bf16(new param) in the same pass (update the master, refresh the compute copy).
 #include <cstdint>
 
 #include "common/tensor.hpp"
@@ -162,8 +163,12 @@ double sum_squares(const Tensor& x);
 ///   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 ///   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)          (t = step, from 1)
 struct AdamWArgs {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
-  int64_t step = 1;
+  double lr = 1e-3;            ///< the learning rate
+  double beta1 = 0.9;          ///< m's decay
+  double beta2 = 0.95;         ///< v's decay
+  double eps = 1e-8;           ///< added to the denominator
+  double weight_decay = 0.0;   ///< decoupled weight decay (0: none)
+  int64_t step = 1;            ///< t, from 1: the bias correction
 };
 /// `compute` (R8): when given, a bf16 tensor of param's numel that the same pass sets to
 /// bf16(new param) -- the mixed-precision model's compute copy, refreshed without a second pass.
@@ -180,6 +185,7 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, double lr, doubl
 /// cuBLAS math mode for f32 matmuls: false (the default) keeps full fp32 (CUBLAS_DEFAULT_MATH
 /// with TF32 disallowed), true allows TF32 tensor cores. No-op without CUDA.
 void set_allow_tf32(bool allow);
+/// Whether set_allow_tf32(true) is in effect.
 bool allow_tf32();
 
 }  // namespace scalelab::ops

@@ -1,28 +1,32 @@
 #pragma once
-// Work accounting: the tensor ops count the work this process asked them to do, whatever the
-// device, as the communicators count bytes (common/comm/stats.hpp). Graders read them to see
-// WHERE the work happens, not only that the numbers come out right: a tensor-parallel rank must
-// do 1/tp of a layer's GEMM FLOPs (every rank computing the whole layer gives the right numbers
-// too), and with sequence parallelism a LayerNorm runs on N/tp rows.
-//
-//   const ops::WorkCount before = ops::work_stats();
-//   block.forward(x, acts);
-//   const ops::WorkCount did = ops::work_stats() - before;   // did.matmul_flops, ...
-//
-// What is counted, at the op's dispatch (after its argument checks):
-//   matmul, batched_matmul, linear_forward / linear_gelu_forward   2*M*N*K FLOPs per matrix
-//   layernorm_forward, residual_layernorm_forward, layernorm_backward   the rows (N of (N, C))
-//   flash_attention_forward / _backward   the (query, key) score pairs: BH*T*(T+1)/2 causal,
-//                                         BH*T*T unmasked (its matmuls are fused: no FLOPs counted)
+/// @file work.hpp
+/// Work accounting: the tensor ops count the work this process asked them to do, whatever the
+/// device, as the communicators count bytes (common/comm/stats.hpp). Graders read them to see
+/// WHERE the work happens, not only that the numbers come out right: a tensor-parallel rank must
+/// do 1/tp of a layer's GEMM FLOPs (every rank computing the whole layer gives the right numbers
+/// too), and with sequence parallelism a LayerNorm runs on N/tp rows.
+///
+///   const ops::WorkCount before = ops::work_stats();
+///   block.forward(x, acts);
+///   const ops::WorkCount did = ops::work_stats() - before;   // did.matmul_flops, ...
+///
+/// What is counted, at the op's dispatch (after its argument checks):
+///   matmul, batched_matmul, linear_forward / linear_gelu_forward   2*M*N*K FLOPs per matrix
+///   layernorm_forward, residual_layernorm_forward, layernorm_backward   the rows (N of (N, C))
+///   flash_attention_forward / _backward   the (query, key) score pairs: BH*T*(T+1)/2 causal,
+///                                         BH*T*T unmasked (its matmuls are fused: no FLOPs counted)
 #include <cstdint>
 
 namespace scalelab::ops {
 
+/// The work this process's tensor ops did: what a grader reads to check that a rank computed
+/// its share (1/tp of a layer's GEMMs, N/tp rows of a LayerNorm) and not the whole.
 struct WorkCount {
-  std::int64_t matmul_calls = 0;
-  std::int64_t matmul_flops = 0;  // 2*M*N*K per matrix multiply
-  std::int64_t layernorm_rows = 0;  // rows normalized (forward) or differentiated (backward)
-  std::int64_t attention_pairs = 0;  // fused attention's (query, key) scores computed
+  std::int64_t matmul_calls = 0;    ///< matrix multiplies
+  std::int64_t matmul_flops = 0;    ///< 2*M*N*K per matrix multiply
+  std::int64_t layernorm_rows = 0;  ///< rows normalized (forward) or differentiated (backward)
+  std::int64_t attention_pairs = 0; ///< fused attention's (query, key) scores computed
+  /// Equal on every counter.
   bool operator==(const WorkCount&) const = default;
 };
 
@@ -33,8 +37,10 @@ void reset_work_stats();
 /// after - before, field by field.
 WorkCount operator-(const WorkCount& after, const WorkCount& before);
 
-/// Called by the ops' dispatchers (not by labs).
+/// Counts `batch` matrix multiplies of (M, K) x (K, N). Called by the ops' dispatchers (not by
+/// labs).
 void count_matmul(std::int64_t batch, std::int64_t M, std::int64_t N, std::int64_t K);
+/// Counts `rows` LayerNorm rows. Called by the ops' dispatchers (not by labs).
 void count_layernorm_rows(std::int64_t rows);
 /// bh heads of t queries against t keys, causal or not.
 void count_attention(std::int64_t bh, std::int64_t t, bool causal);

@@ -1,11 +1,12 @@
 #pragma once
-// Optimizers over parameter groups: AdamW (PyTorch's, as nanoGPT), SGD with momentum, global-norm
-// gradient clipping and nanoGPT's cosine learning-rate schedule with linear warmup.
-//
-// A group is a (value, grad) pair of views plus whether weight decay applies. From a model:
-// optim::groups(model.parameters()) (one group per parameter). ZeRO shards make their own groups
-// from slices of the flat buffers. Optimizer state (AdamW's m and v) is one flat allocation per
-// state, sliced per group like the parameters.
+/// @file optim.hpp
+/// Optimizers over parameter groups: AdamW (PyTorch's, as nanoGPT), SGD with momentum, global-norm
+/// gradient clipping and nanoGPT's cosine learning-rate schedule with linear warmup.
+///
+/// A group is a (value, grad) pair of views plus whether weight decay applies. From a model:
+/// optim::groups(model.parameters()) (one group per parameter). ZeRO shards make their own groups
+/// from slices of the flat buffers. Optimizer state (AdamW's m and v) is one flat allocation per
+/// state, sliced per group like the parameters.
 #include <cstdint>
 #include <vector>
 
@@ -13,9 +14,12 @@
 
 namespace scalelab::optim {
 
+/// What an optimizer updates: a slice of values with its gradients (a whole parameter, or the
+/// part of it in a ZeRO shard).
 struct Group {
-  Tensor value, grad;
-  bool weight_decay = false;
+  Tensor value;               ///< updated in place
+  Tensor grad;                ///< read; the same shape as value
+  bool weight_decay = false;  ///< decoupled weight decay applies (2-d weights, not biases or LayerNorms)
   /// Mixed precision: the parameter's bf16 compute copy, refreshed by every step (AdamW in the
   /// same pass as the update: ops::adamw_update's `compute`). Undefined: none.
   Tensor compute = {};
@@ -33,21 +37,33 @@ std::vector<Group> groups(const std::vector<nn::Parameter*>& params);
 std::vector<Group> groups_in_range(const nn::ParameterSet& set, int64_t lo, int64_t hi,
                                    const Tensor& values, const Tensor& grads);
 
+/// AdamW's hyperparameters (nanoGPT's defaults).
 struct AdamWConfig {
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;  // nanoGPT's
+  double beta1 = 0.9;          ///< decay of the first moment m
+  double beta2 = 0.95;         ///< decay of the second moment v
+  double eps = 1e-8;           ///< added to sqrt(v) before dividing
+  double weight_decay = 0.1;   ///< decoupled decay of the groups that take it
 };
 
+/// AdamW (PyTorch's): keeps m and v, one value each per element of its groups (8 bytes per
+/// fp32 parameter: with value and gradient the 16 bytes that ZeRO shards).
 class AdamW {
  public:
+  /// Allocates m and v (zeros) for every element of `groups`.
   AdamW(std::vector<Group> groups, AdamWConfig config = {});
   /// One update of every group at learning rate lr (the step counter t goes up by one first).
   void step(double lr);
+  /// Steps taken (the bias correction's t).
   int64_t steps() const { return t_; }
-  void set_steps(int64_t t) { t_ = t; }  // after loading m and v from a checkpoint
+  /// Sets the step counter, after loading m and v from a checkpoint.
+  void set_steps(int64_t t) { t_ = t; }
   /// The moments, flat, in group order (checkpoints; memory tables).
   Tensor& m() { return m_; }
+  /// The second moments, flat, in group order.
   Tensor& v() { return v_; }
+  /// Bytes of m and v: the optimizer state a rank holds.
   std::size_t state_bytes() const { return m_.nbytes() + v_.nbytes(); }
+  /// The hyperparameters.
   const AdamWConfig& config() const { return config_; }
 
  private:
@@ -58,10 +74,15 @@ class AdamW {
   int64_t t_ = 0;
 };
 
+/// SGD with optional momentum and weight decay (what the multi-step equivalence tests use: no
+/// state to compare with momentum 0).
 class SGD {
  public:
+  /// A momentum buffer only when momentum > 0.
   SGD(std::vector<Group> groups, double momentum = 0.0, double weight_decay = 0.0);
+  /// One update of every group at learning rate lr.
   void step(double lr);
+  /// Bytes of the momentum buffer (0 without momentum).
   std::size_t state_bytes() const { return buf_.defined() ? buf_.nbytes() : 0; }
 
  private:

@@ -1,8 +1,9 @@
 #pragma once
-// What the training programs of labs 03-06 share: their command-line options (model, data,
-// batch, steps, learning rate), loading the corpus, and the step line with global and per-rank
-// tokens/s, MFU and the peak memory of the busiest rank. The parallel technique itself lives in
-// each lab; this is only the frame around it.
+/// @file loop.hpp
+/// What the training programs of labs 03-06 share: their command-line options (model, data,
+/// batch, steps, learning rate), loading the corpus, and the step line with global and per-rank
+/// tokens/s, MFU and the peak memory of the busiest rank. The parallel technique itself lives in
+/// each lab; this is only the frame around it.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,14 +16,15 @@
 
 namespace scalelab::train {
 
+/// The training options the programs of labs 03-10 share (add_train_options).
 struct TrainOptions {
-  std::string model = "small";  // tiny | small | gpt-85m
-  std::string data;             // directory with train.bin (default: the repository's data/)
-  int64_t batch = 16;           // GLOBAL batch (rows of `block_size` tokens), over all ranks
-  int64_t steps = 20;
-  double lr = 1e-3;
-  int64_t warmup = 5;
-  double peak_tflops = 0;       // per rank; 0: the GPU's data sheet, or a CPU's measured sgemm
+  std::string model = "small";  ///< tiny | small | gpt-85m
+  std::string data;             ///< directory with train.bin (default: the repository's data/)
+  int64_t batch = 16;           ///< GLOBAL batch (rows of `block_size` tokens), over all ranks
+  int64_t steps = 20;           ///< optimizer steps
+  double lr = 1e-3;             ///< the peak learning rate (cosine schedule)
+  int64_t warmup = 5;           ///< steps of linear warmup
+  double peak_tflops = 0;       ///< per rank; 0: the GPU's data sheet, or a CPU's measured sgemm
 };
 
 /// Adds --model --data --batch --steps --lr --warmup --peak-tflops with `defaults`.

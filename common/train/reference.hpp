@@ -1,7 +1,8 @@
 #pragma once
-// The single-device run every parallel lab is checked against: the same model config, the same
-// seed, the same GLOBAL batch, on one rank. Tests of labs 03-06 compute it inside the test, on
-// every rank, and compare their parallel result with it (common/train/equivalence.hpp).
+/// @file reference.hpp
+/// The single-device run every parallel lab is checked against: the same model config, the same
+/// seed, the same GLOBAL batch, on one rank. Tests of labs 03-06 compute it inside the test, on
+/// every rank, and compare their parallel result with it (common/train/equivalence.hpp).
 #include <cstdint>
 #include <vector>
 
@@ -13,18 +14,20 @@ namespace scalelab::train {
 
 /// Loss and gradients of one forward + backward of a fresh GPT(config, seed) on `batch`.
 struct Reference {
-  double loss = 0;
-  Tensor grads;  // flat, in the model's parameter order
+  double loss = 0;  ///< the mean loss of the batch
+  Tensor grads;     ///< flat, in the model's parameter order
 };
+/// The single-device model's loss and gradients on `batch`: what a parallel step must match.
 Reference single_device_step(const ModelConfig& config, uint64_t seed, const data::Batch& batch);
 
 /// `steps` steps of plain SGD (lr, no momentum: rounding differences stay as small as they
 /// start, unlike AdamW's) on the sampler's global batches 0..steps-1. Returns the loss of each
 /// step and the final parameters (flat).
 struct SgdRun {
-  std::vector<double> losses;
-  Tensor params;
+  std::vector<double> losses;  ///< the loss of each step
+  Tensor params;               ///< the parameters after the last step, flat
 };
+/// The single-device model trained with plain SGD (see SgdRun).
 SgdRun single_device_sgd(const ModelConfig& config, uint64_t seed, const data::Sampler& sampler,
                          int steps, double lr);
 

@@ -1,15 +1,16 @@
 #pragma once
-// Sizing a run before it allocates. A batch too large for the machine must be a usage error that
-// names the option, on every rank, before any work: not "check failed: out of host memory" from
-// the allocator in the middle of a step, nor the kernel's OOM killer (a large allocation may
-// succeed and fail only when its pages are touched).
-//
-//   train::StepShape shape{.global_batch = B, .rows = B / dp, .layers = L};
-//   train::require_host_memory(train::step_bytes_at_least(config, shape, precision), "--batch");
-//
-// The figure is a lower bound, not a prediction: it counts only what a step certainly holds, so a
-// run it refuses cannot fit, and one it lets through may still run out (lab 10's planner predicts
-// the whole footprint; this check must also hold for an attendee's unfinished lab).
+/// @file sizing.hpp
+/// Sizing a run before it allocates. A batch too large for the machine must be a usage error that
+/// names the option, on every rank, before any work: not "check failed: out of host memory" from
+/// the allocator in the middle of a step, nor the kernel's OOM killer (a large allocation may
+/// succeed and fail only when its pages are touched).
+///
+///   train::StepShape shape{.global_batch = B, .rows = B / dp, .layers = L};
+///   train::require_host_memory(train::step_bytes_at_least(config, shape, precision), "--batch");
+///
+/// The figure is a lower bound, not a prediction: it counts only what a step certainly holds, so a
+/// run it refuses cannot fit, and one it lets through may still run out (lab 10's planner predicts
+/// the whole footprint; this check must also hold for an attendee's unfinished lab).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -49,9 +50,11 @@ std::size_t step_bytes_at_least(const ModelConfig& config, const StepShape& shap
 /// MPI_Comm_split_type); one process alone when MPI is not running.
 struct HostMemory {
   std::size_t node_available = 0;  ///< bytes
-  int ranks_on_node = 1;
+  int ranks_on_node = 1;  ///< this job's ranks on this node
+  /// This rank's even share of the node's available memory.
   std::size_t per_rank() const { return node_available / static_cast<std::size_t>(ranks_on_node); }
 };
+/// This node's available memory and this job's ranks on it (see HostMemory).
 HostMemory host_memory();
 
 /// Refuses a run that cannot fit, before it allocates: every rank compares `needed` (its own

@@ -1,4 +1,5 @@
-scalelab_add_lab(07 tensor_parallel SOURCES tensor_parallel.cpp GIVEN tp_model.cpp STEPS 6 RANKS 1 2 4 TIMEOUT 60)
+scalelab_add_lab(07 tensor_parallel SOURCES tensor_parallel.cpp GIVEN tp_model.cpp STEPS 6 RANKS 1 2 4 TIMEOUT 60
+                 OPTIONAL_STEPS 5 6)  # the core (steps 1-4) fits 90 minutes: README.md
 # tp (= the number of ranks) must divide the heads, the MLP width and the vocabulary: tiny has 2
 # heads, so 4 ranks are a usage error, exit 2 on every rank (checked before any data is read).
 if(SCALELAB_BUILD_TESTS)

@@ -1,5 +1,5 @@
 // Starter generated from solutions/07_tensor_parallel/tensor_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash f29bcd8b27b858ce (lets make-labs see your edits).
+// step (see README.md). Body hash b9b791bad2940fca (lets make-labs see your edits).
 // Lab 07: tensor parallelism: f and g, column- and row-parallel Linear, the TP block,
 // vocabulary-parallel embedding and cross-entropy.
 #include "tensor_parallel.hpp"
@@ -59,100 +59,100 @@ void g_backward(Tensor& dy, comm::Communicator& tp) {
 // ---- Step 2 -----------------------------------------------------------------------------------
 
 nn::Shard column_shard(int64_t out_features, int rank, int tp) {
-  // TODO step 2: rank r keeps output rows [r*out/tp, (r+1)*out/tp)
+  // TODO step 2: this rank's 1/tp of the output features (rows of the weight)
   // HINT: SCALELAB_REQUIRE(condition, "message {}", args) throws scalelab::UsageError.
   throw scalelab::NotImplemented(
-      "lab 07 step 2: rank r keeps output rows [r*out/tp, (r+1)*out/tp) (README.md#step-2)");
+      "lab 07 step 2: this rank's 1/tp of the output features (rows of the weight) (README.md#step-2)");
 }
 
 nn::Shard row_shard(int64_t in_features, int rank, int tp) {
-  // TODO step 2: rank r keeps input columns [r*in/tp, (r+1)*in/tp)
+  // TODO step 2: this rank's 1/tp of the input features (columns of the weight)
   throw scalelab::NotImplemented(
-      "lab 07 step 2: rank r keeps input columns [r*in/tp, (r+1)*in/tp) (README.md#step-2)");
+      "lab 07 step 2: this rank's 1/tp of the input features (columns of the weight) (README.md#step-2)");
 }
 
 Tensor column_parallel_forward(const nn::Linear& layer, const Tensor& x, comm::Communicator& tp) {
-  // TODO step 2: f, then y_local = x @ W_local^T + b_local
+  // TODO step 2: this rank's output features of the layer, no communication
   // HINT: layer.forward(out, in) is the local GEMM (out must be allocated: (..., out_local)).
   throw scalelab::NotImplemented(
-      "lab 07 step 2: f, then y_local = x @ W_local^T + b_local (README.md#step-2)");
+      "lab 07 step 2: this rank's output features of the layer, no communication (README.md#step-2)");
 }
 
 Tensor column_parallel_backward(nn::Linear& layer, const Tensor& dy_local, const Tensor& x,
                                 comm::Communicator& tp) {
-  // TODO step 2: local backward, then f's backward on dx
+  // TODO step 2: this rank's weight gradients; the whole input gradient on every rank
   // HINT: layer.backward(din, dout, in) accumulates: din must start at zero.
   throw scalelab::NotImplemented(
-      "lab 07 step 2: local backward, then f's backward on dx (README.md#step-2)");
+      "lab 07 step 2: this rank's weight gradients; the whole input gradient on every rank (README.md#step-2)");
 }
 
 Tensor row_parallel_forward(const nn::Linear& layer, const Tensor& x_local,
                             comm::Communicator& tp) {
-  // TODO step 2: partial y = x_local @ W_local^T, g, then the bias once
+  // TODO step 2: the whole output on every rank, the bias counted once
   throw scalelab::NotImplemented(
-      "lab 07 step 2: partial y = x_local @ W_local^T, g, then the bias once (README.md#step-2)");
+      "lab 07 step 2: the whole output on every rank, the bias counted once (README.md#step-2)");
 }
 
 Tensor row_parallel_backward(nn::Linear& layer, const Tensor& dy, const Tensor& x_local,
                              comm::Communicator& tp) {
-  // TODO step 2: g's backward, then the local backward
+  // TODO step 2: this rank's weight gradients and input gradient, no communication
   throw scalelab::NotImplemented(
-      "lab 07 step 2: g's backward, then the local backward (README.md#step-2)");
+      "lab 07 step 2: this rank's weight gradients and input gradient, no communication (README.md#step-2)");
 }
 
 // ---- Step 3 -----------------------------------------------------------------------------------
 
 HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp) {
   // TODO step 3: this rank's heads: their q, k and v rows, their projection columns
-  // HINT: q rows of heads [h0, h1) are [h0*hs, h1*hs); k rows are n_embd further, v rows 2*n_embd.
+  // HINT: three ranges, one each of q, k and v (./scalelab hint 07 3).
   throw scalelab::NotImplemented(
       "lab 07 step 3: this rank's heads: their q, k and v rows, their projection columns (README.md#step-3)");
 }
 
-// The placement of f and g: a region starts with f (its backward sums the partial input
-// gradients) and ends with g (it sums the partial outputs).
+// The model's hook points (common/nn/mappings.hpp): where a tensor-parallel region starts and
+// ends, forward and backward.
 Tensor TensorParallel::enter(const Tensor& x) const {
-  // TODO step 3: entering a region: f
+  // TODO step 3: entering a column-parallel region (the input whole on every rank)
   // HINT: step 1's operators work in place on a Tensor (a handle: a copy of x shares x's storage).
   throw scalelab::NotImplemented(
-      "lab 07 step 3: entering a region: f (README.md#step-3)");
+      "lab 07 step 3: entering a column-parallel region (the input whole on every rank) (README.md#step-3)");
 }
 
 Tensor TensorParallel::enter_backward(const Tensor& dx) const {
-  // TODO step 3: the gradient leaving a column-parallel input: f's backward
+  // TODO step 3: the gradient of a region's whole input (a partial sum on each rank)
   throw scalelab::NotImplemented(
-      "lab 07 step 3: the gradient leaving a column-parallel input: f's backward (README.md#step-3)");
+      "lab 07 step 3: the gradient of a region's whole input (a partial sum on each rank) (README.md#step-3)");
 }
 
 Tensor TensorParallel::leave(const Tensor& y) const {
-  // TODO step 3: leaving a region: g
+  // TODO step 3: leaving a row-parallel region (a partial output on each rank)
   throw scalelab::NotImplemented(
-      "lab 07 step 3: leaving a region: g (README.md#step-3)");
+      "lab 07 step 3: leaving a row-parallel region (a partial output on each rank) (README.md#step-3)");
 }
 
 Tensor TensorParallel::leave_backward(const Tensor& dy) const {
-  // TODO step 3: g's backward
+  // TODO step 3: the gradient of a region's output (the same on every rank)
   throw scalelab::NotImplemented(
-      "lab 07 step 3: g's backward (README.md#step-3)");
+      "lab 07 step 3: the gradient of a region's output (the same on every rank) (README.md#step-3)");
 }
 
 // ---- Step 4 -----------------------------------------------------------------------------------
 
 VocabRange vocab_range(int64_t vocab_size, int rank, int tp) {
-  // TODO step 4: V/tp contiguous ids per rank
+  // TODO step 4: this rank's contiguous 1/tp of the token ids
   throw scalelab::NotImplemented(
-      "lab 07 step 4: V/tp contiguous ids per rank (README.md#step-4)");
+      "lab 07 step 4: this rank's contiguous 1/tp of the token ids (README.md#step-4)");
 }
 
 Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, const Tensor& wpe,
                                         const Tensor& tokens, comm::Communicator& tp) {
   const int64_t B = tokens.size(0), T = tokens.size(1), C = wte_local.size(1);
   Tensor out = Tensor::empty({B, T, C}, wte_local.dtype(), wte_local.device());  // (B, T, C)
-  // TODO step 4: local rows (zero for other ranks' ids), all-reduce, + wpe
+  // TODO step 4: the single-device embedding, from this rank's vocabulary rows
   // HINT: the ops of common/ops/ops.hpp run on both devices: ops::gather_rows (a masked lookup),
   // HINT: ops::add_bias (adds a vector to every row: which view of out and wpe makes wpe one?).
   throw scalelab::NotImplemented(
-      "lab 07 step 4: local rows (zero for other ranks' ids), all-reduce, + wpe (README.md#step-4)");
+      "lab 07 step 4: the single-device embedding, from this rank's vocabulary rows (README.md#step-4)");
   return out;
 }
 
@@ -161,41 +161,41 @@ void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& d
   SCALELAB_CHECK(dwte_local.dtype() == dwpe.dtype(), "dwte {} and dwpe {} differ in dtype",
                  dwte_local.str(), dwpe.str());
   const int64_t B = tokens.size(0), T = tokens.size(1), C = dout.size(2);
-  // TODO step 4: scatter-add the rows of our ids; wpe gets every row
+  // TODO step 4: the gradients of this rank's vocabulary rows and of wpe, no communication
   // HINT: ops::index_add_rows skips the ids outside this rank's rows; ops::embedding_backward
   // HINT: with an undefined dwte computes dwpe alone. Both take bf16 dout into fp32 gradients.
   throw scalelab::NotImplemented(
-      "lab 07 step 4: scatter-add the rows of our ids; wpe gets every row (README.md#step-4)");
+      "lab 07 step 4: the gradients of this rank's vocabulary rows and of wpe, no communication (README.md#step-4)");
 }
 
 double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo,
                                     comm::Communicator& tp) {
   const int64_t N = logits.size(0);
   double total = 0;
-  // TODO step 4: three all-reduces of N numbers; the logits become probabilities
-  // HINT: comm::ReduceOp::max; exp(logit - max) never overflows; loss = log(sum) + max - target.
+  // TODO step 4: the loss without the full logits; ours become probabilities
+  // HINT: comm::ReduceOp::max for a stable softmax (./scalelab hint 07 4 2).
   // HINT: ops::row_max, ops::pick_columns, ops::exp_rows, ops::divide_rows, ops::logarithm,
   // HINT: ops::sum: the per-row pieces of a softmax, on both devices. The per-row numbers are
   // HINT: ops::stats_dtype(logits.dtype()): fp32 for bf16 logits.
   throw scalelab::NotImplemented(
-      "lab 07 step 4: three all-reduces of N numbers; the logits become probabilities (README.md#step-4)");
+      "lab 07 step 4: the loss without the full logits; ours become probabilities (README.md#step-4)");
   return total / static_cast<double>(N);
 }
 
 void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
                                            double scale) {
-  // TODO step 4: dlogits = (p - onehot) * scale / N on our columns
+  // TODO step 4: the loss's gradient on this rank's columns, no communication
   // HINT: the library's ops::cross_entropy_backward takes the offset of this rank's columns.
   throw scalelab::NotImplemented(
-      "lab 07 step 4: dlogits = (p - onehot) * scale / N on our columns (README.md#step-4)");
+      "lab 07 step 4: the loss's gradient on this rank's columns, no communication (README.md#step-4)");
 }
 
 // ---- Step 5 -----------------------------------------------------------------------------------
 
 TokenRange sequence_rows(int64_t tokens, int rank, int tp) {
-  // TODO step 5: tokens/tp contiguous rows per rank
+  // TODO step 5: this rank's contiguous 1/tp of the token rows
   throw scalelab::NotImplemented(
-      "lab 07 step 5: tokens/tp contiguous rows per rank (README.md#step-5)");
+      "lab 07 step 5: this rank's contiguous 1/tp of the token rows (README.md#step-5)");
 }
 
 Tensor gather_sequence(const Tensor& x_sp, comm::Communicator& tp) {
@@ -272,7 +272,7 @@ std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, DType
                                bool sp) {
   // TODO step 6: count the payload of every collective of one step
   // HINT: follow one forward and one backward of the model (embed, blocks, head) and list each
-// HINT: call its mappings make.
+  // HINT: call its mappings make.
   // HINT: activations in dtype; the cross-entropy's numbers and gradients in ops::stats_dtype.
   throw scalelab::NotImplemented(
       "lab 07 step 6: count the payload of every collective of one step (README.md#step-6)");

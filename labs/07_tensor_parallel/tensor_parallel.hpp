@@ -9,10 +9,13 @@
 ///   g   forward: all-reduce (each rank's output is a partial sum)
 ///       backward: identity (every rank needs the whole dY, and already has it)
 ///
-/// A column-parallel Linear (rank r keeps output features [r*out/tp, (r+1)*out/tp), rows of the
-/// (out, in) weight) starts with f; a row-parallel Linear (input features, columns of the weight)
-/// ends with g. An MLP is f -> column -> GELU -> row -> g: one all-reduce forward, one backward.
-/// Attention is the same with the heads as the columns.
+/// A column-parallel Linear (each rank keeps 1/tp of the output features: rows of the (out, in)
+/// weight) starts with f; a row-parallel Linear (1/tp of the input features: columns of the
+/// weight) ends with g. An MLP is f -> column -> GELU -> row -> g: one all-reduce forward, one
+/// backward. Attention is the same with the heads as the columns.
+///
+/// Core steps 1-4 (about 90 minutes), optional steps 5 and 6: README.md (hints:
+/// ./scalelab hint 07 STEP).
 ///
 /// Every rank of `tp` must call these functions in the same order (they are collectives).
 /// Parameters are drawn for the FULL tensor from (seed, name) and cut to the shard a layer holds
@@ -49,31 +52,34 @@ void g_backward(Tensor& dy, comm::Communicator& tp);
 // ---- Step 2: column- and row-parallel Linear --------------------------------------------------
 
 /// Step 2a. The rows of an (out_features, in) weight rank `rank` of `tp` keeps in a
-/// column-parallel Linear: Shard{0, {[rank*out/tp, (rank+1)*out/tp)}} (the bias is cut the same
-/// way). One range even when tp = 1. scalelab::UsageError when tp does not divide out_features.
+/// column-parallel Linear: a Shard on dim 0 holding this rank's contiguous 1/tp of the rows,
+/// rank 0 the first (the bias is cut the same way). One range even when tp = 1.
+/// scalelab::UsageError when tp does not divide out_features.
 nn::Shard column_shard(int64_t out_features, int rank, int tp);
-/// Step 2a. The columns of an (out, in_features) weight a row-parallel Linear keeps:
-/// Shard{1, {[rank*in/tp, (rank+1)*in/tp)}} (its bias is kept whole). One range even when tp = 1,
+/// Step 2a. The columns of an (out, in_features) weight a row-parallel Linear keeps: a Shard on
+/// dim 1 holding this rank's contiguous 1/tp of the columns (its bias is kept whole). One range
+/// even when tp = 1,
 /// so the layer knows it is row parallel (nn::Linear::row_parallel) and leaves the bias to the
 /// caller. scalelab::UsageError when tp does not divide in_features.
 nn::Shard row_shard(int64_t in_features, int rank, int tp);
 
-/// Step 2b. Column-parallel forward: f, then the local GEMM (with the local bias).
-/// x (..., in) the whole input, the same on every rank; returns (..., out/tp), this rank's
-/// output features. No communication.
+/// Step 2b. Column-parallel forward. x (..., in) the whole input, the same on every rank;
+/// returns (..., out/tp), this rank's output features of the layer (its bias included), with
+/// 1/tp of the layer's GEMM FLOPs. No communication.
 Tensor column_parallel_forward(const nn::Linear& layer, const Tensor& x, comm::Communicator& tp);
-/// Step 2b. Column-parallel backward: dW, db += (this rank's slice); returns dx (..., in), the
-/// WHOLE input gradient: the local GEMM's partial sum, then f's backward (one all-reduce).
+/// Step 2b. Column-parallel backward: this rank's slices of dW and db grow by their gradients
+/// (+=); returns dx (..., in), the WHOLE input gradient, the same on every rank (one
+/// all-reduce).
 Tensor column_parallel_backward(nn::Linear& layer, const Tensor& dy_local, const Tensor& x,
                                 comm::Communicator& tp);
-/// Step 2c. Row-parallel forward: x_local (..., in/tp) this rank's input features; the local
-/// GEMM gives a partial sum of the output; g (one all-reduce); then the bias, ONCE
-/// (layer.add_bias). Returns (..., out), the same on every rank.
+/// Step 2c. Row-parallel forward: x_local (..., in/tp) this rank's input features. Returns
+/// (..., out), the layer's whole output (its bias counted once), the same on every rank (one
+/// all-reduce).
 Tensor row_parallel_forward(const nn::Linear& layer, const Tensor& x_local,
                             comm::Communicator& tp);
-/// Step 2c. Row-parallel backward: dy (..., out), the same on every rank (g's backward is the
-/// identity); dW (this rank's columns) and db (whole, the same on every rank) +=; returns
-/// dx_local (..., in/tp). No communication.
+/// Step 2c. Row-parallel backward: dy (..., out), the same on every rank; dW (this rank's
+/// columns) and db (whole, the same on every rank) grow by their gradients (+=); returns
+/// dx_local (..., in/tp), the gradient of this rank's input features. No communication.
 Tensor row_parallel_backward(nn::Linear& layer, const Tensor& dy, const Tensor& x_local,
                              comm::Communicator& tp);
 
@@ -86,10 +92,11 @@ struct HeadShards {
   nn::Shard proj;  // dim 1: the columns that read this rank's heads' outputs
 };
 
-/// Step 3a. Rank `rank` of `tp` keeps heads [rank*NH/tp, (rank+1)*NH/tp), a contiguous group.
-/// The fused weight stacks all q rows, then all k rows, then all v rows, head after head
-/// (head h's q rows are [h*hs, (h+1)*hs), its k rows C + that, its v rows 2C + that). One set of
-/// ranges also when tp = 1. scalelab::UsageError when tp does not divide n_head.
+/// Step 3a. Rank `rank` of `tp` keeps a contiguous group of n_head/tp whole heads, rank 0 the
+/// first: their q, k and v rows of the fused QKV weight (which stacks all q rows, then all k
+/// rows, then all v rows, head after head) and the projection's columns that read their
+/// outputs. One set of ranges also when tp = 1. scalelab::UsageError when tp does not divide
+/// n_head.
 HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp);
 
 /// Given. Sets which slice of each weight `block` keeps as rank `rank` of `tp`: attention by
@@ -109,8 +116,9 @@ std::unique_ptr<nn::Block> make_block(int index, const ModelConfig& config, int 
 class TensorParallel : public nn::Mappings {
  public:
   explicit TensorParallel(comm::Communicator& tp) : tp_(tp) {}
-  /// Step 3b. Which of step 1's operators goes where? A block must make one all-reduce per
-  /// sub-layer forward and one backward: 2 + 2 per block per step, whatever tp.
+  /// Step 3b. The block's hook points, made tensor parallel: with these mappings a block equals
+  /// the single-device block, each rank doing 1/tp of its GEMM FLOPs, with one all-reduce of
+  /// (B, T, C) per sub-layer forward and one backward: 2 + 2 per block per step, whatever tp.
   /// enter: into a region (x whole on every rank); enter_backward: the gradient of that whole
   /// input, a partial sum on each rank; leave: a row-parallel layer's partial output;
   /// leave_backward: the gradient of the whole output, the same on every rank. Each returns
@@ -143,22 +151,23 @@ void check_tp(const ModelConfig& config, int tp);
 
 // ---- Step 4: vocabulary parallel -------------------------------------------------------------
 
-/// Step 4a. The vocabulary rows [lo, hi) rank `rank` of `tp` keeps: V/tp contiguous token ids.
+/// Step 4a. The vocabulary rows [lo, hi) rank `rank` of `tp` keeps: its contiguous 1/tp of the
+/// token ids, rank 0 the first.
 /// scalelab::UsageError when tp does not divide V.
 struct VocabRange {
   int64_t lo = 0, hi = 0;
 };
 VocabRange vocab_range(int64_t vocab_size, int rank, int tp);
 
-/// Step 4b. The embedding with wte sharded by vocabulary rows: out (B, T, C) =
-/// wte[tokens] + wpe[0..T). This rank holds wte rows [lo, lo + wte_local.size(0)) (wte_local,
-/// (V/tp, C)); a token outside them gives a zero row; one all-reduce (g) makes every row whole;
-/// then add the position embedding wpe (whole on every rank) once. Built from tensor ops that
-/// exist on both devices (common/ops/ops.hpp): the result lives where wte_local does.
+/// Step 4b. The embedding with wte sharded by vocabulary rows: out (B, T, C), the single-device
+/// token + position embedding of `tokens`, bitwise, on every rank. This rank holds wte rows
+/// [lo, lo + wte_local.size(0)) (wte_local, (V/tp, C)) and the whole wpe; one all-reduce of
+/// (B, T, C). Built from tensor ops that exist on both devices (common/ops/ops.hpp): the result
+/// lives where wte_local does.
 Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, const Tensor& wpe,
                                         const Tensor& tokens, comm::Communicator& tp);
-/// Step 4b. dwte_local += dout rows of the tokens this rank holds (the others are not this rank's
-/// rows); dwpe += dout summed over the batch. dout is the same on every rank: no communication.
+/// Step 4b. The embedding's backward: dwte_local (this rank's rows) and dwpe grow by their
+/// gradients (+=). dout is the same on every rank: no communication.
 /// In mixed precision dout is bf16 and the gradients fp32 (the library's embedding backward
 /// takes the same pair).
 void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& dwpe,
@@ -168,17 +177,16 @@ void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& d
 /// logits (N, V/tp): this rank's columns [lo, lo + V/tp) of the (N, V) logits; targets (N) i32,
 /// on the logits' device. Replaces `logits` IN PLACE by this rank's columns of softmax(full
 /// logits) (what backward needs) and returns the mean loss over the N rows, the same on every
-/// rank. Per row, three all-reduces of N numbers: the max of the local maxima (for a stable
-/// softmax), the target's logit (only the rank holding it contributes), the sum of
-/// exp(logit - max). Allocates only O(N) besides: the (N, V) logits never exist on one rank.
+/// rank. Exactly three all-reduces of N numbers; allocates only O(N) besides: the (N, V) logits
+/// never exist on one rank.
 /// Built from the per-row ops of common/ops/ops.hpp (no loop over elements here), so it runs on
 /// the CPU and on a GPU. In mixed precision the logits (and probabilities) are bf16 and the three
-/// per-row numbers fp32 (ops::stats_dtype): the probabilities round twice, exp then the division,
-/// within one bf16 rounding of the single-device op's.
+/// per-row numbers fp32 (ops::stats_dtype): the probabilities within one bf16 rounding of the
+/// single-device op's.
 double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo,
                                     comm::Communicator& tp);
-/// Step 4c. The backward, in place: probs (N, V/tp) from the forward becomes dlogits =
-/// (probs - onehot(target)) * scale / N on this rank's columns. No communication.
+/// Step 4c. The backward, in place: probs (N, V/tp) from the forward becomes the gradient of
+/// scale times the mean loss with respect to this rank's logit columns. No communication.
 void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
                                            double scale = 1.0);
 
@@ -194,7 +202,8 @@ void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets,
 struct TokenRange {
   int64_t lo = 0, hi = 0;
 };
-/// Step 5a. Rank `rank`'s token rows of `tokens` = B*T: [rank*tokens/tp, (rank+1)*tokens/tp).
+/// Step 5a. Rank `rank`'s token rows of `tokens` = B*T: its contiguous 1/tp of them, rank 0 the
+/// first.
 TokenRange sequence_rows(int64_t tokens, int rank, int tp);
 
 /// Step 5a. Entering a tensor-parallel region (before a column-parallel layer, in place of f):
@@ -271,25 +280,17 @@ std::unique_ptr<nn::GPT> make_tp_gpt(const ModelConfig& config, comm::Communicat
 // ---- Step 6: measure ------------------------------------------------------------------------
 
 /// Step 6a. The bytes of activations one rank holds after the forward of make_tp_gpt's model on
-/// a (B, T) batch (exactly nn::GPTActivations::nbytes), activations in `dtype` (bf16 in mixed precision) and
-/// LayerNorm statistics in ops::stats_dtype(dtype) (fp32 for bf16): per block the tensors every rank
-/// keeps whole (input, ln1, res2, ln2 (B*T, C) and 4 statistics (B*T); with sequence parallelism
-/// only its B*T/tp rows of them) and the sharded ones (q, k, v, y: C/tp; att: NH/tp heads of
-/// (T, T); h, g: 4C/tp); the head's x and lnf (rows, C), 2 statistics (rows), probs (B*T, V/tp).
+/// a (B, T) batch, exactly nn::GPTActivations::nbytes: activations in `dtype` (bf16 in mixed
+/// precision), LayerNorm statistics in ops::stats_dtype(dtype) (fp32 for bf16), with or without
+/// sequence parallelism. Predicted from the shapes, not measured.
 std::size_t activation_bytes_formula(const ModelConfig& config, int64_t B, int64_t T, int tp,
                                      DType dtype, bool sequence_parallel = false);
 /// Step 6b. The payload bytes one training step (forward + backward) of make_tp_gpt's model
-/// submits per rank,
-/// exactly as the byte counters count them (common/comm/stats.hpp: all-reduce the tensor,
-/// all-gather its output, reduce-scatter its input). Without sequence parallelism: per block 2
-/// all-reduces of B*T*C forward and 2 backward; the embedding's all-reduce of B*T*C; the head's
-/// f backward (B*T*C) and the cross-entropy's three all-reduces of B*T. With it: per block 2
-/// all-gathers and 2 reduce-scatters of B*T*C forward, 4 all-gathers and 2 reduce-scatters
-/// backward, 4 all-reduces of C (LayerNorm gradients); the embedding's all-reduce; ln_f's gather
-/// forward, gather again and reduce-scatter backward, its 2 gradients' all-reduces of C; the
-/// gather of the embedding's gradient; the cross-entropy's 3 of B*T. Activations (and their
-/// gradients) travel in `dtype`; the cross-entropy's per-row numbers and the LayerNorm weight
-/// gradients in ops::stats_dtype(dtype) (fp32 in mixed precision).
+/// submits per rank, exactly as the byte counters count them (common/comm/stats.hpp: all-reduce
+/// the tensor, all-gather its output, reduce-scatter its input), with or without sequence
+/// parallelism. Activations (and their gradients) travel in `dtype`; the cross-entropy's per-row
+/// numbers and the LayerNorm weight gradients in ops::stats_dtype(dtype) (fp32 in mixed
+/// precision). Predicted from the shapes and the model's collectives, not measured.
 std::size_t comm_bytes_formula(const ModelConfig& config, int64_t B, int64_t T,
                                DType dtype, bool sequence_parallel = false);
 

@@ -20,7 +20,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
-#include "common/train/loop.hpp"
+#include "common/train/session.hpp"
 #include "common/train/sizing.hpp"
 #include "ddp.hpp"
 #include "zero.hpp"
@@ -83,28 +83,25 @@ std::string mib(std::size_t bytes) { return fmt::format("{:.3f}", static_cast<do
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("lab09_zero", "Lab 09: ZeRO stages 1, 2 and 3");
-    cli::add_run_options(options, /*mixed_precision=*/true);
-    train::add_train_options(options, {.steps = 10});
-    options.add_options("lab 09")
+    train::Session session("lab09_zero", "Lab 09: ZeRO stages 1, 2 and 3", {.steps = 10});
+    session.add_options("lab 09")
         ("stage", "ZeRO stage to train with (0: DDP, 1, 2, 3)", cxxopts::value<int>()->default_value("1"))
         ("verify-steps", "rank 0 also runs the single-device model for this many steps and "
                          "prints both losses (0: off)",
          cxxopts::value<int64_t>()->default_value("3"))
         ("table", "measure stages 0-3 at n = 1, 2, 4 after training",
          cxxopts::value<bool>()->default_value("true"));
-    const auto parsed = cli::parse(options, argc, argv);
-    const auto run = cli::run_options(parsed);
-    const auto opt = train::read_train_options(parsed);
+    const auto& parsed = session.parse(argc, argv);
     const int stage = parsed["stage"].as<int>();
     const int64_t verify_steps = parsed["verify-steps"].as<int64_t>();
     const bool table = parsed["table"].as<bool>();
     SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "--stage must be 0 (DDP), 1, 2 or 3, got {}", stage);
     SCALELAB_REQUIRE(verify_steps >= 0, "--verify-steps must not be negative");
-
-    auto comm = comm::Communicator::world(run.backend);
-    const Device device = train::rank_device(run.device);
-    const ModelConfig config = model_config(opt.model);
+    const auto& run = session.run();
+    const auto& opt = session.opt();
+    const ModelConfig& config = session.config();
+    comm::Communicator& comm = session.comm();
+    const Device device = session.device();
     // A rank's share of the batch through the whole model; the whole batch on rank 0 when it
     // runs the single-device twin, and on every rank for the table's n = 1 rows. On a GPU the
     // activations are the GPU's, and only the batch is host memory. Too large: a usage error on
@@ -117,15 +114,13 @@ int main(int argc, char** argv) {
                      .layers = config.n_layer},
             run.precision),
         fmt::format("--batch {}", opt.batch), "a training step");
-    const auto tokens = train::load_train_tokens(opt);
-    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    data::Sampler& sampler = session.sampler();
     // A bad split (more ranks than rows) is a usage error on every rank, before any training.
     const int64_t local_rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size())
                                    .batch_size();
 
     // Every rank builds the model from the same seed: the same starting point without a broadcast.
-    const nn::GPTOptions model_options{.device = device, .seed = run.seed,
-                                       .compute_dtype = run.precision};
+    const nn::GPTOptions model_options = session.model_options(run.seed);
     auto trainer = lab09::make_trainer(stage, config, model_options, comm);
     std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin, for --verify-steps
     std::unique_ptr<optim::AdamW> single_opt;
@@ -137,21 +132,18 @@ int main(int argc, char** argv) {
     // in another order than one batch does; AdamW amplifies the last bits a little per step),
     // bf16 to 1e-3 (the same, but every activation rounds to 8 bits of mantissa), as lab 08.
     train::TwinCheck twin_check(run.precision);
-    log::info("lab 09 zero: stage {}, model {} ({} parameters), {} ranks, global batch {} x {} "
-              "tokens = {} rows per rank, {} steps, backend {}", stage, config.name,
-              metrics::human_count(static_cast<double>(trainer->model().num_parameters())),
-              comm.size(), opt.batch, config.block_size, local_rows, opt.steps, comm.backend());
-    train::StepReporter reporter(config, opt.batch * config.block_size, device, opt.peak_tflops,
-                                 comm, run.precision);
-    log::info("{}", train::precision_note(run.precision));
-    log::info("{}", reporter.mfu_note());
+    session.announce(fmt::format(
+        "lab 09 zero: stage {}, model {} ({} parameters), {} ranks, global batch {} x {} tokens = "
+        "{} rows per rank, {} steps, backend {}", stage, config.name,
+        metrics::human_count(static_cast<double>(trainer->model().num_parameters())), comm.size(),
+        opt.batch, config.block_size, local_rows, opt.steps, comm.backend()));
     for (int64_t step = 0; step < opt.steps; ++step) {
       const data::Batch global = sampler.batch(step);
-      const double lr = train::learning_rate(opt, step);
+      const double lr = session.lr(step);
       metrics::Timer timer(device);
       const double loss = trainer->forward_backward(global);
       trainer->step(lr);
-      log::info("{}", reporter.line(step, loss, timer.elapsed(), lr));
+      log::info("{}", session.step_line(step, loss, timer.elapsed()));
       if (single && step < verify_steps) {
         single->zero_grad();
         const data::Batch g = global.to(device);

@@ -1,5 +1,5 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 4f95be9082ca6065 (lets make-labs see your edits).
+// step (see README.md). Body hash 68defba16ef641fb (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
@@ -23,9 +23,9 @@ int grid_rank(const GridShape& shape, const GridCoord& c) {
 
 GridCoord grid_coord(const GridShape& shape, int rank) {
   GridCoord c;
-  // TODO step 1: peel the digits off, innermost first
+  // TODO step 1: the coordinate of a world rank (grid_rank's inverse)
   throw scalelab::NotImplemented(
-      "lab 10 step 1: peel the digits off, innermost first (README.md#step-1)");
+      "lab 10 step 1: the coordinate of a world rank (grid_rank's inverse) (README.md#step-1)");
   return c;
 }
 
@@ -66,10 +66,10 @@ data::Batch dp_rows(const data::Batch& global, const Groups& g) {
 double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_batches,
                lab08::ExecStats* stats) {
   double loss = 0;
-  // TODO step 3: 1F1B over pp, the tied gradient over pp, the average over dp
+  // TODO step 3: the global batch's gradients and loss, each collective on its own group
   // HINT: the loss run_schedule returns is this replica's: the global one averages the replicas.
   throw scalelab::NotImplemented(
-      "lab 10 step 3: 1F1B over pp, the tied gradient over pp, the average over dp (README.md#step-3)");
+      "lab 10 step 3: the global batch's gradients and loss, each collective on its own group (README.md#step-3)");
   return loss;
 }
 
@@ -87,10 +87,10 @@ int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage) {
 
 std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, DType precision) {
   std::size_t bytes = 0;
-  // TODO step 4: value, gradient, m, v; ZeRO divides the sharded kinds by dp
+  // TODO step 4: the model state a rank keeps between steps, ZeRO sharding over dp
   // HINT: master_dtype(precision) for value, gradient, m and v; bf16 adds the 2-byte copy.
   throw scalelab::NotImplemented(
-      "lab 10 step 4: value, gradient, m, v; ZeRO divides the sharded kinds by dp (README.md#step-4)");
+      "lab 10 step 4: the model state a rank keeps between steps, ZeRO sharding over dp (README.md#step-4)");
   return bytes;
 }
 
@@ -117,9 +117,9 @@ std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, in
 
 std::size_t max_in_flight(int pp, int stage, int micro_batches) {
   int n = 0;
-  // TODO step 4: 1F1B's warm-up plus the one being worked on, at most m
+  // TODO step 4: the most micro-batches 1F1B keeps on this stage at once
   throw scalelab::NotImplemented(
-      "lab 10 step 4: 1F1B's warm-up plus the one being worked on, at most m (README.md#step-4)");
+      "lab 10 step 4: the most micro-batches 1F1B keeps on this stage at once (README.md#step-4)");
   return static_cast<std::size_t>(n);
 }
 

@@ -35,11 +35,9 @@ using comm::GridShape;
 
 // ---- Step 1: the grid ---------------------------------------------------------------------------
 
-/// Step 1a. The world rank at coordinate `c` of `shape`:
-///   megatron  rank = pp*(dp*tp) + dp*tp_size + tp    tp innermost, then dp, pp outermost
-///   picotron  rank = dp*(pp*tp) + pp*tp_size + tp    tp innermost, then pp, dp outermost
-/// (in each, the sizes multiply the indices: megatron rank = c.pp * (shape.dp * shape.tp) +
-/// c.dp * shape.tp + c.tp).
+/// Step 1a. The world rank at coordinate `c` of `shape`, in [0, dp*tp*pp), a different one for
+/// every coordinate. In both orders tp is innermost (the ranks of a tp group are consecutive);
+/// shape.order megatron puts dp next and pp outermost, picotron pp next and dp outermost.
 int grid_rank(const GridShape& shape, const GridCoord& c);
 
 /// Step 1b. The coordinate of world rank `rank` (the inverse of grid_rank).
@@ -105,19 +103,17 @@ std::unique_ptr<nn::GPT> build_3d_model(const ModelConfig& config, Groups& g,
 // ---- Step 3: the 3D step ------------------------------------------------------------------------------
 
 /// Step 3a. The rows of the global batch this rank trains on: the dp replicas split the rows,
-/// dp rank d takes [d*B/dp, (d+1)*B/dp) (a view). Every rank of a tp group and of a pipeline
+/// each takes its contiguous 1/dp of them, dp rank 0 the first (a view). Every rank of a tp group and of a pipeline
 /// takes the same rows (they compute parts of the same samples).
 data::Batch dp_rows(const data::Batch& global, const Groups& g);
 
-/// Step 3b. One training step's gradients of the 3D model `model` (built by step 2 on `g`):
-///  1. zero the gradients; cut dp_rows(global) into m equal micro-batches;
-///  2. run lab 08's 1F1B schedule for this stage over g.pp (lab08::schedule_1f1b,
-///     lab08::run_schedule): tensor parallelism happens inside the blocks;
-///  3. the tied embedding: sum the gradients of the first stage's wte and the last stage's copy
-///     (lab08::sync_tied_gradients) over the group that holds both: which one? (Both hold this
-///     tp rank's vocabulary rows: the sum is shard by shard.)
-///  4. average the gradients over the replicas of this shard: which group?
-/// Returns the mean loss of the GLOBAL batch (the single-device loss), the same on every rank.
+/// Step 3b. One training step's gradients of the 3D model `model` (built by step 2 on `g`), 1F1B
+/// over g.pp with m = `micro_batches` micro-batches of this replica's rows (lab 08): afterwards
+/// the model's gradients are this rank's cut of the single-device gradients of the GLOBAL batch
+/// (zeroed first, not accumulated across calls), both copies of the tied embedding hold the same
+/// gradient, and each collective ran on its own group (tp: the blocks' all-reduces; dp: the
+/// gradients once). Returns the mean loss of the GLOBAL batch (the single-device loss), the
+/// same on every rank.
 /// The caller steps the optimizer. Fills `stats` (lab 08's timings) when given.
 double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_batches,
                lab08::ExecStats* stats = nullptr);
@@ -220,11 +216,8 @@ class Trainer3D {
 };
 
 /// Step 4a. Elements a rank of pipeline stage `stage` of `pp`, tp size `tp`, holds in the 3D model
-/// of step 2 (exactly nn::GPT::num_parameters of that rank): per block its ln1, ln2 (2C each) and
-/// the two row-parallel biases (C each) whole, the rest (qkv 3C*C + 3C, attention proj C*C, fc
-/// 4C*C + 4C, MLP proj 4C*C) divided by tp; the first stage wte's V/tp vocabulary rows (V*C/tp)
-/// and wpe (block_size*C) whole; the last stage ln_f (2C) and, unless it is also the first, the
-/// tied copy's V/tp rows (V*C/tp).
+/// of step 2: exactly nn::GPT::num_parameters of that rank, from the shapes (without building
+/// it).
 int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage);
 
 /// What a run in `precision` keeps its master weights, gradients and AdamW state in: f32 for bf16
@@ -234,45 +227,33 @@ inline DType master_dtype(DType precision) {
 }
 
 /// Step 4b. Bytes of model state a rank keeps between steps with AdamW, training in `precision`
-/// (f32, f64, or bf16 mixed precision): value, gradient, m and v of each of its `params` elements
-/// in master_dtype(precision), the parts ZeRO `zero_stage` shards over the dp replicas divided by
-/// dp (lab 09: stage 1 the optimizer state, 2 also the gradients, 3 also the values; padding not
-/// counted); in bf16 also the 2-byte compute copy of every value (ZeRO 0-2; ZeRO-3 gathers the
-/// copy unit by unit and keeps none between steps).
+/// (f32, f64, or bf16 mixed precision) with its `params` elements, ZeRO `zero_stage` sharding
+/// over the dp replicas: what the allocator holds for values, gradients and AdamW state (and the
+/// bf16 compute copy) at ZeRO 0, lab 09's paper_memory at ZeRO 1-3 (bf16: layout_memory);
+/// padding not counted.
 std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, DType precision);
 
-/// Step 4c. Bytes one micro-batch of `rows` rows leaves on stage `stage` after its forward,
-/// exactly nn::GPTActivations::nbytes: per block its input and ln1, res2, ln2 (rows*T*C each),
-/// four LayerNorm statistics (rows*T each), q, k, v, y (rows*T*C/tp each), att ((NH/tp)*rows*T*T),
-/// h, g (rows*T*4C/tp each); a checkpointed block keeps only its input; the last stage adds the
-/// head's input x and lnf (rows*T*C each), two statistics (rows*T) and this rank's columns of
-/// the probabilities (rows*T*V/tp: the head is vocabulary parallel). Activations in `precision`,
-/// statistics in ops::stats_dtype(precision) (fp32 for bf16).
+/// Step 4c. Bytes one micro-batch of `rows` rows leaves on stage `stage` after its forward:
+/// exactly nn::GPTActivations::nbytes of step 2's model (tp-sharded blocks, vocabulary-parallel
+/// head), with or without checkpointing. Activations in `precision`, statistics in
+/// ops::stats_dtype(precision) (fp32 for bf16).
 std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
                                    int stage, bool checkpoint, DType precision);
 
 /// Step 4c'. The backward's transient on stage `stage`: the most bytes one micro-batch of `rows`
 /// rows adds above what is live when its backward starts (its activations; on a stage without
-/// the head, also the received gradient of its output), from nn::Block::backward's temporaries
-/// (N = rows*T tokens, c = C/tp, A = (NH/tp)*rows*T*T elements):
-///   block   max over its phases: MLP dres2, dln2 (N*C each), dg, dh (N*4c each); attention
-///           dres2, dx, dln1 (N*C each), dy, dyh, dq, dk, dv (N*c each) and datt, dpreatt (A
-///           each); then dqkv (3 N*c) in place of datt and dpreatt
-///   head    (the last stage) dlnf and dx (N*C each) while the head's activations still live;
-///           then its first block's, with dx carried (N*C) and the head's activations freed
-///           (x, lnf (N*C each), 2 statistics (N), probs (N*V/tp): the gradient of the logits
-///           is computed in place of the probabilities)
-///   checkpointing adds the recomputed block's activations (stage_activation_bytes' block, less
-///           its input) during that block's backward.
-/// A stage without blocks has only the head's (or nothing). The temporaries are activation
-/// gradients, in `precision`; the head's freed statistics in ops::stats_dtype(precision).
+/// the head, also the received gradient of its output): the allocator's peak during that
+/// backward, read off nn::Block::backward's and the head's temporaries, with or without
+/// checkpointing (which recomputes a block's activations right before its backward). The
+/// temporaries are activation gradients, in `precision`; statistics in
+/// ops::stats_dtype(precision).
 std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
                                      int stage, bool checkpoint, DType precision);
 
 /// What the planner knows of the machine (measure_machine: given).
 struct Machine {
-  /// One rank's rate on the model's own work, FLOP/s: a block's forward + backward FLOPs (6 x its
-  /// parameters + 12 T C per token, the planner's count) over the measured time of that block's
+  /// One rank's rate on the model's own work, FLOP/s: a block's forward + backward FLOPs (the
+  /// planner's count, predict's compute) over the measured time of that block's
   /// forward and backward at the model's shape and precision, so the operators between the
   /// GEMMs (LayerNorm, softmax, GELU, the casts of bf16) and their per-call overhead are in it.
   double flops = 0;
@@ -294,41 +275,21 @@ struct Prediction {
                                     ///< working set)
   std::size_t total_bytes = 0;    ///< state + activations + transient (the largest stage)
   double compute_s = 0;           ///< the stage's forward + backward FLOPs / machine.flops
-  double bubble = 0;              ///< (pp - 1) / (m + pp - 1)
+  double bubble = 0;              ///< lab 08's bubble of this pp and m
   double tp_s = 0, pp_s = 0, dp_s = 0;  ///< communication time per axis
-  double step_s = 0;              ///< compute / (1 - bubble) + tp + pp + dp (shared cores:
-                                  ///< compute + tp + pp + dp)
+  double step_s = 0;              ///< compute stretched by the bubble (not on shared cores),
+                                  ///< plus tp, pp and dp
 };
 
-/// Step 4d. Predicts one configuration for `global_batch` rows of config.block_size tokens:
-///   memory   for every stage s: model_state_bytes(stage_parameters) + min(pp - s, m) in-flight
-///            micro-batches x stage_activation_bytes (1F1B) + one micro-batch's
-///            backward_transient_bytes; ZeRO-2 adds the whole unit gradients bound during the
-///            backward (the tied embedding's V*C/tp + T*C, from the head's backward to the
-///            embedding's, and one block's), ZeRO-3 also that block's gathered values and the
-///            next block's all-gather buffer (embedding + 3 blocks); the largest stage
-///   compute  6 x (its parameters) + 12 x blocks x T x C / tp (attention) FLOPs per token, per
-///            token of its B/dp rows; x (1 + recompute) with checkpointing (one more block
-///            forward: 2/6 of the blocks' part); over machine.flops, the slowest stage
-///   bubble   lab 08's (pp - 1) / (m + pp - 1): step = compute / (1 - bubble) on dedicated
-///            devices; with machine.shared_cores, step = compute (the bubble is another rank's
-///            turn on the core, not idle time)
-///   tp       per micro-batch 4 all-reduces per block of (rows/m)*T*C elements (6 with
-///            checkpointing), 1 more on the first stage (the embedding) and on the last (the
-///            head's f backward), and the last stage's 3 cross-entropy all-reduces of (rows/m)*T:
-///            ring time 2 (tp-1)/tp x bytes / bus_bytes_per_s + latency each (0 when tp = 1)
-///   pp       per micro-batch one activation sent and one gradient received of (rows/m)*T*C
-///            (bytes / bus_bytes_per_s + latency each; 0 when pp = 1)
-///   dp       the gradients once (the optimizer's gathers come after the step): all-reduce
-///            2 (dp-1)/dp x params x (master bytes) / bus_bytes_per_s + latency (ZeRO 0, 1);
-///            ZeRO-2 half of it (a reduce to the owners) + latency per unit; ZeRO-3 1.5 x (2
-///            all-gathers and a reduce-scatter; in bf16 the gathers move 2-byte weights: 1.0 x)
-///            + 3 latencies per unit (units: the stage's blocks, embedding, head). ZeRO-2 and 3
-///            run at every micro-batch's backward (and ZeRO-3's gathers at every forward): x m.
-///            0 when dp = 1.
-/// Bytes: activations in `precision`, the cross-entropy's numbers in ops::stats_dtype(precision),
-/// values and gradients in master_dtype(precision); ZeRO-2/3's bound unit gradients in the
-/// master dtype, ZeRO-3's gathered values in `precision` (what the layers read).
+/// Step 4d. max_in_flight: the most micro-batches 1F1B keeps on stage `stage` at once (lab 08's
+/// simulator). predict: one configuration for `global_batch` rows of config.block_size tokens:
+/// the busiest stage's memory (model state, the micro-batches in flight, one micro-batch's
+/// backward transient, ZeRO-2/3's working set) and the step time from `machine`: the slowest
+/// stage's compute stretched by lab 08's bubble (not with machine.shared_cores: the bubble is
+/// another rank's turn on the core, not idle time), plus each axis's communication (tp
+/// all-reduces, pp messages, the dp reduction of the gradients; 0 on an axis of size 1). Bytes:
+/// activations in `precision`, the cross-entropy's numbers in ops::stats_dtype(precision),
+/// values and gradients in master_dtype(precision).
 std::size_t max_in_flight(int pp, int stage, int micro_batches);
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
                    const Machine& machine, DType precision);

@@ -10,7 +10,8 @@ scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp
                  STEPS 4 RANKS 4
                  STEP_RANKS "1:1" "3:4,8" "4:1"
                  COMPOSES 07 08 09
-                 TIMEOUT 60)
+                 TIMEOUT 60
+                 OPTIONAL_STEPS 4)  # the core (steps 1-3) fits 90 minutes: README.md
 # Bad grids (and a bad --memory size, --zero stage, or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.
 if(SCALELAB_BUILD_TESTS)

@@ -61,7 +61,7 @@ void g_backward(Tensor& dy, comm::Communicator& tp) {
 // ---- Step 2 -----------------------------------------------------------------------------------
 
 nn::Shard column_shard(int64_t out_features, int rank, int tp) {
-  // BEGIN SOLUTION step 2: rank r keeps output rows [r*out/tp, (r+1)*out/tp)
+  // BEGIN SOLUTION step 2: this rank's 1/tp of the output features (rows of the weight)
   // HINT: SCALELAB_REQUIRE(condition, "message {}", args) throws scalelab::UsageError.
   SCALELAB_REQUIRE(tp >= 1 && out_features % tp == 0,
                    "tensor parallel size {} does not divide {} output features", tp, out_features);
@@ -71,7 +71,7 @@ nn::Shard column_shard(int64_t out_features, int rank, int tp) {
 }
 
 nn::Shard row_shard(int64_t in_features, int rank, int tp) {
-  // BEGIN SOLUTION step 2: rank r keeps input columns [r*in/tp, (r+1)*in/tp)
+  // BEGIN SOLUTION step 2: this rank's 1/tp of the input features (columns of the weight)
   SCALELAB_REQUIRE(tp >= 1 && in_features % tp == 0,
                    "tensor parallel size {} does not divide {} input features", tp, in_features);
   const int64_t n = in_features / tp;
@@ -80,7 +80,7 @@ nn::Shard row_shard(int64_t in_features, int rank, int tp) {
 }
 
 Tensor column_parallel_forward(const nn::Linear& layer, const Tensor& x, comm::Communicator& tp) {
-  // BEGIN SOLUTION step 2: f, then y_local = x @ W_local^T + b_local
+  // BEGIN SOLUTION step 2: this rank's output features of the layer, no communication
   // HINT: layer.forward(out, in) is the local GEMM (out must be allocated: (..., out_local)).
   Tensor in = x;  // shares x's storage: f's forward copies nothing
   f_forward(in, tp);
@@ -92,7 +92,7 @@ Tensor column_parallel_forward(const nn::Linear& layer, const Tensor& x, comm::C
 
 Tensor column_parallel_backward(nn::Linear& layer, const Tensor& dy_local, const Tensor& x,
                                 comm::Communicator& tp) {
-  // BEGIN SOLUTION step 2: local backward, then f's backward on dx
+  // BEGIN SOLUTION step 2: this rank's weight gradients; the whole input gradient on every rank
   // HINT: layer.backward(din, dout, in) accumulates: din must start at zero.
   Tensor dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
   layer.backward(dx, dy_local, x);  // dx = dy_local @ W_local: this rank's share of the sum
@@ -103,7 +103,7 @@ Tensor column_parallel_backward(nn::Linear& layer, const Tensor& dy_local, const
 
 Tensor row_parallel_forward(const nn::Linear& layer, const Tensor& x_local,
                             comm::Communicator& tp) {
-  // BEGIN SOLUTION step 2: partial y = x_local @ W_local^T, g, then the bias once
+  // BEGIN SOLUTION step 2: the whole output on every rank, the bias counted once
   Tensor y = Tensor::empty(with_last(x_local, layer.out_features()), x_local.dtype(),
                            x_local.device());
   layer.forward(y, x_local);  // a row-parallel Linear leaves out the bias
@@ -115,7 +115,7 @@ Tensor row_parallel_forward(const nn::Linear& layer, const Tensor& x_local,
 
 Tensor row_parallel_backward(nn::Linear& layer, const Tensor& dy, const Tensor& x_local,
                              comm::Communicator& tp) {
-  // BEGIN SOLUTION step 2: g's backward, then the local backward
+  // BEGIN SOLUTION step 2: this rank's weight gradients and input gradient, no communication
   Tensor d = dy;  // shares dy's storage
   g_backward(d, tp);
   Tensor dx = Tensor::zeros(x_local.shape(), x_local.dtype(), x_local.device());
@@ -128,7 +128,7 @@ Tensor row_parallel_backward(nn::Linear& layer, const Tensor& dy, const Tensor& 
 
 HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp) {
   // BEGIN SOLUTION step 3: this rank's heads: their q, k and v rows, their projection columns
-  // HINT: q rows of heads [h0, h1) are [h0*hs, h1*hs); k rows are n_embd further, v rows 2*n_embd.
+  // HINT: three ranges, one each of q, k and v (./scalelab hint 07 3).
   SCALELAB_REQUIRE(tp >= 1 && n_head % tp == 0,
                    "tensor parallel size {} does not divide {} attention heads", tp, n_head);
   const int64_t hs = n_embd / n_head, per = n_head / tp;
@@ -140,29 +140,29 @@ HeadShards head_shards(int64_t n_embd, int64_t n_head, int rank, int tp) {
   // END SOLUTION
 }
 
-// The placement of f and g: a region starts with f (its backward sums the partial input
-// gradients) and ends with g (it sums the partial outputs).
+// The model's hook points (common/nn/mappings.hpp): where a tensor-parallel region starts and
+// ends, forward and backward.
 Tensor TensorParallel::enter(const Tensor& x) const {
-  // BEGIN SOLUTION step 3: entering a region: f
+  // BEGIN SOLUTION step 3: entering a column-parallel region (the input whole on every rank)
   // HINT: step 1's operators work in place on a Tensor (a handle: a copy of x shares x's storage).
   return apply(f_forward, x, tp_);
   // END SOLUTION
 }
 
 Tensor TensorParallel::enter_backward(const Tensor& dx) const {
-  // BEGIN SOLUTION step 3: the gradient leaving a column-parallel input: f's backward
+  // BEGIN SOLUTION step 3: the gradient of a region's whole input (a partial sum on each rank)
   return apply(f_backward, dx, tp_);
   // END SOLUTION
 }
 
 Tensor TensorParallel::leave(const Tensor& y) const {
-  // BEGIN SOLUTION step 3: leaving a region: g
+  // BEGIN SOLUTION step 3: leaving a row-parallel region (a partial output on each rank)
   return apply(g_forward, y, tp_);
   // END SOLUTION
 }
 
 Tensor TensorParallel::leave_backward(const Tensor& dy) const {
-  // BEGIN SOLUTION step 3: g's backward
+  // BEGIN SOLUTION step 3: the gradient of a region's output (the same on every rank)
   return apply(g_backward, dy, tp_);
   // END SOLUTION
 }
@@ -170,7 +170,7 @@ Tensor TensorParallel::leave_backward(const Tensor& dy) const {
 // ---- Step 4 -----------------------------------------------------------------------------------
 
 VocabRange vocab_range(int64_t vocab_size, int rank, int tp) {
-  // BEGIN SOLUTION step 4: V/tp contiguous ids per rank
+  // BEGIN SOLUTION step 4: this rank's contiguous 1/tp of the token ids
   SCALELAB_REQUIRE(tp >= 1 && vocab_size % tp == 0,
                    "tensor parallel size {} does not divide the vocabulary of {}", tp, vocab_size);
   const int64_t n = vocab_size / tp;
@@ -182,7 +182,7 @@ Tensor vocab_parallel_embedding_forward(const Tensor& wte_local, int64_t lo, con
                                         const Tensor& tokens, comm::Communicator& tp) {
   const int64_t B = tokens.size(0), T = tokens.size(1), C = wte_local.size(1);
   Tensor out = Tensor::empty({B, T, C}, wte_local.dtype(), wte_local.device());  // (B, T, C)
-  // BEGIN SOLUTION step 4: local rows (zero for other ranks' ids), all-reduce, + wpe
+  // BEGIN SOLUTION step 4: the single-device embedding, from this rank's vocabulary rows
   // HINT: the ops of common/ops/ops.hpp run on both devices: ops::gather_rows (a masked lookup),
   // HINT: ops::add_bias (adds a vector to every row: which view of out and wpe makes wpe one?).
   Tensor rows = out.view({B * T, C});
@@ -200,7 +200,7 @@ void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& d
   SCALELAB_CHECK(dwte_local.dtype() == dwpe.dtype(), "dwte {} and dwpe {} differ in dtype",
                  dwte_local.str(), dwpe.str());
   const int64_t B = tokens.size(0), T = tokens.size(1), C = dout.size(2);
-  // BEGIN SOLUTION step 4: scatter-add the rows of our ids; wpe gets every row
+  // BEGIN SOLUTION step 4: the gradients of this rank's vocabulary rows and of wpe, no communication
   // HINT: ops::index_add_rows skips the ids outside this rank's rows; ops::embedding_backward
   // HINT: with an undefined dwte computes dwpe alone. Both take bf16 dout into fp32 gradients.
   ops::index_add_rows(dwte_local, dout.view({B * T, C}), tokens.view({B * T}), lo);
@@ -213,8 +213,8 @@ double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64
                                     comm::Communicator& tp) {
   const int64_t N = logits.size(0);
   double total = 0;
-  // BEGIN SOLUTION step 4: three all-reduces of N numbers; the logits become probabilities
-  // HINT: comm::ReduceOp::max; exp(logit - max) never overflows; loss = log(sum) + max - target.
+  // BEGIN SOLUTION step 4: the loss without the full logits; ours become probabilities
+  // HINT: comm::ReduceOp::max for a stable softmax (./scalelab hint 07 4 2).
   // HINT: ops::row_max, ops::pick_columns, ops::exp_rows, ops::divide_rows, ops::logarithm,
   // HINT: ops::sum: the per-row pieces of a softmax, on both devices. The per-row numbers are
   // HINT: ops::stats_dtype(logits.dtype()): fp32 for bf16 logits.
@@ -243,7 +243,7 @@ double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64
 
 void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
                                            double scale) {
-  // BEGIN SOLUTION step 4: dlogits = (p - onehot) * scale / N on our columns
+  // BEGIN SOLUTION step 4: the loss's gradient on this rank's columns, no communication
   // HINT: the library's ops::cross_entropy_backward takes the offset of this rank's columns.
   const int64_t N = probs.size(0);
   ops::cross_entropy_backward(probs, probs, targets, scale / static_cast<double>(N), lo);
@@ -253,7 +253,7 @@ void vocab_parallel_cross_entropy_backward(Tensor& probs, const Tensor& targets,
 // ---- Step 5 -----------------------------------------------------------------------------------
 
 TokenRange sequence_rows(int64_t tokens, int rank, int tp) {
-  // BEGIN SOLUTION step 5: tokens/tp contiguous rows per rank
+  // BEGIN SOLUTION step 5: this rank's contiguous 1/tp of the token rows
   SCALELAB_REQUIRE(tp >= 1 && tokens % tp == 0,
                    "tensor parallel size {} does not divide the {} tokens of a batch (sequence "
                    "parallel)", tp, tokens);
@@ -358,7 +358,7 @@ std::size_t comm_bytes_formula(const ModelConfig& c, int64_t B, int64_t T, DType
                                bool sp) {
   // BEGIN SOLUTION step 6: count the payload of every collective of one step
   // HINT: follow one forward and one backward of the model (embed, blocks, head) and list each
-// HINT: call its mappings make.
+  // HINT: call its mappings make.
   // HINT: activations in dtype; the cross-entropy's numbers and gradients in ops::stats_dtype.
   const int64_t NC = B * T * c.n_embd, N = B * T, C = c.n_embd, L = c.n_layer;
   const int64_t elem = dtype_size(dtype), stat = dtype_size(ops::stats_dtype(dtype));

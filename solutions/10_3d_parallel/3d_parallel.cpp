@@ -24,7 +24,7 @@ int grid_rank(const GridShape& shape, const GridCoord& c) {
 
 GridCoord grid_coord(const GridShape& shape, int rank) {
   GridCoord c;
-  // BEGIN SOLUTION step 1: peel the digits off, innermost first
+  // BEGIN SOLUTION step 1: the coordinate of a world rank (grid_rank's inverse)
   c.tp = rank % shape.tp;
   const int rest = rank / shape.tp;
   if (shape.order == GridOrder::megatron) {
@@ -96,7 +96,7 @@ data::Batch dp_rows(const data::Batch& global, const Groups& g) {
 double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_batches,
                lab08::ExecStats* stats) {
   double loss = 0;
-  // BEGIN SOLUTION step 3: 1F1B over pp, the tied gradient over pp, the average over dp
+  // BEGIN SOLUTION step 3: the global batch's gradients and loss, each collective on its own group
   // HINT: the loss run_schedule returns is this replica's: the global one averages the replicas.
   model.zero_grad();
   const data::Batch mine = dp_rows(global, g);
@@ -139,7 +139,7 @@ int64_t stage_parameters(const ModelConfig& config, int tp, int pp, int stage) {
 
 std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, DType precision) {
   std::size_t bytes = 0;
-  // BEGIN SOLUTION step 4: value, gradient, m, v; ZeRO divides the sharded kinds by dp
+  // BEGIN SOLUTION step 4: the model state a rank keeps between steps, ZeRO sharding over dp
   // HINT: master_dtype(precision) for value, gradient, m and v; bf16 adds the 2-byte copy.
   const double p = static_cast<double>(params);
   const double value = zero_stage >= 3 ? p / dp : p;
@@ -210,7 +210,7 @@ std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, in
 
 std::size_t max_in_flight(int pp, int stage, int micro_batches) {
   int n = 0;
-  // BEGIN SOLUTION step 4: 1F1B's warm-up plus the one being worked on, at most m
+  // BEGIN SOLUTION step 4: the most micro-batches 1F1B keeps on this stage at once
   n = std::min(pp - stage, micro_batches);
   // END SOLUTION
   return static_cast<std::size_t>(n);

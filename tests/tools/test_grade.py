@@ -495,7 +495,7 @@ class ReportTest(unittest.TestCase):
             self.skipTest(f"no configured build in {build}")
         optional = {(t["name"].split(".")[0], t["name"].split(".")[1])
                     for t in grade.list_tests(build) if "starter" in t["labels"] and "optional" in t["labels"]}
-        for lab, steps in (("lab08", {5, 6}), ("lab09", {4, 5})):
+        for lab, steps in (("lab07", {5, 6}), ("lab08", {5, 6}), ("lab09", {4, 5}), ("lab10", {4})):
             self.assertEqual({int(s[4:]) for l, s in optional if l == lab}, steps, lab)
 
 

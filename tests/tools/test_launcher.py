@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Tests of the ./scalelab launcher: usage errors (one clear line, exit code 2), the notice of a
-killed rank, Ctrl-C (exit 130, saying what was stopped), and what `plan` starts."""
+killed rank, Ctrl-C (exit 130, saying what was stopped), what `plan` starts, `hint`, and the
+corpus `run` prepares."""
 import os
 import pathlib
 import shutil
@@ -197,6 +198,64 @@ class LauncherTest(unittest.TestCase):
                 proc = launch(*args, env={"SCALELAB_BUILD_DIR": str(build)})
                 self.assert_usage_error(proc, "configured for another source tree (/elsewhere/scalelab)")
                 self.assertIn(f"rm -rf {build}", proc.stderr)
+
+    def test_hint_prints_a_steps_hints_one_at_a_time_from_the_readme(self):
+        # on a copy of the launcher and a README with two hints in step 1 and none in step 2
+        with tempfile.TemporaryDirectory() as tmp:
+            root = pathlib.Path(tmp)
+            shutil.copy2(ROOT / "scalelab", root / "scalelab")
+            (root / "labs" / "42_demo").mkdir(parents=True)
+            (root / "labs" / "42_demo" / "README.md").write_text(
+                "# Lab 42\n\n## Step 1: one (core)\n\n**Goal.** g.\n\n"
+                "<details><summary>Stuck? the <code>split</code></summary>\n\nfirst body\n</details>\n"
+                "<details><summary>Stuck? the exchange</summary>\n\nsecond body\n</details>\n\n"
+                "## Step 2: two\n\nno hints here\n\n"
+                "<details><summary>The measured tables</summary>\n\nnot a hint\n</details>\n")
+
+            def hint(*args):
+                return subprocess.run([str(root / "scalelab"), "hint", *args], capture_output=True,
+                                      text=True, timeout=60)
+            first = hint("42", "1")
+            self.assertEqual(first.returncode, 0, first.stderr)
+            self.assertIn("lab 42 step 1, hint 1 of 2: the split", first.stdout)
+            self.assertIn("first body", first.stdout)
+            self.assertNotIn("second body", first.stdout)  # one level at a time
+            self.assertIn("./scalelab hint 42 1 2", first.stdout)
+            second = hint("42", "1", "2")
+            self.assertEqual(second.returncode, 0, second.stderr)
+            self.assertIn("hint 2 of 2: the exchange", second.stdout)
+            self.assertIn("second body", second.stdout)
+            self.assertNotIn("first body", second.stdout)
+            none = hint("42", "2")  # a <details> that is not a "Stuck?" hint is not one
+            self.assertEqual(none.returncode, 0, none.stderr)
+            self.assertIn("has no hints", none.stdout)
+            self.assertNotIn("not a hint", none.stdout)
+            self.assert_usage_error(hint("42", "1", "3"), "has 2 hint(s), not 3")
+            self.assert_usage_error(hint("42", "7"), "no step 7 (steps: 1 2)")
+            self.assert_usage_error(hint("42", "x"), "STEP must be a step number")
+        # every real README's hints are found: lab 08 step 1 has two
+        proc = launch("hint", "08", "1", "2")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("lab 08 step 1, hint 2 of 2", proc.stdout)
+
+    def test_run_prepares_the_default_corpus_when_missing(self):
+        # a fresh clone has no ./data: `run` makes it (saying so) before a lab that trains on it,
+        # not when the program is given --data, and only once
+        launch("build", "lab08_pipeline_parallel_solution")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = fake_mpirun(tmp, "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$FAKE_MPIRUN_ARGS\"\n")
+            corpus = pathlib.Path(tmp) / "corpus"
+            env.update(MPIEXEC="", SLURM_JOB_ID="", PBS_JOBID="", SCALELAB_DATA_DIR=str(corpus))
+            given = launch("run", "08", "--solution", "-n", "2", "--", "--data", str(tmp), env=env)
+            self.assertEqual(given.returncode, 0, given.stderr)
+            self.assertFalse(corpus.exists(), given.stderr)
+            first = launch("run", "08", "--solution", "-n", "2", env=env)
+            self.assertEqual(first.returncode, 0, first.stderr)
+            self.assertIn(f"no usable corpus in {corpus}: preparing the default one", first.stderr)
+            self.assertTrue((corpus / "train.bin").is_file(), first.stderr)
+            again = launch("run", "08", "--solution", "-n", "2", env=env)
+            self.assertEqual(again.returncode, 0, again.stderr)
+            self.assertNotIn("preparing", again.stderr)
 
     def test_help(self):
         for args in (["--help"], ["run", "--help"], ["grade", "--help"], ["setup", "--help"]):
