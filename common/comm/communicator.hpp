@@ -139,6 +139,8 @@ class Communicator {
   /// `in` and `out` (one size, size() equal chunks): chunk r of my `in` goes to rank r, and
   /// chunk s of my `out` comes from rank s (a transpose of the ranks' chunks; lab 11's Ulysses).
   void all_to_all(const Tensor& in, const Tensor& out);
+  /// The same, non-blocking: returns at once; the tensors may be read or changed only
+  /// after the Work is done.
   Work all_to_all_async(const Tensor& in, const Tensor& out);
   /// `in` has size * out.numel elements; rank r gets the reduction of every rank's r-th chunk.
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum);

@@ -58,6 +58,7 @@ const char* grid_order_name(GridOrder order);
 
 /// The named axes of the grid.
 enum class GridAxis { tp, cp, dp, pp };
+/// "tp", "cp", "dp" or "pp".
 const char* grid_axis_name(GridAxis axis);
 /// The axes of `order` from the innermost (neighbouring ranks) to the outermost.
 std::array<GridAxis, 4> grid_axes(GridOrder order);
@@ -129,7 +130,9 @@ int dp_group_index(const GridShape& shape, int rank);
 int pp_group_index(const GridShape& shape, int rank);
 /// The number of `rank`'s tp x dp group (as tp_group_index).
 int tp_dp_group_index(const GridShape& shape, int rank);
+/// The number of `rank`'s cp group ("cp<i>"), counted as the others.
 int cp_group_index(const GridShape& shape, int rank);
+/// The number of `rank`'s dp x cp group ("dpcp<i>"), counted as the others.
 int dp_cp_group_index(const GridShape& shape, int rank);
 
 /// The group table: a title line, a header, then one line per world rank with its coordinates

@@ -80,14 +80,17 @@ CommCount comm_total(const CommStats& stats, const std::string& group = "",
 /// One row of the ledger: which group (name and members), which operation, which reduction, which
 /// peer. Sorted by group, members, op, reduce, peer.
 struct TrafficKey {
-  std::string group;         // the communicator's name
-  std::vector<int> members;  // its ranks as world ranks, in the group's order
-  std::string op;            // as CommKey::op
-  std::string reduce;        // all_reduce, reduce, reduce_scatter: sum, max, min or avg; else ""
-  int peer = -1;             // send: destination, recv: source, rooted collectives: the root;
-                             // a world rank. -1 for the others
+  std::string group;         ///< the communicator's name
+  std::vector<int> members;  ///< its ranks as world ranks, in the group's order
+  std::string op;            ///< as CommKey::op
+  std::string reduce;        ///< all_reduce, reduce, reduce_scatter: sum, max, min or avg; else ""
+  /// send: destination, recv: source, rooted collectives: the root; a world rank. -1 for the
+  /// others.
+  int peer = -1;
+  /// Ordered by group, members, op, reduce, peer.
   auto operator<=>(const TrafficKey&) const = default;
 };
+/// The ledger: calls and payload bytes per row.
 using Traffic = std::map<TrafficKey, CommCount>;
 
 /// This rank's ledger since the start or the last reset_comm_stats(). Thread safe.

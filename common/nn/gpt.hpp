@@ -112,10 +112,14 @@ class BlockPolicy {
   /// Right before the block's backward reads `acts`: may refill them from `input`.
   virtual void before_backward(const Block& /*block*/, const Tensor& /*input*/,
                                BlockActivations& /*acts*/, int64_t /*seq_len*/) {}
-  /// `unit`: the index in model.params().units() (GPT::embedding_unit, block_unit, head_unit).
+  /// Before unit `unit` of `model` computes its forward (`unit`: the index in
+  /// model.params().units(): GPT::embedding_unit, block_unit, head_unit), e.g. gather it.
   virtual void before_unit_forward(const GPT& /*model*/, std::size_t /*unit*/) {}
+  /// After the unit's forward, e.g. free its gathered values.
   virtual void after_unit_forward(const GPT& /*model*/, std::size_t /*unit*/) {}
+  /// Before the unit's backward, e.g. gather it again.
   virtual void before_unit_backward(const GPT& /*model*/, std::size_t /*unit*/) {}
+  /// After the unit's backward has made its gradients final, e.g. reduce and release them.
   virtual void after_unit_backward(const GPT& /*model*/, std::size_t /*unit*/) {}
 };
 
@@ -123,9 +127,12 @@ class BlockPolicy {
 class PolicyList final : public BlockPolicy {
  public:
   PolicyList() = default;
+  /// The policies, in the order their hooks run.
   explicit PolicyList(std::vector<std::shared_ptr<BlockPolicy>> policies)
       : list_(std::move(policies)) {}
+  /// Appends `p` (its hooks run after the others').
   void add(std::shared_ptr<BlockPolicy> p) { list_.push_back(std::move(p)); }
+  /// The policies, in order.
   const std::vector<std::shared_ptr<BlockPolicy>>& policies() const { return list_; }
   void after_forward(const Block& b, const Tensor& in, BlockActivations& a, int64_t t) override {
     for (auto& p : list_) p->after_forward(b, in, a, t);
@@ -266,6 +273,7 @@ class GPT {
   /// set_block_policy replaces the policy (nullptr: none); add_block_policy appends one to it
   /// (the policies run in the order added: PolicyList).
   void set_block_policy(std::shared_ptr<BlockPolicy> policy) { policy_ = std::move(policy); }
+  /// Appends `policy` to the policy in use (a PolicyList when there are several).
   void add_block_policy(std::shared_ptr<BlockPolicy> policy);
   /// The block policy in use (null: keep everything).
   BlockPolicy* block_policy() const { return policy_.get(); }
