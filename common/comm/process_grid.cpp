@@ -54,34 +54,25 @@ std::string grid_axes_string(GridOrder order) {
   return out;
 }
 
-int GridCoord::at(GridAxis a) const {
+namespace {
+
+// The field of a coordinate or of a shape on axis `a` (both hold dp, tp, pp and cp).
+template <class Grid>
+auto& on_axis(Grid& g, GridAxis a) {
   switch (a) {
-    case GridAxis::tp: return tp;
-    case GridAxis::cp: return cp;
-    case GridAxis::dp: return dp;
-    case GridAxis::pp: return pp;
+    case GridAxis::tp: return g.tp;
+    case GridAxis::cp: return g.cp;
+    case GridAxis::dp: return g.dp;
+    case GridAxis::pp: break;
   }
-  return 0;
+  return g.pp;
 }
 
-void GridCoord::set(GridAxis a, int index) {
-  switch (a) {
-    case GridAxis::tp: tp = index; break;
-    case GridAxis::cp: cp = index; break;
-    case GridAxis::dp: dp = index; break;
-    case GridAxis::pp: pp = index; break;
-  }
-}
+}  // namespace
 
-int GridShape::size(GridAxis a) const {
-  switch (a) {
-    case GridAxis::tp: return tp;
-    case GridAxis::cp: return cp;
-    case GridAxis::dp: return dp;
-    case GridAxis::pp: return pp;
-  }
-  return 0;
-}
+int GridCoord::at(GridAxis a) const { return on_axis(*this, a); }
+void GridCoord::set(GridAxis a, int index) { on_axis(*this, a) = index; }
+int GridShape::size(GridAxis a) const { return on_axis(*this, a); }
 
 namespace {
 
