@@ -7,9 +7,10 @@
 # 2x4x1, 4x1x2, and 2x2x2 in picotron's order).
 scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp
                  GIVEN checkpoint.cpp grid_setup.cpp trainer3d.cpp planner_machine.cpp plan_search.cpp
+                       cp_setup.cpp
                  STEPS 4 RANKS 4
                  STEP_RANKS "1:1" "3:4,8" "4:1"
-                 COMPOSES 07 08 09
+                 COMPOSES 07 08 09 11
                  TIMEOUT 60)
 # Bad grids (and a bad --memory size, --zero stage, or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.
@@ -95,7 +96,7 @@ if(SCALELAB_BUILD_TESTS)
   add_executable(lab10_3d_parallel_planted07 ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
   target_link_libraries(lab10_3d_parallel_planted07 PRIVATE lab10_3d_parallel_solution_impl
                         lab07_planted_impl lab08_pipeline_parallel_solution_impl
-                        lab09_zero_solution_impl)
+                        lab09_zero_solution_impl lab11_context_parallel_solution_impl)
   add_dependencies(reference lab10_3d_parallel_planted07)
   set(planted_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
       $<TARGET_FILE:lab10_3d_parallel_planted07> ${MPIEXEC_POSTFLAGS} --model tiny --steps 2

@@ -119,17 +119,19 @@ int64_t measure_rows(const ModelConfig& config, int64_t wanted, DType precision,
 
 // The grid to run. No size given (./scalelab demo): tp 2 and pp 2 where the ranks and the model
 // allow, dp the rest. Otherwise a size not given is 1, except dp: the ranks left over.
-GridShape default_grid(int dp, int tp, int pp, int world, const ModelConfig& c, GridOrder order) {
+GridShape default_grid(int dp, int tp, int pp, int world, const ModelConfig& c, GridOrder order,
+                       int cp = 1) {
   SCALELAB_REQUIRE(dp >= 0 && tp >= 0 && pp >= 0, "--dp, --tp and --pp must not be negative, got "
                    "{}, {}, {}", dp, tp, pp);
-  if (dp == 0 && tp == 0 && pp == 0) {
+  SCALELAB_REQUIRE(cp >= 1, "--cp must be at least 1, got {}", cp);
+  if (dp == 0 && tp == 0 && pp == 0 && cp == 1) {
     tp = world % 2 == 0 && c.n_head % 2 == 0 ? 2 : 1;
     pp = (world / tp) % 2 == 0 && c.n_layer >= 2 ? 2 : 1;
   }
   tp = tp == 0 ? 1 : tp;
   pp = pp == 0 ? 1 : pp;
-  if (dp == 0) dp = world % (tp * pp) == 0 ? world / (tp * pp) : 1;  // check_3d says what is wrong
-  return GridShape{dp, tp, pp, order};
+  if (dp == 0) dp = world % (tp * pp * cp) == 0 ? world / (tp * pp * cp) : 1;  // check_4d says
+  return GridShape{dp, tp, pp, order, cp};
 }
 
 // --plan: measure, predict every configuration, print the ranking (rank 0).
@@ -187,7 +189,7 @@ void refuse_options_of_the_other_mode(const cxxopts::ParseResult& parsed) {
   const bool planning = parsed.count("plan") || parsed.count("check-plan");
   // what --plan and --check-plan choose themselves, or do not use
   for (const char* name : {"dp", "tp", "pp", "grid-order", "micro-batches", "zero", "checkpoint",
-                           "twin-steps", "schedule", "chunks"})
+                           "twin-steps", "schedule", "chunks", "cp", "attention"})
     SCALELAB_REQUIRE(!planning || parsed.count(name) == 0,
                      "--{} is for a training run: --plan and --check-plan try every grid, "
                      "micro-batch count, ZeRO stage and checkpointing themselves", name);
@@ -370,6 +372,10 @@ int main(int argc, char** argv) {
          cxxopts::value<int>()->default_value("0"))
         ("tp", "tensor-parallel ranks per stage (0: see --dp)", cxxopts::value<int>()->default_value("0"))
         ("pp", "pipeline stages (0: see --dp)", cxxopts::value<int>()->default_value("0"))
+        ("cp", "context-parallel ranks per sequence (lab 11: each keeps T/cp zig-zag tokens)",
+         cxxopts::value<int>()->default_value("1"))
+        ("attention", "--cp > 1: lab 11's ring or all-to-all attention over the cp group",
+         cxxopts::value<std::string>()->default_value("ring"))
         ("grid-order", "megatron (tp, dp, pp from the inside out) or picotron (tp, pp, dp)",
          cxxopts::value<std::string>()->default_value("megatron"))
         ("micro-batches", "micro-batches per replica and step (m)",
@@ -419,19 +425,22 @@ int main(int argc, char** argv) {
       return plan(config, opt.batch, run.precision, parsed, world);
     }
     const GridShape shape = default_grid(parsed["dp"].as<int>(), parsed["tp"].as<int>(),
-                                         parsed["pp"].as<int>(), world.size(), config, order);
+                                         parsed["pp"].as<int>(), world.size(), config, order,
+                                         parsed["cp"].as<int>());
+    const lab11::Attention attention = lab11::parse_attention(parsed["attention"].as<std::string>());
     // Bad grids are usage errors on every rank, before any data is read.
-    check_3d(config, shape, world.size(), opt.batch, m);
+    check_4d(config, shape, world.size(), opt.batch, m, attention);
     const lab08::Kind schedule = lab08::parse_kind(parsed["schedule"].as<std::string>());
     const int chunks = parsed["chunks"].as<int>() != 0 ? parsed["chunks"].as<int>()
                        : schedule == lab08::Kind::interleaved ? 2 : 1;
-    const Plan run_plan{shape, m, zero, parsed.count("checkpoint") > 0, schedule, chunks};
+    const Plan run_plan{shape, m, zero, parsed.count("checkpoint") > 0, schedule, chunks,
+                        attention};
     check_runnable(run_plan);
     if (schedule == lab08::Kind::interleaved)  // the layers must split into pp x v equal pieces
       lab08::chunk_layers(static_cast<int>(config.n_layer), shape.pp, chunks, 0, 0);
     const Device device = train::rank_device(run.device);
 
-    const comm::ProcessGrid grid(world, shape.dp, shape.tp, shape.pp, shape.order);
+    const comm::ProcessGrid grid(world, shape);
     Groups g = groups_of(grid);
     // A micro-batch of this replica through this stage's blocks split over tp (1F1B keeps up to
     // min(pp - stage, m) of them), the head on the last stage; rank 0 also runs the single-device
@@ -464,6 +473,12 @@ int main(int argc, char** argv) {
               run_plan.checkpoint ? ", every block checkpointed" : "", lab08::kind_name(schedule),
               chunks > 1 ? fmt::format(" with {} chunks per rank", chunks) : "");
     log::info("{}", train::precision_note(run.precision));
+    if (shape.cp > 1)
+      log::info("cp {}: each rank keeps {} of the {} tokens of every sequence (lab 11's zig-zag "
+                "chunks), attention by {} over its cp group; gradients and loss averaged over dp "
+                "x cp = {} ranks{}", shape.cp, config.block_size / shape.cp, config.block_size,
+                lab11::attention_name(attention), shape.dp * shape.cp,
+                zero > 0 ? ", ZeRO sharded over them" : "");
     log::info("{}", grid.table());
     for (int s = 0; s < shape.pp; ++s) {  // what every stage holds (the same rule on every rank)
       const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, s);
@@ -508,10 +523,11 @@ int main(int argc, char** argv) {
         // What ZeRO costs over dp, from the byte counters: ZeRO-2 reduces every unit's gradient
         // once per micro-batch, ZeRO-3 gathers every unit for every micro-batch's forward and
         // backward and reduce-scatters it once per micro-batch: m times one batch's traffic.
-        const int64_t in_step = comm::comm_total(after_step - before_step, g.dp.name()).bytes;
-        const int64_t in_opt = comm::comm_total(first - after_step, g.dp.name()).bytes;
+        const int64_t in_step =
+            comm::comm_total(after_step - before_step, g.replicas().name()).bytes;
+        const int64_t in_opt = comm::comm_total(first - after_step, g.replicas().name()).bytes;
         log::info("dp traffic of step 0 on rank 0 (group {}): {} payload bytes in the step ({} "
-                  "per micro-batch over m = {}{}), {} in the optimizer step", g.dp.name(),
+                  "per micro-batch over m = {}{}), {} in the optimizer step", g.replicas().name(),
                   in_step, in_step / m, m,
                   zero >= 2 ? fmt::format(", {} unit {}", trainer.unit_collectives(),
                                           zero == 2 ? "reductions" : "gathers")
