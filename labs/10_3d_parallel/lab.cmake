@@ -70,6 +70,30 @@ if(SCALELAB_BUILD_TESTS)
                                 ARGS --model tiny --data ${lab10_data} ${case})
   endforeach()
 endif()
+# The 4th axis (--cp, cp_setup.cpp's check_4d): the zig-zag split needs 2 cp chunks of the
+# sequence, all-to-all attention the heads split over cp x tp, the grid dp x cp x tp x pp the world;
+# --attention ring or all-to-all. One line naming the limit, exit 2 on every rank.
+if(SCALELAB_BUILD_TESTS)
+  foreach(case
+      "3|cp_not_dividing_the_sequence|^error: --cp 3: the zig-zag split cuts the sequence of 16 tokens into 2 cp = 6 equal chunks|--cp|3|--dp|1|--tp|1|--pp|1"
+      "4|cp_heads_not_divisible|^error: --attention all-to-all: the model's 2 heads do not split over cp 2 x tp 2 = 4 ranks|--cp|2|--tp|2|--dp|1|--attention|all-to-all"
+      "4|cp_grid_not_world|^error: process grid: dp 2 x tp 2 x pp 1 x cp 2 = 8 ranks, but the world has 4 ranks|--dp|2|--cp|2|--tp|2"
+      "2|cp_attention_unknown|^error: --attention star: ring or all-to-all|--cp|2|--attention|star"
+      "1|cp_given_to_plan|^error: --cp is for a training run|--plan|--cp|2")
+    string(REPLACE "|" ";" case "${case}")
+    list(POP_FRONT case ranks name regex)
+    scalelab_expect_usage_error(lab10.cli.${name} lab10_3d_parallel_solution
+                                RANKS ${ranks} LABELS reference lab10 MATCH "${regex}"
+                                ARGS --model tiny --data ${lab10_data} ${case})
+  endforeach()
+  # The program on a 4D grid of 8 ranks (dp 1 x cp 2 x tp 2 x pp 2, ring): exit 0 only when its
+  # losses follow the single-device twin's (fp32, 1e-5 relative). About 2 s on 2 cores.
+  scalelab_add_mpi_test(lab10.program.cp_ring_pp2.np8 lab10_3d_parallel_solution RANKS 8
+                        TIMEOUT 60 LABELS reference lab10
+                        ARGS --model tiny --steps 2 --batch 8 --twin-steps 2 --dp 1 --cp 2 --tp 2
+                             --pp 2 --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
+  set_tests_properties(lab10.program.cp_ring_pp2.np8 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
+endif()
 # On a GPU (label gpu; skipped without one): the reference with CUDA tensors against the CPU
 # (tests/10_3d_parallel/test_gpu.cpp), not a graded step.
 scalelab_add_lab_gpu_tests(10)
