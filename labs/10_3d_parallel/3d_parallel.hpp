@@ -335,6 +335,7 @@ struct Prediction {
   double compute_s = 0;           ///< the stage's forward + backward FLOPs / machine.flops
   double bubble = 0;              ///< (pp - 1) / (m + pp - 1)
   double tp_s = 0, pp_s = 0, dp_s = 0;  ///< communication time per axis
+  double cp_s = 0;                ///< the cp ring's K/V blocks (0 when cp = 1)
   double step_s = 0;              ///< compute / (1 - bubble) + tp + pp + dp (shared cores:
                                   ///< compute + tp + pp + dp)
 };
@@ -369,6 +370,14 @@ struct Prediction {
 /// values and gradients in master_dtype(precision); ZeRO-2/3's bound unit gradients in the
 /// master dtype, ZeRO-3's gathered values in `precision` (what the layers read).
 std::size_t max_in_flight(int pp, int stage, int micro_batches);
+/// With plan.grid.cp > 1 (the 4th axis): every activation and transient of a rank holds T/cp
+/// tokens (the formulas above on config.block_size / cp: ring attention keeps no (T, T) scores,
+/// so its own (T/cp)^2 block is an upper bound), the compute is T/cp tokens per row (attention
+/// still 12 T C per token: its keys are the whole sequence), tp and pp move T/cp tokens per row,
+/// ZeRO shards and the gradient average run over dp x cp, and
+///   cp       per block and micro-batch the ring's K/V block (2 x (rows/m) x T/cp x C/tp) sent
+///            cp - 1 times forward (twice with checkpointing) and 2 cp - 1 times backward:
+///            bytes / bus_bytes_per_s + latency each (Prediction::cp_s; 0 when cp = 1).
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
                    const Machine& machine, DType precision);
 

@@ -111,9 +111,10 @@ int64_t measure_rows(const ModelConfig& config, int64_t wanted, DType precision,
   const std::size_t mib_needed = (d.total_bytes + 1048575) / 1048576;
   throw UsageError(fmt::format(
       "--memory {}: no configuration of model {} for {} ranks and --batch {} fits; the smallest "
-      "needs {} MiB per rank (dp {} x tp {} x pp {}, {} micro-batches, ZeRO-{}, checkpointing "
-      "{}): give --memory {}MiB or more, or a smaller --batch", memory, config.name, ranks,
-      batch, mib(d.total_bytes), p.grid.dp, p.grid.tp, p.grid.pp, p.micro_batches, p.zero_stage,
+      "needs {} MiB per rank (dp {} x cp {} x tp {} x pp {}, {} micro-batches, ZeRO-{}, "
+      "checkpointing {}): give --memory {}MiB or more, or a smaller --batch", memory, config.name,
+      ranks, batch, mib(d.total_bytes), p.grid.dp, p.grid.cp, p.grid.tp, p.grid.pp,
+      p.micro_batches, p.zero_stage,
       p.checkpoint ? "on" : "off", mib_needed));
 }
 
@@ -135,8 +136,14 @@ GridShape default_grid(int dp, int tp, int pp, int world, const ModelConfig& c, 
 }
 
 // --plan: measure, predict every configuration, print the ranking (rank 0).
-int plan(const ModelConfig& config, int64_t batch, DType precision,
+int plan(const ModelConfig& model, int64_t batch, DType precision,
          const cxxopts::ParseResult& parsed, comm::Communicator& world) {
+  // --context: plan for sequences of that many tokens (long contexts are where cp pays); the
+  // machine is still measured on the model's own context (a block of a long one would not fit)
+  ModelConfig config = model;
+  const int64_t context = parsed["context"].as<int64_t>();
+  SCALELAB_REQUIRE(context >= 0, "--context must be at least 1, got {}", context);
+  if (context > 0) config.block_size = context;
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() >= 0, "--ranks must be positive, got {}",
                    parsed["ranks"].as<int>());
   const int ranks = parsed["ranks"].as<int>() > 0 ? parsed["ranks"].as<int>() : world.size();
@@ -146,8 +153,8 @@ int plan(const ModelConfig& config, int64_t batch, DType precision,
   SCALELAB_REQUIRE(top >= 1, "--top must be at least 1, got {}", top);
   // the model's rate on a micro-batch of about the size the plans run (what this machine holds)
   const int64_t wanted_rows = std::max<int64_t>(1, batch / ranks);
-  const int64_t rows_measured = measure_rows(config, wanted_rows, precision, world);
-  const Machine m = measure_machine(world, config, rows_measured, precision);
+  const int64_t rows_measured = measure_rows(model, wanted_rows, precision, world);
+  const Machine m = measure_machine(world, model, rows_measured, precision);
   const auto rows = plan_all(config, ranks, batch, m, budget, precision);
   if (rows.empty())
     explain_nothing_fits(config, ranks, batch, m, parsed["memory"].as<std::string>(), precision);
@@ -167,18 +174,19 @@ int plan(const ModelConfig& config, int64_t batch, DType precision,
             m.shared_cores ? "; more ranks than cores: the bubble is not idle time" : "");
   log::info("{} configurations fit; the fastest {} (memory and time of the busiest stage):",
             rows.size(), std::min<std::size_t>(rows.size(), top));
-  log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  {:>9} {:>6} "
-            "{:>7} {:>7} {:>7} {:>9}", "dp", "tp", "pp", "m", "zero", "ckpt", "params",
-            "state MiB", "acts MiB", "bwd MiB", "total MiB", "compute ms", "bubble", "tp ms",
-            "pp ms", "dp ms", "step ms");
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  {:>9} "
+            "{:>6} {:>7} {:>7} {:>7} {:>7} {:>9}", "dp", "cp", "tp", "pp", "m", "zero", "ckpt",
+            "params", "state MiB", "acts MiB", "bwd MiB", "total MiB", "compute ms", "bubble",
+            "tp ms", "pp ms", "cp ms", "dp ms", "step ms");
   for (std::size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i) {
     const auto& [p, d] = rows[i];
-    log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  {:>9.2f} "
-              "{:>6.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>9.2f}", p.grid.dp, p.grid.tp, p.grid.pp,
-              p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no", d.params,
-              mib(d.state_bytes), mib(d.activation_bytes), mib(d.transient_bytes),
-              mib(d.total_bytes), d.compute_s * 1e3,
-              d.bubble, d.tp_s * 1e3, d.pp_s * 1e3, d.dp_s * 1e3, d.step_s * 1e3);
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  "
+              "{:>9.2f} {:>6.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>9.2f}", p.grid.dp,
+              p.grid.cp, p.grid.tp, p.grid.pp, p.micro_batches, p.zero_stage,
+              p.checkpoint ? "yes" : "no", d.params, mib(d.state_bytes),
+              mib(d.activation_bytes), mib(d.transient_bytes), mib(d.total_bytes),
+              d.compute_s * 1e3, d.bubble, d.tp_s * 1e3, d.pp_s * 1e3, d.cp_s * 1e3,
+              d.dp_s * 1e3, d.step_s * 1e3);
   }
   return 0;
 }
@@ -197,6 +205,8 @@ void refuse_options_of_the_other_mode(const cxxopts::ParseResult& parsed) {
     SCALELAB_REQUIRE(planning || parsed.count(name) == 0,
                      "--{} is for --plan or --check-plan (this run trains)", name);
   SCALELAB_REQUIRE(!parsed.count("top") || parsed.count("plan"), "--top is for --plan");
+  SCALELAB_REQUIRE(!parsed.count("context") || parsed.count("plan"),
+                   "--context is for --plan (a training run's context is the model's)");
   SCALELAB_REQUIRE(!parsed.count("check-steps") || parsed.count("check-plan"),
                    "--check-steps is for --check-plan");
 }
@@ -239,7 +249,7 @@ struct Measured {
 Measured measure_plan(const ModelConfig& config, const Plan& p, data::Sampler& sampler,
                       int steps, uint64_t seed, DType precision, comm::Communicator& world) {
   const Device cpu = Device::cpu();
-  const comm::ProcessGrid grid(world, p.grid.dp, p.grid.tp, p.grid.pp, GridOrder::megatron);
+  const comm::ProcessGrid grid(world, p.grid);  // plan_all's: megatron's order
   Groups g = groups_of(grid);
   world.barrier();
   const std::size_t base = memory_stats(cpu).current;
@@ -319,8 +329,8 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
             "(min..max), and the "
             "optimizer step after it (not predicted); err = (predicted - measured) / measured; "
             "rank: by predicted / by measured step time");
-  log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>6}  {:>7} {:>7} {:>13} {:>6} "
-            "{:>6}  {:>4} {:>4}", "dp", "tp", "pp", "m", "zero", "ckpt", "mem pred", "mem meas", "err",
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>6}  {:>7} {:>7} {:>13} "
+            "{:>6} {:>6}  {:>4} {:>4}", "dp", "cp", "tp", "pp", "m", "zero", "ckpt", "mem pred", "mem meas", "err",
             "ms pred", "ms meas", "(min..max)", "err", "opt ms", "pred", "meas");
   std::vector<std::size_t> by_measured(ran.size());
   for (std::size_t i = 0; i < ran.size(); ++i) by_measured[i] = i;
@@ -336,8 +346,9 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
     const double et = relative_error(d.step_s, x.step_s);
     mem_abs += std::abs(em);
     time_abs += std::abs(et);
-    log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>+5.0f}%  {:>7.1f} {:>7.1f} "
-              "{:>13} {:>+5.0f}% {:>6.1f}  {:>4} {:>4}", p.grid.dp, p.grid.tp, p.grid.pp,
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>+5.0f}%  {:>7.1f} "
+              "{:>7.1f} {:>13} {:>+5.0f}% {:>6.1f}  {:>4} {:>4}", p.grid.dp, p.grid.cp, p.grid.tp,
+              p.grid.pp,
               p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no", mib(d.total_bytes),
               mib(static_cast<std::size_t>(x.peak_bytes)), em * 100, d.step_s * 1e3,
               x.step_s * 1e3, fmt::format("({:.1f}..{:.1f})", x.min_s * 1e3, x.max_s * 1e3),
@@ -349,12 +360,13 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
   log::info("mean |err|: memory {:.0f}%, step time {:.0f}%; rank correlation of predicted and "
             "measured step times (Spearman) {:+.2f}", 100 * mem_abs / ran.size(),
             100 * time_abs / ran.size(), rank_correlation(predicted_rank, measured_rank));
-  log::info("predicted best {}x{}x{} m={} zero={} ckpt={} ({:.2f} ms measured) {} the measured "
-            "best {}x{}x{} m={} zero={} ckpt={} ({:.2f} ms); the predicted best ranks {} of {} "
-            "measured", ran[0].p.grid.dp, ran[0].p.grid.tp, ran[0].p.grid.pp,
+  log::info("predicted best {}x{}x{}x{} m={} zero={} ckpt={} ({:.2f} ms measured) {} the "
+            "measured best {}x{}x{}x{} m={} zero={} ckpt={} ({:.2f} ms); the predicted best ranks "
+            "{} of {} measured (dp x cp x tp x pp)", ran[0].p.grid.dp, ran[0].p.grid.cp,
+            ran[0].p.grid.tp, ran[0].p.grid.pp,
             ran[0].p.micro_batches, ran[0].p.zero_stage, ran[0].p.checkpoint ? "yes" : "no",
             ran[0].x.step_s * 1e3, by_measured[0] == 0 ? "IS" : "is NOT", best.p.grid.dp,
-            best.p.grid.tp, best.p.grid.pp, best.p.micro_batches, best.p.zero_stage,
+            best.p.grid.cp, best.p.grid.tp, best.p.grid.pp, best.p.micro_batches, best.p.zero_stage,
             best.p.checkpoint ? "yes" : "no", best.x.step_s * 1e3, measured_rank[0], ran.size());
   return 0;
 }
@@ -396,6 +408,8 @@ int main(int argc, char** argv) {
         ("memory", "--plan, --check-plan: memory per rank, e.g. 80GiB or 512MiB (a plain "
                    "number is MiB)", cxxopts::value<std::string>()->default_value("1GiB"))
         ("top", "--plan: rows shown", cxxopts::value<int>()->default_value("20"))
+        ("context", "--plan: tokens per sequence to plan for (0: the model's context); long "
+                    "ones make cp pay", cxxopts::value<int64_t>()->default_value("0"))
         ("check-plan", "step 5: run every configuration --plan lists for the ranks started; "
                        "predicted vs measured memory and step time")
         ("check-steps", "--check-plan: timed steps per configuration (after 1 warm-up)",
