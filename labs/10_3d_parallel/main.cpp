@@ -6,6 +6,7 @@
 //   ./scalelab run 10 -n 4 -- --dp 1 --tp 2 --pp 2 --grid-order picotron --steps 5
 //   ./scalelab run 10 --solution -n 8 -- --zero 3 --checkpoint --micro-batches 4  # dp 2 tp 2 pp 2
 //   ./scalelab run 10 --solution -n 8 -- --dp 2 --tp 2 --pp 2 --zero 2 --schedule interleaved
+//   ./scalelab run 10 --solution -n 8 -- --dp 2 --cp 2 --tp 2   # 4D: lab 11's ring over cp
 //   ./scalelab run 10 --solution -n 8 -- --plan --model gpt-85m --ranks 8 --memory 80GiB
 //   ./scalelab run 10 --solution -n 4 -- --check-plan
 //
