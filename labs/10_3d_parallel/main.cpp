@@ -462,14 +462,20 @@ int main(int argc, char** argv) {
     // twin on the whole batch. Too large for this machine: a usage error on every rank.
     const int stage = grid.coord().pp;
     const lab08::LayerRange blocks = lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, stage);
+    // With cp a rank's rows are T/cp tokens and its attention core is fused (no (T, T)
+    // probabilities): sized on a context of T/cp.
+    const bool twin_rank = world.rank() == 0 && twin_steps > 0;
+    ModelConfig rows_config = config;
+    if (!twin_rank) rows_config.block_size = config.block_size / shape.cp;
     const train::StepShape step_shape =
-        world.rank() == 0 && twin_steps > 0
+        twin_rank
             ? train::StepShape{.global_batch = opt.batch, .rows = opt.batch, .layers = config.n_layer}
             : train::StepShape{.global_batch = opt.batch, .rows = opt.batch / shape.dp / m,
                                .in_flight = std::min(shape.pp - stage, m), .layers = blocks.size(),
                                .tp = shape.tp, .head = stage == shape.pp - 1,
-                               .checkpoint = run_plan.checkpoint};
-    train::require_host_memory(train::step_bytes_at_least(config, step_shape, run.precision),
+                               .checkpoint = run_plan.checkpoint,
+                               .attention_probabilities = shape.cp == 1};
+    train::require_host_memory(train::step_bytes_at_least(rows_config, step_shape, run.precision),
                                fmt::format("--batch {}", opt.batch), "a training step");
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
