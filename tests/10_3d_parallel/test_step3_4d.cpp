@@ -6,7 +6,7 @@
 // order than the single device, which moves the last digits only). The byte counters show the cp
 // group carrying exactly the ring's K/V blocks and the dp x cp group averaging the gradients
 // once (the dp group alone: nothing). The planted fault averages over dp only (the 3D recipe on
-// a cp grid) and must fail the same check. Both tests together take about 3 s on 2 cores.
+// a cp grid) and must fail the same check. ZeRO-1 shards over dp x cp. About 3 s on 2 cores.
 #include <gtest/gtest.h>
 
 #include "grid3d_checks.hpp"
@@ -92,6 +92,31 @@ TEST(Step3_4D, CpStepMatchesTheSingleDeviceAndItsTraffic) {
       EXPECT_TRUE(on_every_rank(comm::comm_total(did, g.dp.name()).bytes == 0));
     }
   }
+}
+
+// ZeRO-1 with cp shards AdamW's state over dp x cp (4 ranks here, Megatron's distributed
+// optimizer): the step still gives the single device's gradients, each rank keeps 1/4 of m and
+// v, and after the optimizer step (shards stepped, then all-gathered over dp x cp) every rank of
+// the group holds the same values.
+TEST(Step3_4D, ZeroOneShardsOverDpTimesCp) {
+  if (world().size() != 8) GTEST_SKIP() << "the 4D grids run on 8 ranks";
+  const lab10::GridShape shape = grids_4d()[0];
+  const comm::ProcessGrid grid(world(), shape);
+  lab10::Groups g = lab10::groups_of(grid);
+  lab10::Trainer3D t(config(), g, lab10::Plan{shape, kMicro, 1, false}, f64());
+  const double loss = t.step(kLab.batch(0));
+  EXPECT_TRUE(matches(t.model(), loss, shape));
+  const int64_t padded = t.model().params().padded_numel();
+  EXPECT_EQ(padded % (shape.dp * shape.cp), 0);
+  EXPECT_EQ(t.optimizer_state_bytes(),
+            static_cast<std::size_t>(2 * padded / (shape.dp * shape.cp) * 8));
+  t.optimizer_step(1e-3);
+  // the values, the same on every rank of dp x cp: their max and min over the group agree
+  const Tensor values = t.parameters();
+  Tensor hi = values.clone(), lo = values.clone();
+  g.dp_cp.all_reduce(hi, comm::ReduceOp::max);
+  g.dp_cp.all_reduce(lo, comm::ReduceOp::min);
+  EXPECT_TRUE(labtest::close_on_every_rank(hi, lo, 0, 0));
 }
 
 // The 3D recipe on a cp grid: the same model and tokens, the gradients averaged over dp only.
