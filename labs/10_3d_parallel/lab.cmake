@@ -1,10 +1,12 @@
 # Lab 10 composes labs 07 (the tensor-parallel mappings), 08 (stages, 1F1B, the executor, the
 # tied gradient), 09 (ZeRO, and its memory formulas, which step 4's planner is checked
-# against) and 11 (ring / all-to-all attention: the 4th axis, --cp, given in cp_setup.cpp): the attendee's program runs the attendee's own labs 07-09 (--reference AA,BB in
+# against) and 11 (ring / all-to-all attention: the 4th axis, --cp, given in cp_setup.cpp): the
+# attendee's program runs the attendee's own labs 07-09 and 11 (--reference AA,BB in
 # ./scalelab run takes the references of labs AA and BB instead), its graders the references. Step 4 is pure functions: one rank.
 # Step 1 (the grid) is pure index math: one rank. Steps 2-3 run real grids: 4 ranks (dp x tp x pp
 # = 1x2x2, 2x1x2, 2x2x1, and 2x1x2 in picotron's order) and, for step 3, 8 ranks (2x2x2, 1x2x4,
-# 2x4x1, 4x1x2, and 2x2x2 in picotron's order).
+# 2x4x1, 4x1x2, and 2x2x2 in picotron's order; with cp 2: 2x2x2x1 and 1x2x2x2 as dp x cp x tp
+# x pp, test_step3_4d.cpp).
 scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp
                  GIVEN checkpoint.cpp grid_setup.cpp trainer3d.cpp planner_machine.cpp plan_search.cpp
                        cp_setup.cpp
