@@ -269,6 +269,8 @@ class GPT {
   void set_mappings(std::shared_ptr<const Mappings> mappings);
   /// The mappings in use (the one-device default until set_mappings).
   const Mappings& mappings() const;
+  /// The mappings set_mappings gave (null: the single device's), to wrap them in others'.
+  std::shared_ptr<const Mappings> shared_mappings() const { return mappings_; }
   /// What the pieces do around each unit and block (BlockPolicy): e.g. checkpointing, ZeRO-2/3.
   /// set_block_policy replaces the policy (nullptr: none); add_block_policy appends one to it
   /// (the policies run in the order added: PolicyList).

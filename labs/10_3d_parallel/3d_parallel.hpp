@@ -25,6 +25,7 @@
 #include "common/optim/optim.hpp"
 #include "pipeline_parallel.hpp"  // lab 08: stages, schedules, the executor
 #include "tensor_parallel.hpp"    // lab 07: the tensor-parallel block's operators
+#include "context_parallel.hpp"   // lab 11: the zig-zag split, ring / all-to-all attention
 #include "zero.hpp"               // lab 09: shards, ZeRO-2/3 as policies at the model's hooks
 
 namespace scalelab::lab10 {
@@ -67,6 +68,12 @@ struct Groups {
   GridShape shape;
   GridCoord coord;
   comm::Communicator tp, dp, pp;
+  /// The 4th axis (cp_setup.cpp): the cp ranks holding one sequence's zig-zag chunks, and the
+  /// dp x cp ranks holding the same (tp, pp) shard (with cp = 1: this rank alone, and dp).
+  comm::Communicator cp, dp_cp;
+  /// The group over which this shard's replicas average their gradients and ZeRO shards: dp,
+  /// or with cp > 1 dp_cp (every cp rank saw other tokens through the same weights).
+  comm::Communicator& replicas() { return shape.cp > 1 ? dp_cp : dp; }
 };
 Groups groups_of(const comm::ProcessGrid& grid);
 
@@ -145,6 +152,36 @@ class Zero1Optimizer {
   std::unique_ptr<optim::AdamW> adamw_;
 };
 
+// ---- given: the 4th axis, context parallelism (cp_setup.cpp) ------------------------------------
+//
+// A grid dp x cp x tp x pp (comm::ProcessGrid's cp axis): the cp ranks of one (dp, tp, pp) cell
+// each keep T/cp of every sequence's tokens (lab 11's zig-zag split) through the whole model, and
+// attention gets the other chunks' keys and values by lab 11's ring or all-to-all over g.cp. The
+// weights are the same on the cp ranks (they are replicas for the weights, not for the data):
+// gradients are averaged over dp x cp (Groups::replicas), each rank's loss being the mean over
+// its own T/cp tokens. ZeRO (--zero 1-3) shards over the same dp x cp group, like Megatron's
+// distributed optimizer: every rank of it holds the same parameters. The 4D step is the given
+// driver of Trainer3D (step_3d is the 3D recipe on g.dp).
+
+/// Given. check_3d with the 4th axis: dp*cp*tp*pp equals the world, T splits into 2 cp zig-zag
+/// chunks, and for all-to-all attention the heads split over cp x tp (each tp rank's NH/tp heads
+/// over cp). UsageError, one line naming the limit.
+void check_4d(const ModelConfig& config, const GridShape& shape, int world_size,
+              int64_t global_batch, int micro_batches, lab11::Attention attention);
+
+/// Given. A 4D rank's mappings: `regions` (lab 07's tensor-parallel ones that step 2 set: the
+/// blocks' f and g, the vocabulary-parallel embedding and cross-entropy) with lab 11's attention
+/// core over g.cp and the position embedding at this rank's zig-zag positions. The regions'
+/// embedding adds wpe's first rows: it is handed wpe's rows at this rank's global positions
+/// instead (and its gradient scattered back), so neither lab's code is repeated here.
+std::shared_ptr<const nn::Mappings> with_context_parallel(
+    std::shared_ptr<const nn::Mappings> regions, const ModelConfig& config, Groups& g,
+    lab11::Attention attention);
+
+/// Given. This rank's columns of a batch (B, T): its cp index's zig-zag tokens, (B, T/cp), for
+/// inputs and targets alike (lab11::shard_sequence). With cp = 1, the batch itself.
+data::Batch cp_columns(const data::Batch& batch, const Groups& g);
+
 // ---- Step 4: the planner ----------------------------------------------------------------------------
 
 /// One configuration the planner considers.
@@ -155,6 +192,8 @@ struct Plan {
   bool checkpoint = false; ///< full activation checkpointing of every block (lab 06)
   lab08::Kind schedule = lab08::Kind::one_f_one_b;  ///< lab 08's afab, 1f1b or interleaved
   int chunks = 1;          ///< model chunks per rank (v: interleaved only)
+  /// With grid.cp > 1: lab 11's attention over the cp group (the 4th axis, cp_setup.cpp).
+  lab11::Attention attention = lab11::Attention::ring;
 };
 
 /// Given (trainer3d.cpp). UsageError (one line) unless the 3D step can run `plan`: a ZeRO stage
@@ -277,8 +316,9 @@ struct Prediction {
   double compute_s = 0;           ///< the stage's forward + backward FLOPs / machine.flops
   double bubble = 0;              ///< lab 08's bubble of this pp and m
   double tp_s = 0, pp_s = 0, dp_s = 0;  ///< communication time per axis
+  double cp_s = 0;                ///< the cp ring's K/V blocks (0 when cp = 1)
   double step_s = 0;              ///< compute stretched by the bubble (not on shared cores),
-                                  ///< plus tp, pp and dp
+                                  ///< plus tp, pp, dp and cp
 };
 
 /// Step 4d. max_in_flight: the most micro-batches 1F1B keeps on stage `stage` at once (lab 08's
@@ -291,6 +331,10 @@ struct Prediction {
 /// activations in `precision`, the cross-entropy's numbers in ops::stats_dtype(precision),
 /// values and gradients in master_dtype(precision).
 std::size_t max_in_flight(int pp, int stage, int micro_batches);
+/// With plan.grid.cp > 1 (the 4th axis): a rank holds and computes T/cp tokens of each row
+/// (attention still sees the whole sequence's keys), tp and pp move T/cp tokens per row, ZeRO
+/// shards and the gradient average run over dp x cp, and the cp ring's K/V blocks cost time
+/// (Prediction::cp_s; 0 when cp = 1). README.md, "The 4th axis", has the terms behind a hint.
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
                    const Machine& machine, DType precision);
 

@@ -21,7 +21,7 @@ void check_3d(const ModelConfig& config, const GridShape& shape, int world_size,
 }
 
 Groups groups_of(const comm::ProcessGrid& grid) {
-  return Groups{grid.shape(), grid.coord(), grid.tp(), grid.dp(), grid.pp()};
+  return Groups{grid.shape(), grid.coord(), grid.tp(), grid.dp(), grid.pp(), grid.cp(), grid.dp_cp()};
 }
 
 }  // namespace scalelab::lab10

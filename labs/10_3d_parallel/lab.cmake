@@ -1,15 +1,18 @@
 # Lab 10 composes labs 07 (the tensor-parallel mappings), 08 (stages, 1F1B, the executor, the
-# tied gradient) and 09 (ZeRO, and its memory formulas, which step 4's planner is checked
-# against): the attendee's program runs the attendee's own labs 07-09 (--reference AA,BB in
+# tied gradient), 09 (ZeRO, and its memory formulas, which step 4's planner is checked
+# against) and 11 (ring / all-to-all attention: the 4th axis, --cp, given in cp_setup.cpp): the
+# attendee's program runs the attendee's own labs 07-09 and 11 (--reference AA,BB in
 # ./scalelab run takes the references of labs AA and BB instead), its graders the references. Step 4 is pure functions: one rank.
 # Step 1 (the grid) is pure index math: one rank. Steps 2-3 run real grids: 4 ranks (dp x tp x pp
 # = 1x2x2, 2x1x2, 2x2x1, and 2x1x2 in picotron's order) and, for step 3, 8 ranks (2x2x2, 1x2x4,
-# 2x4x1, 4x1x2, and 2x2x2 in picotron's order).
+# 2x4x1, 4x1x2, and 2x2x2 in picotron's order; with cp 2: 2x2x2x1 and 1x2x2x2 as dp x cp x tp
+# x pp, test_step3_4d.cpp).
 scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp
                  GIVEN checkpoint.cpp grid_setup.cpp trainer3d.cpp planner_machine.cpp plan_search.cpp
+                       cp_setup.cpp
                  STEPS 4 RANKS 4
                  STEP_RANKS "1:1" "3:4,8" "4:1"
-                 COMPOSES 07 08 09
+                 COMPOSES 07 08 09 11
                  TIMEOUT 60
                  OPTIONAL_STEPS 4)  # the core (steps 1-3) fits 90 minutes: README.md
 # Bad grids (and a bad --memory size, --zero stage, or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
@@ -70,6 +73,30 @@ if(SCALELAB_BUILD_TESTS)
                                 ARGS --model tiny --data ${lab10_data} ${case})
   endforeach()
 endif()
+# The 4th axis (--cp, cp_setup.cpp's check_4d): the zig-zag split needs 2 cp chunks of the
+# sequence, all-to-all attention the heads split over cp x tp, the grid dp x cp x tp x pp the world;
+# --attention ring or all-to-all. One line naming the limit, exit 2 on every rank.
+if(SCALELAB_BUILD_TESTS)
+  foreach(case
+      "3|cp_not_dividing_the_sequence|^error: --cp 3: the zig-zag split cuts the sequence of 16 tokens into 2 cp = 6 equal chunks|--cp|3|--dp|1|--tp|1|--pp|1"
+      "4|cp_heads_not_divisible|^error: --attention all-to-all: the model's 2 heads do not split over cp 2 x tp 2 = 4 ranks|--cp|2|--tp|2|--dp|1|--attention|all-to-all"
+      "4|cp_grid_not_world|^error: process grid: dp 2 x tp 2 x pp 1 x cp 2 = 8 ranks, but the world has 4 ranks|--dp|2|--cp|2|--tp|2"
+      "2|cp_attention_unknown|^error: --attention star: ring or all-to-all|--cp|2|--attention|star"
+      "1|cp_given_to_plan|^error: --cp is for a training run|--plan|--cp|2")
+    string(REPLACE "|" ";" case "${case}")
+    list(POP_FRONT case ranks name regex)
+    scalelab_expect_usage_error(lab10.cli.${name} lab10_3d_parallel_solution
+                                RANKS ${ranks} LABELS reference lab10 MATCH "${regex}"
+                                ARGS --model tiny --data ${lab10_data} ${case})
+  endforeach()
+  # The program on a 4D grid of 8 ranks (dp 1 x cp 2 x tp 2 x pp 2, ring): exit 0 only when its
+  # losses follow the single-device twin's (fp32, 1e-5 relative). About 2 s on 2 cores.
+  scalelab_add_mpi_test(lab10.program.cp_ring_pp2.np8 lab10_3d_parallel_solution RANKS 8
+                        TIMEOUT 60 LABELS reference lab10
+                        ARGS --model tiny --steps 2 --batch 8 --twin-steps 2 --dp 1 --cp 2 --tp 2
+                             --pp 2 --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
+  set_tests_properties(lab10.program.cp_ring_pp2.np8 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
+endif()
 # On a GPU (label gpu; skipped without one): the reference with CUDA tensors against the CPU
 # (tests/10_3d_parallel/test_gpu.cpp), not a graded step.
 scalelab_add_lab_gpu_tests(10)
@@ -96,7 +123,7 @@ if(SCALELAB_BUILD_TESTS)
   add_executable(lab10_3d_parallel_planted07 ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
   target_link_libraries(lab10_3d_parallel_planted07 PRIVATE lab10_3d_parallel_solution_impl
                         lab07_planted_impl lab08_pipeline_parallel_solution_impl
-                        lab09_zero_solution_impl)
+                        lab09_zero_solution_impl lab11_context_parallel_solution_impl)
   add_dependencies(reference lab10_3d_parallel_planted07)
   set(planted_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
       $<TARGET_FILE:lab10_3d_parallel_planted07> ${MPIEXEC_POSTFLAGS} --model tiny --steps 2

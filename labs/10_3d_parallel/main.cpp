@@ -6,6 +6,7 @@
 //   ./scalelab run 10 -n 4 -- --dp 1 --tp 2 --pp 2 --grid-order picotron --steps 5
 //   ./scalelab run 10 --solution -n 8 -- --zero 3 --checkpoint --micro-batches 4  # dp 2 tp 2 pp 2
 //   ./scalelab run 10 --solution -n 8 -- --dp 2 --tp 2 --pp 2 --zero 2 --schedule interleaved
+//   ./scalelab run 10 --solution -n 8 -- --dp 2 --cp 2 --tp 2   # 4D: lab 11's ring over cp
 //   ./scalelab run 10 --solution -n 8 -- --plan --model gpt-85m --ranks 8 --memory 80GiB
 //   ./scalelab run 10 --solution -n 4 -- --check-plan
 //
@@ -111,30 +112,39 @@ int64_t measure_rows(const ModelConfig& config, int64_t wanted, DType precision,
   const std::size_t mib_needed = (d.total_bytes + 1048575) / 1048576;
   throw UsageError(fmt::format(
       "--memory {}: no configuration of model {} for {} ranks and --batch {} fits; the smallest "
-      "needs {} MiB per rank (dp {} x tp {} x pp {}, {} micro-batches, ZeRO-{}, checkpointing "
-      "{}): give --memory {}MiB or more, or a smaller --batch", memory, config.name, ranks,
-      batch, mib(d.total_bytes), p.grid.dp, p.grid.tp, p.grid.pp, p.micro_batches, p.zero_stage,
+      "needs {} MiB per rank (dp {} x cp {} x tp {} x pp {}, {} micro-batches, ZeRO-{}, "
+      "checkpointing {}): give --memory {}MiB or more, or a smaller --batch", memory, config.name,
+      ranks, batch, mib(d.total_bytes), p.grid.dp, p.grid.cp, p.grid.tp, p.grid.pp,
+      p.micro_batches, p.zero_stage,
       p.checkpoint ? "on" : "off", mib_needed));
 }
 
 // The grid to run. No size given (./scalelab demo): tp 2 and pp 2 where the ranks and the model
 // allow, dp the rest. Otherwise a size not given is 1, except dp: the ranks left over.
-GridShape default_grid(int dp, int tp, int pp, int world, const ModelConfig& c, GridOrder order) {
+GridShape default_grid(int dp, int tp, int pp, int world, const ModelConfig& c, GridOrder order,
+                       int cp = 1) {
   SCALELAB_REQUIRE(dp >= 0 && tp >= 0 && pp >= 0, "--dp, --tp and --pp must not be negative, got "
                    "{}, {}, {}", dp, tp, pp);
-  if (dp == 0 && tp == 0 && pp == 0) {
+  SCALELAB_REQUIRE(cp >= 1, "--cp must be at least 1, got {}", cp);
+  if (dp == 0 && tp == 0 && pp == 0 && cp == 1) {
     tp = world % 2 == 0 && c.n_head % 2 == 0 ? 2 : 1;
     pp = (world / tp) % 2 == 0 && c.n_layer >= 2 ? 2 : 1;
   }
   tp = tp == 0 ? 1 : tp;
   pp = pp == 0 ? 1 : pp;
-  if (dp == 0) dp = world % (tp * pp) == 0 ? world / (tp * pp) : 1;  // check_3d says what is wrong
-  return GridShape{dp, tp, pp, order};
+  if (dp == 0) dp = world % (tp * pp * cp) == 0 ? world / (tp * pp * cp) : 1;  // check_4d says
+  return GridShape{dp, tp, pp, order, cp};
 }
 
 // --plan: measure, predict every configuration, print the ranking (rank 0).
-int plan(const ModelConfig& config, int64_t batch, DType precision,
+int plan(const ModelConfig& model, int64_t batch, DType precision,
          const cxxopts::ParseResult& parsed, comm::Communicator& world) {
+  // --context: plan for sequences of that many tokens (long contexts are where cp pays); the
+  // machine is still measured on the model's own context (a block of a long one would not fit)
+  ModelConfig config = model;
+  const int64_t context = parsed["context"].as<int64_t>();
+  SCALELAB_REQUIRE(context >= 0, "--context must be at least 1, got {}", context);
+  if (context > 0) config.block_size = context;
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() >= 0, "--ranks must be positive, got {}",
                    parsed["ranks"].as<int>());
   const int ranks = parsed["ranks"].as<int>() > 0 ? parsed["ranks"].as<int>() : world.size();
@@ -144,8 +154,8 @@ int plan(const ModelConfig& config, int64_t batch, DType precision,
   SCALELAB_REQUIRE(top >= 1, "--top must be at least 1, got {}", top);
   // the model's rate on a micro-batch of about the size the plans run (what this machine holds)
   const int64_t wanted_rows = std::max<int64_t>(1, batch / ranks);
-  const int64_t rows_measured = measure_rows(config, wanted_rows, precision, world);
-  const Machine m = measure_machine(world, config, rows_measured, precision);
+  const int64_t rows_measured = measure_rows(model, wanted_rows, precision, world);
+  const Machine m = measure_machine(world, model, rows_measured, precision);
   const auto rows = plan_all(config, ranks, batch, m, budget, precision);
   if (rows.empty())
     explain_nothing_fits(config, ranks, batch, m, parsed["memory"].as<std::string>(), precision);
@@ -165,18 +175,19 @@ int plan(const ModelConfig& config, int64_t batch, DType precision,
             m.shared_cores ? "; more ranks than cores: the bubble is not idle time" : "");
   log::info("{} configurations fit; the fastest {} (memory and time of the busiest stage):",
             rows.size(), std::min<std::size_t>(rows.size(), top));
-  log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  {:>9} {:>6} "
-            "{:>7} {:>7} {:>7} {:>9}", "dp", "tp", "pp", "m", "zero", "ckpt", "params",
-            "state MiB", "acts MiB", "bwd MiB", "total MiB", "compute ms", "bubble", "tp ms",
-            "pp ms", "dp ms", "step ms");
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  {:>9} "
+            "{:>6} {:>7} {:>7} {:>7} {:>7} {:>9}", "dp", "cp", "tp", "pp", "m", "zero", "ckpt",
+            "params", "state MiB", "acts MiB", "bwd MiB", "total MiB", "compute ms", "bubble",
+            "tp ms", "pp ms", "cp ms", "dp ms", "step ms");
   for (std::size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i) {
     const auto& [p, d] = rows[i];
-    log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  {:>9.2f} "
-              "{:>6.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>9.2f}", p.grid.dp, p.grid.tp, p.grid.pp,
-              p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no", d.params,
-              mib(d.state_bytes), mib(d.activation_bytes), mib(d.transient_bytes),
-              mib(d.total_bytes), d.compute_s * 1e3,
-              d.bubble, d.tp_s * 1e3, d.pp_s * 1e3, d.dp_s * 1e3, d.step_s * 1e3);
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  "
+              "{:>9.2f} {:>6.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>9.2f}", p.grid.dp,
+              p.grid.cp, p.grid.tp, p.grid.pp, p.micro_batches, p.zero_stage,
+              p.checkpoint ? "yes" : "no", d.params, mib(d.state_bytes),
+              mib(d.activation_bytes), mib(d.transient_bytes), mib(d.total_bytes),
+              d.compute_s * 1e3, d.bubble, d.tp_s * 1e3, d.pp_s * 1e3, d.cp_s * 1e3,
+              d.dp_s * 1e3, d.step_s * 1e3);
   }
   return 0;
 }
@@ -187,7 +198,7 @@ void refuse_options_of_the_other_mode(const cxxopts::ParseResult& parsed) {
   const bool planning = parsed.count("plan") || parsed.count("check-plan");
   // what --plan and --check-plan choose themselves, or do not use
   for (const char* name : {"dp", "tp", "pp", "grid-order", "micro-batches", "zero", "checkpoint",
-                           "twin-steps", "schedule", "chunks"})
+                           "twin-steps", "schedule", "chunks", "cp", "attention"})
     SCALELAB_REQUIRE(!planning || parsed.count(name) == 0,
                      "--{} is for a training run: --plan and --check-plan try every grid, "
                      "micro-batch count, ZeRO stage and checkpointing themselves", name);
@@ -195,6 +206,8 @@ void refuse_options_of_the_other_mode(const cxxopts::ParseResult& parsed) {
     SCALELAB_REQUIRE(planning || parsed.count(name) == 0,
                      "--{} is for --plan or --check-plan (this run trains)", name);
   SCALELAB_REQUIRE(!parsed.count("top") || parsed.count("plan"), "--top is for --plan");
+  SCALELAB_REQUIRE(!parsed.count("context") || parsed.count("plan"),
+                   "--context is for --plan (a training run's context is the model's)");
   SCALELAB_REQUIRE(!parsed.count("check-steps") || parsed.count("check-plan"),
                    "--check-steps is for --check-plan");
 }
@@ -237,7 +250,7 @@ struct Measured {
 Measured measure_plan(const ModelConfig& config, const Plan& p, data::Sampler& sampler,
                       int steps, uint64_t seed, DType precision, comm::Communicator& world) {
   const Device cpu = Device::cpu();
-  const comm::ProcessGrid grid(world, p.grid.dp, p.grid.tp, p.grid.pp, GridOrder::megatron);
+  const comm::ProcessGrid grid(world, p.grid);  // plan_all's: megatron's order
   Groups g = groups_of(grid);
   world.barrier();
   const std::size_t base = memory_stats(cpu).current;
@@ -317,8 +330,8 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
             "(min..max), and the "
             "optimizer step after it (not predicted); err = (predicted - measured) / measured; "
             "rank: by predicted / by measured step time");
-  log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>6}  {:>7} {:>7} {:>13} {:>6} "
-            "{:>6}  {:>4} {:>4}", "dp", "tp", "pp", "m", "zero", "ckpt", "mem pred", "mem meas", "err",
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>6}  {:>7} {:>7} {:>13} "
+            "{:>6} {:>6}  {:>4} {:>4}", "dp", "cp", "tp", "pp", "m", "zero", "ckpt", "mem pred", "mem meas", "err",
             "ms pred", "ms meas", "(min..max)", "err", "opt ms", "pred", "meas");
   std::vector<std::size_t> by_measured(ran.size());
   for (std::size_t i = 0; i < ran.size(); ++i) by_measured[i] = i;
@@ -334,8 +347,9 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
     const double et = relative_error(d.step_s, x.step_s);
     mem_abs += std::abs(em);
     time_abs += std::abs(et);
-    log::info("{:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>+5.0f}%  {:>7.1f} {:>7.1f} "
-              "{:>13} {:>+5.0f}% {:>6.1f}  {:>4} {:>4}", p.grid.dp, p.grid.tp, p.grid.pp,
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>+5.0f}%  {:>7.1f} "
+              "{:>7.1f} {:>13} {:>+5.0f}% {:>6.1f}  {:>4} {:>4}", p.grid.dp, p.grid.cp, p.grid.tp,
+              p.grid.pp,
               p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no", mib(d.total_bytes),
               mib(static_cast<std::size_t>(x.peak_bytes)), em * 100, d.step_s * 1e3,
               x.step_s * 1e3, fmt::format("({:.1f}..{:.1f})", x.min_s * 1e3, x.max_s * 1e3),
@@ -347,12 +361,13 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
   log::info("mean |err|: memory {:.0f}%, step time {:.0f}%; rank correlation of predicted and "
             "measured step times (Spearman) {:+.2f}", 100 * mem_abs / ran.size(),
             100 * time_abs / ran.size(), rank_correlation(predicted_rank, measured_rank));
-  log::info("predicted best {}x{}x{} m={} zero={} ckpt={} ({:.2f} ms measured) {} the measured "
-            "best {}x{}x{} m={} zero={} ckpt={} ({:.2f} ms); the predicted best ranks {} of {} "
-            "measured", ran[0].p.grid.dp, ran[0].p.grid.tp, ran[0].p.grid.pp,
+  log::info("predicted best {}x{}x{}x{} m={} zero={} ckpt={} ({:.2f} ms measured) {} the "
+            "measured best {}x{}x{}x{} m={} zero={} ckpt={} ({:.2f} ms); the predicted best ranks "
+            "{} of {} measured (dp x cp x tp x pp)", ran[0].p.grid.dp, ran[0].p.grid.cp,
+            ran[0].p.grid.tp, ran[0].p.grid.pp,
             ran[0].p.micro_batches, ran[0].p.zero_stage, ran[0].p.checkpoint ? "yes" : "no",
             ran[0].x.step_s * 1e3, by_measured[0] == 0 ? "IS" : "is NOT", best.p.grid.dp,
-            best.p.grid.tp, best.p.grid.pp, best.p.micro_batches, best.p.zero_stage,
+            best.p.grid.cp, best.p.grid.tp, best.p.grid.pp, best.p.micro_batches, best.p.zero_stage,
             best.p.checkpoint ? "yes" : "no", best.x.step_s * 1e3, measured_rank[0], ran.size());
   return 0;
 }
@@ -370,6 +385,10 @@ int main(int argc, char** argv) {
          cxxopts::value<int>()->default_value("0"))
         ("tp", "tensor-parallel ranks per stage (0: see --dp)", cxxopts::value<int>()->default_value("0"))
         ("pp", "pipeline stages (0: see --dp)", cxxopts::value<int>()->default_value("0"))
+        ("cp", "context-parallel ranks per sequence (lab 11: each keeps T/cp zig-zag tokens)",
+         cxxopts::value<int>()->default_value("1"))
+        ("attention", "--cp > 1: lab 11's ring or all-to-all attention over the cp group",
+         cxxopts::value<std::string>()->default_value("ring"))
         ("grid-order", "megatron (tp, dp, pp from the inside out) or picotron (tp, pp, dp)",
          cxxopts::value<std::string>()->default_value("megatron"))
         ("micro-batches", "micro-batches per replica and step (m)",
@@ -390,6 +409,8 @@ int main(int argc, char** argv) {
         ("memory", "--plan, --check-plan: memory per rank, e.g. 80GiB or 512MiB (a plain "
                    "number is MiB)", cxxopts::value<std::string>()->default_value("1GiB"))
         ("top", "--plan: rows shown", cxxopts::value<int>()->default_value("20"))
+        ("context", "--plan: tokens per sequence to plan for (0: the model's context); long "
+                    "ones make cp pay", cxxopts::value<int64_t>()->default_value("0"))
         ("check-plan", "step 5: run every configuration --plan lists for the ranks started; "
                        "predicted vs measured memory and step time")
         ("check-steps", "--check-plan: timed steps per configuration (after 1 warm-up)",
@@ -419,33 +440,42 @@ int main(int argc, char** argv) {
       return plan(config, opt.batch, run.precision, parsed, world);
     }
     const GridShape shape = default_grid(parsed["dp"].as<int>(), parsed["tp"].as<int>(),
-                                         parsed["pp"].as<int>(), world.size(), config, order);
+                                         parsed["pp"].as<int>(), world.size(), config, order,
+                                         parsed["cp"].as<int>());
+    const lab11::Attention attention = lab11::parse_attention(parsed["attention"].as<std::string>());
     // Bad grids are usage errors on every rank, before any data is read.
-    check_3d(config, shape, world.size(), opt.batch, m);
+    check_4d(config, shape, world.size(), opt.batch, m, attention);
     const lab08::Kind schedule = lab08::parse_kind(parsed["schedule"].as<std::string>());
     const int chunks = parsed["chunks"].as<int>() != 0 ? parsed["chunks"].as<int>()
                        : schedule == lab08::Kind::interleaved ? 2 : 1;
-    const Plan run_plan{shape, m, zero, parsed.count("checkpoint") > 0, schedule, chunks};
+    const Plan run_plan{shape, m, zero, parsed.count("checkpoint") > 0, schedule, chunks,
+                        attention};
     check_runnable(run_plan);
     if (schedule == lab08::Kind::interleaved)  // the layers must split into pp x v equal pieces
       lab08::chunk_layers(static_cast<int>(config.n_layer), shape.pp, chunks, 0, 0);
     const Device device = train::rank_device(run.device);
 
-    const comm::ProcessGrid grid(world, shape.dp, shape.tp, shape.pp, shape.order);
+    const comm::ProcessGrid grid(world, shape);
     Groups g = groups_of(grid);
     // A micro-batch of this replica through this stage's blocks split over tp (1F1B keeps up to
     // min(pp - stage, m) of them), the head on the last stage; rank 0 also runs the single-device
     // twin on the whole batch. Too large for this machine: a usage error on every rank.
     const int stage = grid.coord().pp;
     const lab08::LayerRange blocks = lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, stage);
+    // With cp a rank's rows are T/cp tokens and its attention core is fused (no (T, T)
+    // probabilities): sized on a context of T/cp.
+    const bool twin_rank = world.rank() == 0 && twin_steps > 0;
+    ModelConfig rows_config = config;
+    if (!twin_rank) rows_config.block_size = config.block_size / shape.cp;
     const train::StepShape step_shape =
-        world.rank() == 0 && twin_steps > 0
+        twin_rank
             ? train::StepShape{.global_batch = opt.batch, .rows = opt.batch, .layers = config.n_layer}
             : train::StepShape{.global_batch = opt.batch, .rows = opt.batch / shape.dp / m,
                                .in_flight = std::min(shape.pp - stage, m), .layers = blocks.size(),
                                .tp = shape.tp, .head = stage == shape.pp - 1,
-                               .checkpoint = run_plan.checkpoint};
-    train::require_host_memory(train::step_bytes_at_least(config, step_shape, run.precision),
+                               .checkpoint = run_plan.checkpoint,
+                               .attention_probabilities = shape.cp == 1};
+    train::require_host_memory(train::step_bytes_at_least(rows_config, step_shape, run.precision),
                                fmt::format("--batch {}", opt.batch), "a training step");
     const auto tokens = train::load_train_tokens(opt);
     data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
@@ -464,6 +494,12 @@ int main(int argc, char** argv) {
               run_plan.checkpoint ? ", every block checkpointed" : "", lab08::kind_name(schedule),
               chunks > 1 ? fmt::format(" with {} chunks per rank", chunks) : "");
     log::info("{}", train::precision_note(run.precision));
+    if (shape.cp > 1)
+      log::info("cp {}: each rank keeps {} of the {} tokens of every sequence (lab 11's zig-zag "
+                "chunks), attention by {} over its cp group; gradients and loss averaged over dp "
+                "x cp = {} ranks{}", shape.cp, config.block_size / shape.cp, config.block_size,
+                lab11::attention_name(attention), shape.dp * shape.cp,
+                zero > 0 ? ", ZeRO sharded over them" : "");
     log::info("{}", grid.table());
     for (int s = 0; s < shape.pp; ++s) {  // what every stage holds (the same rule on every rank)
       const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, s);
@@ -508,10 +544,11 @@ int main(int argc, char** argv) {
         // What ZeRO costs over dp, from the byte counters: ZeRO-2 reduces every unit's gradient
         // once per micro-batch, ZeRO-3 gathers every unit for every micro-batch's forward and
         // backward and reduce-scatters it once per micro-batch: m times one batch's traffic.
-        const int64_t in_step = comm::comm_total(after_step - before_step, g.dp.name()).bytes;
-        const int64_t in_opt = comm::comm_total(first - after_step, g.dp.name()).bytes;
+        const int64_t in_step =
+            comm::comm_total(after_step - before_step, g.replicas().name()).bytes;
+        const int64_t in_opt = comm::comm_total(first - after_step, g.replicas().name()).bytes;
         log::info("dp traffic of step 0 on rank 0 (group {}): {} payload bytes in the step ({} "
-                  "per micro-batch over m = {}{}), {} in the optimizer step", g.dp.name(),
+                  "per micro-batch over m = {}{}), {} in the optimizer step", g.replicas().name(),
                   in_step, in_step / m, m,
                   zero >= 2 ? fmt::format(", {} unit {}", trainer.unit_collectives(),
                                           zero == 2 ? "reductions" : "gathers")

@@ -1,4 +1,4 @@
-// Lab 10, given: the planner's search. plan_all (every grid check_3d accepts, every m in
+// Lab 10, given: the planner's search. plan_all (every grid dp x cp x tp x pp check_4d accepts, every m in
 // {1, 2, 4, 8}, ZeRO stage and checkpointing (check_runnable: all of them run), predicted by your
 // predict(), kept when it fits the memory, sorted by predicted step time). Not an exercise: read
 // it to see which plans `./scalelab plan` ranks and why some are never listed.
@@ -32,14 +32,15 @@ std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int
                                                   std::size_t memory_bytes, DType precision) {
   std::vector<std::pair<Plan, Prediction>> out;
   for (int dp : divisors(world_size))
-    for (int tp : divisors(world_size / dp)) {
-      const int pp = world_size / dp / tp;
+    for (int cp : divisors(world_size / dp))  // cp: lab 11's ring over the sequence (4th axis)
+    for (int tp : divisors(world_size / dp / cp)) {
+      const int pp = world_size / dp / cp / tp;
       for (int m : {1, 2, 4, 8})
-        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
+        for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero)
           for (bool ckpt : {false, true}) {
-            const Plan plan{{dp, tp, pp}, m, zero, ckpt};
+            const Plan plan{{dp, tp, pp, GridOrder::megatron, cp}, m, zero, ckpt};
             try {
-              check_3d(config, plan.grid, world_size, global_batch, m);
+              check_4d(config, plan.grid, world_size, global_batch, m, plan.attention);
               // Every ZeRO stage runs with micro-batches and a pipeline; ZeRO-2/3 then reduce
               // (2) or gather (3) every unit once per micro-batch, which predict counts (m x
               // their dp traffic), so they rank where they cost.

@@ -69,12 +69,16 @@ Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
     : g_(g), plan_(plan) {
   check_runnable(plan);
   SCALELAB_CHECK(plan.grid.dp == g.shape.dp && plan.grid.tp == g.shape.tp &&
-                 plan.grid.pp == g.shape.pp, "a plan for another grid than the groups'");
+                 plan.grid.pp == g.shape.pp && plan.grid.cp == g.shape.cp,
+                 "a plan for another grid than the groups'");
+  // The replicas of this shard: dp, or dp x cp with context parallelism (cp_setup.cpp); ZeRO
+  // shards over them (with cp > 1 like Megatron's distributed optimizer over dp x cp).
+  comm::Communicator& replicas = g.replicas();
   const int v = plan.chunks, p = g.shape.pp;
   if (plan.schedule == lab08::Kind::interleaved)  // the layers split into p * v equal pieces
     lab08::chunk_layers(static_cast<int>(config.n_layer), p, v, g.coord.pp, 0);
   // ZeRO-1/2: dp equal shards of the flat layout (ZeRO-3 shards every unit on its own)
-  if (plan.zero_stage == 1 || plan.zero_stage == 2) options.storage.pad_to = g.shape.dp;
+  if (plan.zero_stage == 1 || plan.zero_stage == 2) options.storage.pad_to = replicas.size();
   if (plan.zero_stage == 2) options.storage.grads = nn::Storage::per_unit;
   for (int c = 0; c < v; ++c) {
     auto piece = std::make_unique<Piece>(Piece{g});
@@ -83,11 +87,13 @@ Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
     Piece& x = *piece;
     nn::GPTOptions o = options;
     if (plan.zero_stage == 3) {
-      x.gather = std::make_shared<lab09::GatherRelease>(g.dp);
+      x.gather = std::make_shared<lab09::GatherRelease>(replicas);
       o = x.gather->prepare(o);
     }
     x.model = build_3d_model(config, x.groups, o, plan.checkpoint);
     nn::GPT& m = *x.model;
+    if (g.shape.cp > 1)  // step 2's mappings with lab 11's attention over cp (cp_setup.cpp)
+      m.set_mappings(with_context_parallel(m.shared_mappings(), config, x.groups, plan.attention));
     // A tied copy (the embedding of a piece without the head, a piece's own lm_head) keeps its
     // gradient whole until sync_tied_gradients has summed it with the other copy's.
     std::vector<std::size_t> tied;
@@ -97,12 +103,13 @@ Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
       case 0:
         x.adamw = std::make_unique<optim::AdamW>(optim::groups(m.parameters()), adamw);
         break;
-      case 1: x.sharded = std::make_unique<Zero1Optimizer>(m, g.dp, adamw); break;
+      case 1: x.sharded = std::make_unique<Zero1Optimizer>(m, replicas, adamw); break;
       case 2:
-        x.release = std::make_shared<lab09::GradientRelease>(m, g.dp);
+        x.release = std::make_shared<lab09::GradientRelease>(m, replicas);
         for (std::size_t u : tied) x.release->hold(u);
         m.add_block_policy(x.release);  // after the checkpointing policy, if any
-        x.sharded = std::make_unique<Zero1Optimizer>(m, g.dp, x.release->grad_shard(), adamw);
+        x.sharded =
+            std::make_unique<Zero1Optimizer>(m, replicas, x.release->grad_shard(), adamw);
         break;
       default:
         x.gather->attach(m);
@@ -127,15 +134,17 @@ std::vector<nn::GPT*> Trainer3D::pieces() const {
 
 double Trainer3D::step(const data::Batch& global, lab08::ExecStats* stats) {
   const int m = plan_.micro_batches;
-  if (plan_.zero_stage <= 1 && plan_.schedule == lab08::Kind::one_f_one_b && plan_.chunks == 1)
+  if (plan_.zero_stage <= 1 && plan_.schedule == lab08::Kind::one_f_one_b && plan_.chunks == 1 &&
+      g_.shape.cp == 1)
     return step_3d(model(), g_, global, m, stats);  // your step 3
-  // The given driver: any schedule, any number of chunks, the ZeRO policies.
+  // The given driver: any schedule, any number of chunks, the ZeRO policies, the cp axis.
   for (auto& x : pieces_) {
     x->model->zero_grad();
     if (x->release) x->release->begin();
     if (x->gather) x->gather->begin();
   }
-  const data::Batch mine = dp_rows(global, g_);
+  // this replica's rows, and of them this cp rank's zig-zag tokens (all of them with cp = 1)
+  const data::Batch mine = cp_columns(dp_rows(global, g_), g_);
   SCALELAB_REQUIRE(mine.batch_size() % m == 0, "{} rows do not split into {} micro-batches",
                    mine.batch_size(), m);
   const int64_t b = mine.batch_size() / m;
@@ -149,10 +158,11 @@ double Trainer3D::step(const data::Batch& global, lab08::ExecStats* stats) {
   for (auto& x : pieces_) {
     if (x->release) x->release->finish();  // the held units reduced, the shard averaged
     else if (x->gather) x->gather->finish();
-    else g_.dp.all_reduce(x->model->params().grads(), comm::ReduceOp::avg);
+    else g_.replicas().all_reduce(x->model->params().grads(), comm::ReduceOp::avg);
   }
+  // each rank's loss is the mean over its rows and tokens: the global mean is the replicas' mean
   Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
-  g_.dp.all_reduce(l, comm::ReduceOp::avg);
+  g_.replicas().all_reduce(l, comm::ReduceOp::avg);
   return l.item();
 }
 

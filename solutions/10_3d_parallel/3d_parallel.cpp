@@ -224,24 +224,31 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
   const int m = plan.micro_batches;
   const int64_t C = config.n_embd, T = config.block_size, V = config.vocab_size;
   const int64_t rows = global_batch / g.dp, mb_rows = rows / m;
+  // cp: a rank keeps T/cp tokens of each row, in every activation; its attention scores only
+  // its own queries' (ring attention keeps no (T, T) matrix: an upper bound). The replicas of a
+  // shard, over which gradients are averaged and ZeRO shards, are dp x cp.
+  const int64_t Tl = T / g.cp, replicas = static_cast<int64_t>(g.dp) * g.cp;
+  ModelConfig local = config;
+  local.block_size = Tl;
   // bytes of an activation (bf16 in mixed precision), of a master value or gradient (fp32 then),
   // of a statistic (the cross-entropy's per-row numbers)
   const double act = static_cast<double>(dtype_size(precision));
   const double master = static_cast<double>(dtype_size(master_dtype(precision)));
   const double stat = static_cast<double>(dtype_size(ops::stats_dtype(precision)));
-  const double mb_bytes = static_cast<double>(mb_rows * T * C) * act;
+  const double mb_bytes = static_cast<double>(mb_rows * Tl * C) * act;
   const double bw = machine.bus_bytes_per_s, lat = machine.latency_s;
   Prediction slowest, largest;
   for (int s = 0; s < g.pp; ++s) {
     const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), g.pp, s);
     const int64_t params = stage_parameters(config, g.tp, g.pp, s);
-    const std::size_t state = model_state_bytes(params, plan.zero_stage, g.dp, precision);
+    const std::size_t state = model_state_bytes(params, plan.zero_stage,
+                                                static_cast<int>(replicas), precision);
     const std::size_t acts =
         max_in_flight(g.pp, s, m) *
-        stage_activation_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, precision);
+        stage_activation_bytes(local, mb_rows, g.tp, g.pp, s, plan.checkpoint, precision);
     // one micro-batch's backward temporaries (with checkpointing: and its recomputed block)
     std::size_t transient =
-        backward_transient_bytes(config, mb_rows, g.tp, g.pp, s, plan.checkpoint, precision);
+        backward_transient_bytes(local, mb_rows, g.tp, g.pp, s, plan.checkpoint, precision);
     // One block's parameters (1/tp of its matrices) and the embedding unit's (wte's V/tp rows,
     // wpe).
     const int64_t unit = (stage_parameters(config, g.tp, 1, 0) - V * C / g.tp - T * C - 2 * C) /
@@ -261,7 +268,8 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     const double blocks = 6 * block_params + 12.0 * r.size() * T * C / g.tp;
     const double head = s == g.pp - 1 ? 6.0 * V * C / g.tp : 0;
     const double recompute = plan.checkpoint ? blocks / 3 : 0;  // one more forward of the blocks
-    const double compute = (blocks + head + recompute) * static_cast<double>(rows * T) /
+    // (attention's 12 T C per token is over the whole sequence's keys: cp divides the tokens)
+    const double compute = (blocks + head + recompute) * static_cast<double>(rows * Tl) /
                            machine.flops;
     // tp, per micro-batch: 4 all-reduces of (rows/m, T, C) per block (6 with checkpointing: the
     // recomputed forward's 2), the embedding's 1, the head's 1 (f's backward) and the
@@ -269,10 +277,16 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     const double ring = 2.0 * (g.tp - 1) / g.tp;
     const double acts_ar = (plan.checkpoint ? 6.0 : 4.0) * r.size() + (s == 0 ? 1 : 0) +
                            (s == g.pp - 1 ? 1 : 0);
-    const double ce_bytes = static_cast<double>(mb_rows * T) * stat;
+    const double ce_bytes = static_cast<double>(mb_rows * Tl) * stat;
     const double tp_s = g.tp == 1 ? 0 : m * (acts_ar * (ring * mb_bytes / bw + lat) +
                                              (s == g.pp - 1 ? 3 * (ring * ce_bytes / bw + lat) : 0));
     const double pp_s = g.pp == 1 ? 0 : 2.0 * m * (mb_bytes / bw + lat);
+    // cp, per block and micro-batch: lab 11's ring passes this rank's K/V block (k and v of its
+    // rows: 2 x mb_bytes / tp) cp - 1 times forward (again with checkpointing: the recomputed
+    // forward) and 2 cp - 1 times backward (the K/V blocks and their gradients going home).
+    const double kv_bytes = 2.0 * mb_bytes / g.tp;
+    const double kv_msgs = (plan.checkpoint ? 2.0 : 1.0) * (g.cp - 1) + (2.0 * g.cp - 1);
+    const double cp_s = g.cp == 1 ? 0 : m * r.size() * kv_msgs * (kv_bytes / bw + lat);
     // dp, within the step (the optimizer's all-gather of ZeRO 1/2 comes after it): ZeRO 0/1
     // one all-reduce of the gradients, after the last micro-batch; ZeRO-2 a reduce to the owners
     // per unit (half a ring all-reduce's bytes); ZeRO-3 per unit 2 all-gathers and a
@@ -280,12 +294,12 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     // gathers at every forward too): m times.
     const double grad_bytes = static_cast<double>(params) * master;  // fp32 in mixed precision
     const double units = static_cast<double>(r.size()) + (s == 0 ? 1 : 0) + (s == g.pp - 1 ? 1 : 0);
-    const double all_reduce = 2.0 * (g.dp - 1) / g.dp * grad_bytes / bw;
+    const double all_reduce = 2.0 * (replicas - 1) / replicas * grad_bytes / bw;
     double dp_s = all_reduce + lat;
     if (plan.zero_stage == 2) dp_s = m * (0.5 * all_reduce + units * lat);
     // (its all-gathers move what the layers read: half the bytes in mixed precision)
     if (plan.zero_stage == 3) dp_s = m * ((0.5 + act / master) * all_reduce + 3 * units * lat);
-    if (g.dp == 1) dp_s = 0;
+    if (replicas == 1) dp_s = 0;
     Prediction p;
     p.params = params;
     p.state_bytes = state;
@@ -297,7 +311,9 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     p.tp_s = tp_s;
     p.pp_s = pp_s;
     p.dp_s = dp_s;
-    p.step_s = (machine.shared_cores ? compute : compute / (1 - p.bubble)) + tp_s + pp_s + dp_s;
+    p.cp_s = cp_s;
+    p.step_s = (machine.shared_cores ? compute : compute / (1 - p.bubble)) + tp_s + pp_s + dp_s +
+               cp_s;
     if (s == 0 || p.step_s > slowest.step_s) slowest = p;       // sets the pace
     if (s == 0 || p.total_bytes > largest.total_bytes) largest = p;  // must fit
   }
