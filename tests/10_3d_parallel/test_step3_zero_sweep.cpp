@@ -97,7 +97,7 @@ testing::AssertionResult matches_twin(const Case& c) {
   lab10::Groups g = lab10::groups_of(grid);
   const bool interleaved = c.schedule == lab08::Kind::interleaved;
   const lab10::Plan plan{shape, c.m, c.zero, c.checkpoint, c.schedule, interleaved ? 2 : 1};
-  lab10::Trainer3D t(config(), g, plan, options(c.precision), kSmooth);
+  lab10::Trainer3D t(config(), g, plan, options(c.precision), kSmooth, own_builder);
   nn::GPT twin(config(), options(c.precision));
   optim::AdamW twin_opt(optim::groups(twin.parameters()), kSmooth);
   const bool bf16 = c.precision == DType::bf16;
@@ -138,7 +138,8 @@ Traffic one_step(int zero, int m) {
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
-  lab10::Trainer3D t(config(), g, {shape, m, zero, false}, options(DType::f32));
+  lab10::Trainer3D t(config(), g, {shape, m, zero, false}, options(DType::f32), {},
+                     own_builder);
   const comm::CommStats before = comm::comm_stats();
   t.step(kLab.batch(0));
   return {comm::comm_total(comm::comm_stats() - before, g.dp.name()).bytes - 8,  // - the loss
@@ -154,7 +155,7 @@ TEST(Step3_ZeroSweep, ZeroTwoAndThreeCostMTimesPerStep) {
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
-  const auto probe = lab10::build_3d_model(config(), g, options(DType::f32));
+  const auto probe = own_builder(config(), g, options(DType::f32), false);
   const int units = static_cast<int>(probe->params().units().size());
   const int tied = probe->has_embedding() != probe->has_head() ? 1 : 0;
   for (int m : {1, 4}) {
