@@ -87,6 +87,7 @@ TEST(Step2_Zero1, OneAllReduceOfTheGradientsAndOneAllGatherOfTheParameters) {
   EXPECT_EQ(bytes_of(s, "all_reduce"), numel * 4 + 8) << "the gradients (fp32) and the loss (f64)";
   EXPECT_EQ(bytes_of(s, "all_gather"), padded * 4) << "the parameters, once";
   EXPECT_EQ(comm::comm_total(s, "", "all_gather").calls, 1);
+  EXPECT_TRUE(traffic_is(s, zero_budget(1, z.model())));
 }
 
 TEST(Step2_PlantedFault, WholeBufferOptimizerOnEveryRankIsCaught) {

@@ -288,6 +288,23 @@ TEST(Step3_Zero2, GradientsGoToTheirOwnersOnceAndNoAllReduce) {
       << "every gradient element reduced once, to its owner";
   EXPECT_EQ(bytes_of(s, "all_reduce"), 8) << "only the loss is all-reduced";
   EXPECT_EQ(bytes_of(s, "all_gather"), padded * 4) << "the parameters, once";
+  EXPECT_TRUE(traffic_is(s, zero_budget(2, two.model())));
+}
+
+// Planted (class 1): stage 1 written here, plus a broadcast of the parameters from rank 0 after
+// its all-gather (the right numbers; every per-kind check above looks elsewhere): its own budget
+// passes it without the broadcast and fails it with.
+TEST(Step3_PlantedFault, TrafficOutsideTheBudgetIsCaught) {
+  FlatGradient one(false);
+  const auto step = [&](bool broadcast) {
+    const comm::CommStats before = comm::comm_stats();
+    one.forward_backward(kLab.batch(0));
+    one.step();
+    if (broadcast) world().broadcast(one.model.params().padded_values(), 0);
+    return comm::comm_stats() - before;
+  };
+  EXPECT_TRUE(traffic_is(step(false), zero_budget(1, one.model)));
+  EXPECT_FALSE(traffic_is(step(true), zero_budget(1, one.model)));
 }
 
 TEST(Step3_Zero2, EachUnitsGradientIsGoneAtItsOwnHook) {

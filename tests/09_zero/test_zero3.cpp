@@ -203,6 +203,7 @@ TEST(Step4_Zero3, TwoAllGathersAndOneReduceScatter) {
       << "every block gathered for forward and again for backward";
   EXPECT_LE(bytes_of(s, "all_gather"), 3 * u.padded_elements * 4);
   EXPECT_EQ(bytes_of(s, "all_reduce"), 8) << "only the loss is all-reduced";
+  EXPECT_TRUE(traffic_is(s, zero_budget(3, three.model())));
 }
 
 TEST(Step4_PlantedFault, NotFreeingGatheredParametersIsCaught) {

@@ -4,6 +4,7 @@
 // fail too. Everything here is collective where it steps a trainer.
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,6 +118,64 @@ inline comm::CommStats one_step_traffic(lab09::Trainer& t, int64_t step = 0) {
 }
 inline int64_t bytes_of(const comm::CommStats& s, const std::string& op) {
   return comm::comm_total(s, "", op).bytes;
+}
+
+// ---- Issue 25, class 1: one step's traffic as an exact budget ------------------------------------
+/// Payload bytes per (group, operation kind) that one step (forward_backward + step) of a stage
+/// must submit: nothing else, on no other group, of no other kind. The counters
+/// (common/comm/stats.hpp) do not record the reduction op (sum, avg, max): not part of the budget.
+using Budget = std::map<comm::CommKey, int64_t>;
+
+/// Stage `stage`'s budget on the world for `model` (fp32, the world's size n): ZeRO-0 one
+/// all-reduce of the gradients (4 Psi) and the loss (8 bytes, f64); ZeRO-1 that and one all-gather
+/// of the padded parameters; ZeRO-2 every gradient element reduced once to its owner (reduce, 4
+/// Psi), the loss, the all-gather; ZeRO-3, with per-unit shards (each unit padded to n): the
+/// given policy's gathers, every unit for its forward, every unit but the embedding for its
+/// backward (the embedding's backward reads the tokens), and the embedding once more for each
+/// use by the tied head (its forward and its backward); every unit's gradients reduce-scattered
+/// once; the loss.
+inline Budget zero_budget(int stage, nn::GPT& model) {
+  nn::ParameterSet& ps = model.params();
+  const int n = labtest::world().size();
+  const int64_t numel = ps.numel();
+  const auto key = [](const char* op) { return comm::CommKey{"world", op}; };
+  if (stage <= 1) {
+    Budget b{{key("all_reduce"), numel * 4 + 8}};
+    if (stage == 1) b[key("all_gather")] = ps.padded_numel() * 4;
+    return b;
+  }
+  if (stage == 2)
+    return {{key("reduce"), numel * 4}, {key("all_reduce"), 8},
+            {key("all_gather"), ps.padded_numel() * 4}};
+  int64_t sum = 0, embedding = 0;
+  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+    const int64_t padded = nn::shard_range(ps.units()[u].numel(), 0, n).size * n;
+    sum += padded;
+    if (model.has_embedding() && u == model.embedding_unit()) embedding = padded;
+  }
+  const bool tied_head = model.has_head() && model.has_embedding() && !model.lm_head;
+  const int64_t gathered = 2 * sum - embedding + (tied_head ? 2 * embedding : 0);
+  return {{key("all_gather"), gathered * 4}, {key("reduce_scatter"), sum * 4},
+          {key("all_reduce"), 8}};
+}
+
+/// `got` is exactly `budget`: each (group, kind) of the budget moved its bytes, and nothing else
+/// was submitted (a kind outside the budget fails even at 0 bytes, e.g. a barrier).
+inline testing::AssertionResult traffic_is(const comm::CommStats& got, const Budget& budget) {
+  std::string problems;
+  for (const auto& [key, bytes] : budget) {
+    const auto it = got.find(key);
+    const int64_t b = it == got.end() ? 0 : it->second.bytes;
+    if (b != bytes)
+      problems += fmt::format(" {} {}: {} bytes, the budget {};", key.group, key.op, b, bytes);
+  }
+  for (const auto& [key, count] : got)
+    if (!budget.count(key) && count.calls > 0)
+      problems += fmt::format(" {} {}: {} calls, {} bytes, outside the budget;", key.group, key.op,
+                              count.calls, count.bytes);
+  if (problems.empty()) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "one step's traffic is not the stage's budget:" << problems
+                                     << "\n" << comm::format_comm_stats(got);
 }
 
 // ---- Mixed precision (--precision bf16) ---------------------------------------------------------
