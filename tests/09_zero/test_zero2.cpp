@@ -253,6 +253,26 @@ TEST(Step3_Zero2, ReductionAddsIntoTheShard) {
                                            labtest::kAllReduceRtol, labtest::kAllReduceAtol));
 }
 
+// Issue 25, class 8: the gradient, the memory and the traffic of ONE Zero2, built here (the
+// gradient's tolerance as above: 1e-5 / 1e-6).
+TEST(Step3_Zero2, OneTrainerGivesTheGradientTheMemoryAndTheTraffic) {
+  const data::Batch global = kLab.batch(0);
+  const Tensor reference = kLab.reference(global).grads;
+  const Observed o = observe_one(2, [&](lab09::Trainer& t) {
+    auto* two = dynamic_cast<lab09::Zero2*>(&t);
+    ASSERT_NE(two, nullptr) << "make_trainer(2) is not a Zero2";
+    const nn::ShardRange& s = two->shard();
+    EXPECT_TRUE(labtest::close_on_every_rank(two->grad_shard().flat(0, s.real()),
+                                             reference.flat(s.lo, s.real()),
+                                             labtest::kAllReduceRtol, labtest::kAllReduceAtol));
+  });
+  EXPECT_TRUE(saves_the_gradient(o.footprint, flat_footprint(false)));
+  nn::GPTOptions opts = f32();
+  opts.storage.pad_to = world().size();
+  nn::GPT m(kLab.config(), opts);
+  EXPECT_TRUE(traffic_is(o.first_step, zero_budget(2, m)));
+}
+
 TEST(Step3_Zero2, FiveAdamWStepsEqualZero1) {
   // Stage 1 is bitwise lab 03's DDP (step 2's test): compared with the given DDP so that this
   // step is graded on its own.

@@ -178,6 +178,51 @@ inline testing::AssertionResult traffic_is(const comm::CommStats& got, const Bud
                                      << "\n" << comm::format_comm_stats(got);
 }
 
+// ---- Issue 25, class 8: one object, graded on numbers, memory and traffic together --------------
+/// What one trainer, built here by make_trainer (the grader's construction), shows over two steps
+/// on the global batches 0 and 1: the first step's traffic (forward_backward + step, without the
+/// grader's own checks in between), its Footprint as footprint() measures it (held after the
+/// first step, the peak of the second forward_backward), its losses, and the parameters after
+/// the two steps. `after_backward` runs between the first forward_backward and its step (e.g. a
+/// gradient check; collective, its traffic not counted). A submission that behaves one way when
+/// its numbers are checked and another when its memory or traffic is (another instance, a call
+/// count) is graded on the one object.
+struct Observed {
+  Footprint footprint;
+  comm::CommStats first_step;
+  std::vector<double> losses;
+  Tensor parameters;
+};
+inline Observed observe_one(int stage, const std::function<void(lab09::Trainer&)>& after_backward,
+                            const nn::GPTOptions& options = f32()) {
+  Observed o;
+  labtest::world().barrier();
+  const std::size_t base = now_bytes();
+  {
+    std::shared_ptr<lab09::Trainer> t =
+        lab09::make_trainer(stage, kLab.config(), options, labtest::world());
+    const comm::CommStats before = comm::comm_stats();
+    o.losses.push_back(t->forward_backward(kLab.batch(0)));
+    const comm::CommStats backward = comm::comm_stats() - before;
+    after_backward(*t);
+    const comm::CommStats before_step = comm::comm_stats();
+    t->step(kLr);
+    o.first_step = comm::comm_stats() - before_step;
+    for (const auto& [key, count] : backward) {
+      o.first_step[key].calls += count.calls;
+      o.first_step[key].bytes += count.bytes;
+    }
+    labtest::world().barrier();  // as footprint(): the communicator lets go of the last tensors
+    o.footprint.held = now_bytes() - base;
+    reset_peak_memory(Device::cpu());
+    o.losses.push_back(t->forward_backward(kLab.batch(1)));
+    o.footprint.peak = memory_stats(Device::cpu()).peak - base;
+    t->step(kLr);
+    o.parameters = t->full_parameters().clone();
+  }
+  return o;
+}
+
 // ---- Mixed precision (--precision bf16) ---------------------------------------------------------
 // Each step's bf16 tests come after its fp32 tests in the step's file (test_zero1/2/3.cpp), so a
 // fault in the stage itself is reported by an fp32 test first, the most telling one. A ZeRO-1
