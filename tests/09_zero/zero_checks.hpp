@@ -14,6 +14,7 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/zero_observe.hpp"
 #include "zero.hpp"
 
 namespace scalelab::lab09test {
@@ -121,10 +122,9 @@ inline int64_t bytes_of(const comm::CommStats& s, const std::string& op) {
 }
 
 // ---- Issue 25, class 1: one step's traffic as an exact budget ------------------------------------
-/// Payload bytes per (group, operation kind) that one step (forward_backward + step) of a stage
-/// must submit: nothing else, on no other group, of no other kind. The counters
-/// (common/comm/stats.hpp) do not record the reduction op (sum, avg, max): not part of the budget.
-using Budget = std::map<comm::CommKey, int64_t>;
+// Budget and traffic_is: tests/support/zero_observe.hpp (lab 10's graders use them too).
+using labtest::Budget;
+using labtest::traffic_is;
 
 /// Stage `stage`'s budget on the world for `model` (fp32, the world's size n): ZeRO-0 one
 /// all-reduce of the gradients (4 Psi) and the loss (8 bytes, f64); ZeRO-1 that and one all-gather
@@ -157,25 +157,6 @@ inline Budget zero_budget(int stage, nn::GPT& model) {
   const int64_t gathered = 2 * sum - embedding + (tied_head ? 2 * embedding : 0);
   return {{key("all_gather"), gathered * 4}, {key("reduce_scatter"), sum * 4},
           {key("all_reduce"), 8}};
-}
-
-/// `got` is exactly `budget`: each (group, kind) of the budget moved its bytes, and nothing else
-/// was submitted (a kind outside the budget fails even at 0 bytes, e.g. a barrier).
-inline testing::AssertionResult traffic_is(const comm::CommStats& got, const Budget& budget) {
-  std::string problems;
-  for (const auto& [key, bytes] : budget) {
-    const auto it = got.find(key);
-    const int64_t b = it == got.end() ? 0 : it->second.bytes;
-    if (b != bytes)
-      problems += fmt::format(" {} {}: {} bytes, the budget {};", key.group, key.op, b, bytes);
-  }
-  for (const auto& [key, count] : got)
-    if (!budget.count(key) && count.calls > 0)
-      problems += fmt::format(" {} {}: {} calls, {} bytes, outside the budget;", key.group, key.op,
-                              count.calls, count.bytes);
-  if (problems.empty()) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "one step's traffic is not the stage's budget:" << problems
-                                     << "\n" << comm::format_comm_stats(got);
 }
 
 // ---- Issue 25, class 8: one object, graded on numbers, memory and traffic together --------------
