@@ -20,3 +20,41 @@ if(SCALELAB_BUILD_TESTS)
                              --verify-steps 2 --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
   set_tests_properties(lab09.program.stage3_bf16.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
 endif()
+
+# Issue 25, class 7 (own work): the undefined symbols of the object of zero.cpp, for
+# Step1_OwnWork (cmake/ScalelabOwnWork.cmake, tests/support/own_work.hpp). Planted: the
+# reference with a step 1 that forwards to the library's nn::shard_range (every shard right),
+# graded by Step1 of its own test binary: Step1_OwnWork fails it (exit 1, the call named).
+scalelab_attendee_symbols(09 zero zero.cpp)
+if(SCALELAB_BUILD_TESTS)
+  set(planted_dir ${CMAKE_CURRENT_BINARY_DIR}/planted_lab09)
+  set(planted_src ${planted_dir}/zero.cpp)
+  set(lab09_reference ${PROJECT_SOURCE_DIR}/solutions/09_zero/zero.cpp)
+  add_custom_command(OUTPUT ${planted_src}
+                     COMMAND ${CMAKE_COMMAND} -E make_directory ${planted_dir}
+                     COMMAND ${CMAKE_COMMAND} -DIN=${lab09_reference} -DOUT=${planted_src}
+                             "-DFROM=s.size = (numel + n - 1) / n;"
+                             "-DTO=return nn::shard_range(numel, rank, n);"
+                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
+                     DEPENDS ${lab09_reference} ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
+                     COMMENT "planting a step 1 that calls nn::shard_range into lab 09's reference"
+                     VERBATIM)
+  add_library(lab09_planted_impl STATIC ${planted_src}
+              ${PROJECT_SOURCE_DIR}/labs/09_zero/zero_policies.cpp)
+  target_include_directories(lab09_planted_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/09_zero)
+  target_link_libraries(lab09_planted_impl PUBLIC scalelab::common lab03_ddp_solution_impl)
+  add_executable(test_lab09_planted ${PROJECT_SOURCE_DIR}/tests/09_zero/test_shards.cpp)
+  target_link_libraries(test_lab09_planted PRIVATE lab09_planted_impl scalelab::lab_testing
+                                                   scalelab::test_main)
+  scalelab_undefined_symbols(test_lab09_planted lab09_planted_impl zero.cpp)
+  add_dependencies(lab09_reference test_lab09_planted)
+  set(planted_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MPIEXEC_PREFLAGS}
+      $<TARGET_FILE:test_lab09_planted> ${MPIEXEC_POSTFLAGS} --gtest_filter=Step1*)
+  list(JOIN planted_cmd "|" planted_cmd)
+  add_test(NAME lab09.planted.step1_calls_the_library.np1
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${planted_cmd}" -DEXPECT_CODE=1
+                   "-DEXPECT_REGEX=calls the library's reference, step 1 asks for your own shard_range:@@scalelab::nn::shard_range\\(@@FAILED.*Step1_OwnWork.ShardRangeIsYourOwnNotTheLibrarys"
+                   -DMAX_SECONDS=60 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(lab09.planted.step1_calls_the_library.np1 PROPERTIES TIMEOUT 90
+                       LABELS "reference;lab09" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+endif()

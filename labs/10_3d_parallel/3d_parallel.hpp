@@ -13,6 +13,7 @@
 /// from it only in tp, and so on. Step 1 writes the layout (which world rank sits where), step 2
 /// builds one rank's model, step 3 one training step. The communicators themselves come from the
 /// library's comm::ProcessGrid (common/comm/process_grid.hpp), which lays ranks out the same way.
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -226,10 +227,15 @@ void check_runnable(const Plan& plan);
 /// the dp average (ZeRO 0/1: an all-reduce) or the policies' finish (ZeRO-2/3: the held units
 /// reduced, the shards averaged). Checkpointing (FullCheckpoint) and the ZeRO policy compose on
 /// each piece (nn::GPT::add_block_policy). Keeps references to `g`.
+/// How Trainer3D builds one piece: your build_3d_model unless told otherwise. The graders of step
+/// 3 pass their own builder (what step 2 composes, written in tests/10_3d_parallel), so that step
+/// 3 is graded without your step 2, as the README promises.
+using ModelBuilder = std::function<std::unique_ptr<nn::GPT>(const ModelConfig&, Groups&,
+                                                            nn::GPTOptions, bool checkpoint)>;
 class Trainer3D {
  public:
   Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan, nn::GPTOptions options = {},
-            optim::AdamWConfig adamw = {});
+            optim::AdamWConfig adamw = {}, const ModelBuilder& build = build_3d_model);
   ~Trainer3D();
   /// The gradients of one step on the global batch; returns its loss (the same on every rank).
   double step(const data::Batch& global, lab08::ExecStats* stats = nullptr);

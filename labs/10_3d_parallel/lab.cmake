@@ -137,3 +137,56 @@ if(SCALELAB_BUILD_TESTS)
                        TIMEOUT 90 LABELS "reference;lab10" FIXTURES_REQUIRED bf16_corpus
                        ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 endif()
+
+# Issue 25, class 7 (own work) and class 8 (steps independent). The undefined symbols of the
+# object of 3d_parallel.cpp, for Step1_OwnWork (cmake/ScalelabOwnWork.cmake,
+# tests/support/own_work.hpp). Planted into a copy of the reference: a grid_coord that forwards
+# to the library's comm::grid_coord (every table right) and a build_3d_model that throws (no
+# step 2). Its test binary: Step1 fails on the call (exit 1, the call named), and Step3 passes
+# all the same on 4 ranks: step 3's graders build their own pieces (own_builder), not step 2's.
+scalelab_attendee_symbols(10 3d_parallel 3d_parallel.cpp)
+if(SCALELAB_BUILD_TESTS)
+  set(planted_dir ${CMAKE_CURRENT_BINARY_DIR}/planted_lab10)
+  set(lab10_reference ${PROJECT_SOURCE_DIR}/solutions/10_3d_parallel/3d_parallel.cpp)
+  add_custom_command(OUTPUT ${planted_dir}/3d_parallel.cpp
+                     COMMAND ${CMAKE_COMMAND} -E make_directory ${planted_dir}
+                     COMMAND ${CMAKE_COMMAND} -DIN=${lab10_reference}
+                             -DOUT=${planted_dir}/step1_planted.cpp
+                             "-DFROM=c.tp = rank % shape.tp;"
+                             "-DTO=return comm::grid_coord(shape, rank);"
+                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
+                     COMMAND ${CMAKE_COMMAND} -DIN=${planted_dir}/step1_planted.cpp
+                             -DOUT=${planted_dir}/3d_parallel.cpp
+                             "-DFROM=model = std::make_unique<nn::GPT>(config, options);"
+                             "-DTO=throw NotImplemented(\"lab 10 step 2: planted, not written\");"
+                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
+                     DEPENDS ${lab10_reference} ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
+                     COMMENT "planting a step 1 that calls comm::grid_coord and no step 2 into lab 10's reference"
+                     VERBATIM)
+  set(lab10_given checkpoint.cpp grid_setup.cpp trainer3d.cpp planner_machine.cpp plan_search.cpp)
+  list(TRANSFORM lab10_given PREPEND ${PROJECT_SOURCE_DIR}/labs/10_3d_parallel/)
+  add_library(lab10_planted_impl STATIC ${planted_dir}/3d_parallel.cpp ${lab10_given})
+  target_include_directories(lab10_planted_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/10_3d_parallel)
+  target_link_libraries(lab10_planted_impl PUBLIC scalelab::common lab07_headers lab08_headers
+                        lab09_headers)
+  set(lab10_tests test_step1_grid.cpp grid3d_checks.cpp test_step3_step.cpp
+                  test_step3_zero_sweep.cpp)
+  list(TRANSFORM lab10_tests PREPEND ${PROJECT_SOURCE_DIR}/tests/10_3d_parallel/)
+  add_executable(test_lab10_planted ${lab10_tests})
+  target_link_libraries(test_lab10_planted PRIVATE lab10_planted_impl
+                        lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
+                        lab09_zero_solution_impl scalelab::lab_testing scalelab::test_main)
+  scalelab_undefined_symbols(test_lab10_planted lab10_planted_impl 3d_parallel.cpp)
+  add_dependencies(lab10_reference test_lab10_planted)
+  set(planted_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MPIEXEC_PREFLAGS}
+      $<TARGET_FILE:test_lab10_planted> ${MPIEXEC_POSTFLAGS} --gtest_filter=Step1*)
+  list(JOIN planted_cmd "|" planted_cmd)
+  add_test(NAME lab10.planted.step1_calls_the_library.np1
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${planted_cmd}" -DEXPECT_CODE=1
+                   "-DEXPECT_REGEX=calls the library's reference, step 1 asks for your own grid_rank, grid_coord and group_ranks:@@scalelab::comm::grid_coord\\(@@FAILED.*Step1_OwnWork.TheGridIsYourOwnNotTheLibrarys"
+                   -DMAX_SECONDS=60 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(lab10.planted.step1_calls_the_library.np1 PROPERTIES TIMEOUT 90
+                       LABELS "reference;lab10" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+  scalelab_add_mpi_test(lab10.planted.step3_without_step2.np4 test_lab10_planted RANKS 4
+                        TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3*)
+endif()

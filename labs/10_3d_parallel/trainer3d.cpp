@@ -65,7 +65,8 @@ struct Trainer3D::Piece {
 };
 
 Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
-                     nn::GPTOptions options, optim::AdamWConfig adamw)
+                     nn::GPTOptions options, optim::AdamWConfig adamw,
+                     const ModelBuilder& build)
     : g_(g), plan_(plan) {
   check_runnable(plan);
   SCALELAB_CHECK(plan.grid.dp == g.shape.dp && plan.grid.tp == g.shape.tp &&
@@ -82,7 +83,7 @@ Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
   if (plan.zero_stage == 2) options.storage.grads = nn::Storage::per_unit;
   for (int c = 0; c < v; ++c) {
     auto piece = std::make_unique<Piece>(Piece{g});
-    piece->groups.shape.pp = p * v;  // the virtual stage: build_3d_model cuts that piece
+    piece->groups.shape.pp = p * v;  // the virtual stage: the builder cuts that piece
     piece->groups.coord.pp = c * p + g.coord.pp;
     Piece& x = *piece;
     nn::GPTOptions o = options;
@@ -90,7 +91,7 @@ Trainer3D::Trainer3D(const ModelConfig& config, Groups& g, const Plan& plan,
       x.gather = std::make_shared<lab09::GatherRelease>(replicas);
       o = x.gather->prepare(o);
     }
-    x.model = build_3d_model(config, x.groups, o, plan.checkpoint);
+    x.model = build(config, x.groups, o, plan.checkpoint);
     nn::GPT& m = *x.model;
     if (g.shape.cp > 1)  // step 2's mappings with lab 11's attention over cp (cp_setup.cpp)
       m.set_mappings(with_context_parallel(m.shared_mappings(), config, x.groups, plan.attention));

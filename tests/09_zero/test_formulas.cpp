@@ -1,10 +1,15 @@
 // Lab 09 step 5: the paper's formulas mapped to this fp32 model (exact integers), the paper's own
 // mixed-precision count beside this library's bf16 layout, and the given
 // DDP trainer measured against them (the allocator's bytes between steps and the byte counters of
-// one step), so the table's formula column is checked against a measurement.
+// one step), so the table's formula column is checked against a measurement; and the formulas at
+// shapes drawn at grading time (issue 25, class 6).
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <random>
+#include <string>
 
 #include "tests/09_zero/zero_checks.hpp"
 
@@ -108,6 +113,79 @@ TEST(Step5_Formulas, DdpMeasuredMatchesItsFormula) {
   auto ddp = lab09::make_trainer(0, kLab.config(), f32(), labtest::world());
   const comm::CommStats s = one_step_traffic(*ddp);
   EXPECT_EQ(static_cast<std::size_t>(comm::comm_total(s).bytes), lab09::paper_comm_bytes(0, P) + 8);
+}
+
+// ---- Issue 25, class 6: the formulas at shapes nobody printed ------------------------------------
+// The rows above use Psi = 1200 and 1000 and n = 1, 2, 4, 8, which every failure message shows: a
+// table keyed on them, or a formula that is right only where n divides Psi, passes them. Here Psi
+// and n are drawn at grading time (a seed from std::random_device, printed with every failure so
+// a run can be repeated by hand) and the four stages are checked kind by kind against the
+// README's table (bytes per element times Psi, divided by n where the stage shards that kind,
+// rounded down), in fp32 and bf16, and paper_comm_bytes likewise.
+using PaperMemory = std::function<lab09::Held(int stage, int64_t psi, int n, DType precision)>;
+
+// What is wrong with `formula` at (psi, n), as a list ("" when nothing).
+std::string formula_problems(const PaperMemory& formula, int64_t psi, int n) {
+  std::string problems;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const bool mixed = dt == DType::bf16;
+    const int64_t kp = mixed ? 2 : 4, kg = mixed ? 2 : 4, ks = mixed ? 12 : 8;
+    for (int stage = 0; stage <= 3; ++stage) {
+      const lab09::Held h = formula(stage, psi, n, dt);
+      const auto want = [&](int64_t k, bool sharded) {
+        return static_cast<std::size_t>(sharded ? k * psi / n : k * psi);
+      };
+      const std::size_t p = want(kp, stage >= 3), g = want(kg, stage >= 2), o = want(ks, stage >= 1);
+      if (h.params != p || h.grads != g || h.optimizer != o)
+        problems += fmt::format(" {} stage {}: ({}, {}, {}), want ({}, {}, {});", dtype_name(dt),
+                                stage, h.params, h.grads, h.optimizer, p, g, o);
+    }
+  }
+  return problems.empty() ? "" : fmt::format("Psi {}, n {}:{}", psi, n, problems);
+}
+
+TEST(Step5_Formulas, AtShapesDrawnAtGradingTime) {
+  const uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  SCOPED_TRACE(fmt::format("shapes drawn with seed {} (std::mt19937_64)", seed));
+  std::mt19937_64 rng(seed);
+  // Psi up to 2^32: the reference divides in double, exact below 2^53 with room for n up to 4096
+  std::uniform_int_distribution<int64_t> psi_of(1, int64_t{1} << 32);
+  std::uniform_int_distribution<int> n_of(1, 4096);
+  for (int i = 0; i < 64; ++i) {
+    const int64_t P = psi_of(rng);
+    const int n = i % 4 == 0 ? 1 << (i / 4 % 13) : n_of(rng);  // some powers of two, mostly not
+    EXPECT_EQ(formula_problems(lab09::paper_memory, P, n), "");
+    const std::size_t unit = static_cast<std::size_t>(4 * P);
+    const std::size_t want[4] = {unit, 2 * unit, 2 * unit, 3 * unit};
+    for (int stage = 0; stage <= 3; ++stage)
+      EXPECT_EQ(lab09::paper_comm_bytes(stage, P), want[stage]) << "Psi " << P << ", stage " << stage;
+    EXPECT_EQ(lab09::paper_comm_bytes(3, P, DType::bf16), static_cast<std::size_t>(8 * P))
+        << "Psi " << P;
+    // ours in bf16: the paper's fp32 rows, plus the whole bf16 copy at stages 0-2
+    for (int stage = 0; stage <= 3; ++stage)
+      EXPECT_EQ(lab09::layout_memory(stage, P, n, DType::bf16).total(),
+                lab09::paper_memory(stage, P, n).total() +
+                    (stage <= 2 ? static_cast<std::size_t>(2 * P) : 0))
+          << "Psi " << P << ", n " << n << ", stage " << stage;
+  }
+}
+
+// Planted: the sharded kinds as bytes x (Psi / n), Psi divided first. Right wherever n divides
+// Psi, so at every shape the rows above print; the drawn shapes catch it.
+TEST(Step5_PlantedFault, PsiDividedFirstPassesThePrintedShapesOnly) {
+  const PaperMemory divided_first = [](int stage, int64_t psi, int n, DType dt) {
+    const bool mixed = dt == DType::bf16;
+    const int64_t kp = mixed ? 2 : 4, kg = mixed ? 2 : 4, ks = mixed ? 12 : 8;
+    lab09::Held h;
+    h.params = static_cast<std::size_t>(stage >= 3 ? kp * (psi / n) : kp * psi);
+    h.grads = static_cast<std::size_t>(stage >= 2 ? kg * (psi / n) : kg * psi);
+    h.optimizer = static_cast<std::size_t>(stage >= 1 ? ks * (psi / n) : ks * psi);
+    return h;
+  };
+  for (int n : {1, 2, 4, 8}) EXPECT_EQ(formula_problems(divided_first, 1200, n), "") << "invisible";
+  EXPECT_EQ(formula_problems(lab09::paper_memory, 1200, 8), "");
+  EXPECT_NE(formula_problems(divided_first, 1000003, 6), "");
+  EXPECT_EQ(formula_problems(lab09::paper_memory, 1000003, 6), "");
 }
 
 TEST(Step5_Formulas, BadStagesAreUsageErrors) {

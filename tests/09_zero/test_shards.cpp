@@ -1,5 +1,6 @@
 // Lab 09 step 1: shards of a padded flat layout. Graded against the library's nn::shard_range
-// (a reference, not the attendee's code) and through a layout check that the planted faults
+// (a reference, not the attendee's code, which must not call it: Step1_OwnWork) and through a
+// layout check that the planted faults
 // (floor-divided shards that lose the remainder; a last shard that takes the remainder and so is
 // bigger than the others) must fail. Pure index math: exact.
 #include <functional>
@@ -8,6 +9,7 @@
 
 #include "common/errors.hpp"
 #include "tests/09_zero/zero_checks.hpp"
+#include "tests/support/own_work.hpp"
 
 using namespace scalelab;
 
@@ -56,6 +58,15 @@ TEST(Step1_Shards, SameAsTheLibraryReference) {
         EXPECT_EQ(got.hi, want.hi) << "numel " << numel << ", shard " << r << " of " << n;
         EXPECT_EQ(got.size, want.size) << "numel " << numel << ", shard " << r << " of " << n;
       }
+}
+
+// The README asks for your own shard_range: the object compiled from zero.cpp must not call the
+// library's nn::shard_range (its undefined symbols, tests/support/own_work.hpp). A file that
+// forwards to it passes every table above; lab09.planted.step1_calls_the_library (lab.cmake)
+// grades one.
+TEST(Step1_OwnWork, ShardRangeIsYourOwnNotTheLibrarys) {
+  EXPECT_TRUE(labtest::calls_none_of({"scalelab::nn::shard_range("},
+                                     "step 1 asks for your own shard_range"));
 }
 
 TEST(Step1_Shards, EqualShardsCoverTheLayoutWithPaddingUnderN) {

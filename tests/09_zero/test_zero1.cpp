@@ -69,6 +69,21 @@ TEST(Step2_Zero1, TheAllocatorSeesTheSaving) {
   EXPECT_TRUE(holds_stage1_bytes(f, m.params().padded_numel(), s));
 }
 
+// Issue 25, class 8: the numbers, the memory and the traffic of ONE Zero1, built here.
+TEST(Step2_Zero1, OneTrainerGivesTheNumbersTheMemoryAndTheTraffic) {
+  const Observed o = observe_one(1, [](lab09::Trainer&) {});
+  lab09::Ddp ddp(kLab.config(), f32(), world());
+  const std::vector<double> want = run_steps(ddp, 2);
+  for (std::size_t s = 0; s < want.size(); ++s) EXPECT_EQ(o.losses[s], want[s]) << "loss of step " << s;
+  EXPECT_TRUE(same_as_ddp(o.parameters, ddp.full_parameters()));
+  nn::GPTOptions opts = f32();
+  opts.storage.pad_to = world().size();
+  nn::GPT m(kLab.config(), opts);
+  const nn::ShardRange s = nn::shard_range(m.num_parameters(), world().rank(), world().size());
+  EXPECT_TRUE(holds_stage1_bytes(o.footprint, m.params().padded_numel(), s));
+  EXPECT_TRUE(traffic_is(o.first_step, zero_budget(1, m)));
+}
+
 TEST(Step2_Zero1, FiveAdamWStepsBitwiseEqualToDdp) {
   // Tolerance: none. Both all-reduce the same flat gradients; AdamW updates each element alone.
   lab09::Ddp ddp(kLab.config(), f32(), world());
@@ -87,6 +102,7 @@ TEST(Step2_Zero1, OneAllReduceOfTheGradientsAndOneAllGatherOfTheParameters) {
   EXPECT_EQ(bytes_of(s, "all_reduce"), numel * 4 + 8) << "the gradients (fp32) and the loss (f64)";
   EXPECT_EQ(bytes_of(s, "all_gather"), padded * 4) << "the parameters, once";
   EXPECT_EQ(comm::comm_total(s, "", "all_gather").calls, 1);
+  EXPECT_TRUE(traffic_is(s, zero_budget(1, z.model())));
 }
 
 TEST(Step2_PlantedFault, WholeBufferOptimizerOnEveryRankIsCaught) {

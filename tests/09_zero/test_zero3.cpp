@@ -11,7 +11,12 @@
 // step, 2-byte gathers, only fp32 shards held; planted: fp32 gathered and cast after (2x bytes).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+#include <functional>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "common/ops/ops.hpp"
@@ -198,6 +203,7 @@ TEST(Step4_Zero3, TwoAllGathersAndOneReduceScatter) {
       << "every block gathered for forward and again for backward";
   EXPECT_LE(bytes_of(s, "all_gather"), 3 * u.padded_elements * 4);
   EXPECT_EQ(bytes_of(s, "all_reduce"), 8) << "only the loss is all-reduced";
+  EXPECT_TRUE(traffic_is(s, zero_budget(3, three.model())));
 }
 
 TEST(Step4_PlantedFault, NotFreeingGatheredParametersIsCaught) {
@@ -222,6 +228,135 @@ TEST(Step4_PlantedFault, GatheringOnlyWhenNeededIsCaught) {
   const std::vector<int64_t> seen = gathers_during_block_forward(
       *on_demand.model, [&] { on_demand.forward_backward(kLab.batch(0)); });
   EXPECT_FALSE(prefetches(seen));
+}
+
+// ---- Issue 25, class 5: a prefetch is a gather IN FLIGHT -----------------------------------------
+// The count above sees that the next unit's gather was SUBMITTED before a block computes; a
+// start_unit_gather that submits and waits at once (or one that returns at once and submits only
+// in finish_unit_gather) passes it and overlaps nothing. Observed here while the gather is in
+// flight, on ranks 0 and 1 of the world (a communicator of their own; the others idle; one rank:
+// nothing to overlap, the test says so and passes):
+//   rank 0: start_unit_gather, tell rank 1 "started" (on world, another queue), then wait for
+//           rank 1's "done" before finish_unit_gather;
+//   rank 1: wait for "started", then start_unit_gather and finish_unit_gather, then say "done".
+// A start that waits for the transfer cannot return before rank 1 joins: rank 1 hears nothing
+// for kWait seconds. A start that submits nothing leaves rank 1's gather waiting for rank 0's
+// part until rank 0's finish: rank 0 hears no "done" for kWait seconds. Neither waits forever
+// (after kWait each side goes on), so a fault costs 2 x kWait, never a hang. The given policy
+// calls the same two functions for the forward's and the backward's prefetches, so this covers
+// both. The comm library's matching check (a small all-gather at each submission) is off
+// meanwhile: it would make every submission wait for the other rank.
+namespace {
+
+using StartFn = std::function<lab09::UnitGather(const nn::ParameterSet&, std::size_t,
+                                                const Tensor&, comm::Communicator&)>;
+using FinishFn =
+    std::function<void(nn::ParameterSet&, lab09::UnitGather&, comm::Communicator&)>;
+constexpr double kWait = 1.0;  // seconds: the reference's handshake took 2-3 ms (2 and 4 ranks)
+
+bool arrives_within(comm::Work& w, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!w.test() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  return w.test();
+}
+
+// "" when unit 1's gather was in flight between start and finish, on every rank; else what was
+// seen (the same text on every rank). Collective over the world.
+std::string gather_in_flight(const StartFn& start, const FinishFn& finish) {
+  const int r = world().rank();
+  comm::Communicator pair = world().split(r < 2 ? 0 : 1, r, "pair");
+  const bool was_checking = comm::check_matching();
+  world().barrier();
+  comm::set_check_matching(false);
+  std::string problem;
+  if (r < 2 && world().size() >= 2) {
+    nn::GPTOptions o = f32();
+    o.storage.values = o.storage.grads = nn::Storage::per_unit;
+    nn::GPT model(kLab.config(), o);
+    nn::ParameterSet& ps = model.params();
+    const std::size_t u = 1;  // the first block
+    if (ps.values_bound(u)) ps.release_values(u);
+    const nn::ShardRange s = nn::shard_range(ps.units()[u].numel(), r, 2);
+    const Tensor shard = Tensor::zeros({s.size});
+    Tensor started = Tensor::zeros({1}, DType::f64), done = Tensor::zeros({1}, DType::f64);
+    if (r == 0) {
+      const comm::CommStats before = comm::comm_stats();
+      lab09::UnitGather g = start(ps, u, shard, pair);
+      const int64_t submitted =
+          comm::comm_total(comm::comm_stats() - before, "pair", "all_gather").calls;
+      world().send(started, 1, 71);
+      comm::Work heard = world().recv_async(done, 1, 72);
+      const bool joined = arrives_within(heard, kWait);
+      finish(ps, g, pair);
+      heard.wait();
+      if (submitted != 1)
+        problem = fmt::format("start_unit_gather submitted {} all-gathers, not 1", submitted);
+      else if (!joined)
+        problem = "rank 1 could not finish its side of the gather while rank 0's was started and "
+                  "not finished: start_unit_gather did not send (it is sent in finish)";
+    } else {
+      comm::Work heard = world().recv_async(started, 0, 71);
+      const bool early = arrives_within(heard, kWait);
+      lab09::UnitGather g = start(ps, u, shard, pair);
+      finish(ps, g, pair);
+      world().send(done, 0, 72);
+      heard.wait();
+      if (!early)
+        problem = "rank 0's start_unit_gather did not return before rank 1 joined the gather: "
+                  "it waits for the transfer (a gather waited at once is not a prefetch)";
+    }
+    if (ps.values_bound(u)) ps.release_values(u);
+  }
+  comm::set_check_matching(was_checking);
+  if (!problem.empty()) std::printf("rank %d: %s\n", r, problem.c_str());
+  // the same verdict on every rank: rank 0's or rank 1's problem, whichever has one
+  Tensor code = Tensor::from_vector({problem.empty() ? 0.0 : static_cast<double>(r + 1)}, {1},
+                                    DType::f64);
+  world().all_reduce(code, comm::ReduceOp::max);
+  if (code.item() == 0) return "";
+  return problem.empty() ? fmt::format("rank {} saw the gather not in flight (its line in the output)",
+                                       static_cast<int>(code.item()) - 1)
+                         : problem;
+}
+
+void attendee_finish(nn::ParameterSet& ps, lab09::UnitGather& g, comm::Communicator&) {
+  lab09::finish_unit_gather(ps, g);
+}
+
+}  // namespace
+
+TEST(Step4_Zero3, TheGatherIsInFlightBetweenStartAndFinish) {
+  if (world().size() < 2) {
+    std::printf("one rank: a gather has no other rank to wait for (checked on 2 and 4 ranks)\n");
+    return;
+  }
+  EXPECT_EQ(gather_in_flight(lab09::start_unit_gather, attendee_finish), "");
+}
+
+// Planted: the gather submitted and waited inside start_unit_gather (the reference's start
+// followed by its wait), and the gather submitted only by finish. Both bind the right unit.
+TEST(Step4_PlantedFault, AGatherWaitedAtOnceOrSentLateIsNotInFlight) {
+  if (world().size() < 2) return;
+  const StartFn waits = [](const nn::ParameterSet& ps, std::size_t u, const Tensor& shard,
+                           comm::Communicator& c) {
+    lab09::UnitGather g = lab09::start_unit_gather(ps, u, shard, c);
+    g.work.wait();
+    return g;
+  };
+  EXPECT_NE(gather_in_flight(waits, attendee_finish), "");
+  const StartFn late = [](const nn::ParameterSet&, std::size_t u, const Tensor& shard,
+                          comm::Communicator&) {
+    lab09::UnitGather g;
+    g.unit = u;
+    g.send = shard;  // nothing submitted yet
+    return g;
+  };
+  const FinishFn sends_now = [](nn::ParameterSet& ps, lab09::UnitGather& g, comm::Communicator& c) {
+    g = lab09::start_unit_gather(ps, g.unit, g.send, c);
+    lab09::finish_unit_gather(ps, g);
+  };
+  EXPECT_NE(gather_in_flight(late, sends_now), "");
 }
 
 // ---- bf16 (after the fp32 tests: a fault in ZeRO-3 itself is reported by those first) ----------

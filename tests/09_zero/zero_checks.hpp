@@ -4,6 +4,7 @@
 // fail too. Everything here is collective where it steps a trainer.
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/zero_observe.hpp"
 #include "zero.hpp"
 
 namespace scalelab::lab09test {
@@ -117,6 +119,89 @@ inline comm::CommStats one_step_traffic(lab09::Trainer& t, int64_t step = 0) {
 }
 inline int64_t bytes_of(const comm::CommStats& s, const std::string& op) {
   return comm::comm_total(s, "", op).bytes;
+}
+
+// ---- Issue 25, class 1: one step's traffic as an exact budget ------------------------------------
+// Budget and traffic_is: tests/support/zero_observe.hpp (lab 10's graders use them too).
+using labtest::Budget;
+using labtest::traffic_is;
+
+/// Stage `stage`'s budget on the world for `model` (fp32, the world's size n): ZeRO-0 one
+/// all-reduce of the gradients (4 Psi) and the loss (8 bytes, f64); ZeRO-1 that and one all-gather
+/// of the padded parameters; ZeRO-2 every gradient element reduced once to its owner (reduce, 4
+/// Psi), the loss, the all-gather; ZeRO-3, with per-unit shards (each unit padded to n): the
+/// given policy's gathers, every unit for its forward, every unit but the embedding for its
+/// backward (the embedding's backward reads the tokens), and the embedding once more for each
+/// use by the tied head (its forward and its backward); every unit's gradients reduce-scattered
+/// once; the loss.
+inline Budget zero_budget(int stage, nn::GPT& model) {
+  nn::ParameterSet& ps = model.params();
+  const int n = labtest::world().size();
+  const int64_t numel = ps.numel();
+  const auto key = [](const char* op) { return comm::CommKey{"world", op}; };
+  if (stage <= 1) {
+    Budget b{{key("all_reduce"), numel * 4 + 8}};
+    if (stage == 1) b[key("all_gather")] = ps.padded_numel() * 4;
+    return b;
+  }
+  if (stage == 2)
+    return {{key("reduce"), numel * 4}, {key("all_reduce"), 8},
+            {key("all_gather"), ps.padded_numel() * 4}};
+  int64_t sum = 0, embedding = 0;
+  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+    const int64_t padded = nn::shard_range(ps.units()[u].numel(), 0, n).size * n;
+    sum += padded;
+    if (model.has_embedding() && u == model.embedding_unit()) embedding = padded;
+  }
+  const bool tied_head = model.has_head() && model.has_embedding() && !model.lm_head;
+  const int64_t gathered = 2 * sum - embedding + (tied_head ? 2 * embedding : 0);
+  return {{key("all_gather"), gathered * 4}, {key("reduce_scatter"), sum * 4},
+          {key("all_reduce"), 8}};
+}
+
+// ---- Issue 25, class 8: one object, graded on numbers, memory and traffic together --------------
+/// What one trainer, built here by make_trainer (the grader's construction), shows over two steps
+/// on the global batches 0 and 1: the first step's traffic (forward_backward + step, without the
+/// grader's own checks in between), its Footprint as footprint() measures it (held after the
+/// first step, the peak of the second forward_backward), its losses, and the parameters after
+/// the two steps. `after_backward` runs between the first forward_backward and its step (e.g. a
+/// gradient check; collective, its traffic not counted). A submission that behaves one way when
+/// its numbers are checked and another when its memory or traffic is (another instance, a call
+/// count) is graded on the one object.
+struct Observed {
+  Footprint footprint;
+  comm::CommStats first_step;
+  std::vector<double> losses;
+  Tensor parameters;
+};
+inline Observed observe_one(int stage, const std::function<void(lab09::Trainer&)>& after_backward,
+                            const nn::GPTOptions& options = f32()) {
+  Observed o;
+  labtest::world().barrier();
+  const std::size_t base = now_bytes();
+  {
+    std::shared_ptr<lab09::Trainer> t =
+        lab09::make_trainer(stage, kLab.config(), options, labtest::world());
+    const comm::CommStats before = comm::comm_stats();
+    o.losses.push_back(t->forward_backward(kLab.batch(0)));
+    const comm::CommStats backward = comm::comm_stats() - before;
+    after_backward(*t);
+    const comm::CommStats before_step = comm::comm_stats();
+    t->step(kLr);
+    o.first_step = comm::comm_stats() - before_step;
+    for (const auto& [key, count] : backward) {
+      o.first_step[key].calls += count.calls;
+      o.first_step[key].bytes += count.bytes;
+    }
+    labtest::world().barrier();  // as footprint(): the communicator lets go of the last tensors
+    o.footprint.held = now_bytes() - base;
+    reset_peak_memory(Device::cpu());
+    o.losses.push_back(t->forward_backward(kLab.batch(1)));
+    o.footprint.peak = memory_stats(Device::cpu()).peak - base;
+    t->step(kLr);
+    o.parameters = t->full_parameters().clone();
+  }
+  return o;
 }
 
 // ---- Mixed precision (--precision bf16) ---------------------------------------------------------

@@ -96,6 +96,13 @@ std::unique_ptr<nn::GPT> own_stage(const ModelConfig& c, const nn::GPTOptions& o
   return model;
 }
 
+std::unique_ptr<nn::GPT> own_builder(const ModelConfig& c, lab10::Groups& g,
+                                     nn::GPTOptions options, bool checkpoint) {
+  SCALELAB_CHECK(c.n_layer == config().n_layer && c.vocab_size == config().vocab_size,
+                 "own_builder builds the graders' config() only");
+  return own_stage(c, own_options(g, options), g.tp, checkpoint);
+}
+
 int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group) {
   return comm::comm_total(comm::comm_stats() - before, group, "all_reduce").bytes;
 }

@@ -59,6 +59,12 @@ std::unique_ptr<nn::GPT> own_stage(const ModelConfig& c, const nn::GPTOptions& o
 std::unique_ptr<nn::GPT> own_model(lab10::Groups& g, int64_t pad_to = 1, bool checkpoint = false,
                                    const nn::GPTOptions& base = f64());
 
+/// own_model as a lab10::ModelBuilder: what the graders of step 3 hand Trainer3D (issue 25,
+/// class 8), so its pieces are the test's, not the attendee's step 2. `options` are Trainer3D's
+/// (storage, ZeRO-3's hooks): the stage's layers, tp share and vocabulary rows go on top.
+std::unique_ptr<nn::GPT> own_builder(const ModelConfig& c, lab10::Groups& g,
+                                     nn::GPTOptions options, bool checkpoint);
+
 /// Payload bytes of all-reduces on the communicator named `group` since `before`.
 int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group);
 

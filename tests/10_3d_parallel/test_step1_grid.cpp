@@ -1,6 +1,7 @@
 // Step 1: the grid. Pure index math on one rank: golden tables written out for 8 ranks in both
 // orders, then every grid of 8 and 16 ranks against the library's functions
-// (common/comm/process_grid.hpp, the reference: the attendee's code must not call them).
+// (common/comm/process_grid.hpp, the reference: the attendee's code must not call them, which
+// Step1_OwnWork checks in the attendee's object file).
 #include <functional>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "3d_parallel.hpp"
+#include "tests/support/own_work.hpp"
 
 namespace {
 
@@ -126,19 +128,36 @@ TEST(Step1_Grid, LibraryAgreesWithGoldenTables) {
   EXPECT_TRUE(matches_golden(library(), {2, 2, 2, GridOrder::picotron}, kPicotron8));
 }
 
-TEST(Step1_Grid, EveryGridOf8And16RanksMatchesTheLibrary) {
-  for (int n : {8, 16})
+// 6 and 12 ranks: grids with tp 3 and dp or pp 3, where a layout that assumes powers of two
+// (shifts, masks, a square grid) breaks.
+TEST(Step1_Grid, EveryGridOf6And8And12And16RanksMatchesTheLibrary) {
+  for (int n : {6, 8, 12, 16})
     for (const GridShape& s : all_grids(n)) EXPECT_TRUE(same_layout(attendee(), library(), s));
+}
+
+// The README: "write your own; the library's are the reference the graders use". The object
+// compiled from 3d_parallel.cpp must not call the library's grid index math (its undefined
+// symbols, tests/support/own_work.hpp): forwarding to comm::grid_coord gives every table right
+// and is caught here. lab10.planted.step1_calls_the_library (lab.cmake) grades such a file.
+TEST(Step1_OwnWork, TheGridIsYourOwnNotTheLibrarys) {
+  EXPECT_TRUE(labtest::calls_none_of(
+      {"scalelab::comm::grid_rank(", "scalelab::comm::grid_coord(", "scalelab::comm::grid_table(",
+       "scalelab::comm::tp_group_ranks(", "scalelab::comm::dp_group_ranks(",
+       "scalelab::comm::pp_group_ranks(", "scalelab::comm::tp_dp_group_ranks(",
+       "scalelab::comm::cp_group_ranks(", "scalelab::comm::dp_cp_group_ranks(",
+       "scalelab::comm::ProcessGrid::"},
+      "step 1 asks for your own grid_rank, grid_coord and group_ranks"));
 }
 
 // tp innermost in both orders: a tp group is tp consecutive world ranks (one node's GPUs).
 TEST(Step1_Grid, TpGroupsAreConsecutiveRanks) {
-  for (const GridShape& s : all_grids(16))
-    for (int r = 0; r < s.world_size(); ++r) {
-      const auto g = lab10::group_ranks(s, r, Axis::tp);
-      ASSERT_EQ(static_cast<int>(g.size()), s.tp);
-      for (int i = 0; i < s.tp; ++i) EXPECT_EQ(g[i], r / s.tp * s.tp + i) << "rank " << r;
-    }
+  for (int n : {12, 16})
+    for (const GridShape& s : all_grids(n))
+      for (int r = 0; r < s.world_size(); ++r) {
+        const auto g = lab10::group_ranks(s, r, Axis::tp);
+        ASSERT_EQ(static_cast<int>(g.size()), s.tp);
+        for (int i = 0; i < s.tp; ++i) EXPECT_EQ(g[i], r / s.tp * s.tp + i) << "rank " << r;
+      }
 }
 
 // ---- planted fault: tp and dp swapped (dp innermost: the tp groups span the slow links) ----------

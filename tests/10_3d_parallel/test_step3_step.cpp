@@ -207,8 +207,9 @@ TEST(Step3_Step, Zero2And3OverDpEqualAdamW) {
     lab10::Groups g = lab10::groups_of(grid);
     for (const auto& [zero, ckpt] : {std::pair{2, false}, {2, true}, {3, false}}) {
       SCOPED_TRACE(fmt::format("{} ZeRO-{}{}", name(shape), zero, ckpt ? " checkpointed" : ""));
-      lab10::Trainer3D whole(config(), g, {shape, 1, 0, false}, f64());
-      lab10::Trainer3D sharded(config(), g, {shape, 1, zero, ckpt}, f64());
+      // the test's own pieces (own_builder), not the attendee's step 2
+      lab10::Trainer3D whole(config(), g, {shape, 1, 0, false}, f64(), {}, own_builder);
+      lab10::Trainer3D sharded(config(), g, {shape, 1, zero, ckpt}, f64(), {}, own_builder);
       for (int s = 0; s < 2; ++s) {
         const double a = whole.step(kLab.batch(s));
         const double b = sharded.step(kLab.batch(s));

@@ -32,6 +32,7 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "grid3d_checks.hpp"
+#include "tests/support/zero_observe.hpp"
 
 namespace {
 
@@ -97,7 +98,7 @@ testing::AssertionResult matches_twin(const Case& c) {
   lab10::Groups g = lab10::groups_of(grid);
   const bool interleaved = c.schedule == lab08::Kind::interleaved;
   const lab10::Plan plan{shape, c.m, c.zero, c.checkpoint, c.schedule, interleaved ? 2 : 1};
-  lab10::Trainer3D t(config(), g, plan, options(c.precision), kSmooth);
+  lab10::Trainer3D t(config(), g, plan, options(c.precision), kSmooth, own_builder);
   nn::GPT twin(config(), options(c.precision));
   optim::AdamW twin_opt(optim::groups(twin.parameters()), kSmooth);
   const bool bf16 = c.precision == DType::bf16;
@@ -138,7 +139,8 @@ Traffic one_step(int zero, int m) {
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
-  lab10::Trainer3D t(config(), g, {shape, m, zero, false}, options(DType::f32));
+  lab10::Trainer3D t(config(), g, {shape, m, zero, false}, options(DType::f32), {},
+                     own_builder);
   const comm::CommStats before = comm::comm_stats();
   t.step(kLab.batch(0));
   return {comm::comm_total(comm::comm_stats() - before, g.dp.name()).bytes - 8,  // - the loss
@@ -154,7 +156,7 @@ TEST(Step3_ZeroSweep, ZeroTwoAndThreeCostMTimesPerStep) {
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
-  const auto probe = lab10::build_3d_model(config(), g, options(DType::f32));
+  const auto probe = own_builder(config(), g, options(DType::f32), false);
   const int units = static_cast<int>(probe->params().units().size());
   const int tied = probe->has_embedding() != probe->has_head() ? 1 : 0;
   for (int m : {1, 4}) {
@@ -174,7 +176,83 @@ TEST(Step3_ZeroSweep, ZeroTwoAndThreeCostMTimesPerStep) {
   }
 }
 
+// Issue 25, class 1: the dp group's traffic of one Trainer3D step (no optimizer step), per kind,
+// exactly, for every ZeRO stage at m = 1 and 4 (the pieces are the test's own, own_builder):
+//   ZeRO-0/1  all-reduce of the stage's gradients (4 bytes each) and the loss (8)
+//   ZeRO-2    reduce of every unit's gradient elements per micro-batch, the tied copy once per
+//             step (held until the tied sum); the loss
+//   ZeRO-3    all-gather of every unit (each padded to dp) per micro-batch's forward, and of
+//             every unit but the embedding per backward; reduce-scatter of every padded unit per
+//             micro-batch, the tied copy once; the loss
+// Nothing else on the dp group. (The tp and pp groups' bytes are step 3's other checks.) The
+// counters do not record the reduction op (sum or avg): not part of the budget.
+labtest::Budget dp_budget(int zero, int m, nn::GPT& model, const comm::Communicator& dp) {
+  nn::ParameterSet& ps = model.params();
+  const auto key = [&dp](const char* op) { return comm::CommKey{dp.name(), op}; };
+  const bool tied_copy = model.has_embedding() != model.has_head();
+  const std::size_t tied = model.has_embedding() ? model.embedding_unit() : model.head_unit();
+  int64_t numel = 0, padded = 0, backward = 0, untied = 0, untied_padded = 0;
+  int64_t tied_numel = 0, tied_padded = 0;
+  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+    const int64_t n = ps.units()[u].numel();
+    const int64_t p = nn::shard_range(n, 0, dp.size()).size * dp.size();
+    numel += n;
+    padded += p;
+    if (!(model.has_embedding() && u == model.embedding_unit())) backward += p;
+    if (tied_copy && u == tied) {
+      tied_numel = n;
+      tied_padded = p;
+    } else {
+      untied += n;
+      untied_padded += p;
+    }
+  }
+  if (zero <= 1) return {{key("all_reduce"), numel * 4 + 8}};
+  if (zero == 2) return {{key("reduce"), (m * untied + tied_numel) * 4}, {key("all_reduce"), 8}};
+  return {{key("all_gather"), m * (padded + backward) * 4},
+          {key("reduce_scatter"), (m * untied_padded + tied_padded) * 4},
+          {key("all_reduce"), 8}};
+}
+
+TEST(Step3_ZeroSweep, DpTrafficIsAnExactBudgetPerKind) {
+  const lab10::GridShape shape = grid_shape();
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  for (int zero = 0; zero <= 3; ++zero)
+    for (int m : {1, 4}) {
+      SCOPED_TRACE(fmt::format("ZeRO-{} m {}", zero, m));
+      lab10::Trainer3D t(config(), g, {shape, m, zero, false}, options(DType::f32), {},
+                         own_builder);
+      const comm::CommStats before = comm::comm_stats();
+      t.step(kLab.batch(0));
+      const comm::CommStats got = comm::comm_stats() - before;
+      // the budget from a model of the same layout (the trainer's pieces are not exposed here)
+      nn::GPTOptions o = options(DType::f32);
+      if (zero == 1 || zero == 2) o.storage.pad_to = shape.dp;
+      const auto probe = own_builder(config(), g, o, false);
+      EXPECT_TRUE(labtest::traffic_is(got, dp_budget(zero, m, *probe, g.dp), {g.dp.name()}));
+    }
+}
+
 // ---- planted faults ---------------------------------------------------------------------------
+
+// ZeRO-2 that also all-reduces a gradient-sized buffer over dp (the given step plus the planted
+// all-reduce, in the same window): the numbers stay right, the m-fold growth above still holds,
+// the budget fails it.
+TEST(Step3_PlantedFault, Zero2WithAnExtraDpAllReduceFailsTheBudget) {
+  const lab10::GridShape shape = grid_shape();
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  lab10::Trainer3D t(config(), g, {shape, 2, 2, false}, options(DType::f32), {}, own_builder);
+  nn::GPTOptions o = options(DType::f32);
+  o.storage.pad_to = shape.dp;
+  const auto probe = own_builder(config(), g, o, false);
+  const comm::CommStats before = comm::comm_stats();
+  t.step(kLab.batch(0));
+  g.dp.all_reduce(Tensor::zeros({probe->num_parameters()}));
+  EXPECT_FALSE(labtest::traffic_is(comm::comm_stats() - before, dp_budget(2, 2, *probe, g.dp),
+                                   {g.dp.name()}));
+}
 
 // ZeRO-3's working set: at every unit hook, the units bound in the model (ParameterSet's bound
 // values: what the allocator holds for gathered units, besides the prefetch's staging buffer)

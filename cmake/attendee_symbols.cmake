@@ -1,0 +1,27 @@
+# cmake -DNM=<nm> -DOBJECTS=<a|b|c> -DSOURCE=<file name> -DOUT=<file> -P attendee_symbols.cmake
+# Writes to OUT the symbols that the object compiled from SOURCE (e.g. zero.cpp, the attendee's
+# file) uses without defining (`nm -C --undefined-only`): what the attendee's code calls. The
+# Step1_OwnWork graders read it to fail a step whose README says "write your own" when the
+# object calls the library's reference (issue 25, class 7). Run before the test binary links
+# (PRE_LINK), so the list is always that of the object the binary links. No object or no nm:
+# OUT says so, and the graders fail on it rather than pass on nothing.
+string(REPLACE "|" ";" objects "${OBJECTS}")
+set(object "")
+foreach(o IN LISTS objects)
+  get_filename_component(n "${o}" NAME)
+  if(n STREQUAL "${SOURCE}.o" OR n STREQUAL "${SOURCE}.obj")
+    set(object "${o}")
+  endif()
+endforeach()
+if(NOT object OR NOT EXISTS "${object}" OR NOT NM)
+  file(WRITE "${OUT}" "error: no object of ${SOURCE} among ${OBJECTS} (nm: ${NM})\n")
+  return()
+endif()
+execute_process(COMMAND "${NM}" -C --undefined-only "${object}" RESULT_VARIABLE code
+                OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT code EQUAL 0)
+  file(WRITE "${OUT}" "error: ${NM} -C --undefined-only ${object} exited ${code}: ${err}\n")
+  return()
+endif()
+file(WRITE "${OUT}.tmp" "object: ${object}\n${out}")
+file(RENAME "${OUT}.tmp" "${OUT}")

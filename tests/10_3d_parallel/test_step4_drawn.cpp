@@ -1,0 +1,294 @@
+// Step 4, issue 25 class 6: the planner at shapes nobody printed. test_step4_planner.cpp checks
+// the memory functions at tiny and small and the time model's structure; a planner keyed on those
+// shapes, one that builds the model to count it, or a time term off by a constant factor passes
+// there. Here, on one rank:
+//   - configs, grids, plans and machines are drawn at grading time (a seed from
+//     std::random_device, printed with every failure: SCOPED_TRACE), with non-powers of two;
+//   - stage_parameters against the built stage, stage_activation_bytes against a stage's
+//     forward, model_state_bytes against lab 09's formulas, at those shapes;
+//   - the memory functions and predict allocate no tensor (the allocator's current and peak
+//     bytes do not move): they count, they do not build or run the model;
+//   - predict's time terms (compute, bubble, tp, pp, dp, step) against the README's time model
+//     written here (reference_time), to 1e-9 relative.
+// Planted: a stage_parameters that builds the stage (the right count, caught by the allocator),
+// and a predict whose tp time counts 2 all-reduces per block instead of 4 (the structure checks
+// pass it: zero on a tp of 1, positive otherwise).
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "common/allocator.hpp"
+#include "common/ops/ops.hpp"
+#include "grid3d_checks.hpp"
+#include "zero.hpp"
+
+namespace {
+
+using namespace scalelab;
+using namespace scalelab::lab10test;
+
+// The seed of this run's draws: printed by the caller's SCOPED_TRACE.
+uint64_t draw_seed() {
+  return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+}
+
+// A config small enough to build and run in microseconds: heads 1-6 of width 4 or 8, 1-7
+// layers, context 4-24, a vocabulary of 256-300 that tp divides (vocab_range's rows: V / tp on
+// every rank; the test corpus' tokens are below 256).
+struct Drawn {
+  ModelConfig c;
+  int tp = 1, pp = 1;
+};
+Drawn draw_shape(std::mt19937_64& rng) {
+  const auto in = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  Drawn d;
+  d.c.name = "drawn";
+  d.c.n_head = in(1, 6);
+  d.c.n_embd = d.c.n_head * (in(0, 1) ? 8 : 4);
+  d.c.n_layer = in(1, 7);
+  d.c.block_size = in(4, 24);
+  std::vector<int> tps;
+  for (int t = 1; t <= d.c.n_head; ++t)
+    if (d.c.n_head % t == 0) tps.push_back(t);
+  d.tp = tps[static_cast<std::size_t>(in(0, static_cast<int>(tps.size()) - 1))];
+  d.c.vocab_size = static_cast<int64_t>(d.tp) * in((256 + d.tp - 1) / d.tp, (300 / d.tp));
+  d.pp = in(1, static_cast<int>(d.c.n_layer));
+  return d;
+}
+
+std::string str(const Drawn& d) {
+  return fmt::format("L {} NH {} C {} T {} V {}, tp {} pp {}", d.c.n_layer, d.c.n_head, d.c.n_embd,
+                     d.c.block_size, d.c.vocab_size, d.tp, d.pp);
+}
+
+// Tp rank 0's stage s (sizes only, on this 1-rank world), as step 2 builds it.
+std::unique_ptr<nn::GPT> built_stage(const Drawn& d, int s, DType precision, bool ckpt = false) {
+  const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(d.c.n_layer), d.pp, s);
+  const lab07::VocabRange v = lab07::vocab_range(d.c.vocab_size, 0, d.tp);
+  return own_stage(d.c,
+                   nn::GPTOptions{.dtype = lab10::master_dtype(precision), .seed = 1,
+                                  .first_block = r.first, .last_block = r.last, .tp_rank = 0,
+                                  .tp_size = d.tp, .vocab_lo = v.lo, .vocab_hi = v.hi,
+                                  .compute_dtype = precision},
+                   labtest::world(), ckpt);
+}
+
+// "" when `f` left the allocator's current and peak bytes where they were; else what moved.
+std::string allocates(const std::string& what, const std::function<void()>& f) {
+  const std::size_t before = memory_stats(Device::cpu()).current;
+  reset_peak_memory(Device::cpu());
+  f();
+  const MemoryStats after = memory_stats(Device::cpu());
+  if (after.peak == before && after.current == before) return "";
+  return fmt::format("{} allocated tensors ({} bytes at its peak): a planner's memory function "
+                     "counts, it does not build or run the model", what, after.peak - before);
+}
+
+// The README's time model (step 4), one stage at a time; the slowest stage's terms.
+struct Time {
+  double compute_s = 0, bubble = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
+};
+Time reference_time(const ModelConfig& c, int64_t batch, const lab10::Plan& plan,
+                    const lab10::Machine& mach, DType precision) {
+  const lab10::GridShape& g = plan.grid;
+  const int m = plan.micro_batches;
+  const double C = static_cast<double>(c.n_embd), T = static_cast<double>(c.block_size),
+               V = static_cast<double>(c.vocab_size);
+  const int64_t rows = batch / g.dp, mb_rows = rows / m;
+  const double act = static_cast<double>(dtype_size(precision));
+  const double master = static_cast<double>(dtype_size(lab10::master_dtype(precision)));
+  const double stat = static_cast<double>(dtype_size(ops::stats_dtype(precision)));
+  const double mb_bytes = static_cast<double>(mb_rows) * T * C * act;
+  const double bw = mach.bus_bytes_per_s, lat = mach.latency_s;
+  // one block's parameters on a tp rank: LayerNorms and the row-parallel biases whole, the
+  // matrices and the column-parallel biases split
+  const int64_t Ci = c.n_embd;
+  const double unit = static_cast<double>(6 * Ci + (12 * Ci * Ci + 7 * Ci) / g.tp);
+  Time slowest;
+  for (int s = 0; s < g.pp; ++s) {
+    const double L = static_cast<double>(lab08::stage_layers(static_cast<int>(c.n_layer), g.pp, s).size());
+    const bool first = s == 0, last = s == g.pp - 1;
+    // the stage's parameters, counted here (not your stage_parameters): blocks, wte's V/tp rows
+    // and wpe on the first stage, ln_f and the tied copy's rows on the last
+    const double params = unit * L + (first ? V * C / g.tp + T * C : 0) +
+                          (last ? 2 * C + (first ? 0 : V * C / g.tp) : 0);
+    const double blocks = 6 * unit * L + 12 * L * T * C / g.tp;
+    const double head = last ? 6 * V * C / g.tp : 0;
+    Time t;
+    t.compute_s = (blocks + head + (plan.checkpoint ? blocks / 3 : 0)) * static_cast<double>(rows) *
+                  T / mach.flops;
+    const double ring = 2.0 * (g.tp - 1) / g.tp;
+    const double ars = (plan.checkpoint ? 6 : 4) * L + (first ? 1 : 0) + (last ? 1 : 0);
+    const double ce = static_cast<double>(mb_rows) * T * stat;
+    t.tp_s = g.tp == 1 ? 0
+                       : m * (ars * (ring * mb_bytes / bw + lat) +
+                              (last ? 3 * (ring * ce / bw + lat) : 0));
+    t.pp_s = g.pp == 1 ? 0 : 2.0 * m * (mb_bytes / bw + lat);
+    const double all_reduce = 2.0 * (g.dp - 1) / g.dp * params * master / bw;
+    const double units = L + (first ? 1 : 0) + (last ? 1 : 0);
+    t.dp_s = plan.zero_stage == 2   ? m * (0.5 * all_reduce + units * lat)
+             : plan.zero_stage == 3 ? m * ((0.5 + act / master) * all_reduce + 3 * units * lat)
+                                    : all_reduce + lat;
+    if (g.dp == 1) t.dp_s = 0;
+    t.bubble = lab08::bubble_formula(lab08::Kind::one_f_one_b, g.pp, m);
+    t.step_s = (mach.shared_cores ? t.compute_s : t.compute_s / (1 - t.bubble)) + t.tp_s +
+               t.pp_s + t.dp_s;
+    if (s == 0 || t.step_s > slowest.step_s) slowest = t;
+  }
+  return slowest;
+}
+
+using PredictFn = std::function<lab10::Prediction(const ModelConfig&, int64_t, const lab10::Plan&,
+                                                  const lab10::Machine&, DType)>;
+
+// `predict`'s time terms against reference_time at `n` plans drawn from `rng`: "" or the first
+// difference beyond 1e-9 relative.
+std::string time_problems(const PredictFn& predict, std::mt19937_64& rng, int n) {
+  const auto in = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const auto log_uniform = [&rng](double lo, double hi) {
+    return std::exp(std::uniform_real_distribution<double>(std::log(lo), std::log(hi))(rng));
+  };
+  for (int i = 0; i < n; ++i) {
+    const Drawn d = draw_shape(rng);
+    lab10::Plan plan;
+    plan.grid = {in(1, 6), d.tp, d.pp, lab10::GridOrder::megatron};
+    plan.micro_batches = in(1, 4);
+    plan.zero_stage = in(0, 3);
+    plan.checkpoint = in(0, 1) == 1;
+    const int64_t batch = static_cast<int64_t>(plan.grid.dp) * plan.micro_batches * in(1, 3);
+    const lab10::Machine mach{.flops = log_uniform(1e9, 1e13),
+                              .bus_bytes_per_s = log_uniform(1e8, 1e11),
+                              .latency_s = log_uniform(1e-6, 1e-4),
+                              .shared_cores = in(0, 1) == 1};
+    const DType precision = in(0, 1) ? DType::bf16 : DType::f32;
+    const lab10::Prediction got = predict(d.c, batch, plan, mach, precision);
+    const Time want = reference_time(d.c, batch, plan, mach, precision);
+    const std::string where = fmt::format(
+        "{}, dp {} m {} ZeRO-{}{} batch {} {}, flops {:.3g} bus {:.3g} B/s latency {:.3g} s{}",
+        str(d), plan.grid.dp, plan.micro_batches, plan.zero_stage,
+        plan.checkpoint ? " checkpointed" : "", batch, dtype_name(precision), mach.flops,
+        mach.bus_bytes_per_s, mach.latency_s, mach.shared_cores ? " shared cores" : "");
+    const std::pair<const char*, std::pair<double, double>> terms[] = {
+        {"compute_s", {got.compute_s, want.compute_s}}, {"bubble", {got.bubble, want.bubble}},
+        {"tp_s", {got.tp_s, want.tp_s}},                {"pp_s", {got.pp_s, want.pp_s}},
+        {"dp_s", {got.dp_s, want.dp_s}},                {"step_s", {got.step_s, want.step_s}}};
+    for (const auto& [name, v] : terms)
+      if (std::abs(v.first - v.second) > 1e-9 * std::abs(v.second) + 1e-300)
+        return fmt::format("{}: {} {:.12g}, the README's model {:.12g}", where, name, v.first,
+                           v.second);
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Step4_Planner, MemoryFunctionsAtShapesDrawnAtGradingTime) {
+  const uint64_t seed = draw_seed();
+  SCOPED_TRACE(fmt::format("shapes drawn with seed {} (std::mt19937_64)", seed));
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 12; ++i) {
+    const Drawn d = draw_shape(rng);
+    const int s = std::uniform_int_distribution<int>(0, d.pp - 1)(rng);
+    const DType precision = i % 2 ? DType::bf16 : DType::f32;
+    const bool ckpt = i % 3 == 0;
+    SCOPED_TRACE(fmt::format("{} stage {}{} {}", str(d), s, ckpt ? " checkpointed" : "",
+                             dtype_name(precision)));
+    auto model = built_stage(d, s, precision, ckpt);
+    EXPECT_EQ(lab10::stage_parameters(d.c, d.tp, d.pp, s), model->num_parameters());
+    // the activations of one forward of 1-3 rows (a stage without the embedding gets zeros)
+    const int64_t rows = std::uniform_int_distribution<int64_t>(1, 3)(rng);
+    data::Sampler sampler(labtest::synthetic_corpus(10), rows, d.c.block_size, 1);
+    const data::Batch b = sampler.batch(0);
+    nn::GPTActivations acts;
+    Tensor h = model->has_embedding()
+                   ? model->embed(b.x, acts)
+                   : Tensor::zeros({rows, d.c.block_size, d.c.n_embd}, precision);
+    h = model->forward_blocks(h, acts);
+    if (model->has_head()) model->head_forward(h, b.y, acts);
+    EXPECT_EQ(lab10::stage_activation_bytes(d.c, rows, d.tp, d.pp, s, ckpt, precision),
+              acts.nbytes());
+  }
+  // model_state_bytes at a drawn psi (a multiple of dp: lab 09's formulas round down otherwise)
+  for (int i = 0; i < 24; ++i) {
+    const int dp = std::uniform_int_distribution<int>(1, 12)(rng);
+    const int64_t psi = dp * std::uniform_int_distribution<int64_t>(1, int64_t{1} << 28)(rng);
+    for (int zero = 0; zero <= 3; ++zero) {
+      EXPECT_EQ(lab10::model_state_bytes(psi, zero, dp, DType::f32),
+                lab09::paper_memory(zero, psi, dp).total())
+          << "psi " << psi << " ZeRO-" << zero << " dp " << dp;
+      EXPECT_EQ(lab10::model_state_bytes(psi, zero, dp, DType::bf16),
+                lab09::layout_memory(zero, psi, dp, DType::bf16).total())
+          << "bf16 psi " << psi << " ZeRO-" << zero << " dp " << dp;
+    }
+  }
+}
+
+TEST(Step4_Planner, MemoryFunctionsAndPredictAllocateNothing) {
+  const uint64_t seed = draw_seed();
+  SCOPED_TRACE(fmt::format("shapes drawn with seed {} (std::mt19937_64)", seed));
+  std::mt19937_64 rng(seed);
+  const lab10::Machine mach{.flops = 1e10, .bus_bytes_per_s = 1e9, .latency_s = 1e-5};
+  for (int i = 0; i < 6; ++i) {
+    const Drawn d = draw_shape(rng);
+    SCOPED_TRACE(str(d));
+    const int s = d.pp - 1;
+    EXPECT_EQ(allocates("stage_parameters", [&] { lab10::stage_parameters(d.c, d.tp, d.pp, s); }), "");
+    EXPECT_EQ(allocates("model_state_bytes",
+                        [&] { lab10::model_state_bytes(1000, i % 4, 2, DType::bf16); }), "");
+    EXPECT_EQ(allocates("stage_activation_bytes", [&] {
+                lab10::stage_activation_bytes(d.c, 2, d.tp, d.pp, s, i % 2 == 1, DType::f32);
+              }), "");
+    EXPECT_EQ(allocates("backward_transient_bytes", [&] {
+                lab10::backward_transient_bytes(d.c, 2, d.tp, d.pp, s, i % 2 == 1, DType::f32);
+              }), "");
+    EXPECT_EQ(allocates("max_in_flight", [&] { lab10::max_in_flight(d.pp, s, 3); }), "");
+    EXPECT_EQ(allocates("predict", [&] {
+                lab10::predict(d.c, 4, {{1, d.tp, d.pp}, 2, i % 4, i % 2 == 1}, mach, DType::f32);
+              }), "");
+  }
+}
+
+TEST(Step4_Planner, TimeTermsAsTheReadmesModelAtDrawnPlans) {
+  const uint64_t seed = draw_seed();
+  SCOPED_TRACE(fmt::format("plans drawn with seed {} (std::mt19937_64)", seed));
+  std::mt19937_64 rng(seed);
+  EXPECT_EQ(time_problems(lab10::predict, rng, 200), "");
+}
+
+// ---- planted faults (built on the reference's or the test's own count, not your code) ----------
+
+TEST(Step4_PlantedFault, AStageParametersThatBuildsTheStageIsCaught) {
+  const Drawn d{.c = config(), .tp = 2, .pp = 2};
+  const auto builds = [&] { return built_stage(d, 1, DType::f32)->num_parameters(); };
+  EXPECT_EQ(builds(), built_stage(d, 1, DType::f32)->num_parameters()) << "the right count";
+  EXPECT_NE(allocates("a stage_parameters that builds the stage", [&] { builds(); }), "");
+}
+
+// The README's model itself passes; with the tp time halved (2 all-reduces per block, not 4)
+// it fails, though it is still zero on a tp of 1 and positive otherwise.
+TEST(Step4_PlantedFault, TwoTpAllReducesPerBlockInsteadOfFourIsCaught) {
+  const auto with_tp_factor = [](double factor) -> PredictFn {
+    return [factor](const ModelConfig& c, int64_t batch, const lab10::Plan& plan,
+                    const lab10::Machine& mach, DType precision) {
+      const Time t = reference_time(c, batch, plan, mach, precision);
+      lab10::Prediction p;
+      p.compute_s = t.compute_s;
+      p.bubble = t.bubble;
+      p.tp_s = factor * t.tp_s;
+      p.pp_s = t.pp_s;
+      p.dp_s = t.dp_s;
+      p.step_s = t.step_s - t.tp_s + p.tp_s;
+      return p;
+    };
+  };
+  const uint64_t seed = draw_seed();
+  SCOPED_TRACE(fmt::format("plans drawn with seed {}", seed));
+  std::mt19937_64 a(seed), b(seed);
+  EXPECT_EQ(time_problems(with_tp_factor(1.0), a, 200), "");
+  EXPECT_NE(time_problems(with_tp_factor(0.5), b, 200), "");
+}
