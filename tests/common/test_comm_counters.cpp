@@ -3,6 +3,7 @@
 // sub-group must give exactly the expected calls and payload bytes per (group, op); rejected calls,
 // split and the matching check (on in tests) count nothing; reset, difference and the table; the
 // finer ledger the graders budget (group members, reduction, peer) and the execution log.
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -207,8 +208,14 @@ TEST(CountersLedger, GroupsReductionsAndPeersAreTold) {
   EXPECT_TRUE(comm::traffic() == want);
   EXPECT_EQ(comm::traffic_key_str({"world", all, "all_reduce", "max", -1}),
             fmt::format("all_reduce(max) on world [{}]", fmt::join(all, " ")));
-  const std::vector<exec_log::Event> log = recording.events();
+  // The submissions in order; the waits (every blocking call waits on its own Work) apart.
+  std::vector<exec_log::Event> log, waits;
+  for (const exec_log::Event& e : recording.events()) (e.what == "wait" ? waits : log).push_back(e);
   ASSERT_GE(log.size(), 6u);
+  for (const exec_log::Event& e : log)  // every call here is waited for: a wait names each
+    EXPECT_TRUE(std::any_of(waits.begin(), waits.end(), [&](const exec_log::Event& w) {
+      return w.op == e.what && w.group == e.group && w.seq == e.seq;
+    })) << e.what << " #" << e.seq << " on " << e.group << " has no wait";
   EXPECT_EQ(log[0].what, "all_reduce");
   EXPECT_EQ(log[3].what, "broadcast");
   EXPECT_EQ(log[3].peer, n - 1);
@@ -218,6 +225,12 @@ TEST(CountersLedger, GroupsReductionsAndPeersAreTold) {
     EXPECT_EQ(log[6].tag, 5);
     EXPECT_EQ(log[7].what, "send");
     EXPECT_EQ(log[7].peer, (r + 1) % n);
+    // The recv posted before the send and waited for after it: the wait names the recv.
+    const exec_log::Event& last = waits.back();
+    EXPECT_EQ(last.op, "recv");
+    EXPECT_EQ(last.seq, log[6].seq);
+    EXPECT_EQ(last.peer, log[6].peer);
+    EXPECT_EQ(last.tag, 5);
   }
   comm::reset_comm_stats();
 }
