@@ -18,6 +18,8 @@
 #include "common/comm/stats.hpp"
 #include "common/errors.hpp"
 #include "common/exec_log.hpp"
+#include "common/ops/flash_attention.hpp"
+#include "common/trace.hpp"
 #include "common/runtime.hpp"
 
 using namespace scalelab;
@@ -233,4 +235,43 @@ TEST(CountersLedger, GroupsReductionsAndPeersAreTold) {
     EXPECT_EQ(last.tag, 5);
   }
   comm::reset_comm_stats();
+}
+
+// The overlap the execution log shows (lab 11's graders read it): a recv posted, a compute
+// kernel, then the wait; and the no-overlap baseline (comm::set_overlap(false)) moves the waits
+// before the next compute kernel. Order only, no timings. Also the trace's comm lanes: an
+// operation in flight takes the lowest free lane, so overlapping operations never share a track.
+TEST(CountersLedger, WaitsAreLoggedInOrderWithComputeAndTheBaselineWaitsFirst) {
+  auto c = Communicator::world("mpi");
+  const int n = c.size(), r = c.rank();
+  if (n == 1) GTEST_SKIP() << "a ring needs two ranks";
+  Tensor q = Tensor::zeros({1, 4, 8}), y = Tensor::zeros({1, 4, 8}), lse = Tensor::zeros({1, 4});
+  const auto ring_step = [&] {
+    exec_log::Recording recording;
+    Tensor in = Tensor::zeros({3});
+    comm::Work got = c.recv_async(in, (r + n - 1) % n, 7);
+    comm::Work sent = c.send_async(Tensor::zeros({3}), (r + 1) % n, 7);
+    ops::flash_attention_forward(y, lse, q, q, q, 1.0);
+    got.wait();
+    sent.wait();
+    std::vector<std::string> order;  // "recv", "send", "wait recv", "flash_attention_forward"
+    for (const exec_log::Event& e : recording.events())
+      order.push_back(e.what == "wait" ? "wait " + e.op : e.what);
+    return fmt::format("{}", fmt::join(order, ", "));
+  };
+  const double waited = comm::wait_seconds();
+  EXPECT_EQ(ring_step(), "recv, send, flash_attention_forward, wait recv, wait send");
+  EXPECT_GE(comm::wait_seconds(), waited);
+  comm::set_overlap(false);
+  EXPECT_FALSE(comm::overlap());
+  const std::string baseline = ring_step();
+  comm::set_overlap(true);
+  EXPECT_EQ(baseline, "recv, send, wait recv, wait send, flash_attention_forward, wait recv, wait send");
+
+  EXPECT_EQ(trace::acquire_comm_lane(), 0);
+  EXPECT_EQ(trace::acquire_comm_lane(), 1);
+  trace::release_comm_lane(0);
+  EXPECT_EQ(trace::acquire_comm_lane(), 0);  // the lowest free one
+  trace::release_comm_lane(0);
+  trace::release_comm_lane(1);
 }
