@@ -49,7 +49,7 @@ void record_piece(const char* what, const void* object) {
 }
 
 void record_comm(const char* what, const std::string& group, int peer, int tag,
-                 std::int64_t bytes) {
+                 std::int64_t bytes, std::int64_t seq) {
   if (!recording()) return;
   Event e;
   e.what = what;
@@ -57,7 +57,36 @@ void record_comm(const char* what, const std::string& group, int peer, int tag,
   e.peer = peer;
   e.tag = tag;
   e.bytes = bytes;
+  e.seq = seq;
   append(std::move(e));
+}
+
+void record_wait(const char* op, const std::string& group, int peer, int tag, std::int64_t seq) {
+  if (!recording()) return;
+  Event e;
+  e.what = "wait";
+  e.op = op;
+  e.group = group;
+  e.peer = peer;
+  e.tag = tag;
+  e.seq = seq;
+  append(std::move(e));
+}
+
+namespace {
+std::atomic<bool> g_hooked{false};
+std::function<void()> g_hook;  // set while no compute runs (between steps), read by the caller
+}  // namespace
+
+void record_compute(const char* what) {
+  if (g_hooked.load(std::memory_order_acquire) && g_hook) g_hook();
+  record_piece(what, nullptr);
+}
+
+void set_compute_hook(std::function<void()> hook) {
+  g_hooked = false;
+  g_hook = std::move(hook);
+  g_hooked = static_cast<bool>(g_hook);
 }
 
 }  // namespace scalelab::exec_log

@@ -42,7 +42,25 @@ std::string escape(std::string_view s) {
   return out;
 }
 
+std::vector<bool> g_lanes;  // acquire_comm_lane: which comm lanes are held (under g_mutex)
+
 }  // namespace
+
+int acquire_comm_lane() {
+  std::lock_guard lock(g_mutex);
+  for (std::size_t i = 0; i < g_lanes.size(); ++i)
+    if (!g_lanes[i]) {
+      g_lanes[i] = true;
+      return static_cast<int>(i);
+    }
+  g_lanes.push_back(true);
+  return static_cast<int>(g_lanes.size()) - 1;
+}
+
+void release_comm_lane(int lane) {
+  std::lock_guard lock(g_mutex);
+  if (lane >= 0 && lane < static_cast<int>(g_lanes.size())) g_lanes[lane] = false;
+}
 
 void enable(const std::string& path) {
   std::lock_guard lock(g_mutex);
@@ -105,6 +123,11 @@ std::size_t finish() {
         "{{\"ph\":\"M\",\"pid\":{0},\"tid\":0,\"name\":\"thread_name\",\"args\":{{\"name\":\"compute\"}}}},\n"
         "{{\"ph\":\"M\",\"pid\":{0},\"tid\":1,\"name\":\"thread_name\",\"args\":{{\"name\":\"comm\"}}}},\n",
         rank);
+  int tracks = kComm;  // the comm lanes beyond the first, named "comm 2", "comm 3", ...
+  for (auto& e : events) tracks = std::max(tracks, e.track);
+  for (int t = kComm + 1; t <= tracks; ++t)
+    mine += fmt::format("{{\"ph\":\"M\",\"pid\":{},\"tid\":{},\"name\":\"thread_name\","
+                        "\"args\":{{\"name\":\"comm {}\"}}}},\n", rank, t, t - kComm + 1);
   for (auto& e : events) {
     mine += fmt::format(
         "{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"

@@ -7,8 +7,11 @@
 ///   { trace::Scope s("forward"); ... }       // one event from construction to destruction
 ///   trace::finish();                          // collective: rank 0 writes run.json
 ///
-/// Every collective of common/comm appears on its own track (tid 1, "comm") with its bytes,
-/// group and sequence number; compute scopes go on tid 0. When tracing is off, Scope costs one
+/// Every operation of common/comm appears on a comm track (tid 1, "comm", and tids 2, 3, ...
+/// "comm 2", ... while several are in flight at once: a send and a recv of a ring step) from
+/// its submission to its completion, with its bytes, group and sequence number; compute scopes
+/// go on tid 0, and so does each wait on an operation ("wait recv": the time the caller was
+/// blocked, the communication it did not hide). When tracing is off, Scope costs one
 /// branch. Timestamps are CLOCK_MONOTONIC microseconds, shifted so the earliest event of the job
 /// is 0 (ranks on one node share that clock; across nodes the offsets are only approximate).
 #include <cstdint>
@@ -19,6 +22,12 @@ namespace scalelab::trace {
 
 /// Track ids inside a rank's process: compute (the calling thread) and communication.
 enum Track : int { kCompute = 0, kComm = 1 };
+
+/// A comm track for an operation in flight: the lowest lane (0, 1, ...) no other operation
+/// holds; its events go on track kComm + lane. Released when the operation completes.
+/// (Communicator only.) Thread-safe.
+int acquire_comm_lane();
+void release_comm_lane(int lane);
 
 /// Starts recording on this rank. `path` is where finish() writes the merged trace (rank 0).
 void enable(const std::string& path);

@@ -3,8 +3,11 @@
 #include "common/comm/communicator.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -65,9 +68,12 @@ void Op::complete(std::exception_ptr error) {
   in = Tensor();
   out = Tensor();
   if (watchdog_token) watchdog::leave(watchdog_token);
-  if (trace_begin_us >= 0)
-    trace::event(op_kind_name(kind), "comm", trace_begin_us, trace::now_us(), trace::kComm,
+  if (trace_begin_us >= 0) {
+    trace::event(op_kind_name(kind), "comm", trace_begin_us, trace::now_us(),
+                 trace::kComm + trace_lane,
                  fmt::format("\"bytes\":{},\"group\":\"{}\",\"seq\":{}", bytes, group, seq));
+    trace::release_comm_lane(trace_lane);
+  }
   {
     std::lock_guard lock(mutex_);
     done_ = true;
@@ -127,10 +133,54 @@ const char* reduce_op_name(ReduceOp op) {
 void set_check_matching(bool on) { g_check = on; }
 bool check_matching() { return g_check; }
 
+namespace {
+std::atomic<std::int64_t> g_waited_ns{0};  // wait_seconds()
+
+// set_overlap(false): the operations submitted since the last compute kernel, waited for
+// before the next one (exec_log's compute hook).
+std::atomic<bool> g_overlap{true};
+std::mutex g_unwaited_mutex;
+std::vector<Work> g_unwaited;
+}  // namespace
+
+double wait_seconds() { return static_cast<double>(g_waited_ns.load()) * 1e-9; }
+
+void set_overlap(bool on) {
+  g_overlap = on;
+  if (on) {
+    exec_log::set_compute_hook({});
+    std::lock_guard lock(g_unwaited_mutex);
+    g_unwaited.clear();
+  } else {
+    exec_log::set_compute_hook([] {
+      std::vector<Work> works;
+      {
+        std::lock_guard lock(g_unwaited_mutex);
+        works.swap(g_unwaited);
+      }
+      wait_all(works);
+    });
+  }
+}
+bool overlap() { return g_overlap; }
+
 void Work::wait() {
   if (!op_) return;
+  // What the caller waits for, in the execution log (in order with the compute it overlapped)
+  // and in the trace: a span on the compute track from the call to the return, the exposed
+  // part of the operation (its own span on a comm track runs from submission to completion).
+  exec_log::record_wait(detail::op_kind_name(op_->kind), op_->group, op_->world_peer, op_->tag,
+                        op_->seq);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double trace_t0 = trace::enabled() ? trace::now_us() : -1;
   if (op_->flush) op_->flush();
   op_->wait();
+  g_waited_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - t0).count();
+  if (trace_t0 >= 0)
+    trace::event(fmt::format("wait {}", detail::op_kind_name(op_->kind)), "comm wait", trace_t0,
+                 trace::now_us(), trace::kCompute,
+                 fmt::format("\"group\":\"{}\",\"seq\":{}", op_->group, op_->seq));
 }
 
 bool Work::test() {
@@ -256,7 +306,10 @@ Work Communicator::submit(std::shared_ptr<Op> op) const {
     detail = "root " + who(op->root);
   op->watchdog_token = watchdog::enter(s.watchdog_group, detail::op_kind_name(op->kind), op->seq,
                                        op->bytes, !p2p, detail, p2p ? op->peer : -1);
-  if (trace::enabled()) op->trace_begin_us = trace::now_us();
+  if (trace::enabled()) {
+    op->trace_begin_us = trace::now_us();
+    op->trace_lane = trace::acquire_comm_lane();  // overlapping operations: separate tracks
+  }
   // Communication accounting: every operation the user submits, here and nowhere else (split is
   // structural, not traffic).
   if (op->kind != OpKind::split) {
@@ -265,12 +318,19 @@ Work Communicator::submit(std::shared_ptr<Op> op) const {
     const bool rooted = op->kind == OpKind::reduce || op->kind == OpKind::broadcast ||
                         op->kind == OpKind::scatter || op->kind == OpKind::gather;
     const int peer = p2p ? s.world_ranks[op->peer] : rooted ? s.world_ranks[op->root] : -1;
+    op->world_peer = peer;
     detail::count_op(s.name, s.world_ranks, op->kind, reduction ? reduce_op_name(op->reduce) : "",
                      peer, op->bytes);
-    exec_log::record_comm(detail::op_kind_name(op->kind), s.name, peer, op->tag, op->bytes);
+    exec_log::record_comm(detail::op_kind_name(op->kind), s.name, peer, op->tag, op->bytes,
+                          op->seq);
   }
   target->submit(op);
-  return Work(op);
+  Work work(op);
+  if (!g_overlap.load() && op->kind != OpKind::split) {
+    std::lock_guard lock(g_unwaited_mutex);
+    g_unwaited.push_back(work);
+  }
+  return work;
 }
 
 // ---- the operations ----------------------------------------------------------------------------

@@ -72,6 +72,21 @@ class Work {
 /// Waits for every work in `works` (in order).
 void wait_all(std::vector<Work>& works);
 
+/// Seconds this process has spent blocked in Work::wait (and in the blocking calls, which wait
+/// on their own Work), over every thread and group, since the start: the communication a caller
+/// did not hide. A lab reads the difference over a region (lab 11's overlap table).
+double wait_seconds();
+
+/// The no-overlap baseline. Off (`overlap` false): every operation submitted is waited for
+/// before the next compute kernel of the library that labs overlap with communication
+/// (exec_log::record_compute: flash attention, the attention merge), so a transfer posted
+/// before a block's compute is finished before that compute starts: the same program, its
+/// transfers never in flight while it computes. On (the default): nothing is waited for early.
+/// Not thread-safe against running compute: switch between steps.
+void set_overlap(bool overlap);
+/// Whether set_overlap is on (the default).
+bool overlap();
+
 /// When on, every collective first checks that all ranks called the same collective with the
 /// same element count, dtype and root, and fails with a clear error on every rank otherwise
 /// (instead of a hang or silent garbage). Costs one small all-gather per collective: on in tests

@@ -44,6 +44,8 @@ struct Op {
   // Bookkeeping set by the Communicator before submission.
   std::uint64_t watchdog_token = 0;
   double trace_begin_us = -1;
+  int trace_lane = -1;      // which comm track of the trace it occupies while in flight
+  int world_peer = -1;      // the peer or root as a world rank (execution log)
   /// Called by Work::wait/test before looking at `done` (the nccl backend launches grouped
   /// point-to-point operations then).
   std::function<void()> flush;

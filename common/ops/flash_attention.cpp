@@ -1,7 +1,9 @@
 // Dispatch of flash attention: check shapes, dtypes and devices once, then call the backend.
 #include "common/ops/flash_attention.hpp"
 
+#include "common/exec_log.hpp"
 #include "common/ops/fused_backend.hpp"
+#include "common/trace.hpp"
 #include "common/ops/work.hpp"
 
 namespace scalelab::ops {
@@ -41,6 +43,9 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
   check_qkv_like("flash_attention_forward", q, {&q, &k, &v, &out});
   check_lse("flash_attention_forward", lse, q);
   count_attention(q.size(0), q.size(1), causal);
+  // Compute a lab overlaps with communication (lab 11's ring blocks): logged, hooked, traced.
+  exec_log::record_compute("flash_attention_forward");
+  trace::Scope span("flash_attention_forward");
   if (q.device().is_cpu()) cpu::flash_attention_forward(out, lse, q, k, v, scale, causal);
   else cuda::flash_attention_forward(out, lse, q, k, v, scale, causal);
 }
@@ -51,6 +56,8 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
   check_qkv_like("flash_attention_backward", q, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   check_lse("flash_attention_backward", lse, q);
   count_attention(q.size(0), q.size(1), causal);
+  exec_log::record_compute("flash_attention_backward");
+  trace::Scope span("flash_attention_backward");
   if (q.device().is_cpu())
     cpu::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
   else cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
@@ -60,6 +67,8 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
   check_qkv_like("attention_merge", out, {&out, &out_b});
   check_lse("attention_merge", lse, out);
   check_lse("attention_merge", lse_b, out);
+  exec_log::record_compute("attention_merge");
+  trace::Scope span("attention_merge");
   if (out.device().is_cpu()) cpu::attention_merge(out, lse, out_b, lse_b);
   else cuda::attention_merge(out, lse, out_b, lse_b);
 }

@@ -7,6 +7,7 @@
 
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
+#include "common/trace.hpp"
 #include "context_parallel.hpp"
 
 namespace scalelab::lab11 {
@@ -45,6 +46,9 @@ class ContextParallel final : public nn::Mappings {
       return all_to_all_attention_forward(y, q, k, v, n_head_, scale, cp_, kept);
     const Tensor qc = to_chunks(q), kv = pack_kv(k, v);  // (2, BH, c, hs), (2, 2, BH, c, hs)
     Tensor yc = Tensor::empty(qc.shape(), qc.dtype(), qc.device());
+    // --trace: the ring as one span, its blocks' flash attention and the waits inside it
+    // (compute track), its sends and recvs on the comm tracks.
+    trace::Scope span("ring_attention_forward");
     Tensor lse = ring_attention_forward(yc, qc, kv, scale, cp_);
     from_chunks(y, yc);
     return lse;
@@ -60,6 +64,7 @@ class ContextParallel final : public nn::Mappings {
     const Tensor qc = to_chunks(q), kv = pack_kv(k, v), yc = to_chunks(y), dyc = to_chunks(dy);
     Tensor dqc = Tensor::empty(qc.shape(), qc.dtype(), qc.device());
     Tensor dkv = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
+    trace::Scope span("ring_attention_backward");
     ring_attention_backward(dqc, dkv, dyc, qc, kv, yc, lse, scale, cp_);
     from_chunks(dq, dqc);
     from_chunks(dk, kv_part(dkv, 0));

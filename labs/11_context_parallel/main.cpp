@@ -4,15 +4,21 @@
 // single-device twin (same seed, same global batches, the whole sequence on one device) for the
 // first --twin-steps steps and prints both losses. Then one measured step: the bytes each rank
 // sent for attention and the activations it held, beside the formulas, and the causal work of
-// every rank under the zig-zag split beside the contiguous one.
+// every rank under the zig-zag split beside the contiguous one. With --overlap it trains nothing
+// and measures instead how much of the ring's communication its blocks' compute hides.
 //
 //   ./scalelab run 11 -n 4 -- --cp 4                        # your code on 4 ranks
 //   ./scalelab run 11 --solution -n 4 -- --cp 4 --attention all-to-all
+//   ./scalelab run 11 --solution -n 4 -- --cp 4 --overlap   # the overlap table
+//   ./scalelab run 11 --solution -n 4 -- --cp 4 --trace cp.json   # Perfetto: blocks vs messages
 #include <algorithm>
+#include <cmath>
 #include <memory>
+#include <random>
 
 #include "common/allocator.hpp"
 #include "common/cli.hpp"
+#include "common/comm/communicator.hpp"
 #include "common/comm/stats.hpp"
 #include "common/device.hpp"
 #include "common/errors.hpp"
@@ -23,6 +29,7 @@
 #include "common/data/sampler.hpp"
 #include "common/train/loop.hpp"
 #include "common/train/sizing.hpp"
+#include "common/trace.hpp"
 #include "context_parallel.hpp"
 
 using namespace scalelab;
@@ -31,6 +38,142 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 std::string mib(double bytes) { return fmt::format("{:.3f}", bytes / kMiB); }
+
+// ---- --overlap: how much of the ring's communication the blocks' compute hides -----------------
+
+Tensor uniform(const std::vector<int64_t>& shape, uint64_t seed, DType dtype, Device device) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<double> v(n);
+  for (double& x : v) x = u(gen);
+  return Tensor::from_vector(v, shape, dtype).to(device);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The ring's transfers with no compute: `per_step` block-sized messages round the ring at each
+// of cp-1 steps (each: recv from r-1 posted, send to r+1, both waited), then `last_hops` more
+// (the backward's dK/dV home). Milliseconds.
+double transfers_alone_ms(comm::Communicator& cp, const Tensor& block, int per_step, int last_hops) {
+  const int n = cp.size(), r = cp.rank();
+  Tensor in = Tensor::empty(block.shape(), block.dtype(), block.device());
+  cp.barrier();
+  const double t0 = trace::now_us();
+  const int messages = (n - 1) * per_step + (n > 1 ? last_hops : 0);
+  for (int m = 0; m < messages; ++m) {
+    comm::Work got = cp.recv_async(in, (r - 1 + n) % n, m % 2);
+    comm::Work sent = cp.send_async(block, (r + 1) % n, m % 2);
+    got.wait();
+    sent.wait();
+  }
+  device_synchronize(block.device());
+  return (trace::now_us() - t0) / 1e3;
+}
+
+// One pass (forward or backward) timed: wall time and the time this rank was blocked in waits.
+struct Timed {
+  double total_ms = 0, waited_ms = 0;
+};
+template <class F>
+Timed timed(comm::Communicator& cp, const Device& device, F&& pass) {
+  cp.barrier();
+  const double w0 = comm::wait_seconds(), t0 = trace::now_us();
+  pass();
+  device_synchronize(device);
+  return {(trace::now_us() - t0) / 1e3, (comm::wait_seconds() - w0) * 1e3};
+}
+
+// Per pass (forward, backward) and mode (overlapped, no overlap): the medians of total, compute
+// (total - waiting) and exposed (waiting) ms; per pass the same transfers alone.
+struct OverlapRow {
+  double total, compute, exposed;
+};
+
+ExitCode measure_overlap(comm::Communicator& cp, const ModelConfig& config, int64_t B, int64_t T,
+                    DType dtype, const Device& device, int reps) {
+  const int n = cp.size(), r = cp.rank();
+  const int64_t NH = config.n_head, hs = config.n_embd / config.n_head, c = T / (2 * n);
+  const int64_t BH = B * NH;
+  // One layer's attention at the run's shape, in the ring's chunk-major layout.
+  const Tensor q = uniform({2, BH, c, hs}, 11 + r, dtype, device);
+  const Tensor kv = uniform({2, 2, BH, c, hs}, 23 + r, dtype, device);
+  const Tensor dy = uniform({2, BH, c, hs}, 37 + r, dtype, device);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  Tensor y = Tensor::empty(q.shape(), dtype, device), lse;
+  Tensor dq = Tensor::empty(q.shape(), dtype, device), dkv = Tensor::empty(kv.shape(), dtype, device);
+  std::vector<double> samples[2][2][2];  // [pass][mode: 0 overlapped, 1 none][total, waited]
+  std::vector<double> alone[2];
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
+    for (int mode = 0; mode < 2; ++mode) {  // interleaved, so drift hits both alike
+      comm::set_overlap(mode == 0);
+      const Timed f = timed(cp, device, [&] { lse = lab11::ring_attention_forward(y, q, kv, scale, cp); });
+      const Timed b = timed(cp, device, [&] {
+        lab11::ring_attention_backward(dq, dkv, dy, q, kv, y, lse, scale, cp);
+      });
+      comm::set_overlap(true);
+      if (rep < 0) continue;
+      for (const auto& [pass, t] : {std::pair{0, f}, {1, b}}) {
+        samples[pass][mode][0].push_back(t.total_ms);
+        samples[pass][mode][1].push_back(t.waited_ms);
+      }
+    }
+    const double fa = transfers_alone_ms(cp, kv, 1, 0), ba = transfers_alone_ms(cp, kv, 2, 1);
+    if (rep < 0) continue;
+    alone[0].push_back(fa);
+    alone[1].push_back(ba);
+  }
+  // Every rank's medians to rank 0: per pass, per mode: total, waited; per pass: alone.
+  std::vector<double> mine;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int mode = 0; mode < 2; ++mode)
+      for (int k = 0; k < 2; ++k) mine.push_back(median(samples[pass][mode][k]));
+    mine.push_back(median(alone[pass]));
+  }
+  const int64_t width = static_cast<int64_t>(mine.size());
+  const Tensor row = Tensor::from_vector(mine, {width}, DType::f64);
+  Tensor all = Tensor::empty({n * width}, DType::f64);
+  cp.all_gather(row, all);
+  if (r != 0) return kExitOk;
+  const std::vector<double> v = all.to_vector();
+  log::info("ring attention overlap: one layer's attention of model {}, B {} x {} heads, T {} "
+            "(T/cp = {} rows per rank, chunks of {}), head size {}, {}; K/V block {} KiB; median "
+            "of {} reps, ms", config.name, B, NH, T, T / n, c, hs, dtype_name(dtype),
+            kv.nbytes() / 1024, reps);
+  log::info("  exposed: time blocked in waits (comm::wait_seconds); compute: total - exposed; "
+            "alone: the same messages round the ring with no compute; hidden = 1 - exposed / alone");
+  log::info("  no overlap: the same ring, each transfer waited for before the next block computes "
+            "(comm::set_overlap(false))");
+  log::info("{:>5} {:<9} {:<11} {:>9} {:>9} {:>9} {:>9} {:>7}", "rank", "pass", "mode", "total",
+            "compute", "exposed", "alone", "hidden");
+  const auto print = [&](const std::string& who, int k, int pass, int mode) {
+    const double* p = &v[k * width + pass * 5];
+    const double total = p[mode * 2], waited = p[mode * 2 + 1], solo = p[4];
+    const double hidden = solo > 0 ? std::clamp(1 - waited / solo, 0.0, 1.0) : 0.0;
+    log::info("{:>5} {:<9} {:<11} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>6.0f}%", who,
+              pass == 0 ? "forward" : "backward", mode == 0 ? "overlapped" : "no overlap", total,
+              total - waited, waited, solo, 100 * hidden);
+  };
+  for (int k = 0; k < n; ++k)
+    for (int pass = 0; pass < 2; ++pass)
+      for (int mode = 0; mode < 2; ++mode) print(std::to_string(k), k, pass, mode);
+  // A rank's waits also hold its neighbours' lateness (their compute, or no core to run on):
+  // imbalance, not communication. The rank that waits least bounds what is left (as lab 04).
+  log::info("the rank that waits least (its waits are the least imbalance):");
+  for (int pass = 0; pass < 2; ++pass)
+    for (int mode = 0; mode < 2; ++mode) {
+      int least = 0;
+      for (int k = 1; k < n; ++k)
+        if (v[k * width + pass * 5 + mode * 2 + 1] < v[least * width + pass * 5 + mode * 2 + 1])
+          least = k;
+      print(fmt::format("min {}", least), least, pass, mode);
+    }
+  return kExitOk;
+}
 
 }  // namespace
 
@@ -48,7 +191,11 @@ int main(int argc, char** argv) {
          cxxopts::value<int64_t>()->default_value("0"))
         ("twin-steps", "rank 0 also runs the single-device model for this many steps and "
                        "prints both losses (0: off)",
-         cxxopts::value<int64_t>()->default_value("2"));
+         cxxopts::value<int64_t>()->default_value("2"))
+        ("overlap", "train nothing: measure the ring's overlap (forward and backward of one "
+                    "layer's attention, overlapped and not, and the transfers alone), per rank")
+        ("reps", "--overlap: measured repetitions (the median is printed)",
+         cxxopts::value<int>()->default_value("20"));
     const auto parsed = cli::parse(options, argc, argv);
     const auto run = cli::run_options(parsed);
     const auto opt = train::read_train_options(parsed);
@@ -66,6 +213,14 @@ int main(int argc, char** argv) {
     lab11::check_cp(cp, comm.size(), T, config.n_head, attention);
     config.block_size = T;  // the position table covers the long context
     const Device device = train::rank_device(run.device);
+    if (parsed.count("overlap")) {
+      const int reps = parsed["reps"].as<int>();
+      SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
+      SCALELAB_REQUIRE(attention == lab11::Attention::ring,
+                       "--overlap measures the ring: drop --attention {}",
+                       lab11::attention_name(attention));
+      return measure_overlap(comm, config, opt.batch, T, run.precision, device, reps);
+    }
     // Sized before anything is allocated: a rank's forward holds B rows of T/cp tokens (rank 0's
     // twin B rows of T), fused attention keeps no (T, T) probabilities. On a GPU the
     // activations are the GPU's, and only the batch is host memory. Too large: a usage error on

@@ -245,6 +245,7 @@ Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn:
       }
       continue;
     }
+    if (ev.what == "wait") continue;  // the caller waiting on a message, not a message
     if (v != 1 || ev.group != pp.name() || ev.bytes != message_bytes) continue;
     if (ev.what == "send" && ev.peer == next && next >= 0) actions.push_back(fmt::format("sA{}", sA++));
     else if (ev.what == "recv" && ev.peer == prev && prev >= 0) actions.push_back(fmt::format("rA{}", rA++));

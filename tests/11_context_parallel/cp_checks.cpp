@@ -1,6 +1,9 @@
 // The grader's reference ring (and its planted variants): see cp_checks.hpp.
 #include "tests/11_context_parallel/cp_checks.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 namespace cptest {
 
 namespace {
@@ -68,6 +71,7 @@ Tensor reference_ring_forward(Tensor& y, const Tensor& q, const Tensor& kv, doub
       got = cp.recv_async(next, (r - 1 + n) % n);
       sent = cp.send_async(cur, (r + 1) % n);
     }
+    if (variant == Variant::waits_first && s + 1 < n) got.wait(), sent.wait();  // planted
     use(cur, (r - s + n) % n);
     if (s + 1 < n) {
       got.wait(), sent.wait();
@@ -87,6 +91,42 @@ std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_
   return fmt::format("sent {} bytes in {} messages (and {} other operations); want {} K/V "
                      "blocks of {} bytes = {} bytes, by send/recv alone",
                      sends.bytes, sends.calls, other, blocks, kv_bytes, want);
+}
+
+std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
+                            std::size_t kv_bytes, int64_t blocks) {
+  const auto is_compute = [](const exec_log::Event& e) {
+    return e.object == nullptr && e.what.rfind("flash_attention", 0) == 0;
+  };
+  int64_t received = 0, overlapped = 0;
+  std::vector<std::string> seen;
+  for (std::size_t i = 0; i < log.size(); ++i) {
+    const exec_log::Event& post = log[i];
+    if (post.what != "recv" || post.group != cp.name() ||
+        post.bytes != static_cast<std::int64_t>(kv_bytes))
+      continue;
+    ++received;
+    bool computed = false;  // a block's compute started since the post ...
+    std::size_t w = i + 1;
+    for (; w < log.size(); ++w) {
+      const exec_log::Event& e = log[w];
+      if (e.what == "wait" && e.op == "recv" && e.group == post.group && e.seq == post.seq) break;
+      computed = computed || is_compute(e);
+    }
+    if (w == log.size()) {
+      seen.push_back(fmt::format("recv #{} never waited for", post.seq));
+    } else if (computed) {  // ... before the first wait for it
+      ++overlapped;
+    } else {
+      seen.push_back(fmt::format("recv #{} waited for before any block computed", post.seq));
+    }
+  }
+  if (overlapped >= blocks) return "";
+  return fmt::format("{} of {} K/V block receives were in flight while a block computed (posted "
+                     "before a flash attention, waited for after it started); want at least {}: "
+                     "post the next block's recv (and send this one), compute, then wait{}{}",
+                     overlapped, received, blocks, seen.empty() ? "" : ". Seen: ",
+                     fmt::format("{}", fmt::join(seen, "; ")));
 }
 
 }  // namespace cptest

@@ -1,14 +1,17 @@
 #pragma once
 // What lab 11's graders share: random attention inputs of the whole sequence (the same on every
 // rank), the single-device flash attention on them, the grader's OWN zig-zag rows (so steps 2-4
-// are graded without the attendee's step 1), a reference ring forward with two planted variants
-// (an all-gather instead of the ring; no causal skip), and the single-device GPT twin.
+// are graded without the attendee's step 1), a reference ring forward with three planted variants
+// (an all-gather instead of the ring; no causal skip; each block waited for before computing),
+// the overlap check on the execution log, and the single-device GPT twin.
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/allocator.hpp"
+#include "common/comm/communicator.hpp"
 #include "common/comm/stats.hpp"
+#include "common/exec_log.hpp"
 #include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 #include "common/ops/work.hpp"
@@ -106,8 +109,11 @@ inline Mine mine(const Full& f, int cp, int rank) {
 inline double rtol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-5; }
 inline double atol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-6; }
 
-/// How a test ring gets the other blocks, and whether it skips the fully masked ones.
-enum class Variant { ring, all_gather, no_causal_skip };
+/// How a test ring gets the other blocks, whether it skips the fully masked ones, and whether the
+/// next block travels while this one is computed (waits_first: the next block's recv and this
+/// block's send are posted, then waited for at once, then the block is computed: right numbers,
+/// no overlap).
+enum class Variant { ring, all_gather, no_causal_skip, waits_first };
 
 /// A reference ring forward (Variant::ring), and the planted wrong techniques. Same contract as
 /// lab11::ring_attention_forward.
@@ -116,5 +122,23 @@ Tensor reference_ring_forward(Tensor& y, const Tensor& q, const Tensor& kv, doub
 
 /// "" when rank's sends of one call were exactly `blocks` messages of kv_bytes, else what was.
 std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_t kv_bytes);
+
+/// "" when at least `blocks` receives of a K/V block (kv_bytes, on cp's group) were in flight
+/// while this rank computed a block: posted before a block's flash attention started, and first
+/// waited for after it started. From the library's execution log (exec_log.hpp: submissions,
+/// waits and compute kernels of this process, in program order), never from timings: a receive
+/// that happens to finish early still counts (its wait came after the compute started), and a
+/// ring that waits before it computes never does, however fast its messages. Else what was seen.
+std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
+                            std::size_t kv_bytes, int64_t blocks);
+
+/// The library's no-overlap baseline while alive (comm::set_overlap(false)), restored on exit
+/// even when the code under test throws.
+struct NoOverlap {
+  NoOverlap() { comm::set_overlap(false); }
+  ~NoOverlap() { comm::set_overlap(true); }
+  NoOverlap(const NoOverlap&) = delete;
+  NoOverlap& operator=(const NoOverlap&) = delete;
+};
 
 }  // namespace cptest

@@ -6,9 +6,15 @@
 //    (the one in use and the one arriving), plus the merge's scratch (one query chunk's output
 //    and log-sum-exps: under half a block);
 //  - work (work_stats().attention_pairs): exactly 1/cp of the single device's causal score pairs,
-//    so the fully masked blocks were skipped and the zig-zag balance holds.
+//    so the fully masked blocks were skipped and the zig-zag balance holds;
+//  - overlap (the execution log, exec_log.hpp: submissions, waits and flash attention calls in
+//    program order): each of the cp-1 K/V receives posted before a block's compute started and
+//    first waited for after it started, i.e. in flight while the block computed. Order, never
+//    durations: the check cannot flake with the machine's load.
 // Planted: an all-gather of every block (bytes and memory fail), a ring that computes the masked
-// blocks too (work fails).
+// blocks too (work fails), a ring that waits for each transfer before computing (right numbers,
+// no overlap: the overlap check fails), and the library's no-overlap baseline
+// (comm::set_overlap(false), what the program's overlap table compares with) on the reference ring.
 #include <gtest/gtest.h>
 
 #include "tests/11_context_parallel/cp_checks.hpp"
@@ -36,6 +42,7 @@ struct RingRun {
   comm::CommStats did;
   std::size_t peak_extra = 0, kv_bytes = 0;
   int64_t pairs = 0, single_pairs = 0;
+  std::vector<exec_log::Event> log;
 };
 
 RingRun run(const Forward& forward, DType dt, comm::Communicator& cp) {
@@ -53,7 +60,11 @@ RingRun run(const Forward& forward, DType dt, comm::Communicator& cp) {
   const std::size_t before = memory_stats(cpu).current;
   const comm::CommStats stats = comm::comm_stats();
   const ops::WorkCount work = ops::work_stats();
-  r.lse = forward(r.y, r.want.q, r.want.kv, full.scale, cp);
+  {
+    exec_log::Recording recording;
+    r.lse = forward(r.y, r.want.q, r.want.kv, full.scale, cp);
+    r.log = recording.events();
+  }
   r.peak_extra = memory_stats(cpu).peak - before;
   r.did = comm::comm_stats() - stats;
   r.pairs = (ops::work_stats() - work).attention_pairs;
@@ -82,6 +93,12 @@ testing::AssertionResult work_ok(const RingRun& r, int n) {
                                      << " of the single device's causal " << r.single_pairs
                                      << " is " << r.single_pairs / n
                                      << " (masked blocks skipped, zig-zag balance)";
+}
+
+testing::AssertionResult overlap_ok(const RingRun& r, const comm::Communicator& cp) {
+  const std::string p = cptest::overlap_problem(r.log, cp, r.kv_bytes, cp.size() - 1);
+  if (p.empty()) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "ring forward: " << p;
 }
 
 void output_matches(DType dt) {
@@ -114,6 +131,12 @@ TEST(Step2_Ring, SkipsMaskedBlocksAndIsBalanced) {
   EXPECT_TRUE(work_ok(r, cp.size()));
 }
 
+TEST(Step2_Ring, NextBlockInFlightWhileABlockComputes) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(attendee(), DType::f32, cp);
+  EXPECT_TRUE(overlap_ok(r, cp));
+}
+
 // The reference passes every check (so they can pass), and each plant fails its own.
 TEST(Step2_PlantedFault, ReferenceRingPassesTheChecks) {
   comm::Communicator cp = labtest::new_world();
@@ -122,6 +145,7 @@ TEST(Step2_PlantedFault, ReferenceRingPassesTheChecks) {
   EXPECT_TRUE(bytes_ok(r, cp.size()));
   EXPECT_TRUE(memory_ok(r, cp.size()));
   EXPECT_TRUE(work_ok(r, cp.size()));
+  EXPECT_TRUE(overlap_ok(r, cp));
 }
 
 TEST(Step2_PlantedFault, AllGatherOfEveryBlockFails) {
@@ -137,4 +161,25 @@ TEST(Step2_PlantedFault, ForgottenCausalSkipFailsTheWorkCount) {
   const RingRun r = run(reference(Variant::no_causal_skip), DType::f32, cp);
   EXPECT_TRUE(labtest::close_on_every_rank(r.y, r.want.y, 1e-5, 1e-6));
   EXPECT_FALSE(work_ok(r, cp.size()));
+}
+
+TEST(Step2_PlantedFault, WaitingForEachBlockBeforeComputingFailsTheOverlap) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(reference(Variant::waits_first), DType::f32, cp);
+  EXPECT_TRUE(labtest::close_on_every_rank(r.y, r.want.y, 1e-5, 1e-6));  // right numbers ...
+  EXPECT_TRUE(bytes_ok(r, cp.size()));                                    // ... the same ring ...
+  EXPECT_FALSE(overlap_ok(r, cp));                                        // ... no overlap
+}
+
+// The program's no-overlap baseline (comm::set_overlap(false): every transfer waited for before
+// the next compute kernel) turns the reference ring into one that fails the check.
+TEST(Step2_PlantedFault, TheLibrarysNoOverlapBaselineFailsTheOverlap) {
+  comm::Communicator cp = labtest::new_world();
+  RingRun r;
+  {
+    const cptest::NoOverlap baseline;
+    r = run(reference(Variant::ring), DType::f32, cp);
+  }
+  EXPECT_TRUE(labtest::close_on_every_rank(r.y, r.want.y, 1e-5, 1e-6));
+  EXPECT_FALSE(overlap_ok(r, cp));
 }

@@ -3,13 +3,18 @@
 //    step 2): dq and dK/dV of this rank's rows against the single device's flash backward (fp32
 //    1e-5 relative / 1e-6 absolute; bf16 3e-2: every block's gradient rounds before it is summed).
 //  - Bytes (comm_stats): K/V blocks cp-1 times, their dK/dV cp times (round the ring and home).
+//  - Overlap (the execution log, as step 2): the cp-1 K/V blocks' receives posted before a
+//    block's compute started and first waited for after it started (the dK/dV that follow a
+//    block need its compute first, so only the K/V blocks are asked to overlap).
 //  - The whole model (needs step 2): the context-parallel GPT (the given mappings, the grader's
 //    positions and rows) against the single-device GPT with the same seed and global batch, loss
 //    and every gradient after the all-reduce: fp32 1e-5 relative (the loss) and kAllReduceRtol /
 //    kAllReduceAtol (gradients); bf16 2e-3 of the loss and 3e-2 of the largest gradient (as labs
 //    07 and 10).
 // Planted: dK/dV that do not travel (each rank keeps what it computed for the blocks it saw and
-// its own block's gradient is only its own queries' share) fail the gradient check.
+// its own block's gradient is only its own queries' share) fail the gradient check; the same
+// backward under the library's no-overlap baseline (comm::set_overlap(false): each transfer
+// waited for before the next block computes; right gradients) fails the overlap check.
 #include <gtest/gtest.h>
 
 #include "common/data/sampler.hpp"
@@ -25,6 +30,7 @@ struct Grads {
   Tensor dq, dkv;
   cptest::Mine want;
   comm::CommStats did;
+  std::vector<exec_log::Event> log;
 };
 
 using Backward = std::function<void(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -41,7 +47,11 @@ Grads run(const Backward& backward, DType dt, comm::Communicator& cp) {
   g.dkv = Tensor::empty(g.want.kv.shape(), dt);
   cp.barrier();
   const comm::CommStats before = comm::comm_stats();
-  backward(g.dq, g.dkv, g.want.dy, g.want.q, g.want.kv, y, lse, full.scale, cp);
+  {
+    exec_log::Recording recording;
+    backward(g.dq, g.dkv, g.want.dy, g.want.q, g.want.kv, y, lse, full.scale, cp);
+    g.log = recording.events();
+  }
   g.did = comm::comm_stats() - before;
   return g;
 }
@@ -118,6 +128,13 @@ TEST(Step3_Ring, SendsEachBlockAndItsGradient) {
   EXPECT_EQ(p, "") << "ring backward: K/V blocks " << n - 1 << " times and dK/dV " << n << " times";
 }
 
+TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {
+  comm::Communicator cp = labtest::new_world();
+  const Grads g = run(lab11::ring_attention_backward, DType::f32, cp);
+  const std::string p = cptest::overlap_problem(g.log, cp, g.want.kv.nbytes(), cp.size() - 1);
+  EXPECT_EQ(p, "") << "ring backward";
+}
+
 TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) { model_matches(DType::f32); }
 TEST(Step3_Model, LossAndGradientsEqualSingleDeviceBf16) { model_matches(DType::bf16); }
 
@@ -125,4 +142,15 @@ TEST(Step3_PlantedFault, DkDvThatDoNotTravelFail) {
   comm::Communicator cp = labtest::new_world();
   const Grads g = run(local_dkv_only, DType::f32, cp);
   EXPECT_FALSE(labtest::close_on_every_rank(g.dkv, g.want.dkv, 1e-5, 1e-6));
+}
+
+TEST(Step3_PlantedFault, WaitingForEachBlockBeforeComputingFailsTheOverlap) {
+  comm::Communicator cp = labtest::new_world();
+  Grads g;
+  {
+    const cptest::NoOverlap baseline;
+    g = run(lab11::ring_attention_backward, DType::f32, cp);
+  }
+  EXPECT_TRUE(labtest::close_on_every_rank(g.dkv, g.want.dkv, 1e-5, 1e-6));  // right numbers
+  EXPECT_NE(cptest::overlap_problem(g.log, cp, g.want.kv.nbytes(), cp.size() - 1), "");
 }

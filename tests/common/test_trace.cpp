@@ -44,11 +44,14 @@ TEST(Trace, RankZeroMergesEveryRanksEvents) {
   EXPECT_FALSE(trace::enabled());
   if (world_rank() == 0) {
     std::string json = slurp(path);
-    EXPECT_EQ(n, 2u * world_size());
+    EXPECT_EQ(n, 3u * world_size());  // forward, the all_reduce, and the wait for it
     EXPECT_EQ(json.rfind("{\"displayTimeUnit\"", 0), 0u) << json.substr(0, 80);
     EXPECT_EQ(count(json, "\"name\":\"forward\""), world_size()) << json;
     EXPECT_EQ(count(json, "\"name\":\"all_reduce\",\"cat\":\"comm\""), world_size()) << json;
     EXPECT_EQ(count(json, "\"bytes\":400,\"group\":\"world\""), world_size()) << json;
+    // The caller blocked in the all_reduce: a span on its compute track (tid 0).
+    EXPECT_EQ(count(json, "\"name\":\"wait all_reduce\",\"cat\":\"comm wait\",\"ph\":\"X\""),
+              world_size()) << json;
     for (int r = 0; r < world_size(); ++r)
       EXPECT_NE(json.find(fmt::format("\"ph\":\"X\",\"pid\":{},\"tid\":1", r)), std::string::npos)
           << "no comm event of rank " << r;
