@@ -27,6 +27,7 @@ enum Track : int { kCompute = 0, kComm = 1 };
 /// holds; its events go on track kComm + lane. Released when the operation completes.
 /// (Communicator only.) Thread-safe.
 int acquire_comm_lane();
+/// Gives `lane` back once its operation has completed (Communicator only). Thread-safe.
 void release_comm_lane(int lane);
 
 /// Starts recording on this rank. `path` is where finish() writes the merged trace (rank 0).
