@@ -163,19 +163,21 @@ if(SCALELAB_BUILD_TESTS)
                      DEPENDS ${lab10_reference} ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
                      COMMENT "planting a step 1 that calls comm::grid_coord and no step 2 into lab 10's reference"
                      VERBATIM)
-  set(lab10_given checkpoint.cpp grid_setup.cpp trainer3d.cpp planner_machine.cpp plan_search.cpp)
+  set(lab10_given checkpoint.cpp grid_setup.cpp trainer3d.cpp planner_machine.cpp plan_search.cpp
+                  cp_setup.cpp)
   list(TRANSFORM lab10_given PREPEND ${PROJECT_SOURCE_DIR}/labs/10_3d_parallel/)
   add_library(lab10_planted_impl STATIC ${planted_dir}/3d_parallel.cpp ${lab10_given})
   target_include_directories(lab10_planted_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/10_3d_parallel)
   target_link_libraries(lab10_planted_impl PUBLIC scalelab::common lab07_headers lab08_headers
-                        lab09_headers)
+                        lab09_headers lab11_headers)
   set(lab10_tests test_step1_grid.cpp grid3d_checks.cpp test_step3_step.cpp
                   test_step3_zero_sweep.cpp)
   list(TRANSFORM lab10_tests PREPEND ${PROJECT_SOURCE_DIR}/tests/10_3d_parallel/)
   add_executable(test_lab10_planted ${lab10_tests})
   target_link_libraries(test_lab10_planted PRIVATE lab10_planted_impl
                         lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
-                        lab09_zero_solution_impl scalelab::lab_testing scalelab::test_main)
+                        lab09_zero_solution_impl lab11_context_parallel_solution_impl
+                        scalelab::lab_testing scalelab::test_main)
   scalelab_undefined_symbols(test_lab10_planted lab10_planted_impl 3d_parallel.cpp)
   add_dependencies(lab10_reference test_lab10_planted)
   set(planted_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MPIEXEC_PREFLAGS}
