@@ -31,3 +31,23 @@ scalelab_add_planted_submissions(07 PLANTS ${PROJECT_SOURCE_DIR}/tests/07_tensor
   CASES "private_sum:1:2:Step1_Operators.GForwardSumsThePartialOutputsOverRanks on rank [0-9]: .*traffic outside the exact budget.*all_reduce\\(max\\)"
         "twice:2:2:Step2_ColumnParallel.EqualsTheSingleDeviceLinear on rank [0-9]: .*matmuls did"
         "vector_logits:4:2:Step4_CrossEntropy.EqualsTheFullCrossEntropyWithoutTheFullLogits on rank [0-9]: .*process heap grew")
+# The program with only the core written (the plant core_only of the same file: every function of
+# the optional steps 5 and 6 throws its starter's NotImplemented): it trains beside its twin, leaves
+# the sequence-parallel rows and the formula columns out of its table with a note naming the
+# step, and exits 0 on the core's twin check. About 2 s on 2 cores.
+if(SCALELAB_BUILD_TESTS)
+  add_executable(lab07_tensor_parallel_core_only ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
+  target_link_libraries(lab07_tensor_parallel_core_only PRIVATE lab07_planted_submission_impl)
+  add_dependencies(reference lab07_tensor_parallel_core_only)
+  set(lab07_core_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+      $<TARGET_FILE:lab07_tensor_parallel_core_only> ${MPIEXEC_POSTFLAGS} --model tiny --steps 2
+      --batch 4 --twin-steps 2 --reps 1 --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
+  list(JOIN lab07_core_cmd "|" lab07_core_cmd)
+  add_test(NAME lab07.program.core_only.np2
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${lab07_core_cmd}" -DEXPECT_CODE=0
+                   "-DEXPECT_REGEX=largest \\|loss - single-device loss\\| over the first 2 steps: [-+.e0-9]+ \\(within@@not in the table: the sequence-parallel rows: lab 07 step 5: .*README.md#step-5.* \\(an optional step: \\./scalelab grade 07 lists them\\)@@formula columns: - until step 6 \\(optional\\) is written"
+                   -DMAX_SECONDS=60 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(lab07.program.core_only.np2 PROPERTIES PROCESSORS 2 TIMEOUT 90
+                       LABELS "reference;lab07" FIXTURES_REQUIRED bf16_corpus
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=core_only")
+endif()
