@@ -37,8 +37,8 @@ inline bool is_point_to_point(OpKind k) { return k == OpKind::send || k == OpKin
 ///   all_gather, reduce_scatter, scatter, gather, all_to_all: `in` -> `out`.
 struct Op {
   OpKind kind;                      ///< what to do
-  Tensor in;                        ///< the tensor read (see the table above); kept alive until complete()
-  Tensor out;                       ///< the tensor written; kept alive until complete()
+  Tensor in;                        ///< the tensor read (table above); alive until complete()
+  Tensor out;                       ///< the tensor written; alive until complete()
   ReduceOp reduce = ReduceOp::sum;  ///< all_reduce, reduce, reduce_scatter: how values combine
   int root = 0;       ///< collectives with a root: its rank in this communicator
   int peer = -1;      ///< send: destination; recv: source (ranks in this communicator)

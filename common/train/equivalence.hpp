@@ -24,8 +24,9 @@ namespace scalelab::train {
 /// How far `got` is from `want`, element by element (same numel; any float dtype, any device).
 struct Diff {
   double max_abs = 0;        ///< max |got - want|
-  double max_rel = 0;        ///< max |got - want| / max |want|: the error against the tensor's scale
-  int64_t worst_index = -1;  ///< flat index of the element with the largest |got - want|; -1 if none
+  /// max |got - want| / max |want|: the error against the tensor's scale.
+  double max_rel = 0;
+  int64_t worst_index = -1;  ///< flat index of the largest |got - want|; -1 if none
   int64_t n = 0;             ///< elements compared
   bool bitwise = true;       ///< every element identical (what copies and recomputation must give)
   /// Elementwise |got - want| <= atol + rtol * |want| (numpy's isclose).
