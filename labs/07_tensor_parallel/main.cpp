@@ -2,7 +2,9 @@
 // split over all ranks (tensor parallel: tp = the number of ranks), prints the single-device
 // twin's loss beside its own for the first steps, then a table for tp = 1, 2, 4: parameters per
 // rank, activation bytes per rank (measured and formula), bytes communicated per step (byte
-// counters and formula), step time.
+// counters and formula), step time. Without the optional steps (5, 6) the table leaves out the
+// sequence-parallel rows and the formula columns with a note; the exit code is the core's twin
+// check.
 //
 //   ./scalelab run 07 --solution -n 2
 //   ./scalelab run 07 -n 4 -- --steps 10 --twin-steps 3
