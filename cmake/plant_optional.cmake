@@ -5,6 +5,8 @@
 # with it shows what an attendee's run does before those steps are written. Fails if a step of
 # STEPS has no solution block (the reference changed: update the caller).
 file(READ "${IN}" text)
+# CMake lists split at ';': the reference's semicolons travel as a placeholder meanwhile
+string(REPLACE ";" "@SCALELAB_SEMICOLON@" text "${text}")
 foreach(step IN LISTS STEPS)
   string(REGEX MATCHALL "  // BEGIN SOLUTION step ${step}: [^\n]*" blocks "${text}")
   if(NOT blocks)
@@ -17,5 +19,6 @@ foreach(step IN LISTS STEPS)
            text "${text}")
   endforeach()
 endforeach()
+string(REPLACE "@SCALELAB_SEMICOLON@" ";" text "${text}")
 file(WRITE "${OUT}.tmp" "${text}")
 file(RENAME "${OUT}.tmp" "${OUT}")

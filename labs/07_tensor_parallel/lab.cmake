@@ -35,34 +35,8 @@ scalelab_add_planted_submissions(07 PLANTS ${PROJECT_SOURCE_DIR}/tests/07_tensor
 # function of the optional steps 5 and 6 throwing its starter's NotImplemented): it trains beside
 # its twin, leaves the sequence-parallel rows and the formula columns out of its table with a note
 # naming the step, and exits 0 on the core's twin check. About 1 s on 2 cores.
-if(SCALELAB_BUILD_TESTS)
-  set(lab07_core_src ${CMAKE_CURRENT_BINARY_DIR}/core_only_lab07/tensor_parallel.cpp)
-  set(lab07_reference ${PROJECT_SOURCE_DIR}/solutions/07_tensor_parallel/tensor_parallel.cpp)
-  add_custom_command(OUTPUT ${lab07_core_src}
-                     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/core_only_lab07
-                     COMMAND ${CMAKE_COMMAND} -DIN=${lab07_reference} -DOUT=${lab07_core_src} -DLAB=07
-                             "-DSTEPS=5;6" -P ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
-                     DEPENDS ${lab07_reference} ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
-                     COMMENT "lab 07 with its optional steps 5 and 6 not written (a copy of the reference)"
-                     VERBATIM)
-  get_target_property(lab07_sources lab07_tensor_parallel_solution_impl SOURCES)
-  get_target_property(lab07_libs lab07_tensor_parallel_solution_impl LINK_LIBRARIES)
-  list(TRANSFORM lab07_sources REPLACE "^${lab07_reference}$" "${lab07_core_src}")
-  add_library(lab07_core_only_impl STATIC ${lab07_sources})
-  target_include_directories(lab07_core_only_impl PUBLIC ${CMAKE_CURRENT_LIST_DIR})
-  target_link_libraries(lab07_core_only_impl PUBLIC ${lab07_libs})
-  add_executable(lab07_tensor_parallel_core_only ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
-  target_link_libraries(lab07_tensor_parallel_core_only PRIVATE lab07_core_only_impl)
-  add_dependencies(reference lab07_tensor_parallel_core_only)
-  set(lab07_core_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
-      $<TARGET_FILE:lab07_tensor_parallel_core_only> ${MPIEXEC_POSTFLAGS} --model tiny --steps 2
-      --batch 4 --twin-steps 2 --reps 1 --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
-  list(JOIN lab07_core_cmd "|" lab07_core_cmd)
-  add_test(NAME lab07.program.core_only.np2
-           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${lab07_core_cmd}" -DEXPECT_CODE=0
-                   "-DEXPECT_REGEX=largest \\|loss - single-device loss\\| over the first 2 steps: [-+.e0-9]+ \\(within@@not in the table: the sequence-parallel rows: lab 07 step 5: .*README.md#step-5.* \\(an optional step: \\./scalelab grade 07 lists them\\)@@formula columns: - until step 6 \\(optional\\) is written"
-                   -DMAX_SECONDS=60 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
-  set_tests_properties(lab07.program.core_only.np2 PROPERTIES PROCESSORS 2 TIMEOUT 90
-                       LABELS "reference;lab07" FIXTURES_REQUIRED bf16_corpus
-                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
-endif()
+scalelab_add_core_only_program(07 STEPS 5 6 RANKS 2 EXPECT_CODE 0
+  MATCH "largest \\|loss - single-device loss\\| over the first 2 steps: [-+.e0-9]+ \\(within"
+        "not in the table: the sequence-parallel rows: lab 07 step 5: .*README.md#step-5.* \\(an optional step: \\./scalelab grade 07 lists them\\)"
+        "formula columns: - until step 6 \\(optional\\) is written"
+  ARGS --model tiny --steps 2 --batch 4 --twin-steps 2 --reps 1)

@@ -138,7 +138,7 @@ if(SCALELAB_BUILD_TESTS)
                        ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 endif()
 
-# The program with only the core written (cmake/plant_optional.cmake: the reference with step 4's
+# The program with only the core written (scalelab_add_core_only_impl: the reference with step 4's
 # functions throwing the starter's NotImplemented, linked with a lab 11 whose optional step 4
 # throws too): training needs only the core (exit 0 on the twin check); --plan, which asks for
 # step 4, and --attention all-to-all, which asks for lab 11's step 4, stop with that step's
@@ -146,32 +146,10 @@ endif()
 # Deferred to the end of labs/: lab 11's targets, read here, come after this file.
 set(lab10_main ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
 function(scalelab_lab10_core_only)
-  set(core_dir ${CMAKE_CURRENT_BINARY_DIR}/core_only_lab10)
-  set(core_impls)
-  foreach(lab 10_3d_parallel:3d_parallel 11_context_parallel:context_parallel)
-    string(REPLACE ":" ";" lab "${lab}")
-    list(GET lab 0 dir)
-    list(GET lab 1 name)
-    string(SUBSTRING ${dir} 0 2 nn)
-    set(reference ${PROJECT_SOURCE_DIR}/solutions/${dir}/${name}.cpp)
-    set(planted ${core_dir}/lab${nn}/${name}.cpp)
-    add_custom_command(OUTPUT ${planted}
-                       COMMAND ${CMAKE_COMMAND} -E make_directory ${core_dir}/lab${nn}
-                       COMMAND ${CMAKE_COMMAND} -DIN=${reference} -DOUT=${planted} -DLAB=${nn}
-                               -DSTEPS=4 -P ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
-                       DEPENDS ${reference} ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
-                       COMMENT "lab ${nn} with its optional step 4 not written (a copy of the reference)"
-                       VERBATIM)
-    get_target_property(sources lab${dir}_solution_impl SOURCES)
-    get_target_property(libs lab${dir}_solution_impl LINK_LIBRARIES)
-    list(TRANSFORM sources REPLACE "^${reference}$" "${planted}")
-    add_library(lab${nn}_core_only_impl STATIC ${sources})
-    target_include_directories(lab${nn}_core_only_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/${dir})
-    target_link_libraries(lab${nn}_core_only_impl PUBLIC ${libs})
-    list(APPEND core_impls lab${nn}_core_only_impl)
-  endforeach()
+  scalelab_add_core_only_impl(10 STEPS 4)
+  scalelab_add_core_only_impl(11 STEPS 4)
   add_executable(lab10_3d_parallel_core_only ${lab10_main})
-  target_link_libraries(lab10_3d_parallel_core_only PRIVATE ${core_impls}
+  target_link_libraries(lab10_3d_parallel_core_only PRIVATE lab10_core_only_impl lab11_core_only_impl
                         lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
                         lab09_zero_solution_impl)
   add_dependencies(reference lab10_3d_parallel_core_only)
