@@ -223,3 +223,61 @@ function(scalelab_add_planted_submissions nn)
                          ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=${cheat}")
   endforeach()
 endfunction()
+
+# scalelab_add_core_only_impl(<NN> STEPS <K...>)
+# labNN_core_only_impl: the lab's reference with its optional steps STEPS throwing their starter's
+# NotImplemented (a copy made at build time by cmake/plant_optional.cmake) and its GIVEN files:
+# what an attendee's code is before the optional steps are written. Once per lab.
+function(scalelab_add_core_only_impl nn)
+  cmake_parse_arguments(C "" "" "STEPS" ${ARGN})
+  if(TARGET lab${nn}_core_only_impl)
+    return()
+  endif()
+  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
+  set(reference ${PROJECT_SOURCE_DIR}/solutions/${nn}_${name}/${name}.cpp)
+  set(dir ${CMAKE_CURRENT_BINARY_DIR}/core_only_lab${nn})
+  add_custom_command(OUTPUT ${dir}/${name}.cpp
+                     COMMAND ${CMAKE_COMMAND} -E make_directory ${dir}
+                     COMMAND ${CMAKE_COMMAND} -DIN=${reference} -DOUT=${dir}/${name}.cpp -DLAB=${nn}
+                             "-DSTEPS=${C_STEPS}" -P ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
+                     DEPENDS ${reference} ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
+                     COMMENT "lab ${nn} with its optional steps ${C_STEPS} not written (a copy of the reference)"
+                     VERBATIM)
+  get_target_property(sources lab${nn}_${name}_solution_impl SOURCES)
+  get_target_property(libs lab${nn}_${name}_solution_impl LINK_LIBRARIES)
+  list(TRANSFORM sources REPLACE "^${reference}$" "${dir}/${name}.cpp")
+  add_library(lab${nn}_core_only_impl STATIC ${sources})
+  target_include_directories(lab${nn}_core_only_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/${nn}_${name})
+  target_link_libraries(lab${nn}_core_only_impl PUBLIC ${libs})
+endfunction()
+
+# scalelab_add_core_only_program(<NN> STEPS <K...> RANKS <n> EXPECT_CODE <code> MATCH <regex...>
+#                                ARGS <program arguments...>)
+# The lab's program with only the core written: labNN_<name>_core_only, its main.cpp linked with
+# labNN_core_only_impl (above), and one ctest entry labNN.program.core_only.np<n> (labels
+# reference, labNN; the bf16_corpus fixture's data) that runs it with ARGS and expects EXPECT_CODE
+# and every regex of MATCH: what an attendee's run does before the optional steps.
+function(scalelab_add_core_only_program nn)
+  cmake_parse_arguments(C "" "RANKS;EXPECT_CODE" "STEPS;MATCH;ARGS" ${ARGN})
+  if(NOT SCALELAB_BUILD_TESTS)
+    return()
+  endif()
+  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
+  scalelab_add_core_only_impl(${nn} STEPS ${C_STEPS})
+  add_executable(lab${nn}_${name}_core_only ${PROJECT_SOURCE_DIR}/labs/${nn}_${name}/main.cpp)
+  target_link_libraries(lab${nn}_${name}_core_only PRIVATE lab${nn}_core_only_impl)
+  add_dependencies(reference lab${nn}_${name}_core_only)
+  set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${C_RANKS} ${MPIEXEC_PREFLAGS}
+      $<TARGET_FILE:lab${nn}_${name}_core_only> ${MPIEXEC_POSTFLAGS} ${C_ARGS}
+      --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
+  list(JOIN cmd "|" cmd)
+  list(JOIN C_MATCH "@@" regexes)
+  set(test lab${nn}.program.core_only.np${C_RANKS})
+  add_test(NAME ${test}
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=${C_EXPECT_CODE}
+                   "-DEXPECT_REGEX=${regexes}" -DMAX_SECONDS=60
+                   -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(${test} PROPERTIES PROCESSORS ${C_RANKS} TIMEOUT 90
+                       LABELS "reference;lab${nn}" FIXTURES_REQUIRED bf16_corpus
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+endfunction()

@@ -1,6 +1,8 @@
 #pragma once
-// Which GPUs this process can see. Compiled from device_cuda.cu with CUDA, from
-// device_nocuda.cpp without it (then there are no GPUs).
+/// @file device.hpp
+/// Which GPUs this process can see: what `--device auto` and the GPU tests (label gpu, skipped
+/// without one) ask before they pick a device. Compiled from device_cuda.cu with CUDA, from
+/// device_nocuda.cpp without it (then there are no GPUs).
 #include <string>
 
 namespace scalelab {

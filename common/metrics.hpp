@@ -1,13 +1,16 @@
 #pragma once
-// Measurement: step timers, tokens/s, model FLOPs utilisation (MFU) and the step line every
-// training program prints.
-//
-// FLOPs per token (the PaLM paper's estimate, as nanoGPT's estimate_mfu):
-//   6 N  +  12 L H Q T
-// N: parameters without the position embedding (the tied wte counts once: it is a matmul in the
-// head); 6 = 2 (multiply-add) x 3 (forward, and backward twice as much). The second term is the
-// attention matmuls (q k^T and att v, forward and backward) that parameters do not account for:
-// L layers, H heads of size Q, context T. MFU = achieved FLOP/s / the device's dense peak.
+/// @file metrics.hpp
+/// Measurement: step timers, tokens/s, model FLOPs utilisation (MFU) and the step line every
+/// training program prints (lab 02's loop; train::StepReporter for labs 03 and up).
+///
+/// FLOPs per token (the PaLM paper's estimate, as nanoGPT's estimate_mfu):
+///
+///     6 N  +  12 L H Q T
+///
+/// N: parameters without the position embedding (the tied wte counts once: it is a matmul in the
+/// head); 6 = 2 (multiply-add) x 3 (forward, and backward twice as much). The second term is the
+/// attention matmuls (q k^T and att v, forward and backward) that parameters do not account for:
+/// L layers, H heads of size Q, context T. MFU = achieved FLOP/s / the device's dense peak.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -24,7 +27,12 @@ double flops_per_token(const ModelConfig& config, int64_t T);
 /// 0 when the peak is unknown (peak_tflops <= 0).
 double mfu(double tokens_per_s, double flops_per_token, double peak_tflops);
 
-enum class Precision { fp32, tf32, bf16 };
+/// Which data-sheet peak a run compares with: the precision its matmuls run in.
+enum class Precision {
+  fp32,  ///< plain float32 (the CPU, or a GPU with TF32 off)
+  tf32,  ///< float32 data through the tensor cores' TF32 (10-bit mantissa) matmuls
+  bf16   ///< bf16 matmuls on the tensor cores (`--precision bf16`)
+};
 
 /// Dense peak TFLOP/s of a GPU from its name (A100, H100, H200; fp32 / tf32 / bf16 tensor core,
 /// no sparsity), or 0 if unknown: then pass --peak-tflops.
@@ -63,7 +71,9 @@ Peak peak_for(Device device, double given, Precision precision = Precision::fp32
 /// the kernels, not their launches.
 class Timer {
  public:
+  /// Starts timing at construction; on a GPU `device` says which queue elapsed() waits for.
   explicit Timer(Device device = Device::cpu()) : device_(device) { start(); }
+  /// Restarts the timer from now (a loop reuses one Timer per step).
   void start();
   /// Seconds since start().
   double elapsed();
@@ -78,17 +88,18 @@ std::string human_count(double n);
 /// "1.2GiB", "340.0MiB", "12.0KiB", "512B"
 std::string human_bytes(double bytes);
 
+/// One training step's figures, as step_line prints them.
 struct StepStats {
-  int64_t step = 0;
-  double loss = 0;
-  double dt_s = 0;           // seconds this step took
-  double tokens_per_s = 0;   // over all ranks
-  int world = 1;
-  double mfu = 0;            // in [0, 1]; printed only when > 0
-  // the allocator's peak on this rank: bytes of live tensors (exact), not the process's RSS,
-  // which is larger (glibc keeps freed memory; code, MPI's buffers), nor a GPU pool's reservation
+  int64_t step = 0;          ///< the step's index, from 0
+  double loss = 0;           ///< the mean cross-entropy of the global batch (nats per token)
+  double dt_s = 0;           ///< seconds this step took (wall clock, Timer)
+  double tokens_per_s = 0;   ///< tokens of the global batch per second, over all ranks
+  int world = 1;             ///< ranks that share the step: tps/rank = tokens_per_s / world
+  double mfu = 0;            ///< model FLOPs utilisation in [0, 1]; printed only when > 0
+  /// The allocator's peak on this rank: bytes of live tensors (exact), not the process's RSS,
+  /// which is larger (glibc keeps freed memory; code, MPI's buffers), nor a GPU pool's reservation.
   std::size_t peak_bytes = 0;
-  double lr = -1;            // printed when >= 0
+  double lr = -1;            ///< the step's learning rate; printed when >= 0
 };
 
 /// "step=10 loss=3.1500 dt=282ms tps=926k tps/rank=231k mfu=46.3% mem=1.2GiB"

@@ -1,13 +1,15 @@
 #pragma once
-// Process start-up and shutdown shared by every scalelab program and test.
-//
-//   int main(int argc, char** argv) {
-//     return scalelab::run_main(argc, argv, [](int argc, char** argv) { ...; return 0; });
-//   }
-//
-// run_main initialises MPI (MPI_THREAD_MULTIPLE: the mpi backend progresses collectives on a
-// worker thread), turns the errors of common/errors.hpp into the project's exit codes (errors.hpp), and makes
-// sure a failure ends *every* rank: a rank never waits forever for a peer that has given up.
+/// @file runtime.hpp
+/// Process start-up and shutdown shared by every scalelab program and test.
+///
+///     int main(int argc, char** argv) {
+///       return scalelab::run_main(argc, argv, [](int argc, char** argv) { ...; return 0; });
+///     }
+///
+/// run_main initialises MPI (MPI_THREAD_MULTIPLE: the mpi backend progresses collectives on a
+/// worker thread), turns the errors of common/errors.hpp into the project's exit codes
+/// (errors.hpp), and makes sure a failure ends *every* rank: a rank never waits forever for a
+/// peer that has given up.
 #include <functional>
 #include <string>
 

@@ -1,8 +1,11 @@
 #pragma once
-// Corpus preparation (nanoGPT style): a text becomes train.bin and val.bin (the first 90% and the
-// last 10% of its tokens, as little-endian uint16 ids) and meta.json (vocabulary and sizes).
-// The default corpus is the King James Bible from Debian's bible-kjv package: the `bible` program
-// dumps every verse, one per line, and the verse references ("Ge1:1 ") are stripped.
+/// @file corpus.hpp
+/// Corpus preparation (nanoGPT style): a text becomes train.bin and val.bin (the first 90% and the
+/// last 10% of its tokens, as little-endian uint16 ids) and meta.json (vocabulary and sizes).
+/// The default corpus is the King James Bible from Debian's bible-kjv package: the `bible` program
+/// dumps every verse, one per line, and the verse references ("Ge1:1 ") are stripped.
+/// `./scalelab data` writes it (and `./scalelab run` when it is missing); every training program
+/// from lab 02 on reads train.bin through load_tokens.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -10,9 +13,12 @@
 
 namespace scalelab::data {
 
+/// What prepare_corpus wrote, for `./scalelab data` to report.
 struct CorpusInfo {
+  /// Where the text came from: "King James Bible (bible-kjv)", or the file's path.
   std::string source;
-  int64_t train_tokens = 0, val_tokens = 0;
+  int64_t train_tokens = 0;  ///< tokens (= bytes of text) in train.bin: the first 90%
+  int64_t val_tokens = 0;    ///< tokens in val.bin: the last 10%
 };
 
 /// The repository's data/ directory (where `./scalelab data` writes by default).
@@ -34,9 +40,14 @@ std::string kjv_text();
 /// matching corpus from a truncated, replaced or half-published one.
 struct CorpusMeta {
   int format = 0;  ///< kCorpusFormat; older meta.json files (no checksums) have none: 0
-  std::string tokenizer, dtype, source;
-  int64_t vocab_size = 0, train_tokens = 0, val_tokens = 0;
-  uint64_t train_checksum = 0, val_checksum = 0;  ///< fnv1a64 of each .bin's bytes
+  std::string tokenizer;  ///< "bytes": common/data/tokenizer.hpp's one token per byte
+  std::string dtype;      ///< "uint16": how each id is stored in the .bin files (little-endian)
+  std::string source;     ///< where the text came from, as CorpusInfo::source
+  int64_t vocab_size = 0;    ///< kVocabSize (256); a loader refuses any other
+  int64_t train_tokens = 0;  ///< ids in train.bin: its size is 2 bytes per id
+  int64_t val_tokens = 0;    ///< ids in val.bin
+  uint64_t train_checksum = 0;  ///< fnv1a64 of train.bin's bytes
+  uint64_t val_checksum = 0;    ///< fnv1a64 of val.bin's bytes
 };
 /// The meta.json format this code writes and reads (2: sizes and checksums of both splits).
 inline constexpr int kCorpusFormat = 2;

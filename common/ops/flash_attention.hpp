@@ -1,20 +1,22 @@
 #pragma once
-// Fused causal self-attention that never holds the (T, T) attention matrix: "flash attention"
-// (Dao et al. 2022, FlashAttention; Dao 2023, FlashAttention-2 for the loop order used here).
-//
-// The unfused path (common/nn/attention.cpp) computes preatt = q k^T (BH, T, T), att =
-// causal_softmax(scale * preatt), y = att v, and keeps att for backward: T^2 numbers per head,
-// 4 GiB of bf16 for gpt-85m at B = 16, T = 1024. Flash attention walks the keys in tiles and keeps,
-// per query row, only a running max m, a running sum l of exp(s - m) and the partial output
-// (rescaled by exp(m_old - m_new) whenever the max grows: the "online softmax"). Backward keeps
-// only lse = m + log(l) per row and recomputes each tile's probabilities p = exp(s - lse).
-//
-// Shapes: q, k, v, out, dout, dq, dk, dv (BH, T, hs), BH = B * n_head, one dtype: f32, f64 or
-// bf16 (compute in float, in double for f64). lse (BH, T) is f32 for f32 and bf16 data, f64 for
-// f64. The mask is causal (query t sees keys s <= t), or with causal = false there is none: every
-// query sees every key. The unmasked form is one block of ring attention (lab 11): this rank's
-// queries against keys that all come earlier in the sequence; attention_merge then combines
-// the blocks' partial results with the online-softmax rule.
+/// @file flash_attention.hpp
+/// Fused causal self-attention that never holds the (T, T) attention matrix: "flash attention"
+/// (Dao et al. 2022, FlashAttention; Dao 2023, FlashAttention-2 for the loop order used here).
+///
+/// The unfused path (common/nn/attention.cpp) computes preatt = q k^T (BH, T, T), att =
+/// causal_softmax(scale * preatt), y = att v, and keeps att for backward: T^2 numbers per head,
+/// 4 GiB of bf16 for gpt-85m at B = 16, T = 1024. Flash attention walks the keys in tiles and keeps,
+/// per query row, only a running max m, a running sum l of exp(s - m) and the partial output
+/// (rescaled by exp(m_old - m_new) whenever the max grows: the "online softmax"). Backward keeps
+/// only lse = m + log(l) per row and recomputes each tile's probabilities p = exp(s - lse).
+///
+/// Shapes: q, k, v, out, dout, dq, dk, dv (BH, T, hs), BH = B * n_head, one dtype: f32, f64 or
+/// bf16 (compute in float, in double for f64). lse (BH, T) is f32 for f32 and bf16 data, f64 for
+/// f64. The mask is causal (query t sees keys s <= t), or with causal = false there is none: every
+/// query sees every key. The unmasked form is one block of ring attention (lab 11): this rank's
+/// queries against keys that all come earlier in the sequence; attention_merge then combines
+/// the blocks' partial results with the online-softmax rule. Local ops: no communication (lab 11's
+/// ring moves the K/V blocks between calls). `nn::GPTOptions::flash_attention` selects this path.
 #include "common/tensor.hpp"
 
 namespace scalelab::ops {

@@ -1,5 +1,9 @@
 #pragma once
-// Backend declarations of the fused ops (fused_backend.inc) for ops/cpu and ops/cuda.
+/// @file fused_backend.hpp
+/// Backend declarations of the fused ops (fused_backend.inc: flash attention, attention_merge,
+/// the residual + LayerNorm) for ops/cpu and ops/cuda, called by their dispatchers
+/// (flash_attention.cpp, fused_norm.cpp, fused_linear.cpp) once shapes, dtypes and devices are
+/// checked. Labs call flash_attention.hpp, fused_norm.hpp and fused_linear.hpp instead.
 #include "common/tensor.hpp"
 
 namespace scalelab::ops::cpu {

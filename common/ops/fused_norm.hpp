@@ -1,17 +1,22 @@
 #pragma once
-// The residual add and the LayerNorm that follows it, in one pass over the rows (llm.c's
-// fused_residual_forward). A transformer block does, between its sub-layers,
-//     res = x + residual;  ln = LayerNorm(res)
-// Unfused that is ops::add (read 2 rows, write 1) then ops::layernorm_forward (read it back,
-// write 1); fused, each row is read once, so the pair moves 4 row-sized streams instead of 5 and
-// launches one kernel instead of two. Both outputs are kept: res is the next residual stream,
-// ln the next sub-layer's input.
-//
-// How a block calls it (common/nn integrates it; the backward is unchanged: layernorm_backward
-// on res, then the residual gradient adds as before):
-//     ops::residual_layernorm_forward(acts.res2, acts.ln2, acts.ln2_mean, acts.ln2_rstd,
-//                                     attn_out, x, ln2.weight, ln2.bias);
-// instead of ops::add(acts.res2, x, attn_out); ops::layernorm_forward(acts.ln2, ..., acts.res2, ...).
+/// @file fused_norm.hpp
+/// The residual add and the LayerNorm that follows it, in one pass over the rows (llm.c's
+/// fused_residual_forward). A transformer block does, between its sub-layers,
+///
+///     res = x + residual;  ln = LayerNorm(res)
+///
+/// Unfused that is ops::add (read 2 rows, write 1) then ops::layernorm_forward (read it back,
+/// write 1); fused, each row is read once, so the pair moves 4 row-sized streams instead of 5 and
+/// launches one kernel instead of two. Both outputs are kept: res is the next residual stream,
+/// ln the next sub-layer's input.
+///
+/// How a block calls it (common/nn integrates it; the backward is unchanged: layernorm_backward
+/// on res, then the residual gradient adds as before):
+///
+///     ops::residual_layernorm_forward(acts.res2, acts.ln2, acts.ln2_mean, acts.ln2_rstd,
+///                                     attn_out, x, ln2.weight, ln2.bias);
+///
+/// instead of ops::add(acts.res2, x, attn_out); ops::layernorm_forward(acts.ln2, ..., acts.res2, ...).
 #include "common/tensor.hpp"
 
 namespace scalelab::ops {

@@ -31,6 +31,8 @@
 
 namespace scalelab::train {
 
+/// One training program's frame (see the file's example): options, communicator, device,
+/// config, corpus and step reporter, built in that order by parse() and announce().
 class Session {
  public:
   /// Declares the shared options (cli::add_run_options with --precision, and add_train_options
@@ -48,10 +50,17 @@ class Session {
   /// parse result, for the lab's own options.
   const cxxopts::ParseResult& parse(int argc, char** argv);
 
+  /// The shared run options (--device, --backend, --seed, --timeout, --trace, --precision).
+  /// After parse().
   const cli::RunOptions& run() const { return run_; }
+  /// The shared training options (--model, --batch, --steps, --lr, --warmup, --peak-tflops,
+  /// --data). After parse().
   const TrainOptions& opt() const { return opt_; }
+  /// The model config --model names. After parse().
   const ModelConfig& config() const { return config_; }
+  /// The world communicator (every rank), on the backend --backend picks. After parse().
   comm::Communicator& comm() { return *comm_; }
+  /// This rank's device (--device; with CUDA one GPU per rank on a node). After parse().
   Device device() const { return device_; }
 
   /// The sampler of global batches of the run's corpus, seeded by --seed. The corpus is read on

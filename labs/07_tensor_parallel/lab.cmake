@@ -31,3 +31,12 @@ scalelab_add_planted_submissions(07 PLANTS ${PROJECT_SOURCE_DIR}/tests/07_tensor
   CASES "private_sum:1:2:Step1_Operators.GForwardSumsThePartialOutputsOverRanks on rank [0-9]: .*traffic outside the exact budget.*all_reduce\\(max\\)"
         "twice:2:2:Step2_ColumnParallel.EqualsTheSingleDeviceLinear on rank [0-9]: .*matmuls did"
         "vector_logits:4:2:Step4_CrossEntropy.EqualsTheFullCrossEntropyWithoutTheFullLogits on rank [0-9]: .*process heap grew")
+# The program with only the core written (cmake/plant_optional.cmake: the reference with every
+# function of the optional steps 5 and 6 throwing its starter's NotImplemented): it trains beside
+# its twin, leaves the sequence-parallel rows and the formula columns out of its table with a note
+# naming the step, and exits 0 on the core's twin check. About 1 s on 2 cores.
+scalelab_add_core_only_program(07 STEPS 5 6 RANKS 2 EXPECT_CODE 0
+  MATCH "largest \\|loss - single-device loss\\| over the first 2 steps: [-+.e0-9]+ \\(within"
+        "not in the table: the sequence-parallel rows: lab 07 step 5: .*README.md#step-5.* \\(an optional step: \\./scalelab grade 07 lists them\\)"
+        "formula columns: - until step 6 \\(optional\\) is written"
+  ARGS --model tiny --steps 2 --batch 4 --twin-steps 2 --reps 1)

@@ -58,3 +58,11 @@ if(SCALELAB_BUILD_TESTS)
   set_tests_properties(lab09.planted.step1_calls_the_library.np1 PROPERTIES TIMEOUT 90
                        LABELS "reference;lab09" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 endif()
+# The program with only the core written (cmake/plant_optional.cmake: ZeRO-3 and the formulas,
+# steps 4 and 5, throw their starter's NotImplemented): ZeRO-1 trains beside the twin, and --table
+# leaves stage 3 and the formula columns out with a note naming the step; exit 0 on the core's
+# checks. About 2 s on 2 cores.
+scalelab_add_core_only_program(09 STEPS 4 5 RANKS 2 EXPECT_CODE 0
+  MATCH "formula columns: - until step 5 \\(optional\\) is written"
+        "not in the table: stage 3: lab 09 step 4: .*README.md#step-4.* \\(an optional step: \\./scalelab grade 09 lists them\\)"
+  ARGS --model tiny --steps 2 --batch 4 --stage 1 --table)

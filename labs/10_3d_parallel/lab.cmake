@@ -191,4 +191,48 @@ if(SCALELAB_BUILD_TESTS)
                        LABELS "reference;lab10" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
   scalelab_add_mpi_test(lab10.planted.step3_without_step2.np4 test_lab10_planted RANKS 4
                         TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3*)
+# The program with only the core written (scalelab_add_core_only_impl: the reference with step 4's
+# functions throwing the starter's NotImplemented, linked with a lab 11 whose optional step 4
+# throws too): training needs only the core (exit 0 on the twin check); --plan, which asks for
+# step 4, and --attention all-to-all, which asks for lab 11's step 4, stop with that step's
+# not-implemented pointer (exit 1). About 1-2 s each on 2 cores.
+# Deferred to the end of labs/: lab 11's targets, read here, come after this file.
+set(lab10_main ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
+function(scalelab_lab10_core_only)
+  scalelab_add_core_only_impl(10 STEPS 4)
+  scalelab_add_core_only_impl(11 STEPS 4)
+  add_executable(lab10_3d_parallel_core_only ${lab10_main})
+  target_link_libraries(lab10_3d_parallel_core_only PRIVATE lab10_core_only_impl lab11_core_only_impl
+                        lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
+                        lab09_zero_solution_impl)
+  add_dependencies(reference lab10_3d_parallel_core_only)
+  set(core_data ${CMAKE_BINARY_DIR}/tests/common/bf16_corpus)
+  foreach(case
+      "train|4|0|--dp|1|--tp|2|--pp|2|--steps|2|--twin-steps|2"
+      "plan|2|1|--plan"
+      "all_to_all|2|1|--dp|1|--cp|2|--tp|1|--attention|all-to-all|--steps|1")
+    string(REPLACE "|" ";" case "${case}")
+    list(POP_FRONT case name ranks code)
+    if(name STREQUAL "train")
+      set(regex "single-device twin step=1 loss=")
+    elseif(name STREQUAL "plan")
+      set(regex "not implemented: lab 10 step 4: .*\\(README.md#step-4\\)")
+    else()
+      set(regex "not implemented: lab 11 step 4: .*\\(README.md#step-4\\)")
+    endif()
+    set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
+        $<TARGET_FILE:lab10_3d_parallel_core_only> ${MPIEXEC_POSTFLAGS} --model tiny --batch 8
+        --data ${core_data} ${case})
+    list(JOIN cmd "|" cmd)
+    add_test(NAME lab10.program.core_only_${name}.np${ranks}
+             COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=${code}
+                     "-DEXPECT_REGEX=${regex}" -DMAX_SECONDS=60
+                     -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+    set_tests_properties(lab10.program.core_only_${name}.np${ranks} PROPERTIES PROCESSORS ${ranks}
+                         TIMEOUT 90 LABELS "reference;lab10" FIXTURES_REQUIRED bf16_corpus
+                         ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+  endforeach()
+endfunction()
+if(SCALELAB_BUILD_TESTS)
+  cmake_language(DEFER CALL scalelab_lab10_core_only)
 endif()
