@@ -191,6 +191,8 @@ if(SCALELAB_BUILD_TESTS)
                        LABELS "reference;lab10" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
   scalelab_add_mpi_test(lab10.planted.step3_without_step2.np4 test_lab10_planted RANKS 4
                         TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3*)
+endif()
+
 # The program with only the core written (scalelab_add_core_only_impl: the reference with step 4's
 # functions throwing the starter's NotImplemented, linked with a lab 11 whose optional step 4
 # throws too): training needs only the core (exit 0 on the twin check); --plan, which asks for

@@ -46,6 +46,14 @@ class TrafficBudget {
                                 comm::ReduceOp reduce = comm::ReduceOp::sum) {
     return expect(g, "reduce_scatter", calls, bytes, reduce);
   }
+  /// A reduce to `root` (a rank of `g`): e.g. ZeRO-2's gradient pieces, each to its owner.
+  TrafficBudget& reduce(const comm::Communicator& g, int root, int64_t calls, int64_t bytes,
+                        comm::ReduceOp reduce = comm::ReduceOp::sum) {
+    return expect(g, "reduce", calls, bytes, reduce, root);
+  }
+  TrafficBudget& broadcast(const comm::Communicator& g, int root, int64_t calls, int64_t bytes) {
+    return expect(g, "broadcast", calls, bytes, comm::ReduceOp::sum, root);
+  }
   TrafficBudget& send(const comm::Communicator& g, int to, int64_t calls, int64_t bytes) {
     return expect(g, "send", calls, bytes, comm::ReduceOp::sum, to);
   }
@@ -61,6 +69,11 @@ class TrafficBudget {
 
 /// Runs `fn` and returns the traffic it submitted on every communicator of this process.
 comm::Traffic traffic_of(const std::function<void()>& fn);
+
+/// The rows of `got` on `group`: its name or its members (a duplicate of the group under another
+/// name, or another group under its name, is kept). For a check of one group's traffic where the
+/// other groups' budgets are another test's.
+comm::Traffic traffic_on(const comm::Traffic& got, const comm::Communicator& group);
 
 /// `got` has exactly the budget's rows (calls and bytes; kAnyCalls: at least one call), and no
 /// other: else every difference, named, with this rank. Not collective.
