@@ -44,13 +44,6 @@ comm::Traffic traffic_of(const std::function<void()>& fn) {
   return comm::traffic() - before;
 }
 
-comm::Traffic traffic_on(const comm::Traffic& got, const comm::Communicator& group) {
-  comm::Traffic mine;
-  for (const auto& [key, count] : got)
-    if (key.group == group.name() || key.members == group.world_ranks()) mine[key] = count;
-  return mine;
-}
-
 std::string traffic_str(const comm::Traffic& t) {
   if (t.empty()) return "  (no communication)\n";
   std::string s;

@@ -70,11 +70,6 @@ class TrafficBudget {
 /// Runs `fn` and returns the traffic it submitted on every communicator of this process.
 comm::Traffic traffic_of(const std::function<void()>& fn);
 
-/// The rows of `got` on `group`: its name or its members (a duplicate of the group under another
-/// name, or another group under its name, is kept). For a check of one group's traffic where the
-/// other groups' budgets are another test's.
-comm::Traffic traffic_on(const comm::Traffic& got, const comm::Communicator& group);
-
 /// `got` has exactly the budget's rows (calls and bytes; kAnyCalls: at least one call), and no
 /// other: else every difference, named, with this rank. Not collective.
 testing::AssertionResult exact_traffic(const comm::Traffic& got, const TrafficBudget& budget);
