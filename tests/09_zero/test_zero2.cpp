@@ -129,16 +129,17 @@ struct HandRelease : nn::BlockPolicy {
   nn::ShardRange mine;
   Tensor shard;
   bool stash;
+  comm::ReduceOp op;  // sum; the reduction-op fault below plants max
   std::vector<Tensor> stashed;
-  HandRelease(nn::ParameterSet& p, bool stash_)
+  HandRelease(nn::ParameterSet& p, bool stash_, comm::ReduceOp op_ = comm::ReduceOp::sum)
       : ps(p), mine(nn::shard_range(p.numel(), world().rank(), world().size())),
-        shard(Tensor::zeros({mine.size})), stash(stash_), stashed(p.units().size()) {}
+        shard(Tensor::zeros({mine.size})), stash(stash_), op(op_), stashed(p.units().size()) {}
   void reduce(std::size_t u, const Tensor& g) {
     const nn::Unit& unit = ps.units()[u];
     for (int q = 0; q < world().size(); ++q) {
       const nn::ShardRange owner = nn::shard_range(ps.numel(), q, world().size());
       const int64_t b = std::max(unit.lo, owner.lo), e = std::min(unit.hi, owner.hi);
-      if (b < e) world().reduce(g.flat(b - unit.lo, e - b), q);
+      if (b < e) world().reduce(g.flat(b - unit.lo, e - b), q, op);
     }
     const int64_t b = std::max(unit.lo, mine.lo), e = std::min(unit.hi, mine.hi);
     if (b < e) {
@@ -270,7 +271,7 @@ TEST(Step3_Zero2, OneTrainerGivesTheGradientTheMemoryAndTheTraffic) {
   nn::GPTOptions opts = f32();
   opts.storage.pad_to = world().size();
   nn::GPT m(kLab.config(), opts);
-  EXPECT_TRUE(traffic_is(o.first_step, zero_budget(2, m)));
+  EXPECT_TRUE(exact_traffic(o.first_step, zero_budget(2, m)));
 }
 
 TEST(Step3_Zero2, FiveAdamWStepsEqualZero1) {
@@ -302,13 +303,14 @@ TEST(Step3_Zero2, TheAllocatorSeesTheFullGradientGone) {
 
 TEST(Step3_Zero2, GradientsGoToTheirOwnersOnceAndNoAllReduce) {
   lab09::Zero2 two(kLab.config(), f32(), world());
-  const comm::CommStats s = one_step_traffic(two);
+  const comm::Traffic t = one_step_ledger(two);
+  const comm::CommStats s = by_kind(t);
   const int64_t numel = two.model().num_parameters(), padded = two.model().params().padded_numel();
   EXPECT_EQ(bytes_of(s, "reduce") + bytes_of(s, "reduce_scatter"), numel * 4)
       << "every gradient element reduced once, to its owner";
   EXPECT_EQ(bytes_of(s, "all_reduce"), 8) << "only the loss is all-reduced";
   EXPECT_EQ(bytes_of(s, "all_gather"), padded * 4) << "the parameters, once";
-  EXPECT_TRUE(traffic_is(s, zero_budget(2, two.model())));
+  EXPECT_TRUE(exact_traffic(t, zero_budget(2, two.model())));
 }
 
 // Planted (class 1): stage 1 written here, plus a broadcast of the parameters from rank 0 after
@@ -317,14 +319,43 @@ TEST(Step3_Zero2, GradientsGoToTheirOwnersOnceAndNoAllReduce) {
 TEST(Step3_PlantedFault, TrafficOutsideTheBudgetIsCaught) {
   FlatGradient one(false);
   const auto step = [&](bool broadcast) {
-    const comm::CommStats before = comm::comm_stats();
-    one.forward_backward(kLab.batch(0));
-    one.step();
-    if (broadcast) world().broadcast(one.model.params().padded_values(), 0);
-    return comm::comm_stats() - before;
+    return labtest::traffic_of([&] {
+      one.forward_backward(kLab.batch(0));
+      one.step();
+      if (broadcast) world().broadcast(one.model.params().padded_values(), 0);
+    });
   };
-  EXPECT_TRUE(traffic_is(step(false), zero_budget(1, one.model)));
-  EXPECT_FALSE(traffic_is(step(true), zero_budget(1, one.model)));
+  EXPECT_TRUE(exact_traffic(step(false), zero_budget(1, one.model)));
+  EXPECT_FALSE(exact_traffic(step(true), zero_budget(1, one.model)));
+}
+
+// Planted (class 1, the reduction op): a ZeRO-2 written here whose reduce to the owners takes the
+// max over the ranks instead of the sum (then the loss all-reduce and the all-gather, as a step).
+// Per (group, kind) its bytes and calls are exactly the sum's, so a budget without the op passes
+// it (checked here, as the old per-kind budget did); the exact budget fails it, and passes the
+// same code with sum.
+TEST(Step3_PlantedFault, ReducingToTheOwnersWithMaxIsCaught) {
+  const auto step = [](comm::ReduceOp op) {
+    nn::GPTOptions o = f32();
+    o.storage.grads = nn::Storage::per_unit;
+    o.storage.pad_to = world().size();
+    nn::GPT model(kLab.config(), o);
+    model.add_block_policy(std::make_shared<HandRelease>(model.params(), false, op));
+    const data::Batch mine = labtest::my_rows(kLab.batch(0));
+    const nn::ShardRange s = nn::shard_range(model.num_parameters(), world().rank(), world().size());
+    const comm::Traffic t = labtest::traffic_of([&] {
+      Tensor loss = Tensor::from_vector({model.forward(mine.x, mine.y)}, {1}, DType::f64);
+      model.backward();
+      world().all_reduce(loss, comm::ReduceOp::sum);
+      gather_fp32_values(model.params(), s);
+    });
+    return std::make_pair(t, zero_budget(2, model));
+  };
+  const auto [sum, budget] = step(comm::ReduceOp::sum);
+  const auto [max, same_budget] = step(comm::ReduceOp::max);
+  EXPECT_TRUE(exact_traffic(sum, budget));
+  EXPECT_EQ(by_kind(max), by_kind(sum)) << "per kind, the max is the sum's traffic";
+  EXPECT_FALSE(exact_traffic(max, same_budget));
 }
 
 TEST(Step3_Zero2, EachUnitsGradientIsGoneAtItsOwnHook) {

@@ -14,7 +14,7 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "tests/support/lab_fixture.hpp"
-#include "tests/support/zero_observe.hpp"
+#include "tests/support/traffic_budget.hpp"
 #include "zero.hpp"
 
 namespace scalelab::lab09test {
@@ -110,43 +110,66 @@ inline Footprint footprint(int stage, const nn::GPTOptions& options = f32(),
   });
 }
 
+/// The ledger of one step (forward_backward + step): every communicator, op, reduction and root.
+inline comm::Traffic one_step_ledger(lab09::Trainer& t, int64_t step = 0) {
+  return labtest::traffic_of([&] {
+    t.forward_backward(kLab.batch(step));
+    t.step(kLr);
+  });
+}
+/// The same ledger per (group, operation kind): the counters of comm::comm_stats().
+inline comm::CommStats by_kind(const comm::Traffic& t) {
+  comm::CommStats s;
+  for (const auto& [key, count] : t) {
+    comm::CommCount& c = s[comm::CommKey{key.group, key.op}];
+    c.calls += count.calls;
+    c.bytes += count.bytes;
+  }
+  return s;
+}
 /// The payload bytes one step (forward_backward + step) submits, by operation kind.
 inline comm::CommStats one_step_traffic(lab09::Trainer& t, int64_t step = 0) {
-  const comm::CommStats before = comm::comm_stats();
-  t.forward_backward(kLab.batch(step));
-  t.step(kLr);
-  return comm::comm_stats() - before;
+  return by_kind(one_step_ledger(t, step));
 }
 inline int64_t bytes_of(const comm::CommStats& s, const std::string& op) {
   return comm::comm_total(s, "", op).bytes;
 }
 
 // ---- Issue 25, class 1: one step's traffic as an exact budget ------------------------------------
-// Budget and traffic_is: tests/support/zero_observe.hpp (lab 10's graders use them too).
-using labtest::Budget;
-using labtest::traffic_is;
+// labtest::exact_traffic (tests/support/traffic_budget.hpp): per group and members, operation,
+// reduction op and root, on every communicator.
+using labtest::exact_traffic;
 
-/// Stage `stage`'s budget on the world for `model` (fp32, the world's size n): ZeRO-0 one
-/// all-reduce of the gradients (4 Psi) and the loss (8 bytes, f64); ZeRO-1 that and one all-gather
-/// of the padded parameters; ZeRO-2 every gradient element reduced once to its owner (reduce, 4
-/// Psi), the loss, the all-gather; ZeRO-3, with per-unit shards (each unit padded to n): the
-/// given policy's gathers, every unit for its forward, every unit but the embedding for its
-/// backward (the embedding's backward reads the tokens), and the embedding once more for each
-/// use by the tied head (its forward and its backward); every unit's gradients reduce-scattered
-/// once; the loss.
-inline Budget zero_budget(int stage, nn::GPT& model) {
+/// Stage `stage`'s budget on the world for `model` (fp32, the world's size n), reduction ops as
+/// the reference's: ZeRO-0 one sum all-reduce of the gradients (4 Psi; the 1/n is a scale after
+/// it) and one of the loss (8 bytes, f64); ZeRO-1 that and one all-gather of the padded
+/// parameters; ZeRO-2 every gradient element sum-reduced once to its owner (to each rank q the
+/// real elements of q's shard, 4 bytes each, in one reduce per unit that overlaps it: the calls
+/// are not pinned), the loss, the all-gather; ZeRO-3, with per-unit shards (each unit padded to
+/// n): the given policy's gathers, every unit for its forward, every unit but the embedding for
+/// its backward (the embedding's backward reads the tokens), and the embedding once more for
+/// each use by the tied head (its forward and its backward); every unit's gradients
+/// sum-reduce-scattered once; the loss. Calls of the all-gathers and reduce-scatters: any.
+inline labtest::TrafficBudget zero_budget(int stage, nn::GPT& model) {
   nn::ParameterSet& ps = model.params();
-  const int n = labtest::world().size();
+  const comm::Communicator& w = labtest::world();
+  const int n = w.size();
   const int64_t numel = ps.numel();
-  const auto key = [](const char* op) { return comm::CommKey{"world", op}; };
+  using labtest::kAnyCalls;
+  labtest::TrafficBudget b;
+  b.all_reduce(w, 1, 8);  // the loss, every stage
   if (stage <= 1) {
-    Budget b{{key("all_reduce"), numel * 4 + 8}};
-    if (stage == 1) b[key("all_gather")] = ps.padded_numel() * 4;
+    b.all_reduce(w, kAnyCalls, numel * 4);  // one buffer or one per unit: the same bytes
+    if (stage == 1) b.all_gather(w, 1, ps.padded_numel() * 4);
     return b;
   }
-  if (stage == 2)
-    return {{key("reduce"), numel * 4}, {key("all_reduce"), 8},
-            {key("all_gather"), ps.padded_numel() * 4}};
+  if (stage == 2) {
+    for (int q = 0; q < n; ++q) {
+      const int64_t real = nn::shard_range(numel, q, n).real();
+      if (real > 0) b.reduce(w, q, kAnyCalls, real * 4);
+    }
+    return b.all_gather(w, 1, ps.padded_numel() * 4);
+  }
   int64_t sum = 0, embedding = 0;
   for (std::size_t u = 0; u < ps.units().size(); ++u) {
     const int64_t padded = nn::shard_range(ps.units()[u].numel(), 0, n).size * n;
@@ -155,8 +178,7 @@ inline Budget zero_budget(int stage, nn::GPT& model) {
   }
   const bool tied_head = model.has_head() && model.has_embedding() && !model.lm_head;
   const int64_t gathered = 2 * sum - embedding + (tied_head ? 2 * embedding : 0);
-  return {{key("all_gather"), gathered * 4}, {key("reduce_scatter"), sum * 4},
-          {key("all_reduce"), 8}};
+  return b.all_gather(w, kAnyCalls, gathered * 4).reduce_scatter(w, kAnyCalls, sum * 4);
 }
 
 // ---- Issue 25, class 8: one object, graded on numbers, memory and traffic together --------------
@@ -170,7 +192,7 @@ inline Budget zero_budget(int stage, nn::GPT& model) {
 /// count) is graded on the one object.
 struct Observed {
   Footprint footprint;
-  comm::CommStats first_step;
+  comm::Traffic first_step;
   std::vector<double> losses;
   Tensor parameters;
 };
@@ -182,13 +204,10 @@ inline Observed observe_one(int stage, const std::function<void(lab09::Trainer&)
   {
     std::shared_ptr<lab09::Trainer> t =
         lab09::make_trainer(stage, kLab.config(), options, labtest::world());
-    const comm::CommStats before = comm::comm_stats();
-    o.losses.push_back(t->forward_backward(kLab.batch(0)));
-    const comm::CommStats backward = comm::comm_stats() - before;
+    const comm::Traffic backward =
+        labtest::traffic_of([&] { o.losses.push_back(t->forward_backward(kLab.batch(0))); });
     after_backward(*t);
-    const comm::CommStats before_step = comm::comm_stats();
-    t->step(kLr);
-    o.first_step = comm::comm_stats() - before_step;
+    o.first_step = labtest::traffic_of([&] { t->step(kLr); });
     for (const auto& [key, count] : backward) {
       o.first_step[key].calls += count.calls;
       o.first_step[key].bytes += count.bytes;

@@ -32,7 +32,7 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "grid3d_checks.hpp"
-#include "tests/support/zero_observe.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 namespace {
 
@@ -176,45 +176,85 @@ TEST(Step3_ZeroSweep, ZeroTwoAndThreeCostMTimesPerStep) {
   }
 }
 
-// Issue 25, class 1: the dp group's traffic of one Trainer3D step (no optimizer step), per kind,
-// exactly, for every ZeRO stage at m = 1 and 4 (the pieces are the test's own, own_builder):
-//   ZeRO-0/1  all-reduce of the stage's gradients (4 bytes each) and the loss (8)
-//   ZeRO-2    reduce of every unit's gradient elements per micro-batch, the tied copy once per
-//             step (held until the tied sum); the loss
+// Issue 25, class 1: the dp group's part of one Trainer3D step's budget (no optimizer step;
+// tests/support/traffic_budget.hpp: per group and members, operation, reduction op and root),
+// for a ZeRO stage and m, with the reference's reduction ops:
+//   ZeRO-0/1  avg all-reduce of the stage's gradients (4 bytes each) and of the loss (8)
+//   ZeRO-2    sum reduce of every unit's gradient elements to their owners per micro-batch (to
+//             dp rank q the elements of q's shard), the tied copy once per step (held until the
+//             tied sum), the 1/dp a scale after; avg all-reduce of the loss
 //   ZeRO-3    all-gather of every unit (each padded to dp) per micro-batch's forward, and of
-//             every unit but the embedding per backward; reduce-scatter of every padded unit per
-//             micro-batch, the tied copy once; the loss
-// Nothing else on the dp group. (The tp and pp groups' bytes are step 3's other checks.) The
-// counters do not record the reduction op (sum or avg): not part of the budget.
-labtest::Budget dp_budget(int zero, int m, nn::GPT& model, const comm::Communicator& dp) {
+//             every unit but the embedding per backward; sum reduce-scatter of every padded unit
+//             per micro-batch, the tied copy once; avg all-reduce of the loss
+// Calls: any where the split is per unit. The tp and pp rows: step_budget below.
+labtest::TrafficBudget dp_budget(int zero, int m, nn::GPT& model, const comm::Communicator& dp) {
+  using labtest::kAnyCalls;
   nn::ParameterSet& ps = model.params();
-  const auto key = [&dp](const char* op) { return comm::CommKey{dp.name(), op}; };
   const bool tied_copy = model.has_embedding() != model.has_head();
   const std::size_t tied = model.has_embedding() ? model.embedding_unit() : model.head_unit();
-  int64_t numel = 0, padded = 0, backward = 0, untied = 0, untied_padded = 0;
-  int64_t tied_numel = 0, tied_padded = 0;
+  const int n = dp.size();
+  labtest::TrafficBudget b;
+  b.all_reduce(dp, 1, 8, comm::ReduceOp::avg);  // the loss
+  if (zero <= 1) return b.all_reduce(dp, kAnyCalls, ps.numel() * 4, comm::ReduceOp::avg);
+  int64_t padded = 0, backward = 0, untied_padded = 0, tied_padded = 0;
+  std::vector<int64_t> to_owner(n, 0);  // ZeRO-2: elements reduced to each dp rank
   for (std::size_t u = 0; u < ps.units().size(); ++u) {
-    const int64_t n = ps.units()[u].numel();
-    const int64_t p = nn::shard_range(n, 0, dp.size()).size * dp.size();
-    numel += n;
+    const nn::Unit& unit = ps.units()[u];
+    const int64_t p = nn::shard_range(unit.numel(), 0, n).size * n;
+    const int64_t times = tied_copy && u == tied ? 1 : m;
     padded += p;
     if (!(model.has_embedding() && u == model.embedding_unit())) backward += p;
-    if (tied_copy && u == tied) {
-      tied_numel = n;
-      tied_padded = p;
-    } else {
-      untied += n;
-      untied_padded += p;
+    (tied_copy && u == tied ? tied_padded : untied_padded) += p;
+    for (int q = 0; q < n; ++q) {
+      const nn::ShardRange owner = nn::shard_range(ps.numel(), q, n);
+      to_owner[q] += times * std::max<int64_t>(0, std::min(unit.hi, owner.hi) - std::max(unit.lo, owner.lo));
     }
   }
-  if (zero <= 1) return {{key("all_reduce"), numel * 4 + 8}};
-  if (zero == 2) return {{key("reduce"), (m * untied + tied_numel) * 4}, {key("all_reduce"), 8}};
-  return {{key("all_gather"), m * (padded + backward) * 4},
-          {key("reduce_scatter"), (m * untied_padded + tied_padded) * 4},
-          {key("all_reduce"), 8}};
+  if (zero == 2) {
+    for (int q = 0; q < n; ++q)
+      if (to_owner[q] > 0) b.reduce(dp, q, kAnyCalls, to_owner[q] * 4);
+    return b;
+  }
+  return b.all_gather(dp, kAnyCalls, m * (padded + backward) * 4)
+      .reduce_scatter(dp, kAnyCalls, (m * untied_padded + tied_padded) * 4);
 }
 
-TEST(Step3_ZeroSweep, DpTrafficIsAnExactBudgetPerKind) {
+// The rest of one step, from the shapes (fp32, no checkpointing, 1F1B, one chunk; rows = this
+// replica's B/dp rows, in m micro-batches of rows/m, T, C):
+//   tp  lab 07's operators: 4 sum all-reduces of (rows, T, C) per block over the step (2 forward,
+//       2 backward), one for the vocabulary-parallel embedding's forward and one for the head's
+//       input gradient; the vocabulary-parallel loss: a max all-reduce of the row maxima and two
+//       sum all-reduces (target logit, sum of exponentials) of rows x T statistics (tp_bytes)
+//   pp  per micro-batch one activation (rows/m, T, C) sent to the next stage and its gradient
+//       received back, one received from the previous stage and its gradient sent back; the two
+//       ends exchange their copy of this tp rank's wte rows once (pp > 1); the loss broadcast
+//       from the last stage (8 bytes, f64)
+// and nothing on any other communicator (the world, a duplicate).
+labtest::TrafficBudget step_budget(int zero, int m, nn::GPT& model, lab10::Groups& g) {
+  using labtest::kAnyCalls;
+  labtest::TrafficBudget b = dp_budget(zero, m, model, g.replicas());
+  const ModelConfig c = config();
+  const int64_t rows = kLab.batch(0).batch_size() / g.shape.dp;
+  const int64_t stats = rows * c.block_size * 4;  // one fp32 statistic per token
+  const int64_t row_max = model.has_head() ? stats : 0;  // of tp_bytes' 3 statistics, the max
+  b.all_reduce(g.tp, kAnyCalls, tp_bytes(model, rows) - row_max);
+  if (model.has_head()) b.all_reduce(g.tp, kAnyCalls, row_max, comm::ReduceOp::max);
+  const int p = g.pp.size(), s = g.pp.rank();
+  const int64_t msg = rows / m * c.block_size * c.n_embd * 4;
+  if (s + 1 < p) b.send(g.pp, s + 1, m, m * msg).recv(g.pp, s + 1, m, m * msg);
+  if (s > 0) b.recv(g.pp, s - 1, m, m * msg).send(g.pp, s - 1, m, m * msg);
+  if (p > 1 && (s == 0 || s == p - 1)) {
+    const int other = s == 0 ? p - 1 : 0;
+    const int64_t wte =
+        model.params().get(s == 0 ? "wte.weight" : "lm_head.weight").grad.numel() * 4;
+    b.send(g.pp, other, 1, wte).recv(g.pp, other, 1, wte);
+  }
+  return b.broadcast(g.pp, p - 1, 1, 8);
+}
+
+// Every communicator's traffic of one Trainer3D step (no optimizer step) is its exact budget:
+// dp_budget on the replicas' group, step_budget's tp and pp rows, nothing else anywhere.
+TEST(Step3_ZeroSweep, OneStepIsAnExactBudgetOnEveryGroup) {
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
@@ -223,14 +263,12 @@ TEST(Step3_ZeroSweep, DpTrafficIsAnExactBudgetPerKind) {
       SCOPED_TRACE(fmt::format("ZeRO-{} m {}", zero, m));
       lab10::Trainer3D t(config(), g, {shape, m, zero, false}, options(DType::f32), {},
                          own_builder);
-      const comm::CommStats before = comm::comm_stats();
-      t.step(kLab.batch(0));
-      const comm::CommStats got = comm::comm_stats() - before;
+      const comm::Traffic got = labtest::traffic_of([&] { t.step(kLab.batch(0)); });
       // the budget from a model of the same layout (the trainer's pieces are not exposed here)
       nn::GPTOptions o = options(DType::f32);
       if (zero == 1 || zero == 2) o.storage.pad_to = shape.dp;
       const auto probe = own_builder(config(), g, o, false);
-      EXPECT_TRUE(labtest::traffic_is(got, dp_budget(zero, m, *probe, g.dp), {g.dp.name()}));
+      EXPECT_TRUE(labtest::exact_traffic(got, step_budget(zero, m, *probe, g)));
     }
 }
 
@@ -247,11 +285,11 @@ TEST(Step3_PlantedFault, Zero2WithAnExtraDpAllReduceFailsTheBudget) {
   nn::GPTOptions o = options(DType::f32);
   o.storage.pad_to = shape.dp;
   const auto probe = own_builder(config(), g, o, false);
-  const comm::CommStats before = comm::comm_stats();
-  t.step(kLab.batch(0));
-  g.dp.all_reduce(Tensor::zeros({probe->num_parameters()}));
-  EXPECT_FALSE(labtest::traffic_is(comm::comm_stats() - before, dp_budget(2, 2, *probe, g.dp),
-                                   {g.dp.name()}));
+  const comm::Traffic got = labtest::traffic_of([&] {
+    t.step(kLab.batch(0));
+    g.dp.all_reduce(Tensor::zeros({probe->num_parameters()}));
+  });
+  EXPECT_FALSE(labtest::exact_traffic(got, step_budget(2, 2, *probe, g)));
 }
 
 // ZeRO-3's working set: at every unit hook, the units bound in the model (ParameterSet's bound

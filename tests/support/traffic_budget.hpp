@@ -46,6 +46,14 @@ class TrafficBudget {
                                 comm::ReduceOp reduce = comm::ReduceOp::sum) {
     return expect(g, "reduce_scatter", calls, bytes, reduce);
   }
+  /// A reduce to `root` (a rank of `g`): e.g. ZeRO-2's gradient pieces, each to its owner.
+  TrafficBudget& reduce(const comm::Communicator& g, int root, int64_t calls, int64_t bytes,
+                        comm::ReduceOp reduce = comm::ReduceOp::sum) {
+    return expect(g, "reduce", calls, bytes, reduce, root);
+  }
+  TrafficBudget& broadcast(const comm::Communicator& g, int root, int64_t calls, int64_t bytes) {
+    return expect(g, "broadcast", calls, bytes, comm::ReduceOp::sum, root);
+  }
   TrafficBudget& send(const comm::Communicator& g, int to, int64_t calls, int64_t bytes) {
     return expect(g, "send", calls, bytes, comm::ReduceOp::sum, to);
   }
