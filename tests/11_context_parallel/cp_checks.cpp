@@ -129,4 +129,35 @@ std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm:
                      fmt::format("{}", fmt::join(seen, "; ")));
 }
 
+void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n_head) {
+  comm::Communicator cp = labtest::new_world();
+  const int n = cp.size();
+  ModelConfig config = labtest::test_model(2);
+  if (n_head > 0) config.n_head = n_head;
+  const int64_t T = 4 * config.block_size;  // a long context: 4 x tiny's block size
+  config.block_size = T;
+  const data::Sampler sampler(labtest::synthetic_corpus(7), 2, T, 99);
+  const data::Batch batch = sampler.batch(0);
+  const nn::GPTOptions options{.seed = 1234, .compute_dtype = dt, .flash_attention = true};
+
+  nn::GPT single(config, options);
+  const double single_loss = single.forward(batch.x, batch.y);
+  single.backward();
+
+  nn::GPT model(config, options);
+  model.set_mappings(lab11::make_cp_mappings(cp, zigzag_positions(T, n, cp.rank()), attention,
+                                             config.n_head));
+  const double loss = lab11::cp_forward_backward(
+      model, batch.x, batch.y, cp, [&](const Tensor& t) { return zigzag_rows(t, n, cp.rank()); });
+  const Tensor got = model.params().grads(), want = single.params().grads();
+  if (dt == DType::bf16) {
+    EXPECT_NEAR(loss, single_loss, 2e-3 * std::abs(single_loss));
+    EXPECT_TRUE(labtest::close_on_every_rank(got, want, 0, 3e-2 * labtest::max_abs(want)));
+  } else {
+    EXPECT_NEAR(loss, single_loss, 1e-5 * std::abs(single_loss));
+    EXPECT_TRUE(labtest::close_on_every_rank(got, want, labtest::kAllReduceRtol,
+                                             labtest::kAllReduceAtol));
+  }
+}
+
 }  // namespace cptest

@@ -132,6 +132,12 @@ std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
                             std::size_t kv_bytes, int64_t blocks);
 
+/// The whole model: one step of the context-parallel GPT (lab 11's mappings with `attention`,
+/// over every rank of the world, at 4x tiny's context, `n_head` heads: 0 for tiny's) against the
+/// single-device GPT with the same seed and batch: the loss and every flat gradient, fp32 at the
+/// all-reduce tolerances, bf16 at 2e-3 of the loss and 3e-2 of the largest gradient.
+void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n_head = 0);
+
 /// The library's no-overlap baseline while alive (comm::set_overlap(false)), restored on exit
 /// even when the code under test throws.
 struct NoOverlap {

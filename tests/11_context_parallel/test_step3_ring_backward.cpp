@@ -83,38 +83,6 @@ void gradients_match(DType dt) {
   EXPECT_TRUE(labtest::close_on_every_rank(g.dkv, g.want.dkv, cptest::rtol(dt), cptest::atol(dt)));
 }
 
-// The whole model: loss and flat gradients of the context-parallel GPT and of the single device.
-void model_matches(DType dt) {
-  comm::Communicator cp = labtest::new_world();
-  const int n = cp.size();
-  ModelConfig config = labtest::test_model(2);
-  const int64_t T = 4 * config.block_size;  // a long context: 4 x tiny's block size
-  config.block_size = T;
-  const data::Sampler sampler(labtest::synthetic_corpus(7), 2, T, 99);
-  const data::Batch batch = sampler.batch(0);
-  const nn::GPTOptions options{.seed = 1234, .compute_dtype = dt, .flash_attention = true};
-
-  nn::GPT single(config, options);
-  const double single_loss = single.forward(batch.x, batch.y);
-  single.backward();
-
-  nn::GPT model(config, options);
-  model.set_mappings(lab11::make_cp_mappings(cp, cptest::zigzag_positions(T, n, cp.rank()),
-                                             lab11::Attention::ring, config.n_head));
-  const double loss = lab11::cp_forward_backward(
-      model, batch.x, batch.y, cp, [&](const Tensor& t) { return cptest::zigzag_rows(t, n, cp.rank()); });
-  const Tensor got = model.params().grads(), want = single.params().grads();
-  if (dt == DType::bf16) {
-    EXPECT_NEAR(loss, single_loss, 2e-3 * std::abs(single_loss));
-    const double big = labtest::max_abs(want);
-    EXPECT_TRUE(labtest::close_on_every_rank(got, want, 0, 3e-2 * big));
-  } else {
-    EXPECT_NEAR(loss, single_loss, 1e-5 * std::abs(single_loss));
-    EXPECT_TRUE(labtest::close_on_every_rank(got, want, labtest::kAllReduceRtol,
-                                             labtest::kAllReduceAtol));
-  }
-}
-
 }  // namespace
 
 TEST(Step3_Ring, GradientsEqualFullAttentionF32) { gradients_match(DType::f32); }
@@ -135,8 +103,12 @@ TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {
   EXPECT_EQ(p, "") << "ring backward";
 }
 
-TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) { model_matches(DType::f32); }
-TEST(Step3_Model, LossAndGradientsEqualSingleDeviceBf16) { model_matches(DType::bf16); }
+TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) {
+  cptest::model_matches_single_device(DType::f32, lab11::Attention::ring);
+}
+TEST(Step3_Model, LossAndGradientsEqualSingleDeviceBf16) {
+  cptest::model_matches_single_device(DType::bf16, lab11::Attention::ring);
+}
 
 TEST(Step3_PlantedFault, DkDvThatDoNotTravelFail) {
   comm::Communicator cp = labtest::new_world();
