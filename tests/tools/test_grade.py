@@ -30,6 +30,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 LAB = "00_hello_dist"
 
 
+def grader_env(**extra):
+    """The environment of a graded run: this one, without SCALELAB_TIMEOUT (each test sets its own)
+    and without SCALELAB_CUDA, so the pristine tree is built as a grader builds by default (CPU-only
+    where no GPU is visible). CI sets SCALELAB_CUDA=ON to compile the CUDA code once, in its main
+    build; compiling every kernel again for each grader test's tree tests nothing more (choose_cuda
+    has its own tests below) and cost minutes of CI."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SCALELAB_TIMEOUT", "SCALELAB_CUDA")}
+    env.update(extra)
+    return env
+
+
 def pristine(rel):
     """A file as this repository's HEAD has it (what the grader grades against), else as it is."""
     proc = subprocess.run(["git", "-C", str(ROOT), "show", f"HEAD:{rel}"], capture_output=True, text=True)
@@ -144,9 +155,7 @@ class GraderTest(unittest.TestCase):
         labs = ["00"] + ([self.other_lab[:2]] if with_other_lab and self.other_lab else [])
         report = self.work / f"{kind}.json"
         start = time.monotonic()
-        env = {k: v for k, v in os.environ.items() if k != "SCALELAB_TIMEOUT"}
-        if watchdog_timeout:
-            env["SCALELAB_TIMEOUT"] = str(watchdog_timeout)
+        env = grader_env(**({"SCALELAB_TIMEOUT": str(watchdog_timeout)} if watchdog_timeout else {}))
         proc = subprocess.run(self.grade_cmd(kind, labs, test_timeout=test_timeout, keep_files=keep_files),
                               capture_output=True, text=True, timeout=1500, env=env)
         elapsed = time.monotonic() - start
@@ -268,7 +277,7 @@ class GraderTest(unittest.TestCase):
         tree = str(self.work / "tree-work" / "tree")
         proc = subprocess.Popen(self.grade_cmd("hangs", test_timeout=120), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True,
-                                env=dict(os.environ, SCALELAB_TIMEOUT="100"))
+                                env=grader_env(SCALELAB_TIMEOUT="100"))
         try:
             deadline = time.monotonic() + 900
             # wait until a hanging run (step 3 at 2 ranks: two rank processes) is under way
