@@ -18,6 +18,7 @@
 //    steps (kAdamRel).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include "common/nn/gpt.hpp"
@@ -304,30 +305,33 @@ TEST(Step5_PlantedFault, TheFaultsBaseItselfPasses) {
   EXPECT_TRUE(check_sp_block(*part, whole));
 }
 
-// The reduce-scatter replaced by an all-reduce and a slice: the same numbers; the byte check
-// catches it (and the full partial output is reduced on every rank).
-TEST(Step5_PlantedFault, ReduceScatterReplacedByAllReduceIsCaught) {
+// Step 5's block check on the library's tp block whose mappings are the planted operators with
+// `plant` applied (the planted faults below each switch one on).
+namespace {
+bool sp_block_check_with(const std::function<void(PlantedSequenceParallel&)>& plant) {
   Whole whole;
   auto part = library_tp_block(whole.c);
   PlantedSequenceParallel fault;
-  fault.by_all_reduce = true;
+  plant(fault);
   part->mappings = &fault;
   nn::ParameterSet set;
   take_shard(*part, set, whole);
-  EXPECT_FALSE(check_sp_block(*part, whole)) << "the check of Step5_Block must fail";
+  return check_sp_block(*part, whole);
+}
+}  // namespace
+
+// The reduce-scatter replaced by an all-reduce and a slice: the same numbers; the byte check
+// catches it (and the full partial output is reduced on every rank).
+TEST(Step5_PlantedFault, ReduceScatterReplacedByAllReduceIsCaught) {
+  EXPECT_FALSE(sp_block_check_with([](PlantedSequenceParallel& f) { f.by_all_reduce = true; }))
+      << "the check of Step5_Block must fail";
 }
 
 // Keeping the gathered LayerNorm output instead of gathering it again in backward: the same
 // numbers and fewer bytes sent, but each rank holds a whole (B, T, C) more per sub-layer.
 TEST(Step5_PlantedFault, KeepingTheGatheredInputIsCaught) {
-  Whole whole;
-  auto part = library_tp_block(whole.c);
-  PlantedSequenceParallel fault;
-  fault.keep_gathered = true;
-  part->mappings = &fault;
-  nn::ParameterSet set;
-  take_shard(*part, set, whole);
-  EXPECT_FALSE(check_sp_block(*part, whole)) << "the check of Step5_Block must fail";
+  EXPECT_FALSE(sp_block_check_with([](PlantedSequenceParallel& f) { f.keep_gathered = true; }))
+      << "the check of Step5_Block must fail";
 }
 
 // The same traffic and numbers as the base, but each gathered LayerNorm output also kept in a
@@ -335,12 +339,6 @@ TEST(Step5_PlantedFault, KeepingTheGatheredInputIsCaught) {
 // see it; the counting malloc does.
 TEST(Step5_PlantedFault, GatheredInputKeptInAStdVectorIsCaught) {
   if (size() == 1) GTEST_SKIP() << "with one rank the gathered input is this rank's rows";
-  Whole whole;
-  auto part = library_tp_block(whole.c);
-  PlantedSequenceParallel fault;
-  fault.copy_in_vector = true;
-  part->mappings = &fault;
-  nn::ParameterSet set;
-  take_shard(*part, set, whole);
-  EXPECT_FALSE(check_sp_block(*part, whole)) << "the check of Step5_Block must fail";
+  EXPECT_FALSE(sp_block_check_with([](PlantedSequenceParallel& f) { f.copy_in_vector = true; }))
+      << "the check of Step5_Block must fail";
 }
