@@ -34,6 +34,11 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/data/corpus.cpp
   ${CMAKE_CURRENT_LIST_DIR}/data/sampler.cpp
   ${CMAKE_CURRENT_LIST_DIR}/metrics.cpp)
+# The host kernels that use ops/cpu/exp_vectorizable.hpp: without -fno-trapping-math GCC keeps a
+# loop with a float compare-and-select scalar (the project uses no floating-point traps).
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/ops/cpu/pointwise_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/flash_attention_cpu.cpp PROPERTIES
+  COMPILE_OPTIONS $<$<COMPILE_LANGUAGE:CXX>:-fno-trapping-math>)
 # data/ writes to the repository's data/ directory by default
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/data/corpus.cpp PROPERTIES
   COMPILE_DEFINITIONS SCALELAB_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "common/ops/cpu/exp_vectorizable.hpp"
 #include "common/ops/fused_backend.hpp"
 
 namespace scalelab::ops::cpu {
@@ -46,12 +48,37 @@ A dot_row(const S* a, const S* b, int64_t hs) {
   return s;
 }
 
+// (T, hs) -> (hs, T) in the compute type. The score of query i against keys j..j+n is then
+// s[c] += q_i[d] * kt[d][j + c] over d: the c loop runs over adjacent numbers, which the compiler
+// turns into vector instructions, while every score is still summed over d in the same order as
+// dot_row's (so the results are those of the plain dot products, bit for bit).
+template <class A, class S>
+std::vector<A> transposed(const S* m, int64_t T, int64_t hs) {
+  std::vector<A> t(hs * T);
+  for (int64_t j = 0; j < T; ++j)
+    for (int64_t d = 0; d < hs; ++d) t[d * T + j] = load(m[j * hs + d]);
+  return t;
+}
+
+// s[c] = row . cols[:, j0 + c] for c < n: one row of a score tile (row: hs numbers; cols: (hs, T)).
+template <class A, class S>
+void row_times_cols(A* s, const S* row, const A* cols, int64_t j0, int64_t n, int64_t T,
+                    int64_t hs) {
+  for (int64_t c = 0; c < n; ++c) s[c] = 0;
+  for (int64_t d = 0; d < hs; ++d) {
+    const A x = load(row[d]);
+    const A* col = cols + d * T + j0;
+    for (int64_t c = 0; c < n; ++c) s[c] += x * col[c];
+  }
+}
+
 // ---- forward ----------------------------------------------------------------------------------
 // For one (T, hs) head. S is the storage type, A the compute (accumulation) type.
 template <class S, class A>
-void forward_head(S* out, A* lse, const S* q, const S* k, const S* v, int64_t T, int64_t hs,
-                  A scale, bool causal) {
+SCALELAB_HOST_SIMD void forward_head(S* out, A* lse, const S* q, const S* k, const S* v,
+                                     int64_t T, int64_t hs, A scale, bool causal) {
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  const std::vector<A> kt = transposed<A>(k, T, hs);  // K^T: (hs, T)
   for (int64_t q0 = 0; q0 < T; q0 += kBr) {  // one query tile: rows [q0, q1)
     const int64_t q1 = std::min(q0 + kBr, T);
     A m[kBr], l[kBr];        // running max and running sum, per row of the tile
@@ -65,10 +92,10 @@ void forward_head(S* out, A* lse, const S* q, const S* k, const S* v, int64_t T,
         const int64_t i = q0 + r;
         // 1. scores of this row against the tile's keys (masked: -inf, so p = 0)
         A s[kBc];
+        row_times_cols(s, q + i * hs, kt.data(), k0, k1 - k0, T, hs);
         A tile_max = kNegInf;
         for (int64_t c = 0; c < k1 - k0; ++c) {
-          const int64_t j = k0 + c;
-          s[c] = !causal || j <= i ? scale * dot_row<A>(q + i * hs, k + j * hs, hs) : kNegInf;
+          s[c] = !causal || k0 + c <= i ? scale * s[c] : kNegInf;
           tile_max = std::max(tile_max, s[c]);
         }
         if (tile_max == kNegInf) continue;  // the whole tile is in this row's future
@@ -78,13 +105,14 @@ void forward_head(S* out, A* lse, const S* q, const S* k, const S* v, int64_t T,
         A* o = acc.data() + r * hs;
         for (int64_t d = 0; d < hs; ++d) o[d] *= correction;
         l[r] *= correction;
-        // 3. accumulate p v for the tile
+        // 3. accumulate p v for the tile (a masked key's p is 0)
+        A p[kBc];
+        for (int64_t c = 0; c < k1 - k0; ++c)
+          p[c] = s[c] == kNegInf ? A(0) : exp_vectorizable(s[c] - m_new);
         for (int64_t c = 0; c < k1 - k0; ++c) {
-          if (s[c] == kNegInf) continue;
-          const A p = std::exp(s[c] - m_new);
-          l[r] += p;
+          l[r] += p[c];
           const S* vj = v + (k0 + c) * hs;
-          for (int64_t d = 0; d < hs; ++d) o[d] += p * load(vj[d]);
+          for (int64_t d = 0; d < hs; ++d) o[d] += p[c] * load(vj[d]);
         }
         m[r] = m_new;
       }
@@ -102,68 +130,52 @@ void forward_head(S* out, A* lse, const S* q, const S* k, const S* v, int64_t T,
 // With P = softmax(S) recomputed as p_ij = exp(s_ij - lse_i):
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D) with D_i = sum_j p_ij dp_ij = dO_i . O_i,
 //   dQ = scale dS K,  dK = scale dS^T Q.
-// Two passes, both tiled like the forward and both without atomics (deterministic, and each
-// output row is written by exactly one tile: the same structure as the CUDA kernels):
-//   pass 1 over query tiles: dQ_i = scale sum_j dS_ij k_j (keys j <= i);
-//   pass 2 over key tiles:   dK_j = scale sum_i dS_ij q_i, dV_j = sum_i p_ij dO_i (queries i >= j).
-// FlashAttention-2 does both in one pass over key tiles with dQ added atomically; two passes
-// recompute the scores once more (about 1.4x the backward's FLOPs) but need no atomics.
-
-// p_ij and dS_ij of one (query i, key j) pair: the scalar core of both passes.
-template <class A, class S>
-void prob_and_dscore(A& p, A& ds, const S* qi, const S* kj, const S* vj, const S* doi, A lse_i,
-                     A D_i, int64_t hs, A scale) {
-  p = std::exp(scale * dot_row<A>(qi, kj, hs) - lse_i);
-  ds = p * (dot_row<A>(doi, vj, hs) - D_i);
-}
-
+// One pass over key tiles (FlashAttention-2's backward loop order): a key tile's dK and dV are
+// summed over the query tiles that see it, and each (query, key) pair adds its share to dQ_i.
+// On a GPU the key tiles run in parallel, so dQ_i is added to by several thread blocks at once
+// (atomics, or a second pass over query tiles: ops/cuda's kernels take the second pass). Here
+// the tiles run one after another, so dQ_i simply accumulates, and in the order of j: every sum
+// runs in the same order as a two-pass backward's would.
 template <class S, class A>
-void backward_head(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v,
-                   const S* out, const A* lse, A* D, int64_t T, int64_t hs, A scale,
-                   bool causal) {
+SCALELAB_HOST_SIMD void backward_head(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k,
+                                      const S* v, const S* out, const A* lse, A* D, int64_t T,
+                                      int64_t hs, A scale, bool causal) {
   for (int64_t i = 0; i < T; ++i) D[i] = dot_row<A>(dout + i * hs, out + i * hs, hs);
-
-  std::vector<A> acc(std::max(kBr, kBc) * hs);
-  // pass 1: dQ, query tile by query tile (keys up to the tile's last query)
-  for (int64_t q0 = 0; q0 < T; q0 += kBr) {
-    const int64_t q1 = std::min(q0 + kBr, T);
-    std::fill(acc.begin(), acc.end(), A(0));
-    for (int64_t k0 = 0; k0 < (causal ? q1 : T); k0 += kBc)
-      for (int64_t r = 0; r < q1 - q0; ++r)
-        for (int64_t j = k0, i = q0 + r; j < std::min(k0 + kBc, causal ? i + 1 : T); ++j) {
-          A p, ds;
-          prob_and_dscore(p, ds, q + i * hs, k + j * hs, v + j * hs, dout + i * hs, lse[i], D[i],
-                          hs, scale);
-          for (int64_t d = 0; d < hs; ++d) acc[r * hs + d] += ds * load(k[j * hs + d]);
-        }
-    for (int64_t r = 0; r < q1 - q0; ++r)
-      for (int64_t d = 0; d < hs; ++d) dq[(q0 + r) * hs + d] = store<S>(scale * acc[r * hs + d]);
-  }
-  // pass 2: dK and dV, key tile by key tile (queries from the tile's first key on)
-  std::vector<A> acc_v(kBc * hs);
+  const std::vector<A> kt = transposed<A>(k, T, hs), vt = transposed<A>(v, T, hs);
+  std::vector<A> acc_q(T * hs, A(0)), acc_k(kBc * hs), acc_v(kBc * hs);
   for (int64_t k0 = 0; k0 < T; k0 += kBc) {
-    const int64_t k1 = std::min(k0 + kBc, T);
-    std::fill(acc.begin(), acc.end(), A(0));
+    const int64_t k1 = std::min(k0 + kBc, T), nc = k1 - k0;
+    std::fill(acc_k.begin(), acc_k.end(), A(0));
     std::fill(acc_v.begin(), acc_v.end(), A(0));
-    // causal: from the first query tile that sees k0
-    for (int64_t q0 = causal ? k0 - k0 % kBr : 0; q0 < T; q0 += kBr)
-      for (int64_t c = 0; c < k1 - k0; ++c)
-        for (int64_t i = causal ? std::max(q0, k0 + c) : q0, j = k0 + c;
-             i < std::min(q0 + kBr, T); ++i) {
-          A p, ds;
-          prob_and_dscore(p, ds, q + i * hs, k + j * hs, v + j * hs, dout + i * hs, lse[i], D[i],
-                          hs, scale);
-          for (int64_t d = 0; d < hs; ++d) {
-            acc[c * hs + d] += ds * load(q[i * hs + d]);
-            acc_v[c * hs + d] += p * load(dout[i * hs + d]);
-          }
+    // causal: from the first query that sees k0 (query i sees keys j <= i)
+    for (int64_t i = causal ? k0 : 0; i < T; ++i) {
+      const int64_t n = causal ? std::min(nc, i - k0 + 1) : nc;  // the keys of the tile i sees
+      A p[kBc], ds[kBc];
+      row_times_cols(p, q + i * hs, kt.data(), k0, n, T, hs);     // s_ij / scale
+      row_times_cols(ds, dout + i * hs, vt.data(), k0, n, T, hs);  // dp_ij = dO_i . v_j
+      for (int64_t c = 0; c < n; ++c) {
+        p[c] = exp_vectorizable(scale * p[c] - lse[i]);
+        ds[c] = p[c] * (ds[c] - D[i]);
+      }
+      A* aq = acc_q.data() + i * hs;
+      for (int64_t c = 0; c < n; ++c) {
+        const S* kj = k + (k0 + c) * hs;
+        A* ak = acc_k.data() + c * hs;
+        A* av = acc_v.data() + c * hs;
+        for (int64_t d = 0; d < hs; ++d) {
+          aq[d] += ds[c] * load(kj[d]);
+          ak[d] += ds[c] * load(q[i * hs + d]);
+          av[d] += p[c] * load(dout[i * hs + d]);
         }
-    for (int64_t c = 0; c < k1 - k0; ++c)
+      }
+    }
+    for (int64_t c = 0; c < nc; ++c)
       for (int64_t d = 0; d < hs; ++d) {
-        dk[(k0 + c) * hs + d] = store<S>(scale * acc[c * hs + d]);
+        dk[(k0 + c) * hs + d] = store<S>(scale * acc_k[c * hs + d]);
         dv[(k0 + c) * hs + d] = store<S>(acc_v[c * hs + d]);
       }
   }
+  for (int64_t i = 0; i < T * hs; ++i) dq[i] = store<S>(scale * acc_q[i]);
 }
 
 // Calls f(S{}, A{}) with the storage and compute types of `dtype`.
