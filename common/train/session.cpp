@@ -12,14 +12,35 @@ Session::Session(const std::string& program, const std::string& description,
   add_train_options(options_, defaults);
 }
 
-const cxxopts::ParseResult& Session::parse(int argc, char** argv) {
+const cxxopts::ParseResult& Session::parse(int argc, char** argv, DevicePick pick) {
   parsed_ = cli::parse(options_, argc, argv);
   run_ = cli::run_options(parsed_);
   opt_ = read_train_options(parsed_);
   config_ = model_config(opt_.model);
   comm_.emplace(comm::Communicator::world(run_.backend));
-  device_ = rank_device(run_.device);
+  if (pick == DevicePick::at_parse) pick_device();
   return parsed_;
+}
+
+void Session::pick_device() {
+  SCALELAB_CHECK(comm_.has_value(), "Session::pick_device before parse()");
+  SCALELAB_CHECK(!device_picked_, "Session::pick_device: the device is picked already");
+  device_ = rank_device(run_.device);
+  device_picked_ = true;
+}
+
+Device Session::device() const {
+  SCALELAB_CHECK(device_picked_, "Session::device before the device is picked (parse with "
+                                 "DevicePick::by_lab needs pick_device())");
+  return device_;
+}
+
+void Session::set_context(int64_t tokens) {
+  SCALELAB_CHECK(comm_.has_value(), "Session::set_context before parse()");
+  SCALELAB_CHECK(!sampler_ && !reporter_, "Session::set_context after sampler() or announce(): "
+                                          "they drew and counted the model's context");
+  SCALELAB_CHECK(tokens > 0, "Session::set_context({}): a context is at least one token", tokens);
+  config_.block_size = tokens;
 }
 
 data::Sampler& Session::sampler() {
@@ -30,12 +51,12 @@ data::Sampler& Session::sampler() {
   return *sampler_;
 }
 
-void Session::announce(const std::string& headline) {
+void Session::announce(const std::string& headline, bool mfu_note) {
   log::info("{}", headline);
   log::info("{}", precision_note(run_.precision));
-  reporter_ = std::make_unique<StepReporter>(config_, opt_.batch * config_.block_size, device_,
+  reporter_ = std::make_unique<StepReporter>(config_, opt_.batch * config_.block_size, device(),
                                              opt_.peak_tflops, *comm_, run_.precision);
-  log::info("{}", reporter_->mfu_note());
+  if (mfu_note) log::info("{}", reporter_->mfu_note());
 }
 
 std::string Session::step_line(int64_t step, double loss, double dt_s) {

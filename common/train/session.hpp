@@ -1,6 +1,6 @@
 #pragma once
 /// @file session.hpp
-/// The frame every training program of labs 03-08 shares, so that a lab's main() shows only what
+/// The frame every training program of labs 03-11 shares, so that a lab's main() shows only what
 /// the lab is about: the command line (the shared run and train options plus the lab's own), the
 /// world communicator, this rank's device, the model config, the corpus and its sampler of global
 /// batches, and the step reporter with its notes.
@@ -14,6 +14,18 @@
 ///     ... session.sampler().batch(step) ...
 ///     log::info("{}", session.step_line(step, loss, dt));
 ///   }
+///
+/// Two hooks for the labs whose set-up needs more than that:
+/// - a lab that must refuse some input before a device is picked (lab 10's --plan refuses
+///   --device cuda: picking a GPU where there is none would fail first, with another error)
+///   parses with DevicePick::by_lab and calls pick_device() after its checks;
+/// - a lab that trains at another context than the model's (lab 11's long sequences) calls
+///   set_context(T) before the sampler and the reporter are made.
+///
+/// Lab 02's single-device program does not use it: it has no communicator (and so no hang
+/// watchdog), reads a corpus directory or a text file with its validation split, trains at a
+/// --context up to the model's (the model keeps its positions), and its step line is made by the
+/// attendee's own functions (tokens/s, MFU) every --log-every steps.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -45,10 +57,27 @@ class Session {
     return options_.add_options(group);
   }
 
+  /// When parse() picks this rank's device.
+  enum class DevicePick {
+    at_parse,  ///< parse() picks it, right after making the world communicator
+    by_lab,    ///< the lab calls pick_device() itself, after checks that must come first
+  };
+
   /// Parses argv, reads the shared options (UsageError on a bad value, every rank), makes the
-  /// world communicator and picks this rank's device (collective over the world). Returns the
-  /// parse result, for the lab's own options.
-  const cxxopts::ParseResult& parse(int argc, char** argv);
+  /// world communicator and, with DevicePick::at_parse, picks this rank's device (collective over
+  /// the world). Returns the parse result, for the lab's own options.
+  const cxxopts::ParseResult& parse(int argc, char** argv, DevicePick pick = DevicePick::at_parse);
+
+  /// Picks this rank's device for --device (train::rank_device: collective over the world;
+  /// --device cuda without a GPU is a UsageError). Once, after parse(DevicePick::by_lab) and
+  /// before device(), model_options() or announce(); parse() calls it otherwise.
+  void pick_device();
+
+  /// Trains on sequences of `tokens` tokens instead of the model's block size: config()'s
+  /// block_size becomes `tokens` (a model made from it has positions for all of them), the
+  /// sampler draws rows of that many tokens and the step line counts their FLOPs. After parse(),
+  /// before sampler() and announce(); `tokens` must be positive (the lab checks its own limits).
+  void set_context(int64_t tokens);
 
   /// The shared run options (--device, --backend, --seed, --timeout, --trace, --precision).
   /// After parse().
@@ -56,12 +85,13 @@ class Session {
   /// The shared training options (--model, --batch, --steps, --lr, --warmup, --peak-tflops,
   /// --data). After parse().
   const TrainOptions& opt() const { return opt_; }
-  /// The model config --model names. After parse().
+  /// The model config --model names (its block_size set_context()'s, if called). After parse().
   const ModelConfig& config() const { return config_; }
   /// The world communicator (every rank), on the backend --backend picks. After parse().
   comm::Communicator& comm() { return *comm_; }
-  /// This rank's device (--device; with CUDA one GPU per rank on a node). After parse().
-  Device device() const { return device_; }
+  /// This rank's device (--device; with CUDA one GPU per rank on a node). After the device is
+  /// picked (parse(), or pick_device() with DevicePick::by_lab).
+  Device device() const;
 
   /// The sampler of global batches of the run's corpus, seeded by --seed. The corpus is read on
   /// the first call, so a program can refuse a run (sizing, bad shapes) before reading data.
@@ -69,15 +99,16 @@ class Session {
 
   /// A model on this rank's device in the run's precision, drawn from `seed`.
   nn::GPTOptions model_options(uint64_t seed) const {
-    return {.device = device_, .seed = seed, .compute_dtype = run_.precision};
+    return {.device = device(), .seed = seed, .compute_dtype = run_.precision};
   }
 
   /// The learning rate of `step` (warmup, cosine decay).
   double lr(int64_t step) const { return learning_rate(opt_, step); }
 
-  /// Logs `headline`, the precision note and where the MFU peak comes from, and makes the step
-  /// reporter. Collective over the world (on a CPU every rank measures its sgemm peak at once).
-  void announce(const std::string& headline);
+  /// Logs `headline`, the precision note and, with `mfu_note`, where the MFU peak comes from, and
+  /// makes the step reporter. Collective over the world (on a CPU every rank measures its sgemm
+  /// peak at once). Labs 10 and 11 pass `mfu_note` false: their output has never had the line.
+  void announce(const std::string& headline, bool mfu_note = true);
 
   /// The step line (loss, dt, tokens/s, MFU, the peak memory of the busiest rank) of one global
   /// batch. Collective. Needs announce() first.
@@ -91,6 +122,7 @@ class Session {
   ModelConfig config_;
   std::optional<comm::Communicator> comm_;
   Device device_ = Device::cpu();
+  bool device_picked_ = false;
   std::vector<uint16_t> tokens_;
   std::optional<data::Sampler> sampler_;
   std::unique_ptr<StepReporter> reporter_;

@@ -27,14 +27,13 @@
 
 #include "3d_parallel.hpp"
 #include "common/allocator.hpp"
-#include "common/cli.hpp"
 #include "common/comm/stats.hpp"
 #include "common/log.hpp"
 #include "common/metrics.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
-#include "common/train/loop.hpp"
+#include "common/train/session.hpp"
 #include "common/train/sizing.hpp"
 
 using namespace scalelab;
@@ -289,8 +288,12 @@ Measured measure_plan(const ModelConfig& config, const Plan& p, data::Sampler& s
 }
 
 // --check-plan: every plan --plan lists for the ranks started, predicted vs measured (rank 0).
-int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64_t seed,
-               DType precision, const cxxopts::ParseResult& parsed, comm::Communicator& world) {
+int check_plan(train::Session& session, const cxxopts::ParseResult& parsed) {
+  const ModelConfig& config = session.config();
+  const train::TrainOptions& opt = session.opt();
+  const uint64_t seed = session.run().seed;
+  const DType precision = session.run().precision;
+  comm::Communicator& world = session.comm();
   const std::size_t budget = parse_memory(parsed["memory"].as<std::string>());
   const double budget_mib = static_cast<double>(budget) / 1048576.0;
   const int steps = parsed["check-steps"].as<int>();
@@ -309,8 +312,7 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
   const Machine m = measure_machine(world, config,
                                     std::max<int64_t>(1, opt.batch / world.size()), precision);
   const auto rows = plan_all(config, world.size(), opt.batch, m, budget, precision);
-  const auto tokens = train::load_train_tokens(opt);
-  data::Sampler sampler(tokens, opt.batch, config.block_size, seed);
+  data::Sampler& sampler = session.sampler();  // the corpus is read here, after the checks
   log::info("lab 10 planner check: model {}, {}, global batch {} x {} tokens, {} ranks, {:.0f} MiB "
             "per rank; machine: a block's forward + backward {:.1f} GFLOP/s per rank (sgemm n = "
             "{}: {:.1f}), all-reduce {:.2f} GB/s, {:.1f} us{}", config.name,
@@ -376,11 +378,10 @@ int check_plan(const ModelConfig& config, const train::TrainOptions& opt, uint64
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("lab10_3d_parallel",
-                                     "Lab 10: one GPT trained on a dp x tp x pp grid of ranks");
-    cli::add_run_options(options, /*mixed_precision=*/true);
-    train::add_train_options(options, {.model = "small", .batch = 8, .steps = 10});
-    options.add_options("lab 10")
+    train::Session session("lab10_3d_parallel",
+                           "Lab 10: one GPT trained on a dp x tp x pp grid of ranks",
+                           {.model = "small", .batch = 8, .steps = 10});
+    session.add_options("lab 10")
         ("dp", "data-parallel replicas (0: the ranks left over by tp and pp)",
          cxxopts::value<int>()->default_value("0"))
         ("tp", "tensor-parallel ranks per stage (0: see --dp)", cxxopts::value<int>()->default_value("0"))
@@ -415,23 +416,25 @@ int main(int argc, char** argv) {
                        "predicted vs measured memory and step time")
         ("check-steps", "--check-plan: timed steps per configuration (after 1 warm-up)",
          cxxopts::value<int>()->default_value("10"));
-    const auto parsed = cli::parse(options, argc, argv);
-    const auto run = cli::run_options(parsed);
-    const auto opt = train::read_train_options(parsed);
+    // --plan and --check-plan refuse --device cuda before a device is picked (picking a GPU where
+    // there is none fails first), and a training run checks its grid first: the lab picks it.
+    const auto& parsed = session.parse(argc, argv, train::Session::DevicePick::by_lab);
+    const auto& run = session.run();
+    const auto& opt = session.opt();
     const GridOrder order = comm::parse_grid_order(parsed["grid-order"].as<std::string>());
     const int m = parsed["micro-batches"].as<int>();
     const int twin_steps = parsed["twin-steps"].as<int>();
     SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
     const int zero = parsed["zero"].as<int>();
-    const ModelConfig config = model_config(opt.model);
+    const ModelConfig& config = session.config();
     refuse_options_of_the_other_mode(parsed);
 
-    auto world = comm::Communicator::world(run.backend);
+    comm::Communicator& world = session.comm();
     if (parsed.count("check-plan")) {
       // the planner's machine model (measure_machine) is the CPU's: sgemm, MPI, shared cores
       SCALELAB_REQUIRE(run.device == "cpu", "--check-plan measures the CPU's time model "
                                             "(--device cpu), got --device {}", run.device);
-      return check_plan(config, opt, run.seed, run.precision, parsed, world);
+      return check_plan(session, parsed);
     }
     if (parsed.count("plan")) {
       // the planner measures this machine's CPU, what lab 10 runs on: a GPU is not measured
@@ -453,7 +456,8 @@ int main(int argc, char** argv) {
     check_runnable(run_plan);
     if (schedule == lab08::Kind::interleaved)  // the layers must split into pp x v equal pieces
       lab08::chunk_layers(static_cast<int>(config.n_layer), shape.pp, chunks, 0, 0);
-    const Device device = train::rank_device(run.device);
+    session.pick_device();
+    const Device device = session.device();
 
     const comm::ProcessGrid grid(world, shape);
     Groups g = groups_of(grid);
@@ -477,23 +481,32 @@ int main(int argc, char** argv) {
                                .attention_probabilities = shape.cp == 1};
     train::require_host_memory(train::step_bytes_at_least(rows_config, step_shape, run.precision),
                                fmt::format("--batch {}", opt.batch), "a training step");
-    const auto tokens = train::load_train_tokens(opt);
-    data::Sampler sampler(tokens, opt.batch, config.block_size, run.seed);
+    data::Sampler& sampler = session.sampler();
     // bf16: mixed precision (fp32 master, gradients and AdamW state; bf16 compute copy and
     // activations, sent through the pipeline and all-reduced over tp in bf16)
-    const nn::GPTOptions model_options{.device = device, .seed = run.seed,
-                                       .compute_dtype = run.precision};
+    const nn::GPTOptions model_options = session.model_options(run.seed);
     Trainer3D trainer(config, g, run_plan, model_options);
     nn::GPT* model = &trainer.model();
 
-    log::info("lab 10 3d_parallel: model {} ({} layers, {} heads), global batch {} = dp {} x {} "
-              "micro-batches of {} rows, {} steps, {}{}, schedule {}{}", config.name,
-              config.n_layer, config.n_head, opt.batch, shape.dp, m, opt.batch / shape.dp / m,
-              opt.steps,
-              zero == 0 ? "AdamW whole on every rank" : fmt::format("ZeRO-{} over dp", zero),
-              run_plan.checkpoint ? ", every block checkpointed" : "", lab08::kind_name(schedule),
-              chunks > 1 ? fmt::format(" with {} chunks per rank", chunks) : "");
-    log::info("{}", train::precision_note(run.precision));
+    // The single-device twin (world rank 0): the same seed, the same global batches, AdamW, the
+    // same precision. The 3D step must match it: fp32 to 1e-5 relative (sums over tp, micro-
+    // batches and dp run in another order), bf16 to 1e-3 (each tp rank rounds its partial sums
+    // to bf16 before the all-reduce adds them).
+    train::TwinCheck twin_check(run.precision);
+    std::unique_ptr<nn::GPT> twin;
+    std::unique_ptr<optim::AdamW> twin_opt;
+    if (world.rank() == 0 && twin_steps > 0) {
+      twin = std::make_unique<nn::GPT>(config, model_options);
+      twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
+    }
+
+    session.announce(fmt::format(
+        "lab 10 3d_parallel: model {} ({} layers, {} heads), global batch {} = dp {} x {} "
+        "micro-batches of {} rows, {} steps, {}{}, schedule {}{}", config.name, config.n_layer,
+        config.n_head, opt.batch, shape.dp, m, opt.batch / shape.dp / m, opt.steps,
+        zero == 0 ? "AdamW whole on every rank" : fmt::format("ZeRO-{} over dp", zero),
+        run_plan.checkpoint ? ", every block checkpointed" : "", lab08::kind_name(schedule),
+        chunks > 1 ? fmt::format(" with {} chunks per rank", chunks) : ""), /*mfu_note=*/false);
     if (shape.cp > 1)
       log::info("cp {}: each rank keeps {} of the {} tokens of every sequence (lab 11's zig-zag "
                 "chunks), attention by {} over its cp group; gradients and loss averaged over dp "
@@ -515,22 +528,8 @@ int main(int argc, char** argv) {
     std::string per_rank;
     for (double x : all.to_vector()) per_rank += fmt::format(" {:.0f}", x);
     log::info("parameters per rank:{} (the whole model: {})", per_rank, parameter_count(config));
-
-    // The single-device twin (world rank 0): the same seed, the same global batches, AdamW, the
-    // same precision. The 3D step must match it: fp32 to 1e-5 relative (sums over tp, micro-
-    // batches and dp run in another order), bf16 to 1e-3 (each tp rank rounds its partial sums
-    // to bf16 before the all-reduce adds them).
-    train::TwinCheck twin_check(run.precision);
-    std::unique_ptr<nn::GPT> twin;
-    std::unique_ptr<optim::AdamW> twin_opt;
-    if (world.rank() == 0 && twin_steps > 0) {
-      twin = std::make_unique<nn::GPT>(config, model_options);
-      twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
-    }
-    train::StepReporter reporter(config, opt.batch * config.block_size, device,
-                                 opt.peak_tflops, world, run.precision);
     for (int64_t step = 0; step < opt.steps; ++step) {
-      const double lr = train::learning_rate(opt, step);
+      const double lr = session.lr(step);
       metrics::Timer timer(device);
       const data::Batch batch = sampler.batch(step);  // on the host: each stage moves its rows
       if (step == 0) comm::reset_comm_stats();
@@ -561,7 +560,7 @@ int main(int argc, char** argv) {
                   "pp: activations and gradients, the tied embedding; dp: the gradients):\n{}",
                   comm::format_comm_stats(first));
       }
-      log::info("{}", reporter.line(step, loss, dt, lr));
+      log::info("{}", session.step_line(step, loss, dt));
       if (twin && step < twin_steps) {
         twin->zero_grad();
         const data::Batch on_device = batch.to(device);

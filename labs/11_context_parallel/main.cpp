@@ -17,7 +17,6 @@
 #include <random>
 
 #include "common/allocator.hpp"
-#include "common/cli.hpp"
 #include "common/comm/communicator.hpp"
 #include "common/comm/stats.hpp"
 #include "common/device.hpp"
@@ -25,9 +24,9 @@
 #include "common/log.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
-#include "common/train/equivalence.hpp"
 #include "common/data/sampler.hpp"
-#include "common/train/loop.hpp"
+#include "common/train/equivalence.hpp"
+#include "common/train/session.hpp"
 #include "common/train/sizing.hpp"
 #include "common/trace.hpp"
 #include "context_parallel.hpp"
@@ -179,10 +178,9 @@ ExitCode measure_overlap(comm::Communicator& cp, const ModelConfig& config, int6
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("lab11_context_parallel", "Lab 11: context parallelism");
-    cli::add_run_options(options, /*mixed_precision=*/true);
-    train::add_train_options(options, {.batch = 2, .steps = 4});
-    options.add_options("lab 11")
+    train::Session session("lab11_context_parallel", "Lab 11: context parallelism",
+                           {.batch = 2, .steps = 4});
+    session.add_options("lab 11")
         ("cp", "context-parallel ranks: the sequence is cut over them (default: every rank)",
          cxxopts::value<int>()->default_value("0"))
         ("attention", "ring (steps 2-3) or all-to-all (step 4)",
@@ -196,23 +194,26 @@ int main(int argc, char** argv) {
                     "layer's attention, overlapped and not, and the transfers alone), per rank")
         ("reps", "--overlap: measured repetitions (the median is printed)",
          cxxopts::value<int>()->default_value("20"));
-    const auto parsed = cli::parse(options, argc, argv);
-    const auto run = cli::run_options(parsed);
-    const auto opt = train::read_train_options(parsed);
+    // the device is picked after the cp checks: bad input is refused alike with any --device
+    const auto& parsed = session.parse(argc, argv, train::Session::DevicePick::by_lab);
+    const auto& run = session.run();
+    const auto& opt = session.opt();
+    comm::Communicator& comm = session.comm();
     const lab11::Attention attention = lab11::parse_attention(parsed["attention"].as<std::string>());
     const int64_t twin_steps = parsed["twin-steps"].as<int64_t>();
     SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
 
-    auto comm = comm::Communicator::world(run.backend);
     const int cp = parsed["cp"].as<int>() == 0 ? comm.size() : parsed["cp"].as<int>();
-    ModelConfig config = model_config(opt.model);
-    const int64_t T = parsed["context"].as<int64_t>() == 0 ? 4 * config.block_size
+    const int64_t block_size = session.config().block_size;  // the model's own context
+    const int64_t T = parsed["context"].as<int64_t>() == 0 ? 4 * block_size
                                                            : parsed["context"].as<int64_t>();
     SCALELAB_REQUIRE(T >= 1, "--context must be at least 1, got {}", T);
     // Bad input is refused on every rank alike, before any data is read.
-    lab11::check_cp(cp, comm.size(), T, config.n_head, attention);
-    config.block_size = T;  // the position table covers the long context
-    const Device device = train::rank_device(run.device);
+    lab11::check_cp(cp, comm.size(), T, session.config().n_head, attention);
+    session.set_context(T);  // the position table, the sampler's rows and the FLOPs: T tokens
+    const ModelConfig& config = session.config();
+    session.pick_device();
+    const Device device = session.device();
     if (parsed.count("overlap")) {
       const int reps = parsed["reps"].as<int>();
       SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
@@ -235,13 +236,12 @@ int main(int argc, char** argv) {
                                     .attention_probabilities = false},
                                    run.precision),
         fmt::format("--batch {}", opt.batch), "a training step");
-    const auto tokens = train::load_train_tokens(opt);
-    data::Sampler sampler(tokens, opt.batch, T, run.seed);
+    data::Sampler& sampler = session.sampler();
 
     // Every rank holds the whole model (its weights are replicated, like DDP's) and T/cp rows
     // of every sequence of the batch; the fused attention core is the lab's.
-    const nn::GPTOptions model_options{.device = device, .seed = run.seed,
-                                       .compute_dtype = run.precision, .flash_attention = true};
+    nn::GPTOptions model_options = session.model_options(run.seed);
+    model_options.flash_attention = true;
     nn::GPT model(config, model_options);
     const std::vector<int64_t> positions = lab11::zigzag_positions(T, cp, comm.rank());
     model.set_mappings(lab11::make_cp_mappings(comm, positions, attention, config.n_head));
@@ -257,22 +257,19 @@ int main(int argc, char** argv) {
     // fp32 1e-5 relative (attention's sums merge blocks in another order, the gradients are
     // all-reduced), bf16 1e-3 (every activation rounds to 8 bits), as labs 07-10.
     train::TwinCheck twin_check(run.precision);
-    log::info("lab 11 context parallel: model {} at T = {} ({} x its block size), {} attention, "
-              "cp = {} ranks of {} rows (chunks {} and {} of {} on rank 0), global batch {}, {} "
-              "steps, backend {}", config.name, T, T / model_config(opt.model).block_size,
-              lab11::attention_name(attention), cp, T / cp, 0, 2 * cp - 1, 2 * cp, opt.batch,
-              opt.steps, comm.backend());
-    train::StepReporter reporter(config, opt.batch * T, device, opt.peak_tflops, comm,
-                                 run.precision);
-    log::info("{}", train::precision_note(run.precision));
+    session.announce(fmt::format(
+        "lab 11 context parallel: model {} at T = {} ({} x its block size), {} attention, cp = {} "
+        "ranks of {} rows (chunks {} and {} of {} on rank 0), global batch {}, {} steps, backend "
+        "{}", config.name, T, T / block_size, lab11::attention_name(attention), cp, T / cp, 0,
+        2 * cp - 1, 2 * cp, opt.batch, opt.steps, comm.backend()), /*mfu_note=*/false);
     std::size_t single_acts = 0;
     for (int64_t step = 0; step < opt.steps; ++step) {
       const data::Batch global = sampler.batch(step);
-      const double lr = train::learning_rate(opt, step);
+      const double lr = session.lr(step);
       metrics::Timer timer(device);
       const double loss = lab11::cp_forward_backward(model, global.x, global.y, comm, shard);
       adamw.step(lr);
-      log::info("{}", reporter.line(step, loss, timer.elapsed(), lr));
+      log::info("{}", session.step_line(step, loss, timer.elapsed()));
       if (single && step < twin_steps) {
         single->zero_grad();
         const data::Batch g = global.to(device);
