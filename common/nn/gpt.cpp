@@ -285,12 +285,32 @@ Tensor GPT::logits(const Tensor& tokens) {
                  "logits() needs the whole model and vocabulary");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.n_embd,
                 V = config_.vocab_size;
-  GPTActivations scratch;  // each block's activations are dropped as soon as it is done
-  Tensor x = embed(tokens, scratch);
-  for (auto& b : blocks_) {
-    BlockActivations a;
-    x = b->forward(x, a);
+  // An evaluation pass: every unit is run between the policy's unit hooks, as in a training
+  // forward (a ZeRO-3 policy gathers each unit before it and frees it after, so a sharded model
+  // can be evaluated), with evaluating() true so that a policy can tell it from a training
+  // forward. No block hook: each block's activations are dropped as soon as it is done, so there
+  // is nothing for a checkpointing policy to drop or recompute.
+  struct Evaluating {  // restored on the way out, an exception included
+    bool& flag;
+    const bool was;
+    ~Evaluating() { flag = was; }
+  } evaluating{evaluating_, evaluating_};
+  evaluating_ = true;
+  GPTActivations scratch;
+  Tensor x = embed(tokens, scratch);  // the embedding unit's hooks run inside
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const std::size_t u = block_unit(first_ + static_cast<int>(i));
+    if (policy_) policy_->before_unit_forward(*this, u);  // e.g. ZeRO-3: gather the unit
+    need_values(u);
+    {
+      BlockActivations a;  // freed here, not kept for a backward
+      x = blocks_[i]->forward(x, a);
+    }
+    if (policy_) policy_->after_unit_forward(*this, u);  // e.g. ZeRO-3: free it
   }
+  if (policy_) policy_->before_unit_forward(*this, head_unit());
+  need_values(head_unit());
+  if (!lm_head) need_values(embedding_unit());  // the tied wte
   const DType dt = params_.compute_dtype();
   Tensor lnf = Tensor::empty({B, T, C}, dt, options_.device);
   Tensor mean = Tensor::empty({B * T}, ops::stats_dtype(dt), options_.device);
@@ -299,6 +319,7 @@ Tensor GPT::logits(const Tensor& tokens) {
   Tensor out = Tensor::empty({B, T, V}, dt, options_.device);
   Tensor out2 = out.view({B * T, V});
   ops::matmul(out2, lnf.view({B * T, C}), head_weight(), false, true);
+  if (policy_) policy_->after_unit_forward(*this, head_unit());
   return out;
 }
 

@@ -96,6 +96,13 @@ class GPT;
 ///                  after_unit_backward(block i)
 ///   embed_backward before_unit_backward(embedding)  ... after_unit_backward(embedding)
 ///
+///   logits / loss  (evaluation: logits, loss, generate) the same unit hooks as a training
+///                  forward, before_unit_forward(u) ... after_unit_forward(u) for the embedding,
+///                  each block and the head, and no block hook: an evaluation keeps nothing for a
+///                  backward, so there is nothing to drop or recompute. model.evaluating() is
+///                  true inside them, so a policy can tell an evaluation pass from a training
+///                  forward (no backward follows it: nothing to keep or prefetch for one).
+///
 /// The unit hooks come first and last, so what a unit hook provides (ZeRO-3's gathered values) is
 /// there for the block hooks (checkpointing's recomputation). Activation checkpointing is a
 /// block policy (drop a block's activations after its forward, recompute them from the input
@@ -288,10 +295,17 @@ class GPT {
   /// Unit index of the head (ln_f, and a last stage's lm_head.weight).
   std::size_t head_unit() const;
 
-  /// Logits (B, T, V) of tokens (B, T), keeping no activations (generation, evaluation).
+  /// Logits (B, T, V) of tokens (B, T), keeping no activations (generation, evaluation). An
+  /// evaluation pass: the policy's unit hooks run around each unit as in a training forward
+  /// (ZeRO-3 gathers a unit before it and frees it after; collective there), with evaluating()
+  /// true; the block hooks do not run (no activations are kept for a backward).
   Tensor logits(const Tensor& tokens);
-  /// Mean loss of tokens -> targets without keeping activations (evaluation).
+  /// Mean loss of tokens -> targets without keeping activations (evaluation): logits(), then the
+  /// cross-entropy.
   double loss(const Tensor& tokens, const Tensor& targets);
+  /// True while logits() / loss() (and so generate()) run: the hooks a policy sees then belong
+  /// to an evaluation pass, which no backward follows; false in the six training pieces.
+  bool evaluating() const { return evaluating_; }
 
   /// Block by global index (first_block() <= i < last_block()).
   Block& block(int i) { return *blocks_.at(i - first_); }
@@ -340,6 +354,7 @@ class GPT {
   std::shared_ptr<const Mappings> mappings_;  // null: Mappings::single_device()
   std::shared_ptr<BlockPolicy> policy_;  // null: keep every block's activations, do nothing
   GPTActivations acts_;  // for forward(tokens, targets) / backward() only
+  bool evaluating_ = false;  // inside logits() / loss(): see evaluating()
 };
 
 /// Generates `n` tokens after `prompt` by sampling from softmax(logits / temperature) with a

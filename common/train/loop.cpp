@@ -83,6 +83,10 @@ std::vector<uint16_t> load_train_tokens(const TrainOptions& o) {
   return data::load_tokens(o.data + "/train.bin");
 }
 
+std::vector<uint16_t> load_val_tokens(const TrainOptions& o) {
+  return data::load_tokens((o.data.empty() ? data::default_data_dir() : o.data) + "/val.bin");
+}
+
 double learning_rate(const TrainOptions& o, int64_t step) {
   return optim::cosine_lr(step, o.warmup, o.steps, o.lr, o.lr / 10);
 }

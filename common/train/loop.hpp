@@ -34,6 +34,9 @@ TrainOptions read_train_options(const cxxopts::ParseResult& result);
 
 /// The corpus's train split: `<data>/train.bin` (UsageError naming `./scalelab data` if missing).
 std::vector<uint16_t> load_train_tokens(const TrainOptions& options);
+/// The corpus's validation split, `<data>/val.bin`, beside train.bin (call load_train_tokens
+/// first: it says what is wrong with --data).
+std::vector<uint16_t> load_val_tokens(const TrainOptions& options);
 
 /// The device this rank computes on for `--device` (cpu or cuda): the CPU, or the GPU of its
 /// node-local rank, local_rank % GPUs (lab 00's choice; the local rank comes from

@@ -51,6 +51,15 @@ data::Sampler& Session::sampler() {
   return *sampler_;
 }
 
+data::Sampler& Session::val_sampler() {
+  if (!val_sampler_) {
+    sampler();  // the train split first: it says what is wrong with --data
+    val_tokens_ = load_val_tokens(opt_);
+    val_sampler_.emplace(val_tokens_, opt_.batch, config_.block_size, run_.seed + 1);
+  }
+  return *val_sampler_;
+}
+
 void Session::announce(const std::string& headline, bool mfu_note) {
   log::info("{}", headline);
   log::info("{}", precision_note(run_.precision));

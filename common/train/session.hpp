@@ -96,6 +96,9 @@ class Session {
   /// The sampler of global batches of the run's corpus, seeded by --seed. The corpus is read on
   /// the first call, so a program can refuse a run (sizing, bad shapes) before reading data.
   data::Sampler& sampler();
+  /// The sampler of validation batches (the corpus's val.bin, seeded by --seed + 1, as lab 02's),
+  /// read on the first call.
+  data::Sampler& val_sampler();
 
   /// A model on this rank's device in the run's precision, drawn from `seed`.
   nn::GPTOptions model_options(uint64_t seed) const {
@@ -125,6 +128,8 @@ class Session {
   bool device_picked_ = false;
   std::vector<uint16_t> tokens_;
   std::optional<data::Sampler> sampler_;
+  std::vector<uint16_t> val_tokens_;
+  std::optional<data::Sampler> val_sampler_;
   std::unique_ptr<StepReporter> reporter_;
 };
 

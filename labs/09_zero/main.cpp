@@ -1,5 +1,6 @@
 // Lab 09 driver (not edited by attendees): trains a GPT with ZeRO stage --stage (rank 0 also runs
-// the single-device twin for the first steps and prints both losses), then measures every stage
+// the single-device twin for the first steps and prints both losses), prints a validation loss
+// (every stage, ZeRO-3 too: the model's evaluation runs its unit hooks), then measures every stage
 // 0-3 at n = 1, 2, 4 ranks (the ranks that divide the world): what a rank holds between steps by
 // kind and in the allocator, the peak of a step, the bytes one step communicates, beside the
 // formulas of the ZeRO paper. --precision bf16: mixed precision (stage 3 gathers the 2-byte
@@ -156,7 +157,34 @@ int main(int argc, char** argv) {
           log::info("    the loss against the single-device twin's: {}", twin_check.verdict());
       }
     }
-    const double divergence = train::max_divergence_from_rank0(trainer->full_parameters(), comm);
+    const Tensor full = trainer->full_parameters();  // collective on every stage
+    const double divergence = train::max_divergence_from_rank0(full, comm);
+    // A validation loss at every stage, on one batch of the corpus's val split: each rank
+    // evaluates its rows (model().loss: at stage 3 the policy gathers each unit for the
+    // evaluation pass and frees it after, so it is collective), the row-weighted mean is
+    // all-reduced. Rank 0's twin, given the trainer's parameters, evaluates the whole batch: the
+    // same within the twin tolerance (the rows' losses are summed in another order).
+    const data::Batch val_global = session.val_sampler().batch(0);
+    const data::Batch val_mine =
+        lab03::local_batch(val_global, comm.rank(), comm.size()).to(device);
+    const double rows = static_cast<double>(val_mine.batch_size());
+    Tensor val_sum = Tensor::from_vector({trainer->model().loss(val_mine.x, val_mine.y) * rows},
+                                         {1}, DType::f64);
+    comm.all_reduce(val_sum, comm::ReduceOp::sum);
+    const double val_loss = val_sum.item() / static_cast<double>(val_global.batch_size());
+    train::TwinCheck val_check(run.precision);
+    std::string val_twin;
+    if (single) {
+      single->params().values().copy_from(full);
+      if (single->params().mixed()) single->params().refresh_compute();
+      const data::Batch g = val_global.to(device);
+      const double want = single->loss(g.x, g.y);
+      val_check.add(val_loss, want);
+      val_twin = fmt::format("; the single-device model with these parameters {:.6f}, {}", want,
+                             val_check.verdict());
+    }
+    log::info("step={} val_loss={:.6f} (one batch of the val split){}", opt.steps - 1, val_loss,
+              val_twin);
     const lab09::Held held = trainer->held();
     log::info("after {} steps: max |p - p on rank 0| over {} ranks = {:.3g} ({}); rank 0 holds "
               "{} MiB of parameters, {} MiB of gradients, {} MiB of optimizer state",
@@ -221,7 +249,8 @@ int main(int argc, char** argv) {
         log::info("HELD != ALLOCATOR: a trainer counts other bytes than it keeps between steps");
     }
     // the twin runs on rank 0 only: every rank exits with the same verdict
-    return train::on_every_rank(divergence == 0 && twin_check.ok && held_ok, comm) ? kExitOk
-                                                                                   : kExitFailed;
+    return train::on_every_rank(divergence == 0 && twin_check.ok && val_check.ok && held_ok, comm)
+               ? kExitOk
+               : kExitFailed;
   });
 }

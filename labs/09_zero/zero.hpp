@@ -72,7 +72,8 @@ class Trainer {
   virtual int stage() const = 0;
   /// Forward and backward of this rank's rows of the GLOBAL batch (lab 03's local_batch), then
   /// the gradient reduction of the stage. Returns the loss of the whole global batch (the same
-  /// on every rank). Collective.
+  /// on every rank). Collective. (A validation loss: model().loss(x, y) on every rank, at every
+  /// stage; at stage 3 it is collective, the policy gathering each unit for it.)
   virtual double forward_backward(const data::Batch& global) = 0;
   /// One AdamW step at `lr` on what this rank owns, then whatever communication puts every
   /// rank back in the state the next forward needs. Collective.
@@ -282,7 +283,10 @@ void reduce_scatter_unit(nn::ParameterSet& ps, std::size_t u, Tensor& grad_shard
 /// (reduce_scatter_unit) unless held (a tied copy: see GradientRelease::hold). A head tied to
 /// wte on the same model gathers the embedding with it. Keeps this rank's value and gradient
 /// shard of every unit. Build the model with prepare(options) (per-unit storage, on_init keeping
-/// the initial shards), then attach(model).
+/// the initial shards), then attach(model). An evaluation pass (GPT::logits / loss / generate,
+/// model.evaluating()) runs the same forward hooks: each unit gathered (the next prefetched) and
+/// freed after, nothing left in flight or gathered for a backward, on every rank (collective);
+/// it counts in neither gathers() nor peak_gathered_bytes() (an evaluation is not a step).
 class GatherRelease final : public nn::BlockPolicy {
  public:
   explicit GatherRelease(comm::Communicator& comm) : comm_(comm) {}
@@ -305,9 +309,9 @@ class GatherRelease final : public nn::BlockPolicy {
   /// This rank's value shards (params) and gradient shards (grads) plus units bound now.
   Held held() const;
   /// Peak of the bytes of gathered units held at once since begin(): fp32 values (4 bytes per
-  /// parameter), or bf16 compute buffers in mixed precision (2).
+  /// parameter), or bf16 compute buffers in mixed precision (2). Training passes only.
   std::size_t peak_gathered_bytes() const { return peak_gathered_; }
-  /// Unit gathers (start_unit_gather calls) since begin().
+  /// Unit gathers (start_unit_gather calls) since begin(), training passes only.
   int gathers() const { return gathers_; }
 
  private:

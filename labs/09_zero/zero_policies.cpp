@@ -101,7 +101,7 @@ void GatherRelease::prefetch(std::size_t u) {
   for (const UnitGather& g : in_flight_)
     if (g.unit == u) return;
   in_flight_.push_back(start_unit_gather(ps, u, values_.at(u), comm_));
-  ++gathers_;
+  if (!model_->evaluating()) ++gathers_;  // the step's figure: an evaluation is not a step
 }
 
 void GatherRelease::gather(std::size_t u) {
@@ -113,6 +113,7 @@ void GatherRelease::gather(std::size_t u) {
   UnitGather g = std::move(*it);
   in_flight_.erase(it);
   finish_unit_gather(ps, g);
+  if (model_->evaluating()) return;  // the step's figures count training passes only
   std::size_t now = 0;
   for (std::size_t v = 0; v < ps.units().size(); ++v) now += gathered_bytes(v);
   peak_gathered_ = std::max(peak_gathered_, now);
@@ -122,6 +123,10 @@ void GatherRelease::release(std::size_t u) {
   if (model_->params().compute_bound(u)) release_unit(model_->params(), u);
 }
 
+// A training forward and an evaluation pass (model.evaluating(): GPT::logits / loss) alike: the
+// unit gathered, the next one prefetched (the evaluation runs the same units in the same order);
+// the head, last, prefetches nothing, so no gather is left in flight for a backward that an
+// evaluation never runs, and after_unit_forward leaves nothing gathered.
 void GatherRelease::before_unit_forward(const nn::GPT& /*model*/, std::size_t unit) {
   gather(unit);
   if (tied_head(unit)) gather(model_->embedding_unit());

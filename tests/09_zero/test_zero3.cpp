@@ -9,6 +9,8 @@
 // forward, the gather of the next unit has been started (seen from the block's reduce_forward
 // hook); the planted fault gathers each unit only when it is needed. Last, in bf16: the bf16 DDP
 // step, 2-byte gathers, only fp32 shards held; planted: fp32 gathered and cast after (2x bytes).
+// Evaluation (model().loss) of the sharded model: the single-device loss bit for bit, one gather
+// per unit, nothing left gathered; planted: a policy that does not gather, or free, in it.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -229,6 +231,128 @@ TEST(Step4_PlantedFault, GatheringOnlyWhenNeededIsCaught) {
   const std::vector<int64_t> seen = gathers_during_block_forward(
       *on_demand.model, [&] { on_demand.forward_backward(kLab.batch(0)); });
   EXPECT_FALSE(prefetches(seen));
+}
+
+// ---- Evaluation under ZeRO-3: a validation loss of a sharded model -----------------------------
+// GPT::logits / loss (evaluation, generation) run the policy's unit hooks as a training forward
+// does, with model.evaluating() true: every rank evaluates the whole batch through
+// model().loss (collective: each unit is gathered for the evaluation and freed after). Checked
+// after one training step (the shards have moved since on_init), on a batch not trained on:
+//  - the loss equals the single-device model's eval loss with the same parameters (the trainer's
+//    full_parameters copied into it) bit for bit: tolerance 0, the gathered unit holds exactly
+//    those values and the evaluation runs the same ops in the same order;
+//  - afterwards nothing is gathered: the allocator's live bytes are what they were before it
+//    (the sharded figure: NothingGatheredIsLeftBetweenSteps), no unit's values bound, held()
+//    unchanged;
+//  - its traffic is one all-gather of every unit and of the tied wte once more for the head,
+//    nothing else (no reduction, no gather for a backward that never comes).
+// Planted faults: the trainer's own policy at every training hook, but in an evaluation pass it
+// gathers nothing (the model reads released units: a clear error), or gathers and never frees
+// (the right loss, the whole model left gathered). About 0.1 s per rank count.
+namespace {
+
+testing::AssertionResult evaluates_like_the_single_device(lab09::Zero3& three,
+                                                          const data::Batch& b) {
+  nn::GPT single(kLab.config(), f32());
+  single.params().values().copy_from(three.full_parameters());  // collective
+  const double want = single.loss(b.x, b.y);
+  nn::GPT& model = three.model();
+  const nn::ParameterSet& ps = model.params();
+  world().barrier();  // as footprint(): the communicator lets go of the last tensors
+  const std::size_t base = now_bytes(), held = three.held().total(),
+                    peak_gathered = three.peak_gathered_bytes();
+  double got = 0;
+  std::string error;  // the same on every rank: every rank evaluates the same batch
+  const comm::Traffic moved = labtest::traffic_of([&] {
+    try {
+      got = model.loss(b.x, b.y);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  world().barrier();
+  const std::size_t after = now_bytes();
+  if (!error.empty())
+    return testing::AssertionFailure() << "the evaluation failed: " << error;
+  if (got != want)
+    return testing::AssertionFailure() << "eval loss " << fmt::format("{:.17g}", got)
+                                       << ", the single-device model's with the same parameters "
+                                       << fmt::format("{:.17g}", want) << " (tolerance 0)";
+  for (std::size_t u = 0; u < ps.units().size(); ++u)
+    if (ps.values_bound(u) || ps.compute_bound(u))
+      return testing::AssertionFailure() << ps.units()[u].name << " is still gathered after the "
+                                         << "evaluation";
+  if (after != base)
+    return testing::AssertionFailure() << after << " bytes alive after the evaluation, " << base
+                                       << " before it (the shards): it left memory behind";
+  if (three.held().total() != held)
+    return testing::AssertionFailure() << "held " << three.held().total() << " bytes after the "
+                                       << "evaluation, " << held << " before";
+  if (three.peak_gathered_bytes() != peak_gathered)
+    return testing::AssertionFailure() << "the evaluation changed the step's peak of gathered "
+                                       << "bytes (an evaluation is not a step)";
+  // every unit once (padded to n), the embedding again for the tied head: fp32, nothing else
+  int64_t gathered = 0;
+  for (std::size_t u = 0; u < ps.units().size(); ++u)
+    gathered += nn::shard_range(ps.units()[u].numel(), 0, world().size()).size * world().size();
+  gathered += nn::shard_range(ps.units()[model.embedding_unit()].numel(), 0, world().size()).size *
+              world().size();
+  return exact_traffic(
+      moved, labtest::TrafficBudget{}.all_gather(world(), labtest::kAnyCalls, gathered * 4));
+}
+
+// The planted policy: `zero3` (the trainer's GatherRelease) at every training hook; in an
+// evaluation pass it skips the gather (skips_gather) or the release (keeps_gathered).
+class EvaluationFault final : public nn::BlockPolicy {
+ public:
+  enum Kind { skips_gather, keeps_gathered };
+  EvaluationFault(nn::BlockPolicy& zero3, Kind kind) : zero3_(zero3), kind_(kind) {}
+  void before_unit_forward(const nn::GPT& m, std::size_t u) override {
+    if (!m.evaluating() || kind_ == keeps_gathered) zero3_.before_unit_forward(m, u);
+  }
+  void after_unit_forward(const nn::GPT& m, std::size_t u) override {
+    if (!m.evaluating()) zero3_.after_unit_forward(m, u);
+  }
+  void before_unit_backward(const nn::GPT& m, std::size_t u) override {
+    zero3_.before_unit_backward(m, u);
+  }
+  void after_unit_backward(const nn::GPT& m, std::size_t u) override {
+    zero3_.after_unit_backward(m, u);
+  }
+
+ private:
+  nn::BlockPolicy& zero3_;
+  Kind kind_;
+};
+
+constexpr int64_t kEvalBatch = 5;  // a batch the step did not train on
+
+}  // namespace
+
+TEST(Step4_Zero3, EvaluatesLikeTheSingleDeviceAndLeavesOnlyShards) {
+  lab09::Zero3 three(kLab.config(), f32(), world());
+  run_steps(three, 1);
+  EXPECT_TRUE(evaluates_like_the_single_device(three, kLab.batch(kEvalBatch)));
+  // and it trains on after it, as a trainer that never evaluated
+  lab09::Zero3 plain(kLab.config(), f32(), world());
+  run_steps(plain, 1);
+  EXPECT_EQ(three.forward_backward(kLab.batch(1)), plain.forward_backward(kLab.batch(1)));
+}
+
+TEST(Step4_PlantedFault, AnEvaluationThatDoesNotGatherOrDoesNotFreeIsCaught) {
+  for (const auto kind : {EvaluationFault::skips_gather, EvaluationFault::keeps_gathered}) {
+    lab09::Zero3 three(kLab.config(), f32(), world());
+    three.model().set_block_policy(
+        std::make_shared<EvaluationFault>(*three.model().block_policy(), kind));
+    run_steps(three, 1);  // its training is the reference's
+    const testing::AssertionResult r =
+        evaluates_like_the_single_device(three, kLab.batch(kEvalBatch));
+    EXPECT_FALSE(r);
+    // caught for its own reason: a released unit read, or units left gathered
+    const std::string why = r.message();
+    EXPECT_NE(why.find(kind == EvaluationFault::skips_gather ? "are released" : "still gathered"),
+              std::string::npos) << why;
+  }
 }
 
 // ---- Issue 25, class 5: a prefetch is a gather IN FLIGHT -----------------------------------------

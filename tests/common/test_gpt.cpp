@@ -288,10 +288,19 @@ class Recorder final : public nn::BlockPolicy {
                        int64_t) override {
     add("bb", static_cast<std::size_t>(b.index));
   }
-  void before_unit_forward(const nn::GPT&, std::size_t u) override { add("F<", u); }
-  void after_unit_forward(const nn::GPT&, std::size_t u) override { add("F>", u); }
-  void before_unit_backward(const nn::GPT&, std::size_t u) override { add("B<", u); }
-  void after_unit_backward(const nn::GPT&, std::size_t u) override { add("B>", u); }
+  // an evaluation pass (model.evaluating()) is marked "e"
+  void before_unit_forward(const nn::GPT& m, std::size_t u) override {
+    add(m.evaluating() ? "eF<" : "F<", u);
+  }
+  void after_unit_forward(const nn::GPT& m, std::size_t u) override {
+    add(m.evaluating() ? "eF>" : "F>", u);
+  }
+  void before_unit_backward(const nn::GPT& m, std::size_t u) override {
+    add(m.evaluating() ? "eB<" : "B<", u);
+  }
+  void after_unit_backward(const nn::GPT& m, std::size_t u) override {
+    add(m.evaluating() ? "eB>" : "B>", u);
+  }
 
  private:
   void add(const char* what, std::size_t i) { log_.push_back(tag_ + what + std::to_string(i)); }
@@ -321,6 +330,31 @@ TEST(GPT, UnitHooksRunAroundEveryUnitInOrder) {
       "B<1", "2:B<1", "bb0", "2:bb0", "B>1", "2:B>1",
       "B<0", "2:B<0", "B>0", "2:B>0"};
   EXPECT_EQ(log, want);
+}
+
+// The evaluation pass (logits, loss, and so generate) runs the same unit hooks as a training
+// forward, in forward order, with evaluating() true (and false again after it), and no block
+// hook: it keeps no activations, so there is nothing to drop or recompute. With the hooks only
+// observing, the loss and logits are bitwise those of the model without a policy.
+TEST(GPT, EvaluationRunsTheUnitForwardHooks) {
+  nn::GPT plain(micro(), f64_options()), hooked(micro(), f64_options());
+  std::vector<std::string> log;
+  hooked.add_block_policy(std::make_shared<Recorder>(log, ""));
+  Tensor x = random_tokens({2, 5}, 11, 12), y = random_tokens({2, 5}, 11, 13);
+  EXPECT_EQ(hooked.loss(x, y), plain.loss(x, y));
+  expect_equal(hooked.logits(x), plain.logits(x), "logits");
+  EXPECT_FALSE(hooked.evaluating());
+  const std::vector<std::string> pass = {"eF<0", "eF>0", "eF<1", "eF>1",
+                                         "eF<2", "eF>2", "eF<3", "eF>3"};
+  std::vector<std::string> want = pass;
+  want.insert(want.end(), pass.begin(), pass.end());  // loss, then logits
+  EXPECT_EQ(log, want);
+  log.clear();
+  nn::generate(hooked, {1, 2}, 2, 0.0, 1);  // one pass per generated token
+  EXPECT_EQ(log.size(), 2 * pass.size());
+  log.clear();
+  hooked.forward(x, y);  // a training forward after it is marked as training again
+  EXPECT_EQ(log.front(), "F<0");
 }
 
 TEST(GPT, GenerateIsSeededAndExtendsThePrompt) {
