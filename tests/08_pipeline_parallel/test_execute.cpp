@@ -80,10 +80,8 @@ testing::AssertionResult exact_pipeline_traffic(const comm::Traffic& moved, int 
   const int64_t msg = message_bytes(m), wte = c.vocab_size * c.n_embd * 4;
   labtest::TrafficBudget budget;
   for (int chunk = 0; chunk < v; ++chunk) {
-    if (const Piece n = next_piece(p, v, s, chunk); n.exists)
-      budget.send(pp, n.stage, m, m * msg).recv(pp, n.stage, m, m * msg);
-    if (const Piece q = prev_piece(p, v, s, chunk); q.exists)
-      budget.recv(pp, q.stage, m, m * msg).send(pp, q.stage, m, m * msg);
+    const Piece n = next_piece(p, v, s, chunk), q = prev_piece(p, v, s, chunk);
+    budget.pipeline_piece(pp, n.exists ? n.stage : -1, q.exists ? q.stage : -1, m, msg);
   }
   if (p > 1 && (s == 0 || s == p - 1)) {
     const int other = s == 0 ? p - 1 : 0;
