@@ -18,7 +18,8 @@
 // The technique: with m micro-batches ZeRO-2 reduces every unit once per micro-batch and ZeRO-3
 // gathers every unit for every micro-batch's forward and backward (the byte counters and the
 // policies' counts say so), and ZeRO-3 holds one unit gathered at a time (and a tied
-// embedding). Planted: a ZeRO-2 whose reduction overwrites its shard (lab 09's ZeRO-2 as it was,
+// embedding); one step's traffic is an exact budget on every group (fp32 1F1B at every ZeRO
+// stage, and a covering handful of AFAB, interleaved and bf16 plans). Planted: a ZeRO-2 whose reduction overwrites its shard (lab 09's ZeRO-2 as it was,
 // one batch per step: only the last micro-batch survives) fails the twin; a ZeRO-3 that never
 // releases a gathered unit fails the bound on gathered elements.
 #include <algorithm>
