@@ -243,16 +243,18 @@ std::vector<std::unique_ptr<nn::GPT>> probes(const lab10::Plan& plan, lab10::Gro
     lab10::Groups x = g;
     x.shape.pp = g.shape.pp * plan.chunks;
     x.coord.pp = c * g.shape.pp + g.coord.pp;
-    out.push_back(own_builder(config(), x, o, false));
+    out.push_back(own_builder(config(), x, o, plan.checkpoint));
   }
   return out;
 }
 
-// The rest of one step, from the shapes (no checkpointing; any schedule: AFAB and 1F1B send the
-// same messages in another order; rows = this replica's B/dp rows, in m micro-batches of rows/m,
-// T, C; activations and their gradients in the compute dtype, bf16 in mixed precision):
+// The rest of one step, from the shapes (any schedule: AFAB and 1F1B send the same messages in
+// another order; rows = this replica's B/dp rows, in m micro-batches of rows/m, T, C;
+// activations and their gradients in the compute dtype, bf16 in mixed precision):
 //   tp  lab 07's operators, per piece: 4 sum all-reduces of (rows, T, C) per block over the step
-//       (2 forward, 2 backward), one for the vocabulary-parallel embedding's forward and one for
+//       (2 forward, 2 backward; 6 with checkpointing: the recomputed forward's 2 more; its
+//       ZeRO-3 gathers are the backward's own, add_dp_budget's count does not change), one for
+//       the vocabulary-parallel embedding's forward and one for
 //       the head's input gradient; the vocabulary-parallel loss: a max all-reduce of the row
 //       maxima and two sum all-reduces (target logit, sum of exponentials) of rows x T
 //       statistics (tp_bytes)
@@ -278,7 +280,7 @@ labtest::TrafficBudget step_budget(const lab10::Plan& plan, DType precision, lab
     add_dp_budget(b, plan.zero_stage, m, model, g.replicas());
     const int64_t stat = static_cast<int64_t>(dtype_size(ops::stats_dtype(model.compute_dtype())));
     const int64_t row_max = model.has_head() ? rows * c.block_size * stat : 0;  // of tp_bytes' 3
-    b.all_reduce(g.tp, kAnyCalls, tp_bytes(model, rows) - row_max);
+    b.all_reduce(g.tp, kAnyCalls, tp_bytes(model, rows, plan.checkpoint) - row_max);
     if (model.has_head()) b.all_reduce(g.tp, kAnyCalls, row_max, comm::ReduceOp::max);
     const lab08::Piece next = lab08::next_piece(p, v, s, chunk), prev = lab08::prev_piece(p, v, s, chunk);
     b.pipeline_piece(g.pp, next.exists ? next.stage : -1, prev.exists ? prev.stage : -1, m, msg);
@@ -327,13 +329,15 @@ TEST(Step3_ZeroSweep, OneStepIsAnExactBudgetOnEveryGroup) {
     }
 }
 
-// ... and the other schedules and the wire dtype: AFAB, interleaved (2 chunks: twice the pp
-// messages, stage pp-1's chunk 0 sending to stage 0's chunk 1, a tied copy on each end), bf16
-// (2-byte activations on pp and tp and ZeRO-3's gathers; 4-byte gradients on dp and the tied
-// exchange), with ZeRO-2/3 at m = 2 and 4. A covering handful: every ZeRO stage, schedule and
-// precision appears, each schedule with both precisions.
+// ... and the other schedules, checkpointing and the wire dtype: AFAB, interleaved (2 chunks:
+// twice the pp messages, stage pp-1's chunk 0 sending to stage 0's chunk 1, a tied copy on each
+// end), checkpointing (the recomputed forwards' tp all-reduces), bf16 (2-byte activations on pp
+// and tp and ZeRO-3's gathers; 4-byte gradients on dp and the tied exchange), with ZeRO-2/3 at
+// m = 2 and 4. A covering handful: every ZeRO stage, schedule, checkpointing and precision
+// appears, each schedule with both precisions and with and without checkpointing.
 TEST(Step3_ZeroSweep, OneStepIsAnExactBudgetForEveryScheduleAndPrecision) {
   using K = lab08::Kind;
+  constexpr DType f32 = DType::f32, bf16 = DType::bf16;
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
@@ -341,15 +345,18 @@ TEST(Step3_ZeroSweep, OneStepIsAnExactBudgetForEveryScheduleAndPrecision) {
     int zero;
     K schedule;
     int m;
+    bool checkpoint;
     DType precision;
   };
-  for (const BudgetCase& x : {BudgetCase{0, K::afab, 2, DType::f32}, {3, K::afab, 4, DType::bf16},
-                              {1, K::interleaved, 2, DType::bf16}, {2, K::interleaved, 4, DType::f32},
-                              {3, K::interleaved, 2, DType::f32}, {2, K::one_f_one_b, 2, DType::bf16}}) {
+  for (const BudgetCase& x :
+       {BudgetCase{0, K::afab, 2, true, f32}, {3, K::afab, 4, false, bf16},
+        {1, K::interleaved, 2, false, bf16}, {2, K::interleaved, 4, true, f32},
+        {3, K::interleaved, 2, true, bf16}, {2, K::one_f_one_b, 2, false, bf16},
+        {1, K::one_f_one_b, 4, true, f32}}) {
     const int v = x.schedule == K::interleaved ? 2 : 1;
-    const lab10::Plan plan{shape, x.m, x.zero, false, x.schedule, v};
-    SCOPED_TRACE(fmt::format("ZeRO-{} {} v {} m {} {}", x.zero, lab08::kind_name(x.schedule), v,
-                             x.m, dtype_name(x.precision)));
+    const lab10::Plan plan{shape, x.m, x.zero, x.checkpoint, x.schedule, v};
+    SCOPED_TRACE(fmt::format("ZeRO-{} {} v {} m {}{} {}", x.zero, lab08::kind_name(x.schedule), v,
+                             x.m, x.checkpoint ? " checkpointed" : "", dtype_name(x.precision)));
     const Measured r = one_step_traffic(plan, x.precision, g);
     EXPECT_TRUE(labtest::exact_traffic(r.got, r.budget));
   }
@@ -593,3 +600,4 @@ TEST(Step3_ZeroSweepPlantedFault, ZeroTwoKeepingOnlyTheLastMicroBatchIsCaught) {
 }
 
 }  // namespace
+
