@@ -19,9 +19,11 @@
 // gathers every unit for every micro-batch's forward and backward (the byte counters and the
 // policies' counts say so), and ZeRO-3 holds one unit gathered at a time (and a tied
 // embedding); one step's traffic is an exact budget on every group (fp32 1F1B at every ZeRO
-// stage, and a covering handful of AFAB, interleaved and bf16 plans). Planted: a ZeRO-2 whose reduction overwrites its shard (lab 09's ZeRO-2 as it was,
-// one batch per step: only the last micro-batch survives) fails the twin; a ZeRO-3 that never
-// releases a gathered unit fails the bound on gathered elements.
+// stage, and a covering handful of AFAB, interleaved, checkpointed and bf16 plans). Planted: a
+// ZeRO-2 whose reduction overwrites its shard (lab 09's ZeRO-2 as it was, one batch per step:
+// only the last micro-batch survives) fails the twin; a ZeRO-3 that never releases a gathered
+// unit fails the bound on gathered elements; an extra activation and a bf16 plan run in fp32
+// fail the budget.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -254,10 +256,9 @@ std::vector<std::unique_ptr<nn::GPT>> probes(const lab10::Plan& plan, lab10::Gro
 //   tp  lab 07's operators, per piece: 4 sum all-reduces of (rows, T, C) per block over the step
 //       (2 forward, 2 backward; 6 with checkpointing: the recomputed forward's 2 more; its
 //       ZeRO-3 gathers are the backward's own, add_dp_budget's count does not change), one for
-//       the vocabulary-parallel embedding's forward and one for
-//       the head's input gradient; the vocabulary-parallel loss: a max all-reduce of the row
-//       maxima and two sum all-reduces (target logit, sum of exponentials) of rows x T
-//       statistics (tp_bytes)
+//       the vocabulary-parallel embedding's forward and one for the head's input gradient; the
+//       vocabulary-parallel loss: a max all-reduce of the row maxima and two sum all-reduces
+//       (target logit, sum of exponentials) of rows x T statistics (tp_bytes)
 //   pp  per piece (chunk c of v: lab 08's next_piece / prev_piece, so with interleaving the last
 //       stage's chunk c feeds stage 0's chunk c + 1) and micro-batch one activation (rows/m, T,
 //       C) sent to the next piece's rank and its gradient received back, one received from the
@@ -271,7 +272,8 @@ labtest::TrafficBudget step_budget(const lab10::Plan& plan, DType precision, lab
   const int m = plan.micro_batches, v = plan.chunks, p = g.pp.size(), s = g.pp.rank();
   const ModelConfig c = config();
   const int64_t rows = kLab.batch(0).batch_size() / g.shape.dp;
-  const int64_t msg = rows / m * c.block_size * c.n_embd * static_cast<int64_t>(dtype_size(precision));
+  const int64_t elem = static_cast<int64_t>(dtype_size(precision));
+  const int64_t msg = rows / m * c.block_size * c.n_embd * elem;  // one (rows/m, T, C) message
   labtest::TrafficBudget b;
   b.all_reduce(g.replicas(), 1, 8, comm::ReduceOp::avg);  // the loss
   const auto pieces = probes(plan, g, precision);
@@ -282,12 +284,14 @@ labtest::TrafficBudget step_budget(const lab10::Plan& plan, DType precision, lab
     const int64_t row_max = model.has_head() ? rows * c.block_size * stat : 0;  // of tp_bytes' 3
     b.all_reduce(g.tp, kAnyCalls, tp_bytes(model, rows, plan.checkpoint) - row_max);
     if (model.has_head()) b.all_reduce(g.tp, kAnyCalls, row_max, comm::ReduceOp::max);
-    const lab08::Piece next = lab08::next_piece(p, v, s, chunk), prev = lab08::prev_piece(p, v, s, chunk);
+    const lab08::Piece next = lab08::next_piece(p, v, s, chunk);
+    const lab08::Piece prev = lab08::prev_piece(p, v, s, chunk);
     b.pipeline_piece(g.pp, next.exists ? next.stage : -1, prev.exists ? prev.stage : -1, m, msg);
     if (p > 1 && model.has_embedding() != model.has_head()) {  // a tied copy: one end's
       const int other = model.has_embedding() ? p - 1 : 0;
-      const int64_t wte = model.params().get(model.has_embedding() ? "wte.weight" : "lm_head.weight")
-                              .grad.numel() * static_cast<int64_t>(dtype_size(model.params().dtype()));
+      const Tensor& grad =
+          model.params().get(model.has_embedding() ? "wte.weight" : "lm_head.weight").grad;
+      const int64_t wte = grad.numel() * static_cast<int64_t>(dtype_size(grad.dtype()));
       b.send(g.pp, other, 1, wte).recv(g.pp, other, 1, wte);
     }
   }
@@ -381,7 +385,7 @@ TEST(Step3_PlantedFault, Zero2WithAnExtraDpAllReduceFailsTheBudget) {
 // of the last micro-batch to stage 0 a second time, and stage 0 receives it (the message its
 // chunk 1 already got: the numbers stay right, the per-kind checks above do not look at pp): one
 // activation more than the interleaved schedule implies, in bf16's bytes. The extended budget
-// fails it (one call and one message more on the pp row of stage pp-1 -> 0).
+// fails it on the two end stages (one call and one message's bytes more from stage pp-1 to 0).
 TEST(Step3_PlantedFault, InterleavedExtraActivationFailsTheBudget) {
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
@@ -400,9 +404,9 @@ TEST(Step3_PlantedFault, InterleavedExtraActivationFailsTheBudget) {
   else EXPECT_TRUE(ok) << "the middle stages are unchanged";
 }
 
-// A bf16 plan whose step runs (and sends) fp32: the compute copy, the activations on pp and tp
-// and ZeRO-3's gathers all in 4 bytes where the plan's wire carries 2 (closer to the twin, not
-// further: the twin's bf16 tolerances cannot see it). The bf16 budget fails it on every rank.
+// A bf16 plan (ZeRO-3, AFAB, m 2) whose step runs and sends fp32: the activations on pp and tp
+// and ZeRO-3's gathers in 4 bytes where the plan's wire carries 2. The bf16 budget fails it on
+// every rank.
 TEST(Step3_PlantedFault, BfloatPlanRunInFloat32FailsTheBudget) {
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
