@@ -1,6 +1,8 @@
 // Lab 08 graders' shared helpers (see pp_test.hpp). Written for the tests; no lab08 code.
 #include "pp_test.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -210,8 +212,35 @@ std::size_t one_micro_batch_bytes(nn::GPT& g, const data::Batch& micro) {
   return acts.nbytes();
 }
 
+namespace {
+
+// A (B/m, T, C) message of the interleaved run, named by its tag as the schedule names the action:
+// the tag gives the receiving piece (this rank's chunk for a receive, the peer's for a send), and
+// the sending piece is that one's neighbour; it must be on the other end of the message.
+std::string tagged_action(const exec_log::Event& ev, const TagTable& tags, int p, int v, int s,
+                          int peer) {
+  const std::string unknown = fmt::format("{}?tag {} peer {}", ev.what, ev.tag, peer);
+  const auto t = tags.find(ev.tag);
+  if (t == tags.end()) return unknown;
+  const Tagged& k = t->second;
+  const bool send = ev.what == "send";
+  const int at = send ? peer : s;  // the stage of the receiving piece, chunk k.chunk
+  if (k.chunk >= v) return unknown;
+  // activations come from the previous piece, gradients from the next one
+  const lab08::Piece from = k.gradient ? lab08::next_piece(p, v, at, k.chunk)
+                                       : lab08::prev_piece(p, v, at, k.chunk);
+  if (!from.exists || from.stage != (send ? s : peer)) return unknown;
+  return lab08::to_string(lab08::Action{
+      .op = send ? (k.gradient ? lab08::Op::send_gradient : lab08::Op::send_activation)
+                 : (k.gradient ? lab08::Op::recv_gradient : lab08::Op::recv_activation),
+      .mb = k.mb,
+      .chunk = send ? from.chunk : k.chunk});
+}
+
+}  // namespace
+
 Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn::GPT*>& chunks,
-                  const comm::Communicator& pp, int64_t message_bytes) {
+                  const comm::Communicator& pp, int64_t message_bytes, const TagTable& tags) {
   Executed e;
   const int v = static_cast<int>(chunks.size()), p = pp.size(), s = pp.rank();
   const int next = s + 1 < p ? pp.world_ranks()[s + 1] : -1, prev = s > 0 ? pp.world_ranks()[s - 1] : -1;
@@ -246,7 +275,18 @@ Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn:
       continue;
     }
     if (ev.what == "wait") continue;  // the caller waiting on a message, not a message
-    if (v != 1 || ev.group != pp.name() || ev.bytes != message_bytes) continue;
+    if (ev.group != pp.name() || ev.bytes != message_bytes) continue;
+    if (!tags.empty()) {
+      if (ev.what != "send" && ev.what != "recv") {  // a collective of a message's size
+        actions.push_back(fmt::format("{}?{}", ev.what, ev.peer));
+        continue;
+      }
+      const auto& w = pp.world_ranks();
+      const int peer = static_cast<int>(std::find(w.begin(), w.end(), ev.peer) - w.begin());
+      actions.push_back(tagged_action(ev, tags, p, v, s, peer));
+      continue;
+    }
+    if (v != 1) continue;
     if (ev.what == "send" && ev.peer == next && next >= 0) actions.push_back(fmt::format("sA{}", sA++));
     else if (ev.what == "recv" && ev.peer == prev && prev >= 0) actions.push_back(fmt::format("rA{}", rA++));
     else if (ev.what == "recv" && ev.peer == next && next >= 0) actions.push_back(fmt::format("rG{}", rG++));

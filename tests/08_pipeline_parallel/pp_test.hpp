@@ -12,6 +12,7 @@
 //  - m = 1: the same kernels on the same rows in the same order, so every parameter but the tied
 //    wte is bitwise the single-device one; wte is (head + embedding) vs (embedding + head)
 //    accumulated token by token: 1e-5 / 1e-6.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,21 +91,37 @@ struct Executed {
   /// order: the k-th forward of a chunk is its micro-batch k (every schedule runs a chunk's
   /// micro-batches in order), as compute_order prints them.
   std::string compute;
-  /// With one chunk per rank: every action, the messages too, as to_string(Schedule) prints
-  /// them. A send or receive of one micro-batch's (B/m, T, C) message on `pp` to or from the
-  /// next stage is sA / rG, to or from the previous one sG / rA (the k-th of each kind is
-  /// micro-batch k); other messages (the tied embedding's exchange) are not actions.
+  /// Every action, the messages too, as to_string(Schedule) prints them; other messages (the
+  /// tied embedding's exchange) are not actions. A send or receive of one micro-batch's
+  /// (B/m, T, C) message on `pp`:
+  ///  - one chunk per rank (no `tags`): to or from the next stage is sA / rG, to or from the
+  ///    previous one sG / rA, the k-th of each kind micro-batch k;
+  ///  - with `tags` (interleaved: with v chunks the neighbours alone do not say which chunk a
+  ///    message is for): the tag names the flow, the micro-batch and the receiving chunk, and the
+  ///    peer must be that chunk's neighbour piece (next_piece / prev_piece): sA3.1 is this rank's
+  ///    chunk 1 sending micro-batch 3's activation to the piece after it. A message with a tag
+  ///    not in `tags`, or to or from a rank that is not its piece's neighbour, shows as
+  ///    "send?tag 17 peer 1".
   std::string actions;
   /// Most micro-batches forwarded and not yet backwarded at once, over every chunk.
   int max_in_flight = 0;
   /// Piece calls on a model that is not one of `chunks` (the run computed elsewhere).
   int stray_calls = 0;
 };
-Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn::GPT*>& chunks,
-                  const comm::Communicator& pp, int64_t message_bytes);
+/// What a message's tag stands for (the caller builds the table from lab 08's message_tag, for
+/// every flow, micro-batch and chunk of the run): the RECEIVING piece's chunk.
+struct Tagged {
+  bool gradient = false;
+  int mb = 0, chunk = 0;
+};
+using TagTable = std::map<int, Tagged>;
 
-/// The run executed `schedule`: its compute order, and `with_messages` (one chunk per rank) its
-/// every action, in the schedule's order; a failure shows both, this rank named.
+Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn::GPT*>& chunks,
+                  const comm::Communicator& pp, int64_t message_bytes, const TagTable& tags = {});
+
+/// The run executed `schedule`: its compute order, and `with_messages` its every action (with
+/// more than one chunk: from a log read with tags), in the schedule's order; a failure shows
+/// both, this rank named.
 testing::AssertionResult ran(const Executed& e, const lab08::Schedule& schedule, bool with_messages);
 
 }  // namespace scalelab::pptest

@@ -7,8 +7,10 @@
 // ledger, every communicator, tests/support/traffic_budget.hpp), runs its schedule's actions in
 // the schedule's order and holds as many micro-batches as the simulator says for it (both from
 // the library's execution log, common/exec_log.hpp: the GPT pieces' calls and the messages as
-// the library saw them, never the attendee's ExecStats), and the tied copies stay equal over
-// optimizer steps. The stage models are built by the
+// the library saw them, never the attendee's ExecStats; with interleaved chunks each message is
+// named by its tag, so a chunk's messages sent late, early or to another chunk's neighbour fail
+// even when the numbers are right: planted/cheats.plant's sends_deferred), and the tied copies
+// stay equal over optimizer steps. The stage models are built by the
 // test (pp_test.cpp), so this step is graded apart from step 1's build_stage.
 // The planted faults run the test's own one-process pipeline (pp_test.cpp) through the same
 // gradient check.
@@ -40,13 +42,30 @@ int64_t message_bytes(int m) {
   return kLab.global_batch / m * c.block_size * c.n_embd * 4;
 }
 
+// What each tag of the run stands for, from the attendee's message_tag (step 2 graded it; a tag
+// given to two messages fails here too): with v chunks the log's peers alone do not tell which
+// chunk a message is for.
+pptest::TagTable tag_table(int m, int v) {
+  pptest::TagTable tags;
+  for (const bool gradient : {false, true})
+    for (int chunk = 0; chunk < v; ++chunk)
+      for (int mb = 0; mb < m; ++mb) {
+        const int tag = message_tag(gradient ? Flow::gradient : Flow::activation, mb, chunk);
+        SCALELAB_CHECK(tags.emplace(tag, pptest::Tagged{gradient, mb, chunk}).second,
+                       "message_tag gives {} to two messages", tag);
+      }
+  return tags;
+}
+
 Run run_pipeline(const std::vector<nn::GPT*>& pieces, const Schedule& schedule, int m,
                  const data::Batch& batch) {
   comm::Communicator& pp = labtest::world();
+  const int v = static_cast<int>(pieces.size());
   Run r;
   exec_log::Recording recording;
   r.moved = labtest::traffic_of([&] { r.loss = pipeline_step(pieces, schedule, batch, m, pp); });
-  r.executed = pptest::executed(recording.events(), pieces, pp, message_bytes(m));
+  r.executed = pptest::executed(recording.events(), pieces, pp, message_bytes(m),
+                                v > 1 ? tag_table(m, v) : pptest::TagTable{});
   return r;
 }
 
@@ -61,10 +80,8 @@ testing::AssertionResult exact_pipeline_traffic(const comm::Traffic& moved, int 
   const int64_t msg = message_bytes(m), wte = c.vocab_size * c.n_embd * 4;
   labtest::TrafficBudget budget;
   for (int chunk = 0; chunk < v; ++chunk) {
-    if (const Piece n = next_piece(p, v, s, chunk); n.exists)
-      budget.send(pp, n.stage, m, m * msg).recv(pp, n.stage, m, m * msg);
-    if (const Piece q = prev_piece(p, v, s, chunk); q.exists)
-      budget.recv(pp, q.stage, m, m * msg).send(pp, q.stage, m, m * msg);
+    const Piece n = next_piece(p, v, s, chunk), q = prev_piece(p, v, s, chunk);
+    budget.pipeline_piece(pp, n.exists ? n.stage : -1, q.exists ? q.stage : -1, m, msg);
   }
   if (p > 1 && (s == 0 || s == p - 1)) {
     const int other = s == 0 ? p - 1 : 0;
@@ -104,9 +121,10 @@ void check_against_single_device(Kind kind, int m, int v) {
   EXPECT_TRUE(pptest::on_every_rank(pptest::grads_match(mine, *ref, m == 1))) << what;
   EXPECT_TRUE(exact_pipeline_traffic(r.moved, p, s, m, v))
       << what << ", stage " << s << ": one activation and one gradient per micro-batch";
-  // What ran, from the library's own log: the schedule's actions in its order, and as many
-  // micro-batches in flight as the simulator says for it.
-  EXPECT_TRUE(pptest::ran(r.executed, schedule, /*with_messages=*/v == 1)) << what;
+  // What ran, from the library's own log: the schedule's actions, messages included, in its
+  // order (with chunks: each message named by its tag and its peer, the chunk's neighbour), and
+  // as many micro-batches in flight as the simulator says for it.
+  EXPECT_TRUE(pptest::ran(r.executed, schedule, /*with_messages=*/true)) << what;
   std::vector<Schedule> all;
   for (int x = 0; x < p; ++x) all.push_back(schedule_of(x));
   EXPECT_EQ(r.executed.max_in_flight, simulate(all, m, v).max_in_flight[s])

@@ -18,11 +18,17 @@
 // The technique: with m micro-batches ZeRO-2 reduces every unit once per micro-batch and ZeRO-3
 // gathers every unit for every micro-batch's forward and backward (the byte counters and the
 // policies' counts say so), and ZeRO-3 holds one unit gathered at a time (and a tied
-// embedding). Planted: a ZeRO-2 whose reduction overwrites its shard (lab 09's ZeRO-2 as it was,
-// one batch per step: only the last micro-batch survives) fails the twin; a ZeRO-3 that never
-// releases a gathered unit fails the bound on gathered elements.
+// embedding); one step's traffic is an exact budget on every group (fp32 1F1B at every ZeRO
+// stage, and a covering handful of AFAB, interleaved, checkpointed and bf16 plans). Planted: a
+// ZeRO-2 whose reduction overwrites its shard (lab 09's ZeRO-2 as it was, one batch per step:
+// only the last micro-batch survives) fails the twin; a ZeRO-3 that never releases a gathered
+// unit fails the bound on gathered elements; an extra activation and a bf16 plan run in fp32
+// fail the budget.
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -178,24 +184,32 @@ TEST(Step3_ZeroSweep, ZeroTwoAndThreeCostMTimesPerStep) {
 
 // Issue 25, class 1: the dp group's part of one Trainer3D step's budget (no optimizer step;
 // tests/support/traffic_budget.hpp: per group and members, operation, reduction op and root),
-// for a ZeRO stage and m, with the reference's reduction ops:
-//   ZeRO-0/1  avg all-reduce of the stage's gradients (4 bytes each) and of the loss (8)
+// for a ZeRO stage and m, of one model piece (a rank with interleaved chunks adds each), with the
+// reference's reduction ops; gradients move in the master dtype (fp32: 4 bytes each, in mixed
+// precision too), ZeRO-3's gathered values in the compute dtype (bf16: 2 bytes, lab 09's wire):
+//   ZeRO-0/1  avg all-reduce of the piece's gradients
 //   ZeRO-2    sum reduce of every unit's gradient elements to their owners per micro-batch (to
 //             dp rank q the elements of q's shard), the tied copy once per step (held until the
-//             tied sum), the 1/dp a scale after; avg all-reduce of the loss
+//             tied sum), the 1/dp a scale after
 //   ZeRO-3    all-gather of every unit (each padded to dp) per micro-batch's forward, and of
 //             every unit but the embedding per backward; sum reduce-scatter of every padded unit
-//             per micro-batch, the tied copy once; avg all-reduce of the loss
-// Calls: any where the split is per unit. The tp and pp rows: step_budget below.
-labtest::TrafficBudget dp_budget(int zero, int m, nn::GPT& model, const comm::Communicator& dp) {
+//             per micro-batch, the tied copy once
+// Calls: any where the split is per unit. The loss, tp and pp rows: step_budget below.
+void add_dp_budget(labtest::TrafficBudget& b, int zero, int m, nn::GPT& model,
+                   const comm::Communicator& dp) {
   using labtest::kAnyCalls;
   nn::ParameterSet& ps = model.params();
+  const int64_t grad = static_cast<int64_t>(dtype_size(ps.dtype()));
+  const int64_t value = static_cast<int64_t>(dtype_size(ps.compute_dtype()));
   const bool tied_copy = model.has_embedding() != model.has_head();
-  const std::size_t tied = model.has_embedding() ? model.embedding_unit() : model.head_unit();
+  const std::size_t tied = !tied_copy              ? ps.units().size()  // none: a middle piece
+                           : model.has_embedding() ? model.embedding_unit()
+                                                   : model.head_unit();
   const int n = dp.size();
-  labtest::TrafficBudget b;
-  b.all_reduce(dp, 1, 8, comm::ReduceOp::avg);  // the loss
-  if (zero <= 1) return b.all_reduce(dp, kAnyCalls, ps.numel() * 4, comm::ReduceOp::avg);
+  if (zero <= 1) {
+    b.all_reduce(dp, kAnyCalls, ps.numel() * grad, comm::ReduceOp::avg);
+    return;
+  }
   int64_t padded = 0, backward = 0, untied_padded = 0, tied_padded = 0;
   std::vector<int64_t> to_owner(n, 0);  // ZeRO-2: elements reduced to each dp rank
   for (std::size_t u = 0; u < ps.units().size(); ++u) {
@@ -212,48 +226,101 @@ labtest::TrafficBudget dp_budget(int zero, int m, nn::GPT& model, const comm::Co
   }
   if (zero == 2) {
     for (int q = 0; q < n; ++q)
-      if (to_owner[q] > 0) b.reduce(dp, q, kAnyCalls, to_owner[q] * 4);
-    return b;
+      if (to_owner[q] > 0) b.reduce(dp, q, kAnyCalls, to_owner[q] * grad);
+    return;
   }
-  return b.all_gather(dp, kAnyCalls, m * (padded + backward) * 4)
-      .reduce_scatter(dp, kAnyCalls, (m * untied_padded + tied_padded) * 4);
+  b.all_gather(dp, kAnyCalls, m * (padded + backward) * value)
+      .reduce_scatter(dp, kAnyCalls, (m * untied_padded + tied_padded) * grad);
 }
 
-// The rest of one step, from the shapes (fp32, no checkpointing, 1F1B, one chunk; rows = this
-// replica's B/dp rows, in m micro-batches of rows/m, T, C):
-//   tp  lab 07's operators: 4 sum all-reduces of (rows, T, C) per block over the step (2 forward,
-//       2 backward), one for the vocabulary-parallel embedding's forward and one for the head's
-//       input gradient; the vocabulary-parallel loss: a max all-reduce of the row maxima and two
-//       sum all-reduces (target logit, sum of exponentials) of rows x T statistics (tp_bytes)
-//   pp  per micro-batch one activation (rows/m, T, C) sent to the next stage and its gradient
-//       received back, one received from the previous stage and its gradient sent back; the two
-//       ends exchange their copy of this tp rank's wte rows once (pp > 1); the loss broadcast
-//       from the last stage (8 bytes, f64)
+// Models of the layout Trainer3D builds for `plan` (the test's own builder, one per chunk on the
+// virtual stage chunk * pp + stage of pp * v, ZeRO-1/2's padding): what the budget is computed
+// from (the trainer's own pieces are not read: the budget comes from the shapes).
+std::vector<std::unique_ptr<nn::GPT>> probes(const lab10::Plan& plan, lab10::Groups& g,
+                                             DType precision) {
+  nn::GPTOptions o = options(precision);
+  if (plan.zero_stage == 1 || plan.zero_stage == 2) o.storage.pad_to = g.shape.dp;
+  std::vector<std::unique_ptr<nn::GPT>> out;
+  for (int c = 0; c < plan.chunks; ++c) {
+    lab10::Groups x = g;
+    x.shape.pp = g.shape.pp * plan.chunks;
+    x.coord.pp = c * g.shape.pp + g.coord.pp;
+    out.push_back(own_builder(config(), x, o, plan.checkpoint));
+  }
+  return out;
+}
+
+// The rest of one step, from the shapes (any schedule: AFAB and 1F1B send the same messages in
+// another order; rows = this replica's B/dp rows, in m micro-batches of rows/m, T, C;
+// activations and their gradients in the compute dtype, bf16 in mixed precision):
+//   tp  lab 07's operators, per piece: 4 sum all-reduces of (rows, T, C) per block over the step
+//       (2 forward, 2 backward; 6 with checkpointing: the recomputed forward's 2 more; its
+//       ZeRO-3 gathers are the backward's own, add_dp_budget's count does not change), one for
+//       the vocabulary-parallel embedding's forward and one for the head's input gradient; the
+//       vocabulary-parallel loss: a max all-reduce of the row maxima and two sum all-reduces
+//       (target logit, sum of exponentials) of rows x T statistics (tp_bytes)
+//   pp  per piece (chunk c of v: lab 08's next_piece / prev_piece, so with interleaving the last
+//       stage's chunk c feeds stage 0's chunk c + 1) and micro-batch one activation (rows/m, T,
+//       C) sent to the next piece's rank and its gradient received back, one received from the
+//       previous piece's rank and its gradient sent back; the two ends exchange their copy of
+//       this tp rank's wte gradient once (pp > 1, master dtype); the loss broadcast from the last
+//       stage (8 bytes, f64)
+//   dp  add_dp_budget per piece, and the avg all-reduce of the loss (8 bytes)
 // and nothing on any other communicator (the world, a duplicate).
-labtest::TrafficBudget step_budget(int zero, int m, nn::GPT& model, lab10::Groups& g) {
+labtest::TrafficBudget step_budget(const lab10::Plan& plan, DType precision, lab10::Groups& g) {
   using labtest::kAnyCalls;
-  labtest::TrafficBudget b = dp_budget(zero, m, model, g.replicas());
+  const int m = plan.micro_batches, v = plan.chunks, p = g.pp.size(), s = g.pp.rank();
   const ModelConfig c = config();
   const int64_t rows = kLab.batch(0).batch_size() / g.shape.dp;
-  const int64_t stats = rows * c.block_size * 4;  // one fp32 statistic per token
-  const int64_t row_max = model.has_head() ? stats : 0;  // of tp_bytes' 3 statistics, the max
-  b.all_reduce(g.tp, kAnyCalls, tp_bytes(model, rows) - row_max);
-  if (model.has_head()) b.all_reduce(g.tp, kAnyCalls, row_max, comm::ReduceOp::max);
-  const int p = g.pp.size(), s = g.pp.rank();
-  const int64_t msg = rows / m * c.block_size * c.n_embd * 4;
-  if (s + 1 < p) b.send(g.pp, s + 1, m, m * msg).recv(g.pp, s + 1, m, m * msg);
-  if (s > 0) b.recv(g.pp, s - 1, m, m * msg).send(g.pp, s - 1, m, m * msg);
-  if (p > 1 && (s == 0 || s == p - 1)) {
-    const int other = s == 0 ? p - 1 : 0;
-    const int64_t wte =
-        model.params().get(s == 0 ? "wte.weight" : "lm_head.weight").grad.numel() * 4;
-    b.send(g.pp, other, 1, wte).recv(g.pp, other, 1, wte);
+  const int64_t elem = static_cast<int64_t>(dtype_size(precision));
+  const int64_t msg = rows / m * c.block_size * c.n_embd * elem;  // one (rows/m, T, C) message
+  labtest::TrafficBudget b;
+  b.all_reduce(g.replicas(), 1, 8, comm::ReduceOp::avg);  // the loss
+  const auto pieces = probes(plan, g, precision);
+  for (int chunk = 0; chunk < v; ++chunk) {
+    nn::GPT& model = *pieces[chunk];
+    add_dp_budget(b, plan.zero_stage, m, model, g.replicas());
+    const int64_t stat = static_cast<int64_t>(dtype_size(ops::stats_dtype(model.compute_dtype())));
+    const int64_t row_max = model.has_head() ? rows * c.block_size * stat : 0;  // of tp_bytes' 3
+    b.all_reduce(g.tp, kAnyCalls, tp_bytes(model, rows, plan.checkpoint) - row_max);
+    if (model.has_head()) b.all_reduce(g.tp, kAnyCalls, row_max, comm::ReduceOp::max);
+    const lab08::Piece next = lab08::next_piece(p, v, s, chunk);
+    const lab08::Piece prev = lab08::prev_piece(p, v, s, chunk);
+    b.pipeline_piece(g.pp, next.exists ? next.stage : -1, prev.exists ? prev.stage : -1, m, msg);
+    if (p > 1 && model.has_embedding() != model.has_head()) {  // a tied copy: one end's
+      const int other = model.has_embedding() ? p - 1 : 0;
+      const Tensor& grad =
+          model.params().get(model.has_embedding() ? "wte.weight" : "lm_head.weight").grad;
+      const int64_t wte = grad.numel() * static_cast<int64_t>(dtype_size(grad.dtype()));
+      b.send(g.pp, other, 1, wte).recv(g.pp, other, 1, wte);
+    }
   }
   return b.broadcast(g.pp, p - 1, 1, 8);
 }
 
+// One Trainer3D step (no optimizer step) of `plan`, in `precision`, on the sweep's grid: its
+// traffic on every communicator, and the budget from the shapes.
+struct Measured {
+  comm::Traffic got;
+  labtest::TrafficBudget budget;
+};
+// `also`: a planted fault's extra traffic in the same window; `runs_in`: a planted fault's
+// precision (the budget stays `precision`'s).
+Measured one_step_traffic(const lab10::Plan& plan, DType precision, lab10::Groups& g,
+                          const std::function<void()>& also = {},
+                          std::optional<DType> runs_in = std::nullopt) {
+  lab10::Trainer3D t(config(), g, plan, options(runs_in.value_or(precision)), {}, own_builder);
+  Measured r;
+  r.got = labtest::traffic_of([&] {
+    t.step(kLab.batch(0));
+    if (also) also();
+  });
+  r.budget = step_budget(plan, precision, g);
+  return r;
+}
+
 // Every communicator's traffic of one Trainer3D step (no optimizer step) is its exact budget:
-// dp_budget on the replicas' group, step_budget's tp and pp rows, nothing else anywhere.
+// fp32 1F1B, every ZeRO stage at m = 1 and 4 (the dp rows grow m-fold for ZeRO-2/3)...
 TEST(Step3_ZeroSweep, OneStepIsAnExactBudgetOnEveryGroup) {
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
@@ -261,15 +328,42 @@ TEST(Step3_ZeroSweep, OneStepIsAnExactBudgetOnEveryGroup) {
   for (int zero = 0; zero <= 3; ++zero)
     for (int m : {1, 4}) {
       SCOPED_TRACE(fmt::format("ZeRO-{} m {}", zero, m));
-      lab10::Trainer3D t(config(), g, {shape, m, zero, false}, options(DType::f32), {},
-                         own_builder);
-      const comm::Traffic got = labtest::traffic_of([&] { t.step(kLab.batch(0)); });
-      // the budget from a model of the same layout (the trainer's pieces are not exposed here)
-      nn::GPTOptions o = options(DType::f32);
-      if (zero == 1 || zero == 2) o.storage.pad_to = shape.dp;
-      const auto probe = own_builder(config(), g, o, false);
-      EXPECT_TRUE(labtest::exact_traffic(got, step_budget(zero, m, *probe, g)));
+      const Measured r = one_step_traffic({shape, m, zero, false}, DType::f32, g);
+      EXPECT_TRUE(labtest::exact_traffic(r.got, r.budget));
     }
+}
+
+// ... and the other schedules, checkpointing and the wire dtype: AFAB, interleaved (2 chunks:
+// twice the pp messages, stage pp-1's chunk 0 sending to stage 0's chunk 1, a tied copy on each
+// end), checkpointing (the recomputed forwards' tp all-reduces), bf16 (2-byte activations on pp
+// and tp and ZeRO-3's gathers; 4-byte gradients on dp and the tied exchange), with ZeRO-2/3 at
+// m = 2 and 4. A covering handful: every ZeRO stage, schedule, checkpointing and precision
+// appears, each schedule with both precisions and with and without checkpointing.
+TEST(Step3_ZeroSweep, OneStepIsAnExactBudgetForEveryScheduleAndPrecision) {
+  using K = lab08::Kind;
+  constexpr DType f32 = DType::f32, bf16 = DType::bf16;
+  const lab10::GridShape shape = grid_shape();
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  struct BudgetCase {
+    int zero;
+    K schedule;
+    int m;
+    bool checkpoint;
+    DType precision;
+  };
+  for (const BudgetCase& x :
+       {BudgetCase{0, K::afab, 2, true, f32}, {3, K::afab, 4, false, bf16},
+        {1, K::interleaved, 2, false, bf16}, {2, K::interleaved, 4, true, f32},
+        {3, K::interleaved, 2, true, bf16}, {2, K::one_f_one_b, 2, false, bf16},
+        {1, K::one_f_one_b, 4, true, f32}}) {
+    const int v = x.schedule == K::interleaved ? 2 : 1;
+    const lab10::Plan plan{shape, x.m, x.zero, x.checkpoint, x.schedule, v};
+    SCOPED_TRACE(fmt::format("ZeRO-{} {} v {} m {}{} {}", x.zero, lab08::kind_name(x.schedule), v,
+                             x.m, x.checkpoint ? " checkpointed" : "", dtype_name(x.precision)));
+    const Measured r = one_step_traffic(plan, x.precision, g);
+    EXPECT_TRUE(labtest::exact_traffic(r.got, r.budget));
+  }
 }
 
 // ---- planted faults ---------------------------------------------------------------------------
@@ -281,15 +375,45 @@ TEST(Step3_PlantedFault, Zero2WithAnExtraDpAllReduceFailsTheBudget) {
   const lab10::GridShape shape = grid_shape();
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
-  lab10::Trainer3D t(config(), g, {shape, 2, 2, false}, options(DType::f32), {}, own_builder);
-  nn::GPTOptions o = options(DType::f32);
-  o.storage.pad_to = shape.dp;
-  const auto probe = own_builder(config(), g, o, false);
-  const comm::Traffic got = labtest::traffic_of([&] {
-    t.step(kLab.batch(0));
-    g.dp.all_reduce(Tensor::zeros({probe->num_parameters()}));
+  const int64_t n = probes({shape, 2, 2, false}, g, DType::f32)[0]->num_parameters();
+  const Measured r = one_step_traffic({shape, 2, 2, false}, DType::f32, g,
+                                      [&] { g.dp.all_reduce(Tensor::zeros({n})); });
+  EXPECT_FALSE(labtest::exact_traffic(r.got, r.budget));
+}
+
+// An interleaved bf16 step (ZeRO-1, m 2, 2 chunks) whose last stage sends its chunk 0's output
+// of the last micro-batch to stage 0 a second time, and stage 0 receives it (the message its
+// chunk 1 already got: the numbers stay right, the per-kind checks above do not look at pp): one
+// activation more than the interleaved schedule implies, in bf16's bytes. The extended budget
+// fails it on the two end stages (one call and one message's bytes more from stage pp-1 to 0).
+TEST(Step3_PlantedFault, InterleavedExtraActivationFailsTheBudget) {
+  const lab10::GridShape shape = grid_shape();
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  const lab10::Plan plan{shape, 2, 1, false, lab08::Kind::interleaved, 2};
+  const int p = g.pp.size(), s = g.pp.rank();
+  const int64_t rows = kLab.batch(0).batch_size() / shape.dp / plan.micro_batches;
+  const ModelConfig c = config();
+  Tensor again = Tensor::zeros({rows, c.block_size, c.n_embd}, DType::bf16);
+  const Measured r = one_step_traffic(plan, DType::bf16, g, [&] {
+    if (s == p - 1) g.pp.send(again, 0, 999);
+    if (s == 0) g.pp.recv(again, p - 1, 999);
   });
-  EXPECT_FALSE(labtest::exact_traffic(got, step_budget(2, 2, *probe, g)));
+  const testing::AssertionResult ok = labtest::exact_traffic(r.got, r.budget);
+  if (s == 0 || s == p - 1) EXPECT_FALSE(ok) << "the end stages move one activation too many";
+  else EXPECT_TRUE(ok) << "the middle stages are unchanged";
+}
+
+// A bf16 plan (ZeRO-3, AFAB, m 2) whose step runs and sends fp32: the activations on pp and tp
+// and ZeRO-3's gathers in 4 bytes where the plan's wire carries 2. The bf16 budget fails it on
+// every rank.
+TEST(Step3_PlantedFault, BfloatPlanRunInFloat32FailsTheBudget) {
+  const lab10::GridShape shape = grid_shape();
+  const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+  lab10::Groups g = lab10::groups_of(grid);
+  const lab10::Plan plan{shape, 2, 3, false, lab08::Kind::afab, 1};
+  const Measured r = one_step_traffic(plan, DType::bf16, g, {}, DType::f32);
+  EXPECT_FALSE(labtest::exact_traffic(r.got, r.budget));
 }
 
 // ZeRO-3's working set: at every unit hook, the units bound in the model (ParameterSet's bound
@@ -480,3 +604,4 @@ TEST(Step3_ZeroSweepPlantedFault, ZeroTwoKeepingOnlyTheLastMicroBatchIsCaught) {
 }
 
 }  // namespace
+

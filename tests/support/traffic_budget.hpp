@@ -60,6 +60,16 @@ class TrafficBudget {
   TrafficBudget& recv(const comm::Communicator& g, int from, int64_t calls, int64_t bytes) {
     return expect(g, "recv", calls, bytes, comm::ReduceOp::sum, from);
   }
+  /// One pipeline piece's messages in a step of m micro-batches of `bytes` each, over `pp`: its
+  /// activations to the next piece's rank `next` and their gradients back, the previous piece's
+  /// (rank `prev`) activations in and their gradients out: m calls each way (-1: the model's end,
+  /// no such piece). A rank with several pieces (interleaved chunks) adds each.
+  TrafficBudget& pipeline_piece(const comm::Communicator& pp, int next, int prev, int64_t m,
+                                int64_t bytes) {
+    if (next >= 0) send(pp, next, m, m * bytes).recv(pp, next, m, m * bytes);
+    if (prev >= 0) recv(pp, prev, m, m * bytes).send(pp, prev, m, m * bytes);
+    return *this;
+  }
   /// The rows, as the ledger keys them.
   const comm::Traffic& rows() const { return rows_; }
 
