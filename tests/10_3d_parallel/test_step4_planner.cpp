@@ -300,6 +300,29 @@ TEST(Step4_Planner, InFlightAsLab08sSimulator) {
   }));
 }
 
+// predict's bubble of every schedule is what lab 08's simulator measures on its timeline (every
+// stage equally fast, a backward twice a forward, messages free): AFAB and 1F1B (pp - 1) /
+// (m + pp - 1), interleaved (pp - 1) / (v m + pp - 1), the most idle stage's.
+TEST(Step4_Planner, BubbleOfEveryScheduleAsLab08sSimulator) {
+  ModelConfig c = model_config("small");
+  c.n_layer = 12;  // pp x v pieces for pp 1-4, v 2, 3
+  const lab10::Machine mach{.flops = 1e10, .bus_bytes_per_s = 1e9, .latency_s = 1e-5};
+  struct Case { lab08::Kind kind; int v; };
+  for (const Case& k : {Case{lab08::Kind::afab, 1}, Case{lab08::Kind::one_f_one_b, 1},
+                        Case{lab08::Kind::interleaved, 2}, Case{lab08::Kind::interleaved, 3}})
+    for (int p : {1, 2, 3, 4})
+      for (int m : {1, 2, 3, 4, 6, 8, 12}) {
+        if (k.kind == lab08::Kind::interleaved && m % p != 0) continue;
+        std::vector<lab08::Schedule> all;
+        for (int s = 0; s < p; ++s) all.push_back(lab08::make_schedule(k.kind, p, m, k.v, s));
+        const lab08::SimResult sim = lab08::simulate(all, m, k.v);
+        const double simulated = *std::max_element(sim.bubble.begin(), sim.bubble.end());
+        const lab10::Plan plan{{1, 1, p}, m, 0, false, k.kind, k.v};
+        EXPECT_NEAR(lab10::predict(c, 12, plan, mach, DType::f32).bubble, simulated, 1e-12)
+            << lab08::kind_name(k.kind) << " p " << p << " m " << m << " v " << k.v;
+      }
+}
+
 TEST(Step4_Planner, TimeModelStructure) {
   const ModelConfig c = model_config("small");
   const lab10::Machine mach{.flops = 1e10, .bus_bytes_per_s = 1e9, .latency_s = 1e-5};
