@@ -302,11 +302,14 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
     // (master dtype) are bound until reduced: the tied embedding's (with a pipeline: a tied
     // copy's, the embedding or the head's lm_head, kept whole until the tied sum), and the
     // block's being differentiated (an approximation beyond pp = 1); ZeRO-3 also holds that
-    // block's gathered values and the next block's all-gather buffer (what the layers read: the
-    // bf16 weights in mixed precision).
+    // block's gathered values and, when its piece has a block before it, that block's
+    // all-gather buffer (the backward's prefetch; the embedding's backward reads no values, a
+    // piece's first block has none to fetch) (what the layers read: the bf16 weights in mixed
+    // precision).
     if (plan.zero_stage >= 2)
       transient += static_cast<std::size_t>(static_cast<double>(embedding + unit) * master);
-    if (plan.zero_stage == 3) transient += static_cast<std::size_t>(2.0 * unit * act);
+    if (plan.zero_stage == 3)
+      transient += static_cast<std::size_t>((layers / v >= 2 ? 2.0 : 1.0) * unit * act);
     // FLOPs per token: the blocks' GEMMs (their parameters, 1/tp) and attention, the head's GEMM.
     const double block_params = static_cast<double>(unit) * layers;
     const double blocks = 6 * block_params + 12.0 * layers * T * C / g.tp;

@@ -419,7 +419,11 @@ std::pair<std::size_t, std::size_t> memory_reference(const ModelConfig& c, int64
       most = static_cast<std::size_t>(std::min(g.pp - s, m)) * stage;
     }
     if (plan.zero_stage >= 2) transient += static_cast<std::size_t>((embedding + unit) * master);
-    if (plan.zero_stage == 3) transient += static_cast<std::size_t>(2.0 * unit * act);
+    // ZeRO-3: the block's gathered values, and the previous block's prefetch where its piece
+    // has one (the pieces of a stage hold equally many blocks)
+    const int64_t blocks = lab08::stage_layers(static_cast<int>(c.n_layer), g.pp * v, s).size();
+    if (plan.zero_stage == 3)
+      transient += static_cast<std::size_t>((blocks >= 2 ? 2.0 : 1.0) * unit * act);
     const std::size_t total =
         lab10::model_state_bytes(params, plan.zero_stage, g.dp * g.cp, precision) + most +
         transient;
