@@ -1,11 +1,12 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 68defba16ef641fb (lets make-labs see your edits).
+// step (see README.md). Body hash 67f3780b7077fdaf (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
 #include <algorithm>
 
 #include "common/errors.hpp"
+#include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 
 namespace scalelab::lab10 {
@@ -95,18 +96,21 @@ std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, DType prec
 }
 
 std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                   int stage, bool checkpoint, DType precision) {
-  int64_t n = 0, stats = 0;  // elements of activations, of LayerNorm statistics
+                                   int stage, bool checkpoint, DType precision, int cp,
+                                   lab11::Attention attention) {
+  int64_t n = 0, stats = 0, lse = 0;  // elements of activations, of LayerNorm statistics, of lse
   // TODO step 4: count GPTActivations tensor by tensor
   // HINT: activations are `precision` (bf16 in mixed precision), statistics ops::stats_dtype of it.
   throw scalelab::NotImplemented(
       "lab 10 step 4: count GPTActivations tensor by tensor (README.md#step-4)");
   return static_cast<std::size_t>(n) * dtype_size(precision) +
-         static_cast<std::size_t>(stats) * dtype_size(ops::stats_dtype(precision));
+         static_cast<std::size_t>(stats) * dtype_size(ops::stats_dtype(precision)) +
+         static_cast<std::size_t>(lse) * dtype_size(ops::flash_attention_lse_dtype(precision));
 }
 
 std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                     int stage, bool checkpoint, DType precision) {
+                                     int stage, bool checkpoint, DType precision, int cp,
+                                     lab11::Attention attention) {
   int64_t n = 0;  // elements (of the activations' dtype: every temporary of a backward is)
   std::size_t recompute = 0;  // bytes of the recomputed block's activations (checkpointing)
   // TODO step 4: the largest moment of one micro-batch's backward, temporaries only
@@ -115,11 +119,12 @@ std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, in
   return static_cast<std::size_t>(std::max<int64_t>(n, 0)) * dtype_size(precision) + recompute;
 }
 
-std::size_t max_in_flight(int pp, int stage, int micro_batches) {
+std::size_t max_in_flight(int pp, int stage, int micro_batches, lab08::Kind schedule,
+                          int chunks) {
   int n = 0;
-  // TODO step 4: the most micro-batches 1F1B keeps on this stage at once
+  // TODO step 4: the most micro-batches (pieces) the schedule keeps on this stage
   throw scalelab::NotImplemented(
-      "lab 10 step 4: the most micro-batches 1F1B keeps on this stage at once (README.md#step-4)");
+      "lab 10 step 4: the most micro-batches (pieces) the schedule keeps on this stage (README.md#step-4)");
   return static_cast<std::size_t>(n);
 }
 

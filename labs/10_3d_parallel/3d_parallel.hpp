@@ -281,9 +281,13 @@ std::size_t model_state_bytes(int64_t params, int zero_stage, int dp, DType prec
 /// Step 4c. Bytes one micro-batch of `rows` rows leaves on stage `stage` after its forward:
 /// exactly nn::GPTActivations::nbytes of step 2's model (tp-sharded blocks, vocabulary-parallel
 /// head), with or without checkpointing. Activations in `precision`, statistics in
-/// ops::stats_dtype(precision) (fp32 for bf16).
+/// ops::stats_dtype(precision) (fp32 for bf16). With `cp` > 1 (the 4th axis) the rank holds
+/// T/cp of each row's config.block_size tokens and its attention is lab 11's fused core (no
+/// probabilities: a log-sum-exp per query, in ops::flash_attention_lse_dtype(precision)), which
+/// for all-to-all also keeps its head-split q, k, v and y.
 std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                   int stage, bool checkpoint, DType precision);
+                                   int stage, bool checkpoint, DType precision, int cp = 1,
+                                   lab11::Attention attention = lab11::Attention::ring);
 
 /// Step 4c'. The backward's transient on stage `stage`: the most bytes one micro-batch of `rows`
 /// rows adds above what is live when its backward starts (its activations; on a stage without
@@ -291,9 +295,12 @@ std::size_t stage_activation_bytes(const ModelConfig& config, int64_t rows, int 
 /// backward, read off nn::Block::backward's and the head's temporaries, with or without
 /// checkpointing (which recomputes a block's activations right before its backward). The
 /// temporaries are activation gradients, in `precision`; statistics in
-/// ops::stats_dtype(precision).
+/// ops::stats_dtype(precision). With `cp` > 1: T/cp tokens, and attention's phase is lab 11's
+/// core's (the ring's K/V blocks and their travelling dK/dV, or all-to-all's head-split copies)
+/// instead of the (T, T) score gradients.
 std::size_t backward_transient_bytes(const ModelConfig& config, int64_t rows, int tp, int pp,
-                                     int stage, bool checkpoint, DType precision);
+                                     int stage, bool checkpoint, DType precision, int cp = 1,
+                                     lab11::Attention attention = lab11::Attention::ring);
 
 /// What the planner knows of the machine (measure_machine: given).
 struct Machine {
@@ -315,32 +322,37 @@ struct Machine {
 struct Prediction {
   int64_t params = 0;             ///< stage_parameters of the largest stage
   std::size_t state_bytes = 0;    ///< model_state_bytes of it
-  std::size_t activation_bytes = 0; ///< the micro-batches 1F1B keeps in flight on a stage
+  std::size_t activation_bytes = 0; ///< the most activations the schedule holds on a stage
   std::size_t transient_bytes = 0;  ///< one micro-batch's backward_transient_bytes (+ ZeRO-2/3's
                                     ///< working set)
   std::size_t total_bytes = 0;    ///< state + activations + transient (the largest stage)
   double compute_s = 0;           ///< the stage's forward + backward FLOPs / machine.flops
-  double bubble = 0;              ///< lab 08's bubble of this pp and m
+  double bubble = 0;              ///< lab 08's bubble of this schedule, pp, m (and chunks)
   double tp_s = 0, pp_s = 0, dp_s = 0;  ///< communication time per axis
-  double cp_s = 0;                ///< the cp ring's K/V blocks (0 when cp = 1)
+  double cp_s = 0;                ///< the cp group's messages (0 when cp = 1)
   double step_s = 0;              ///< compute stretched by the bubble (not on shared cores),
                                   ///< plus tp, pp, dp and cp
 };
 
-/// Step 4d. max_in_flight: the most micro-batches 1F1B keeps on stage `stage` at once (lab 08's
-/// simulator). predict: one configuration for `global_batch` rows of config.block_size tokens:
-/// the busiest stage's memory (model state, the micro-batches in flight, one micro-batch's
-/// backward transient, ZeRO-2/3's working set) and the step time from `machine`: the slowest
-/// stage's compute stretched by lab 08's bubble (not with machine.shared_cores: the bubble is
-/// another rank's turn on the core, not idle time), plus each axis's communication (tp
-/// all-reduces, pp messages, the dp reduction of the gradients; 0 on an axis of size 1). Bytes:
-/// activations in `precision`, the cross-entropy's numbers in ops::stats_dtype(precision),
-/// values and gradients in master_dtype(precision).
-std::size_t max_in_flight(int pp, int stage, int micro_batches);
+/// Step 4d. max_in_flight: the most forwarded micro-batches (with chunks: (micro-batch, chunk)
+/// pieces) `schedule` keeps on stage `stage` at once, as lab 08's simulator counts them (AFAB,
+/// 1F1B, interleaved 1F1B with `chunks` pieces per rank). predict: one configuration for
+/// `global_batch` rows of config.block_size tokens, run with plan.schedule: the busiest stage's
+/// memory (model state, the activations its schedule holds at once, one micro-batch's backward
+/// transient, ZeRO-2/3's working set) and the step time from `machine`: the slowest stage's
+/// compute stretched by lab 08's bubble of the schedule (not with machine.shared_cores: the
+/// bubble is another rank's turn on the core, not idle time), plus each axis's communication (tp
+/// all-reduces, pp messages (v times as many interleaved), the dp reduction of the gradients; 0
+/// on an axis of size 1). Bytes: activations in `precision`, the cross-entropy's numbers in
+/// ops::stats_dtype(precision), values and gradients in master_dtype(precision).
+std::size_t max_in_flight(int pp, int stage, int micro_batches,
+                          lab08::Kind schedule = lab08::Kind::one_f_one_b, int chunks = 1);
 /// With plan.grid.cp > 1 (the 4th axis): a rank holds and computes T/cp tokens of each row
-/// (attention still sees the whole sequence's keys), tp and pp move T/cp tokens per row, ZeRO
-/// shards and the gradient average run over dp x cp, and the cp ring's K/V blocks cost time
-/// (Prediction::cp_s; 0 when cp = 1). README.md, "The 4th axis", has the terms behind a hint.
+/// (attention still sees the whole sequence's keys; its memory is plan.attention's core's),
+/// tp and pp move T/cp tokens per row, ZeRO shards and the gradient average run over dp x cp,
+/// and the cp group's messages cost time (Prediction::cp_s: the ring's K/V blocks, or
+/// all-to-all's exchanges; 0 when cp = 1). README.md, "The 4th axis", has the terms behind a
+/// hint.
 Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& plan,
                    const Machine& machine, DType precision);
 
@@ -351,12 +363,15 @@ Prediction predict(const ModelConfig& config, int64_t global_batch, const Plan& 
 Machine measure_machine(comm::Communicator& world, const ModelConfig& config, int64_t rows,
                         DType precision, std::size_t bytes = 4 << 20);
 
-/// Given (plan_search.cpp). Every configuration of `world_size` ranks that check_3d accepts for
-/// `global_batch`, with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3 and checkpointing off/on
-/// (every combination runs: check_runnable; the 1F1B schedule, one chunk per rank), whose
-/// predicted total fits `memory_bytes`; sorted by predicted step time, fastest first. ZeRO-2/3
-/// with micro-batches are listed with their m-fold dp traffic (predict), so they rank where
-/// they cost.
+/// Given (plan_search.cpp). Every configuration of `world_size` ranks that check_4d accepts for
+/// `global_batch`, with m in {1, 2, 4, 8} (dividing the rows), ZeRO 0-3, checkpointing off/on,
+/// each of lab 08's schedules where it differs from 1F1B (AFAB with pp > 1 and m > 1;
+/// interleaved with v in {2, 4} chunks where the layers split into pp x v pieces and m is a
+/// multiple of pp) and, with cp > 1, ring and all-to-all attention (where the heads split over
+/// cp x tp) (every combination runs: check_runnable), whose predicted total fits
+/// `memory_bytes`; sorted by predicted step time, fastest first (then by memory). ZeRO-2/3 with
+/// micro-batches are listed with their m-fold dp traffic (predict), so they rank where they
+/// cost.
 std::vector<std::pair<Plan, Prediction>> plan_all(const ModelConfig& config, int world_size,
                                                   int64_t global_batch, const Machine& machine,
                                                   std::size_t memory_bytes, DType precision);

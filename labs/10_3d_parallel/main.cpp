@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -42,6 +43,23 @@ using namespace scalelab::lab10;
 namespace {
 
 std::string mib(std::size_t bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
+
+// A plan's schedule as a table cell: "1f1b", "afab", "int2" (interleaved, 2 chunks per rank).
+std::string schedule_cell(const Plan& p) {
+  return p.schedule == lab08::Kind::interleaved ? fmt::format("int{}", p.chunks)
+                                                : std::string(lab08::kind_name(p.schedule));
+}
+// Its attention over cp: "ring", "a2a" (all-to-all), "-" without a cp axis.
+std::string attention_cell(const Plan& p) {
+  if (p.grid.cp == 1) return "-";
+  return p.attention == lab11::Attention::ring ? "ring" : "a2a";
+}
+// The whole plan in one phrase: "2x1x2x1 m=2 zero=1 ckpt=no 1f1b" (dp x cp x tp x pp).
+std::string plan_phrase(const Plan& p) {
+  return fmt::format("{}x{}x{}x{} m={} zero={} ckpt={} {}{}", p.grid.dp, p.grid.cp, p.grid.tp,
+                     p.grid.pp, p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no",
+                     schedule_cell(p), p.grid.cp > 1 ? " " + attention_cell(p) : std::string());
+}
 
 // --memory: a size with a unit, "80GiB", "512MiB"; a plain number is MiB. From one byte to what
 // a 64-bit byte count holds (16 EiB): beyond it the conversion used to wrap around to "0 MiB per
@@ -112,10 +130,10 @@ int64_t measure_rows(const ModelConfig& config, int64_t wanted, DType precision,
   throw UsageError(fmt::format(
       "--memory {}: no configuration of model {} for {} ranks and --batch {} fits; the smallest "
       "needs {} MiB per rank (dp {} x cp {} x tp {} x pp {}, {} micro-batches, ZeRO-{}, "
-      "checkpointing {}): give --memory {}MiB or more, or a smaller --batch", memory, config.name,
-      ranks, batch, mib(d.total_bytes), p.grid.dp, p.grid.cp, p.grid.tp, p.grid.pp,
+      "checkpointing {}, schedule {}): give --memory {}MiB or more, or a smaller --batch", memory,
+      config.name, ranks, batch, mib(d.total_bytes), p.grid.dp, p.grid.cp, p.grid.tp, p.grid.pp,
       p.micro_batches, p.zero_stage,
-      p.checkpoint ? "on" : "off", mib_needed));
+      p.checkpoint ? "on" : "off", schedule_cell(p), mib_needed));
 }
 
 // The grid to run. No size given (./scalelab demo): tp 2 and pp 2 where the ranks and the model
@@ -174,16 +192,16 @@ int plan(const ModelConfig& model, int64_t batch, DType precision,
             m.shared_cores ? "; more ranks than cores: the bubble is not idle time" : "");
   log::info("{} configurations fit; the fastest {} (memory and time of the busiest stage):",
             rows.size(), std::min<std::size_t>(rows.size(), top));
-  log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  {:>9} "
-            "{:>6} {:>7} {:>7} {:>7} {:>7} {:>9}", "dp", "cp", "tp", "pp", "m", "zero", "ckpt",
-            "params", "state MiB", "acts MiB", "bwd MiB", "total MiB", "compute ms", "bubble",
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:>5} {:>4}  {:>10} {:>9} {:>9} {:>8} "
+            "{:>9}  {:>9} {:>6} {:>7} {:>7} {:>7} {:>7} {:>9}", "dp", "cp", "tp", "pp", "m",
+            "zero", "ckpt", "sched", "attn", "params", "state MiB", "acts MiB", "bwd MiB", "total MiB", "compute ms", "bubble",
             "tp ms", "pp ms", "cp ms", "dp ms", "step ms");
   for (std::size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i) {
     const auto& [p, d] = rows[i];
-    log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>10} {:>9} {:>9} {:>8} {:>9}  "
-              "{:>9.2f} {:>6.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>9.2f}", p.grid.dp,
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:>5} {:>4}  {:>10} {:>9} {:>9} {:>8} "
+              "{:>9}  {:>9.2f} {:>6.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>9.2f}", p.grid.dp,
               p.grid.cp, p.grid.tp, p.grid.pp, p.micro_batches, p.zero_stage,
-              p.checkpoint ? "yes" : "no", d.params, mib(d.state_bytes),
+              p.checkpoint ? "yes" : "no", schedule_cell(p), attention_cell(p), d.params, mib(d.state_bytes),
               mib(d.activation_bytes), mib(d.transient_bytes), mib(d.total_bytes),
               d.compute_s * 1e3, d.bubble, d.tp_s * 1e3, d.pp_s * 1e3, d.cp_s * 1e3,
               d.dp_s * 1e3, d.step_s * 1e3);
@@ -332,8 +350,9 @@ int check_plan(train::Session& session, const cxxopts::ParseResult& parsed) {
             "(min..max), and the "
             "optimizer step after it (not predicted); err = (predicted - measured) / measured; "
             "rank: by predicted / by measured step time");
-  log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>6}  {:>7} {:>7} {:>13} "
-            "{:>6} {:>6}  {:>4} {:>4}", "dp", "cp", "tp", "pp", "m", "zero", "ckpt", "mem pred", "mem meas", "err",
+  log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:>5} {:>4}  {:>8} {:>8} {:>6}  {:>7} "
+            "{:>7} {:>13} {:>6} {:>6}  {:>4} {:>4}", "dp", "cp", "tp", "pp", "m", "zero", "ckpt",
+            "sched", "attn", "mem pred", "mem meas", "err",
             "ms pred", "ms meas", "(min..max)", "err", "opt ms", "pred", "meas");
   std::vector<std::size_t> by_measured(ran.size());
   for (std::size_t i = 0; i < ran.size(); ++i) by_measured[i] = i;
@@ -349,10 +368,10 @@ int check_plan(train::Session& session, const cxxopts::ParseResult& parsed) {
     const double et = relative_error(d.step_s, x.step_s);
     mem_abs += std::abs(em);
     time_abs += std::abs(et);
-    log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>+5.0f}%  {:>7.1f} "
-              "{:>7.1f} {:>13} {:>+5.0f}% {:>6.1f}  {:>4} {:>4}", p.grid.dp, p.grid.cp, p.grid.tp,
-              p.grid.pp,
-              p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no", mib(d.total_bytes),
+    log::info("{:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:>5} {:>4}  {:>8} {:>8} {:>+5.0f}%  "
+              "{:>7.1f} {:>7.1f} {:>13} {:>+5.0f}% {:>6.1f}  {:>4} {:>4}", p.grid.dp, p.grid.cp,
+              p.grid.tp, p.grid.pp, p.micro_batches, p.zero_stage, p.checkpoint ? "yes" : "no",
+              schedule_cell(p), attention_cell(p), mib(d.total_bytes),
               mib(static_cast<std::size_t>(x.peak_bytes)), em * 100, d.step_s * 1e3,
               x.step_s * 1e3, fmt::format("({:.1f}..{:.1f})", x.min_s * 1e3, x.max_s * 1e3),
               et * 100, x.optimizer_s * 1e3, i + 1, measured_rank[i]);
@@ -363,14 +382,32 @@ int check_plan(train::Session& session, const cxxopts::ParseResult& parsed) {
   log::info("mean |err|: memory {:.0f}%, step time {:.0f}%; rank correlation of predicted and "
             "measured step times (Spearman) {:+.2f}", 100 * mem_abs / ran.size(),
             100 * time_abs / ran.size(), rank_correlation(predicted_rank, measured_rank));
-  log::info("predicted best {}x{}x{}x{} m={} zero={} ckpt={} ({:.2f} ms measured) {} the "
-            "measured best {}x{}x{}x{} m={} zero={} ckpt={} ({:.2f} ms); the predicted best ranks "
-            "{} of {} measured (dp x cp x tp x pp)", ran[0].p.grid.dp, ran[0].p.grid.cp,
-            ran[0].p.grid.tp, ran[0].p.grid.pp,
-            ran[0].p.micro_batches, ran[0].p.zero_stage, ran[0].p.checkpoint ? "yes" : "no",
-            ran[0].x.step_s * 1e3, by_measured[0] == 0 ? "IS" : "is NOT", best.p.grid.dp,
-            best.p.grid.cp, best.p.grid.tp, best.p.grid.pp, best.p.micro_batches, best.p.zero_stage,
-            best.p.checkpoint ? "yes" : "no", best.x.step_s * 1e3, measured_rank[0], ran.size());
+  log::info("predicted best {} ({:.2f} ms measured) {} the measured best {} ({:.2f} ms); the "
+            "predicted best ranks {} of {} measured (dp x cp x tp x pp)", plan_phrase(ran[0].p),
+            ran[0].x.step_s * 1e3, by_measured[0] == 0 ? "IS" : "is NOT", plan_phrase(best.p),
+            best.x.step_s * 1e3, measured_rank[0], ran.size());
+  // The errors by schedule and by cp attention: where the model of each is checked.
+  std::map<std::string, std::vector<std::pair<double, double>>> groups;  // (memory, time) errors
+  for (const Row& r : ran) {
+    const std::pair<double, double> e{
+        relative_error(static_cast<double>(r.d.total_bytes), r.x.peak_bytes),
+        relative_error(r.d.step_s, r.x.step_s)};
+    groups["schedule " + schedule_cell(r.p)].push_back(e);
+    if (r.p.grid.cp > 1) groups["cp " + attention_cell(r.p)].push_back(e);
+  }
+  for (const auto& [name, errs] : groups) {
+    double mem = 0, time = 0, lo = errs[0].first, hi = errs[0].first;
+    for (const auto& [em, et] : errs) {
+      mem += std::abs(em);
+      time += std::abs(et);
+      lo = std::min(lo, em);
+      hi = std::max(hi, em);
+    }
+    const double n = static_cast<double>(errs.size());
+    log::info("{}: {} plans, memory mean |err| {:.1f}% ({:+.1f}%..{:+.1f}%), step time mean "
+              "|err| {:.0f}%", name, errs.size(), 100 * mem / n, 100 * lo, 100 * hi,
+              100 * time / n);
+  }
   return 0;
 }
 

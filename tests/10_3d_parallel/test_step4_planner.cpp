@@ -212,7 +212,10 @@ testing::AssertionResult transient_matches(const TransientFn& predicted) {
 }
 
 TEST(Step4_Planner, BackwardTransientEqualsTheAllocator) {
-  EXPECT_TRUE(transient_matches(lab10::backward_transient_bytes));
+  EXPECT_TRUE(transient_matches([](const ModelConfig& c, int64_t rows, int tp, int pp, int s,
+                                   bool ckpt, DType precision) {
+    return lab10::backward_transient_bytes(c, rows, tp, pp, s, ckpt, precision);
+  }));
 }
 
 // The harness passes its own count (so the planted variant below differs only by its fault).
@@ -264,24 +267,61 @@ TEST(Step4_Planner, PredictedMemoryIsTheAllocatorsPeakOfAStep) {
     }
 }
 
-using InFlightFn = std::function<std::size_t(int, int, int)>;
+using InFlightFn = std::function<std::size_t(int, int, int, lab08::Kind, int)>;
 
+// Every schedule of lab 08 on p stages and m micro-batches (interleaved: v = 2 and 3 chunks, m a
+// multiple of p): the count against the simulator's most (micro-batch, chunk) pieces held.
 testing::AssertionResult in_flight_matches(const InFlightFn& f) {
-  for (int p : {1, 2, 4})
-    for (int m : {1, 2, 3, 8}) {
-      std::vector<lab08::Schedule> all;
-      for (int s = 0; s < p; ++s) all.push_back(lab08::schedule_1f1b(p, m, s));
-      const lab08::SimResult sim = lab08::simulate(all, m);
-      for (int s = 0; s < p; ++s)
-        if (f(p, s, m) != static_cast<std::size_t>(sim.max_in_flight[s]))
-          return testing::AssertionFailure()
-                 << fmt::format("p {} m {} stage {}: {} in flight predicted, 1F1B holds {}", p, m,
-                                s, f(p, s, m), sim.max_in_flight[s]);
-    }
+  struct Case { lab08::Kind kind; int v; };
+  const Case cases[] = {{lab08::Kind::afab, 1}, {lab08::Kind::one_f_one_b, 1},
+                        {lab08::Kind::interleaved, 2}, {lab08::Kind::interleaved, 3}};
+  for (const Case& k : cases)
+    for (int p : {1, 2, 3, 4})
+      for (int m : {1, 2, 3, 4, 6, 8, 12}) {
+        if (k.kind == lab08::Kind::interleaved && m % p != 0) continue;
+        std::vector<lab08::Schedule> all;
+        for (int s = 0; s < p; ++s) all.push_back(lab08::make_schedule(k.kind, p, m, k.v, s));
+        const lab08::SimResult sim = lab08::simulate(all, m, k.v);
+        if (sim.deadlock || !sim.errors.empty())
+          return testing::AssertionFailure() << "lab 08's schedule does not run: " << sim.report;
+        for (int s = 0; s < p; ++s)
+          if (f(p, s, m, k.kind, k.v) != static_cast<std::size_t>(sim.max_in_flight[s]))
+            return testing::AssertionFailure() << fmt::format(
+                       "{} p {} m {} v {} stage {}: {} in flight predicted, the schedule holds {}",
+                       lab08::kind_name(k.kind), p, m, k.v, s, f(p, s, m, k.kind, k.v),
+                       sim.max_in_flight[s]);
+      }
   return testing::AssertionSuccess();
 }
 
-TEST(Step4_Planner, InFlightAsLab08sSimulator) { EXPECT_TRUE(in_flight_matches(lab10::max_in_flight)); }
+TEST(Step4_Planner, InFlightAsLab08sSimulator) {
+  EXPECT_TRUE(in_flight_matches([](int p, int s, int m, lab08::Kind kind, int v) {
+    return lab10::max_in_flight(p, s, m, kind, v);
+  }));
+}
+
+// predict's bubble of every schedule is what lab 08's simulator measures on its timeline (every
+// stage equally fast, a backward twice a forward, messages free): AFAB and 1F1B (pp - 1) /
+// (m + pp - 1), interleaved (pp - 1) / (v m + pp - 1), the most idle stage's.
+TEST(Step4_Planner, BubbleOfEveryScheduleAsLab08sSimulator) {
+  ModelConfig c = model_config("small");
+  c.n_layer = 12;  // pp x v pieces for pp 1-4, v 2, 3
+  const lab10::Machine mach{.flops = 1e10, .bus_bytes_per_s = 1e9, .latency_s = 1e-5};
+  struct Case { lab08::Kind kind; int v; };
+  for (const Case& k : {Case{lab08::Kind::afab, 1}, Case{lab08::Kind::one_f_one_b, 1},
+                        Case{lab08::Kind::interleaved, 2}, Case{lab08::Kind::interleaved, 3}})
+    for (int p : {1, 2, 3, 4})
+      for (int m : {1, 2, 3, 4, 6, 8, 12}) {
+        if (k.kind == lab08::Kind::interleaved && m % p != 0) continue;
+        std::vector<lab08::Schedule> all;
+        for (int s = 0; s < p; ++s) all.push_back(lab08::make_schedule(k.kind, p, m, k.v, s));
+        const lab08::SimResult sim = lab08::simulate(all, m, k.v);
+        const double simulated = *std::max_element(sim.bubble.begin(), sim.bubble.end());
+        const lab10::Plan plan{{1, 1, p}, m, 0, false, k.kind, k.v};
+        EXPECT_NEAR(lab10::predict(c, 12, plan, mach, DType::f32).bubble, simulated, 1e-12)
+            << lab08::kind_name(k.kind) << " p " << p << " m " << m << " v " << k.v;
+      }
+}
 
 TEST(Step4_Planner, TimeModelStructure) {
   const ModelConfig c = model_config("small");
@@ -364,9 +404,20 @@ TEST(Step4_PlantedFault, TransientWithoutScoreGradientsFails) {
   }));
 }
 
-// Every micro-batch in flight (AFAB's count, not 1F1B's).
+// Every micro-batch in flight whatever the schedule (AFAB's count, not 1F1B's).
 TEST(Step4_PlantedFault, AllMicroBatchesInFlightFails) {
-  EXPECT_FALSE(in_flight_matches([](int, int, int m) { return static_cast<std::size_t>(m); }));
+  EXPECT_FALSE(in_flight_matches([](int, int, int m, lab08::Kind kind, int v) {
+    return static_cast<std::size_t>(kind == lab08::Kind::interleaved ? m * v : m);
+  }));
+}
+
+// Interleaved counted as 1F1B over its p x v pieces (min(p - s, m) per chunk): its warm-up runs
+// (v - 1) p more forwards than that before the first backward.
+TEST(Step4_PlantedFault, InterleavedAsOneFOneBPerChunkFails) {
+  EXPECT_FALSE(in_flight_matches([](int p, int s, int m, lab08::Kind kind, int v) {
+    if (kind == lab08::Kind::afab) return static_cast<std::size_t>(m);
+    return static_cast<std::size_t>(std::min(p - s, m) * v);
+  }));
 }
 
 }  // namespace
