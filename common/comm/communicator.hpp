@@ -76,12 +76,18 @@ void wait_all(std::vector<Work>& works);
 /// One send or receive of a batch posted together (Communicator::send_recv_async; PyTorch's
 /// P2POp): `P2POp::recv(next, left)`, `P2POp::send(cur, right)`.
 struct P2POp {
-  enum class Kind { send, recv };
-  Kind kind = Kind::send;
+  /// Which of the two.
+  enum class Kind {
+    send,  ///< Communicator::send_async
+    recv   ///< Communicator::recv_async
+  };
+  Kind kind = Kind::send;  ///< send or receive
   Tensor tensor;  ///< send: the message (read, kept alive until done); recv: where it lands
   int peer = 0;   ///< send: the destination; recv: the source (ranks of the communicator)
   int tag = 0;    ///< matches a send with its recv between the same two ranks
+  /// Send `t` to `dst` (send_async's arguments).
   static P2POp send(const Tensor& t, int dst, int tag = 0) { return {Kind::send, t, dst, tag}; }
+  /// Receive into `t` from `src` (recv_async's arguments).
   static P2POp recv(const Tensor& t, int src, int tag = 0) { return {Kind::recv, t, src, tag}; }
 };
 
