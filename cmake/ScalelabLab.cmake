@@ -177,7 +177,10 @@ endfunction()
 # cheats concern) into test_labNN_planted. Each CASE is one ctest entry
 # labNN.planted.<cheat>.np<ranks> (labels reference, labNN): the step's graders run on the
 # planted submission, as the grader runs them on an attendee's, and must FAIL (exit 1) with a
-# verdict line matching <regex>: the class of cheat the step stops, shown stopped.
+# verdict line matching <regex>: the class of cheat the step stops, shown stopped. <step> is a
+# step number (every StepK* suite runs) or a step number and the start of a suite or test name
+# ("1_Balance": Step1_Balance* only), for a cheat that an earlier check of its step would catch
+# first but that one check is there to stop.
 function(scalelab_add_planted_submissions nn)
   cmake_parse_arguments(P "" "PLANTS" "TESTS;CASES" ${ARGN})
   if(NOT SCALELAB_BUILD_TESTS)
@@ -203,7 +206,7 @@ function(scalelab_add_planted_submissions nn)
                         scalelab::test_main)
   add_dependencies(reference test_lab${nn}_planted)
   foreach(case IN LISTS P_CASES)
-    if(NOT case MATCHES "^([a-z0-9_]+):([0-9]+):([0-9]+):(.+)$")
+    if(NOT case MATCHES "^([a-z0-9_]+):([0-9]+[A-Za-z0-9_.]*):([0-9]+):(.+)$")
       message(FATAL_ERROR "lab ${nn}: planted case '${case}' is not <cheat>:<step>:<ranks>:<regex>")
     endif()
     set(cheat ${CMAKE_MATCH_1})

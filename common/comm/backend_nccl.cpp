@@ -8,9 +8,20 @@
 // collective sees the data the caller's kernels wrote. Completion: an event recorded after the
 // call, polled by the worker; Work::wait() returns when the data is there.
 //
-// send/recv: NCCL needs the send and the matching recv of a ring step in one ncclGroupStart/End
-// (or it deadlocks on the stream), so consecutive send/recvs are collected and launched as one
-// group when the caller waits on one of them, or when a collective comes next.
+// What launches when (the worker thread makes every NCCL call, in submission order):
+//   - a collective: as soon as the worker takes it from the queue, after the send/recvs collected
+//     before it (launched first, as one group);
+//   - send/recv: NCCL needs a step's send and the matching recv in one ncclGroupStart/End (a
+//     send alone on the stream can wait for its peer's recv while that peer waits on its own
+//     send: a deadlock), so consecutive send/recvs are collected, not launched, until
+//       * the caller posts them as a batch (Communicator::send_recv_async): the batch's end
+//         flushes, so the group starts when posted and the transfers run while the caller
+//         computes (a ring's next K/V block under this block's kernels);
+//       * or, unbatched (send_async/recv_async), the caller waits on or tests one of them: the
+//         group starts only then, however long the caller computed in between;
+//       * or a collective is submitted after them, or the communicator is destroyed.
+//     A flush launches every send/recv collected so far, batched or not, as one group.
+// Each launched operation completes (Work::wait returns) when its done event has fired.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -107,7 +118,8 @@ class NcclBackend final : public Backend {
     check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventRecord(ready, 0), "cudaEventRecord");
     if (is_point_to_point(op->kind)) {
-      // Waiting on a send/recv launches the group it belongs to.
+      // Waiting on a send/recv, or the end of its batch (send_recv_async), launches the group it
+      // belongs to.
       op->flush = [this] {
         std::lock_guard lock(mutex_);
         flush_ = true;

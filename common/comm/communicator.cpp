@@ -471,6 +471,30 @@ Work Communicator::recv_async(const Tensor& t, int src, int tag) {
 }
 void Communicator::recv(const Tensor& t, int src, int tag) { recv_async(t, src, tag).wait(); }
 
+std::vector<Work> Communicator::send_recv_async(const std::vector<P2POp>& ops) {
+  // Every op checked first: a batch is posted whole or not at all.
+  for (const P2POp& p : ops) {
+    const OpKind kind = p.kind == P2POp::Kind::send ? OpKind::send : OpKind::recv;
+    SCALELAB_CHECK(s_ != nullptr, "{} on an empty Communicator (make one with Communicator::world)",
+                   detail::op_kind_name(kind));
+    check_tensor(p.tensor, kind, "");
+    SCALELAB_CHECK(p.peer >= 0 && p.peer < s_->size, "{}: peer rank {} is outside group {} of {} ranks",
+                   detail::op_kind_name(kind), p.peer, s_->name, s_->size);
+  }
+  std::vector<Work> works;
+  works.reserve(ops.size());
+  for (const P2POp& p : ops)
+    works.push_back(p.kind == P2POp::Kind::send ? send_async(p.tensor, p.peer, p.tag)
+                                                : recv_async(p.tensor, p.peer, p.tag));
+  // The step is complete: a backend that holds send/recvs back until a wait (nccl, to group a
+  // step's halves) launches them now, so they travel while the caller computes. Each op's flush
+  // is its backend's (a batch may mix CUDA and host tensors under "auto"); calling it twice is
+  // harmless.
+  for (const Work& w : works)
+    if (w.op_->flush) w.op_->flush();
+  return works;
+}
+
 Communicator Communicator::split(int color, int key, const std::string& name) const {
   SCALELAB_CHECK(s_ != nullptr, "split on an empty Communicator");
   SCALELAB_CHECK(color >= 0, "split: color must be >= 0, got {}", color);

@@ -17,7 +17,8 @@
 ///         caller computes, and every rank issues the same MPI calls in the same order. CUDA
 ///         tensors are staged through host memory.
 ///   nccl  device memory (CUDA tensors), on a communication stream separate from compute; the
-///         ncclUniqueId goes from rank 0 to the others over MPI.
+///         ncclUniqueId goes from rank 0 to the others over MPI. A lone send/recv is launched
+///         when it is waited for; a batch of them (send_recv_async) when it is posted.
 ///   self  a world of one, no launcher needed (each rank is alone).
 ///   auto  nccl for CUDA tensors when NCCL was compiled in, mpi otherwise.
 ///
@@ -71,6 +72,24 @@ class Work {
 
 /// Waits for every work in `works` (in order).
 void wait_all(std::vector<Work>& works);
+
+/// One send or receive of a batch posted together (Communicator::send_recv_async; PyTorch's
+/// P2POp): `P2POp::recv(next, left)`, `P2POp::send(cur, right)`.
+struct P2POp {
+  /// Which of the two.
+  enum class Kind {
+    send,  ///< Communicator::send_async
+    recv   ///< Communicator::recv_async
+  };
+  Kind kind = Kind::send;  ///< send or receive
+  Tensor tensor;  ///< send: the message (read, kept alive until done); recv: where it lands
+  int peer = 0;   ///< send: the destination; recv: the source (ranks of the communicator)
+  int tag = 0;    ///< matches a send with its recv between the same two ranks
+  /// Send `t` to `dst` (send_async's arguments).
+  static P2POp send(const Tensor& t, int dst, int tag = 0) { return {Kind::send, t, dst, tag}; }
+  /// Receive into `t` from `src` (recv_async's arguments).
+  static P2POp recv(const Tensor& t, int src, int tag = 0) { return {Kind::recv, t, src, tag}; }
+};
 
 /// Seconds this process has spent blocked in Work::wait (and in the blocking calls, which wait
 /// on their own Work), over every thread and group, since the start: the communication a caller
@@ -189,6 +208,18 @@ class Communicator {
   void recv(const Tensor& t, int src, int tag = 0);
   /// The receive, non-blocking: returns at once; `t` holds the message once the Work is done.
   Work recv_async(const Tensor& t, int src, int tag = 0);
+  /// One step's sends and receives, posted together, non-blocking (PyTorch's
+  /// batch_isend_irecv, NCCL's group): the Works of `ops`, in their order. Each is the
+  /// send_async or recv_async it names (counted, logged, traced and waited for the same way);
+  /// the batch says that nothing else belongs with them, so every backend has them in flight
+  /// when the call returns. On nccl, which needs a send and the matching recv of a step in one
+  /// ncclGroupStart/End, lone send_async/recv_async calls are held back until one of them is
+  /// waited for (or a collective follows), and a batch launches the group at once: a ring's
+  /// next block travels while this one computes. On mpi and self each op is posted as it would
+  /// be alone. A ring step: `auto w = cp.send_recv_async({P2POp::recv(next, left),
+  /// P2POp::send(cur, right)}); compute(cur); wait_all(w);`. Every op is checked (tensor, peer)
+  /// before any is posted; the batch also launches send/recvs posted unbatched before it.
+  std::vector<Work> send_recv_async(const std::vector<P2POp>& ops);
 
   /// Sub-communicators: ranks with the same `color` form one group, ordered by `key` (then by
   /// rank). Collective over this communicator. `name` labels the group in watchdog reports and

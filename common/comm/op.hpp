@@ -58,8 +58,9 @@ struct Op {
   double trace_begin_us = -1;
   int trace_lane = -1;      // which comm track of the trace it occupies while in flight
   int world_peer = -1;      // the peer or root as a world rank (execution log)
-  /// Called by Work::wait/test before looking at `done` (the nccl backend launches grouped
-  /// point-to-point operations then).
+  /// Called by Work::wait/test before looking at `done`, and by Communicator::send_recv_async
+  /// once its batch is posted (the nccl backend launches its collected point-to-point operations
+  /// as one group then).
   std::function<void()> flush;
 
   /// Marks the operation finished (error or not): releases `in` and `out`, leaves the watchdog,

@@ -64,6 +64,8 @@ Tensor to_chunks(const Tensor& x);
 void from_chunks(Tensor& x, const Tensor& chunks);
 /// Given. Chunk i (0 or 1) of a chunk-major (2, BH, c, hs) tensor: (BH, c, hs), a view.
 Tensor chunk(const Tensor& chunks, int i);
+/// Given. Row i (0 or 1) of a chunk-major log-sum-exp (2, BH, c): query chunk i's (BH, c), a view.
+Tensor lse_chunk(const Tensor& lse, int i);
 /// Given. k and v (BH, 2c, hs) -> one K/V block (2, 2, BH, c, hs): k's chunks, then v's.
 Tensor pack_kv(const Tensor& k, const Tensor& v);
 /// Given. The k (which = 0) or v (1) half of a K/V block: (2, BH, c, hs), a view.

@@ -22,6 +22,23 @@ if(SCALELAB_BUILD_TESTS)
                                 ARGS --model tiny --data ${lab11_data} ${case})
   endforeach()
 endif()
+# Planted submissions (tests/11_context_parallel/planted/cheats.plant): one copy of the reference
+# with every wrong technique the graders must stop, each switched on by SCALELAB_PLANT; the step's
+# graders run on it and must fail at the check named (the earlier checks of the step pass: right
+# numbers, wrong technique). The contiguous split runs the balance suite alone (the positions
+# check, which comes first, would catch it too), the all-gather's memory peak at 4 ranks.
+set(lab11_tests ${PROJECT_SOURCE_DIR}/tests/11_context_parallel)
+scalelab_add_planted_submissions(11 PLANTS ${lab11_tests}/planted/cheats.plant
+  TESTS ${lab11_tests}/cp_checks.cpp ${lab11_tests}/test_step1_split.cpp
+        ${lab11_tests}/test_step2_ring_forward.cpp ${lab11_tests}/test_step3_ring_backward.cpp
+        ${lab11_tests}/test_step4_all_to_all.cpp
+  CASES "contiguous_split:1_Balance:1:Step1_Balance.EveryRankComputesTheSameCausalWork on rank 0: .*score blocks per rank"
+        "all_gather:2:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*and 1 other operations"
+        "all_gather:2_Ring.Holds:4:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*remote K/V blocks"
+        "no_causal_skip:2:2:Step2_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*masked blocks skipped"
+        "waits_first:2:2:Step2_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*waited for before any block computed"
+        "dkdv_stay:3:2:Step3_Ring.GradientsEqualFullAttentionF32 on rank [0-9]: .*close_on_every_rank.g.dkv, g.want.dkv"
+        "arrival_order:4:2:Step4_AllToAll.EqualsFullAttentionF32 on rank [0-9]: .*close_on_every_rank.u.y, u.want_y")
 # On a GPU (label gpu; skipped without one): the reference's step with CUDA tensors against the
 # CPU (tests/11_context_parallel/test_gpu.cpp), not a graded step.
 scalelab_add_lab_gpu_tests(11)

@@ -52,6 +52,11 @@ Tensor chunk(const Tensor& chunks, int i) {
   return chunks.view({2, BH * c * hs}).rows(i, i + 1).view({BH, c, hs});
 }
 
+Tensor lse_chunk(const Tensor& lse, int i) {
+  const int64_t BH = lse.size(1), c = lse.size(2);
+  return lse.view({2, BH * c}).rows(i, i + 1).view({BH, c});
+}
+
 Tensor pack_kv(const Tensor& k, const Tensor& v) {
   const int64_t BH = k.size(0), c = k.size(1) / 2, hs = k.size(2);
   Tensor kv = Tensor::empty({2, 2, BH, c, hs}, k.dtype(), k.device());

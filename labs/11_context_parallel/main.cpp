@@ -56,8 +56,8 @@ double median(std::vector<double> v) {
 }
 
 // The ring's transfers with no compute: `per_step` block-sized messages round the ring at each
-// of cp-1 steps (each: recv from r-1 posted, send to r+1, both waited), then `last_hops` more
-// (the backward's dK/dV home). Milliseconds.
+// of cp-1 steps (each: recv from r-1 and send to r+1 posted as one batch, as the ring does, both
+// waited), then `last_hops` more (the backward's dK/dV home). Milliseconds.
 double transfers_alone_ms(comm::Communicator& cp, const Tensor& block, int per_step, int last_hops) {
   const int n = cp.size(), r = cp.rank();
   Tensor in = Tensor::empty(block.shape(), block.dtype(), block.device());
@@ -65,10 +65,9 @@ double transfers_alone_ms(comm::Communicator& cp, const Tensor& block, int per_s
   const double t0 = trace::now_us();
   const int messages = (n - 1) * per_step + (n > 1 ? last_hops : 0);
   for (int m = 0; m < messages; ++m) {
-    comm::Work got = cp.recv_async(in, (r - 1 + n) % n, m % 2);
-    comm::Work sent = cp.send_async(block, (r + 1) % n, m % 2);
-    got.wait();
-    sent.wait();
+    std::vector<comm::Work> step = cp.send_recv_async(
+        {comm::P2POp::recv(in, (r - 1 + n) % n, m % 2), comm::P2POp::send(block, (r + 1) % n, m % 2)});
+    comm::wait_all(step);
   }
   device_synchronize(block.device());
   return (trace::now_us() - t0) / 1e3;

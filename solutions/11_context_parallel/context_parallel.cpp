@@ -14,12 +14,6 @@ void require_split(int64_t T, int cp) {
   SCALELAB_REQUIRE(T >= 0 && T % (2 * cp) == 0,
                    "a sequence of {} tokens does not cut into 2 cp = {} equal chunks", T, 2 * cp);
 }
-
-// The log-sum-exp of query chunk i: (BH, c) of a chunk-major (2, BH, c).
-Tensor lse_chunk(const Tensor& lse, int i) {
-  const int64_t BH = lse.size(1), c = lse.size(2);
-  return lse.view({2, BH * c}).rows(i, i + 1).view({BH, c});
-}
 }  // namespace
 
 // ---- step 1 ----------------------------------------------------------------------------------
@@ -119,13 +113,15 @@ Tensor ring_attention_forward(Tensor& y, const Tensor& q, const Tensor& kv, doub
   };
   Tensor cur = kv;  // the block in hand: mine first, then rank r-1's, r-2's, ...
   for (int s = 0; s < n; ++s) {
-    // double buffer: the next block arrives while this one is used; never more than these two
+    // double buffer: the next block arrives while this one is used; never more than these two.
+    // The recv and the send are one step, posted as one batch: in flight from here (on NCCL a
+    // lone send/recv starts only when it is waited for).
     Tensor next;
-    comm::Work got, sent;
+    std::vector<comm::Work> moving;
     if (s + 1 < n) {
       next = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
-      got = cp.recv_async(next, (r - 1 + n) % n);
-      sent = cp.send_async(cur, (r + 1) % n);
+      moving = cp.send_recv_async({comm::P2POp::recv(next, (r - 1 + n) % n),
+                                   comm::P2POp::send(cur, (r + 1) % n)});
     }
     // My chunks are r (early) and 2n-1-r (late); block `src` holds chunks src and 2n-1-src.
     const int src = (r - s + n) % n;
@@ -141,8 +137,7 @@ Tensor ring_attention_forward(Tensor& y, const Tensor& q, const Tensor& kv, doub
       attend(1, cur, 1, false);
     }
     if (s + 1 < n) {
-      got.wait();
-      sent.wait();
+      comm::wait_all(moving);
       cur = next;  // the block just used is freed here (unless it is my own)
     }
   }
@@ -176,11 +171,11 @@ void ring_attention_backward(Tensor& dq, Tensor& dkv, const Tensor& dy, const Te
   for (int s = 0; s < n; ++s) {
     const int prev = (r - 1 + n) % n, next_rank = (r + 1) % n;
     Tensor next, dnext;
-    comm::Work got, sent;
+    std::vector<comm::Work> moving;
     if (s + 1 < n) {  // the next K/V block can come while this one is used (tag 0)
       next = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
-      got = cp.recv_async(next, prev, 0);
-      sent = cp.send_async(cur, next_rank, 0);
+      moving = cp.send_recv_async({comm::P2POp::recv(next, prev, 0),
+                                   comm::P2POp::send(cur, next_rank, 0)});
     }
     const int src = (r - s + n) % n;  // the same blocks as the forward
     if (src == r) {
@@ -196,12 +191,10 @@ void ring_attention_backward(Tensor& dq, Tensor& dkv, const Tensor& dy, const Te
     }
     if (s + 1 < n) {  // its dK/dV, with my share added, follows it (tag 1)
       dnext = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
-      comm::Work dgot = cp.recv_async(dnext, prev, 1);
-      comm::Work dsent = cp.send_async(dcur, next_rank, 1);
-      got.wait();
-      sent.wait();
-      dgot.wait();
-      dsent.wait();
+      std::vector<comm::Work> grads = cp.send_recv_async({comm::P2POp::recv(dnext, prev, 1),
+                                                          comm::P2POp::send(dcur, next_rank, 1)});
+      comm::wait_all(moving);
+      comm::wait_all(grads);
       cur = next;
       dcur = dnext;
     }
@@ -210,9 +203,9 @@ void ring_attention_backward(Tensor& dq, Tensor& dkv, const Tensor& dy, const Te
   if (n == 1) {
     dkv.copy_from(dcur);
   } else {
-    comm::Work dgot = cp.recv_async(dkv, (r - 1 + n) % n, 1);
-    cp.send(dcur, (r + 1) % n, 1);
-    dgot.wait();
+    std::vector<comm::Work> home = cp.send_recv_async({comm::P2POp::recv(dkv, (r - 1 + n) % n, 1),
+                                                       comm::P2POp::send(dcur, (r + 1) % n, 1)});
+    comm::wait_all(home);
   }
   // END SOLUTION
 }

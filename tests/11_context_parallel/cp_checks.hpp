@@ -1,9 +1,11 @@
 #pragma once
 // What lab 11's graders share: random attention inputs of the whole sequence (the same on every
 // rank), the single-device flash attention on them, the grader's OWN zig-zag rows (so steps 2-4
-// are graded without the attendee's step 1), a reference ring forward with three planted variants
-// (an all-gather instead of the ring; no causal skip; each block waited for before computing),
-// the overlap check on the execution log, and the single-device GPT twin.
+// are graded without the attendee's step 1), the byte and overlap checks, and the single-device
+// GPT twin. The wrong techniques the checks must stop (an all-gather instead of the ring, no
+// causal skip, each block waited for before computing, dK/dV that do not travel, the contiguous
+// split, Ulysses in arrival order) are planted into a copy of the reference at build time
+// (planted/cheats.plant, labs/11_context_parallel/lab.cmake), not written again here.
 #include <random>
 #include <string>
 #include <vector>
@@ -108,17 +110,6 @@ inline Mine mine(const Full& f, int cp, int rank) {
 /// gradients are summed in bf16 over the blocks: 3e-2 relative and absolute (values of order 1).
 inline double rtol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-5; }
 inline double atol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-6; }
-
-/// How a test ring gets the other blocks, whether it skips the fully masked ones, and whether the
-/// next block travels while this one is computed (waits_first: the next block's recv and this
-/// block's send are posted, then waited for at once, then the block is computed: right numbers,
-/// no overlap).
-enum class Variant { ring, all_gather, no_causal_skip, waits_first };
-
-/// A reference ring forward (Variant::ring), and the planted wrong techniques. Same contract as
-/// lab11::ring_attention_forward.
-Tensor reference_ring_forward(Tensor& y, const Tensor& q, const Tensor& kv, double scale,
-                              comm::Communicator& cp, Variant variant = Variant::ring);
 
 /// "" when rank's sends of one call were exactly `blocks` messages of kv_bytes, else what was.
 std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_t kv_bytes);

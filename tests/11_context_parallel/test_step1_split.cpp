@@ -1,8 +1,9 @@
 // Lab 11 step 1: the zig-zag split. Pure index math and copies: exact. The positions against
 // the grader's own layout (chunk r then chunk 2cp-1-r), the owner as their inverse, the shard of a
 // tensor (f32 rows and i32 tokens) and its inverse bitwise, and the causal balance: every rank's
-// queries need the same number of score blocks (within one). Planted: the contiguous split (rank
-// r keeps tokens [r T/cp, (r+1) T/cp)) fails the balance check.
+// queries need the same number of score blocks (within one). Planted into a copy of the reference
+// (planted/cheats.plant; labs/11_context_parallel/lab.cmake): the contiguous split (rank r keeps
+// tokens [r T/cp, (r+1) T/cp)) fails the balance check.
 #include <algorithm>
 #include <functional>
 
@@ -90,8 +91,4 @@ TEST(Step1_Split, RefusesWhatDoesNotCut) {
 
 TEST(Step1_Balance, EveryRankComputesTheSameCausalWork) {
   for (int cp = 1; cp <= 8; ++cp) EXPECT_TRUE(balanced(lab11::zigzag_positions, 2 * cp * 4, cp));
-}
-
-TEST(Step1_PlantedFault, ContiguousSplitIsUnbalanced) {
-  for (int cp = 2; cp <= 8; ++cp) EXPECT_FALSE(balanced(lab11::contiguous_positions, 2 * cp * 4, cp));
 }

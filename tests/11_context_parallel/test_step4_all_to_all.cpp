@@ -6,8 +6,9 @@
 //    dv out in backward: 4 x the bytes of this rank's q each way; no send, no all-gather.
 //  - The whole model: the context-parallel GPT with all-to-all attention against the single
 //    device (4 heads so that cp = 4 divides them), tolerances as step 3's.
-// Planted: an all-to-all attention that runs causal attention on the rows in the order they
-// arrive (rank by rank: zig-zag), not in sequence order, fails the output check.
+// Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake):
+// an all-to-all attention that runs causal attention on the rows in the order they arrive (rank
+// by rank: zig-zag), not in sequence order, fails the output check.
 #include <gtest/gtest.h>
 
 #include "common/data/sampler.hpp"
@@ -26,10 +27,7 @@ struct Ulysses {
   std::size_t q_bytes = 0;
 };
 
-using Forward = std::function<Tensor(Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
-                                     double, comm::Communicator&, std::vector<Tensor>&)>;
-
-Ulysses run(DType dt, comm::Communicator& cp, const Forward& forward = lab11::all_to_all_attention_forward) {
+Ulysses run(DType dt, comm::Communicator& cp) {
   const int n = cp.size(), r = cp.rank();
   const cptest::Full full = cptest::full_attention(kB * kNH, 2 * n * kC, kHs, dt, 3000 + n);
   Ulysses u;
@@ -44,40 +42,13 @@ Ulysses run(DType dt, comm::Communicator& cp, const Forward& forward = lab11::al
   std::vector<Tensor> kept;
   cp.barrier();
   const comm::CommStats s0 = comm::comm_stats();
-  const Tensor lse = forward(u.y, q, k, v, kNH, full.scale, cp, kept);
+  const Tensor lse = lab11::all_to_all_attention_forward(u.y, q, k, v, kNH, full.scale, cp, kept);
   const comm::CommStats s1 = comm::comm_stats();
   u.fwd = s1 - s0;
   u.dq = Tensor::empty(q.shape(), dt), u.dk = u.dq.clone(), u.dv = u.dq.clone();
   lab11::all_to_all_attention_backward(u.dq, u.dk, u.dv, dy, lse, kept, kNH, full.scale, cp);
   u.bwd = comm::comm_stats() - s1;
   return u;
-}
-
-// Planted: the reference's steps, but causal attention over the rows in arrival order.
-Tensor arrival_order(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head,
-                     double scale, comm::Communicator& cp, std::vector<Tensor>& kept) {
-  const int n = cp.size();
-  const auto in = [&](const Tensor& mine) {
-    const Tensor out = lab11::heads_out(mine, n_head, n);
-    Tensor got = Tensor::empty(out.shape(), out.dtype());
-    cp.all_to_all(out, got);
-    // rank-major (cp, BH', T/cp, hs) -> (BH', T, hs) with the ranks' rows one after the other
-    const int64_t BH = got.size(1), w = got.size(2) * got.size(3);
-    Tensor seq = Tensor::empty({BH, n * got.size(2), got.size(3)}, got.dtype());
-    Tensor s = seq.view({1, BH, n * w});
-    ops::merge_heads(s, got.view({1, n, BH, w}));
-    return seq;
-  };
-  const Tensor qh = in(q), kh = in(k), vh = in(v);
-  Tensor yh = Tensor::empty(qh.shape(), qh.dtype());
-  Tensor lse = Tensor::empty({qh.size(0), qh.size(1)}, ops::flash_attention_lse_dtype(qh.dtype()));
-  ops::flash_attention_forward(yh, lse, qh, kh, vh, scale);
-  const Tensor back = lab11::to_zigzag_order(yh, n);  // only the way in is wrong
-  Tensor got = Tensor::empty(back.shape(), back.dtype());
-  cp.all_to_all(back, got);
-  y.copy_from(lab11::heads_in(got, n_head, n));
-  kept = {qh, kh, vh, yh};
-  return lse;
 }
 
 std::string bytes_problem(const comm::CommStats& did, std::size_t q_bytes, const char* what) {
@@ -118,14 +89,3 @@ TEST(Step4_Model, LossAndGradientsEqualSingleDeviceBf16) {
   cptest::model_matches_single_device(DType::bf16, lab11::Attention::all_to_all, /*n_head=*/4);
 }
 
-TEST(Step4_PlantedFault, RowsInArrivalOrderFail) {
-  comm::Communicator cp = labtest::new_world();
-  const int n = cp.size();
-  const cptest::Full full = cptest::full_attention(kB * kNH, 2 * n * kC, kHs, DType::f32, 3000 + n);
-  const Tensor q = cptest::zigzag_rows(full.q, n, cp.rank()), k = cptest::zigzag_rows(full.k, n, cp.rank()),
-               v = cptest::zigzag_rows(full.v, n, cp.rank());
-  Tensor y = Tensor::empty(q.shape());
-  std::vector<Tensor> kept;
-  arrival_order(y, q, k, v, kNH, full.scale, cp, kept);
-  EXPECT_FALSE(labtest::close_on_every_rank(y, cptest::zigzag_rows(full.y, n, cp.rank()), 1e-5, 1e-6));
-}

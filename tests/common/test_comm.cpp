@@ -220,6 +220,56 @@ TEST_P(Collectives, SendRecvAroundTheRing) {
   EXPECT_EQ(first_mismatch(rb, 5, [&](int64_t i) { return value(left + 10, i); }), -1);
 }
 
+// send_recv_async (a batch of send/recvs posted together): the same messages arrive as from the
+// same calls unbatched (round the ring both ways, two tags, two sizes; with one rank, to itself),
+// its Works are the ops' in order, and the ledger counts the same calls, peers and bytes.
+TEST_P(Collectives, BatchedSendRecvEqualsTheSameCallsUnbatched) {
+  const int n = c.size(), r = c.rank();
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  const Tensor to_right = filled(1001, r, dt()), to_left = filled(7, r + 10, dt());
+  const auto exchange = [&](bool batched) {
+    std::vector<Tensor> got = {Tensor::zeros({1001}, dt()), Tensor::zeros({7}, dt())};
+    c.barrier();
+    const comm::Traffic before = comm::traffic();
+    std::vector<comm::Work> works;
+    if (batched) {
+      works = c.send_recv_async({comm::P2POp::recv(got[0], left, 1), comm::P2POp::recv(got[1], right, 2),
+                                 comm::P2POp::send(to_right, right, 1), comm::P2POp::send(to_left, left, 2)});
+    } else {
+      works = {c.recv_async(got[0], left, 1), c.recv_async(got[1], right, 2),
+               c.send_async(to_right, right, 1), c.send_async(to_left, left, 2)};
+    }
+    EXPECT_EQ(works.size(), 4u);
+    comm::wait_all(works);
+    for (comm::Work& w : works) EXPECT_TRUE(w.test());
+    return std::pair{got, comm::traffic() - before};
+  };
+  const auto [plain, plain_traffic] = exchange(false);
+  const auto [batch, batch_traffic] = exchange(true);
+  EXPECT_EQ(first_mismatch(batch[0], 1001, [&](int64_t i) { return value(left, i); }), -1);
+  EXPECT_EQ(first_mismatch(batch[1], 7, [&](int64_t i) { return value(right + 10, i); }), -1);
+  EXPECT_EQ(batch[0].to_vector(), plain[0].to_vector());
+  EXPECT_EQ(batch[1].to_vector(), plain[1].to_vector());
+  EXPECT_TRUE(batch_traffic == plain_traffic);
+  std::int64_t sent = 0, received = 0;
+  for (const auto& [key, count] : batch_traffic) {
+    if (key.op == "send") sent += count.bytes;
+    if (key.op == "recv") received += count.bytes;
+  }
+  const std::int64_t bytes = (1001 + 7) * static_cast<std::int64_t>(dtype_size(dt()));
+  EXPECT_EQ(sent, bytes);
+  EXPECT_EQ(received, bytes);
+  // An empty batch posts nothing; a bad op anywhere in a batch posts none of it.
+  EXPECT_TRUE(c.send_recv_async({}).empty());
+  const comm::Traffic before = comm::traffic();
+  Tensor spare = Tensor::zeros({3}, dt());
+  EXPECT_THROW(c.send_recv_async({comm::P2POp::recv(spare, left), comm::P2POp::send(spare, n)}),
+               CheckFailed);
+  EXPECT_THROW(c.send_recv_async({comm::P2POp::recv(spare, left), comm::P2POp::send(Tensor(), right)}),
+               CheckFailed);
+  EXPECT_TRUE((comm::traffic() - before).empty());
+}
+
 TEST_P(Collectives, TwoOutstandingWorksCompleteInEitherWaitOrder) {
   for (bool reverse : {false, true}) {
     Tensor a = filled(1001, c.rank(), dt()), b = filled(1 << 16, c.rank(), dt());

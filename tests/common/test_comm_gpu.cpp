@@ -82,6 +82,12 @@ void check_collectives(Communicator& c) {
   w.wait();
   const int left = (r - 1 + n) % n;
   EXPECT_EQ(in.to_vector(), (std::vector<double>{left * 1.0, left * 2.0, left * 3.0}));
+  // The same step as one batch (send_recv_async: on nccl one group, launched when posted).
+  Tensor in2 = Tensor::zeros({3}, DType::f32, my_gpu());
+  std::vector<comm::Work> step = c.send_recv_async(
+      {comm::P2POp::recv(in2, left), comm::P2POp::send(on_gpu({r * 4.0, r * 5.0, r * 6.0}), (r + 1) % n)});
+  comm::wait_all(step);
+  EXPECT_EQ(in2.to_vector(), (std::vector<double>{left * 4.0, left * 5.0, left * 6.0}));
 
   // Two outstanding works, waited in reverse order.
   Tensor p = on_gpu({1.0}), q = on_gpu({2.0});
