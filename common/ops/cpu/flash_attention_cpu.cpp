@@ -24,7 +24,7 @@ namespace {
 // Tile sizes: Br query rows x Bc key columns. Small on the host (the tiles live on the stack);
 // the results do not depend on them beyond rounding.
 constexpr int64_t kBr = 16;
-constexpr int64_t kBc = 16;
+constexpr int64_t kBc = 64;
 
 // Storage -> compute type: bf16 and f32 compute in float, f64 in double.
 inline float load(bf16 x) { return static_cast<float>(x); }
