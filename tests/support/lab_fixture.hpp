@@ -36,11 +36,14 @@
 ///
 /// ## Planted faults
 ///
-/// Every check a grader relies on is shown to be able to fail: a test named
-/// StepK_PlantedFault.* runs a deliberately wrong variant, written in the test file, through the
-/// same check and expects it to fail (EXPECT_FALSE(close_on_every_rank(...))). The planted
-/// variants never call the attendee's code, so they pass on the starter too; the step's other
-/// tests report it "not implemented".
+/// Every check a grader relies on is shown to be able to fail, in one of two ways:
+///  - a test named StepK_PlantedFault.* runs a small deliberately wrong variant, written in the
+///    test file, through the same check and expects it to fail (EXPECT_FALSE(...)). Such
+///    variants never call the attendee's code, so they pass on the starter too; the step's
+///    other tests report it "not implemented";
+///  - a fault planted into a copy of the reference solution at build time (scalelab_add_planted_submissions,
+///    a lab's tests/NN_*/planted/*.plant; ctest entries labNN.planted.*): the step's own
+///    graders run against it and must fail at the check the fault is for.
 ///
 /// ## Example
 ///
