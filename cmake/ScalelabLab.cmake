@@ -169,6 +169,31 @@ function(scalelab_add_lab_gpu_tests nn)
   endforeach()
 endfunction()
 
+# scalelab_impl_from_reference_copy(<NN> <impl-target> <dir> SCRIPT <script.cmake>
+#                                   [DEFINES <-Dvar=value...>] [DEPENDS <files...>] COMMENT <text>)
+# A static library <impl-target> like the lab's labNN_<name>_solution_impl (its GIVEN files, its
+# include directory and libraries), but with the reference solutions/NN_name/<name>.cpp replaced
+# by a copy that <script> writes at build time into <dir> under the build tree (cmake -DIN=<the
+# reference> -DOUT=<the copy> DEFINES -P <script>): a planted submission, or the core alone.
+function(scalelab_impl_from_reference_copy nn impl dir)
+  cmake_parse_arguments(R "" "SCRIPT;COMMENT" "DEFINES;DEPENDS" ${ARGN})
+  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
+  set(reference ${PROJECT_SOURCE_DIR}/solutions/${nn}_${name}/${name}.cpp)
+  set(copy ${CMAKE_CURRENT_BINARY_DIR}/${dir}/${name}.cpp)
+  add_custom_command(OUTPUT ${copy}
+                     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/${dir}
+                     COMMAND ${CMAKE_COMMAND} -DIN=${reference} -DOUT=${copy} ${R_DEFINES}
+                             -P ${R_SCRIPT}
+                     DEPENDS ${reference} ${R_SCRIPT} ${R_DEPENDS}
+                     COMMENT "${R_COMMENT}" VERBATIM)
+  get_target_property(sources lab${nn}_${name}_solution_impl SOURCES)
+  get_target_property(libs lab${nn}_${name}_solution_impl LINK_LIBRARIES)
+  list(TRANSFORM sources REPLACE "^${reference}$" "${copy}")
+  add_library(${impl} STATIC ${sources})
+  target_include_directories(${impl} PUBLIC ${PROJECT_SOURCE_DIR}/labs/${nn}_${name})
+  target_link_libraries(${impl} PUBLIC ${libs})
+endfunction()
+
 # scalelab_add_planted_submissions(<NN> PLANTS <file.plant> TESTS <test sources...>
 #                                  CASES "<cheat>:<step>:<ranks>:<regex>" ...)
 # Planted submissions: a copy of the lab's reference (solutions/NN_name/<name>.cpp) with the
@@ -186,21 +211,10 @@ function(scalelab_add_planted_submissions nn)
   if(NOT SCALELAB_BUILD_TESTS)
     return()
   endif()
-  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
-  get_target_property(impl_sources lab${nn}_${name}_solution_impl SOURCES)
-  set(reference ${PROJECT_SOURCE_DIR}/solutions/${nn}_${name}/${name}.cpp)
-  set(planted ${CMAKE_CURRENT_BINARY_DIR}/planted_submissions_lab${nn}/${name}.cpp)
-  add_custom_command(OUTPUT ${planted}
-                     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/planted_submissions_lab${nn}
-                     COMMAND ${CMAKE_COMMAND} -DIN=${reference} -DOUT=${planted} -DPLANTS=${P_PLANTS}
-                             -P ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
-                     DEPENDS ${reference} ${P_PLANTS} ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
-                     COMMENT "planting lab ${nn}'s cheats into a copy of its reference" VERBATIM)
-  list(TRANSFORM impl_sources REPLACE "^${reference}$" "${planted}")
-  add_library(lab${nn}_planted_submission_impl STATIC ${impl_sources})
-  get_target_property(impl_libs lab${nn}_${name}_solution_impl LINK_LIBRARIES)
-  target_include_directories(lab${nn}_planted_submission_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/${nn}_${name})
-  target_link_libraries(lab${nn}_planted_submission_impl PUBLIC ${impl_libs})
+  scalelab_impl_from_reference_copy(${nn} lab${nn}_planted_submission_impl planted_submissions_lab${nn}
+                                    SCRIPT ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
+                                    DEFINES -DPLANTS=${P_PLANTS} DEPENDS ${P_PLANTS}
+                                    COMMENT "planting lab ${nn}'s cheats into a copy of its reference")
   add_executable(test_lab${nn}_planted ${P_TESTS})
   target_link_libraries(test_lab${nn}_planted PRIVATE lab${nn}_planted_submission_impl scalelab::lab_testing
                         scalelab::test_main)
@@ -236,22 +250,11 @@ function(scalelab_add_core_only_impl nn)
   if(TARGET lab${nn}_core_only_impl)
     return()
   endif()
-  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
-  set(reference ${PROJECT_SOURCE_DIR}/solutions/${nn}_${name}/${name}.cpp)
-  set(dir ${CMAKE_CURRENT_BINARY_DIR}/core_only_lab${nn})
-  add_custom_command(OUTPUT ${dir}/${name}.cpp
-                     COMMAND ${CMAKE_COMMAND} -E make_directory ${dir}
-                     COMMAND ${CMAKE_COMMAND} -DIN=${reference} -DOUT=${dir}/${name}.cpp -DLAB=${nn}
-                             "-DSTEPS=${C_STEPS}" -P ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
-                     DEPENDS ${reference} ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
-                     COMMENT "lab ${nn} with its optional steps ${C_STEPS} not written (a copy of the reference)"
-                     VERBATIM)
-  get_target_property(sources lab${nn}_${name}_solution_impl SOURCES)
-  get_target_property(libs lab${nn}_${name}_solution_impl LINK_LIBRARIES)
-  list(TRANSFORM sources REPLACE "^${reference}$" "${dir}/${name}.cpp")
-  add_library(lab${nn}_core_only_impl STATIC ${sources})
-  target_include_directories(lab${nn}_core_only_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/${nn}_${name})
-  target_link_libraries(lab${nn}_core_only_impl PUBLIC ${libs})
+  list(JOIN C_STEPS "," steps)
+  scalelab_impl_from_reference_copy(${nn} lab${nn}_core_only_impl core_only_lab${nn}
+                                    SCRIPT ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
+                                    DEFINES -DLAB=${nn} -DSTEPS=${steps}
+                                    COMMENT "lab ${nn} with its optional steps ${C_STEPS} not written (a copy of the reference)")
 endfunction()
 
 # scalelab_add_core_only_program(<NN> STEPS <K...> RANKS <n> EXPECT_CODE <code> MATCH <regex...>

@@ -70,6 +70,21 @@ n=$(wc -l < \"$e\"); g=$(grep -c '^error: ' \"$e\"); ${match}; rm -f \"$e\"; \
                        ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};EXPECT_ERROR=${U_MATCH}")
 endfunction()
 
+# scalelab_expect_usage_errors(<prefix> <target> [LABELS ...] [ARGS <args every case gets...>]
+#                              CASES "<ranks>|<name>|<regex>|<arg>|<arg>..." ...)
+# A table of bad inputs to one program: each case is scalelab_expect_usage_error's ctest entry
+# <prefix>.<name> on <ranks> ranks, ARGS then the case's own arguments, its one error line
+# matching <regex> (which must not hold '|').
+function(scalelab_expect_usage_errors prefix target)
+  cmake_parse_arguments(U "" "" "LABELS;ARGS;CASES" ${ARGN})
+  foreach(case IN LISTS U_CASES)
+    string(REPLACE "|" ";" case "${case}")
+    list(POP_FRONT case ranks name regex)
+    scalelab_expect_usage_error(${prefix}.${name} ${target} RANKS ${ranks} LABELS ${U_LABELS}
+                                MATCH "${regex}" ARGS ${U_ARGS} ${case})
+  endforeach()
+endfunction()
+
 # scalelab_add_test(NAME <name> SOURCES <files...> [RANKS <k...>] [LABELS ...] [TIMEOUT <s>]
 #                   [LIBS ...])
 # A test of the library itself (tests/common): one binary, one ctest entry per rank count,

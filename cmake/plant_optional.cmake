@@ -1,4 +1,4 @@
-# cmake -DIN=<reference.cpp> -DOUT=<file> -DLAB=<NN> -DSTEPS=<K;K...> -P plant_optional.cmake
+# cmake -DIN=<reference.cpp> -DOUT=<file> -DLAB=<NN> -DSTEPS=<K,K...> -P plant_optional.cmake
 # A submission with only the core written, made from the reference at build time: every
 # `// BEGIN SOLUTION step K: <goal>` of the steps K in STEPS (the optional ones) is followed by the
 # NotImplemented its starter throws, "lab NN step K: <goal> (README.md#step-K)". A program linked
@@ -7,6 +7,7 @@
 file(READ "${IN}" text)
 # CMake lists split at ';': the reference's semicolons travel as a placeholder meanwhile
 string(REPLACE ";" "@SCALELAB_SEMICOLON@" text "${text}")
+string(REPLACE "," ";" STEPS "${STEPS}")  # commas: a ; would split the -D argument
 foreach(step IN LISTS STEPS)
   string(REGEX MATCHALL "  // BEGIN SOLUTION step ${step}: [^\n]*" blocks "${text}")
   if(NOT blocks)

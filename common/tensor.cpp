@@ -1,6 +1,7 @@
 #include "common/tensor.hpp"
 
 #include <cstring>
+#include <random>
 
 namespace scalelab {
 
@@ -82,6 +83,17 @@ Tensor Tensor::from_vector(const std::vector<double>& values, std::vector<int64_
     }
   }
   return t;
+}
+
+Tensor Tensor::uniform(std::vector<int64_t> shape, uint64_t seed, DType dtype, Device device,
+                       double lo, double hi) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> values(n);
+  for (double& x : values) x = u(rng);
+  return from_vector(values, std::move(shape), dtype).to(device);
 }
 
 int64_t Tensor::size(int d) const {

@@ -65,6 +65,10 @@ class Tensor {
   /// A host tensor holding `values` (f32 or f64), reshaped to `shape`.
   static Tensor from_vector(const std::vector<double>& values, std::vector<int64_t> shape,
                             DType dtype = DType::f32);
+  /// Numbers drawn uniformly from [lo, hi) by a std::mt19937_64 seeded with `seed`, in double and
+  /// then rounded to `dtype`: the same tensor on every rank and every run (test inputs, demos).
+  static Tensor uniform(std::vector<int64_t> shape, uint64_t seed, DType dtype = DType::f32,
+                        Device device = Device::cpu(), double lo = -1.0, double hi = 1.0);
 
   /// The size of each dimension, outermost first: (B, T, C) for a batch of activations.
   const std::vector<int64_t>& shape() const { return shape_; }

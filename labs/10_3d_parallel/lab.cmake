@@ -42,7 +42,9 @@ if(SCALELAB_BUILD_TESTS)
   # negative --twin-steps, an option of training given to --plan or one of --plan to training
   # (silently ignored before), a flag given its value as a separate word. Each as
   # "ranks|name|regex|args...".
-  foreach(case
+  scalelab_expect_usage_errors(lab10.cli lab10_3d_parallel_solution LABELS reference lab10
+      ARGS --model tiny --data ${lab10_data}
+      CASES
       "1|steps_not_an_integer|^error: --steps 1e21: expected a whole number from -9223372036854775808 to 9223372036854775807|--steps|1e21"
       "1|lr_nan|^error: --lr nan: expected a finite number|--lr|nan"
       "1|seed_negative|^error: --seed -1: expected a whole number from 0 to 18446744073709551615|--seed|-1"
@@ -66,29 +68,19 @@ if(SCALELAB_BUILD_TESTS)
       "2|interleaved_micro_batches_not_in_groups|^error: --schedule interleaved runs micro-batches in groups of the 2 stages: --micro-batches 1 is not a multiple of 2|--dp|1|--tp|1|--pp|2|--zero|2|--schedule|interleaved|--micro-batches|1"
       "1|schedule_unknown|^error: unknown schedule 'gpipe'|--schedule|gpipe"
       "1|flag_given_a_separate_value|^error: unexpected argument 'yes' after the flag --checkpoint: a flag's value is joined to it, --checkpoint=yes|--checkpoint|yes")
-    string(REPLACE "|" ";" case "${case}")
-    list(POP_FRONT case ranks name regex)
-    scalelab_expect_usage_error(lab10.cli.${name} lab10_3d_parallel_solution
-                                RANKS ${ranks} LABELS reference lab10 MATCH "${regex}"
-                                ARGS --model tiny --data ${lab10_data} ${case})
-  endforeach()
 endif()
 # The 4th axis (--cp, cp_setup.cpp's check_4d): the zig-zag split needs 2 cp chunks of the
 # sequence, all-to-all attention the heads split over cp x tp, the grid dp x cp x tp x pp the world;
 # --attention ring or all-to-all. One line naming the limit, exit 2 on every rank.
 if(SCALELAB_BUILD_TESTS)
-  foreach(case
+  scalelab_expect_usage_errors(lab10.cli lab10_3d_parallel_solution LABELS reference lab10
+      ARGS --model tiny --data ${lab10_data}
+      CASES
       "3|cp_not_dividing_the_sequence|^error: --cp 3: the zig-zag split cuts the sequence of 16 tokens into 2 cp = 6 equal chunks|--cp|3|--dp|1|--tp|1|--pp|1"
       "4|cp_heads_not_divisible|^error: --attention all-to-all: the model's 2 heads do not split over cp 2 x tp 2 = 4 ranks|--cp|2|--tp|2|--dp|1|--attention|all-to-all"
       "4|cp_grid_not_world|^error: process grid: dp 2 x tp 2 x pp 1 x cp 2 = 8 ranks, but the world has 4 ranks|--dp|2|--cp|2|--tp|2"
       "2|cp_attention_unknown|^error: --attention star: ring or all-to-all|--cp|2|--attention|star"
       "1|cp_given_to_plan|^error: --cp is for a training run|--plan|--cp|2")
-    string(REPLACE "|" ";" case "${case}")
-    list(POP_FRONT case ranks name regex)
-    scalelab_expect_usage_error(lab10.cli.${name} lab10_3d_parallel_solution
-                                RANKS ${ranks} LABELS reference lab10 MATCH "${regex}"
-                                ARGS --model tiny --data ${lab10_data} ${case})
-  endforeach()
   # The program on a 4D grid of 8 ranks (dp 1 x cp 2 x tp 2 x pp 2, ring): exit 0 only when its
   # losses follow the single-device twin's (fp32, 1e-5 relative). About 2 s on 2 cores.
   scalelab_add_mpi_test(lab10.program.cp_ring_pp2.np8 lab10_3d_parallel_solution RANKS 8

@@ -9,18 +9,14 @@ scalelab_add_lab(11 context_parallel SOURCES context_parallel.cpp
 # Bad input: one "error:" line and exit 2 on every rank, before any data is read.
 if(SCALELAB_BUILD_TESTS)
   set(lab11_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
-  foreach(case
+  scalelab_expect_usage_errors(lab11.cli lab11_context_parallel_solution LABELS reference lab11
+      ARGS --model tiny --data ${lab11_data}
+      CASES
       "4|cp_not_the_world|^error: --cp 2: context parallelism here runs on every rank|--cp|2"
       "4|context_not_divisible|^error: --context 100: the zig-zag split cuts the sequence into 2 cp = 8|--context|100"
       "4|heads_not_divisible|^error: --attention all-to-all: the model's 2 heads do not split over cp = 4|--attention|all-to-all"
       "1|attention_unknown|^error: --attention star: ring or all-to-all|--attention|star"
       "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--batch|1000000000")
-    string(REPLACE "|" ";" case "${case}")
-    list(POP_FRONT case ranks name regex)
-    scalelab_expect_usage_error(lab11.cli.${name} lab11_context_parallel_solution
-                                RANKS ${ranks} LABELS reference lab11 MATCH "${regex}"
-                                ARGS --model tiny --data ${lab11_data} ${case})
-  endforeach()
 endif()
 # Planted submissions (tests/11_context_parallel/planted/cheats.plant): one copy of the reference
 # with every wrong technique the graders must stop, each switched on by SCALELAB_PLANT; the step's

@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <random>
 
 #include "common/allocator.hpp"
 #include "common/comm/communicator.hpp"
@@ -39,16 +38,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 std::string mib(double bytes) { return fmt::format("{:.3f}", bytes / kMiB); }
 
 // ---- --overlap: how much of the ring's communication the blocks' compute hides -----------------
-
-Tensor uniform(const std::vector<int64_t>& shape, uint64_t seed, DType dtype, Device device) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<double> v(n);
-  for (double& x : v) x = u(gen);
-  return Tensor::from_vector(v, shape, dtype).to(device);
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -98,9 +87,9 @@ ExitCode measure_overlap(comm::Communicator& cp, const ModelConfig& config, int6
   const int64_t NH = config.n_head, hs = config.n_embd / config.n_head, c = T / (2 * n);
   const int64_t BH = B * NH;
   // One layer's attention at the run's shape, in the ring's chunk-major layout.
-  const Tensor q = uniform({2, BH, c, hs}, 11 + r, dtype, device);
-  const Tensor kv = uniform({2, 2, BH, c, hs}, 23 + r, dtype, device);
-  const Tensor dy = uniform({2, BH, c, hs}, 37 + r, dtype, device);
+  const Tensor q = Tensor::uniform({2, BH, c, hs}, 11 + r, dtype, device);
+  const Tensor kv = Tensor::uniform({2, 2, BH, c, hs}, 23 + r, dtype, device);
+  const Tensor dy = Tensor::uniform({2, BH, c, hs}, 37 + r, dtype, device);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   Tensor y = Tensor::empty(q.shape(), dtype, device), lse;
   Tensor dq = Tensor::empty(q.shape(), dtype, device), dkv = Tensor::empty(kv.shape(), dtype, device);

@@ -6,7 +6,6 @@
 // causal skip, each block waited for before computing, dK/dV that do not travel, the contiguous
 // split, Ulysses in arrival order) are planted into a copy of the reference at build time
 // (planted/cheats.plant, labs/11_context_parallel/lab.cmake), not written again here.
-#include <random>
 #include <string>
 #include <vector>
 
@@ -23,17 +22,6 @@
 namespace cptest {
 
 using namespace scalelab;
-
-/// Uniform [-1, 1) numbers from `seed`, rounded to `dtype` (the same on every rank).
-inline Tensor random(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  std::vector<double> v(n);
-  for (double& x : v) x = u(gen);
-  return Tensor::from_vector(v, shape, dtype);
-}
 
 /// The grader's zig-zag rows of x (B, T, ...) for rank of cp: chunks rank and 2cp-1-rank.
 inline Tensor zigzag_rows(const Tensor& x, int cp, int rank) {
@@ -70,10 +58,10 @@ struct Full {
 
 inline Full full_attention(int64_t BH, int64_t T, int64_t hs, DType dtype, uint64_t seed) {
   Full f;
-  f.q = random({BH, T, hs}, seed, dtype);
-  f.k = random({BH, T, hs}, seed + 1, dtype);
-  f.v = random({BH, T, hs}, seed + 2, dtype);
-  f.dy = random({BH, T, hs}, seed + 3, dtype);
+  f.q = Tensor::uniform({BH, T, hs}, seed, dtype);
+  f.k = Tensor::uniform({BH, T, hs}, seed + 1, dtype);
+  f.v = Tensor::uniform({BH, T, hs}, seed + 2, dtype);
+  f.dy = Tensor::uniform({BH, T, hs}, seed + 3, dtype);
   f.scale = 1.0 / std::sqrt(static_cast<double>(hs));
   f.y = Tensor::empty({BH, T, hs}, dtype);
   f.lse = Tensor::empty({BH, T}, ops::flash_attention_lse_dtype(dtype));

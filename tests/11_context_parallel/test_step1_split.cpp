@@ -68,7 +68,7 @@ TEST(Step1_Split, OwnerIsTheInverse) {
 
 TEST(Step1_Split, ShardAndUnshardAreExactCopies) {
   const int cp = 3;
-  const Tensor x = cptest::random({2, 2 * cp * 4, 5}, 42, DType::f32);  // (B, T, C)
+  const Tensor x = Tensor::uniform({2, 2 * cp * 4, 5}, 42, DType::f32);  // (B, T, C)
   std::vector<double> ids(2 * 2 * cp * 4);
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<double>(i % 251);
   const Tensor tokens = Tensor::from_vector(ids, {2, 2 * cp * 4}, DType::i32);  // (B, T)

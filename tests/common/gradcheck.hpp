@@ -65,9 +65,7 @@ inline void fill_uniform(Tensor& t, uint64_t seed, double lo = -1.0, double hi =
 
 inline Tensor uniform(std::vector<int64_t> shape, uint64_t seed, DType dtype = DType::f64,
                       double lo = -1.0, double hi = 1.0) {
-  Tensor t = Tensor::empty(std::move(shape), dtype);
-  fill_uniform(t, seed, lo, hi);
-  return t;
+  return Tensor::uniform(std::move(shape), seed, dtype, Device::cpu(), lo, hi);
 }
 
 /// Random token ids in [0, vocab).
