@@ -42,7 +42,7 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
                              const Tensor& v, double scale, bool causal) {
   check_qkv_like("flash_attention_forward", q, {&q, &k, &v, &out});
   check_lse("flash_attention_forward", lse, q);
-  count_attention(q.size(0), q.size(1), causal);
+  count_attention(q.size(0), q.size(1), q.size(2), causal, /*backward=*/false);
   // Compute a lab overlaps with communication (lab 11's ring blocks): logged, hooked, traced.
   exec_log::record_compute("flash_attention_forward");
   trace::Scope span("flash_attention_forward");
@@ -55,7 +55,7 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
                               const Tensor& lse, double scale, bool causal) {
   check_qkv_like("flash_attention_backward", q, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   check_lse("flash_attention_backward", lse, q);
-  count_attention(q.size(0), q.size(1), causal);
+  count_attention(q.size(0), q.size(1), q.size(2), causal, /*backward=*/true);
   exec_log::record_compute("flash_attention_backward");
   trace::Scope span("flash_attention_backward");
   if (q.device().is_cpu())

@@ -22,7 +22,8 @@
 namespace scalelab::ops {
 
 /// Sets out = softmax_causal(scale * q k^T) v and lse[bh, t] = log(sum_{s<=t} exp(scale q_t.k_s))
-/// (causal = false: over every s). Counted in work_stats().attention_pairs.
+/// (causal = false: over every s). Counted in work_stats(): attention_pairs, and its two GEMMs'
+/// calls and FLOPs (work.hpp).
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
                              const Tensor& v, double scale, bool causal = true);
 
@@ -30,7 +31,8 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
 /// out is the forward's output (D = rowsum(dout * out) replaces the T^2 term of the softmax
 /// backward). Given the out and lse of the WHOLE attention of these queries (over more keys than
 /// k holds), it sets this block's share: the dq terms of these keys, and dk, dv of these keys
-/// from these queries (ring attention's backward sums them over blocks).
+/// from these queries (ring attention's backward sums them over blocks). Counted in work_stats():
+/// attention_pairs, and its five GEMMs' calls and FLOPs (work.hpp).
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                               const Tensor& lse, double scale, bool causal = true);

@@ -34,8 +34,13 @@ void count_matmul(std::int64_t batch, std::int64_t M, std::int64_t N, std::int64
 
 void count_layernorm_rows(std::int64_t rows) { g_rows.fetch_add(rows, std::memory_order_relaxed); }
 
-void count_attention(std::int64_t bh, std::int64_t t, bool causal) {
-  g_pairs.fetch_add(bh * (causal ? t * (t + 1) / 2 : t * t), std::memory_order_relaxed);
+void count_attention(std::int64_t bh, std::int64_t t, std::int64_t hs, bool causal,
+                     bool backward) {
+  const std::int64_t pairs = bh * (causal ? t * (t + 1) / 2 : t * t), gemms = backward ? 5 : 2;
+  g_pairs.fetch_add(pairs, std::memory_order_relaxed);
+  // each GEMM multiplies and adds hs numbers per score pair, as batched_matmul counts them
+  g_calls.fetch_add(gemms, std::memory_order_relaxed);
+  g_flops.fetch_add(gemms * 2 * hs * pairs, std::memory_order_relaxed);
 }
 
 }  // namespace scalelab::ops

@@ -18,6 +18,21 @@ std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_
                      sends.bytes, sends.calls, other, blocks, kv_bytes, want);
 }
 
+std::string work_problem(const ops::WorkCount& did, int64_t bh, int64_t c, int64_t hs,
+                         const comm::Communicator& cp, bool backward) {
+  const int64_t want = zigzag_attention_flops(bh, c, hs, cp.size(), cp.rank(), backward);
+  if (did.matmul_flops == want) return "";
+  return fmt::format(
+      "the ring {} did {} FLOPs of matrix multiplies in {} calls, {} the {} of this rank's two "
+      "query chunks against only the key chunks they see ({}); every matmul counts, separate, "
+      "batched or fused in flash attention (ops::work_stats(), common/ops/work.hpp): compare "
+      "work_stats().matmul_flops around each block you compute with its (query, key) pairs",
+      backward ? "backward" : "forward", did.matmul_flops, did.matmul_calls,
+      did.matmul_flops > want ? "more than" : "fewer than", want,
+      did.matmul_flops > want ? "fully masked blocks computed: masked blocks skipped?"
+                              : "a block the queries see not computed");
+}
+
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
                             std::size_t kv_bytes, int64_t blocks) {
   const auto is_compute = [](const exec_log::Event& e) {

@@ -1,8 +1,8 @@
 #pragma once
 // What lab 11's graders share: random attention inputs of the whole sequence (the same on every
 // rank), the single-device flash attention on them, the grader's OWN zig-zag rows (so steps 2-4
-// are graded without the attendee's step 1), the byte and overlap checks, and the single-device
-// GPT twin. The wrong techniques the checks must stop (an all-gather instead of the ring, no
+// are graded without the attendee's step 1), the byte, work and overlap checks, and the
+// single-device GPT twin. The wrong techniques the checks must stop (an all-gather instead of the ring, no
 // causal skip, each block waited for before computing, dK/dV that do not travel, the contiguous
 // split, Ulysses in arrival order) are planted into a copy of the reference at build time
 // (planted/cheats.plant, labs/11_context_parallel/lab.cmake), not written again here.
@@ -98,6 +98,25 @@ inline Mine mine(const Full& f, int cp, int rank) {
 /// gradients are summed in bf16 over the blocks: 3e-2 relative and absolute (values of order 1).
 inline double rtol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-5; }
 inline double atol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-6; }
+
+/// The matmul FLOPs of one rank's ring attention (backward: its backward) over the zig-zag split
+/// with every fully masked block skipped: bh heads, c rows per chunk, head size hs, cp ranks.
+/// Written out chunk by chunk, for any rank: query chunk a (this rank's rank and 2cp-1-rank) sees
+/// key chunk b < a whole (c*c pairs), b = a causally (c(c+1)/2), b > a not at all; each pair costs
+/// flash attention's 2 GEMMs forward, 5 backward, of 2 hs FLOPs each (common/ops/work.hpp).
+inline int64_t zigzag_attention_flops(int64_t bh, int64_t c, int64_t hs, int cp, int rank,
+                                      bool backward) {
+  int64_t pairs = 0;
+  for (const int64_t a : {static_cast<int64_t>(rank), 2 * cp - 1 - static_cast<int64_t>(rank)})
+    for (int64_t b = 0; b < 2 * cp; ++b) pairs += b < a ? c * c : b == a ? c * (c + 1) / 2 : 0;
+  return bh * pairs * (backward ? 5 : 2) * 2 * hs;
+}
+
+/// "" when `did` (the work counters over one ring call) shows exactly zigzag_attention_flops of
+/// matrix multiplies, else what it shows and how to look: every matmul counts, separate, batched
+/// or fused in flash attention, so a masked block computed through any op is seen.
+std::string work_problem(const ops::WorkCount& did, int64_t bh, int64_t c, int64_t hs,
+                         const comm::Communicator& cp, bool backward);
 
 /// "" when rank's sends of one call were exactly `blocks` messages of kv_bytes, else what was.
 std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_t kv_bytes);

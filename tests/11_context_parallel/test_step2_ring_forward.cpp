@@ -5,8 +5,9 @@
 //  - memory (the allocator's peak over the call): at most min(2, cp-1) remote K/V blocks at once
 //    (the one in use and the one arriving), plus the merge's scratch (one query chunk's output
 //    and log-sum-exps: under half a block);
-//  - work (work_stats().attention_pairs): exactly 1/cp of the single device's causal score pairs,
-//    so the fully masked blocks were skipped and the zig-zag balance holds;
+//  - work (work_stats().matmul_flops: every matmul, batched or fused in flash attention): exactly
+//    the zig-zag formula (cptest::zigzag_attention_flops), the same on every rank, so the fully
+//    masked blocks were skipped, through whatever op, and the balance holds;
 //  - overlap (the execution log, exec_log.hpp: submissions, waits and flash attention calls in
 //    program order): each of the cp-1 K/V receives posted before a block's compute started and
 //    first waited for after it started, i.e. in flight while the block computed. Order, never
@@ -14,8 +15,9 @@
 // Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake
 // runs these graders on it and expects each to fail where named): an all-gather of every block
 // (right numbers; the bytes fail, and at 4 ranks the memory), a ring that computes the masked
-// blocks too (the work count fails), a ring that waits for each step's transfers before
-// computing (right numbers, the same bytes: the overlap check fails). Here: the library's
+// blocks too, by flash attention or through ops::batched_matmul (the work count fails), a ring
+// that waits for each step's transfers before computing (right numbers, the same bytes: the
+// overlap check fails). Here: the library's
 // no-overlap baseline (comm::set_overlap(false), what the program's overlap table compares with)
 // on the ring under test must fail the overlap check.
 #include <gtest/gtest.h>
@@ -34,7 +36,7 @@ struct RingRun {
   cptest::Mine want;
   comm::CommStats did;
   std::size_t peak_extra = 0, kv_bytes = 0;
-  int64_t pairs = 0, single_pairs = 0;
+  ops::WorkCount work;  // the work counters over the call
   std::vector<exec_log::Event> log;
 };
 
@@ -45,7 +47,6 @@ RingRun run(DType dt, comm::Communicator& cp) {
   RingRun r;
   r.want = cptest::mine(full, n, cp.rank());
   r.kv_bytes = r.want.kv.nbytes();
-  r.single_pairs = kBH * T * (T + 1) / 2;
   r.y = Tensor::empty(r.want.q.shape(), dt);
   cp.barrier();  // the communicator lets go of its last operation's tensors
   const Device cpu = Device::cpu();
@@ -60,7 +61,7 @@ RingRun run(DType dt, comm::Communicator& cp) {
   }
   r.peak_extra = memory_stats(cpu).peak - before;
   r.did = comm::comm_stats() - stats;
-  r.pairs = (ops::work_stats() - work).attention_pairs;
+  r.work = ops::work_stats() - work;
   return r;
 }
 
@@ -80,12 +81,10 @@ testing::AssertionResult memory_ok(const RingRun& r, int n) {
          << " bytes and the merge's scratch (" << bound << " in all)";
 }
 
-testing::AssertionResult work_ok(const RingRun& r, int n) {
-  if (r.pairs * n == r.single_pairs) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "computed " << r.pairs << " (query, key) scores; 1/" << n
-                                     << " of the single device's causal " << r.single_pairs
-                                     << " is " << r.single_pairs / n
-                                     << " (masked blocks skipped, zig-zag balance)";
+testing::AssertionResult work_ok(const RingRun& r, const comm::Communicator& cp) {
+  const std::string p = cptest::work_problem(r.work, kBH, kC, kHs, cp, /*backward=*/false);
+  if (p.empty()) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << p;
 }
 
 testing::AssertionResult overlap_ok(const RingRun& r, const comm::Communicator& cp) {
@@ -121,7 +120,7 @@ TEST(Step2_Ring, HoldsAtMostTwoRemoteBlocks) {
 TEST(Step2_Ring, SkipsMaskedBlocksAndIsBalanced) {
   comm::Communicator cp = labtest::new_world();
   const RingRun r = run(DType::f32, cp);
-  EXPECT_TRUE(work_ok(r, cp.size()));
+  EXPECT_TRUE(work_ok(r, cp));
 }
 
 TEST(Step2_Ring, NextBlockInFlightWhileABlockComputes) {

@@ -3,6 +3,8 @@
 //    step is graded without step 2): dq and dK/dV of this rank's rows against the single device's flash backward (fp32
 //    1e-5 relative / 1e-6 absolute; bf16 3e-2: every block's gradient rounds before it is summed).
 //  - Bytes (comm_stats): K/V blocks cp-1 times, their dK/dV cp times (round the ring and home).
+//  - Work (work_stats().matmul_flops: every matmul, batched or fused): the zig-zag formula for the
+//    backward (cptest::zigzag_attention_flops), so the fully masked blocks were skipped.
 //  - Overlap (the execution log, as step 2): the cp-1 K/V blocks' receives posted before a
 //    block's compute started and first waited for after it started (the dK/dV that follow a
 //    block need its compute first, so only the K/V blocks are asked to overlap).
@@ -13,9 +15,10 @@
 //    07 and 10).
 // Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake):
 // dK/dV that do not travel (each rank keeps what its queries gave the blocks it saw) fail the
-// gradient check. Here: the backward under the library's no-overlap baseline
-// (comm::set_overlap(false): each transfer waited for before the next block computes; right
-// gradients) must fail the overlap check.
+// gradient check; the masked blocks' scores computed through ops::batched_matmul fail the work.
+// Here: the backward under the library's no-overlap baseline (comm::set_overlap(false): each
+// transfer waited for before the next block computes; right gradients) must fail the overlap
+// check.
 #include <gtest/gtest.h>
 
 #include "common/data/sampler.hpp"
@@ -31,6 +34,7 @@ struct Grads {
   Tensor dq, dkv;
   cptest::Mine want;
   comm::CommStats did;
+  ops::WorkCount work;  // the work counters over the call
   std::vector<exec_log::Event> log;
 };
 
@@ -43,12 +47,14 @@ Grads run(DType dt, comm::Communicator& cp) {
   g.dkv = Tensor::empty(g.want.kv.shape(), dt);
   cp.barrier();
   const comm::CommStats before = comm::comm_stats();
+  const ops::WorkCount work = ops::work_stats();
   {
     exec_log::Recording recording;
     lab11::ring_attention_backward(g.dq, g.dkv, g.want.dy, g.want.q, g.want.kv, g.want.y, g.want.lse, full.scale, cp);
     g.log = recording.events();
   }
   g.did = comm::comm_stats() - before;
+  g.work = ops::work_stats() - work;
   return g;
 }
 
@@ -70,6 +76,13 @@ TEST(Step3_Ring, SendsEachBlockAndItsGradient) {
   const int n = cp.size();
   const std::string p = cptest::sends_problem(g.did, 2 * n - 1, g.want.kv.nbytes());
   EXPECT_EQ(p, "") << "ring backward: K/V blocks " << n - 1 << " times and dK/dV " << n << " times";
+}
+
+TEST(Step3_Ring, SkipsMaskedBlocksAndIsBalanced) {
+  comm::Communicator cp = labtest::new_world();
+  const Grads g = run(DType::f32, cp);
+  const std::string p = cptest::work_problem(g.work, kBH, kC, kHs, cp, /*backward=*/true);
+  if (!p.empty()) ADD_FAILURE() << p;
 }
 
 TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {

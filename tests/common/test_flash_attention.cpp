@@ -172,7 +172,8 @@ TEST(FlashAttention, ChecksShapesAndDtypes) {
 // The second half of the queries sees the first half of the keys unmasked (causal = false) and
 // the second half causally; attention_merge of the two partial results is the whole attention's
 // rows, and the blocks' backwards (given the whole attention's out and lse) sum to its
-// gradients. f64, 1e-12 relative (sums in another order). The work counter counts the pairs.
+// gradients. f64, 1e-12 relative (sums in another order). The work counter counts the pairs and
+// the fused GEMMs' FLOPs.
 TEST(FlashAttention, UnmaskedBlocksMergeToCausal) {
   const int64_t c = 21, hs = 16, T = 2 * c;
   const Inputs in = make_inputs(Case{1, T, hs}, DType::f64, 11);
@@ -190,7 +191,11 @@ TEST(FlashAttention, UnmaskedBlocksMergeToCausal) {
   Tensor out_b = out.clone(), lse_b = lse.clone();
   ops::flash_attention_forward(out, lse, q2, k1, v1, in.scale, /*causal=*/false);
   ops::flash_attention_forward(out_b, lse_b, q2, k2, v2, in.scale, /*causal=*/true);
-  EXPECT_EQ((ops::work_stats() - before).attention_pairs, c * c + c * (c + 1) / 2);
+  const ops::WorkCount fwd = ops::work_stats() - before;
+  EXPECT_EQ(fwd.attention_pairs, c * c + c * (c + 1) / 2);
+  // its fused GEMMs count as matmuls: q k^T and p v, 2 hs FLOPs per pair each
+  EXPECT_EQ(fwd.matmul_flops, 4 * hs * fwd.attention_pairs);
+  EXPECT_EQ(fwd.matmul_calls, 2 * 2);
   ops::attention_merge(out, lse, out_b, lse_b);
   EXPECT_LT(rel_error(out, half(r.out, c)), 1e-12);
   EXPECT_LT(rel_error(lse, half(r.lse, c)), 1e-12);
@@ -203,7 +208,12 @@ TEST(FlashAttention, UnmaskedBlocksMergeToCausal) {
   Tensor dq_c = dq_a.clone(), dk_c = dq_a.clone(), dv_c = dq_a.clone();
   ops::flash_attention_backward(dq_a, dk_a, dv_a, dout2, q2, k1, v1, out, lse, in.scale, false);
   ops::flash_attention_backward(dq_b, dk_b, dv_b, dout2, q2, k2, v2, out, lse, in.scale, true);
+  const ops::WorkCount before_bwd = ops::work_stats();
   ops::flash_attention_backward(dq_c, dk_c, dv_c, dout1, q1, k1, v1, out1, lse1, in.scale, true);
+  const ops::WorkCount bwd = ops::work_stats() - before_bwd;
+  EXPECT_EQ(bwd.attention_pairs, c * (c + 1) / 2);
+  EXPECT_EQ(bwd.matmul_flops, 10 * hs * bwd.attention_pairs);  // 5 fused GEMMs
+  EXPECT_EQ(bwd.matmul_calls, 5);
   ops::add(dq_a, dq_a, dq_b);  // dq of the second half: both key blocks
   ops::add(dk_a, dk_a, dk_c);  // dk, dv of the first half: both query blocks
   ops::add(dv_a, dv_a, dv_c);
