@@ -15,6 +15,13 @@ scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp
                  COMPOSES 07 08 09 11
                  TIMEOUT 60
                  OPTIONAL_STEPS 4)  # the core (steps 1-3) fits 90 minutes: README.md
+# Step 3 reads the order each stage ran from the library's execution log with lab 08's reader
+# (pptest::executed / ran, tests/08_pipeline_parallel/pp_test.cpp): compiled into lab 10's graders.
+if(SCALELAB_BUILD_TESTS)
+  set(lab10_schedule_log ${PROJECT_SOURCE_DIR}/tests/08_pipeline_parallel/pp_test.cpp)
+  target_sources(test_lab10 PRIVATE ${lab10_schedule_log})
+  target_sources(test_lab10_solution PRIVATE ${lab10_schedule_log})
+endif()
 # Bad grids (and a bad --memory size, --zero stage, or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.
 if(SCALELAB_BUILD_TESTS)
@@ -133,9 +140,11 @@ endif()
 # Issue 25, class 7 (own work) and class 8 (steps independent). The undefined symbols of the
 # object of 3d_parallel.cpp, for Step1_OwnWork (cmake/ScalelabOwnWork.cmake,
 # tests/support/own_work.hpp). Planted into a copy of the reference: a grid_coord that forwards
-# to the library's comm::grid_coord (every table right) and a build_3d_model that throws (no
-# step 2). Its test binary: Step1 fails on the call (exit 1, the call named), and Step3 passes
-# all the same on 4 ranks: step 3's graders build their own pieces (own_builder), not step 2's.
+# to the library's comm::grid_coord (every table right), a build_3d_model that throws (no
+# step 2) and, with SCALELAB_PLANT set, a step_3d that runs AFAB instead of 1F1B (the same
+# bytes). Its test binary: Step1 fails on the call (exit 1, the call named); Step3 passes all the
+# same on 4 and 8 ranks (the 4D grids included): step 3's graders build their own pieces
+# (own_builder), not step 2's; the AFAB step fails step 3 on the order the library logged.
 scalelab_attendee_symbols(10 3d_parallel 3d_parallel.cpp)
 if(SCALELAB_BUILD_TESTS)
   set(planted_dir ${CMAKE_CURRENT_BINARY_DIR}/planted_lab10)
@@ -148,9 +157,14 @@ if(SCALELAB_BUILD_TESTS)
                              "-DTO=return comm::grid_coord(shape, rank);"
                              -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
                      COMMAND ${CMAKE_COMMAND} -DIN=${planted_dir}/step1_planted.cpp
-                             -DOUT=${planted_dir}/3d_parallel.cpp
+                             -DOUT=${planted_dir}/step2_planted.cpp
                              "-DFROM=model = std::make_unique<nn::GPT>(config, options);"
                              "-DTO=throw NotImplemented(\"lab 10 step 2: planted, not written\");"
+                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
+                     COMMAND ${CMAKE_COMMAND} -DIN=${planted_dir}/step2_planted.cpp
+                             -DOUT=${planted_dir}/3d_parallel.cpp
+                             "-DFROM=lab08::schedule_1f1b(g.shape.pp, micro_batches, g.coord.pp)"
+                             "-DTO=(std::getenv(\"SCALELAB_PLANT\") ? lab08::schedule_afab(g.shape.pp, micro_batches, g.coord.pp) : lab08::schedule_1f1b(g.shape.pp, micro_batches, g.coord.pp))"
                              -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
                      DEPENDS ${lab10_reference} ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
                      COMMENT "planting a step 1 that calls comm::grid_coord and no step 2 into lab 10's reference"
@@ -163,9 +177,9 @@ if(SCALELAB_BUILD_TESTS)
   target_link_libraries(lab10_planted_impl PUBLIC scalelab::common lab07_headers lab08_headers
                         lab09_headers lab11_headers)
   set(lab10_tests test_step1_grid.cpp grid3d_checks.cpp test_step3_step.cpp
-                  test_step3_zero_sweep.cpp)
+                  test_step3_zero_sweep.cpp test_step3_4d.cpp)
   list(TRANSFORM lab10_tests PREPEND ${PROJECT_SOURCE_DIR}/tests/10_3d_parallel/)
-  add_executable(test_lab10_planted ${lab10_tests})
+  add_executable(test_lab10_planted ${lab10_tests} ${lab10_schedule_log})
   target_link_libraries(test_lab10_planted PRIVATE lab10_planted_impl
                         lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
                         lab09_zero_solution_impl lab11_context_parallel_solution_impl
@@ -183,6 +197,19 @@ if(SCALELAB_BUILD_TESTS)
                        LABELS "reference;lab10" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
   scalelab_add_mpi_test(lab10.planted.step3_without_step2.np4 test_lab10_planted RANKS 4
                         TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3*)
+  scalelab_add_mpi_test(lab10.planted.step3_without_step2.np8 test_lab10_planted RANKS 8
+                        TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3_4D*)
+  set(planted_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
+      $<TARGET_FILE:test_lab10_planted> ${MPIEXEC_POSTFLAGS}
+      --gtest_filter=Step3_Step.EqualsSingleDeviceOnEveryGrid)
+  list(JOIN planted_cmd "|" planted_cmd)
+  add_test(NAME lab10.planted.afab_step.np4
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${planted_cmd}" -DEXPECT_CODE=1
+                   "-DEXPECT_REGEX=\\[scalelab\\] verdict: failed: Step3_Step.EqualsSingleDeviceOnEveryGrid on rank [0-9]: .*not the 1F1B order on every stage"
+                   -DMAX_SECONDS=60 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(lab10.planted.afab_step.np4 PROPERTIES PROCESSORS 4 TIMEOUT 90
+                       LABELS "reference;lab10"
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=afab_step")
 endif()
 
 # The program with only the core written (scalelab_add_core_only_impl: the reference with step 4's

@@ -18,6 +18,7 @@
 #include "common/nn/linear.hpp"
 #include "common/ops/ops.hpp"
 #include "tensor_parallel.hpp"
+#include "tp_formulas.hpp"
 #include "tp_test_support.hpp"
 
 using namespace scalelab;
@@ -179,13 +180,22 @@ TEST(Step2_PlantedFault, TheFaultsBaseItselfPasses) {
   EXPECT_TRUE(check_row(planted_row_base()));
 }
 
+// The lab's sizes, then sizes drawn at grading time (tp_formulas.hpp: the seed, the same on every
+// rank, printed with every failure); a failure names the rule broken and what came back.
 TEST(Step2_Shards, ColumnAndRowShardsCutEvenly) {
   const int tp = size(), r = rank();
-  const nn::Shard c = lab07::column_shard(kOut, r, tp), w = lab07::row_shard(kIn, r, tp);
-  EXPECT_EQ(c.dim, 0);
-  EXPECT_EQ(c.ranges, (std::vector<std::pair<int64_t, int64_t>>{{r * kOut / tp, (r + 1) * kOut / tp}}));
-  EXPECT_EQ(w.dim, 1);
-  EXPECT_EQ(w.ranges, (std::vector<std::pair<int64_t, int64_t>>{{r * kIn / tp, (r + 1) * kIn / tp}}));
+  const uint32_t seed = grading_seed();
+  SCOPED_TRACE(fmt::format("features drawn with seed {} (std::mt19937)", seed));
+  const std::vector<int64_t> outs = drawn_sizes(seed, tp, kOut, 8),
+                             ins = drawn_sizes(seed + 1, tp, kIn, 8);
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    std::string p = shard_problem(fmt::format("column_shard({}, rank {}, tp {})", outs[i], r, tp),
+                                  lab07::column_shard(outs[i], r, tp), 0, outs[i], r, tp);
+    if (!p.empty()) ADD_FAILURE() << "rank " << r << ": " << p;
+    p = shard_problem(fmt::format("row_shard({}, rank {}, tp {})", ins[i], r, tp),
+                      lab07::row_shard(ins[i], r, tp), 1, ins[i], r, tp);
+    if (!p.empty()) ADD_FAILURE() << "rank " << r << ": " << p;
+  }
 }
 
 TEST(Step2_Shards, TpNotDividingTheFeaturesIsAUsageError) {

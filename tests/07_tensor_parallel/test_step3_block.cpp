@@ -12,11 +12,14 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <random>
+#include <string>
 
 #include "common/nn/gpt.hpp"
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
 #include "tests/support/reduce_mappings.hpp"
+#include "tp_formulas.hpp"
 #include "tp_test_support.hpp"
 
 using namespace scalelab;
@@ -115,17 +118,51 @@ nn::GPTOptions f64(int tp_rank = 0, int tp_size = 1) {
 
 }  // namespace
 
+// What is wrong with head_shards' answer for rank r of tp (C features, NH heads), said as the
+// rule it breaks and what it returned, never as the right ranges ("" when nothing).
+std::string head_shards_problem(const lab07::HeadShards& s, int64_t C, int64_t NH, int r, int tp) {
+  const int64_t hs = C / NH, width = C / tp;
+  const auto str = [](const nn::Shard& x) {
+    std::string out = fmt::format("dim {}:", x.dim);
+    for (const auto& [b, e] : x.ranges) out += fmt::format(" [{}, {})", b, e);
+    return out;
+  };
+  const std::string got = fmt::format("head_shards(C {}, NH {}, rank {}, tp {}) gave qkv {}, "
+                                      "proj {}: ", C, NH, r, tp, str(s.qkv), str(s.proj));
+  if (s.qkv.dim != 0 || s.qkv.ranges.size() != 3)
+    return got + "qkv keeps rows (dim 0) of the fused weight, three ranges: q's, k's, v's";
+  const char* part[] = {"q", "k", "v"};
+  for (int p = 0; p < 3; ++p) {
+    const auto [b, e] = s.qkv.ranges[p];
+    if (b < p * C || e > (p + 1) * C || e - b != width)
+      return got + fmt::format("range {} is not 1/tp of the {} rows, which are rows [{}, {}) of "
+                               "the fused weight", p, part[p], p * C, (p + 1) * C);
+    if ((b - p * C) % hs != 0)
+      return got + fmt::format("the {} range cuts a head (a head is {} rows)", part[p], hs);
+    if (b - p * C != s.qkv.ranges[0].first)
+      return got + "q, k and v ranges of different heads: a rank needs all three of its heads";
+  }
+  if (s.qkv.ranges[0].first != r * width)
+    return got + "ranks keep contiguous groups of heads in rank order, rank 0 the first group";
+  if (s.proj.dim != 1 || s.proj.ranges.size() != 1 || s.proj.ranges[0] != s.qkv.ranges[0])
+    return got + "proj keeps the columns (dim 1) that read this rank's heads' outputs, one range";
+  return "";
+}
+
 TEST(Step3_HeadShards, WholeHeadsInAContiguousGroup) {
   const int tp = size(), r = rank();
-  const int64_t C = 32, NH = 4, hs = 8, per = NH / tp;
-  const lab07::HeadShards s = lab07::head_shards(C, NH, r, tp);
-  const int64_t b = r * per * hs, e = (r + 1) * per * hs;
-  EXPECT_EQ(s.qkv.dim, 0);
-  EXPECT_EQ(s.qkv.ranges, (std::vector<std::pair<int64_t, int64_t>>{
-                              {b, e}, {C + b, C + e}, {2 * C + b, 2 * C + e}}))
-      << "the q, k and v rows of heads [" << r * per << ", " << (r + 1) * per << ")";
-  EXPECT_EQ(s.proj.dim, 1);
-  EXPECT_EQ(s.proj.ranges, (std::vector<std::pair<int64_t, int64_t>>{{b, e}}));
+  // the fixed case of the lab's model, then shapes drawn at grading time (tp_formulas.hpp: the
+  // seed, the same on every rank, printed with every failure)
+  const uint32_t seed = grading_seed();
+  SCOPED_TRACE(fmt::format("heads drawn with seed {} (std::mt19937)", seed));
+  std::mt19937 rng(seed);
+  const auto in = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int i = 0; i < 16; ++i) {
+    const int64_t NH = i == 0 ? 4 : static_cast<int64_t>(tp) * in(1, 6);
+    const int64_t C = i == 0 ? 32 : NH * in(1, 12);
+    const std::string p = head_shards_problem(lab07::head_shards(C, NH, r, tp), C, NH, r, tp);
+    if (!p.empty()) ADD_FAILURE() << "rank " << r << ": " << p;
+  }
 }
 
 TEST(Step3_HeadShards, TpNotDividingTheHeadsIsAUsageError) {
@@ -163,6 +200,22 @@ TEST(Step3_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
       ASSERT_TRUE(near(p->value, cut(single.params().get(p->name).value, p->shard), kAdamRel))
           << p->name << " after AdamW step " << step + 1 << " on rank " << rank();
   }
+}
+
+// head_shards as a table of the one case a failure used to print (C 32, NH 4: heads of 8 rows),
+// with that head size everywhere: right there, wrong at the drawn shapes.
+TEST(Step3_PlantedFault, HeadShardsRightOnlyAtThePrintedShapeAreCaught) {
+  const int tp = size(), r = rank();
+  const auto table = [&](int64_t C, int64_t NH) {
+    (void)NH;
+    const int64_t b = r * 32 / tp, e = (r + 1) * 32 / tp;
+    lab07::HeadShards s;
+    s.qkv = {0, {{b, e}, {C + b, C + e}, {2 * C + b, 2 * C + e}}};
+    s.proj = {1, {{b, e}}};
+    return s;
+  };
+  EXPECT_EQ(head_shards_problem(table(32, 4), 32, 4, r, tp), "");
+  EXPECT_NE(head_shards_problem(table(48, 2 * tp), 48, 2 * tp, r, tp), "");
 }
 
 TEST(Step3_PlantedFault, TheFaultsBaseItselfPasses) {

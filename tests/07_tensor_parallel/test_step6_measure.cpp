@@ -1,19 +1,25 @@
 // Lab 07 step 6: the formulas of the program's table, against what the tensor-parallel GPT
-// (make_tp_gpt; fp32, and bf16 mixed precision: bf16 activations, fp32 statistics and gradients;
-// 2 layers, 4 heads, C = 64, V = 256, T = 16) actually holds and sends at this run's tp, with and
-// without sequence parallelism: activation bytes equal GPTActivations::nbytes (every tensor its own
-// allocation, so this is the allocator's count) and payload bytes equal the byte counters, both
-// EXACTLY (integers; no tolerance). Planted: a count that forgets the LayerNorm statistics and one
-// that counts a ring's wire bytes instead of the payload must both fail. Unlike the other steps'
-// planted faults, these measure that model, so they need steps 1-5 working (on the untouched starter
-// they stop at the first step not implemented).
+// (make_tp_gpt; fp32, and bf16 mixed precision: bf16 activations, fp32 statistics and gradients)
+// actually holds and sends at this run's tp, with and without sequence parallelism: activation
+// bytes equal GPTActivations::nbytes (every tensor its own allocation, so this is the allocator's
+// count) and payload bytes equal the byte counters, both EXACTLY (integers; no tolerance). The
+// model and batch are drawn at grading time (tp_formulas.hpp: a seed from std::random_device,
+// printed with every failure so a run can be repeated): a formula right only at the shapes some
+// earlier failure printed (a lookup table) fails. Planted: a count that forgets the LayerNorm
+// statistics, one at two bytes for everything in bf16, one that counts a ring's wire bytes
+// instead of the payload, and a table of the values at the shape the fixed check used to print
+// must all fail. Unlike the other steps' planted faults, these measure that model, so they need
+// steps 1-5 working (on the untouched starter they stop at the first step not implemented).
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <string>
+#include <tuple>
 
 #include "common/ops/ops.hpp"
 #include "tensor_parallel.hpp"
+#include "tp_formulas.hpp"
 #include "tp_test_support.hpp"
 
 using namespace scalelab;
@@ -21,21 +27,17 @@ using namespace lab07test;
 
 namespace {
 
-constexpr int64_t kB = 2, kT = 16;
-
-ModelConfig config() { return ModelConfig{"tp-measure", 256, 16, 2, 4, 64}; }
-
 struct Measured {
   std::size_t act = 0;
   int64_t bytes = 0;
 };
 
-Measured measure(DType precision, bool sp) {
-  auto owner = lab07::make_tp_gpt(config(), group(), {.dtype = DType::f32,
-                                                     .compute_dtype = precision, .seed = 3,
-                                                     .sequence_parallel = sp});
+Measured measure(const DrawnShape& s, DType precision, bool sp) {
+  auto owner = lab07::make_tp_gpt(s.c, group(), {.dtype = DType::f32,
+                                                 .compute_dtype = precision, .seed = 3,
+                                                 .sequence_parallel = sp});
   nn::GPT& model = *owner;
-  const Tensor x = random_tokens(kB, kT, 256, 81), y = random_tokens(kB, kT, 256, 82);
+  const Tensor x = random_tokens(s.B, s.T, 256, 81), y = random_tokens(s.B, s.T, 256, 82);
   Measured m;
   const Traffic t = traffic_of([&] {
     nn::GPTActivations acts;
@@ -48,25 +50,37 @@ Measured measure(DType precision, bool sp) {
   return m;
 }
 
+// This run's shape: drawn once per process (every rank the same), printed with every failure.
+const DrawnShape& shape() {
+  static const DrawnShape s = draw_shape(grading_seed(), size());
+  return s;
+}
+
 using ActFormula =
     std::function<std::size_t(const ModelConfig&, int64_t, int64_t, int, DType, bool)>;
 using CommFormula = std::function<std::size_t(const ModelConfig&, int64_t, int64_t, DType, bool)>;
 
 ::testing::AssertionResult formulas_match(const ActFormula& act, const CommFormula& comm) {
+  const DrawnShape& s = shape();
   Verdict v;
   for (DType precision : {DType::f32, DType::bf16})
     for (bool sp : {false, true}) {
-      const std::size_t a = act(config(), kB, kT, size(), precision, sp);
-      const std::size_t c = comm(config(), kB, kT, precision, sp);
-      const Measured m = measure(precision, sp);
-      const std::string which =
-          std::string(dtype_name(precision)) + (sp ? ", sequence parallel: " : ": ");
+      const std::size_t a = act(s.c, s.B, s.T, size(), precision, sp);
+      const std::size_t c = comm(s.c, s.B, s.T, precision, sp);
+      const Measured m = measure(s, precision, sp);
+      const std::string which = fmt::format("at the shape drawn with {}, {}{}: ", s.str(),
+                                            dtype_name(precision),
+                                            sp ? ", sequence parallel" : "");
       if (a != m.act)
-        v(::testing::AssertionFailure() << which << "activations " << m.act
-                                        << " bytes measured, formula " << a, "");
+        v(::testing::AssertionFailure()
+              << which << "the activation formula gives " << a << " bytes, but the model's "
+              << "GPTActivations hold " << m.act << " (nbytes() after one forward at that shape; "
+              << "count its tensors one by one)", "");
       if (c != static_cast<std::size_t>(m.bytes))
-        v(::testing::AssertionFailure() << which << "payload " << m.bytes
-                                        << " bytes counted, formula " << c, "");
+        v(::testing::AssertionFailure()
+              << which << "the payload formula gives " << c << " bytes, but the byte counters "
+              << "saw " << m.bytes << " over one forward and backward on every communicator "
+              << "(comm::comm_stats() around the step shows each collective)", "");
     }
   return v.first;
 }
@@ -78,40 +92,36 @@ TEST(Step6_Measure, FormulasEqualTheAllocatorAndTheByteCounters) {
 }
 
 TEST(Step6_Measure, SequenceParallelHoldsLessAndTensorParallelSendsTheSameAtAnyTp) {
-  const ModelConfig c = config();
+  const DrawnShape s = draw_shape(grading_seed(), 4);  // heads, vocabulary and rows split by 1, 2, 4
+  SCOPED_TRACE("at the shape drawn with " + s.str());
   for (int tp : {2, 4}) {
-    EXPECT_LT(lab07::activation_bytes_formula(c, kB, kT, tp, DType::f32, true),
-              lab07::activation_bytes_formula(c, kB, kT, tp, DType::f32, false));
-    EXPECT_LT(lab07::activation_bytes_formula(c, kB, kT, tp, DType::f32, false),
-              lab07::activation_bytes_formula(c, kB, kT, 1, DType::f32, false));
+    EXPECT_LT(lab07::activation_bytes_formula(s.c, s.B, s.T, tp, DType::f32, true),
+              lab07::activation_bytes_formula(s.c, s.B, s.T, tp, DType::f32, false))
+        << "tp " << tp << ": sequence parallelism keeps the LayerNorms' tensors on N/tp rows";
+    EXPECT_LT(lab07::activation_bytes_formula(s.c, s.B, s.T, tp, DType::f32, false),
+              lab07::activation_bytes_formula(s.c, s.B, s.T, 1, DType::f32, false))
+        << "tp " << tp << ": a tensor-parallel rank holds 1/tp of the heads and the MLP";
   }
   // the payload of tensor parallelism does not depend on tp: B*T*C per all-reduce
-  EXPECT_EQ(lab07::comm_bytes_formula(c, kB, kT, DType::f32, false),
-            static_cast<std::size_t>((4 * c.n_layer + 2) * kB * kT * c.n_embd + 3 * kB * kT) * 4);
+  EXPECT_TRUE(lab07::comm_bytes_formula(s.c, s.B, s.T, DType::f32, false) ==
+              own_comm_bytes(s.c, s.B, s.T, DType::f32, false))
+      << "the payload formula without sequence parallelism: 4 all-reduces of (B*T, C) per "
+         "block, one each for the embedding and the head, and the cross-entropy's 3 of B*T";
 }
 
-// ---- planted faults: the step-6 counts written here (never the attendee's code), then with
-// one mistake each --------------------------------------------------------------------------
+// ---- planted faults: the step-6 counts written here (tp_formulas.hpp, never the attendee's
+// code), then with one mistake each --------------------------------------------------------
 
 namespace {
 
-// Bytes of an activation and of a statistic (or a gradient): 4 and 4 in fp32, 2 and 4 in bf16.
-int64_t elem(DType d) { return static_cast<int64_t>(dtype_size(d)); }
-int64_t stat(DType d) { return static_cast<int64_t>(dtype_size(ops::stats_dtype(d))); }
-
 std::size_t right_act(const ModelConfig& c, int64_t B, int64_t T, int tp, DType d, bool sp) {
-  const int64_t C = c.n_embd, N = B * T, rows = sp ? N / tp : N;
-  const int64_t block = 4 * rows * C + 4 * N * C / tp + B * (c.n_head / tp) * T * T +
-                        8 * N * C / tp;
-  return static_cast<std::size_t>((c.n_layer * block + 2 * rows * C + N * c.vocab_size / tp) *
-                                      elem(d) + (4 * c.n_layer + 2) * rows * stat(d));
+  return own_activation_bytes(c, B, T, tp, d, sp);
 }
-
 std::size_t right_comm(const ModelConfig& c, int64_t B, int64_t T, DType d, bool sp) {
-  const int64_t NC = B * T * c.n_embd, N = B * T, C = c.n_embd, L = c.n_layer;
-  return static_cast<std::size_t>(sp ? (10 * L + 5) * NC * elem(d) + (4 * L * C + 2 * C + 3 * N) * stat(d)
-                                     : (4 * L + 2) * NC * elem(d) + 3 * N * stat(d));
+  return own_comm_bytes(c, B, T, d, sp);
 }
+int64_t elem(DType d) { return elem_bytes(d); }
+int64_t stat(DType d) { return stat_bytes(d); }
 
 }  // namespace
 
@@ -158,4 +168,30 @@ TEST(Step6_PlantedFault, CountingWireBytesInsteadOfPayloadIsCaught) {
                                     static_cast<double>(right_comm(c, B, T, d, sp)));
   };
   EXPECT_FALSE(formulas_match(right_act, wire)) << "the check above must fail";
+}
+
+// A lookup table: the right counts at the one shape the fixed check used to run and print (2
+// layers, 4 heads, C = 64, V = 256, B = 2, T = 16), a count that forgets the statistics
+// elsewhere. The drawn shape (B never 2) is elsewhere.
+TEST(Step6_PlantedFault, ATableOfThePrintedShapeIsCaught) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, DType, bool>;
+  const auto key = [](const ModelConfig& c, int64_t B, int64_t T, int tp, DType d, bool sp) {
+    return Key{c.n_layer, c.n_head, c.n_embd, c.vocab_size, B, T, tp, d, sp};
+  };
+  std::map<Key, std::size_t> printed;
+  const ModelConfig fixed{"tp-measure", 256, 16, 2, 4, 64};
+  for (DType d : {DType::f32, DType::bf16})
+    for (bool sp : {false, true})
+      printed[key(fixed, 2, 16, size(), d, sp)] = right_act(fixed, 2, 16, size(), d, sp);
+  const ActFormula table = [&](const ModelConfig& c, int64_t B, int64_t T, int tp, DType d,
+                               bool sp) {
+    const auto hit = printed.find(key(c, B, T, tp, d, sp));
+    if (hit != printed.end()) return hit->second;
+    const int64_t rows = sp ? B * T / tp : B * T;
+    return right_act(c, B, T, tp, d, sp) -
+           static_cast<std::size_t>((4 * c.n_layer + 2) * rows * stat(d));
+  };
+  EXPECT_EQ(table(fixed, 2, 16, size(), DType::f32, false),
+            right_act(fixed, 2, 16, size(), DType::f32, false)) << "right where it was printed";
+  EXPECT_FALSE(formulas_match(table, right_comm)) << "the check above must fail";
 }

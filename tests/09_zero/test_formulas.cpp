@@ -110,7 +110,7 @@ TEST(Step5_Formulas, DdpMeasuredMatchesItsFormula) {
   const Footprint f = footprint(0);
   const int64_t P = psi();
   EXPECT_EQ(f.held, lab09::paper_memory(0, P, labtest::world().size()).total());
-  auto ddp = lab09::make_trainer(0, kLab.config(), f32(), labtest::world());
+  auto ddp = grader_trainer(0, kLab.config(), f32());
   const comm::CommStats s = one_step_traffic(*ddp);
   EXPECT_EQ(static_cast<std::size_t>(comm::comm_total(s).bytes), lab09::paper_comm_bytes(0, P) + 8);
 }

@@ -261,7 +261,7 @@ TEST(Step3_Zero2, OneTrainerGivesTheGradientTheMemoryAndTheTraffic) {
   const Tensor reference = kLab.reference(global).grads;
   const Observed o = observe_one(2, [&](lab09::Trainer& t) {
     auto* two = dynamic_cast<lab09::Zero2*>(&t);
-    ASSERT_NE(two, nullptr) << "make_trainer(2) is not a Zero2";
+    ASSERT_NE(two, nullptr) << "grader_trainer(2) is not a Zero2";
     const nn::ShardRange& s = two->shard();
     EXPECT_TRUE(labtest::close_on_every_rank(two->grad_shard().flat(0, s.real()),
                                              reference.flat(s.lo, s.real()),
@@ -396,7 +396,7 @@ TEST(Step3_Bf16, HeldCountsTheCopyAndEqualsTheAllocator) {
   for (int stage = 0; stage <= 2; ++stage) {
     std::shared_ptr<lab09::Trainer> t;
     const Footprint f = footprint([&]() {
-      t = lab09::make_trainer(stage, kLab.config(), mixed_bf16(), world());
+      t = grader_trainer(stage, kLab.config(), mixed_bf16());
       return Steps{[t](const data::Batch& b) { t->forward_backward(b); }, [t]() { t->step(kLr); }};
     });
     const lab09::Held h = t->held();

@@ -124,6 +124,13 @@ struct GathersEverything {
 
 Footprint ddp_footprint(const ModelConfig& config) { return footprint(0, f32(), &config); }
 
+// fp32 ZeRO-3 against fp32 DDP over two AdamW steps: the reduce-scatter may add in another order
+// than the all-reduce (the communicator does not promise the same), which moves the gradients'
+// last bits and so the parameters after the update. Measured (deep model, lr 1e-2, MPI backend):
+// losses and parameters bitwise DDP's on 2 and 4 ranks; the bound leaves room for the other
+// order, and a wrong technique moves far more.
+constexpr double kOneObjectRtol = 1e-5, kOneObjectAtol = 1e-5;
+
 // How many all-gathers had been submitted (since `run` started) when each block's forward was
 // computing: seen from the block's mappings (leave: lab 07's g operator; here a probe, no
 // reduction), called after its attention projection.
@@ -193,6 +200,24 @@ TEST(Step4_Zero3, NothingGatheredIsLeftBetweenSteps) {
 TEST(Step4_Zero3, TheAllocatorSeesOnlyShardsAndASmallWorkingSet) {
   const Footprint ddp = ddp_footprint(deep()), stage3 = footprint(3, f32(), &deep());
   EXPECT_TRUE(keeps_only_shards(stage3, ddp, deep()));
+}
+
+// Issue 34, one object: the numbers, the memory and the traffic of ONE Zero3, built here (the
+// grader's construction, never the attendee's make_trainer), on the memory check's deep model:
+// its two losses those of a DDP built alike (fp32; the reduce-scatter sums in another order than
+// the all-reduce: kOneObjectRtol), its footprint within keeps_only_shards, its first step the
+// exact budget.
+TEST(Step4_Zero3, OneTrainerGivesTheNumbersTheMemoryAndTheTraffic) {
+  const Observed o = observe_one(3, [](lab09::Trainer&) {}, f32(), deep());
+  lab09::Ddp ddp(deep(), f32(), world());
+  const std::vector<double> want = run_steps(ddp, 2);
+  for (std::size_t s = 0; s < want.size(); ++s)
+    EXPECT_NEAR(o.losses[s], want[s], kOneObjectRtol * std::abs(want[s])) << "loss of step " << s;
+  EXPECT_TRUE(labtest::close_on_every_rank(o.parameters, ddp.full_parameters(), kOneObjectRtol,
+                                           kOneObjectAtol));
+  EXPECT_TRUE(keeps_only_shards(o.footprint, ddp_footprint(deep()), deep()));
+  nn::GPT m(deep(), f32());
+  EXPECT_TRUE(exact_traffic(o.first_step, zero_budget(3, m)));
 }
 
 TEST(Step4_Zero3, TwoAllGathersAndOneReduceScatter) {

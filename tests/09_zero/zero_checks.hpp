@@ -60,6 +60,20 @@ inline void gather_fp32_values(nn::ParameterSet& ps, const nn::ShardRange& s) {
 
 inline std::size_t now_bytes() { return memory_stats(Device::cpu()).current; }
 
+/// The trainer of `stage`, built by the grader from the classes themselves (issue 34: one object,
+/// the grader's own): never through make_trainer, which lives in the attendee's file and could
+/// hand the memory or traffic checks another object than the one the numbers were checked on.
+inline std::unique_ptr<lab09::Trainer> grader_trainer(int stage, const ModelConfig& config,
+                                                      const nn::GPTOptions& options) {
+  comm::Communicator& w = labtest::world();
+  switch (stage) {
+    case 0: return std::make_unique<lab09::Ddp>(config, options, w);
+    case 1: return std::make_unique<lab09::Zero1>(config, options, w);
+    case 2: return std::make_unique<lab09::Zero2>(config, options, w);
+    default: return std::make_unique<lab09::Zero3>(config, options, w);
+  }
+}
+
 /// Runs `steps` forward_backward + step on the global batches 0, 1, ...; returns the losses.
 inline std::vector<double> run_steps(lab09::Trainer& t, int steps) {
   std::vector<double> losses;
@@ -105,7 +119,7 @@ inline Footprint footprint(int stage, const nn::GPTOptions& options = f32(),
                            const ModelConfig* config = nullptr) {
   std::shared_ptr<lab09::Trainer> t;
   return footprint([&]() {
-    t = lab09::make_trainer(stage, config ? *config : kLab.config(), options, labtest::world());
+    t = grader_trainer(stage, config ? *config : kLab.config(), options);
     return Steps{[t](const data::Batch& b) { t->forward_backward(b); }, [t]() { t->step(kLr); }};
   });
 }
@@ -182,7 +196,7 @@ inline labtest::TrafficBudget zero_budget(int stage, nn::GPT& model) {
 }
 
 // ---- Issue 25, class 8: one object, graded on numbers, memory and traffic together --------------
-/// What one trainer, built here by make_trainer (the grader's construction), shows over two steps
+/// What one trainer, built here by grader_trainer (the grader's construction), shows over two steps
 /// on the global batches 0 and 1: the first step's traffic (forward_backward + step, without the
 /// grader's own checks in between), its Footprint as footprint() measures it (held after the
 /// first step, the peak of the second forward_backward), its losses, and the parameters after
@@ -197,13 +211,13 @@ struct Observed {
   Tensor parameters;
 };
 inline Observed observe_one(int stage, const std::function<void(lab09::Trainer&)>& after_backward,
-                            const nn::GPTOptions& options = f32()) {
+                            const nn::GPTOptions& options = f32(),
+                            const ModelConfig& config = kLab.config()) {
   Observed o;
   labtest::world().barrier();
   const std::size_t base = now_bytes();
   {
-    std::shared_ptr<lab09::Trainer> t =
-        lab09::make_trainer(stage, kLab.config(), options, labtest::world());
+    std::shared_ptr<lab09::Trainer> t = grader_trainer(stage, config, options);
     const comm::Traffic backward =
         labtest::traffic_of([&] { o.losses.push_back(t->forward_backward(kLab.batch(0))); });
     after_backward(*t);

@@ -6,7 +6,9 @@
 // order than the single device, which moves the last digits only). The byte counters show the cp
 // group carrying exactly the ring's K/V blocks and the dp x cp group averaging the gradients
 // once (the dp group alone: nothing). The planted fault averages over dp only (the 3D recipe on
-// a cp grid) and must fail the same check. ZeRO-1 shards over dp x cp. About 3 s on 2 cores.
+// a cp grid) and must fail the same check. ZeRO-1 shards over dp x cp. Trainer3D builds the test's
+// own pieces (own_builder), so step 3 is graded without the attendee's step 2 here too
+// (lab10.planted.step3_without_step2.np8). About 3 s on 2 cores.
 #include <gtest/gtest.h>
 
 #include "grid3d_checks.hpp"
@@ -58,7 +60,7 @@ TEST(Step3_4D, CpStepMatchesTheSingleDeviceAndItsTraffic) {
       lab10::Groups g = lab10::groups_of(grid);
       lab10::Plan plan{shape, kMicro, 0, false};
       plan.attention = attention;
-      lab10::Trainer3D t(c, g, plan, f64());
+      lab10::Trainer3D t(c, g, plan, f64(), {}, own_builder);  // the test's pieces, not step 2's
       const comm::CommStats before = comm::comm_stats();
       const double loss = t.step(kLab.batch(0));
       const comm::CommStats did = comm::comm_stats() - before;
@@ -103,7 +105,7 @@ TEST(Step3_4D, ZeroOneShardsOverDpTimesCp) {
   const lab10::GridShape shape = grids_4d()[0];
   const comm::ProcessGrid grid(world(), shape);
   lab10::Groups g = lab10::groups_of(grid);
-  lab10::Trainer3D t(config(), g, lab10::Plan{shape, kMicro, 1, false}, f64());
+  lab10::Trainer3D t(config(), g, lab10::Plan{shape, kMicro, 1, false}, f64(), {}, own_builder);
   const double loss = t.step(kLab.batch(0));
   EXPECT_TRUE(matches(t.model(), loss, shape));
   const int64_t padded = t.model().params().padded_numel();

@@ -2,8 +2,10 @@
 // 2x2x2, 1x2x4, 2x4x1, 4x1x2), one step on the test's own 3D model (not the attendee's step 2)
 // gives the single-device loss and gradients of the GLOBAL batch, cut to what each rank holds,
 // within kRtol / kAtol (float64); the byte counters show the dp group averaging the gradients
-// once and the tp group carrying only the blocks' all-reduces. The planted faults run the same
-// checks on deliberately wrong steps written here.
+// once and the tp group carrying only the blocks' all-reduces, and the library's execution log
+// (common/exec_log.hpp) shows each stage running 1F1B: its forwards, backwards and pipeline
+// messages in the order of lab 08's schedule_1f1b for that stage (an AFAB step sends the same
+// bytes). The planted faults run the same checks on deliberately wrong steps written here.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -11,8 +13,10 @@
 #include <gtest/gtest.h>
 
 #include "common/allocator.hpp"
+#include "common/exec_log.hpp"
 #include "common/optim/optim.hpp"
 #include "grid3d_checks.hpp"
+#include "tests/08_pipeline_parallel/pp_test.hpp"
 
 namespace {
 
@@ -53,7 +57,13 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
   auto model = own_model(g, 1, checkpoint, p.options);
   auto ref = reference_model(global, p.options);
   const comm::CommStats before = comm::comm_stats();
-  const double loss = step(*model, g, global);
+  double loss = 0;
+  std::vector<exec_log::Event> log;
+  {
+    exec_log::Recording recording;
+    loss = step(*model, g, global);
+    log = recording.events();
+  }
   const int64_t tp_sent = all_reduce_bytes(before, g.tp.name());
   const int64_t dp_bytes = all_reduce_bytes(before, g.dp.name());
 
@@ -81,6 +91,19 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
     return testing::AssertionFailure() << fmt::format(
                "{}: the dp group all-reduced {} bytes on this rank, want the gradients' {} "
                "(+ at most 64 for scalars)", name(shape), dp_bytes, grad_bytes);
+  // pp: what ran, from the library's log, never the step's own report: this stage's forwards,
+  // backwards and (B/dp/m, T, C) messages in 1F1B's order (AFAB moves the same bytes).
+  const int64_t message = global.batch_size() / shape.dp / kMicro * config().block_size *
+                          config().n_embd *
+                          static_cast<int64_t>(dtype_size(model->compute_dtype()));
+  const pptest::Executed ran = pptest::executed(log, {model.get()}, g.pp, message);
+  const testing::AssertionResult order = labtest::on_every_rank(
+      pptest::ran(ran, lab08::schedule_1f1b(shape.pp, kMicro, g.coord.pp), true));
+  if (!order)
+    return testing::AssertionFailure()
+           << name(shape) << ": not the 1F1B order on every stage (each stage's forwards, "
+           << "backwards and messages as lab08::schedule_1f1b orders them, read from the "
+           << "library's execution log): " << order.message();
   return testing::AssertionSuccess();
 }
 
@@ -229,17 +252,18 @@ TEST(Step3_Step, Zero2And3OverDpEqualAdamW) {
 
 // ---- planted faults -----------------------------------------------------------------------------
 
-// A step written here: 1F1B over pp (lab 08), then `tie` and `reduce` as given.
+// A step written here: 1F1B over pp (lab 08; AFAB with `afab`), then `tie` and `reduce` as given.
 StepFn planted(const std::function<void(nn::GPT&, lab10::Groups&)>& tie,
-               const std::function<void(nn::GPT&, lab10::Groups&)>& reduce) {
-  return [tie, reduce](nn::GPT& model, lab10::Groups& g, const data::Batch& global) {
+               const std::function<void(nn::GPT&, lab10::Groups&)>& reduce, bool afab = false) {
+  return [tie, reduce, afab](nn::GPT& model, lab10::Groups& g, const data::Batch& global) {
     model.zero_grad();
     const int64_t b = global.batch_size() / g.shape.dp;
     const data::Batch mine = global.rows(g.coord.dp * b, (g.coord.dp + 1) * b);
     std::vector<data::Batch> micro;
     for (int i = 0; i < kMicro; ++i) micro.push_back(mine.rows(i * b / kMicro, (i + 1) * b / kMicro));
-    double loss = lab08::run_schedule({&model}, lab08::schedule_1f1b(g.shape.pp, kMicro, g.coord.pp),
-                                      micro, g.pp);
+    const lab08::Schedule schedule = afab ? lab08::schedule_afab(g.shape.pp, kMicro, g.coord.pp)
+                                          : lab08::schedule_1f1b(g.shape.pp, kMicro, g.coord.pp);
+    double loss = lab08::run_schedule({&model}, schedule, micro, g.pp);
     tie(model, g);
     reduce(model, g);
     Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
@@ -282,6 +306,21 @@ TEST(Step3_PlantedFault, TiedGradientOverWrongGroupFails) {
       average_over_dp);
   for (const lab10::GridShape& shape : grids_for(world().size()))
     if (shape.pp > 1 && shape.tp > 1) EXPECT_FALSE(step_matches(wrong, shape));
+}
+
+// AFAB in place of 1F1B: the same loss, gradients and bytes on every group; only the order on a
+// stage differs (on the last stage: every forward before the first backward). The library's log
+// must show it. On the first grid with a pipeline (one is enough: the check is per stage).
+TEST(Step3_PlantedFault, AfabInPlaceOf1F1BIsCaught) {
+  const auto afab = planted(tie_over_pp, average_over_dp, /*afab=*/true);
+  for (const lab10::GridShape& shape : grids_for(world().size())) {
+    if (shape.pp == 1) continue;
+    const testing::AssertionResult r = step_matches(afab, shape);
+    EXPECT_FALSE(r) << name(shape);
+    EXPECT_NE(std::string(r.message()).find("not the 1F1B order"), std::string::npos)
+        << name(shape) << ": failed for another reason: " << r.message();
+    break;
+  }
 }
 
 }  // namespace
