@@ -5,6 +5,13 @@
 // (forward 1, backward 2), so the bubble is compared with the formula to 1e-12.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
 #include "common/errors.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
@@ -33,21 +40,51 @@ testing::AssertionResult one_f_one_b_memory_ok(const SimResult& r, int p, int m)
   return testing::AssertionSuccess();
 }
 
+// `got` (what `call` gave, as to_string or compute_order prints it) against a golden table's
+// `want`: a failure shows what came back and the first action that differs, by position, with
+// the rules to check there, never the golden list (a table of printed answers must not pass).
+testing::AssertionResult golden(const std::string& call, const std::string& got,
+                                const std::string& want) {
+  if (got == want) return testing::AssertionSuccess();
+  const auto words = [](const std::string& text) {
+    std::vector<std::string> out;
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t end = std::min(text.find(' ', at), text.size());
+      out.push_back(text.substr(at, end - at));
+      at = end + 1;
+    }
+    return out;
+  };
+  const std::vector<std::string> g = words(got), w = words(want);
+  std::size_t i = 0;
+  while (i < g.size() && i < w.size() && g[i] == w[i]) ++i;
+  const std::string where = i < g.size() ? fmt::format("action {} ('{}')", i + 1, g[i])
+                                         : fmt::format("after action {}: it stops early", i);
+  return testing::AssertionFailure() << fmt::format(
+             "{} gave \"{}\": {} is not the schedule's ({} actions in all). Check there: a "
+             "forward before a backward of the same micro-batch, micro-batches in order, the "
+             "warm-up's length for this stage, and each message beside its compute (a receive "
+             "just before, a send just after)", call, got, where, w.size());
+}
+
 }  // namespace
+
+// golden() of a call, named by its source text.
+#define EXPECT_GOLDEN(call, want) EXPECT_TRUE(golden(#call, call, want))
 
 // ---- Step 3 -------------------------------------------------------------------------------------
 
 TEST(Step3_Golden, AfabActions) {
-  EXPECT_EQ(to_string(schedule_afab(3, 2, 0)), "F0 sA0 F1 sA1 rG0 B0 rG1 B1");
-  EXPECT_EQ(to_string(schedule_afab(3, 2, 1)), "rA0 F0 sA0 rA1 F1 sA1 rG0 B0 sG0 rG1 B1 sG1");
-  EXPECT_EQ(to_string(schedule_afab(3, 2, 2)), "rA0 F0 rA1 F1 B0 sG0 B1 sG1");
-  EXPECT_EQ(to_string(schedule_afab(1, 2, 0)), "F0 F1 B0 B1");
+  EXPECT_GOLDEN(to_string(schedule_afab(3, 2, 0)), "F0 sA0 F1 sA1 rG0 B0 rG1 B1");
+  EXPECT_GOLDEN(to_string(schedule_afab(3, 2, 1)), "rA0 F0 sA0 rA1 F1 sA1 rG0 B0 sG0 rG1 B1 sG1");
+  EXPECT_GOLDEN(to_string(schedule_afab(3, 2, 2)), "rA0 F0 rA1 F1 B0 sG0 B1 sG1");
+  EXPECT_GOLDEN(to_string(schedule_afab(1, 2, 0)), "F0 F1 B0 B1");
 }
 
 TEST(Step3_Golden, OneFOneBActions) {
-  EXPECT_EQ(to_string(schedule_1f1b(2, 3, 0)), "F0 sA0 F1 sA1 rG0 B0 F2 sA2 rG1 B1 rG2 B2");
-  EXPECT_EQ(to_string(schedule_1f1b(2, 3, 1)), "rA0 F0 B0 sG0 rA1 F1 B1 sG1 rA2 F2 B2 sG2");
-  EXPECT_EQ(to_string(schedule_1f1b(1, 2, 0)), "F0 B0 F1 B1");
+  EXPECT_GOLDEN(to_string(schedule_1f1b(2, 3, 0)), "F0 sA0 F1 sA1 rG0 B0 F2 sA2 rG1 B1 rG2 B2");
+  EXPECT_GOLDEN(to_string(schedule_1f1b(2, 3, 1)), "rA0 F0 B0 sG0 rA1 F1 B1 sG1 rA2 F2 B2 sG2");
+  EXPECT_GOLDEN(to_string(schedule_1f1b(1, 2, 0)), "F0 B0 F1 B1");
 }
 
 TEST(Step3_Golden, OneFOneBOrderP4M8) {
@@ -57,15 +94,18 @@ TEST(Step3_Golden, OneFOneBOrderP4M8) {
       "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7",
       "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"};
   for (int s = 0; s < 4; ++s)
-    EXPECT_EQ(compute_order(schedule_1f1b(4, 8, s)), want[s]) << "stage " << s;
+    EXPECT_TRUE(golden(fmt::format("compute_order(schedule_1f1b(4, 8, {}))", s),
+                       compute_order(schedule_1f1b(4, 8, s)), want[s]));
 }
 
 TEST(Step3_Golden, FewerMicroBatchesThanStages) {
   // m < p: the warm-up is cut to m; m = 1 is forward then backward on every stage.
-  EXPECT_EQ(compute_order(schedule_1f1b(4, 2, 0)), "F0 F1 B0 B1");
-  EXPECT_EQ(compute_order(schedule_1f1b(4, 2, 2)), "F0 F1 B0 B1");
-  EXPECT_EQ(compute_order(schedule_1f1b(4, 2, 3)), "F0 B0 F1 B1");
-  for (int s = 0; s < 4; ++s) EXPECT_EQ(compute_order(schedule_1f1b(4, 1, s)), "F0 B0");
+  EXPECT_GOLDEN(compute_order(schedule_1f1b(4, 2, 0)), "F0 F1 B0 B1");
+  EXPECT_GOLDEN(compute_order(schedule_1f1b(4, 2, 2)), "F0 F1 B0 B1");
+  EXPECT_GOLDEN(compute_order(schedule_1f1b(4, 2, 3)), "F0 B0 F1 B1");
+  for (int s = 0; s < 4; ++s)
+    EXPECT_TRUE(golden(fmt::format("compute_order(schedule_1f1b(4, 1, {}))", s),
+                       compute_order(schedule_1f1b(4, 1, s)), "F0 B0"));
 }
 
 TEST(Step3_Simulated, EveryGridFinishesWithTheFormulasBubble) {
@@ -83,6 +123,42 @@ TEST(Step3_Simulated, EveryGridFinishesWithTheFormulasBubble) {
               << kind_name(k) << " p " << p << " m " << m << " stage " << s;
       }
     }
+}
+
+// Grids drawn at grading time (p 1-9, m 1-16; a seed from std::random_device, printed with any
+// failure): every stage of AFAB and 1F1B finishes together in 3(m + p - 1) ticks with the
+// formula's bubble, AFAB holds all m micro-batches, 1F1B min(p - stage, m). No table of the
+// grids above passes these.
+TEST(Step3_Simulated, GridsDrawnAtGradingTimeFollowTheRules) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(fmt::format("grids drawn with seed {} (std::mt19937)", seed));
+  std::mt19937 rng(seed);
+  const auto in = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int i = 0; i < 12; ++i) {
+    const int p = in(1, 9), m = in(1, 16);
+    const double formula = static_cast<double>(p - 1) / (m + p - 1);
+    for (Kind k : {Kind::afab, Kind::one_f_one_b}) {
+      const std::string what = fmt::format("{} p {} m {}", kind_name(k), p, m);
+      const SimResult r = simulate(all_stages(k, p, m), m);
+      ASSERT_TRUE(r.errors.empty()) << what << ": " << r.errors.front();
+      ASSERT_FALSE(r.deadlock) << what << ":\n" << r.report;
+      EXPECT_EQ(r.makespan, 3.0 * (m + p - 1)) << what << ": ticks (forward 1, backward 2)";
+      for (int s = 0; s < p; ++s) {
+        EXPECT_NEAR(r.bubble[s], formula, 1e-12) << what << " stage " << s << ": the bubble";
+        EXPECT_EQ(r.max_in_flight[s], k == Kind::afab ? m : std::min(p - s, m))
+            << what << " stage " << s << ": micro-batches held at once";
+      }
+    }
+  }
+}
+
+// A golden check's failure shows what came back and where it first differs, never the golden
+// list itself (an attendee could copy it into a table).
+TEST(Step3_PlantedFault, AWrongOrderIsShownWithoutTheGoldenList) {
+  const testing::AssertionResult r = golden("compute_order(x)", "F0 B0 F1 B1", "F0 F1 B0 B1");
+  EXPECT_FALSE(r);
+  EXPECT_NE(std::string(r.message()).find("action 2 ('B0')"), std::string::npos) << r.message();
+  EXPECT_EQ(std::string(r.message()).find("F0 F1 B0 B1"), std::string::npos) << r.message();
 }
 
 TEST(Step3_Simulated, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
@@ -137,13 +213,13 @@ TEST(Step3_PlantedFault, DeadlockIsFoundAndTheStagesNamed) {
 // ---- Step 6 (the interleaved schedule as data) ---------------------------------------------------
 
 TEST(Step6_Golden, InterleavedOrderP2V2M4) {
-  EXPECT_EQ(compute_order(schedule_interleaved(2, 4, 2, 0)),
-            "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3");
-  EXPECT_EQ(compute_order(schedule_interleaved(2, 4, 2, 1)),
-            "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3");
+  EXPECT_GOLDEN(compute_order(schedule_interleaved(2, 4, 2, 0)),
+                "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3");
+  EXPECT_GOLDEN(compute_order(schedule_interleaved(2, 4, 2, 1)),
+                "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3");
   // messages: stage 1's chunk 0 sends to stage 0's chunk 1 (the next piece), and back
   const Schedule s1 = schedule_interleaved(2, 4, 2, 1);
-  EXPECT_EQ(to_string(Schedule(s1.begin(), s1.begin() + 6)), "rA0 F0 sA0 rA1 F1 sA1");
+  EXPECT_GOLDEN(to_string(Schedule(s1.begin(), s1.begin() + 6)), "rA0 F0 sA0 rA1 F1 sA1");
 }
 
 TEST(Step6_Simulated, InterleavedFinishesWithTheSmallerBubble) {
