@@ -194,6 +194,25 @@ function(scalelab_impl_from_reference_copy nn impl dir)
   target_link_libraries(${impl} PUBLIC ${libs})
 endfunction()
 
+# scalelab_add_planted_run(<ctest-name> <test-exe> RANKS <k> FILTER <gtest filter> PLANT <cheat>
+#                          LAB <NN> REGEX <regex>)
+# One planted run: <test-exe> (a lab's graders linked with a planted copy of its reference) on k
+# ranks with SCALELAB_PLANT=<cheat>, the GoogleTest filter FILTER; the entry (labels reference,
+# labNN) passes only when the run FAILS (exit 1) with a verdict line "failed: <regex>".
+function(scalelab_add_planted_run name exe)
+  cmake_parse_arguments(P "" "RANKS;FILTER;PLANT;LAB;REGEX" "" ${ARGN})
+  set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${P_RANKS} ${MPIEXEC_PREFLAGS}
+      $<TARGET_FILE:${exe}> ${MPIEXEC_POSTFLAGS} --gtest_filter=${P_FILTER})
+  list(JOIN cmd "|" cmd)
+  add_test(NAME ${name}
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=1
+                   "-DEXPECT_REGEX=\\[scalelab\\] verdict: failed: ${P_REGEX}" -DMAX_SECONDS=60
+                   -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(${name} PROPERTIES PROCESSORS ${P_RANKS} TIMEOUT 90
+                       LABELS "reference;lab${P_LAB}"
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=${P_PLANT}")
+endfunction()
+
 # scalelab_add_planted_submissions(<NN> PLANTS <file.plant> TESTS <test sources...>
 #                                  CASES "<cheat>:<step>:<ranks>:<regex>" ...)
 # Planted submissions: a copy of the lab's reference (solutions/NN_name/<name>.cpp) with the
@@ -226,18 +245,9 @@ function(scalelab_add_planted_submissions nn)
     set(cheat ${CMAKE_MATCH_1})
     set(step ${CMAKE_MATCH_2})
     set(ranks ${CMAKE_MATCH_3})
-    set(regex "${CMAKE_MATCH_4}")
-    set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
-        $<TARGET_FILE:test_lab${nn}_planted> ${MPIEXEC_POSTFLAGS} --gtest_filter=Step${step}*)
-    list(JOIN cmd "|" cmd)
-    set(test lab${nn}.planted.${cheat}.np${ranks})
-    add_test(NAME ${test}
-             COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=1
-                     "-DEXPECT_REGEX=\\[scalelab\\] verdict: failed: ${regex}" -DMAX_SECONDS=60
-                     -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
-    set_tests_properties(${test} PROPERTIES PROCESSORS ${ranks} TIMEOUT 90
-                         LABELS "reference;lab${nn}"
-                         ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=${cheat}")
+    scalelab_add_planted_run(lab${nn}.planted.${cheat}.np${ranks} test_lab${nn}_planted
+                             RANKS ${ranks} FILTER Step${step}* PLANT ${cheat} LAB ${nn}
+                             REGEX "${CMAKE_MATCH_4}")
   endforeach()
 endfunction()
 

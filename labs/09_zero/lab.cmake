@@ -68,17 +68,9 @@ if(SCALELAB_BUILD_TESTS)
   # Issue 34, one object: with SCALELAB_PLANT=factory_lean the factory's ZeRO-3 is lean and one
   # built directly keeps a full copy of the parameters; the graders build their own (never the
   # attendee's make_trainer), so step 4's memory check fails it.
-  set(planted_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
-      $<TARGET_FILE:test_lab09_planted> ${MPIEXEC_POSTFLAGS}
-      --gtest_filter=Step4_Zero3.TheAllocatorSeesOnlyShards*)
-  list(JOIN planted_cmd "|" planted_cmd)
-  add_test(NAME lab09.planted.factory_lean.np2
-           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${planted_cmd}" -DEXPECT_CODE=1
-                   "-DEXPECT_REGEX=\\[scalelab\\] verdict: failed: Step4_Zero3.TheAllocatorSeesOnlyShardsAndASmallWorkingSet on rank [0-9]: .*bytes between steps"
-                   -DMAX_SECONDS=60 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
-  set_tests_properties(lab09.planted.factory_lean.np2 PROPERTIES PROCESSORS 2 TIMEOUT 90
-                       LABELS "reference;lab09"
-                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=factory_lean")
+  scalelab_add_planted_run(lab09.planted.factory_lean.np2 test_lab09_planted RANKS 2
+      FILTER Step4_Zero3.TheAllocatorSeesOnlyShards* PLANT factory_lean LAB 09
+      REGEX "Step4_Zero3.TheAllocatorSeesOnlyShardsAndASmallWorkingSet on rank [0-9]: .*bytes between steps")
 endif()
 # The program with only the core written (cmake/plant_optional.cmake: ZeRO-3 and the formulas,
 # steps 4 and 5, throw their starter's NotImplemented): ZeRO-1 trains beside the twin, and --table

@@ -199,17 +199,9 @@ if(SCALELAB_BUILD_TESTS)
                         TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3*)
   scalelab_add_mpi_test(lab10.planted.step3_without_step2.np8 test_lab10_planted RANKS 8
                         TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3_4D*)
-  set(planted_cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
-      $<TARGET_FILE:test_lab10_planted> ${MPIEXEC_POSTFLAGS}
-      --gtest_filter=Step3_Step.EqualsSingleDeviceOnEveryGrid)
-  list(JOIN planted_cmd "|" planted_cmd)
-  add_test(NAME lab10.planted.afab_step.np4
-           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${planted_cmd}" -DEXPECT_CODE=1
-                   "-DEXPECT_REGEX=\\[scalelab\\] verdict: failed: Step3_Step.EqualsSingleDeviceOnEveryGrid on rank [0-9]: .*not the 1F1B order on every stage"
-                   -DMAX_SECONDS=60 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
-  set_tests_properties(lab10.planted.afab_step.np4 PROPERTIES PROCESSORS 4 TIMEOUT 90
-                       LABELS "reference;lab10"
-                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=afab_step")
+  scalelab_add_planted_run(lab10.planted.afab_step.np4 test_lab10_planted RANKS 4
+      FILTER Step3_Step.EqualsSingleDeviceOnEveryGrid PLANT afab_step LAB 10
+      REGEX "Step3_Step.EqualsSingleDeviceOnEveryGrid on rank [0-9]: .*not the 1F1B order on every stage")
 endif()
 
 # The program with only the core written (scalelab_add_core_only_impl: the reference with step 4's
