@@ -180,14 +180,14 @@ TEST(Step2_PlantedFault, TheFaultsBaseItselfPasses) {
   EXPECT_TRUE(check_row(planted_row_base()));
 }
 
-// The lab's sizes, then sizes drawn at grading time (tp_formulas.hpp: the seed, the same on every
-// rank, printed with every failure); a failure names the rule broken and what came back.
+// The lab's sizes, then sizes drawn at grading time (tests/support/drawn.hpp: the seed, the same
+// on every rank, printed with every failure); a failure names the rule broken and what came back.
 TEST(Step2_Shards, ColumnAndRowShardsCutEvenly) {
   const int tp = size(), r = rank();
-  const uint32_t seed = grading_seed();
-  SCOPED_TRACE(fmt::format("features drawn with seed {} (std::mt19937)", seed));
-  const std::vector<int64_t> outs = drawn_sizes(seed, tp, kOut, 8),
-                             ins = drawn_sizes(seed + 1, tp, kIn, 8);
+  labtest::Drawn draw;
+  SCOPED_TRACE("features " + draw.trace());
+  const std::vector<int64_t> outs = drawn_sizes(draw, tp, kOut, 8),
+                             ins = drawn_sizes(draw, tp, kIn, 8);
   for (std::size_t i = 0; i < outs.size(); ++i) {
     std::string p = shard_problem(fmt::format("column_shard({}, rank {}, tp {})", outs[i], r, tp),
                                   lab07::column_shard(outs[i], r, tp), 0, outs[i], r, tp);

@@ -12,7 +12,6 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <random>
 #include <string>
 
 #include "common/nn/gpt.hpp"
@@ -151,15 +150,13 @@ std::string head_shards_problem(const lab07::HeadShards& s, int64_t C, int64_t N
 
 TEST(Step3_HeadShards, WholeHeadsInAContiguousGroup) {
   const int tp = size(), r = rank();
-  // the fixed case of the lab's model, then shapes drawn at grading time (tp_formulas.hpp: the
-  // seed, the same on every rank, printed with every failure)
-  const uint32_t seed = grading_seed();
-  SCOPED_TRACE(fmt::format("heads drawn with seed {} (std::mt19937)", seed));
-  std::mt19937 rng(seed);
-  const auto in = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  // the fixed case of the lab's model, then shapes drawn at grading time (tests/support/drawn.hpp:
+  // the seed, the same on every rank, printed with every failure)
+  labtest::Drawn draw;
+  SCOPED_TRACE("heads " + draw.trace());
   for (int i = 0; i < 16; ++i) {
-    const int64_t NH = i == 0 ? 4 : static_cast<int64_t>(tp) * in(1, 6);
-    const int64_t C = i == 0 ? 32 : NH * in(1, 12);
+    const int64_t NH = i == 0 ? 4 : static_cast<int64_t>(tp) * draw.in(1, 6);
+    const int64_t C = i == 0 ? 32 : NH * draw.in(1, 12);
     const std::string p = head_shards_problem(lab07::head_shards(C, NH, r, tp), C, NH, r, tp);
     if (!p.empty()) ADD_FAILURE() << "rank " << r << ": " << p;
   }

@@ -103,11 +103,11 @@ nn::GPTOptions single_f64() {
 }  // namespace
 
 TEST(Step4_Vocab, RangesAreContiguousAndEven) {
-  // the lab's vocabulary, then sizes drawn at grading time (tp_formulas.hpp: the seed, the same
-  // on every rank, printed with every failure)
-  const uint32_t seed = grading_seed();
-  SCOPED_TRACE(fmt::format("vocabularies drawn with seed {} (std::mt19937)", seed));
-  for (int64_t V : drawn_sizes(seed, size(), kV, 8)) {
+  // the lab's vocabulary, then sizes drawn at grading time (tests/support/drawn.hpp: the seed,
+  // the same on every rank, printed with every failure)
+  labtest::Drawn draw;
+  SCOPED_TRACE("vocabularies " + draw.trace());
+  for (int64_t V : drawn_sizes(draw, size(), kV, 8)) {
     const lab07::VocabRange r = lab07::vocab_range(V, rank(), size());
     const std::string p = even_piece_problem(
         fmt::format("vocab_range({}, rank {}, tp {}) gave [{}, {})", V, rank(), size(), r.lo, r.hi),

@@ -3,8 +3,8 @@
 // actually holds and sends at this run's tp, with and without sequence parallelism: activation
 // bytes equal GPTActivations::nbytes (every tensor its own allocation, so this is the allocator's
 // count) and payload bytes equal the byte counters, both EXACTLY (integers; no tolerance). The
-// model and batch are drawn at grading time (tp_formulas.hpp: a seed from std::random_device,
-// printed with every failure so a run can be repeated): a formula right only at the shapes some
+// model and batch are drawn at grading time (tests/support/drawn.hpp: a seed from
+// std::random_device, printed with every failure so a run can be repeated): a formula right only at the shapes some
 // earlier failure printed (a lookup table) fails. Planted: a count that forgets the LayerNorm
 // statistics, one at two bytes for everything in bf16, one that counts a ring's wire bytes
 // instead of the payload, and a table of the values at the shape the fixed check used to print
@@ -52,7 +52,8 @@ Measured measure(const DrawnShape& s, DType precision, bool sp) {
 
 // This run's shape: drawn once per process (every rank the same), printed with every failure.
 const DrawnShape& shape() {
-  static const DrawnShape s = draw_shape(grading_seed(), size());
+  static labtest::Drawn draw;
+  static const DrawnShape s = draw_shape(draw, size());
   return s;
 }
 
@@ -92,7 +93,8 @@ TEST(Step6_Measure, FormulasEqualTheAllocatorAndTheByteCounters) {
 }
 
 TEST(Step6_Measure, SequenceParallelHoldsLessAndTensorParallelSendsTheSameAtAnyTp) {
-  const DrawnShape s = draw_shape(grading_seed(), 4);  // heads, vocabulary and rows split by 1, 2, 4
+  labtest::Drawn draw;
+  const DrawnShape s = draw_shape(draw, 4);  // heads, vocabulary and rows split by 1, 2 and 4
   SCOPED_TRACE("at the shape drawn with " + s.str());
   for (int tp : {2, 4}) {
     EXPECT_LT(lab07::activation_bytes_formula(s.c, s.B, s.T, tp, DType::f32, true),

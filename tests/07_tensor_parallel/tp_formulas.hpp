@@ -2,9 +2,9 @@
 // Lab 07's counts written in the test (never the attendee's step 6), and the shapes they are
 // checked at: step 5 grades the sequence-parallel model's bytes with these, so it does not need
 // step 6; step 6 checks the attendee's formulas against the allocator and the byte counters at a
-// shape drawn at grading time, so a table of the values a failure once printed does not pass.
+// shape drawn at grading time (tests/support/drawn.hpp), so a table of the values a failure once
+// printed does not pass.
 #include <cstdint>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -14,6 +14,7 @@
 #include "common/model_config.hpp"
 #include "common/nn/parameter.hpp"
 #include "common/ops/ops.hpp"
+#include "tests/support/drawn.hpp"
 #include "tp_test_support.hpp"
 
 namespace lab07test {
@@ -50,38 +51,30 @@ inline std::size_t own_comm_bytes(const ModelConfig& c, int64_t B, int64_t T, DT
 struct DrawnShape {
   ModelConfig c;
   int64_t B = 0, T = 0;
-  uint32_t seed = 0;
-  /// "seed 123: L 2, NH 4, C 32, V 260, B 3, T 8": what a failure prints, to repeat the run.
+  std::string trace;  ///< the seed, to repeat the run (labtest::Drawn::trace)
+  /// "drawn with seed 123 (std::mt19937): L 2, NH 4, C 32, V 260, B 3, T 8": what a failure
+  /// prints.
   std::string str() const {
-    return fmt::format("seed {} (std::mt19937): L {}, NH {}, C {}, V {}, B {}, T {}", seed,
-                       c.n_layer, c.n_head, c.n_embd, c.vocab_size, B, T);
+    return fmt::format("{}: L {}, NH {}, C {}, V {}, B {}, T {}", trace, c.n_layer, c.n_head,
+                       c.n_embd, c.vocab_size, B, T);
   }
 };
 
-/// A seed from std::random_device on rank 0, the same on every rank (collective).
-inline uint32_t grading_seed() {
-  Tensor s = Tensor::from_vector({static_cast<double>(std::random_device{}())}, {1}, DType::f64);
-  group().broadcast(s, 0);
-  return static_cast<uint32_t>(s.item());
-}
-
-/// The shape of `seed` for tp ranks: 1-3 layers, tp or 2tp heads of width 4 or 8, a vocabulary of
-/// 256-300 that tp divides (the test's tokens are below 256), B of 1, 3, 4 or 5 (never the 2 the
-/// fixed checks use), T a multiple of tp from 2tp to 12 + 2tp (sequence parallel cuts B*T rows
-/// by tp).
-inline DrawnShape draw_shape(uint32_t seed, int tp) {
-  std::mt19937 rng(seed);
-  const auto in = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+/// A shape from `draw` for tp ranks: 1-3 layers, tp or 2tp heads of width 4 or 8, a vocabulary
+/// of 256-300 that tp divides (the test's tokens are below 256), B of 1, 3, 4 or 5 (never the 2
+/// the fixed checks use), T a multiple of tp from 2tp to 12 + 2tp (sequence parallel cuts B*T
+/// rows by tp).
+inline DrawnShape draw_shape(labtest::Drawn& draw, int tp) {
   DrawnShape s;
-  s.seed = seed;
+  s.trace = draw.trace();
   s.c.name = "tp-drawn";
-  s.c.n_layer = in(1, 3);
-  s.c.n_head = tp * in(1, 2);
-  s.c.n_embd = s.c.n_head * (in(0, 1) ? 8 : 4);
-  s.c.vocab_size = static_cast<int64_t>(tp) * in((256 + tp - 1) / tp, 300 / tp);
+  s.c.n_layer = draw.in(1, 3);
+  s.c.n_head = tp * draw.in(1, 2);
+  s.c.n_embd = s.c.n_head * (draw.in(0, 1) ? 8 : 4);
+  s.c.vocab_size = static_cast<int64_t>(tp) * draw.in((256 + tp - 1) / tp, 300 / tp);
   const int b[] = {1, 3, 4, 5};
-  s.B = b[in(0, 3)];
-  s.T = static_cast<int64_t>(tp) * in(2, 12 / tp + 2);
+  s.B = b[draw.in(0, 3)];
+  s.T = static_cast<int64_t>(tp) * draw.in(2, 12 / tp + 2);
   s.c.block_size = s.T;
   return s;
 }
@@ -109,13 +102,11 @@ inline std::string shard_problem(const std::string& what, const nn::Shard& s, in
   return even_piece_problem(got, s.ranges[0].first, s.ranges[0].second, n, r, tp);
 }
 
-/// Sizes tp divides, drawn from `seed` for a drawn-shape check: the fixed `first`, then `count`
-/// more multiples of tp up to 64 tp.
-inline std::vector<int64_t> drawn_sizes(uint32_t seed, int tp, int64_t first, int count) {
-  std::mt19937 rng(seed);
+/// Sizes tp divides for a drawn-shape check: the fixed `first`, then `count` more multiples of
+/// tp up to 64 tp from `draw`.
+inline std::vector<int64_t> drawn_sizes(labtest::Drawn& draw, int tp, int64_t first, int count) {
   std::vector<int64_t> out{first};
-  for (int i = 0; i < count; ++i)
-    out.push_back(static_cast<int64_t>(tp) * std::uniform_int_distribution<int>(1, 64)(rng));
+  for (int i = 0; i < count; ++i) out.push_back(static_cast<int64_t>(tp) * draw.in(1, 64));
   return out;
 }
 

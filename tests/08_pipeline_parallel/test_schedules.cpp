@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "common/errors.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
+#include "tests/support/drawn.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab08;
@@ -130,12 +130,10 @@ TEST(Step3_Simulated, EveryGridFinishesWithTheFormulasBubble) {
 // formula's bubble, AFAB holds all m micro-batches, 1F1B min(p - stage, m). No table of the
 // grids above passes these.
 TEST(Step3_Simulated, GridsDrawnAtGradingTimeFollowTheRules) {
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(fmt::format("grids drawn with seed {} (std::mt19937)", seed));
-  std::mt19937 rng(seed);
-  const auto in = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  labtest::Drawn draw;
+  SCOPED_TRACE("grids " + draw.trace());
   for (int i = 0; i < 12; ++i) {
-    const int p = in(1, 9), m = in(1, 16);
+    const int p = draw.in(1, 9), m = draw.in(1, 16);
     const double formula = static_cast<double>(p - 1) / (m + p - 1);
     for (Kind k : {Kind::afab, Kind::one_f_one_b}) {
       const std::string what = fmt::format("{} p {} m {}", kind_name(k), p, m);

@@ -3,7 +3,6 @@
 // (common/comm/process_grid.hpp, the reference: the attendee's code must not call them, which
 // Step1_OwnWork checks in the attendee's object file).
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -11,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "3d_parallel.hpp"
+#include "tests/support/drawn.hpp"
 #include "tests/support/own_work.hpp"
 
 namespace {
@@ -146,13 +146,11 @@ TEST(Step1_Grid, LibraryAgreesWithGoldenTables) {
 // Grids drawn at grading time (each axis 1-7, a seed from std::random_device printed with a
 // failure): a table of the grids above passes none of them.
 TEST(Step1_Grid, GridsDrawnAtGradingTimeMatchTheLibrary) {
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(fmt::format("grids drawn with seed {} (std::mt19937)", seed));
-  std::mt19937 rng(seed);
-  const auto in = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  labtest::Drawn draw;
+  SCOPED_TRACE("grids " + draw.trace());
   for (int i = 0; i < 24; ++i) {
-    const GridShape s{in(1, 7), in(1, 7), in(1, 7),
-                      in(0, 1) ? GridOrder::megatron : GridOrder::picotron};
+    const GridShape s{draw.in(1, 7), draw.in(1, 7), draw.in(1, 7),
+                      draw.in(0, 1) ? GridOrder::megatron : GridOrder::picotron};
     EXPECT_TRUE(same_layout(attendee(), library(), s));
   }
 }
