@@ -198,7 +198,7 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_add_mpi_test(lab10.planted.step3_without_step2.np4 test_lab10_planted RANKS 4
                         TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3*)
   scalelab_add_mpi_test(lab10.planted.step3_without_step2.np8 test_lab10_planted RANKS 8
-                        TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3_4D*)
+                        TIMEOUT 120 LABELS reference lab10 ARGS --gtest_filter=Step3_4D.*)
   scalelab_add_planted_run(lab10.planted.afab_step.np4 test_lab10_planted RANKS 4
       FILTER Step3_Step.EqualsSingleDeviceOnEveryGrid PLANT afab_step LAB 10
       REGEX "Step3_Step.EqualsSingleDeviceOnEveryGrid on rank [0-9]: .*not the 1F1B order on every stage")
