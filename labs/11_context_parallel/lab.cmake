@@ -37,6 +37,14 @@ scalelab_add_planted_submissions(11 PLANTS ${lab11_tests}/planted/cheats.plant
         "waits_first:2:2:Step2_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*waited for before any block computed"
         "dkdv_stay:3:2:Step3_Ring.GradientsEqualFullAttentionF32 on rank [0-9]: .*close_on_every_rank.g.dkv, g.want.dkv"
         "arrival_order:4:2:Step4_AllToAll.EqualsFullAttentionF32 on rank [0-9]: .*close_on_every_rank.u.y, u.want_y")
+# A control that must PASS: step 3's graders on the planted copy with step 2 not written
+# (SCALELAB_PLANT=step2_not_written): they use the grader's own forward, not the attendee's.
+if(SCALELAB_BUILD_TESTS)
+  scalelab_add_mpi_test(lab11.planted.step3_without_step2.np2 test_lab11_planted RANKS 2
+                        TIMEOUT 60 LABELS reference lab11 ARGS --gtest_filter=Step3*)
+  set_tests_properties(lab11.planted.step3_without_step2.np2 PROPERTIES
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=step2_not_written")
+endif()
 # On a GPU (label gpu; skipped without one): the reference's step with CUDA tensors against the
 # CPU (tests/11_context_parallel/test_gpu.cpp), not a graded step.
 scalelab_add_lab_gpu_tests(11)

@@ -61,8 +61,8 @@ std::string differs_from_the_library(int64_t numel, int r, int n) {
                      : got.lo != want.lo   ? "lo (where the shard's real part starts)"
                                            : "hi (where its real part ends)";
   return fmt::format("shard_range(numel {}, rank {}, n {}) gave lo {}, hi {}, size {}: its {} is "
-                     "not the library's layout (EqualShardsCoverTheLayoutWithPaddingUnderN names the rule)",
-                     numel, r, n, got.lo, got.hi, got.size, what);
+                     "not the library's layout (EqualShardsCoverTheLayoutWithPaddingUnderN names "
+                     "the rule)", numel, r, n, got.lo, got.hi, got.size, what);
 }
 
 TEST(Step1_Shards, SameAsTheLibraryReference) {

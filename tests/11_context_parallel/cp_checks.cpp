@@ -69,7 +69,81 @@ std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm:
                      fmt::format("{}", fmt::join(seen, "; ")));
 }
 
-void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n_head) {
+namespace {
+
+// The grader's own ring forward (step 3's model is graded without the attendee's step 2): every
+// rank's K/V block all-gathered, then each of my two query chunks against every key chunk it
+// sees (earlier chunks whole, its own causally), merged by the online softmax. Memory and bytes
+// are not graded here: the result is what a ring gives, in another order of merges.
+Tensor grader_ring_forward(Tensor& yc, const Tensor& qc, const Tensor& kv, double scale,
+                           comm::Communicator& cp) {
+  const int n = cp.size(), r = cp.rank();
+  const int64_t BH = qc.size(1), c = qc.size(2), hs = qc.size(3);
+  std::vector<int64_t> shape = kv.shape();
+  shape.insert(shape.begin(), n);
+  Tensor all = Tensor::empty(shape, kv.dtype(), kv.device());
+  cp.all_gather(kv, all);
+  Tensor lse = Tensor::empty({2, BH, c}, ops::flash_attention_lse_dtype(qc.dtype()), qc.device());
+  Tensor y_b = Tensor::empty({BH, c, hs}, qc.dtype(), qc.device());
+  Tensor lse_b = Tensor::empty({BH, c}, lse.dtype(), qc.device());
+  for (int i = 0; i < 2; ++i) {
+    const int a = i == 0 ? r : 2 * n - 1 - r;  // my chunk i's place in the sequence
+    Tensor yi = lab11::chunk(yc, i), li = lab11::lse_chunk(lse, i);
+    bool started = false;
+    for (int src = 0; src < n; ++src) {
+      const Tensor block = all.view({n, kv.numel()}).rows(src, src + 1).view(kv.shape());
+      for (int j = 0; j < 2; ++j) {
+        const int b = j == 0 ? src : 2 * n - 1 - src;
+        if (b > a) continue;
+        const Tensor k = lab11::chunk(lab11::kv_part(block, 0), j);
+        const Tensor v = lab11::chunk(lab11::kv_part(block, 1), j);
+        ops::flash_attention_forward(started ? y_b : yi, started ? lse_b : li,
+                                     lab11::chunk(qc, i), k, v, scale, b == a);
+        if (started) ops::attention_merge(yi, li, y_b, lse_b);
+        started = true;
+      }
+    }
+  }
+  return lse;
+}
+
+// The given context-parallel mappings with the grader's ring forward in place of step 2's.
+class GraderForward final : public nn::Mappings {
+ public:
+  GraderForward(std::shared_ptr<const nn::Mappings> given, comm::Communicator& cp)
+      : given_(std::move(given)), cp_(cp) {}
+  bool replaces_attention() const override { return true; }
+  Tensor attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,
+                           double scale, std::vector<Tensor>&) const override {
+    const Tensor qc = lab11::to_chunks(q), kv = lab11::pack_kv(k, v);
+    Tensor yc = Tensor::empty(qc.shape(), qc.dtype(), qc.device());
+    Tensor lse = grader_ring_forward(yc, qc, kv, scale, cp_);
+    lab11::from_chunks(y, yc);
+    return lse;
+  }
+  void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dy, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& y, const Tensor& lse,
+                          const std::vector<Tensor>& kept, double scale) const override {
+    given_->attention_backward(dq, dk, dv, dy, q, k, v, y, lse, kept, scale);
+  }
+  Tensor embedding_forward(const Tensor& wte, int64_t lo, const Tensor& wpe,
+                           const Tensor& tokens) const override {
+    return given_->embedding_forward(wte, lo, wpe, tokens);
+  }
+  void embedding_backward(Tensor& dwte, int64_t lo, Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens) const override {
+    given_->embedding_backward(dwte, lo, dwpe, dout, tokens);
+  }
+
+ private:
+  std::shared_ptr<const nn::Mappings> given_;
+  comm::Communicator& cp_;
+};
+
+}  // namespace
+
+void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n_head,
+                                 bool grader_forward) {
   comm::Communicator cp = labtest::new_world();
   const int n = cp.size();
   ModelConfig config = labtest::test_model(2);
@@ -85,8 +159,10 @@ void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n
   single.backward();
 
   nn::GPT model(config, options);
-  model.set_mappings(lab11::make_cp_mappings(cp, zigzag_positions(T, n, cp.rank()), attention,
-                                             config.n_head));
+  std::shared_ptr<const nn::Mappings> mappings =
+      lab11::make_cp_mappings(cp, zigzag_positions(T, n, cp.rank()), attention, config.n_head);
+  if (grader_forward) mappings = std::make_shared<GraderForward>(mappings, cp);
+  model.set_mappings(mappings);
   const double loss = lab11::cp_forward_backward(
       model, batch.x, batch.y, cp, [&](const Tensor& t) { return zigzag_rows(t, n, cp.rank()); });
   const Tensor got = model.params().grads(), want = single.params().grads();

@@ -2,9 +2,9 @@
 // What lab 11's graders share: random attention inputs of the whole sequence (the same on every
 // rank), the single-device flash attention on them, the grader's OWN zig-zag rows (so steps 2-4
 // are graded without the attendee's step 1), the byte, work and overlap checks, and the
-// single-device GPT twin. The wrong techniques the checks must stop (an all-gather instead of the ring, no
-// causal skip, each block waited for before computing, dK/dV that do not travel, the contiguous
-// split, Ulysses in arrival order) are planted into a copy of the reference at build time
+// single-device GPT twin. The wrong techniques the checks must stop (an all-gather instead of the
+// ring, no causal skip, each block waited for before computing, dK/dV that do not travel, the
+// contiguous split, Ulysses in arrival order) are planted into a copy of the reference at build time
 // (planted/cheats.plant, labs/11_context_parallel/lab.cmake), not written again here.
 #include <string>
 #include <vector>
@@ -133,8 +133,12 @@ std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm:
 /// The whole model: one step of the context-parallel GPT (lab 11's mappings with `attention`,
 /// over every rank of the world, at 4x tiny's context, `n_head` heads: 0 for tiny's) against the
 /// single-device GPT with the same seed and batch: the loss and every flat gradient, fp32 at the
-/// all-reduce tolerances, bf16 at 2e-3 of the loss and 3e-2 of the largest gradient.
-void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n_head = 0);
+/// all-reduce tolerances, bf16 at 2e-3 of the loss and 3e-2 of the largest gradient. With
+/// `grader_forward` (ring only) the attention's forward is the grader's own (every K/V block
+/// all-gathered, each chunk merged by the online softmax) and only its backward the attendee's:
+/// step 3's model is graded without step 2.
+void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n_head = 0,
+                                 bool grader_forward = false);
 
 /// The library's no-overlap baseline while alive (comm::set_overlap(false)), restored on exit
 /// even when the code under test throws.

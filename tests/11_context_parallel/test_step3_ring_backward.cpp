@@ -8,11 +8,11 @@
 //  - Overlap (the execution log, as step 2): the cp-1 K/V blocks' receives posted before a
 //    block's compute started and first waited for after it started (the dK/dV that follow a
 //    block need its compute first, so only the K/V blocks are asked to overlap).
-//  - The whole model (needs step 2): the context-parallel GPT (the given mappings, the grader's
-//    positions and rows) against the single-device GPT with the same seed and global batch, loss
-//    and every gradient after the all-reduce: fp32 1e-5 relative (the loss) and kAllReduceRtol /
-//    kAllReduceAtol (gradients); bf16 2e-3 of the loss and 3e-2 of the largest gradient (as labs
-//    07 and 10).
+//  - The whole model: the context-parallel GPT (the given mappings with the grader's own ring
+//    forward, so this step is graded without step 2 too; the grader's positions and rows)
+//    against the single-device GPT with the same seed and global batch, loss and every gradient
+//    after the all-reduce: fp32 1e-5 relative (the loss) and kAllReduceRtol / kAllReduceAtol
+//    (gradients); bf16 2e-3 of the loss and 3e-2 of the largest gradient (as labs 07 and 10).
 // Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake):
 // dK/dV that do not travel (each rank keeps what its queries gave the blocks it saw) fail the
 // gradient check; the masked blocks' scores computed through ops::batched_matmul fail the work.
@@ -93,10 +93,12 @@ TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {
 }
 
 TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) {
-  cptest::model_matches_single_device(DType::f32, lab11::Attention::ring);
+  cptest::model_matches_single_device(DType::f32, lab11::Attention::ring, 0,
+                                     /*grader_forward=*/true);
 }
 TEST(Step3_Model, LossAndGradientsEqualSingleDeviceBf16) {
-  cptest::model_matches_single_device(DType::bf16, lab11::Attention::ring);
+  cptest::model_matches_single_device(DType::bf16, lab11::Attention::ring, 0,
+                                     /*grader_forward=*/true);
 }
 
 TEST(Step3_PlantedFault, WaitingForEachBlockBeforeComputingFailsTheOverlap) {
