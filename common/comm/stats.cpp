@@ -24,10 +24,11 @@ Traffic g_traffic;
 namespace detail {
 
 void count_op(const std::string& group, const std::vector<int>& members, OpKind kind,
-              const char* reduce, int peer, std::size_t bytes) {
+              const char* reduce, int peer, std::size_t bytes, const char* transport) {
   std::lock_guard lock(g_mutex);
-  for (CommCount* c : {&g_stats[CommKey{group, op_kind_name(kind)}],
-                       &g_traffic[TrafficKey{group, members, op_kind_name(kind), reduce, peer}]}) {
+  for (CommCount* c :
+       {&g_stats[CommKey{group, op_kind_name(kind)}],
+        &g_traffic[TrafficKey{group, members, op_kind_name(kind), reduce, peer, transport}]}) {
     c->calls += 1;
     c->bytes += static_cast<std::int64_t>(bytes);
   }
@@ -70,13 +71,26 @@ Map difference(const Map& after, const Map& before) {
 
 Traffic operator-(const Traffic& after, const Traffic& before) { return difference(after, before); }
 
+Traffic without_transport(const Traffic& t) {
+  Traffic out;
+  for (const auto& [key, count] : t) {
+    TrafficKey any = key;
+    any.transport.clear();
+    CommCount& c = out[any];
+    c.calls += count.calls;
+    c.bytes += count.bytes;
+  }
+  return out;
+}
+
 std::string traffic_key_str(const TrafficKey& k) {
   std::string s = k.op;
   if (!k.reduce.empty()) s += "(" + k.reduce + ")";
   if (k.op == "send") s += fmt::format(" to world rank {}", k.peer);
   else if (k.op == "recv") s += fmt::format(" from world rank {}", k.peer);
   else if (k.peer >= 0) s += fmt::format(" root world rank {}", k.peer);
-  return s + fmt::format(" on {} [{}]", k.group, fmt::join(k.members, " "));
+  s += fmt::format(" on {} [{}]", k.group, fmt::join(k.members, " "));
+  return k.transport.empty() ? s : s + " over " + k.transport;
 }
 
 CommStats operator-(const CommStats& after, const CommStats& before) {
