@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "common/comm/op.hpp"
+#include "common/comm/transports.hpp"
 
 namespace scalelab::comm {
 
@@ -18,6 +19,7 @@ namespace {
 std::mutex g_mutex;
 CommStats g_stats;
 Traffic g_traffic;
+TransportTraffic g_by_transport;
 
 }  // namespace
 
@@ -26,9 +28,9 @@ namespace detail {
 void count_op(const std::string& group, const std::vector<int>& members, OpKind kind,
               const char* reduce, int peer, std::size_t bytes, const char* transport) {
   std::lock_guard lock(g_mutex);
-  for (CommCount* c :
-       {&g_stats[CommKey{group, op_kind_name(kind)}],
-        &g_traffic[TrafficKey{group, members, op_kind_name(kind), reduce, peer, transport}]}) {
+  const TrafficKey row{group, members, op_kind_name(kind), reduce, peer};
+  for (CommCount* c : {&g_stats[CommKey{group, op_kind_name(kind)}], &g_traffic[row],
+                       &g_by_transport[TransportKey{row, transport}]}) {
     c->calls += 1;
     c->bytes += static_cast<std::int64_t>(bytes);
   }
@@ -45,6 +47,7 @@ void reset_comm_stats() {
   std::lock_guard lock(g_mutex);
   g_stats.clear();
   g_traffic.clear();
+  g_by_transport.clear();
 }
 
 Traffic traffic() {
@@ -71,16 +74,17 @@ Map difference(const Map& after, const Map& before) {
 
 Traffic operator-(const Traffic& after, const Traffic& before) { return difference(after, before); }
 
-Traffic without_transport(const Traffic& t) {
-  Traffic out;
-  for (const auto& [key, count] : t) {
-    TrafficKey any = key;
-    any.transport.clear();
-    CommCount& c = out[any];
-    c.calls += count.calls;
-    c.bytes += count.bytes;
-  }
-  return out;
+TransportTraffic traffic_by_transport() {
+  std::lock_guard lock(g_mutex);
+  return g_by_transport;
+}
+
+TransportTraffic operator-(const TransportTraffic& after, const TransportTraffic& before) {
+  return difference(after, before);
+}
+
+std::string transport_key_str(const TransportKey& key) {
+  return traffic_key_str(key.row) + " over " + key.transport;
 }
 
 std::string traffic_key_str(const TrafficKey& k) {
@@ -89,8 +93,7 @@ std::string traffic_key_str(const TrafficKey& k) {
   if (k.op == "send") s += fmt::format(" to world rank {}", k.peer);
   else if (k.op == "recv") s += fmt::format(" from world rank {}", k.peer);
   else if (k.peer >= 0) s += fmt::format(" root world rank {}", k.peer);
-  s += fmt::format(" on {} [{}]", k.group, fmt::join(k.members, " "));
-  return k.transport.empty() ? s : s + " over " + k.transport;
+  return s + fmt::format(" on {} [{}]", k.group, fmt::join(k.members, " "));
 }
 
 CommStats operator-(const CommStats& after, const CommStats& before) {

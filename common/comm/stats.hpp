@@ -32,9 +32,7 @@
 /// The ledger (traffic()) counts the same calls finer, for graders that hold a step to an exact
 /// budget (tests/support/traffic_budget.hpp): per group name AND members (a communicator a
 /// submission splits or duplicates itself is its own row, even under a name it borrowed), per
-/// reduction (a max all-reduce is not the sum a technique needs), per peer or root, and per
-/// transport: on an nccl group, CUDA tensors travel over NCCL and host values (a loss, a twin
-/// check) over the group's MPI communicator (common/comm/route.hpp), each its own row.
+/// reduction (a max all-reduce is not the sum a technique needs) and per peer or root.
 #include <compare>
 #include <cstdint>
 #include <map>
@@ -80,7 +78,7 @@ CommCount comm_total(const CommStats& stats, const std::string& group = "",
                      const std::string& op = "");
 
 /// One row of the ledger: which group (name and members), which operation, which reduction, which
-/// peer, which transport. Sorted by group, members, op, reduce, peer, transport.
+/// peer. Sorted by group, members, op, reduce, peer.
 struct TrafficKey {
   std::string group;         ///< the communicator's name
   std::vector<int> members;  ///< its ranks as world ranks, in the group's order
@@ -89,10 +87,7 @@ struct TrafficKey {
   /// send: destination, recv: source, rooted collectives: the root; a world rank. -1 for the
   /// others.
   int peer = -1;
-  /// What moved the bytes: "mpi", "nccl" or "self" (a copy inside the process); "" in a key
-  /// that does not say (a budget row: tests/support/traffic_budget.hpp compares without it).
-  std::string transport;
-  /// Ordered by group, members, op, reduce, peer, transport.
+  /// Ordered by group, members, op, reduce, peer.
   auto operator<=>(const TrafficKey&) const = default;
 };
 /// The ledger: calls and payload bytes per row.
@@ -104,12 +99,7 @@ Traffic traffic();
 /// `after - before`, per key (zero-call differences left out).
 Traffic operator-(const Traffic& after, const Traffic& before);
 
-/// The ledger with every row's transport erased ("") and the rows that differed only in it
-/// summed: what a technique sent, whichever transport carried it.
-Traffic without_transport(const Traffic& t);
-
-/// "all_reduce(sum) on world [0 1 2 3] over nccl", "send to world rank 1 on pp [0 1] over mpi"
-/// (without " over ..." when the key's transport is "").
+/// "all_reduce(sum) on world [0 1 2 3]", "send to world rank 1 on pp [0 1]".
 std::string traffic_key_str(const TrafficKey& key);
 
 /// A small table, one line per (group, op) and a total:

@@ -16,6 +16,7 @@
 #include "common/comm/op.hpp"
 #include "common/comm/process_grid.hpp"
 #include "common/comm/stats.hpp"
+#include "common/comm/transports.hpp"
 #include "common/errors.hpp"
 #include "common/exec_log.hpp"
 #include "common/ops/flash_attention.hpp"
@@ -165,8 +166,7 @@ TEST(CountersThreads, ConcurrentCountingLosesNothing) {
     });
   for (auto& t : threads) t.join();
   expect_stats(comm::comm_stats(), {{{"threads", "send"}, {40000, 120000}}});
-  EXPECT_EQ((comm::traffic()[{"threads", {0, 1}, "send", "", 1, "mpi"}]),
-            (CommCount{40000, 120000}));
+  EXPECT_EQ((comm::traffic()[{"threads", {0, 1}, "send", "", 1}]), (CommCount{40000, 120000}));
   comm::reset_comm_stats();
   EXPECT_TRUE(comm::traffic().empty()) << "reset clears the ledger too";
 }
@@ -198,25 +198,25 @@ TEST(CountersLedger, GroupsReductionsAndPeersAreTold) {
     rw.wait();
   }
   comm::Traffic want = {
-      {{"world", all, "all_reduce", "sum", -1, "mpi"}, {2, 32}},
-      {{"world", all, "all_reduce", "max", -1, "mpi"}, {1, 16}},
-      {{"world", all, "reduce_scatter", "avg", -1, "mpi"}, {1, 8 * n}},
-      {{"world", all, "broadcast", "", n - 1, "mpi"}, {1, 4}},
-      {{"private", all, "all_gather", "", -1, "mpi"}, {1, 4 * n}},
+      {{"world", all, "all_reduce", "sum", -1}, {2, 32}},
+      {{"world", all, "all_reduce", "max", -1}, {1, 16}},
+      {{"world", all, "reduce_scatter", "avg", -1}, {1, 8 * n}},
+      {{"world", all, "broadcast", "", n - 1}, {1, 4}},
+      {{"private", all, "all_gather", "", -1}, {1, 4 * n}},
   };
   if (n > 1) {
-    want[{"world", all, "send", "", (r + 1) % n, "mpi"}] = {1, 12};
-    want[{"world", all, "recv", "", (r + n - 1) % n, "mpi"}] = {1, 12};
+    want[{"world", all, "send", "", (r + 1) % n}] = {1, 12};
+    want[{"world", all, "recv", "", (r + n - 1) % n}] = {1, 12};
   }
   EXPECT_TRUE(comm::traffic() == want);
+  // The same rows by transport: a host tensor on an mpi group, each over MPI.
+  comm::TransportTraffic by = comm::traffic_by_transport();
+  ASSERT_EQ(by.size(), want.size());
+  for (const auto& [key, count] : want) EXPECT_EQ((by[{key, "mpi"}]), count);
+  EXPECT_EQ(comm::transport_key_str({{"world", all, "all_reduce", "max", -1}, "mpi"}),
+            fmt::format("all_reduce(max) on world [{}] over mpi", fmt::join(all, " ")));
   EXPECT_EQ(comm::traffic_key_str({"world", all, "all_reduce", "max", -1}),
             fmt::format("all_reduce(max) on world [{}]", fmt::join(all, " ")));
-  EXPECT_EQ(comm::traffic_key_str({"world", all, "all_reduce", "max", -1, "mpi"}),
-            fmt::format("all_reduce(max) on world [{}] over mpi", fmt::join(all, " ")));
-  // Without the transport, the rows that differed only in it are one.
-  comm::Traffic two = {{{"w", {0}, "send", "", 0, "mpi"}, {1, 4}},
-                       {{"w", {0}, "send", "", 0, "nccl"}, {2, 8}}};
-  EXPECT_EQ((comm::without_transport(two)), (comm::Traffic{{{"w", {0}, "send", "", 0}, {3, 12}}}));
   // The submissions in order; the waits (every blocking call waits on its own Work) apart.
   std::vector<exec_log::Event> log, waits;
   for (const exec_log::Event& e : recording.events()) (e.what == "wait" ? waits : log).push_back(e);

@@ -53,10 +53,7 @@ std::string traffic_str(const comm::Traffic& t) {
   return s;
 }
 
-testing::AssertionResult exact_traffic(const comm::Traffic& moved, const TrafficBudget& budget) {
-  // A budget is what the technique sends, whichever transport carries it (on an nccl group a
-  // CUDA tensor goes over NCCL, a host value over MPI): the ledger's rows without it.
-  const comm::Traffic got = comm::without_transport(moved);
+testing::AssertionResult exact_traffic(const comm::Traffic& got, const TrafficBudget& budget) {
   const comm::Traffic& want = budget.rows();
   std::set<comm::TrafficKey> keys;
   for (const auto& [k, c] : got) keys.insert(k);
@@ -80,7 +77,7 @@ testing::AssertionResult exact_traffic(const comm::Traffic& moved, const Traffic
   }
   if (wrong.empty()) return testing::AssertionSuccess();
   return testing::AssertionFailure() << "traffic outside the exact budget on rank " << world_rank()
-                                     << ":\n" << wrong << "everything it sent:\n" << traffic_str(moved);
+                                     << ":\n" << wrong << "everything it sent:\n" << traffic_str(got);
 }
 
 }  // namespace scalelab::labtest

@@ -81,8 +81,7 @@ class TrafficBudget {
 comm::Traffic traffic_of(const std::function<void()>& fn);
 
 /// `got` has exactly the budget's rows (calls and bytes; kAnyCalls: at least one call), and no
-/// other, whichever transport carried them (comm::without_transport): else every difference,
-/// named, with this rank. Not collective.
+/// other: else every difference, named, with this rank. Not collective.
 testing::AssertionResult exact_traffic(const comm::Traffic& got, const TrafficBudget& budget);
 
 /// The ledger as lines, "all_reduce(sum) on world [0 1]: 1 call(s), 96 bytes".
