@@ -39,7 +39,10 @@ SharedGpus shared_gpus(const std::vector<GpuSlot>& slots, const std::vector<int>
     out.most = std::max(out.most, static_cast<int>(ranks.size()));
     if (ranks.size() < 2) continue;
     std::string list;
-    for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
+    for (int r : ranks) {
+      if (!list.empty()) list += ',';
+      list += std::to_string(r);
+    }
     const std::string& host = slots[ranks.front()].host;
     out.text += fmt::format("{}ranks {} share GPU {} of node {}", out.text.empty() ? "" : "; ",
                             list, where.second, host.empty() ? std::to_string(where.first) : host);
