@@ -8,20 +8,26 @@ add_executable(gpu_probe ${CMAKE_CURRENT_LIST_DIR}/gpu_probe.cpp)
 target_link_libraries(gpu_probe PRIVATE scalelab::common)
 add_dependencies(reference gpu_probe)
 
-# scalelab_add_gpu_program(<nn> <program target> <regex> [ARGS <program args...>])
-# ctest lab<nn>.gpu_program.{nccl.np1, auto.np1, mpi.np2}.
+# scalelab_add_gpu_program(<nn> <program target> <regex> [RUNS <ranks|backend>...]
+#                          [ARGS <program args...>])
+# ctest lab<nn>.gpu_program.<backend>.np<ranks> for each run (default 1|nccl 1|auto 2|mpi); in
+# ARGS, @BACKEND@ becomes the run's backend.
 function(scalelab_add_gpu_program nn target regex)
-  cmake_parse_arguments(G "" "" "ARGS" ${ARGN})
-  foreach(run "1|nccl" "1|auto" "2|mpi")
+  cmake_parse_arguments(G "" "" "RUNS;ARGS" ${ARGN})
+  if(NOT G_RUNS)
+    set(G_RUNS "1|nccl" "1|auto" "2|mpi")
+  endif()
+  foreach(run ${G_RUNS})
     string(REPLACE "|" ";" run "${run}")
     list(GET run 0 ranks)
     list(GET run 1 backend)
     set(name lab${nn}.gpu_program.${backend}.np${ranks})
+    string(REPLACE "@BACKEND@" ${backend} args "${G_ARGS}")
     add_test(NAME ${name}
              COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/gpu_program.sh $<TARGET_FILE:gpu_probe> "${regex}"
                      ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
                      $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} --device cuda
-                     --backend ${backend} ${G_ARGS})
+                     --backend ${backend} ${args})
     set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 PROCESSORS ${ranks} TIMEOUT 180
                          LABELS "gpu;reference;lab${nn}" FIXTURES_REQUIRED bf16_corpus
                          ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
@@ -33,8 +39,10 @@ scalelab_add_gpu_program(00 lab00_hello_dist_solution
   "all-reduce of rank ids: [0-9]+ \\(expected [0-9]+\\) on every rank: OK")
 scalelab_add_gpu_program(01 lab01_collectives_solution
   "ring all-reduce of [0-9]+ floats vs library: equal")
+# lab 02 trains on one device: one rank over each backend
 scalelab_add_gpu_program(02 lab02_single_device_solution "step=2 val_loss=[0-9]"
-  ARGS ${tiny} --eval-every 1)
+  RUNS "1|nccl" "1|auto" "1|mpi"
+  ARGS ${tiny} --eval-every 1 --checkpoint ${CMAKE_CURRENT_BINARY_DIR}/lab02_gpu_@BACKEND@.ckpt)
 scalelab_add_gpu_program(03 lab03_ddp_solution
   "\\|ddp - single\\|=@@over [0-9] ranks = 0 \\(identical replicas\\)" ARGS ${tiny} --verify-steps 2)
 scalelab_add_gpu_program(04 lab04_ddp_overlap_solution
