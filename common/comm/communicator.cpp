@@ -270,11 +270,11 @@ Communicator Communicator::world(const std::string& backend) {
     MPI_Comm_rank(dup, &s->rank);
     MPI_Comm_size(dup, &s->size);
     for (int r = 0; r < s->size; ++r) s->world_ranks.push_back(r);
-    s->mpi = detail::make_mpi_backend(dup);
     if ((backend == "nccl" || backend == "auto") && nccl_compiled()) {
-      s->gpu_slots = gather_gpu_slots(dup);
+      s->gpu_slots = gather_gpu_slots(dup);  // before the worker thread owns `dup`
       judge_gpu_sharing(*s);
     }
+    s->mpi = detail::make_mpi_backend(dup);
     // Asked for NCCL on ranks it refuses: say so now, on every rank alike (the table is the
     // same everywhere), rather than fail in ncclCommInitRank at the first CUDA tensor.
     SCALELAB_REQUIRE(!(backend == "nccl" && s->nccl_refused), "--backend nccl: {}",
