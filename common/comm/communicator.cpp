@@ -81,7 +81,8 @@ void Op::complete(std::exception_ptr error) {
   if (trace_begin_us >= 0) {
     trace::event(op_kind_name(kind), "comm", trace_begin_us, trace::now_us(),
                  trace::kComm + trace_lane,
-                 fmt::format("\"bytes\":{},\"group\":\"{}\",\"seq\":{}", bytes, group, seq));
+                 fmt::format("\"bytes\":{},\"group\":\"{}\",\"seq\":{},\"transport\":\"{}\"",
+                             bytes, group, seq, transport));
     trace::release_comm_lane(trace_lane);
   }
   {
