@@ -383,6 +383,11 @@ Work Communicator::submit(std::shared_ptr<Op> op) const {
   }
   Backend* target = backend_for(s, route.transport);
   op->transport = detail::transport_name(route.transport);
+  if (!p2p && route.transport != detail::Transport::nccl) {
+    // A collective after held send/recvs launches them first, whichever transport it takes.
+    std::lock_guard lock(s.lazy_mutex);
+    if (s.nccl) s.nccl->flush();
+  }
 
   op->group = s.name;
   op->seq = p2p ? ++s.p2p_seq : ++s.coll_seq;

@@ -93,6 +93,11 @@ class Backend {
   /// shares (a collective's ranks submit in the same order, or the watchdog names the one that
   /// did not).
   virtual void submit(std::shared_ptr<Op> op) = 0;
+  /// Launches what the backend holds back (the nccl backend's lone send/recvs), as a wait on one
+  /// of them would. Communicator::submit calls it before a collective of the same group goes to
+  /// another transport (a host value over MPI), so that no rank sits in that collective while a
+  /// peer waits for a message it holds. Nothing to do for the others.
+  virtual void flush() {}
 };
 
 /// Adds one call of `kind` with `bytes` of payload to this process's counters and ledger

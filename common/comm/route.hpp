@@ -40,7 +40,7 @@ Residence residence_of(const Op& op);
 
 /// Why an operation has no transport.
 enum class RouteError {
-  none,
+  none,           ///< a transport was found
   no_nccl,        ///< backend nccl in a build without NCCL
   gpu_shared,     ///< backend nccl, a CUDA tensor, and NCCL refuses the ranks sharing a GPU
   mixed_devices   ///< backend nccl, one tensor on the GPU and one on the host
