@@ -6,6 +6,8 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/trace.cpp
   ${CMAKE_CURRENT_LIST_DIR}/watchdog.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm/communicator.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/comm/route.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/comm/gpu_sharing.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm/process_grid.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm/stats.cpp
   ${CMAKE_CURRENT_LIST_DIR}/comm/bandwidth.cpp

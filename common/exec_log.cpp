@@ -49,10 +49,11 @@ void record_piece(const char* what, const void* object) {
 }
 
 void record_comm(const char* what, const std::string& group, int peer, int tag,
-                 std::int64_t bytes, std::int64_t seq) {
+                 std::int64_t bytes, std::int64_t seq, const char* transport) {
   if (!recording()) return;
   Event e;
   e.what = what;
+  e.transport = transport;
   e.group = group;
   e.peer = peer;
   e.tag = tag;
@@ -61,10 +62,12 @@ void record_comm(const char* what, const std::string& group, int peer, int tag,
   append(std::move(e));
 }
 
-void record_wait(const char* op, const std::string& group, int peer, int tag, std::int64_t seq) {
+void record_wait(const char* op, const std::string& group, int peer, int tag, std::int64_t seq,
+                 const char* transport) {
   if (!recording()) return;
   Event e;
   e.what = "wait";
+  e.transport = transport;
   e.op = op;
   e.group = group;
   e.peer = peer;

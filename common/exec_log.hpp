@@ -40,6 +40,9 @@ struct Event {
   /// it); 0 otherwise.
   int tag = 0;
   std::int64_t bytes = 0;        ///< operations: the payload (common/comm/stats.hpp)
+  /// Operations and waits: what moved the bytes, "mpi", "nccl" or "self" (on an nccl group CUDA
+  /// tensors go over NCCL and host values over MPI: common/comm/route.hpp); "" otherwise.
+  std::string transport;
 };
 
 /// Records every event while alive; another Recording while one is alive is an error.
@@ -62,13 +65,15 @@ bool recording();
 /// nn::GPT's pieces (not by labs).
 void record_piece(const char* what, const void* object);
 /// Appends a communication operation `what` (its kind's name) on the communicator `group` with
-/// its `peer` (world rank, -1 for none), `tag`, payload `bytes` and sequence number `seq`, when
-/// recording. Called by Communicator::submit on the submitting thread (not by labs).
+/// its `peer` (world rank, -1 for none), `tag`, payload `bytes`, sequence number `seq` and
+/// `transport`, when recording. Called by Communicator::submit on the submitting thread (not by
+/// labs).
 void record_comm(const char* what, const std::string& group, int peer, int tag,
-                 std::int64_t bytes, std::int64_t seq);
-/// Appends a wait on operation `seq` (of kind `op`) of `group`, when recording. Called by
-/// Work::wait (not by labs).
-void record_wait(const char* op, const std::string& group, int peer, int tag, std::int64_t seq);
+                 std::int64_t bytes, std::int64_t seq, const char* transport);
+/// Appends a wait on operation `seq` (of kind `op`, moved by `transport`) of `group`, when
+/// recording. Called by Work::wait (not by labs).
+void record_wait(const char* op, const std::string& group, int peer, int tag, std::int64_t seq,
+                 const char* transport);
 
 /// Called by the compute kernels a lab overlaps with communication (flash attention, the
 /// attention merge), before they run: records a piece `what` (object nullptr) and runs the

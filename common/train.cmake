@@ -4,6 +4,7 @@
 # parallel result with it (equivalence).
 target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/train/loop.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/train/global_loss.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train/session.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train/sizing.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train/reference.cpp

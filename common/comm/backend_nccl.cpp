@@ -20,6 +20,7 @@
 //       * or, unbatched (send_async/recv_async), the caller waits on or tests one of them: the
 //         group starts only then, however long the caller computed in between;
 //       * or a collective is submitted after them, or the communicator is destroyed.
+//       * or a collective of the same group goes over MPI (a host value): Backend::flush;
 //     A flush launches every send/recv collected so far, batched or not, as one group.
 // Each launched operation completes (Work::wait returns) when its done event has fired.
 #include <cuda_runtime.h>
@@ -120,16 +121,18 @@ class NcclBackend final : public Backend {
     if (is_point_to_point(op->kind)) {
       // Waiting on a send/recv, or the end of its batch (send_recv_async), launches the group it
       // belongs to.
-      op->flush = [this] {
-        std::lock_guard lock(mutex_);
-        flush_ = true;
-        cv_.notify_all();
-      };
+      op->flush = [this] { flush(); };
     }
     {
       std::lock_guard lock(mutex_);
       queue_.push_back(Item{std::move(op), ready, nullptr});
     }
+    cv_.notify_all();
+  }
+
+  void flush() override {
+    std::lock_guard lock(mutex_);
+    flush_ = true;
     cv_.notify_all();
   }
 

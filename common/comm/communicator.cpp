@@ -11,9 +11,13 @@
 
 #include <fmt/format.h>
 
+#include "common/comm/gpu_sharing.hpp"
 #include "common/comm/op.hpp"
+#include "common/comm/route.hpp"
+#include "common/device.hpp"
 #include "common/errors.hpp"
 #include "common/exec_log.hpp"
+#include "common/log.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
 #include "common/watchdog.hpp"
@@ -30,8 +34,14 @@ struct CommState {
   std::atomic<std::int64_t> coll_seq{0}, p2p_seq{0};
   std::unique_ptr<Backend> nccl;  // made on the first CUDA operation (declared first: freed last)
   std::unique_ptr<Backend> mpi;   // mpi, nccl, auto: the group's MPI communicator
-  std::unique_ptr<Backend> self;  // self only
-  std::mutex nccl_mutex;
+  // self: every operation; nccl and auto: made for the first message to oneself (a copy)
+  std::unique_ptr<Backend> self;
+  std::mutex lazy_mutex;  // guards making nccl and self on first use
+  // nccl and auto with NCCL built in: the GPU of every world rank (gpu_sharing.hpp), shared by
+  // the world and its splits; and whether NCCL refuses this group's members (two on one GPU).
+  std::shared_ptr<const std::vector<GpuSlot>> gpu_slots;
+  bool nccl_refused = false;
+  std::string shared_text;  // "ranks 0,1 share GPU 0 of node a" when refused
 
   ~CommState() {
     nccl.reset();  // NCCL before the MPI communicator it was bootstrapped over
@@ -71,7 +81,8 @@ void Op::complete(std::exception_ptr error) {
   if (trace_begin_us >= 0) {
     trace::event(op_kind_name(kind), "comm", trace_begin_us, trace::now_us(),
                  trace::kComm + trace_lane,
-                 fmt::format("\"bytes\":{},\"group\":\"{}\",\"seq\":{}", bytes, group, seq));
+                 fmt::format("\"bytes\":{},\"group\":\"{}\",\"seq\":{},\"transport\":\"{}\"",
+                             bytes, group, seq, transport));
     trace::release_comm_lane(trace_lane);
   }
   {
@@ -170,7 +181,7 @@ void Work::wait() {
   // and in the trace: a span on the compute track from the call to the return, the exposed
   // part of the operation (its own span on a comm track runs from submission to completion).
   exec_log::record_wait(detail::op_kind_name(op_->kind), op_->group, op_->world_peer, op_->tag,
-                        op_->seq);
+                        op_->seq, op_->transport);
   const auto t0 = std::chrono::steady_clock::now();
   const double trace_t0 = trace::enabled() ? trace::now_us() : -1;
   if (op_->flush) op_->flush();
@@ -195,6 +206,49 @@ void wait_all(std::vector<Work>& works) {
 
 // ---- construction ------------------------------------------------------------------------------
 
+namespace {
+
+// Which GPU of which node every world rank computes on: local rank % GPUs, the rule of
+// train::rank_device and lab 00. Collective over `world` (a duplicate of MPI_COMM_WORLD).
+std::shared_ptr<const std::vector<detail::GpuSlot>> gather_gpu_slots(MPI_Comm world) {
+  int me = 0, n = 1;
+  MPI_Comm_rank(world, &me);
+  MPI_Comm_size(world, &n);
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node);
+  int local = 0, leader = me;
+  MPI_Comm_rank(node, &local);
+  MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  const int gpus = cuda_device_count();
+  const int mine[2] = {leader, gpus > 0 ? local % gpus : -1};
+  std::vector<int> all(2 * static_cast<std::size_t>(n));
+  MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, world);
+  constexpr int kHost = 64;
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  host[kHost - 1] = '\0';
+  std::vector<char> hosts(kHost * static_cast<std::size_t>(n));
+  MPI_Allgather(host, kHost, MPI_CHAR, hosts.data(), kHost, MPI_CHAR, world);
+  auto slots = std::make_shared<std::vector<detail::GpuSlot>>(n);
+  for (int r = 0; r < n; ++r)
+    (*slots)[r] = {all[2 * r], all[2 * r + 1], std::string(&hosts[kHost * static_cast<std::size_t>(r)])};
+  return slots;
+}
+
+// Whether NCCL takes this group's members, from the world's table (every member computes the
+// same answer).
+void judge_gpu_sharing(detail::CommState& s) {
+  if (!s.gpu_slots) return;
+  const detail::SharedGpus shared = detail::shared_gpus(*s.gpu_slots, s.world_ranks);
+  const char* env = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  s.nccl_refused = !detail::nccl_accepts(shared.most, nccl_version(), env ? env : "");
+  s.shared_text = s.nccl_refused ? shared.text : std::string();
+}
+
+}  // namespace
+
 Communicator Communicator::world(const std::string& backend) {
   SCALELAB_REQUIRE(backend == "auto" || backend == "mpi" || backend == "nccl" || backend == "self",
                    "backend must be auto, mpi, nccl or self, got '{}'", backend);
@@ -217,7 +271,15 @@ Communicator Communicator::world(const std::string& backend) {
     MPI_Comm_rank(dup, &s->rank);
     MPI_Comm_size(dup, &s->size);
     for (int r = 0; r < s->size; ++r) s->world_ranks.push_back(r);
+    if ((backend == "nccl" || backend == "auto") && nccl_compiled()) {
+      s->gpu_slots = gather_gpu_slots(dup);  // before the worker thread owns `dup`
+      judge_gpu_sharing(*s);
+    }
     s->mpi = detail::make_mpi_backend(dup);
+    // Asked for NCCL on ranks it refuses: say so now, on every rank alike (the table is the
+    // same everywhere), rather than fail in ncclCommInitRank at the first CUDA tensor.
+    SCALELAB_REQUIRE(!(backend == "nccl" && s->nccl_refused), "--backend nccl: {}",
+                     detail::sharing_refused_message({2, s->shared_text}, nccl_version()));
   }
   s->watchdog_group = watchdog::register_group(s->name, s->world_ranks);
   return Communicator(s);
@@ -240,6 +302,41 @@ const std::vector<int>& Communicator::world_ranks() const {
 
 // ---- submission ------------------------------------------------------------------------------
 
+namespace {
+
+// The backend of `t` on group `s`, made on first use (NCCL's bootstrap is collective over the
+// group: every member reaches it with the same operation).
+Backend* backend_for(detail::CommState& s, detail::Transport t) {
+  switch (t) {
+    case detail::Transport::mpi: return s.mpi.get();
+    case detail::Transport::self: {
+      std::lock_guard lock(s.lazy_mutex);
+      if (!s.self) s.self = detail::make_self_backend();
+      return s.self.get();
+    }
+    case detail::Transport::nccl: break;
+  }
+  std::lock_guard lock(s.lazy_mutex);
+  if (!s.nccl) {
+    // The unique id travels over this group's MPI communicator, in order with its other work.
+    Backend* mpi = s.mpi.get();
+    s.nccl = detail::make_nccl_backend(s.rank, s.size, [mpi](void* id, std::size_t bytes) {
+      Tensor buf = Tensor::zeros({static_cast<int64_t>((bytes + 3) / 4)}, DType::i32);
+      std::memcpy(buf.data_ptr(), id, bytes);
+      auto bcast = make_op(OpKind::broadcast);
+      bcast->out = buf;
+      bcast->root = 0;
+      bcast->group = "nccl-bootstrap";
+      mpi->submit(bcast);
+      bcast->wait();
+      std::memcpy(id, buf.data_ptr(), bytes);
+    });
+  }
+  return s.nccl.get();
+}
+
+}  // namespace
+
 Work Communicator::submit(std::shared_ptr<Op> op) const {
   SCALELAB_CHECK(s_ != nullptr, "{} on an empty Communicator (make one with Communicator::world)",
                  detail::op_kind_name(op->kind));
@@ -258,35 +355,38 @@ Work Communicator::submit(std::shared_ptr<Op> op) const {
                    "{}: avg of an i32 tensor", detail::op_kind_name(op->kind));
   }
 
-  // Which backend moves this operation's bytes.
-  Backend* target = nullptr;
-  const bool cuda = (op->in.defined() && op->in.device().is_cuda()) ||
-                    (op->out.defined() && op->out.device().is_cuda());
-  const bool structural = op->kind == OpKind::split || op->kind == OpKind::barrier;
-  if (s.backend == "self") {
-    target = s.self.get();
-  } else if (!structural && (s.backend == "nccl" || (s.backend == "auto" && cuda && nccl_compiled()))) {
-    SCALELAB_CHECK(cuda, "{}: the nccl backend needs CUDA tensors, got a host tensor",
-                   detail::op_kind_name(op->kind));
-    std::lock_guard lock(s.nccl_mutex);
-    if (!s.nccl) {
-      // The unique id travels over this group's MPI communicator, in order with its other work.
-      Backend* mpi = s.mpi.get();
-      s.nccl = detail::make_nccl_backend(s.rank, s.size, [mpi](void* id, std::size_t bytes) {
-        Tensor buf = Tensor::zeros({static_cast<int64_t>((bytes + 3) / 4)}, DType::i32);
-        std::memcpy(buf.data_ptr(), id, bytes);
-        auto bcast = make_op(OpKind::broadcast);
-        bcast->out = buf;
-        bcast->root = 0;
-        bcast->group = "nccl-bootstrap";
-        mpi->submit(bcast);
-        bcast->wait();
-        std::memcpy(id, buf.data_ptr(), bytes);
+  // Which transport moves this operation's bytes (route.hpp: the table and its test).
+  const detail::Route route = detail::route(
+      {s.backend, op->kind, detail::residence_of(*op), p2p && op->peer == s.rank, nccl_compiled(),
+       s.nccl_refused});
+  switch (route.error) {
+    case detail::RouteError::none: break;
+    case detail::RouteError::no_nccl:
+      throw UsageError("backend nccl: this build has no NCCL (configure with CUDA and NCCL, or "
+                       "use --backend mpi)");
+    case detail::RouteError::gpu_shared:
+      throw UsageError(fmt::format("--backend nccl: {}", detail::sharing_refused_message(
+                                                             {2, s.shared_text}, nccl_version())));
+    case detail::RouteError::mixed_devices:
+      throw CheckFailed(fmt::format("{}: on the nccl backend both tensors live on the GPU; got {} "
+                                    "and {}", detail::op_kind_name(op->kind), op->in.str(),
+                                    op->out.str()));
+  }
+  if (route.staged_for_sharing) {
+    static std::once_flag said;
+    if (s.rank == 0)
+      std::call_once(said, [&] {
+        log::every_rank("note: {}, which NCCL {} refuses: --backend auto moves CUDA tensors "
+                        "through MPI (staged in host memory) instead", s.shared_text,
+                        detail::nccl_version_string(nccl_version()));
       });
-    }
-    target = s.nccl.get();
-  } else {
-    target = s.mpi.get();
+  }
+  Backend* target = backend_for(s, route.transport);
+  op->transport = detail::transport_name(route.transport);
+  if (!p2p && route.transport != detail::Transport::nccl) {
+    // A collective after held send/recvs launches them first, whichever transport it takes.
+    std::lock_guard lock(s.lazy_mutex);
+    if (s.nccl) s.nccl->flush();
   }
 
   op->group = s.name;
@@ -304,6 +404,7 @@ Work Communicator::submit(std::shared_ptr<Op> op) const {
   if (op->kind == OpKind::reduce || op->kind == OpKind::broadcast || op->kind == OpKind::scatter ||
       op->kind == OpKind::gather)
     detail = "root " + who(op->root);
+  detail += (detail.empty() ? "over " : ", over ") + std::string(op->transport);
   op->watchdog_token = watchdog::enter(s.watchdog_group, detail::op_kind_name(op->kind), op->seq,
                                        op->bytes, !p2p, detail, p2p ? op->peer : -1);
   if (trace::enabled()) {
@@ -320,9 +421,9 @@ Work Communicator::submit(std::shared_ptr<Op> op) const {
     const int peer = p2p ? s.world_ranks[op->peer] : rooted ? s.world_ranks[op->root] : -1;
     op->world_peer = peer;
     detail::count_op(s.name, s.world_ranks, op->kind, reduction ? reduce_op_name(op->reduce) : "",
-                     peer, op->bytes);
+                     peer, op->bytes, op->transport);
     exec_log::record_comm(detail::op_kind_name(op->kind), s.name, peer, op->tag, op->bytes,
-                          op->seq);
+                          op->seq, op->transport);
   }
   target->submit(op);
   Work work(op);
@@ -526,6 +627,8 @@ Communicator Communicator::split(int color, int key, const std::string& name) co
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     s->mpi = detail::make_mpi_backend(c);
+    s->gpu_slots = s_->gpu_slots;
+    judge_gpu_sharing(*s);
   }
   s->watchdog_group = watchdog::register_group(s->name, s->world_ranks);
   return Communicator(s);

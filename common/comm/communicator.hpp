@@ -16,11 +16,18 @@
 ///         thread, in submission order, so a non-blocking collective makes progress while the
 ///         caller computes, and every rank issues the same MPI calls in the same order. CUDA
 ///         tensors are staged through host memory.
-///   nccl  device memory (CUDA tensors), on a communication stream separate from compute; the
+///   nccl  CUDA tensors over NCCL, on a communication stream separate from compute; the
 ///         ncclUniqueId goes from rank 0 to the others over MPI. A lone send/recv is launched
-///         when it is waited for; a batch of them (send_recv_async) when it is posted.
+///         when it is waited for; a batch of them (send_recv_async) when it is posted. Host
+///         tensors (a loss, a twin check, a table's numbers) go over the group's MPI
+///         communicator, which every group has (PyTorch's "cuda:nccl,cpu:gloo"); a message to
+///         oneself is a copy. Ranks that share a GPU where NCCL refuses it (before 2.30, or
+///         without NCCL_MULTI_RANK_GPU_ENABLE=1): a usage error at world(), naming them.
 ///   self  a world of one, no launcher needed (each rank is alone).
-///   auto  nccl for CUDA tensors when NCCL was compiled in, mpi otherwise.
+///   auto  as nccl when NCCL was compiled in and accepts the ranks; mpi otherwise (CUDA tensors
+///         staged through host memory, said once when it is because ranks share a GPU).
+/// common/comm/route.hpp holds the table; the traffic ledger, the execution log, the trace and
+/// the watchdog name each operation's transport (mpi, nccl or self).
 ///
 /// Every operation is registered with the watchdog (common/watchdog.hpp: a hang ends the job with
 /// exit 3 and a report), appears in the Chrome trace (common/trace.hpp) with its bytes, and is

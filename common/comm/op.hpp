@@ -48,6 +48,9 @@ struct Op {
   std::int64_t seq = 0;    ///< the group's sequence number (collectives) or p2p count
   std::string group;       ///< the communicator's name, for messages
   std::size_t bytes = 0;   ///< the payload (stats.hpp): what the counters, trace and watchdog show
+  /// What moves the bytes (route.hpp's transport_name: "mpi", "nccl", "self"), set by
+  /// Communicator::submit: the ledger, the execution log, the trace and the watchdog show it.
+  const char* transport = "";
 
   /// Result of a split on the mpi backend (owned by the new communicator's backend).
   MPI_Comm split_comm = MPI_COMM_NULL;
@@ -90,14 +93,20 @@ class Backend {
   /// shares (a collective's ranks submit in the same order, or the watchdog names the one that
   /// did not).
   virtual void submit(std::shared_ptr<Op> op) = 0;
+  /// Launches what the backend holds back (the nccl backend's lone send/recvs), as a wait on one
+  /// of them would. Communicator::submit calls it before a collective of the same group goes to
+  /// another transport (a host value over MPI), so that no rank sits in that collective while a
+  /// peer waits for a message it holds. Nothing to do for the others.
+  virtual void flush() {}
 };
 
 /// Adds one call of `kind` with `bytes` of payload to this process's counters and ledger
 /// (stats.cpp): on `group` (its name, its members as world ranks), with reduction `reduce` ("" for
-/// none) and `peer` (world rank of the destination, source or root; -1 for none). Called by
-/// Communicator::submit only, on the submitting thread: the one place ops are counted.
+/// none), `peer` (world rank of the destination, source or root; -1 for none) and `transport`
+/// (route.hpp's transport_name). Called by Communicator::submit only, on the submitting thread:
+/// the one place ops are counted.
 void count_op(const std::string& group, const std::vector<int>& members, OpKind kind,
-              const char* reduce, int peer, std::size_t bytes);
+              const char* reduce, int peer, std::size_t bytes, const char* transport);
 
 // Backend factories (backend_mpi.cpp, backend_self.cpp, backend_nccl*.cpp).
 /// Takes ownership of `comm` (a duplicate made for this communicator).

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "common/comm/op.hpp"
+#include "common/comm/transports.hpp"
 
 namespace scalelab::comm {
 
@@ -18,16 +19,18 @@ namespace {
 std::mutex g_mutex;
 CommStats g_stats;
 Traffic g_traffic;
+TransportTraffic g_by_transport;
 
 }  // namespace
 
 namespace detail {
 
 void count_op(const std::string& group, const std::vector<int>& members, OpKind kind,
-              const char* reduce, int peer, std::size_t bytes) {
+              const char* reduce, int peer, std::size_t bytes, const char* transport) {
   std::lock_guard lock(g_mutex);
-  for (CommCount* c : {&g_stats[CommKey{group, op_kind_name(kind)}],
-                       &g_traffic[TrafficKey{group, members, op_kind_name(kind), reduce, peer}]}) {
+  const TrafficKey row{group, members, op_kind_name(kind), reduce, peer};
+  for (CommCount* c : {&g_stats[CommKey{group, op_kind_name(kind)}], &g_traffic[row],
+                       &g_by_transport[TransportKey{row, transport}]}) {
     c->calls += 1;
     c->bytes += static_cast<std::int64_t>(bytes);
   }
@@ -44,6 +47,7 @@ void reset_comm_stats() {
   std::lock_guard lock(g_mutex);
   g_stats.clear();
   g_traffic.clear();
+  g_by_transport.clear();
 }
 
 Traffic traffic() {
@@ -69,6 +73,19 @@ Map difference(const Map& after, const Map& before) {
 }  // namespace
 
 Traffic operator-(const Traffic& after, const Traffic& before) { return difference(after, before); }
+
+TransportTraffic traffic_by_transport() {
+  std::lock_guard lock(g_mutex);
+  return g_by_transport;
+}
+
+TransportTraffic operator-(const TransportTraffic& after, const TransportTraffic& before) {
+  return difference(after, before);
+}
+
+std::string transport_key_str(const TransportKey& key) {
+  return traffic_key_str(key.row) + " over " + key.transport;
+}
 
 std::string traffic_key_str(const TrafficKey& k) {
   std::string s = k.op;

@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
                             backend, lab00::detect_launcher(env)));
     log::info("local rank from: {}", where.source);
 
-    // The ids live in a host tensor: nccl (device memory) falls back to auto, which uses mpi.
-    auto world = comm::Communicator::world(run.backend == "nccl" ? "auto" : run.backend);
+    // The ids live in a host tensor: on an nccl group it travels over the group's MPI
+    // communicator (CUDA tensors would go over NCCL).
+    auto world = comm::Communicator::world(run.backend);
     const long long sum = lab00::all_reduce_rank_ids(world);
     const long long expected = lab00::expected_rank_id_sum(world.size());
     int wrong = sum != expected, ranks_wrong = 0;

@@ -59,7 +59,8 @@ std::vector<CollectiveResult> run_each_collective(Communicator& comm);
 /// (chunks are empty when numel < n). Given.
 int64_t chunk_begin(int64_t numel, int n, int k);
 
-/// dst[i] += src[i] for contiguous tensors of the same numel and dtype (f32 or f64). Given.
+/// dst[i] += src[i] for contiguous tensors of the same numel and dtype (f32 or f64), on the host
+/// or (one kernel, ops::add) on the GPU they live on. Given.
 void add_into(const Tensor& dst, const Tensor& src);
 
 /// Step 2. Sum of every rank's `x`, in place, on every rank: a ring all-reduce built only from
@@ -115,6 +116,9 @@ BenchRow make_bench_row(std::size_t bytes, int64_t count, int ranks, std::vector
 struct BenchConfig {
   std::size_t min_bytes = 4, max_bytes = 64u << 20;
   int iters = 20, warmup = 3;
+  /// Where the buffers live: the host (each iteration timed alone, after a barrier), or a GPU
+  /// (the iterations posted back to back and timed together, as nccl-tests does).
+  Device device = Device::cpu();
 };
 
 /// The sizes the bench runs: min_bytes, 2 min_bytes, 4 min_bytes, ... up to max_bytes, each
@@ -123,9 +127,11 @@ std::vector<std::size_t> bench_sizes(const BenchConfig& config);
 
 /// Runs the bench for one all-reduce implementation (`ring` true: ring_all_reduce, false:
 /// comm.all_reduce) on f32 buffers of every size of bench_sizes(config): `warmup` untimed runs,
-/// then `iters` timed runs (each starts after a barrier; an iteration's time is the slowest
-/// rank's), then one checked run on integer-valued data (\#wrong). Returns the same rows on every
-/// rank. Given: it calls your make_bench_row.
+/// then `iters` timed runs (on the host each starts after a barrier; an iteration's time is the
+/// slowest rank's; on a GPU, config.device, the `iters` runs are posted back to back after one
+/// barrier and their time together, divided by `iters`, is the one time: nccl-tests' way), then
+/// one checked run on integer-valued data (\#wrong). Returns the same rows on every rank. Given:
+/// it calls your make_bench_row.
 std::vector<BenchRow> run_bench(Communicator& comm, bool ring, const BenchConfig& config);
 
 }  // namespace scalelab::lab01

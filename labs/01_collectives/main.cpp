@@ -13,8 +13,10 @@
 #include "collectives.hpp"
 #include "common/cli.hpp"
 #include "common/comm/communicator.hpp"
+#include "common/device.hpp"
 #include "common/log.hpp"
 #include "common/runtime.hpp"
+#include "common/train/loop.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab01;
@@ -53,7 +55,7 @@ void print_in_rank_order(const std::string& line) {
   for (int r = 0; r < world_size() && world_rank() == 0; ++r) log::info("{}", &all[r * kBytes]);
 }
 
-int demo(Communicator& world) {
+int demo(Communicator& world, Device device) {
   // Step 1: every collective once, before/after on every rank.
   const auto results = run_each_collective(world);
   for (std::size_t i = 0; i < results.size(); ++i) {
@@ -64,18 +66,22 @@ int demo(Communicator& world) {
   // Steps 2 and 3: the ring versions against the library, on a size no rank count divides.
   const int64_t n = 1000003;
   int wrong = 0;
-  Tensor mine = Tensor::empty({n}), lib = Tensor::empty({n});
+  // On a GPU (--device cuda) the buffers live on it: the ring's messages go over NCCL on an nccl
+  // group and its adds run as kernels; the library's all-reduce is NCCL's own.
+  Tensor values_host = Tensor::empty({n});
   for (int64_t i = 0; i < n; ++i)
-    mine.data<float>()[i] = lib.data<float>()[i] = static_cast<float>((i % 1000) * (world.rank() + 1));
+    values_host.data<float>()[i] = static_cast<float>((i % 1000) * (world.rank() + 1));
+  Tensor mine = values_host.to(device), lib = values_host.to(device);
   ring_all_reduce(world, mine);
   world.all_reduce(lib);
-  for (int64_t i = 0; i < n; ++i) wrong += mine.data<float>()[i] != lib.data<float>()[i];
+  const Tensor mine_h = mine.to(Device::cpu()), lib_h = lib.to(Device::cpu());
+  for (int64_t i = 0; i < n; ++i) wrong += mine_h.data<float>()[i] != lib_h.data<float>()[i];
   log::info("ring all-reduce of {} floats vs library: {}", n,
             wrong ? fmt::format("{} wrong on rank 0", wrong) : "equal");
-  Tensor b = Tensor::from_vector({static_cast<double>(world.rank())}, {1});
+  Tensor b = Tensor::from_vector({static_cast<double>(world.rank())}, {1}).to(device);
   ring_broadcast(world, b, world.size() - 1);
-  Tensor g = Tensor::zeros({world.size()});
-  ring_all_gather(world, Tensor::from_vector({10.0 * world.rank()}, {1}), g);
+  Tensor g = Tensor::zeros({world.size()}, DType::f32, device);
+  ring_all_gather(world, Tensor::from_vector({10.0 * world.rank()}, {1}).to(device), g);
   log::info("ring broadcast from rank {}: {}; ring all-gather: {}", world.size() - 1,
             values(b.to_vector()), values(g.to_vector()));
   return wrong ? kExitFailed : kExitOk;
@@ -86,9 +92,15 @@ std::string row_text(const BenchRow& r) {
 }
 
 int bench(Communicator& world, const BenchConfig& config) {
-  log::info("# all-reduce of f32 on {} ranks, backend {}: {} to {} bytes, {} iterations "
-            "(median), {} warm-up", world.size(), world.backend(), config.min_bytes,
-            config.max_bytes, config.iters, config.warmup);
+  if (config.device.is_cpu())
+    log::info("# all-reduce of f32 on {} ranks, backend {}: {} to {} bytes, {} iterations "
+              "(median), {} warm-up", world.size(), world.backend(), config.min_bytes,
+              config.max_bytes, config.iters, config.warmup);
+  else
+    log::info("# all-reduce of f32 on {} ranks, backend {}, device buffers on {}: {} to {} bytes, "
+              "{} iterations posted back to back (nccl-tests: time / iterations, the slowest "
+              "rank), {} warm-up", world.size(), world.backend(), fmt::format("{} ({})", config.device.str(), cuda_device_name(config.device.index)),
+              config.min_bytes, config.max_bytes, config.iters, config.warmup);
   const auto ring = run_bench(world, true, config);
   const auto library = run_bench(world, false, config);
   log::info("#{:>11} {:>11}  {:^35}  {:^35}", "", "", "ring (yours)", "library all_reduce");
@@ -121,11 +133,13 @@ int main(int argc, char** argv) {
         ("warmup", "untimed iterations per size", cxxopts::value<int>()->default_value(std::to_string(d.warmup)));
     auto args = cli::parse(options, argc, argv);
     const auto run = cli::run_options(args);
-    SCALELAB_REQUIRE(run.device == "cpu", "lab 01 runs on host tensors: --device cpu");
+    // --device cuda: the buffers on this rank's GPU (local rank % GPUs, as every program).
+    const Device device = train::rank_device(run.device);
     auto world = Communicator::world(run.backend);
-    if (!args.count("bench")) return demo(world);
+    if (!args.count("bench")) return demo(world, device);
 
     BenchConfig config;
+    config.device = device;
     config.min_bytes = parse_bytes(args["min-bytes"].as<std::string>(), "min-bytes");
     config.max_bytes = parse_bytes(args["max-bytes"].as<std::string>(), "max-bytes");
     config.iters = args["iters"].as<int>();

@@ -1,5 +1,5 @@
 // Starter generated from solutions/03_ddp/ddp.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash ebace4126dd11534 (lets make-labs see your edits).
+// step (see README.md). Body hash 462f47fc6f6bcca3 (lets make-labs see your edits).
 // Lab 03: DDP. Broadcast one starting point, give each rank its rows, average the gradients.
 #include "ddp.hpp"
 
@@ -7,6 +7,7 @@
 #include "common/ops/ops.hpp"
 #include "common/trace.hpp"
 #include "common/train/equivalence.hpp"
+#include "common/train/global_loss.hpp"
 
 namespace scalelab::lab03 {
 

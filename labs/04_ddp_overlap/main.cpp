@@ -12,6 +12,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
+#include "common/train/global_loss.hpp"
 #include "common/train/session.hpp"
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
@@ -158,10 +159,9 @@ int main(int argc, char** argv) {
           trace::Scope s("wait buckets");
           ddp.finish();
         }
-        Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
-        comm.all_reduce(l, comm::ReduceOp::avg);
+        const double global = train::global_loss(loss, comm);
         adamw.step(session.lr(step));
-        log::info("{}", session.step_line(step, l.item(), timer.elapsed()));
+        log::info("{}", session.step_line(step, global, timer.elapsed()));
       }
       ddp.detach();
     }

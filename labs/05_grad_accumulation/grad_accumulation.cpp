@@ -1,11 +1,12 @@
 // Starter generated from solutions/05_grad_accumulation/grad_accumulation.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 253d29546c198ad5 (lets make-labs see your edits).
+// step (see README.md). Body hash e1ecdeaddf2f4200 (lets make-labs see your edits).
 // Lab 05: gradient accumulation: micro-batches, scaled losses, one all-reduce per step.
 #include "grad_accumulation.hpp"
 
 #include "common/allocator.hpp"
 #include "common/errors.hpp"
 #include "common/trace.hpp"
+#include "common/train/global_loss.hpp"
 #include "ddp.hpp"  // lab 03's reference: local_batch
 
 namespace scalelab::lab05 {

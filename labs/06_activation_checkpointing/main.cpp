@@ -11,6 +11,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
+#include "common/train/global_loss.hpp"
 #include "common/train/session.hpp"
 #include "activation_checkpointing.hpp"
 #include "ddp.hpp"
@@ -103,10 +104,9 @@ int main(int argc, char** argv) {
       double loss = lab06::forward(model, mine, plan, saved);
       lab06::backward(model, saved);
       lab03::all_reduce_gradients(model, comm);
-      Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
-      comm.all_reduce(l, comm::ReduceOp::avg);
+      const double global = train::global_loss(loss, comm);
       adamw.step(session.lr(step));
-      log::info("{}", session.step_line(step, l.item(), timer.elapsed()));
+      log::info("{}", session.step_line(step, global, timer.elapsed()));
     }
 
     // The table: every policy on this rank's rows of the next batch (no communication).

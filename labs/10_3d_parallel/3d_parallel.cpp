@@ -1,5 +1,5 @@
 // Starter generated from solutions/10_3d_parallel/3d_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 67f3780b7077fdaf (lets make-labs see your edits).
+// step (see README.md). Body hash f05e1e58997fbf2a (lets make-labs see your edits).
 // Lab 10: 3D parallelism (see 3d_parallel.hpp for the contract, README.md for the steps).
 #include "3d_parallel.hpp"
 
@@ -8,6 +8,7 @@
 #include "common/errors.hpp"
 #include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
+#include "common/train/global_loss.hpp"
 
 namespace scalelab::lab10 {
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "common/errors.hpp"
+#include "common/train/global_loss.hpp"
 #include "zero.hpp"  // lab 09: shard_groups, all_gather_parameters, the ZeRO-2/3 policies
 
 namespace scalelab::lab10 {
@@ -162,9 +163,7 @@ double Trainer3D::step(const data::Batch& global, lab08::ExecStats* stats) {
     else g_.replicas().all_reduce(x->model->params().grads(), comm::ReduceOp::avg);
   }
   // each rank's loss is the mean over its rows and tokens: the global mean is the replicas' mean
-  Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
-  g_.replicas().all_reduce(l, comm::ReduceOp::avg);
-  return l.item();
+  return train::global_loss(loss, g_.replicas());
 }
 
 void Trainer3D::optimizer_step(double lr) {

@@ -8,6 +8,7 @@
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
 #include "common/trace.hpp"
+#include "common/train/global_loss.hpp"
 #include "context_parallel.hpp"
 
 namespace scalelab::lab11 {
@@ -134,9 +135,7 @@ double cp_forward_backward(nn::GPT& model, const Tensor& x, const Tensor& y,
   const double local = model.forward(xs, ys);
   model.backward(1.0 / cp.size());
   cp.all_reduce(model.params().grads());
-  Tensor loss = Tensor::from_vector({local}, {1}, DType::f64);
-  cp.all_reduce(loss);
-  return loss.item() / cp.size();
+  return train::global_loss(local, cp);
 }
 
 }  // namespace scalelab::lab11

@@ -6,6 +6,8 @@
 #include <stdexcept>
 
 #include "common/errors.hpp"
+#include "common/metrics.hpp"
+#include "common/ops/ops.hpp"
 
 namespace scalelab::lab01 {
 
@@ -90,6 +92,10 @@ void add_into(const Tensor& dst, const Tensor& src) {
   Tensor d = dst;  // a handle to the same memory
   const int64_t n = d.numel();
   if (n == 0) return;
+  if (d.device().is_cuda()) {  // on the GPU: one elementwise kernel, no copy to the host
+    ops::add(d, d, src);
+    return;
+  }
   if (d.dtype() == DType::f32) {
     float* a = d.data<float>();
     const float* b = src.data<float>();
@@ -111,12 +117,16 @@ void ring_all_reduce(Communicator& comm, const Tensor& x) {
   auto length = [&](int k) { return chunk_begin(numel, n, k + 1) - chunk_begin(numel, n, k); };
   // BEGIN SOLUTION step 2: reduce-scatter then all-gather around the ring, n-1 steps each
   // HINT: post the recv first (recv_async), then send, then wait: if every rank sent first, a
-  // HINT: large message would wait for a recv nobody has posted yet.
+  // HINT: large message would wait for a recv nobody has posted yet. comm.send_recv_async posts
+  // HINT: a step's recv and send together (one NCCL group on a GPU).
   // HINT: the chunk you receive in the reduce-scatter needs a scratch tensor: add_into it.
   if (n == 1 || numel == 0) return;
-  // Each step moves its chunk in segments of at most 1 MiB: a segment is added right after it
-  // arrives, while it is still in cache (NCCL slices its chunks for the same reason).
-  const int64_t segment = std::max<int64_t>(1, (1 << 20) / static_cast<int64_t>(dtype_size(x.dtype())));
+  // On the host each step moves its chunk in segments of at most 1 MiB: a segment is added right
+  // after it arrives, while it is still in cache (NCCL slices its chunks for the same reason). On
+  // a GPU a step is one message of the whole chunk each way (NCCL pipelines it itself).
+  const int64_t segment =
+      x.device().is_cuda() ? std::max<int64_t>(1, length(0))
+                           : std::max<int64_t>(1, (1 << 20) / static_cast<int64_t>(dtype_size(x.dtype())));
   Tensor incoming = Tensor::empty({std::min(length(0), segment)}, x.dtype(), x.device());
   for (int s = 0; s < n - 1; ++s) {
     const int send_k = ((rank - s) % n + n) % n, recv_k = ((rank - s - 1) % n + n) % n;
@@ -126,17 +136,19 @@ void ring_all_reduce(Communicator& comm, const Tensor& x) {
       const int64_t rn = std::clamp<int64_t>(length(recv_k) - off, 0, segment);
       const int64_t sn = std::clamp<int64_t>(length(send_k) - off, 0, segment);
       Tensor in = incoming.flat(0, rn);
-      comm::Work w = comm.recv_async(in, left);
-      comm.send(buf.flat(begin(send_k) + off, sn), right);
-      w.wait();
+      // The step's recv and send posted together (on nccl one group): neither waits for the other
+      std::vector<comm::Work> step = comm.send_recv_async(
+          {comm::P2POp::recv(in, left), comm::P2POp::send(buf.flat(begin(send_k) + off, sn), right)});
+      comm::wait_all(step);
       add_into(buf.flat(begin(recv_k) + off, rn), in);
     }
   }
   for (int s = 0; s < n - 1; ++s) {
     const int send_k = ((rank + 1 - s) % n + n) % n, recv_k = ((rank - s) % n + n) % n;
-    comm::Work w = comm.recv_async(buf.flat(begin(recv_k), length(recv_k)), left);
-    comm.send(buf.flat(begin(send_k), length(send_k)), right);
-    w.wait();
+    std::vector<comm::Work> step =
+        comm.send_recv_async({comm::P2POp::recv(buf.flat(begin(recv_k), length(recv_k)), left),
+                              comm::P2POp::send(buf.flat(begin(send_k), length(send_k)), right)});
+    comm::wait_all(step);
   }
   // END SOLUTION
 }
@@ -218,26 +230,47 @@ std::vector<BenchRow> run_bench(Communicator& comm, bool ring, const BenchConfig
   std::vector<BenchRow> rows;
   for (std::size_t bytes : bench_sizes(config)) {
     const int64_t count = static_cast<int64_t>(bytes / 4);
-    Tensor x = Tensor::zeros({count});
+    Tensor x = Tensor::zeros({count}, DType::f32, config.device);
     for (int i = 0; i < config.warmup; ++i) all_reduce(x);
-    Tensor times = Tensor::zeros({config.iters}, DType::f64);
-    for (int i = 0; i < config.iters; ++i) {
+    const bool gpu = config.device.is_cuda();
+    // Host: each iteration alone after a barrier. GPU: nccl-tests' way, the iterations posted
+    // back to back (the library's as async all-reduces) and timed together up to the device's
+    // end, one time per size: the time of the whole loop / iters.
+    Tensor times = Tensor::zeros({gpu ? 1 : config.iters}, DType::f64);
+    if (gpu) {
       comm.barrier();
-      const auto t0 = Clock::now();
-      all_reduce(x);
-      times.data<double>()[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+      metrics::Timer timer(config.device);  // elapsed() waits for the device
+      std::vector<comm::Work> posted;
+      for (int i = 0; i < config.iters; ++i) {
+        if (ring) ring_all_reduce(comm, x);
+        else posted.push_back(comm.all_reduce_async(x));
+      }
+      comm::wait_all(posted);
+      times.data<double>()[0] = timer.elapsed() / config.iters;
+    } else {
+      for (int i = 0; i < config.iters; ++i) {
+        comm.barrier();
+        const auto t0 = Clock::now();
+        all_reduce(x);
+        times.data<double>()[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+      }
     }
     comm.all_reduce(times, comm::ReduceOp::max);  // an iteration lasts as long as its slowest rank
     // Checked run: rank r holds (i % 251) + r, integers, so the sum is exact in f32.
-    float* p = x.data<float>();
+    Tensor h = Tensor::empty({count});
+    float* p = h.data<float>();
     for (int64_t i = 0; i < count; ++i) p[i] = static_cast<float>(i % 251 + comm.rank());
+    x.copy_from(h);
     all_reduce(x);
+    h = x.to(Device::cpu());
+    p = h.data<float>();
     Tensor wrong = Tensor::zeros({1}, DType::f64);
     for (int64_t i = 0; i < count; ++i)
       if (p[i] != static_cast<float>(n * (i % 251) + n * (n - 1) / 2)) wrong.data<double>()[0] += 1;
     comm.all_reduce(wrong, comm::ReduceOp::max);
     const double* t = times.data<double>();
-    rows.push_back(make_bench_row(bytes, count, n, std::vector<double>(t, t + config.iters),
+    rows.push_back(make_bench_row(bytes, count, n,
+                                  std::vector<double>(t, t + times.numel()),
                                   static_cast<int64_t>(wrong.item(0))));
   }
   return rows;

@@ -4,6 +4,7 @@
 #include "common/allocator.hpp"
 #include "common/errors.hpp"
 #include "common/trace.hpp"
+#include "common/train/global_loss.hpp"
 #include "ddp.hpp"  // lab 03's reference: local_batch
 
 namespace scalelab::lab05 {
@@ -76,9 +77,7 @@ double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
     trace::Scope scope("wait buckets");
     ddp.finish();
   }
-  Tensor loss = Tensor::from_vector({local_loss / accum}, {1}, DType::f64);
-  comm.all_reduce(loss, comm::ReduceOp::sum);
-  return loss.item() / comm.size();
+  return train::global_loss(local_loss / accum, comm);
   // END SOLUTION
 }
 

@@ -32,11 +32,11 @@ function(scalelab_expect_exit name ranks mode code regex)
 endfunction()
 # rank 2 skipped all_reduce #1 and waits in barrier #1 while ranks 0,1 wait in all_reduce #1.
 scalelab_expect_exit(common.watchdog.skip.np3 3 skip 3
-  "watchdog: rank [0-2] waits in (all_reduce|barrier) #1 \\(@@rank 2 (is in|waits in) barrier #1@@all_reduce #1 \\(4 MiB, group world\\)@@for [2-4]\\.[0-9] s@@rank [0-2] entered (barrier|all_reduce) #1 where rank [0-2] entered (all_reduce|barrier) #1: the ranks called different collectives")
+  "watchdog: rank [0-2] waits in (all_reduce|barrier) #1 \\(@@rank 2 (is in|waits in) barrier #1@@all_reduce #1 \\(4 MiB, group world, over mpi\\)@@for [2-4]\\.[0-9] s@@rank [0-2] entered (barrier|all_reduce) #1 where rank [0-2] entered (all_reduce|barrier) #1: the ranks called different collectives")
 # rank 1 skipped one all_reduce and entered the next: rank 0 waits alone in #2, rank 1 finished #1
 # and went on (it waits in MPI_Finalize, in no collective): the report leads with rank 1.
 scalelab_expect_exit(common.watchdog.skip_next.np2 2 skip-next 3
-  "watchdog: rank 1 is in no collective and has made no progress for [0-9.]+ s while rank 0 waits for it@@rank 0 waits for rank 1 in all_reduce #2 \\(4 MiB, group world\\) for [2-4]\\.[0-9] s@@rank 1 finished #1@@rank 1 did not reach all_reduce #2")
+  "watchdog: rank 1 is in no collective and has made no progress for [0-9.]+ s while rank 0 waits for it@@rank 0 waits for rank 1 in all_reduce #2 \\(4 MiB, group world, over mpi\\) for [2-4]\\.[0-9] s@@rank 1 finished #1@@rank 1 did not reach all_reduce #2")
 scalelab_expect_exit(common.watchdog.mismatch.np2 2 mismatch 1
   "all_reduce #1 \\(group world\\): ranks disagree on the collective: rank 0: all_reduce of 2 f32 sum, rank 1: all_reduce of 3 f32 sum")
 scalelab_expect_exit(common.watchdog.ok.np2 2 ok 0 "done")
@@ -60,7 +60,7 @@ add_executable(watchdog_gtest_hang ${CMAKE_CURRENT_LIST_DIR}/watchdog_gtest_hang
 target_link_libraries(watchdog_gtest_hang PRIVATE scalelab::test_main)
 add_dependencies(reference watchdog_gtest_hang)
 scalelab_expect_exit(common.watchdog.in_test.np2 2 - 3
-  "watchdog: rank 1 is in no collective and has made no progress@@rank 0 waits for rank 1 in all_reduce #1 \\(64 B, group world\\) for [2-4]\\.[0-9] s@@rank 1 did not reach all_reduce #1 of group world"
+  "watchdog: rank 1 is in no collective and has made no progress@@rank 0 waits for rank 1 in all_reduce #1 \\(64 B, group world, over mpi\\) for [2-4]\\.[0-9] s@@rank 1 did not reach all_reduce #1 of group world"
   TARGET watchdog_gtest_hang ENV SCALELAB_TIMEOUT=2)
 
 scalelab_add_test(NAME test_watchdog SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_watchdog.cpp
@@ -99,5 +99,8 @@ scalelab_expect_exit(common.process_grid.ok.np4 4 - 0
   TARGET test_process_grid_bad ARGS --dp 2 --tp 2 --order picotron)
 
 # Communication accounting (issue 8): calls and payload bytes per group and op, at 1, 2, 4 ranks.
+# Which transport moves each operation, and whether NCCL takes ranks sharing a GPU: pure tables.
+scalelab_add_test(NAME test_comm_route SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_comm_route.cpp
+                  RANKS 1 TIMEOUT 60)
 scalelab_add_test(NAME test_comm_counters SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_comm_counters.cpp
                   RANKS 1 2 4 TIMEOUT 120)

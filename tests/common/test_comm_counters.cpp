@@ -16,6 +16,7 @@
 #include "common/comm/op.hpp"
 #include "common/comm/process_grid.hpp"
 #include "common/comm/stats.hpp"
+#include "common/comm/transports.hpp"
 #include "common/errors.hpp"
 #include "common/exec_log.hpp"
 #include "common/ops/flash_attention.hpp"
@@ -161,7 +162,7 @@ TEST(CountersThreads, ConcurrentCountingLosesNothing) {
   for (int k = 0; k < 4; ++k)
     threads.emplace_back([] {
       for (int i = 0; i < 10000; ++i)
-        comm::detail::count_op("threads", {0, 1}, comm::detail::OpKind::send, "", 1, 3);
+        comm::detail::count_op("threads", {0, 1}, comm::detail::OpKind::send, "", 1, 3, "mpi");
     });
   for (auto& t : threads) t.join();
   expect_stats(comm::comm_stats(), {{{"threads", "send"}, {40000, 120000}}});
@@ -208,6 +209,12 @@ TEST(CountersLedger, GroupsReductionsAndPeersAreTold) {
     want[{"world", all, "recv", "", (r + n - 1) % n}] = {1, 12};
   }
   EXPECT_TRUE(comm::traffic() == want);
+  // The same rows by transport: a host tensor on an mpi group, each over MPI.
+  comm::TransportTraffic by = comm::traffic_by_transport();
+  ASSERT_EQ(by.size(), want.size());
+  for (const auto& [key, count] : want) EXPECT_EQ((by[{key, "mpi"}]), count);
+  EXPECT_EQ(comm::transport_key_str({{"world", all, "all_reduce", "max", -1}, "mpi"}),
+            fmt::format("all_reduce(max) on world [{}] over mpi", fmt::join(all, " ")));
   EXPECT_EQ(comm::traffic_key_str({"world", all, "all_reduce", "max", -1}),
             fmt::format("all_reduce(max) on world [{}]", fmt::join(all, " ")));
   // The submissions in order; the waits (every blocking call waits on its own Work) apart.
@@ -219,6 +226,7 @@ TEST(CountersLedger, GroupsReductionsAndPeersAreTold) {
       return w.op == e.what && w.group == e.group && w.seq == e.seq;
     })) << e.what << " #" << e.seq << " on " << e.group << " has no wait";
   EXPECT_EQ(log[0].what, "all_reduce");
+  for (const exec_log::Event& e : recording.events()) EXPECT_EQ(e.transport, "mpi") << e.what;
   EXPECT_EQ(log[3].what, "broadcast");
   EXPECT_EQ(log[3].peer, n - 1);
   EXPECT_EQ(log[5].group, "private");

@@ -10,7 +10,11 @@
 #include <gtest/gtest.h>
 
 #include "common/comm/communicator.hpp"
+#include "common/comm/gpu_sharing.hpp"
+#include "common/comm/transports.hpp"
 #include "common/device.hpp"
+#include "common/errors.hpp"
+#include "common/exec_log.hpp"
 #include "common/runtime.hpp"
 
 using namespace scalelab;
@@ -21,9 +25,12 @@ namespace {
 
 Device my_gpu() { return Device::cuda(world_rank() % cuda_device_count()); }
 
-bool nccl_can_share_a_gpu() {
+// Whether NCCL takes this world's ranks (one node: world size ranks on cuda_device_count GPUs).
+bool nccl_takes_the_world() {
   const char* env = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
-  return comm::nccl_version() >= 23000 && env && std::string(env) == "1";
+  return comm::detail::nccl_accepts(
+      comm::detail::ranks_per_gpu(world_size(), cuda_device_count()), comm::nccl_version(),
+      env ? env : "");
 }
 
 Tensor on_gpu(std::vector<double> v) {
@@ -104,11 +111,20 @@ void check_collectives(Communicator& c) {
 TEST(NcclBackend, EveryCollective) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   if (!comm::nccl_compiled()) GTEST_SKIP() << "built without NCCL";
-  auto world = Communicator::world("nccl");
-  if (world.size() == 1 || cuda_device_count() >= world.size() || nccl_can_share_a_gpu()) {
+  if (nccl_takes_the_world()) {
+    auto world = Communicator::world("nccl");
     check_collectives(world);
   } else {
-    // NCCL < 2.30 refuses two ranks on one GPU: each rank exercises NCCL alone.
+    // NCCL refuses two ranks on one GPU (before 2.30): --backend nccl says so at once, and each
+    // rank exercises NCCL alone (auto: a group of one shares no GPU).
+    try {
+      Communicator::world("nccl");
+      ADD_FAILURE() << "world(\"nccl\") accepted ranks sharing a GPU";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("share GPU 0"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--backend mpi"), std::string::npos) << e.what();
+    }
+    auto world = Communicator::world("auto");
     auto alone = world.split(world.rank(), 0, "alone");
     ASSERT_EQ(alone.size(), 1);
     check_collectives(alone);
@@ -119,15 +135,77 @@ TEST(NcclBackend, AutoPicksNcclForCudaTensorsAndMpiForHostOnes) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   if (!comm::nccl_compiled()) GTEST_SKIP() << "built without NCCL";
   auto world = Communicator::world("auto");
-  if (world.size() > 1 && cuda_device_count() < world.size() && !nccl_can_share_a_gpu())
-    GTEST_SKIP() << "NCCL cannot put " << world.size() << " ranks on " << cuda_device_count()
-                 << " GPU(s) (version " << comm::nccl_version() << ")";
+  const bool nccl = nccl_takes_the_world();  // else auto stages CUDA tensors through MPI
   Tensor host = Tensor::from_vector({1.0}, {1});
   Tensor dev = on_gpu({1.0});
+  const comm::TransportTraffic before = comm::traffic_by_transport();
   world.all_reduce(host);
   world.all_reduce(dev);
   EXPECT_EQ(host.item(0), world.size());
   EXPECT_EQ(dev.to_vector()[0], world.size());
+  std::vector<int> all(world.size());
+  for (int r = 0; r < world.size(); ++r) all[r] = r;
+  const comm::TrafficKey row{"world", all, "all_reduce", "sum", -1};
+  const comm::TransportTraffic moved = comm::traffic_by_transport() - before;
+  EXPECT_EQ((moved.at({row, "mpi"}).calls), nccl ? 1 : 2);
+  if (nccl) EXPECT_EQ((moved.at({row, "nccl"}).calls), 1);
+}
+
+// Issue 31: on an nccl group, host tensors (a loss, a twin check) go over the group's MPI
+// communicator, CUDA tensors over NCCL; the ledger and the execution log say which.
+TEST(NcclBackend, HostTensorsOnNcclGroupsGoOverMpi) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!comm::nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+  if (!nccl_takes_the_world()) GTEST_SKIP() << "NCCL refuses these ranks on these GPUs";
+  auto world = Communicator::world("nccl");
+  exec_log::Recording rec;
+  Tensor loss = Tensor::from_vector({world.rank() + 1.0}, {1}, DType::f64);
+  world.all_reduce(loss);
+  Tensor grad = on_gpu({1.0, 2.0});
+  world.all_reduce(grad, ReduceOp::avg);
+  const int n = world.size();
+  EXPECT_EQ(loss.item(0), n * (n + 1) / 2.0);
+  EXPECT_EQ(grad.to_vector(), (std::vector<double>{1.0, 2.0}));
+  std::vector<std::string> transports;
+  for (const exec_log::Event& e : rec.events())
+    if (e.what == "all_reduce") transports.push_back(e.transport);
+  EXPECT_EQ(transports, (std::vector<std::string>{"mpi", "nccl"}));
+}
+
+// Issue 31: lab 08 on one rank (interleaved chunks send to themselves) failed in ncclGroupEnd:
+// "invalid usage". A lone send to oneself, tested (which launches what is held back) before its
+// recv is posted, and a recv posted before its send: each is a copy, never NCCL.
+TEST(NcclBackend, MessagesToOneselfAreCopies) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!comm::nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+  auto world = Communicator::world("auto");
+  auto alone = world.split(world.rank(), 0, "alone");
+  Communicator one = nccl_takes_the_world() && world.size() == 1 ? Communicator::world("nccl")
+                                                                 : alone;
+  const comm::TransportTraffic before = comm::traffic_by_transport();
+  Tensor a = on_gpu({1.0, 2.0, 3.0}), got_a = Tensor::zeros({3}, DType::f32, my_gpu());
+  comm::Work s = one.send_async(a, 0, 7);
+  s.test();  // what lab 08's PendingSends::poll does after every action
+  comm::Work r = one.recv_async(got_a, 0, 7);
+  r.wait();
+  s.wait();
+  EXPECT_EQ(got_a.to_vector(), (std::vector<double>{1.0, 2.0, 3.0}));
+  Tensor got_b = Tensor::zeros({2}, DType::f32, my_gpu());
+  comm::Work rb = one.recv_async(got_b, 0, 8);
+  one.send(on_gpu({4.0, 5.0}), 0, 8);
+  rb.wait();
+  EXPECT_EQ(got_b.to_vector(), (std::vector<double>{4.0, 5.0}));
+  // a collective after them still runs over NCCL
+  Tensor x = on_gpu({2.0});
+  one.all_reduce(x);
+  EXPECT_EQ(x.to_vector()[0], 2.0);
+  int self = 0, nccl = 0;
+  for (const auto& [key, count] : comm::traffic_by_transport() - before) {
+    if (key.transport == "self") self += static_cast<int>(count.calls);
+    if (key.transport == "nccl") nccl += static_cast<int>(count.calls);
+  }
+  EXPECT_EQ(self, 4);
+  EXPECT_EQ(nccl, 1);
 }
 
 TEST(MpiBackend, CudaTensorsAreStagedThroughHost) {

@@ -49,6 +49,7 @@ TEST(Trace, RankZeroMergesEveryRanksEvents) {
     EXPECT_EQ(count(json, "\"name\":\"forward\""), world_size()) << json;
     EXPECT_EQ(count(json, "\"name\":\"all_reduce\",\"cat\":\"comm\""), world_size()) << json;
     EXPECT_EQ(count(json, "\"bytes\":400,\"group\":\"world\""), world_size()) << json;
+    EXPECT_EQ(count(json, "\"transport\":\"mpi\""), world_size()) << json;
     // The caller blocked in the all_reduce: a span on its compute track (tid 0).
     EXPECT_EQ(count(json, "\"name\":\"wait all_reduce\",\"cat\":\"comm wait\",\"ph\":\"X\""),
               world_size()) << json;

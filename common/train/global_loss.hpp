@@ -1,0 +1,20 @@
+#pragma once
+/// @file global_loss.hpp
+/// The loss of the whole global batch from each rank's share: the one place every training
+/// program (labs 03-11) averages its loss over ranks.
+///
+///   const double local = model.forward(mine.x, mine.y);  // the mean over this rank's rows
+///   const double loss = train::global_loss(local, comm);  // the mean over the global batch
+#include "common/comm/communicator.hpp"
+
+namespace scalelab::train {
+
+/// The mean over `group` of each rank's mean loss, on every rank: the global batch's mean loss
+/// when every rank holds as many rows (and tokens) as the others, as data parallelism's equal
+/// shares do. A host value: on an nccl group it goes over the group's MPI communicator
+/// (common/comm/route.hpp), so it never waits behind the gradients on the GPU. Summed in f64
+/// and divided once, so the same on every rank and bitwise that of a one-rank run for one rank.
+/// Collective over `group`.
+double global_loss(double local_mean, comm::Communicator& group);
+
+}  // namespace scalelab::train
