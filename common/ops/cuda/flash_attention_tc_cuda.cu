@@ -3,11 +3,11 @@
 //
 // Why version 1 is slow, and why bf16 pays only now. Version 1 gives each thread one query row
 // and does every product with scalar FMAs on the CUDA cores; bf16 there only halves the bytes
-// loaded, because the tiles are converted to float when staged and an H100's FMA units run at
-// the same rate for both (about 60 TFLOP/s fp32 in total). Attention with T = 1024 is not
-// limited by bytes but by those FMAs. Tensor cores multiply small bf16 tiles in one
-// instruction at about 990 TFLOP/s (dense) on an H100: 15x the FMA rate, and only for 16-bit
-// (or 8-bit) inputs. So bf16 now pays in arithmetic, not just in bytes.
+// loaded, because the tiles are converted to float when staged, so the FMAs run at the fp32
+// rate (about 67 TFLOP/s on an H100 SXM). Attention with T = 1024 is not limited by bytes but
+// by those FMAs. Tensor cores multiply small bf16 tiles in one instruction at about 990 TFLOP/s
+// (dense) on an H100 SXM: 15x, and only for 16-bit (or 8-bit) inputs. So bf16 now pays in
+// arithmetic, not just in bytes.
 //
 // What changes from version 1:
 //  - a WARP owns 16 query rows (not a thread one row); four warps make a 64-row block;
