@@ -139,12 +139,46 @@ int main(int argc, char** argv) {
       ops::batched_matmul(dk, dpre, q, true, false);
     });
     att = Tensor();
+    // PyTorch's SDPA at the same shape (tools/bench_attention_torch.py; CUDA only: on a machine
+    // without one its rows say why they did not run)
+    auto torch_rows = [&] {
+      const std::string python = r["torch-python"].as<std::string>();
+      if (python.empty()) return;
+      const std::string command = fmt::format(
+          "'{}' '{}' --batch {} --heads {} --context {} --head-size {} --dtype {} --repeats {} "
+          "--warmup {} 2>&1",
+          python, r["torch-script"].as<std::string>(), B, NH, T, hs,
+          dt == DType::bf16 ? "bf16" : "f32", repeats, warmup);
+      const std::string printed = output_of(command);
+      std::istringstream lines(printed);
+      std::string line;
+      bool any = false;
+      while (std::getline(lines, line)) {
+        std::istringstream in(line);
+        std::string kind, backend, pass, reason;
+        double best = 0, median = 0;
+        in >> kind >> backend;
+        if (kind == "row" && (in >> pass >> best >> median)) {
+          const double flops = pass == "forward" ? fwd_flops : bwd_flops;
+          fmt::print("{:<22} {:>10.3f} {:>10.3f} {:>10.2f} {:>12}\n",
+                     "torch " + backend + " " + pass, best, median,
+                     flops / (best * 1e-3) / 1e12, "");
+          any = true;
+        } else if (kind == "skip") {
+          std::getline(in >> std::ws, reason);
+          fmt::print("torch {}: not run ({})\n", backend, reason);
+          any = true;
+        }
+      }
+      if (!any) fmt::print("torch: `{}` printed no rows:\n{}\n", command, printed);
+    };
     if (device.is_cpu()) {  // the host has one flash attention
       report("flash forward", fwd_flops,
              [&] { ops::flash_attention_forward(out, lse, q, k, v, scale); });
       report("flash backward", bwd_flops, [&] {
         ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
       });
+      torch_rows();
       return 0;
     }
     // the fused QKV output (B, T, 3C) and y (B, T, C) of nn::CausalSelfAttention
@@ -172,35 +206,7 @@ int main(int argc, char** argv) {
     }
     ops::set_flash_attention_version(1);
 
-    const std::string python = r["torch-python"].as<std::string>();
-    if (!python.empty()) {
-      const std::string command = fmt::format(
-          "'{}' '{}' --batch {} --heads {} --context {} --head-size {} --dtype {} --repeats {} "
-          "--warmup {} 2>&1",
-          python, r["torch-script"].as<std::string>(), B, NH, T, hs,
-          dt == DType::bf16 ? "bf16" : "f32", repeats, warmup);
-      std::istringstream lines(output_of(command));
-      std::string line;
-      bool any = false;
-      while (std::getline(lines, line)) {
-        std::istringstream in(line);
-        std::string kind, backend, pass;
-        double best = 0, median = 0;
-        in >> kind >> backend;
-        if (kind == "row" && (in >> pass >> best >> median)) {
-          any = true;
-          const double flops = pass == "forward" ? fwd_flops : bwd_flops;
-          fmt::print("{:<22} {:>10.3f} {:>10.3f} {:>10.2f} {:>12}\n",
-                     "torch " + backend + " " + pass, best, median,
-                     flops / (best * 1e-3) / 1e12, "");
-        } else if (kind == "skip") {
-          any = true;
-          fmt::print("torch {}: not run ({})\n", backend, line.substr(line.find(backend) +
-                                                                         backend.size() + 1));
-        }
-      }
-      if (!any) fmt::print("torch: {} printed no rows:\n{}\n", command, output_of(command));
-    }
+    torch_rows();
     return 0;
   });
 }
