@@ -11,7 +11,8 @@
 #   bash tools/gpu_checks/issue32.sh        # summary in $OUT/summary.txt, everything in full.log
 set -uo pipefail
 source build/gpu-pack/env.sh || exit 1
-san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+san=$(command -v compute-sanitizer ||
+  ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 flash=$B/tests/common/test_ops_cuda_flash
 failed=0
 run() { step "$@" || failed=1; }
