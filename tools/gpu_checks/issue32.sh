@@ -6,7 +6,8 @@
 # compute-sanitizer's memcheck, racecheck and synccheck on both versions. Exits 1 if any failed.
 #
 # On the build machine (no GPU needed), from the project root:
-#   ../shared/gpu/pack test_ops_cuda_flash test_ops_cuda_bf16 scalelab_bench_attention
+#   ../shared/gpu/pack test_ops_cuda_flash test_ops_cuda_bf16 scalelab_bench_attention \
+#     lab02_single_device_solution      # env.sh finds the CUDA libraries through lab 02's program
 # On the GPU machine, from a copy of the same checkout, with $OUT the folder that comes back:
 #   bash tools/gpu_checks/issue32.sh        # summary in $OUT/summary.txt, everything in full.log
 set -uo pipefail
