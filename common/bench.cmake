@@ -3,7 +3,10 @@
 # labs/02_single_device/README.md "AdamW on one CPU thread vs PyTorch".
 add_executable(scalelab_bench_adamw ${PROJECT_SOURCE_DIR}/tools/bench/bench_adamw.cpp)
 target_link_libraries(scalelab_bench_adamw PRIVATE scalelab::common)
-# scalelab_bench_attention: the unfused causal attention against flash attention at one shape
-# (common/ops/flash_attention.hpp; default gpt-85m's heads at batch 16, bf16, on CUDA).
+# scalelab_bench_attention: the unfused causal attention against flash attention's versions 1
+# and 2 (and PyTorch's SDPA, with --torch-python) at one shape (common/ops/flash_attention.hpp;
+# default gpt-85m's heads at batch 16, bf16, on CUDA).
 add_executable(scalelab_bench_attention ${PROJECT_SOURCE_DIR}/tools/bench/bench_attention.cpp)
 target_link_libraries(scalelab_bench_attention PRIVATE scalelab::common)
+target_compile_definitions(scalelab_bench_attention PRIVATE
+                           SCALELAB_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 
 namespace scalelab::nn {
@@ -40,20 +41,31 @@ void CausalSelfAttention::forward(Tensor& out, const Tensor& x, AttentionActivat
   const int64_t B = x.size(0), T = x.size(1), NH = n_head_, hs = head_size_, C = NH * hs;
   const DType dt = x.dtype();
   const Device dev = x.device();
-  Tensor qkv_out = Tensor::empty({B, T, 3 * C}, dt, dev);  // (B, T, 3C), freed on return
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  Tensor qkv_out = Tensor::empty({B, T, 3 * C}, dt, dev);  // (B, T, 3C)
   qkv.forward(qkv_out, x);
+  if (flash && !(m && m->replaces_attention())) {
+    // The fused path: flash attention reads q, k, v in place in qkv_out (kept for backward) and
+    // writes y with its heads already merged; one log-sum-exp per row is all else it keeps.
+    a.qkv = qkv_out;
+    a.y = Tensor::empty({B, T, C}, dt, dev);
+    a.lse = Tensor::empty({B * NH, T}, ops::flash_attention_lse_dtype(dt), dev);
+    ops::flash_attention_qkv_forward(a.y, a.lse, a.qkv, NH, scale);
+    proj.forward(out, a.y);
+    return;
+  }
   a.q = Tensor::empty({B, NH, T, hs}, dt, dev);
   a.k = Tensor::empty({B, NH, T, hs}, dt, dev);
   a.v = Tensor::empty({B, NH, T, hs}, dt, dev);
   ops::split_heads(a.q, a.k, a.v, qkv_out, NH);
   const Tensor q = a.q.view({B * NH, T, hs}), k = a.k.view({B * NH, T, hs}),
                v = a.v.view({B * NH, T, hs});
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   Tensor yh;  // (BH, T, hs)
-  if (flash || (m && m->replaces_attention())) {
-    // one fused op: softmax(scale q k^T) v without the (T, T) matrix; keeps lse for backward
+  if (m && m->replaces_attention()) {
+    // the mappings' own fused core (lab 11's ring): softmax(scale q k^T) v on (BH, T, hs)
+    // heads without the (T, T) matrix; keeps lse (and more) for backward
     yh = Tensor::empty({B * NH, T, hs}, dt, dev);
-    a.lse = (m ? *m : Mappings::single_device()).attention_forward(yh, q, k, v, scale, a.kept);
+    a.lse = m->attention_forward(yh, q, k, v, scale, a.kept);
   } else {
     {
       Tensor preatt = Tensor::empty({B * NH, T, T}, dt, dev);  // (BH, T, T), freed after softmax
@@ -78,6 +90,14 @@ void CausalSelfAttention::backward(Tensor& dx, const Tensor& dout, const Tensor&
   Tensor dy = Tensor::zeros({B, T, C}, dt, dev);
   proj.backward(dy, dout, a.y);
   if (hook && *hook) (*hook)(proj.parameters());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  if (a.qkv.defined()) {  // the fused path: gradients straight into dqkv's q, k, v columns
+    Tensor dqkv = Tensor::empty({B, T, 3 * C}, dt, dev);
+    ops::flash_attention_qkv_backward(dqkv, dy, a.qkv, a.y, a.lse, NH, scale);
+    qkv.backward(dx, dqkv, x);
+    if (hook && *hook) (*hook)(qkv.parameters());
+    return;
+  }
   Tensor dyh = Tensor::empty({B, NH, T, hs}, dt, dev);
   ops::merge_heads_backward(dyh, dy);
   const Tensor dyh3 = dyh.view({B * NH, T, hs});
@@ -87,8 +107,7 @@ void CausalSelfAttention::backward(Tensor& dx, const Tensor& dout, const Tensor&
          dv = Tensor::empty({B, NH, T, hs}, dt, dev);
   Tensor dq3 = dq.view({B * NH, T, hs}), dk3 = dk.view({B * NH, T, hs}),
          dv3 = dv.view({B * NH, T, hs});
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  if (a.lse.defined()) {  // the fused path (forward kept no probabilities)
+  if (a.lse.defined()) {  // the mappings' core (forward kept no probabilities)
     // the fused backward needs the forward's per-head output: y with its heads split again
     Tensor yh = Tensor::empty({B, NH, T, hs}, dt, dev);
     ops::merge_heads_backward(yh, a.y);

@@ -6,7 +6,10 @@
 /// (T, T) probabilities are kept for backward. With `flash` set the same attention runs as one
 /// fused op (common/ops/flash_attention.hpp): it keeps one log-sum-exp per row instead of the
 /// (T, T) matrix and recomputes the probabilities in backward: the fast path on a GPU, and the
-/// only one that fits long contexts.
+/// only one that fits long contexts. That op reads q, k and v where the QKV matmul wrote them
+/// and writes y with its heads merged (flash_attention_qkv_forward), so the fused path needs no
+/// split_heads / merge_heads copies; a mappings' own attention core (lab 11's ring) takes
+/// (B*NH, T, hs) heads as before.
 ///
 /// Tensor parallel (lab 07): with tp_size > 1 this layer keeps a contiguous 1/tp of the heads
 /// only: the q, k and v rows of those heads in the QKV weight (column parallel) and the matching
@@ -22,9 +25,12 @@ namespace scalelab::nn {
 
 /// What forward saves for backward. Separate allocations, freed by reset().
 struct AttentionActivations {
-  Tensor q;    ///< (B, NH, T, hs) the queries (NH: this rank's heads)
-  Tensor k;    ///< (B, NH, T, hs) the keys
-  Tensor v;    ///< (B, NH, T, hs) the values
+  Tensor q;    ///< (B, NH, T, hs) the queries (NH: this rank's heads); not on the fused path
+  Tensor k;    ///< (B, NH, T, hs) the keys; not on the fused path
+  Tensor v;    ///< (B, NH, T, hs) the values; not on the fused path
+  /// (B, T, 3 * NH * hs) the QKV matmul's output, kept whole in place of q, k, v by the fused
+  /// path (`flash` with the library's own attention core)
+  Tensor qkv;
   Tensor att;  ///< (B*NH, T, T) softmax probabilities (0 above the diagonal); unfused only
   /// (B*NH, T) log-sum-exp of each row's scores, f32; flash only (or what the mappings'
   /// attention core keeps: Mappings::attention_forward)

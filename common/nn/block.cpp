@@ -6,8 +6,9 @@ namespace scalelab::nn {
 
 std::size_t BlockActivations::nbytes() const {
   std::size_t n = 0;
-  for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &attn.q, &attn.k, &attn.v, &attn.att,
-                          &attn.lse, &attn.y, &res2, &ln2, &ln2_mean, &ln2_rstd, &mlp.h, &mlp.g})
+  for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &attn.q, &attn.k, &attn.v, &attn.qkv,
+                          &attn.att, &attn.lse, &attn.y, &res2, &ln2, &ln2_mean, &ln2_rstd, &mlp.h,
+                          &mlp.g})
     if (t->defined()) n += t->nbytes();
   for (const Tensor& t : attn.kept)
     if (t.defined()) n += t.nbytes();

@@ -1,9 +1,13 @@
 // Dispatch of flash attention: check shapes, dtypes and devices once, then call the backend.
 #include "common/ops/flash_attention.hpp"
 
+#include <cstdlib>
+#include <string>
+
 #include "common/exec_log.hpp"
 #include "common/ops/fused_backend.hpp"
 #include "common/trace.hpp"
+#include "common/ops/ops.hpp"
 #include "common/ops/work.hpp"
 
 namespace scalelab::ops {
@@ -25,16 +29,74 @@ void check_qkv_like(const char* op, const Tensor& ref, std::initializer_list<con
   }
 }
 
-void check_lse(const char* op, const Tensor& lse, const Tensor& q) {
-  const std::vector<int64_t> shape = {q.size(0), q.size(1)};
+void check_lse(const char* op, const Tensor& lse, int64_t BH, int64_t T, DType dtype,
+               Device device) {
+  const std::vector<int64_t> shape = {BH, T};
   SCALELAB_CHECK(lse.defined() && lse.is_contiguous() && lse.shape() == shape &&
-                     lse.dtype() == flash_attention_lse_dtype(q.dtype()) &&
-                     lse.device() == q.device(),
+                     lse.dtype() == flash_attention_lse_dtype(dtype) && lse.device() == device,
                  "{}: lse {} is not ({}, {}) {} on {}", op, lse.defined() ? lse.str() : "undefined",
-                 q.size(0), q.size(1), dtype_name(flash_attention_lse_dtype(q.dtype())),
-                 q.device().str());
+                 BH, T, dtype_name(flash_attention_lse_dtype(dtype)), device.str());
 }
+void check_lse(const char* op, const Tensor& lse, const Tensor& q) {
+  check_lse(op, lse, q.size(0), q.size(1), q.dtype(), q.device());
+}
+
+// The layout of flash_attention_forward's (BH, T, hs) tensors.
+AttentionLayout packed_layout(const Tensor& q) {
+  const int64_t BH = q.size(0), T = q.size(1), hs = q.size(2);
+  AttentionLayout l;
+  l.B = BH, l.NH = 1, l.T = T, l.hs = hs;
+  l.in_batch = l.out_batch = T * hs;
+  l.in_ld = l.out_ld = hs;
+  return l;
+}
+
+// The layout of the fused QKV output (B, T, 3C) and of y (B, T, C), after checking them.
+AttentionLayout qkv_layout(const char* op, const Tensor& qkv, const Tensor& y, const Tensor& lse,
+                           int64_t n_head) {
+  SCALELAB_CHECK(qkv.defined() && qkv.dim() == 3 && qkv.is_contiguous() && n_head >= 1 &&
+                     qkv.size(2) % (3 * n_head) == 0,
+                 "{}: qkv {} is not (B, T, 3C) with C a multiple of n_head {}", op,
+                 qkv.defined() ? qkv.str() : "undefined", n_head);
+  SCALELAB_CHECK(qkv.dtype() == DType::f32 || qkv.dtype() == DType::f64 ||
+                     qkv.dtype() == DType::bf16,
+                 "{}: dtype {} (f32, f64 or bf16)", op, dtype_name(qkv.dtype()));
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, hs = C / n_head;
+  const std::vector<int64_t> y_shape = {B, T, C};
+  SCALELAB_CHECK(y.defined() && y.is_contiguous() && y.shape() == y_shape &&
+                     y.dtype() == qkv.dtype() && y.device() == qkv.device(),
+                 "{}: y {} is not ({}, {}, {}) of qkv's dtype and device", op,
+                 y.defined() ? y.str() : "undefined", B, T, C);
+  check_lse(op, lse, B * n_head, T, qkv.dtype(), qkv.device());
+  AttentionLayout l;
+  l.B = B, l.NH = n_head, l.T = T, l.hs = hs;
+  l.in_batch = T * 3 * C, l.in_head = hs, l.in_ld = 3 * C;
+  l.q_off = 0, l.k_off = C, l.v_off = 2 * C;
+  l.out_batch = T * C, l.out_head = hs, l.out_ld = C;
+  return l;
+}
+
+// The version chosen by SCALELAB_FLASH_ATTENTION_VERSION (1 without it).
+int version_from_environment() {
+  const char* v = std::getenv("SCALELAB_FLASH_ATTENTION_VERSION");
+  if (!v || !*v) return 1;
+  const std::string s(v);
+  if (s != "1" && s != "2")
+    throw UsageError("SCALELAB_FLASH_ATTENTION_VERSION=" + s + ": 1 or 2");
+  return s == "1" ? 1 : 2;
+}
+int g_version = 0;  // 0: not read yet
 }  // namespace
+
+void set_flash_attention_version(int version) {
+  SCALELAB_CHECK(version == 1 || version == 2, "flash attention version {} (1 or 2)", version);
+  g_version = version;
+}
+
+int flash_attention_version() {
+  if (g_version == 0) g_version = version_from_environment();
+  return g_version;
+}
 
 DType flash_attention_lse_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 
@@ -46,8 +108,11 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
   // Compute a lab overlaps with communication (lab 11's ring blocks): logged, hooked, traced.
   exec_log::record_compute("flash_attention_forward");
   trace::Scope span("flash_attention_forward");
-  if (q.device().is_cpu()) cpu::flash_attention_forward(out, lse, q, k, v, scale, causal);
-  else cuda::flash_attention_forward(out, lse, q, k, v, scale, causal);
+  const AttentionLayout l = packed_layout(q);
+  const bool done = q.device().is_cpu()
+                        ? cpu::flash_attention_forward(out, lse, q, k, v, l, scale, causal)
+                        : cuda::flash_attention_forward(out, lse, q, k, v, l, scale, causal);
+  SCALELAB_CHECK(done, "flash_attention_forward: no kernel for (BH, T, hs) tensors");
 }
 
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
@@ -58,9 +123,72 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
   count_attention(q.size(0), q.size(1), q.size(2), causal, /*backward=*/true);
   exec_log::record_compute("flash_attention_backward");
   trace::Scope span("flash_attention_backward");
-  if (q.device().is_cpu())
-    cpu::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
-  else cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
+  const AttentionLayout l = packed_layout(q);
+  const bool done =
+      q.device().is_cpu()
+          ? cpu::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, l, scale, causal)
+          : cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, l, scale, causal);
+  SCALELAB_CHECK(done, "flash_attention_backward: no kernel for (BH, T, hs) tensors");
+}
+
+void flash_attention_qkv_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int64_t n_head,
+                                 double scale, bool causal) {
+  const AttentionLayout l = qkv_layout("flash_attention_qkv_forward", qkv, y, lse, n_head);
+  count_attention(l.B * l.NH, l.T, causal);
+  exec_log::record_compute("flash_attention_forward");
+  trace::Scope span("flash_attention_forward");
+  if (qkv.device().is_cpu()) {
+    cpu::flash_attention_forward(y, lse, qkv, qkv, qkv, l, scale, causal);
+    return;
+  }
+  if (cuda::flash_attention_forward(y, lse, qkv, qkv, qkv, l, scale, causal)) return;
+  // No kernel reads this layout (CUDA's version 1): split the heads, attend, merge them back.
+  auto heads = [&] { return Tensor::empty({l.B, l.NH, l.T, l.hs}, qkv.dtype(), qkv.device()); };
+  Tensor q = heads(), k = heads(), v = heads(), yh = heads();
+  split_heads(q, k, v, qkv, l.NH);
+  const std::vector<int64_t> flat = {l.B * l.NH, l.T, l.hs};
+  Tensor q3 = q.view(flat), k3 = k.view(flat), v3 = v.view(flat), yh3 = yh.view(flat);
+  SCALELAB_CHECK(cuda::flash_attention_forward(yh3, lse, q3, k3, v3, packed_layout(q3), scale,
+                                               causal),
+                 "flash_attention_qkv_forward: no kernel for (BH, T, hs) tensors");
+  merge_heads(y, yh);
+}
+
+void flash_attention_qkv_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv,
+                                  const Tensor& y, const Tensor& lse, int64_t n_head,
+                                  double scale, bool causal) {
+  const AttentionLayout l = qkv_layout("flash_attention_qkv_backward", qkv, y, lse, n_head);
+  SCALELAB_CHECK(dqkv.defined() && dqkv.shape() == qkv.shape() && dqkv.is_contiguous() &&
+                     dqkv.dtype() == qkv.dtype() && dqkv.device() == qkv.device() &&
+                     dy.defined() && dy.shape() == y.shape() && dy.is_contiguous() &&
+                     dy.dtype() == y.dtype() && dy.device() == y.device(),
+                 "flash_attention_qkv_backward: dqkv {} / dy {} are not qkv's / y's shape, dtype "
+                 "and device",
+                 dqkv.defined() ? dqkv.str() : "undefined", dy.defined() ? dy.str() : "undefined");
+  count_attention(l.B * l.NH, l.T, causal);
+  exec_log::record_compute("flash_attention_backward");
+  trace::Scope span("flash_attention_backward");
+  if (qkv.device().is_cpu()) {
+    cpu::flash_attention_backward(dqkv, dqkv, dqkv, dy, qkv, qkv, qkv, y, lse, l, scale, causal);
+    return;
+  }
+  if (cuda::flash_attention_backward(dqkv, dqkv, dqkv, dy, qkv, qkv, qkv, y, lse, l, scale,
+                                     causal))
+    return;
+  auto heads = [&] { return Tensor::empty({l.B, l.NH, l.T, l.hs}, qkv.dtype(), qkv.device()); };
+  Tensor q = heads(), k = heads(), v = heads(), yh = heads(), dyh = heads(), dq = heads(),
+         dk = heads(), dv = heads();
+  split_heads(q, k, v, qkv, l.NH);
+  merge_heads_backward(yh, y);  // (B, T, C) -> (B, NH, T, hs): y's heads split again
+  merge_heads_backward(dyh, dy);
+  const std::vector<int64_t> flat = {l.B * l.NH, l.T, l.hs};
+  Tensor dq3 = dq.view(flat), dk3 = dk.view(flat), dv3 = dv.view(flat);
+  const Tensor q3 = q.view(flat);
+  SCALELAB_CHECK(cuda::flash_attention_backward(dq3, dk3, dv3, dyh.view(flat), q3, k.view(flat),
+                                                v.view(flat), yh.view(flat), lse,
+                                                packed_layout(q3), scale, causal),
+                 "flash_attention_qkv_backward: no kernel for (BH, T, hs) tensors");
+  split_heads_backward(dqkv, dq, dk, dv);
 }
 
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {

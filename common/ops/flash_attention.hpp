@@ -17,6 +17,17 @@
 /// queries against keys that all come earlier in the sequence; attention_merge then combines
 /// the blocks' partial results with the online-softmax rule. Local ops: no communication (lab 11's
 /// ring moves the K/V blocks between calls). `nn::GPTOptions::flash_attention` selects this path.
+///
+/// nn::CausalSelfAttention calls the `_qkv` forms: they read q, k and v where the fused QKV
+/// matmul wrote them, (B, T, 3C) with head h's columns at h*hs, C + h*hs, 2C + h*hs, and write y
+/// as (B, T, C): no split_heads / merge_heads copies. Where a backend has no kernel for that
+/// layout they run as split_heads, the (BH, T, hs) call, merge_heads (same results).
+///
+/// Two CUDA kernels compute it (set_flash_attention_version): version 1
+/// (ops/cuda/flash_attention_cuda.cu), one query row per thread with scalar FMAs, the readable
+/// lesson; version 2 (ops/cuda/flash_attention_tc_cuda.cu), FlashAttention-2 on tensor cores
+/// (bf16 mma.sync with fp32 accumulators), for bf16 and head sizes 64 and 128 (other dtypes and
+/// head sizes run version 1). The host has one implementation.
 #include "common/tensor.hpp"
 
 namespace scalelab::ops {
@@ -45,5 +56,24 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
 
 /// The dtype of lse for data of `dtype`: f64 for f64, else f32.
 DType flash_attention_lse_dtype(DType dtype);
+
+/// flash_attention_forward of the heads of a fused QKV output: qkv (B, T, 3C) holds q, k, v of
+/// n_head heads side by side (C = n_head * hs); sets y (B, T, C), head h in columns [h*hs,
+/// (h+1)*hs), and lse (B * n_head, T).
+void flash_attention_qkv_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int64_t n_head,
+                                 double scale, bool causal = true);
+
+/// flash_attention_backward in the same layout: sets dqkv (B, T, 3C) from dy (B, T, C), given
+/// the forward's qkv, y and lse.
+void flash_attention_qkv_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv,
+                                  const Tensor& y, const Tensor& lse, int64_t n_head,
+                                  double scale, bool causal = true);
+
+/// Which CUDA kernel runs flash attention: 1 (the default; scalar, one query row per thread) or
+/// 2 (tensor cores; bf16, head size 64 or 128, else version 1 runs). The environment variable
+/// SCALELAB_FLASH_ATTENTION_VERSION sets the initial value. The host is unaffected.
+void set_flash_attention_version(int version);
+/// The version set_flash_attention_version (or the environment) chose.
+int flash_attention_version();
 
 }  // namespace scalelab::ops

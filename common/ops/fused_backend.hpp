@@ -6,6 +6,35 @@
 /// checked. Labs call flash_attention.hpp, fused_norm.hpp and fused_linear.hpp instead.
 #include "common/tensor.hpp"
 
+namespace scalelab::ops {
+/// Where the heads of one flash attention call lie, so one kernel serves both entry points:
+/// head h of batch b of q starts at element q_off + b * in_batch + h * in_head of q's tensor
+/// (k at k_off, v at v_off, likewise), its T rows in_ld elements apart; out, dout (and the lse of
+/// row t, at (b * NH + h) * T + t) likewise with out_batch, out_head, out_ld. The (BH, T, hs)
+/// tensors of flash_attention_forward: B = BH, NH = 1, rows hs apart. The fused QKV output
+/// (B, T, 3C) of flash_attention_qkv_forward: rows 3C apart, heads hs apart, k at C, v at 2C.
+struct AttentionLayout {
+  int64_t B = 0;          ///< batches (BH for (BH, T, hs) tensors)
+  int64_t NH = 0;         ///< heads per batch (1 for (BH, T, hs) tensors)
+  int64_t T = 0;          ///< sequence length: rows per head
+  int64_t hs = 0;         ///< head size: columns per head
+  int64_t in_batch = 0;   ///< q, k, v (and dq, dk, dv): elements from one batch to the next
+  int64_t in_head = 0;    ///< ... from one head to the next
+  int64_t in_ld = 0;      ///< ... from one row to the next
+  int64_t q_off = 0;      ///< where q starts in its tensor (dq in its)
+  int64_t k_off = 0;      ///< where k starts (dk)
+  int64_t v_off = 0;      ///< where v starts (dv)
+  int64_t out_batch = 0;  ///< out and dout: elements from one batch to the next
+  int64_t out_head = 0;   ///< ... from one head to the next
+  int64_t out_ld = 0;     ///< ... from one row to the next
+  /// Both sides are (BH, T, hs) contiguous tensors (flash_attention_forward's layout).
+  bool packed() const {
+    return NH == 1 && in_ld == hs && in_batch == T * hs && out_ld == hs && out_batch == T * hs &&
+           q_off == 0 && k_off == 0 && v_off == 0;
+  }
+};
+}  // namespace scalelab::ops
+
 namespace scalelab::ops::cpu {
 #include "common/ops/fused_backend.inc"
 }  // namespace scalelab::ops::cpu
@@ -18,4 +47,18 @@ namespace scalelab::ops::cuda {
 /// bf16, misaligned, no algorithm): the caller then runs the unfused ops.
 bool linear_epilogue(Tensor& out, Tensor* pre_gelu, const Tensor& in, const Tensor& weight,
                      const Tensor& bias);
+/// CUDA only (flash_attention_tc_cuda.cu): flash attention's version 2, on tensor cores, in any
+/// AttentionLayout. Returns false, having done nothing, where it does not apply (not bf16, a
+/// head size other than 64 or 128, rows not 16-byte aligned): the caller then runs version 1.
+bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const AttentionLayout& layout, double scale,
+                                bool causal);
+/// Which CUDA kernel ran the last flash attention call, forward or backward: 1 or 2 (0 before
+/// any). Tests check with it that version 2 ran where it applies, not version 1 in its place.
+int last_flash_attention_version();
+/// flash_attention_v2_forward's backward (same conditions).
+bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                                 const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& out, const Tensor& lse,
+                                 const AttentionLayout& layout, double scale, bool causal);
 }  // namespace scalelab::ops::cuda

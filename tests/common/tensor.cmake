@@ -6,6 +6,9 @@ scalelab_add_test(NAME test_gpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt.cpp R
 # flash attention and the fused residual + LayerNorm against the unfused ops (host)
 scalelab_add_test(NAME test_flash_attention
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_attention.cpp RANKS 1)
+# the tensor-core flash attention's fragment index math, replayed on the host (no GPU needed)
+scalelab_add_test(NAME test_mma_fragments
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_mma_fragments.cpp RANKS 1)
 scalelab_add_test(NAME test_fused_norm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_norm.cpp RANKS 1)
 scalelab_add_test(NAME test_fused_linear SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_linear.cpp RANKS 1)
 # the ops' work counters (what lab 07's graders read)
@@ -22,6 +25,9 @@ scalelab_add_test(NAME test_ops_cuda SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ops_
 # LayerNorm, a mixed-precision GPT step) against the host
 scalelab_add_test(NAME test_ops_cuda_bf16 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ops_cuda_bf16.cpp
                   RANKS 1 LABELS gpu)
+# issue 32: flash attention versions 1 and 2 (tensor cores) against the host, both layouts
+scalelab_add_test(NAME test_ops_cuda_flash SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ops_cuda_flash.cpp
+                  RANKS 1 LABELS gpu TIMEOUT 120)
 # the golden file is written by tools/torch_golden.py (PyTorch, not needed to run the test)
 scalelab_add_test(NAME test_gpt_golden SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt_golden.cpp RANKS 1)
 target_compile_definitions(test_gpt_golden PRIVATE

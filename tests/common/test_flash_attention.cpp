@@ -224,3 +224,60 @@ TEST(FlashAttention, UnmaskedBlocksMergeToCausal) {
   EXPECT_LT(rel_error(dk_b, half(r.dk, c)), 1e-12);
   EXPECT_LT(rel_error(dv_b, half(r.dv, c)), 1e-12);
 }
+
+// The in-place form nn::CausalSelfAttention calls (issue 32): q, k, v read from the QKV output
+// (B, T, 3C) where the matmul wrote them, y written as (B, T, C), dqkv set in the QKV layout.
+// Reference: split_heads, the unfused f64 attention of the (BH, T, hs) heads, merge_heads (and
+// split_heads_backward of its dq, dk, dv): 1e-12 relative in f64. In f32 and bf16 the host's
+// in-place kernel is the packed one reading other addresses, so it must give the split path's
+// numbers bit for bit (every sum in the same order). T 37 is not a multiple of the tiles; the
+// outputs start at garbage so a missed element shows.
+TEST(FlashAttention, QkvLayoutMatchesSplitHeads) {
+  const int64_t B = 2, NH = 3, T = 37, hs = 16, C = NH * hs;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    const std::string what = dtype_name(dt);
+    const Tensor qkv = uniform({B, T, 3 * C}, 5, dt, -2, 2), dy = uniform({B, T, C}, 6, dt, -2, 2);
+    const DType ldt = ops::flash_attention_lse_dtype(dt);
+    Tensor y = Tensor::from_vector(std::vector<double>(B * T * C, 7.0), {B, T, C}, dt);
+    Tensor lse = Tensor::empty({B * NH, T}, ldt), dqkv = qkv.clone();
+    ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale);
+    ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale);
+
+    // the split path, on (BH, T, hs) heads
+    auto heads = [&] { return Tensor::empty({B, NH, T, hs}, dt); };
+    Tensor q = heads(), k = heads(), v = heads(), dyh = heads();
+    ops::split_heads(q, k, v, qkv, NH);
+    ops::merge_heads_backward(dyh, dy);
+    const std::vector<int64_t> flat = {B * NH, T, hs};
+    if (dt == DType::f64) {
+      const Inputs in{q.view(flat), k.view(flat), v.view(flat), dyh.view(flat), scale};
+      const Reference r = unfused(in);
+      Tensor y_ref = Tensor::empty({B, T, C}, dt), dqkv_ref = qkv.clone();
+      ops::merge_heads(y_ref, r.out.view({B, NH, T, hs}));
+      ops::split_heads_backward(dqkv_ref, r.dq.view({B, NH, T, hs}), r.dk.view({B, NH, T, hs}),
+                                r.dv.view({B, NH, T, hs}));
+      EXPECT_LT(rel_error(y, y_ref), 1e-12) << what;
+      EXPECT_LT(rel_error(lse, r.lse), 1e-12) << what;
+      EXPECT_LT(rel_error(dqkv, dqkv_ref), 1e-12) << what;
+      continue;
+    }
+    Tensor yh = heads(), lse_ref = Tensor::empty({B * NH, T}, ldt), dq = heads(), dk = heads(),
+           dv = heads(), y_ref = Tensor::empty({B, T, C}, dt), dqkv_ref = qkv.clone();
+    Tensor yh3 = yh.view(flat), dq3 = dq.view(flat), dk3 = dk.view(flat), dv3 = dv.view(flat);
+    ops::flash_attention_forward(yh3, lse_ref, q.view(flat), k.view(flat), v.view(flat), scale);
+    ops::merge_heads(y_ref, yh);
+    ops::flash_attention_backward(dq3, dk3, dv3, dyh.view(flat), q.view(flat), k.view(flat),
+                                  v.view(flat), yh3, lse_ref, scale);
+    ops::split_heads_backward(dqkv_ref, dq, dk, dv);
+    EXPECT_EQ(y.to_vector(), y_ref.to_vector()) << what;
+    EXPECT_EQ(lse.to_vector(), lse_ref.to_vector()) << what;
+    EXPECT_EQ(dqkv.to_vector(), dqkv_ref.to_vector()) << what;
+  }
+  // shapes: qkv's last dimension must be 3 * n_head * hs; y (B, T, C)
+  Tensor qkv = Tensor::zeros({1, 4, 3 * 8}), y = Tensor::zeros({1, 4, 8});
+  Tensor lse = Tensor::zeros({2, 4}), y_bad = Tensor::zeros({1, 4, 9});
+  EXPECT_THROW(ops::flash_attention_qkv_forward(y, lse, qkv, 5, 0.5), CheckFailed);
+  EXPECT_THROW(ops::flash_attention_qkv_forward(y_bad, lse, qkv, 2, 0.5), CheckFailed);
+  EXPECT_NO_THROW(ops::flash_attention_qkv_forward(y, lse, qkv, 2, 0.5));
+}

@@ -1,15 +1,24 @@
-// scalelab_bench_attention: causal attention forward and backward at one shape, the unfused path
-// of common/nn/attention.cpp (batched_matmul, causal_softmax, batched_matmul: (BH, T, T) matrices)
-// against flash attention (common/ops/flash_attention.hpp: tiles, no T x T). Prints, for each,
-// the best and median ms of --repeats calls after --warmup, the TFLOP/s and the allocator's
-// peak. Not a test. FLOPs as the FlashAttention papers count them: forward 4 BH T^2 hs, halved
-// for the causal mask; backward 2.5 x forward (the useful work: the two-pass flash backward
-// recomputes more, which this count leaves out, so its TFLOP/s is the useful rate).
+// scalelab_bench_attention: causal attention forward and backward at one shape, side by side:
+// the unfused path of common/nn/attention.cpp (batched_matmul, causal_softmax, batched_matmul:
+// (BH, T, T) matrices), flash attention's CUDA version 1 (scalar, one query row per thread) and
+// version 2 (tensor cores) on (BH, T, hs) heads, both again in the layout nn::CausalSelfAttention
+// uses (q, k, v read from the (B, T, 3C) QKV output, y written (B, T, C): version 1 pays for
+// split_heads / merge_heads copies there, version 2 reads in place), and, with --torch-python,
+// PyTorch's scaled_dot_product_attention with its FlashAttention-2 and cuDNN backends
+// (tools/bench_attention_torch.py) at the same shape. Prints, for each, the best and median ms of
+// --repeats calls after --warmup, the TFLOP/s and the allocator's peak. Not a test. FLOPs as the
+// FlashAttention papers count them: forward 4 BH T^2 hs, halved for the causal mask; backward
+// 2.5 x forward (the useful work: scalelab's deterministic two-pass backward recomputes more,
+// which this count leaves out, so its TFLOP/s is the useful rate, comparable with PyTorch's).
 //   build/common/scalelab_bench_attention --device cuda --dtype bf16            # gpt-85m, B 16
+//   build/common/scalelab_bench_attention --torch-python python3                # + PyTorch
 //   build/common/scalelab_bench_attention --device cpu --batch 1 --context 256 --dtype f32
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -19,6 +28,7 @@
 #include "common/errors.hpp"
 #include "common/metrics.hpp"
 #include "common/ops/flash_attention.hpp"
+#include "common/ops/fused_backend.hpp"
 #include "common/ops/ops.hpp"
 #include "common/runtime.hpp"
 
@@ -44,6 +54,17 @@ std::pair<double, double> time_ms(Device device, int warmup, int repeats, const 
   std::sort(ms.begin(), ms.end());
   return {ms.front(), ms[ms.size() / 2]};
 }
+
+// Runs `command` and returns what it printed (empty if it could not run).
+std::string output_of(const std::string& command) {
+  std::string out;
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) return out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  pclose(p);
+  return out;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,7 +79,12 @@ int main(int argc, char** argv) {
         ("dtype", "f32, bf16 or f64", cxxopts::value<std::string>()->default_value("bf16"))
         ("repeats", "timed calls", cxxopts::value<int>()->default_value("10"))
         ("warmup", "untimed calls first", cxxopts::value<int>()->default_value("3"))
-        ("device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cuda"));
+        ("device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cuda"))
+        ("torch-python", "a python with PyTorch: adds its SDPA (flash, cuDNN) at the same shape",
+         cxxopts::value<std::string>()->default_value(""))
+        ("torch-script", "the script it runs",
+         cxxopts::value<std::string>()->default_value(SCALELAB_SOURCE_DIR
+                                                      "/tools/bench_attention_torch.py"));
     auto r = cli::parse(options, argc, argv);
     const int64_t B = r["batch"].as<int64_t>(), NH = r["heads"].as<int64_t>(),
                   T = r["context"].as<int64_t>(), hs = r["head-size"].as<int64_t>();
@@ -113,10 +139,74 @@ int main(int argc, char** argv) {
       ops::batched_matmul(dk, dpre, q, true, false);
     });
     att = Tensor();
-    report("flash forward", fwd_flops, [&] { ops::flash_attention_forward(out, lse, q, k, v, scale); });
-    report("flash backward", bwd_flops, [&] {
-      ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
-    });
+    // PyTorch's SDPA at the same shape (tools/bench_attention_torch.py; CUDA only: on a machine
+    // without one its rows say why they did not run)
+    auto torch_rows = [&] {
+      const std::string python = r["torch-python"].as<std::string>();
+      if (python.empty()) return;
+      const std::string command = fmt::format(
+          "'{}' '{}' --batch {} --heads {} --context {} --head-size {} --dtype {} --repeats {} "
+          "--warmup {} 2>&1",
+          python, r["torch-script"].as<std::string>(), B, NH, T, hs,
+          dt == DType::bf16 ? "bf16" : "f32", repeats, warmup);
+      const std::string printed = output_of(command);
+      std::istringstream lines(printed);
+      std::string line;
+      bool any = false;
+      while (std::getline(lines, line)) {
+        std::istringstream in(line);
+        std::string kind, backend, pass, reason;
+        double best = 0, median = 0;
+        in >> kind >> backend;
+        if (kind == "row" && (in >> pass >> best >> median)) {
+          const double flops = pass == "forward" ? fwd_flops : bwd_flops;
+          fmt::print("{:<22} {:>10.3f} {:>10.3f} {:>10.2f} {:>12}\n",
+                     "torch " + backend + " " + pass, best, median,
+                     flops / (best * 1e-3) / 1e12, "");
+          any = true;
+        } else if (kind == "skip") {
+          std::getline(in >> std::ws, reason);
+          fmt::print("torch {}: not run ({})\n", backend, reason);
+          any = true;
+        }
+      }
+      if (!any) fmt::print("torch: `{}` printed no rows:\n{}\n", command, printed);
+    };
+    if (device.is_cpu()) {  // the host has one flash attention
+      report("flash forward", fwd_flops,
+             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale); });
+      report("flash backward", bwd_flops, [&] {
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+      });
+      torch_rows();
+      return 0;
+    }
+    // the fused QKV output (B, T, 3C) and y (B, T, C) of nn::CausalSelfAttention
+    const int64_t C = NH * hs;
+    Tensor qkv = Tensor::empty({B, T, 3 * C}, dt, device), dqkv = qkv.clone();
+    ops::fill(qkv, 0.01);
+    Tensor y = Tensor::empty({B, T, C}, dt, device), dy = y.clone();
+    ops::fill(dy, 0.01);
+    for (int version : {1, 2}) {
+      ops::set_flash_attention_version(version);
+      const std::string v_name = "flash v" + std::to_string(version);
+      report((v_name + " forward").c_str(), fwd_flops,
+             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale); });
+      // version 2 takes bf16 and head sizes 64, 128 only: say so when version 1 ran instead
+      if (ops::cuda::last_flash_attention_version() != version)
+        fmt::print("  (version {} does not take {} at head size {}: version {} ran)\n", version,
+                   dtype_name(dt), hs, ops::cuda::last_flash_attention_version());
+      report((v_name + " backward").c_str(), bwd_flops, [&] {
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+      });
+      report((v_name + " qkv forward").c_str(), fwd_flops,
+             [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale); });
+      report((v_name + " qkv backward").c_str(), bwd_flops,
+             [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale); });
+    }
+    ops::set_flash_attention_version(1);
+
+    torch_rows();
     return 0;
   });
 }

@@ -33,14 +33,6 @@ inline double load(double x) { return x; }
 template <class S, class A>
 S store(A x) { return S(x); }  // bf16(float) rounds to nearest even
 
-// Views of one (T, hs) matrix of a (BH, T, hs) tensor, and one row of (BH, T).
-template <class S>
-struct Mat {
-  S* p;
-  int64_t hs;
-  S* row(int64_t t) const { return p + t * hs; }
-};
-
 template <class A, class S>
 A dot_row(const S* a, const S* b, int64_t hs) {
   A s = 0;
@@ -48,15 +40,18 @@ A dot_row(const S* a, const S* b, int64_t hs) {
   return s;
 }
 
+// Every matrix below is one head's (T, hs): row t starts at element t * ld (ld = hs for the
+// (BH, T, hs) tensors; 3C for q, k, v read in place from the (B, T, 3C) QKV output, C for y).
+//
 // (T, hs) -> (hs, T) in the compute type. The score of query i against keys j..j+n is then
 // s[c] += q_i[d] * kt[d][j + c] over d: the c loop runs over adjacent numbers, which the compiler
 // turns into vector instructions, while every score is still summed over d in the same order as
 // dot_row's (so the results are those of the plain dot products, bit for bit).
 template <class A, class S>
-std::vector<A> transposed(const S* m, int64_t T, int64_t hs) {
+std::vector<A> transposed(const S* m, int64_t T, int64_t hs, int64_t ld) {
   std::vector<A> t(hs * T);
   for (int64_t j = 0; j < T; ++j)
-    for (int64_t d = 0; d < hs; ++d) t[d * T + j] = load(m[j * hs + d]);
+    for (int64_t d = 0; d < hs; ++d) t[d * T + j] = load(m[j * ld + d]);
   return t;
 }
 
@@ -73,12 +68,14 @@ void row_times_cols(A* s, const S* row, const A* cols, int64_t j0, int64_t n, in
 }
 
 // ---- forward ----------------------------------------------------------------------------------
-// For one (T, hs) head. S is the storage type, A the compute (accumulation) type.
+// For one (T, hs) head: q, k, v rows `ld` apart, out rows `ld_out` apart. S is the storage
+// type, A the compute (accumulation) type.
 template <class S, class A>
 SCALELAB_HOST_SIMD void forward_head(S* out, A* lse, const S* q, const S* k, const S* v,
-                                     int64_t T, int64_t hs, A scale, bool causal) {
+                                     int64_t T, int64_t hs, int64_t ld, int64_t ld_out, A scale,
+                                     bool causal) {
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
-  const std::vector<A> kt = transposed<A>(k, T, hs);  // K^T: (hs, T)
+  const std::vector<A> kt = transposed<A>(k, T, hs, ld);  // K^T: (hs, T)
   for (int64_t q0 = 0; q0 < T; q0 += kBr) {  // one query tile: rows [q0, q1)
     const int64_t q1 = std::min(q0 + kBr, T);
     A m[kBr], l[kBr];        // running max and running sum, per row of the tile
@@ -92,7 +89,7 @@ SCALELAB_HOST_SIMD void forward_head(S* out, A* lse, const S* q, const S* k, con
         const int64_t i = q0 + r;
         // 1. scores of this row against the tile's keys (masked: -inf, so p = 0)
         A s[kBc];
-        row_times_cols(s, q + i * hs, kt.data(), k0, k1 - k0, T, hs);
+        row_times_cols(s, q + i * ld, kt.data(), k0, k1 - k0, T, hs);
         A tile_max = kNegInf;
         for (int64_t c = 0; c < k1 - k0; ++c) {
           s[c] = !causal || k0 + c <= i ? scale * s[c] : kNegInf;
@@ -111,7 +108,7 @@ SCALELAB_HOST_SIMD void forward_head(S* out, A* lse, const S* q, const S* k, con
           p[c] = s[c] == kNegInf ? A(0) : exp_vectorizable(s[c] - m_new);
         for (int64_t c = 0; c < k1 - k0; ++c) {
           l[r] += p[c];
-          const S* vj = v + (k0 + c) * hs;
+          const S* vj = v + (k0 + c) * ld;
           for (int64_t d = 0; d < hs; ++d) o[d] += p[c] * load(vj[d]);
         }
         m[r] = m_new;
@@ -120,7 +117,7 @@ SCALELAB_HOST_SIMD void forward_head(S* out, A* lse, const S* q, const S* k, con
     // 4. normalise once at the end (not per tile) and keep lse for backward
     for (int64_t r = 0; r < q1 - q0; ++r) {
       const A* o = acc.data() + r * hs;
-      for (int64_t d = 0; d < hs; ++d) out[(q0 + r) * hs + d] = store<S>(o[d] / l[r]);
+      for (int64_t d = 0; d < hs; ++d) out[(q0 + r) * ld_out + d] = store<S>(o[d] / l[r]);
       lse[q0 + r] = m[r] + std::log(l[r]);
     }
   }
@@ -136,12 +133,14 @@ SCALELAB_HOST_SIMD void forward_head(S* out, A* lse, const S* q, const S* k, con
 // (atomics, or a second pass over query tiles: ops/cuda's kernels take the second pass). Here
 // the tiles run one after another, so dQ_i simply accumulates, and in the order of j: every sum
 // runs in the same order as a two-pass backward's would.
+// q, k, v, dq, dk, dv rows `ld` apart; out and dout rows `ld_out` apart.
 template <class S, class A>
 SCALELAB_HOST_SIMD void backward_head(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k,
                                       const S* v, const S* out, const A* lse, A* D, int64_t T,
-                                      int64_t hs, A scale, bool causal) {
-  for (int64_t i = 0; i < T; ++i) D[i] = dot_row<A>(dout + i * hs, out + i * hs, hs);
-  const std::vector<A> kt = transposed<A>(k, T, hs), vt = transposed<A>(v, T, hs);
+                                      int64_t hs, int64_t ld, int64_t ld_out, A scale,
+                                      bool causal) {
+  for (int64_t i = 0; i < T; ++i) D[i] = dot_row<A>(dout + i * ld_out, out + i * ld_out, hs);
+  const std::vector<A> kt = transposed<A>(k, T, hs, ld), vt = transposed<A>(v, T, hs, ld);
   std::vector<A> acc_q(T * hs, A(0)), acc_k(kBc * hs), acc_v(kBc * hs);
   for (int64_t k0 = 0; k0 < T; k0 += kBc) {
     const int64_t k1 = std::min(k0 + kBc, T), nc = k1 - k0;
@@ -151,31 +150,32 @@ SCALELAB_HOST_SIMD void backward_head(S* dq, S* dk, S* dv, const S* dout, const 
     for (int64_t i = causal ? k0 : 0; i < T; ++i) {
       const int64_t n = causal ? std::min(nc, i - k0 + 1) : nc;  // the keys of the tile i sees
       A p[kBc], ds[kBc];
-      row_times_cols(p, q + i * hs, kt.data(), k0, n, T, hs);     // s_ij / scale
-      row_times_cols(ds, dout + i * hs, vt.data(), k0, n, T, hs);  // dp_ij = dO_i . v_j
+      row_times_cols(p, q + i * ld, kt.data(), k0, n, T, hs);         // s_ij / scale
+      row_times_cols(ds, dout + i * ld_out, vt.data(), k0, n, T, hs);  // dp_ij = dO_i . v_j
       for (int64_t c = 0; c < n; ++c) {
         p[c] = exp_vectorizable(scale * p[c] - lse[i]);
         ds[c] = p[c] * (ds[c] - D[i]);
       }
       A* aq = acc_q.data() + i * hs;
       for (int64_t c = 0; c < n; ++c) {
-        const S* kj = k + (k0 + c) * hs;
+        const S* kj = k + (k0 + c) * ld;
         A* ak = acc_k.data() + c * hs;
         A* av = acc_v.data() + c * hs;
         for (int64_t d = 0; d < hs; ++d) {
           aq[d] += ds[c] * load(kj[d]);
-          ak[d] += ds[c] * load(q[i * hs + d]);
-          av[d] += p[c] * load(dout[i * hs + d]);
+          ak[d] += ds[c] * load(q[i * ld + d]);
+          av[d] += p[c] * load(dout[i * ld_out + d]);
         }
       }
     }
     for (int64_t c = 0; c < nc; ++c)
       for (int64_t d = 0; d < hs; ++d) {
-        dk[(k0 + c) * hs + d] = store<S>(scale * acc_k[c * hs + d]);
-        dv[(k0 + c) * hs + d] = store<S>(acc_v[c * hs + d]);
+        dk[(k0 + c) * ld + d] = store<S>(scale * acc_k[c * hs + d]);
+        dv[(k0 + c) * ld + d] = store<S>(acc_v[c * hs + d]);
       }
   }
-  for (int64_t i = 0; i < T * hs; ++i) dq[i] = store<S>(scale * acc_q[i]);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t d = 0; d < hs; ++d) dq[i * ld + d] = store<S>(scale * acc_q[i * hs + d]);
 }
 
 // Calls f(S{}, A{}) with the storage and compute types of `dtype`.
@@ -188,36 +188,55 @@ void with_types(DType dtype, F f) {
     default: SCALELAB_CHECK(false, "flash attention: dtype {}", dtype_name(dtype));
   }
 }
+
+
+// Head (b, h): its offsets in the in-side and out-side tensors (AttentionLayout).
+int64_t in_at(const AttentionLayout& l, int64_t b, int64_t h) {
+  return b * l.in_batch + h * l.in_head;
+}
+int64_t out_at(const AttentionLayout& l, int64_t b, int64_t h) {
+  return b * l.out_batch + h * l.out_head;
+}
 }  // namespace
 
-void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, double scale, bool causal) {
-  const int64_t BH = q.size(0), T = q.size(1), hs = q.size(2);
+bool flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const AttentionLayout& l, double scale,
+                             bool causal) {
   with_types(q.dtype(), [&](auto s_tag, auto a_tag) {
     using S = decltype(s_tag);
     using A = decltype(a_tag);
-    for (int64_t h = 0; h < BH; ++h)
-      forward_head<S, A>(out.data<S>() + h * T * hs, lse.data<A>() + h * T,
-                         q.data<S>() + h * T * hs, k.data<S>() + h * T * hs,
-                         v.data<S>() + h * T * hs, T, hs, A(scale), causal);
+    for (int64_t b = 0; b < l.B; ++b)
+      for (int64_t h = 0; h < l.NH; ++h) {
+        const int64_t in = in_at(l, b, h);
+        forward_head<S, A>(out.data<S>() + out_at(l, b, h), lse.data<A>() + (b * l.NH + h) * l.T,
+                           q.data<S>() + l.q_off + in, k.data<S>() + l.k_off + in,
+                           v.data<S>() + l.v_off + in, l.T, l.hs, l.in_ld, l.out_ld, A(scale),
+                           causal);
+      }
   });
+  return true;
 }
 
-void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+bool flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& lse, double scale, bool causal) {
-  const int64_t BH = q.size(0), T = q.size(1), hs = q.size(2);
+                              const Tensor& lse, const AttentionLayout& l, double scale,
+                              bool causal) {
   with_types(q.dtype(), [&](auto s_tag, auto a_tag) {
     using S = decltype(s_tag);
     using A = decltype(a_tag);
-    Tensor D = Tensor::empty({T}, dtype_of<A>());  // D_i = dO_i . O_i for one head: T numbers
-    const int64_t n = T * hs;
-    for (int64_t h = 0; h < BH; ++h)
-      backward_head<S, A>(dq.data<S>() + h * n, dk.data<S>() + h * n, dv.data<S>() + h * n,
-                          dout.data<S>() + h * n, q.data<S>() + h * n, k.data<S>() + h * n,
-                          v.data<S>() + h * n, out.data<S>() + h * n, lse.data<A>() + h * T,
-                          D.data<A>(), T, hs, A(scale), causal);
+    Tensor D = Tensor::empty({l.T}, dtype_of<A>());  // D_i = dO_i . O_i for one head: T numbers
+    for (int64_t b = 0; b < l.B; ++b)
+      for (int64_t h = 0; h < l.NH; ++h) {
+        const int64_t in = in_at(l, b, h), o = out_at(l, b, h);
+        backward_head<S, A>(dq.data<S>() + l.q_off + in, dk.data<S>() + l.k_off + in,
+                            dv.data<S>() + l.v_off + in, dout.data<S>() + o,
+                            q.data<S>() + l.q_off + in, k.data<S>() + l.k_off + in,
+                            v.data<S>() + l.v_off + in, out.data<S>() + o,
+                            lse.data<A>() + (b * l.NH + h) * l.T, D.data<A>(), l.T, l.hs, l.in_ld,
+                            l.out_ld, A(scale), causal);
+      }
   });
+  return true;
 }
 
 // The online-softmax merge of two partial attentions over disjoint key sets (ring attention):

@@ -15,11 +15,13 @@
 // order, no atomics), and each kernel is the forward's shape again. The price is computing the
 // scores and p twice (about 1.4x the backward's FLOPs).
 //
-// This kernel uses CUDA cores (FMA), not tensor cores: it is the readable one. Its speed on an
-// H100 against cuDNN's / PyTorch's fused attention is one of the GPU measurements still to make.
+// This kernel uses CUDA cores (FMA), not tensor cores: it is the readable one, version 1. Version
+// 2 (flash_attention_tc_cuda.cu) is FlashAttention-2 on tensor cores; set_flash_attention_version
+// picks it (bf16, head size 64 or 128), and only it reads q, k, v in place from the QKV output.
 #include <type_traits>
 
 #include "common/ops/cuda/kernels.cuh"
+#include "common/ops/flash_attention.hpp"
 #include "common/ops/fused_backend.hpp"
 
 namespace scalelab::ops::cuda {
@@ -265,11 +267,15 @@ void with_types(DType dtype, int64_t hs, F f) {
   }
 }
 
+int g_last_version = 0;  // last_flash_attention_version
+
 dim3 grid_for(int64_t BH, int64_t T) {
   SCALELAB_CHECK(BH <= 65535, "flash attention on CUDA: {} heads in a batch (at most 65535)", BH);
   return dim3(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(BH));
 }
 }  // namespace
+
+int last_flash_attention_version() { return g_last_version; }
 
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
   use_device(out);
@@ -284,8 +290,16 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
   });
 }
 
-void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, double scale, bool causal) {
+bool flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const AttentionLayout& layout, double scale,
+                             bool causal) {
+  if (flash_attention_version() == 2 &&
+      flash_attention_v2_forward(out, lse, q, k, v, layout, scale, causal)) {
+    g_last_version = 2;
+    return true;
+  }
+  if (!layout.packed()) return false;  // version 1 reads (BH, T, hs) tensors only
+  g_last_version = 1;
   use_device(out);
   const int64_t BH = q.size(0), T = q.size(1), hs = q.size(2);
   with_types(q.dtype(), hs, [&](auto s_tag, auto a_tag, auto hs_c) {
@@ -296,11 +310,20 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
            out.data<S>(), lse.data<A>(), q.data<S>(), k.data<S>(), v.data<S>(),
            static_cast<int>(T), A(scale), causal);
   });
+  return true;
 }
 
-void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+bool flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& lse, double scale, bool causal) {
+                              const Tensor& lse, const AttentionLayout& layout, double scale,
+                              bool causal) {
+  if (flash_attention_version() == 2 &&
+      flash_attention_v2_backward(dq, dk, dv, dout, q, k, v, out, lse, layout, scale, causal)) {
+    g_last_version = 2;
+    return true;
+  }
+  if (!layout.packed()) return false;
+  g_last_version = 1;
   use_device(dq);
   const int64_t BH = q.size(0), T = q.size(1), hs = q.size(2);
   with_types(q.dtype(), hs, [&](auto s_tag, auto a_tag, auto hs_c) {
@@ -319,6 +342,7 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
            dv.data<S>(), dout.data<S>(), q.data<S>(), k.data<S>(), v.data<S>(), lse.data<A>(),
            D.data<A>(), static_cast<int>(T), A(scale), causal);
   });
+  return true;
 }
 
 }  // namespace scalelab::ops::cuda

@@ -6,13 +6,14 @@ namespace scalelab::ops::cuda {
 namespace {
 [[noreturn]] void no_cuda() { throw UsageError("CUDA op called but scalelab was built without CUDA"); }
 }  // namespace
-void flash_attention_forward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             double, bool) { no_cuda(); }
-void flash_attention_backward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&,
+bool flash_attention_forward(Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const AttentionLayout&, double, bool) { no_cuda(); }
+bool flash_attention_backward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&,
                               const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              double, bool) { no_cuda(); }
+                              const AttentionLayout&, double, bool) { no_cuda(); }
 void attention_merge(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void residual_layernorm_forward(Tensor&, Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&,
                                 const Tensor&, const Tensor&, double) { no_cuda(); }
+int last_flash_attention_version() { return 0; }  // no CUDA: no CUDA call ran
 bool linear_epilogue(Tensor&, Tensor*, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 }  // namespace scalelab::ops::cuda

@@ -1,0 +1,617 @@
+// Flash attention, version 2: FlashAttention-2 (Dao 2023) on tensor cores, bf16 in and fp32
+// accumulators. Read version 1 (flash_attention_cuda.cu) first: same algorithm, same names.
+//
+// Why version 1 is slow, and why bf16 pays only now. Version 1 gives each thread one query row
+// and does every product with scalar FMAs on the CUDA cores; bf16 there only halves the bytes
+// loaded, because the tiles are converted to float when staged, so the FMAs run at the fp32
+// rate (about 67 TFLOP/s on an H100 SXM). Attention with T = 1024 is not limited by bytes but
+// by those FMAs. Tensor cores multiply small bf16 tiles in one instruction at about 990 TFLOP/s
+// (dense) on an H100 SXM: 15x, and only for 16-bit (or 8-bit) inputs. So bf16 now pays in
+// arithmetic, not just in bytes.
+//
+// What changes from version 1:
+//  - a WARP owns 16 query rows (not a thread one row); four warps make a 64-row block;
+//  - S = Q K^T and O += P V are warp-wide mma.sync.m16n8k16 products whose operands sit in
+//    registers as "fragments" spread over the 32 lanes (mma_fragments.hpp says who holds what);
+//    ldmatrix loads those fragments from shared memory, 8x8 tiles at a time;
+//  - the online softmax runs on the accumulator fragments: a lane holds parts of two rows, the
+//    four lanes of a quad hold a whole row, so a row max is two shuffles;
+//  - P never leaves the registers: an accumulator tile pair has the A operand's layout, so
+//    exp(S - m) rounded to bf16 IS the A fragment of P V (FlashAttention-2's trick);
+//  - K and V tiles are double-buffered in shared memory with cp.async: the copy of tile j + 1
+//    runs while the tensor cores work on tile j;
+//  - causal: tiles above the diagonal are never loaded, and only tiles that cross the diagonal
+//    (or the end of the sequence) pay for the mask;
+//  - q, k, v and out are read and written where an AttentionLayout says (fused_backend.hpp):
+//    in place in the (B, T, 3C) QKV output, so no split/merge copies.
+//
+// Backward (deterministic, no atomics): D = rowsum(dO * O) first; then one kernel over key
+// tiles computes dK and dV (each warp 16 keys, looping over the query tiles that see them), and
+// one over query tiles computes dQ (each warp 16 queries, looping over key tiles): every output
+// element is summed by one lane in a fixed order. FlashAttention-2 instead adds dQ with
+// atomicAdd from the key-tile pass, whose order varies run to run; the price here is computing
+// S and P twice (7 tile products per (query, key) tile instead of 5).
+//
+// Shared memory rows are padded by 8 bf16 (16 bytes): a row of HS + 8 elements starts 4 banks
+// after the previous one, so the 8 row addresses of one ldmatrix tile hit 8 different 16-byte
+// bank groups (no conflicts) and every row stays 16-byte aligned for cp.async.
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
+#include "common/ops/cuda/kernels.cuh"
+#include "common/ops/cuda/mma_fragments.hpp"
+#include "common/ops/fused_backend.hpp"
+
+namespace scalelab::ops::cuda {
+
+namespace {
+constexpr int kWarps = 4;                // warps per block
+constexpr int kBlock = kWarps * kWarp;   // 128 threads
+constexpr int kRowsPerWarp = 16;         // the M of m16n8k16
+constexpr int kTileRows = kWarps * kRowsPerWarp;  // 64 rows a block owns
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- PTX: the four instructions this file is about -------------------------------------------
+__device__ inline uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without passing through registers; with valid = false the 16 bytes
+// are zero-filled (src-size 0): rows past the end of the sequence load as zeros.
+__device__ inline void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ inline void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ inline void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// c (16x8 fp32) += a (16x16 bf16) b (16x8 bf16), the whole warp together.
+__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one register of two bf16 (round to nearest even); lo in the low half.
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ---- warp-level tile products ------------------------------------------------------------------
+// A fragments of a 16 x (16 KC) tile in shared memory (row-major, ld elements per row).
+template <int KC>
+__device__ inline void load_a(uint32_t (&a)[KC][4], const bf16* tile, int ld) {
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) ldsm_x4(a[kc], tile + mma::ldsm_a_offset(ln, kc, ld));
+}
+
+// How B lies in shared memory: as B^T, [n][k] row-major (K in S = Q K^T: n = key, k = head
+// dimension), or as B, [k][n] row-major (V in O = P V: k = key, n = head dimension), which
+// ldmatrix.trans turns into B fragments on the way.
+enum class BIs { NK, KN };
+
+// acc (16 x 8N) += A (16 x 16KC, fragments) * B, B (16KC x 8N) in shared memory laid out as
+// `lay` says, with ld elements per row.
+template <BIs lay, int KC, int N>
+__device__ inline void mma_tile(float (&acc)[N][4], const uint32_t (&a)[KC][4], const bf16* b,
+                                int ld) {
+  static_assert(N % 2 == 0, "n-tiles come in pairs (one ldmatrix.x4)");
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      uint32_t r[4];
+      if constexpr (lay == BIs::NK) ldsm_x4(r, b + mma::ldsm_bt_offset(ln, np, kc, ld));
+      else ldsm_x4_trans(r, b + mma::ldsm_b_offset(ln, np, kc, ld));
+      mma_bf16(acc[2 * np], a[kc], r[0], r[1]);
+      mma_bf16(acc[2 * np + 1], a[kc], r[2], r[3]);
+    }
+}
+
+// An accumulator (16 x 16KC fp32) as the A operand of the next product, rounded to bf16.
+template <int KC>
+__device__ inline void acc_to_a(uint32_t (&a)[KC][4], const float (&acc)[2 * KC][4]) {
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float(&c)[4] = acc[mma::a_from_c_tile(kc, r)];
+      a[kc][r] = pack_bf16(c[mma::a_from_c_reg(r, 0)], c[mma::a_from_c_reg(r, 1)]);
+    }
+}
+
+template <int N>
+__device__ inline void zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[n][r] = 0.f;
+}
+
+// ---- where a head's rows are ------------------------------------------------------------------
+// One (T, hs) matrix of one head: row t at p + t * ld.
+struct Rows {
+  const bf16* p;
+  int64_t ld;
+};
+struct OutRows {
+  bf16* p;
+  int64_t ld;
+};
+// The head (b, h) = (blockIdx.z, blockIdx.y) of a tensor laid out as AttentionLayout says.
+struct Heads {
+  int64_t off, batch, head, ld;
+  __device__ Rows at(const bf16* base) const {
+    return {base + off + blockIdx.z * batch + blockIdx.y * head, ld};
+  }
+  __device__ OutRows at(bf16* base) const {
+    return {base + off + blockIdx.z * batch + blockIdx.y * head, ld};
+  }
+};
+
+// Copies rows [r0, r0 + ROWS) of m into tile (ROWS x HS, ld HS + 8) with cp.async, 16 bytes
+// per copy, consecutive threads on consecutive bytes; rows past T come in as zeros.
+template <int ROWS, int HS>
+__device__ inline void load_tile(bf16* tile, Rows m, int r0, int T) {
+  constexpr int kChunks = HS / 8;  // 16-byte pieces per row
+  for (int e = threadIdx.x; e < ROWS * kChunks; e += kBlock) {
+    const int r = e / kChunks, c = (e % kChunks) * 8;
+    const bool valid = r0 + r < T;
+    cp_async16(tile + r * (HS + 8) + c, m.p + (valid ? (r0 + r) * m.ld + c : 0), valid);
+  }
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+// Grid (query tiles, NH, B); 4 warps, warp w owns query rows q0 + 16 w .. + 15. Bc keys a tile.
+template <int HS>
+__global__ void __launch_bounds__(kBlock)
+    flash_tc_forward_kernel(bf16* out_base, float* lse, const bf16* q_base, const bf16* k_base,
+                            const bf16* v_base, Heads qh, Heads kh, Heads vh, Heads oh, int T,
+                            float scale_log2, bool causal) {
+  constexpr int Br = kTileRows, Bc = 64, L = HS + 8;
+  constexpr int KC = HS / 16;  // k-chunks of S = Q K^T (over the head dimension)
+  constexpr int NS = Bc / 8;   // n-tiles of S (over the keys)
+  constexpr int NO = HS / 8;   // n-tiles of O (over the head dimension)
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);  // Br x L
+  bf16* Ks = Qs + Br * L;                         // 2 x Bc x L (double buffer)
+  bf16* Vs = Ks + 2 * Bc * L;                     // 2 x Bc x L
+
+  const Rows q = qh.at(q_base), k = kh.at(k_base), v = vh.at(v_base);
+  const OutRows out = oh.at(out_base);
+  lse += ((int64_t)blockIdx.z * gridDim.y + blockIdx.y) * T;
+  // causal: the last query tiles have the most keys to visit: start them first
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * Br;
+  const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
+  const int w0 = q0 + warp * kRowsPerWarp;              // this warp's first query row
+  const int row[2] = {w0 + ln / 4, w0 + ln / 4 + 8};    // the two rows this lane holds
+  const int n_tiles = ((causal ? min(q0 + Br, T) : T) + Bc - 1) / Bc;
+
+  load_tile<Br, HS>(Qs, q, q0, T);
+  load_tile<Bc, HS>(Ks, k, 0, T);
+  load_tile<Bc, HS>(Vs, v, 0, T);
+  cp_async_commit();
+
+  uint32_t qf[KC][4];  // this warp's 16 query rows as A fragments, loaded once
+  float o[NO][4];      // the partial output, unnormalised (rows row[0], row[1])
+  zero(o);
+  float m[2] = {-INFINITY, -INFINITY};  // running max, in log2 units (scores * scale * log2 e)
+  float l[2] = {0.f, 0.f};              // this lane's share of the running sum of exp2(s - m)
+
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + 1 < n_tiles) {  // start the copy of the next tile into the other buffer
+      const int nb = (t + 1) % 2;
+      load_tile<Bc, HS>(Ks + nb * Bc * L, k, (t + 1) * Bc, T);
+      load_tile<Bc, HS>(Vs + nb * Bc * L, v, (t + 1) * Bc, T);
+      cp_async_commit();
+      cp_async_wait<1>();  // this tile's group (and Q's) has landed, the next one may not have
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // ... for every thread's copies
+    if (t == 0) load_a<KC>(qf, Qs + warp * kRowsPerWarp * L, L);
+    const bf16* Kt = Ks + (t % 2) * Bc * L;
+    const bf16* Vt = Vs + (t % 2) * Bc * L;
+    const int k0 = t * Bc;
+    // a tile wholly above this warp's rows (causal) adds nothing: the warp skips it
+    if (!causal || k0 <= w0 + kRowsPerWarp - 1) {
+      float s[NS][4];
+      zero(s);
+      mma_tile<BIs::NK, KC, NS>(s, qf, Kt, L);
+      // mask (only tiles crossing the diagonal or the end pay for it) and scale into log2 units
+      const bool edge = (causal && k0 + Bc - 1 > w0) || k0 + Bc > T;
+#pragma unroll
+      for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int key = k0 + 8 * n + mma::c_col(ln, r), qi = row[r / 2];
+          const bool masked = edge && (key >= T || (causal && key > qi));
+          s[n][r] = masked ? -INFINITY : s[n][r] * scale_log2;
+        }
+      // the online softmax, per row: new max over the quad, rescale, exponentiate
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // h = 0: row[0] (registers 0, 1); h = 1: row[1] (2, 3)
+        float mx = m[h];
+#pragma unroll
+        for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // every row has seen key 0 by now (tile 0 is never skipped), so mx is finite; the guard
+        // keeps exp2(-inf - -inf) = NaN out if that ever changes
+        const float base = mx == -INFINITY ? 0.f : mx;
+        const float corr = exp2f(m[h] - base);  // 0 on the first tile (m = -inf)
+        m[h] = mx;
+        l[h] *= corr;
+#pragma unroll
+        for (int n = 0; n < NO; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2f(s[n][2 * h + e] - base);  // masked: exp2(-inf) = 0
+            s[n][2 * h + e] = p;
+            l[h] += p;
+          }
+      }
+      // O += P V with P straight from the registers
+      uint32_t pf[NS / 2][4];
+      acc_to_a<NS / 2>(pf, s);
+      mma_tile<BIs::KN, NS / 2, NO>(o, pf, Vt, L);
+    }
+    __syncthreads();  // everyone is done with this buffer before it is refilled
+  }
+
+  // the quad's partial sums make the row's l; normalise once, store y and lse
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (row[h] >= T) continue;
+    const float inv = 1.f / l[h];
+    bf16* dst = out.p + (int64_t)row[h] * out.ld + mma::c_col(ln, 0);
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+      *reinterpret_cast<uint32_t*>(dst + 8 * n) =
+          pack_bf16(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+    if (ln % 4 == 0) lse[row[h]] = (m[h] + log2f(l[h])) * kLn2;
+  }
+}
+
+// ---- backward ---------------------------------------------------------------------------------
+// D_i = dO_i . O_i (fp32), one warp per row; rows in (b, h, t) order, as lse.
+template <int HS>
+__global__ void flash_tc_backward_d_kernel(float* D, const bf16* dout_base, const bf16* out_base,
+                                           Heads oh, int NH, int T, int64_t rows) {
+  const int64_t r = warp_row();
+  if (r >= rows) return;
+  const int t = static_cast<int>(r % T);
+  const int64_t bh = r / T, b = bh / NH, h = bh % NH;
+  const int64_t at = oh.off + b * oh.batch + h * oh.head + t * oh.ld;
+  float s = 0.f;
+  for (int d = lane(); d < HS; d += kWarp)
+    s += float(dout_base[at + d]) * float(out_base[at + d]);
+  s = warp_sum(s);
+  if (lane() == 0) D[r] = s;
+}
+
+// dK and dV. Grid (key tiles, NH, B); warp w owns keys k0 + 16 w .. + 15 and loops over the
+// query tiles (Bq rows) that see them. Per tile, with the warp's keys as the M side:
+//   S^T = K Q^T, P^T = exp(S^T scale - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D),
+//   dV += P^T dO,  dK += dS^T Q   (scaled by `scale` at the end).
+// P^T and dS^T stay in registers as A operands, like P in forward.
+template <int HS>
+__global__ void __launch_bounds__(kBlock)
+    flash_tc_dkdv_kernel(bf16* dk_base, bf16* dv_base, const bf16* q_base, const bf16* k_base,
+                         const bf16* v_base, const bf16* dout_base, const float* lse,
+                         const float* D, Heads qh, Heads kh, Heads vh, Heads oh, int T,
+                         float scale, float scale_log2, bool causal) {
+  constexpr int Bk = kTileRows, Bq = HS == 64 ? 64 : 32, L = HS + 8;
+  constexpr int KC = HS / 16;  // k-chunks over the head dimension
+  constexpr int NQ = Bq / 8;   // n-tiles of S^T (over the queries)
+  constexpr int NO = HS / 8;   // n-tiles of dK, dV
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* Ks = reinterpret_cast<bf16*>(smem_raw);  // Bk x L
+  bf16* Vs = Ks + Bk * L;                         // Bk x L
+  bf16* Qs = Vs + Bk * L;                         // 2 x Bq x L
+  bf16* dOs = Qs + 2 * Bq * L;                    // 2 x Bq x L
+  float* lse_s = reinterpret_cast<float*>(dOs + 2 * Bq * L);  // 2 x Bq, log2 units
+  float* D_s = lse_s + 2 * Bq;                                // 2 x Bq
+
+  const Rows q = qh.at(q_base), k = kh.at(k_base), v = vh.at(v_base), dout = oh.at(dout_base);
+  const OutRows dk = kh.at(dk_base), dv = vh.at(dv_base);
+  const int64_t head_row = ((int64_t)blockIdx.z * gridDim.y + blockIdx.y) * T;
+  lse += head_row, D += head_row;
+  const int k0 = blockIdx.x * Bk;  // causal: the first key tiles see the most queries: first
+  const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
+  const int w0 = k0 + warp * kRowsPerWarp;              // this warp's first key
+  const int key[2] = {w0 + ln / 4, w0 + ln / 4 + 8};    // the two keys this lane holds
+  const int i_begin = causal ? k0 : 0;                  // queries before k0 see none of them
+  const int n_tiles = (T - i_begin + Bq - 1) / Bq;
+
+  // lse (in log2 units) and D of a query tile; a query past T gets lse = +inf, so p = 0
+  auto load_rows = [&](int buf, int i0) {
+    for (int c = threadIdx.x; c < Bq; c += kBlock) {
+      const int i = i0 + c;
+      lse_s[buf * Bq + c] = i < T ? lse[i] * kLog2e : INFINITY;
+      D_s[buf * Bq + c] = i < T ? D[i] : 0.f;
+    }
+  };
+  load_tile<Bk, HS>(Ks, k, k0, T);
+  load_tile<Bk, HS>(Vs, v, k0, T);
+  load_tile<Bq, HS>(Qs, q, i_begin, T);
+  load_tile<Bq, HS>(dOs, dout, i_begin, T);
+  cp_async_commit();
+  load_rows(0, i_begin);
+
+  float dk_acc[NO][4], dv_acc[NO][4];
+  zero(dk_acc);
+  zero(dv_acc);
+  for (int t = 0; t < n_tiles; ++t) {
+    const int i0 = i_begin + t * Bq;
+    if (t + 1 < n_tiles) {
+      const int nb = (t + 1) % 2;
+      load_tile<Bq, HS>(Qs + nb * Bq * L, q, i0 + Bq, T);
+      load_tile<Bq, HS>(dOs + nb * Bq * L, dout, i0 + Bq, T);
+      cp_async_commit();
+      load_rows(nb, i0 + Bq);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* Qt = Qs + (t % 2) * Bq * L;
+    const bf16* dOt = dOs + (t % 2) * Bq * L;
+    const float* lse_t = lse_s + (t % 2) * Bq;
+    const float* D_t = D_s + (t % 2) * Bq;
+    // causal: a query tile wholly before this warp's keys adds nothing
+    if (!causal || i0 + Bq - 1 >= w0) {
+      uint32_t af[KC][4];  // the warp's K rows, then its V rows, as A fragments
+      load_a<KC>(af, Ks + warp * kRowsPerWarp * L, L);
+      float p[NQ][4];  // S^T, then P^T
+      zero(p);
+      mma_tile<BIs::NK, KC, NQ>(p, af, Qt, L);
+      load_a<KC>(af, Vs + warp * kRowsPerWarp * L, L);
+      float ds[NQ][4];  // dP^T, then dS^T
+      zero(ds);
+      mma_tile<BIs::NK, KC, NQ>(ds, af, dOt, L);
+      const bool edge = causal && i0 < w0 + kRowsPerWarp - 1;  // some query before some key
+#pragma unroll
+      for (int n = 0; n < NQ; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int c = 8 * n + mma::c_col(ln, r);  // the query, within the tile
+          const bool masked = edge && i0 + c < key[r / 2];
+          const float pr = masked ? 0.f : exp2f(p[n][r] * scale_log2 - lse_t[c]);
+          p[n][r] = pr;
+          ds[n][r] = pr * (ds[n][r] - D_t[c]);
+        }
+      uint32_t pf[NQ / 2][4];
+      acc_to_a<NQ / 2>(pf, p);
+      mma_tile<BIs::KN, NQ / 2, NO>(dv_acc, pf, dOt, L);
+      acc_to_a<NQ / 2>(pf, ds);
+      mma_tile<BIs::KN, NQ / 2, NO>(dk_acc, pf, Qt, L);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key[h] >= T) continue;
+    const int col = mma::c_col(ln, 0);
+    bf16* kd = dk.p + (int64_t)key[h] * dk.ld + col;
+    bf16* vd = dv.p + (int64_t)key[h] * dv.ld + col;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      *reinterpret_cast<uint32_t*>(kd + 8 * n) =
+          pack_bf16(dk_acc[n][2 * h] * scale, dk_acc[n][2 * h + 1] * scale);
+      *reinterpret_cast<uint32_t*>(vd + 8 * n) = pack_bf16(dv_acc[n][2 * h], dv_acc[n][2 * h + 1]);
+    }
+  }
+}
+
+// dQ. Grid (query tiles, NH, B); warp w owns queries q0 + 16 w .. + 15 and loops over key
+// tiles (Bc keys) like forward:
+//   S = Q K^T, P = exp(S scale - lse), dP = dO V^T, dS = P (dP - D),  dQ += dS K (scaled).
+template <int HS>
+__global__ void __launch_bounds__(kBlock)
+    flash_tc_dq_kernel(bf16* dq_base, const bf16* q_base, const bf16* k_base, const bf16* v_base,
+                       const bf16* dout_base, const float* lse, const float* D, Heads qh,
+                       Heads kh, Heads vh, Heads oh, int T, float scale, float scale_log2,
+                       bool causal) {
+  constexpr int Br = kTileRows, Bc = HS == 64 ? 64 : 32, L = HS + 8;
+  constexpr int KC = HS / 16;
+  constexpr int NS = Bc / 8;  // n-tiles of S (over the keys)
+  constexpr int NO = HS / 8;  // n-tiles of dQ
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);  // Br x L
+  bf16* dOs = Qs + Br * L;                        // Br x L
+  bf16* Ks = dOs + Br * L;                        // 2 x Bc x L
+  bf16* Vs = Ks + 2 * Bc * L;                     // 2 x Bc x L
+
+  const Rows q = qh.at(q_base), k = kh.at(k_base), v = vh.at(v_base), dout = oh.at(dout_base);
+  const OutRows dq = qh.at(dq_base);
+  const int64_t head_row = ((int64_t)blockIdx.z * gridDim.y + blockIdx.y) * T;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * Br;
+  const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
+  const int w0 = q0 + warp * kRowsPerWarp;
+  const int row[2] = {w0 + ln / 4, w0 + ln / 4 + 8};
+  float lse_row[2], D_row[2];  // past T: lse = +inf makes p = 0
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    lse_row[h] = row[h] < T ? lse[head_row + row[h]] * kLog2e : INFINITY;
+    D_row[h] = row[h] < T ? D[head_row + row[h]] : 0.f;
+  }
+  const int n_tiles = ((causal ? min(q0 + Br, T) : T) + Bc - 1) / Bc;
+
+  load_tile<Br, HS>(Qs, q, q0, T);
+  load_tile<Br, HS>(dOs, dout, q0, T);
+  load_tile<Bc, HS>(Ks, k, 0, T);
+  load_tile<Bc, HS>(Vs, v, 0, T);
+  cp_async_commit();
+
+  uint32_t qf[KC][4], dof[KC][4];  // the warp's Q and dO rows, loaded once
+  float dq_acc[NO][4];
+  zero(dq_acc);
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + 1 < n_tiles) {
+      const int nb = (t + 1) % 2;
+      load_tile<Bc, HS>(Ks + nb * Bc * L, k, (t + 1) * Bc, T);
+      load_tile<Bc, HS>(Vs + nb * Bc * L, v, (t + 1) * Bc, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (t == 0) {
+      load_a<KC>(qf, Qs + warp * kRowsPerWarp * L, L);
+      load_a<KC>(dof, dOs + warp * kRowsPerWarp * L, L);
+    }
+    const bf16* Kt = Ks + (t % 2) * Bc * L;
+    const bf16* Vt = Vs + (t % 2) * Bc * L;
+    const int k0 = t * Bc;
+    if (!causal || k0 <= w0 + kRowsPerWarp - 1) {
+      float p[NS][4], ds[NS][4];
+      zero(p);
+      zero(ds);
+      mma_tile<BIs::NK, KC, NS>(p, qf, Kt, L);
+      mma_tile<BIs::NK, KC, NS>(ds, dof, Vt, L);
+      const bool edge = (causal && k0 + Bc - 1 > w0) || k0 + Bc > T;
+#pragma unroll
+      for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int kj = k0 + 8 * n + mma::c_col(ln, r), h = r / 2;
+          const bool masked = edge && (kj >= T || (causal && kj > row[h]));
+          const float pr = masked ? 0.f : exp2f(p[n][r] * scale_log2 - lse_row[h]);
+          ds[n][r] = pr * (ds[n][r] - D_row[h]);
+        }
+      uint32_t dsf[NS / 2][4];
+      acc_to_a<NS / 2>(dsf, ds);
+      mma_tile<BIs::KN, NS / 2, NO>(dq_acc, dsf, Kt, L);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (row[h] >= T) continue;
+    bf16* dst = dq.p + (int64_t)row[h] * dq.ld + mma::c_col(ln, 0);
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+      *reinterpret_cast<uint32_t*>(dst + 8 * n) =
+          pack_bf16(dq_acc[n][2 * h] * scale, dq_acc[n][2 * h + 1] * scale);
+  }
+}
+
+// ---- host side ---------------------------------------------------------------------------------
+template <class Kernel, class... Args>
+void launch(Kernel kernel, dim3 grid, size_t smem, Args... args) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  kernel<<<grid, kBlock, smem>>>(args...);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Version 2 applies to bf16 with head size 64 or 128 whose every row starts 16 bytes aligned
+// (cp.async copies 16 bytes) and whose grid fits.
+bool applies(const AttentionLayout& l, std::initializer_list<const Tensor*> all) {
+  if (l.hs != 64 && l.hs != 128) return false;
+  if (l.B > 65535 || l.NH > 65535 || l.T > (1 << 30)) return false;
+  for (const Tensor* t : all) {
+    if (t->dtype() != DType::bf16) return false;
+    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return false;
+  }
+  for (int64_t e : {l.in_batch, l.in_head, l.in_ld, l.q_off, l.k_off, l.v_off, l.out_batch,
+                    l.out_head, l.out_ld})
+    if (e % 8 != 0) return false;  // 8 bf16 = 16 bytes
+  return true;
+}
+
+Heads in_heads(const AttentionLayout& l, int64_t off) {
+  return {off, l.in_batch, l.in_head, l.in_ld};
+}
+Heads out_heads(const AttentionLayout& l) { return {0, l.out_batch, l.out_head, l.out_ld}; }
+
+dim3 grid_for(const AttentionLayout& l, int rows_per_block) {
+  return dim3(static_cast<unsigned>((l.T + rows_per_block - 1) / rows_per_block),
+              static_cast<unsigned>(l.NH), static_cast<unsigned>(l.B));
+}
+
+// Calls f(HS constant) for head size 64 or 128.
+template <class F>
+void with_hs(int64_t hs, F f) {
+  if (hs == 64) f(std::integral_constant<int, 64>{});
+  else f(std::integral_constant<int, 128>{});
+}
+
+const bf16* cdata(const Tensor& t) { return static_cast<const bf16*>(t.data_ptr()); }
+bf16* mdata(Tensor& t) { return static_cast<bf16*>(t.data_ptr()); }
+}  // namespace
+
+bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const AttentionLayout& l, double scale,
+                                bool causal) {
+  if (!applies(l, {&out, &q, &k, &v})) return false;
+  use_device(out);
+  with_hs(l.hs, [&](auto hs_c) {
+    constexpr int HS = decltype(hs_c)::value;
+    const size_t smem = (kTileRows + 4 * 64) * (HS + 8) * sizeof(bf16);  // Q, 2 K, 2 V
+    launch(flash_tc_forward_kernel<HS>, grid_for(l, kTileRows), smem, mdata(out),
+           lse.data<float>(), cdata(q), cdata(k), cdata(v), in_heads(l, l.q_off),
+           in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), static_cast<int>(l.T),
+           static_cast<float>(scale) * kLog2e, causal);
+  });
+  return true;
+}
+
+bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                                 const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& out, const Tensor& lse, const AttentionLayout& l,
+                                 double scale, bool causal) {
+  if (!applies(l, {&dq, &dk, &dv, &dout, &q, &k, &v, &out})) return false;
+  use_device(dq);
+  const int64_t rows = l.B * l.NH * l.T;
+  Tensor D = Tensor::empty({rows}, DType::f32, q.device());  // dO_i . O_i per row, as lse
+  const float s = static_cast<float>(scale), s2 = s * kLog2e;
+  const int T = static_cast<int>(l.T);
+  with_hs(l.hs, [&](auto hs_c) {
+    constexpr int HS = decltype(hs_c)::value;
+    flash_tc_backward_d_kernel<HS><<<blocks_for_rows(rows), kThreads>>>(
+        D.data<float>(), cdata(dout), cdata(out), out_heads(l), static_cast<int>(l.NH), T, rows);
+    CUDA_CHECK_LAUNCH();
+    constexpr int L = HS + 8, Bq = HS == 64 ? 64 : 32;
+    const size_t smem_kv = (2 * kTileRows + 4 * Bq) * L * sizeof(bf16) + 4 * Bq * sizeof(float);
+    launch(flash_tc_dkdv_kernel<HS>, grid_for(l, kTileRows), smem_kv, mdata(dk), mdata(dv),
+           cdata(q), cdata(k), cdata(v), cdata(dout), lse.data<float>(), D.data<float>(),
+           in_heads(l, l.q_off), in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), T, s,
+           s2, causal);
+    const size_t smem_q = (2 * kTileRows + 4 * Bq) * L * sizeof(bf16);  // Bc = Bq
+    launch(flash_tc_dq_kernel<HS>, grid_for(l, kTileRows), smem_q, mdata(dq), cdata(q), cdata(k),
+           cdata(v), cdata(dout), lse.data<float>(), D.data<float>(), in_heads(l, l.q_off),
+           in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), T, s, s2, causal);
+  });
+  return true;
+}
+
+}  // namespace scalelab::ops::cuda
