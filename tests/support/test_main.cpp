@@ -29,6 +29,7 @@
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
 #include "common/watchdog.hpp"
+#include "tests/support/rank_threads.hpp"
 
 namespace {
 
@@ -131,6 +132,9 @@ int main(int argc, char** argv) {
   // checks that all ranks passed matching sizes.
   scalelab::watchdog::start(scalelab::watchdog::timeout_from_env(45));
   scalelab::comm::set_check_matching(true);
+  // MPI's threads and the watchdog are up: a thread the tests (the attendee's code) start from
+  // here on is the rank's, and its heap counts (tests/support/rank_threads.hpp).
+  scalelab::labtest::count_threads_started_from_now();
 
   auto& listeners = testing::UnitTest::GetInstance()->listeners();
   if (scalelab::world_rank() != 0) delete listeners.Release(listeners.default_result_printer());
