@@ -33,6 +33,8 @@ scalelab_add_planted_submissions(11 PLANTS ${lab11_tests}/planted/cheats.plant
         "all_gather:2_Ring.Holds:4:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*remote K/V blocks"
         "no_causal_skip:2:2:Step2_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*masked blocks skipped"
         "waits_first:2:2:Step2_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*waited for before any block computed"
+        "parked_blocks:2_Ring.Holds:2:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*held outside the Tensor allocator"
+        "parked_backward:3_Ring.Holds:2:Step3_Ring.HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks on rank [0-9]: .*held outside the Tensor allocator"
         "dkdv_stay:3:2:Step3_Ring.GradientsEqualFullAttentionF32 on rank [0-9]: .*close_on_every_rank.g.dkv, g.want.dkv"
         "arrival_order:4:2:Step4_AllToAll.EqualsFullAttentionF32 on rank [0-9]: .*close_on_every_rank.u.y, u.want_y")
 # On a GPU (label gpu; skipped without one): the reference's step with CUDA tensors against the

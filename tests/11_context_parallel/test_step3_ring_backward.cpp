@@ -3,6 +3,8 @@
 //    step is graded without step 2): dq and dK/dV of this rank's rows against the single device's flash backward (fp32
 //    1e-5 relative / 1e-6 absolute; bf16 3e-2: every block's gradient rounds before it is summed).
 //  - Bytes (comm_stats): K/V blocks cp-1 times, their dK/dV cp times (round the ring and home).
+//  - Memory (the allocator and the heap): at most min(2, cp-1) remote K/V blocks, two dK/dV
+//    blocks and one block of scratch; nothing held outside the allocator but bookkeeping.
 //  - Overlap (the execution log, as step 2): the cp-1 K/V blocks' receives posted before a
 //    block's compute started and first waited for after it started (the dK/dV that follow a
 //    block need its compute first, so only the K/V blocks are asked to overlap).
@@ -13,7 +15,7 @@
 //    07 and 10).
 // Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake):
 // dK/dV that do not travel (each rank keeps what its queries gave the blocks it saw) fail the
-// gradient check. Here: the backward under the library's no-overlap baseline
+// gradient check; every K/V block parked in a std::vector as it passes fails the memory check. Here: the backward under the library's no-overlap baseline
 // (comm::set_overlap(false): each transfer waited for before the next block computes; right
 // gradients) must fail the overlap check.
 #include <gtest/gtest.h>
@@ -70,6 +72,30 @@ TEST(Step3_Ring, SendsEachBlockAndItsGradient) {
   const int n = cp.size();
   const std::string p = cptest::sends_problem(g.did, 2 * n - 1, g.want.kv.nbytes());
   EXPECT_EQ(p, "") << "ring backward: K/V blocks " << n - 1 << " times and dK/dV " << n << " times";
+}
+
+// Memory (the allocator and the rank's whole heap, over the call): at most min(2, cp-1) remote
+// K/V blocks (the one in use, the one arriving), two dK/dV blocks (the one this rank adds to, the
+// one arriving) and one block of scratch (one query chunk's dq, dk and dv: 3/4 of a block).
+TEST(Step3_Ring, HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks) {
+  comm::Communicator cp = labtest::new_world();
+  const int n = cp.size();
+  const cptest::Full full =
+      cptest::full_attention(kBH, 2 * n * cptest::kMemoryChunk, kHs, DType::f32, 2000 + n);
+  const cptest::Mine want = cptest::mine(full, n, cp.rank());
+  Tensor dq = Tensor::empty(want.q.shape()), dkv = Tensor::empty(want.kv.shape());
+  cp.barrier();  // the communicator lets go of its last operation's tensors
+  const labtest::MemoryUse m = labtest::memory_use_of([&] {
+    lab11::ring_attention_backward(dq, dkv, want.dy, want.q, want.kv, want.y, want.lse,
+                                   full.scale, cp);
+  });
+  const auto block = static_cast<int64_t>(want.kv.nbytes());
+  const int64_t bound = (std::min(2, n - 1) + 2 + 1) * block;
+  EXPECT_LE(m.tensor_peak, bound)
+      << "ring backward held up to " << m.tensor_peak << " bytes of tensors beyond its inputs: "
+      << "more than " << std::min(2, n - 1) << " remote K/V blocks and 2 dK/dV blocks of "
+      << block << " bytes and one block of scratch";
+  EXPECT_TRUE(labtest::nothing_beside_tensors(m, cptest::kHeapBookkeeping, "ring backward"));
 }
 
 TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {
