@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <mpi.h>
+
 #include "common/allocator.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
@@ -301,4 +303,19 @@ TEST(Step4_PlantedFault, FullLogitsInAStdVectorAreCaught) {
     full.shrink_to_fit();
     return loss;
   })) << "the check of Step4_CrossEntropy must fail";
+}
+
+// The full logits gathered with a raw MPI_Allgather into a static array: past the Communicator,
+// the allocator and the heap, and the loss is right; MPI's profiling interface in the test
+// binary counts the call (tests/support/raw_mpi.hpp) and the exact budget names it.
+TEST(Step4_PlantedFault, FullLogitsGatheredWithRawMpiIntoAStaticArrayAreCaught) {
+  const ::testing::AssertionResult got =
+      check_ce([](Tensor& z, const Tensor& t, int64_t lo, comm::Communicator& c) {
+        static double full[kN * kV];
+        const int n = static_cast<int>(z.numel());
+        MPI_Allgather(z.data<double>(), n, MPI_DOUBLE, full, n, MPI_DOUBLE, MPI_COMM_WORLD);
+        return planted_base(z, t, lo, c, true);
+      });
+  EXPECT_FALSE(got);
+  EXPECT_NE(std::string(got.message()).find("MPI_Allgather"), std::string::npos) << got.message();
 }
