@@ -48,3 +48,6 @@ scalelab_add_core_only_program(08 STEPS 5 6 RANKS 2 EXPECT_CODE 0
   MATCH "single-device"
         "the table stops here: lab 08 step [56]: .*README.md#step-[56].* \\(an optional step: \\./scalelab grade 08 lists them\\)"
   ARGS --model tiny --steps 2 --batch 4 --micro-batches 2 --twin-steps 2 --reps 1)
+# The attendee's object's symbols beside the test binaries (cmake/ScalelabOwnWork.cmake): its
+# static storage is bounded by the memory steps (tests/support/own_work.hpp).
+scalelab_attendee_symbols(08 pipeline_parallel pipeline_parallel.cpp)

@@ -54,3 +54,6 @@ if(SCALELAB_BUILD_TESTS)
     set_tests_properties(lab11.program.${name}.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
   endforeach()
 endif()
+# The attendee's object's symbols beside the test binaries (cmake/ScalelabOwnWork.cmake): its
+# static storage is bounded by the memory steps (tests/support/own_work.hpp).
+scalelab_attendee_symbols(11 context_parallel context_parallel.cpp)

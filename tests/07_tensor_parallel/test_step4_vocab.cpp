@@ -22,6 +22,7 @@
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
 #include "tests/support/heap.hpp"
+#include "tests/support/own_work.hpp"
 #include "tp_test_support.hpp"
 
 using namespace scalelab;
@@ -206,6 +207,8 @@ TEST(Step4_GPT, TheFullLogitsNeverExistOnOneRank) {
   // cross-entropy's three B*T vectors
   const std::size_t want = (BT * c.n_embd + 2 * BT + BT * c.vocab_size / size() + 3 * BT) * 4;
   EXPECT_LE(peak, want) << "the head's peak: ln_f's output, (B*T, V/tp) and O(B*T) besides";
+  // nor in a static array of the attendee's file (its .bss and .data, from the object's symbols)
+  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 07 step 4"));
   if (size() > 1) {
     EXPECT_LT(peak, static_cast<std::size_t>(BT * c.vocab_size * 4))
         << "below the full (B*T, V) logits";

@@ -21,6 +21,7 @@
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
 #include "tests/support/memory_use.hpp"
+#include "tests/support/own_work.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab08;
@@ -142,6 +143,7 @@ TEST(Step5_Memory, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
     if (ok) ok = labtest::nothing_beside_tensors(m, b.bookkeeping(afab ? kM : std::min(p - s, kM)), what);
   }
   EXPECT_TRUE(pptest::on_every_rank(ok));
+  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 08 step 5"));
 }
 
 TEST(Step5_PlantedFault, WarmupOneTooLongHoldsOneMore) {

@@ -300,6 +300,7 @@ TEST(Step3_Zero2, NoUnitGradientIsLeftAfterBackward) {
 
 TEST(Step3_Zero2, TheAllocatorSeesTheFullGradientGone) {
   const Footprint stage1 = flat_footprint(false), stage2 = footprint(2);
+  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 09 step 3"));
   EXPECT_TRUE(saves_the_gradient(stage2, stage1));
 }
 

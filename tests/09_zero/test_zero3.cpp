@@ -194,6 +194,7 @@ TEST(Step4_Zero3, NothingGatheredIsLeftBetweenSteps) {
 
 TEST(Step4_Zero3, TheAllocatorSeesOnlyShardsAndASmallWorkingSet) {
   const Footprint ddp = ddp_footprint(deep()), stage3 = footprint(3, f32(), &deep());
+  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 09 step 4"));
   EXPECT_TRUE(keeps_only_shards(stage3, ddp, deep()));
 }
 

@@ -15,6 +15,7 @@
 #include "common/optim/optim.hpp"
 #include "tests/support/heap.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
 #include "zero.hpp"
 

@@ -19,6 +19,7 @@
 #include "context_parallel.hpp"
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/memory_use.hpp"
+#include "tests/support/own_work.hpp"
 
 namespace cptest {
 

@@ -120,6 +120,7 @@ TEST(Step2_Ring, HoldsAtMostTwoRemoteBlocks) {
   comm::Communicator cp = labtest::new_world();
   const RingRun r = run(DType::f32, cp, cptest::kMemoryChunk);
   EXPECT_TRUE(memory_ok(r, cp.size()));
+  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "ring forward"));
 }
 
 TEST(Step2_Ring, SkipsMaskedBlocksAndIsBalanced) {

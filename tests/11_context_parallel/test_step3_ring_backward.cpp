@@ -96,6 +96,7 @@ TEST(Step3_Ring, HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks) {
       << "more than " << std::min(2, n - 1) << " remote K/V blocks and 2 dK/dV blocks of "
       << block << " bytes and one block of scratch";
   EXPECT_TRUE(labtest::nothing_beside_tensors(m, cptest::kHeapBookkeeping, "ring backward"));
+  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "ring backward"));
 }
 
 TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {
