@@ -27,7 +27,8 @@ if(STATIC_OUT)
   execute_process(COMMAND "${NM}" -C -S --defined-only "${object}" RESULT_VARIABLE code
                   OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT code EQUAL 0)
-    file(WRITE "${STATIC_OUT}" "error: ${NM} -C -S --defined-only ${object} exited ${code}: ${err}\n")
+    file(WRITE "${STATIC_OUT}"
+         "error: ${NM} -C -S --defined-only ${object} exited ${code}: ${err}\n")
   else()
     set(data "")
     string(REPLACE "\n" ";" lines "${out}")

@@ -138,9 +138,10 @@ TEST(Step5_Memory, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
                                                 kLab.global_batch / kM * kLab.config().block_size *
                                                     kLab.config().n_embd * 4);
     if (ok) ok = pptest::ran(e, schedule, /*with_messages=*/true);
-    if (ok) ok = peak_check(reported, measured, b, afab ? kM : std::min(p - s, kM), what);
     // the rank's whole heap: the tensors and bookkeeping, never copies kept beside them
-    if (ok) ok = labtest::nothing_beside_tensors(m, b.bookkeeping(afab ? kM : std::min(p - s, kM)), what);
+    const int k = afab ? kM : std::min(p - s, kM);  // micro-batches held
+    if (ok) ok = peak_check(reported, measured, b, k, what);
+    if (ok) ok = labtest::nothing_beside_tensors(m, b.bookkeeping(k), what);
   }
   EXPECT_TRUE(pptest::on_every_rank(ok));
   EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 08 step 5"));

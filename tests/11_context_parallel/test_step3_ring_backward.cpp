@@ -15,7 +15,8 @@
 //    07 and 10).
 // Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake):
 // dK/dV that do not travel (each rank keeps what its queries gave the blocks it saw) fail the
-// gradient check; every K/V block parked in a std::vector as it passes fails the memory check. Here: the backward under the library's no-overlap baseline
+// gradient check; a backward that gathers every K/V block first and parks them in a std::vector
+// fails the memory check. Here: the backward under the library's no-overlap baseline
 // (comm::set_overlap(false): each transfer waited for before the next block computes; right
 // gradients) must fail the overlap check.
 #include <gtest/gtest.h>

@@ -50,8 +50,8 @@ class MemoryChecksAreStableUnderLoad(unittest.TestCase):
     def grade(self, exe, ranks, gtest_filter):
         env = mpi_env()
         for k in range(ROUNDS):
-            proc = subprocess.run([MPIEXEC, "-n", str(ranks), exe, f"--gtest_filter={gtest_filter}"],
-                                  capture_output=True, text=True, timeout=120, env=env)
+            command = [MPIEXEC, "-n", str(ranks), exe, f"--gtest_filter={gtest_filter}"]
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
             out = proc.stdout + proc.stderr
             self.assertEqual(proc.returncode, 0, f"round {k + 1} of {ROUNDS}: {gtest_filter} on "
                              f"{ranks} ranks failed the reference:\n{out[-3000:]}")
