@@ -237,6 +237,8 @@ function(scalelab_add_planted_submissions nn)
   add_executable(test_lab${nn}_planted ${P_TESTS})
   target_link_libraries(test_lab${nn}_planted PRIVATE lab${nn}_planted_submission_impl scalelab::lab_testing
                         scalelab::test_main)
+  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)  # its symbols, as an attendee's
+  scalelab_undefined_symbols(test_lab${nn}_planted lab${nn}_planted_submission_impl ${name}.cpp)
   add_dependencies(reference test_lab${nn}_planted)
   foreach(case IN LISTS P_CASES)
     if(NOT case MATCHES "^([a-z0-9_]+):([0-9]+[A-Za-z0-9_.]*):([0-9]+):(.+)$")

@@ -1,7 +1,9 @@
 # Issue 25, class 7: a step whose README says "write your own" fails when the attendee's file
 # calls the library's reference. Before a test binary links, the undefined symbols of the object
 # compiled from the attendee's file (`nm -C --undefined-only`: the functions it calls) are written
-# next to the binary as `<binary>.undefined.txt`; tests/support/own_work.hpp reads that list.
+# next to the binary as `<binary>.undefined.txt`; tests/support/own_work.hpp reads that list. The
+# object's static storage (.bss/.data symbols with their sizes) goes beside it as
+# `<binary>.static.txt`, which own_work.hpp bounds (issue 34).
 
 # scalelab_undefined_symbols(<test_exe> <impl library> <source file name>)
 function(scalelab_undefined_symbols test_exe impl source)
@@ -9,6 +11,7 @@ function(scalelab_undefined_symbols test_exe impl source)
                      COMMAND ${CMAKE_COMMAND} -DNM=${CMAKE_NM}
                              "-DOBJECTS=$<JOIN:$<TARGET_OBJECTS:${impl}>,|>" -DSOURCE=${source}
                              -DOUT=$<TARGET_FILE_DIR:${test_exe}>/${test_exe}.undefined.txt
+                             -DSTATIC_OUT=$<TARGET_FILE_DIR:${test_exe}>/${test_exe}.static.txt
                              -P ${PROJECT_SOURCE_DIR}/cmake/attendee_symbols.cmake
                      VERBATIM)
 endfunction()

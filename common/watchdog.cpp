@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "common/background_thread.hpp"
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
 
@@ -276,6 +277,7 @@ void write_file(const std::string& path, const std::string& text) {
 }
 
 void thread_main() {
+  mark_background_thread();  // its heartbeat files are not the rank's memory
   State& s = state();
   while (!s.stopping) {
     std::this_thread::sleep_for(std::chrono::duration<double>(kPeriod));

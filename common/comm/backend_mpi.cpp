@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "common/background_thread.hpp"
 #include "common/comm/op.hpp"
 #include "common/errors.hpp"
 
@@ -163,6 +164,7 @@ class MpiBackend final : public Backend {
   };
 
   void run() {
+    mark_background_thread();  // MPI's buffers and this queue are not the rank's own memory
     int idle_polls = 0;
     while (true) {
       std::shared_ptr<Op> op;

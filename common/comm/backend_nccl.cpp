@@ -33,6 +33,7 @@
 
 #include <fmt/format.h>
 
+#include "common/background_thread.hpp"
 #include "common/comm/op.hpp"
 #include "common/errors.hpp"
 
@@ -143,6 +144,7 @@ class NcclBackend final : public Backend {
   };
 
   void run() {
+    mark_background_thread();  // NCCL's and this queue's memory is not the rank's own
     cudaSetDevice(device_);
     std::vector<Item> p2p;  // send/recvs waiting to be launched as one group
     while (true) {

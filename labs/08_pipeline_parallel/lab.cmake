@@ -35,8 +35,10 @@ endif()
 scalelab_add_planted_submissions(08 PLANTS ${PROJECT_SOURCE_DIR}/tests/08_pipeline_parallel/planted/cheats.plant
   TESTS ${PROJECT_SOURCE_DIR}/tests/08_pipeline_parallel/test_execute.cpp
         ${PROJECT_SOURCE_DIR}/tests/08_pipeline_parallel/pp_test.cpp
+        ${PROJECT_SOURCE_DIR}/tests/08_pipeline_parallel/test_bubble.cpp
   CASES "afab_always:4:2:Step4_Execute.OneFOneBEqualsSingleDevice on rank [0-9]: .*(executed|in flight)"
         "rank1_zero_grads:4:2:Step4_Execute.AfabEqualsSingleDevice on rank [0-9]: .*rank 1: gradient of"
+        "activations_in_vector:5_Memory:2:Step5_Memory.AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage on rank [0-9]: .*held outside the Tensor allocator"
         "sends_deferred:6:1:Step6_Execute.InterleavedEqualsSingleDevice on rank 0: .*log of piece calls and send/recv"
         "sends_deferred:6:2:Step6_Execute.InterleavedEqualsSingleDevice on rank [0-9]: .*log of piece calls and send/recv")
 # The program with only the core written (cmake/plant_optional.cmake: steps 5 and 6 throw their
@@ -46,3 +48,6 @@ scalelab_add_core_only_program(08 STEPS 5 6 RANKS 2 EXPECT_CODE 0
   MATCH "single-device"
         "the table stops here: lab 08 step [56]: .*README.md#step-[56].* \\(an optional step: \\./scalelab grade 08 lists them\\)"
   ARGS --model tiny --steps 2 --batch 4 --micro-batches 2 --twin-steps 2 --reps 1)
+# The attendee's object's symbols beside the test binaries (cmake/ScalelabOwnWork.cmake): its
+# static storage is bounded by the memory steps (tests/support/own_work.hpp).
+scalelab_attendee_symbols(08 pipeline_parallel pipeline_parallel.cpp)

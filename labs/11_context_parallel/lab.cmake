@@ -35,6 +35,8 @@ scalelab_add_planted_submissions(11 PLANTS ${lab11_tests}/planted/cheats.plant
         "masked_batched_forward:2_Ring.Skips:2:Step2_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*fully masked blocks computed"
         "masked_batched_backward:3_Ring.Skips:2:Step3_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*fully masked blocks computed"
         "waits_first:2:2:Step2_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*waited for before any block computed"
+        "parked_blocks:2_Ring.Holds:2:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*held outside the Tensor allocator"
+        "parked_backward:3_Ring.Holds:2:Step3_Ring.HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks on rank [0-9]: .*held outside the Tensor allocator"
         "dkdv_stay:3:2:Step3_Ring.GradientsEqualFullAttentionF32 on rank [0-9]: .*close_on_every_rank.g.dkv, g.want.dkv"
         "arrival_order:4:2:Step4_AllToAll.EqualsFullAttentionF32 on rank [0-9]: .*close_on_every_rank.u.y, u.want_y")
 # A control that must PASS: step 3's graders on the planted copy with step 2 not written
@@ -62,3 +64,6 @@ if(SCALELAB_BUILD_TESTS)
     set_tests_properties(lab11.program.${name}.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
   endforeach()
 endif()
+# The attendee's object's symbols beside the test binaries (cmake/ScalelabOwnWork.cmake): its
+# static storage is bounded by the memory steps (tests/support/own_work.hpp).
+scalelab_attendee_symbols(11 context_parallel context_parallel.cpp)

@@ -14,12 +14,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include <mpi.h>
+
 #include "common/allocator.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
 #include "tests/support/heap.hpp"
+#include "tests/support/own_work.hpp"
 #include "tp_formulas.hpp"
 #include "tp_test_support.hpp"
 
@@ -213,6 +216,8 @@ TEST(Step4_GPT, TheFullLogitsNeverExistOnOneRank) {
   // cross-entropy's three B*T vectors
   const std::size_t want = (BT * c.n_embd + 2 * BT + BT * c.vocab_size / size() + 3 * BT) * 4;
   EXPECT_LE(peak, want) << "the head's peak: ln_f's output, (B*T, V/tp) and O(B*T) besides";
+  // nor in a static array of the attendee's file (its .bss and .data, from the object's symbols)
+  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 07 step 4"));
   if (size() > 1) {
     EXPECT_LT(peak, static_cast<std::size_t>(BT * c.vocab_size * 4))
         << "below the full (B*T, V) logits";
@@ -310,4 +315,19 @@ TEST(Step4_PlantedFault, FullLogitsInAStdVectorAreCaught) {
     full.shrink_to_fit();
     return loss;
   })) << "the check of Step4_CrossEntropy must fail";
+}
+
+// The full logits gathered with a raw MPI_Allgather into a static array: past the Communicator,
+// the allocator and the heap, and the loss is right; MPI's profiling interface in the test
+// binary counts the call (tests/support/raw_mpi.hpp) and the exact budget names it.
+TEST(Step4_PlantedFault, FullLogitsGatheredWithRawMpiIntoAStaticArrayAreCaught) {
+  const ::testing::AssertionResult got =
+      check_ce([](Tensor& z, const Tensor& t, int64_t lo, comm::Communicator& c) {
+        static double full[kN * kV];
+        const int n = static_cast<int>(z.numel());
+        MPI_Allgather(z.data<double>(), n, MPI_DOUBLE, full, n, MPI_DOUBLE, MPI_COMM_WORLD);
+        return planted_base(z, t, lo, c, true);
+      });
+  EXPECT_FALSE(got);
+  EXPECT_NE(std::string(got.message()).find("MPI_Allgather"), std::string::npos) << got.message();
 }

@@ -13,7 +13,9 @@
 #include "common/comm/stats.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
+#include "tests/support/heap.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
 #include "zero.hpp"
 
@@ -86,10 +88,26 @@ inline std::vector<double> run_steps(lab09::Trainer& t, int steps) {
 
 /// What a trainer costs, from the allocator: `held` the bytes alive after one whole step (what
 /// the rank keeps between steps), `peak` the highest bytes alive during the second step's
-/// forward_backward, both above what was alive before the trainer was built.
+/// forward_backward, both above what was alive before the trainer was built; `heap_held` and
+/// `heap_peak` the same from the rank's whole heap (tests/support/heap.hpp: the tensors' host
+/// memory and whatever else is held, a std::vector, a cache or a static's buffer).
 struct Footprint {
   std::size_t held = 0, peak = 0;
+  int64_t heap_held = 0, heap_peak = 0;
 };
+
+/// The heap beyond the tensors, between steps and at the peak, is no more than `bookkeeping`
+/// (the trainer's own records: names, unit tables, shapes): a copy kept outside the allocator
+/// fails as a tensor would.
+inline testing::AssertionResult nothing_beside_tensors(const Footprint& f, int64_t bookkeeping) {
+  const int64_t held = f.heap_held - static_cast<int64_t>(f.held),
+                peak = f.heap_peak - static_cast<int64_t>(f.peak);
+  if (held <= bookkeeping && peak <= bookkeeping) return testing::AssertionSuccess();
+  return testing::AssertionFailure()
+         << "the heap holds " << held << " bytes beside the tensors between steps and " << peak
+         << " at the peak (a std::vector, new[], a cache or a static): more than " << bookkeeping
+         << " of bookkeeping";
+}
 
 /// `make` builds a trainer-like object and returns two actions: a forward_backward and a step.
 struct Steps {
@@ -100,6 +118,7 @@ inline Footprint footprint(const std::function<Steps()>& make) {
   Footprint f;
   labtest::world().barrier();  // drop what the communicator still holds from earlier work
   const std::size_t base = now_bytes();
+  const int64_t heap_base = labtest::heap_stats().current;
   {
     Steps s = make();
     s.forward_backward(kLab.batch(0));
@@ -108,9 +127,12 @@ inline Footprint footprint(const std::function<Steps()>& make) {
     // next operation: a barrier (no tensors) lets them go, so `held` is what the trainer holds.
     labtest::world().barrier();
     f.held = now_bytes() - base;
+    f.heap_held = labtest::heap_stats().current - heap_base;
     reset_peak_memory(Device::cpu());
+    labtest::reset_heap_peak();
     s.forward_backward(kLab.batch(1));
     f.peak = memory_stats(Device::cpu()).peak - base;
+    f.heap_peak = labtest::heap_stats().peak - heap_base;
     s.step();
   }
   return f;

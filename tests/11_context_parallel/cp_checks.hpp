@@ -18,6 +18,8 @@
 #include "common/ops/work.hpp"
 #include "context_parallel.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/memory_use.hpp"
+#include "tests/support/own_work.hpp"
 
 namespace cptest {
 
@@ -96,6 +98,15 @@ inline Mine mine(const Full& f, int cp, int rank) {
 /// fp32: the blocks' sums and merges run in another order than one flash call: 1e-5 relative,
 /// 1e-6 absolute. bf16: each block's output rounds to 8 bits before it is merged and the
 /// gradients are summed in bf16 over the blocks: 3e-2 relative and absolute (values of order 1).
+/// The memory tests' chunk length: a K/V block of 3 x 2 chunks x 16 x 2 fp32 is 48 KiB, far above
+/// the ring's bookkeeping, so one block more, in a tensor or beside them, stands out.
+inline constexpr int64_t kMemoryChunk = 64;
+/// What the heap may hold beyond a ring's tensors during a call: the CPU flash attention's own
+/// scratch, tensor views' shapes, the communicator's and the execution log's records (measured
+/// at kMemoryChunk: forward 9.0 to 12.8 KiB, backward 4.0 to 4.6 KiB, on 2 and 4 ranks): half a
+/// memory test's K/V block.
+inline constexpr int64_t kHeapBookkeeping = 24576;
+
 inline double rtol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-5; }
 inline double atol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-6; }
 

@@ -4,7 +4,8 @@
 //  - bytes (comm_stats): cp-1 sends of one K/V block each, nothing else;
 //  - memory (the allocator's peak over the call): at most min(2, cp-1) remote K/V blocks at once
 //    (the one in use and the one arriving), plus the merge's scratch (one query chunk's output
-//    and log-sum-exps: under half a block);
+//    and log-sum-exps: under half a block); and the rank's whole heap (tests/support/heap.hpp)
+//    no more than those tensors and bookkeeping, so a block kept in a std::vector counts too;
 //  - work (work_stats().matmul_flops: every matmul, batched or fused in flash attention): exactly
 //    the zig-zag formula (cptest::zigzag_attention_flops), the same on every rank, so the fully
 //    masked blocks were skipped, through whatever op, and the balance holds;
@@ -14,10 +15,11 @@
 //    durations: the check cannot flake with the machine's load.
 // Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake
 // runs these graders on it and expects each to fail where named): an all-gather of every block
-// (right numbers; the bytes fail, and at 4 ranks the memory), a ring that computes the masked
-// blocks too, by flash attention or through ops::batched_matmul (the work count fails), a ring
-// that waits for each step's transfers before computing (right numbers, the same bytes: the
-// overlap check fails). Here: the library's
+// (right numbers; the bytes fail, and at 4 ranks the memory), every block parked in a std::vector
+// as it passes (the heap fails), a ring that computes the masked blocks too, by flash attention
+// or through ops::batched_matmul (the work count fails), a ring that waits for each step's
+// transfers before computing (right numbers, the same bytes: the overlap check fails). Here: the
+// library's
 // no-overlap baseline (comm::set_overlap(false), what the program's overlap table compares with)
 // on the ring under test must fail the overlap check.
 #include <gtest/gtest.h>
@@ -36,30 +38,29 @@ struct RingRun {
   cptest::Mine want;
   comm::CommStats did;
   std::size_t peak_extra = 0, kv_bytes = 0;
-  ops::WorkCount work;  // the work counters over the call
+  ops::WorkCount work;         // the work counters over the call
+  labtest::MemoryUse memory;   // the tensors and the rank's whole heap (a std::vector too)
   std::vector<exec_log::Event> log;
 };
 
-RingRun run(DType dt, comm::Communicator& cp) {
+RingRun run(DType dt, comm::Communicator& cp, int64_t chunk = kC) {
   const int n = cp.size();
-  const int64_t T = 2 * n * kC;
+  const int64_t T = 2 * n * chunk;
   const cptest::Full full = cptest::full_attention(kBH, T, kHs, dt, 1000 + n);
   RingRun r;
   r.want = cptest::mine(full, n, cp.rank());
   r.kv_bytes = r.want.kv.nbytes();
   r.y = Tensor::empty(r.want.q.shape(), dt);
   cp.barrier();  // the communicator lets go of its last operation's tensors
-  const Device cpu = Device::cpu();
-  reset_peak_memory(cpu);
-  const std::size_t before = memory_stats(cpu).current;
   const comm::CommStats stats = comm::comm_stats();
   const ops::WorkCount work = ops::work_stats();
   {
     exec_log::Recording recording;
-    r.lse = lab11::ring_attention_forward(r.y, r.want.q, r.want.kv, full.scale, cp);
+    r.memory = labtest::memory_use_of(
+        [&] { r.lse = lab11::ring_attention_forward(r.y, r.want.q, r.want.kv, full.scale, cp); });
     r.log = recording.events();
   }
-  r.peak_extra = memory_stats(cpu).peak - before;
+  r.peak_extra = static_cast<std::size_t>(r.memory.tensor_peak);
   r.did = comm::comm_stats() - stats;
   r.work = ops::work_stats() - work;
   return r;
@@ -74,11 +75,14 @@ testing::AssertionResult bytes_ok(const RingRun& r, int n) {
 testing::AssertionResult memory_ok(const RingRun& r, int n) {
   const std::size_t remote = static_cast<std::size_t>(std::min(2, n - 1)) * r.kv_bytes;
   const std::size_t bound = remote + r.kv_bytes / 2;
-  if (r.peak_extra <= bound) return testing::AssertionSuccess();
-  return testing::AssertionFailure()
-         << "ring forward held up to " << r.peak_extra << " bytes beyond its inputs: more than "
-         << std::min(2, n - 1) << " remote K/V blocks of " << r.kv_bytes
-         << " bytes and the merge's scratch (" << bound << " in all)";
+  if (r.peak_extra > bound)
+    return testing::AssertionFailure()
+           << "ring forward held up to " << r.peak_extra << " bytes beyond its inputs: more than "
+           << std::min(2, n - 1) << " remote K/V blocks of " << r.kv_bytes
+           << " bytes and the merge's scratch (" << bound << " in all)";
+  // The heap holds the tensors' host memory too: beyond them, only bookkeeping (the execution
+  // log's records, the communicator's), never a K/V block parked in a std::vector or a static.
+  return labtest::nothing_beside_tensors(r.memory, cptest::kHeapBookkeeping, "ring forward");
 }
 
 testing::AssertionResult work_ok(const RingRun& r, const comm::Communicator& cp) {
@@ -113,8 +117,9 @@ TEST(Step2_Ring, SendsCpMinusOneBlocks) {
 
 TEST(Step2_Ring, HoldsAtMostTwoRemoteBlocks) {
   comm::Communicator cp = labtest::new_world();
-  const RingRun r = run(DType::f32, cp);
+  const RingRun r = run(DType::f32, cp, cptest::kMemoryChunk);
   EXPECT_TRUE(memory_ok(r, cp.size()));
+  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "ring forward"));
 }
 
 TEST(Step2_Ring, SkipsMaskedBlocksAndIsBalanced) {

@@ -5,6 +5,8 @@
 //  - Bytes (comm_stats): K/V blocks cp-1 times, their dK/dV cp times (round the ring and home).
 //  - Work (work_stats().matmul_flops: every matmul, batched or fused): the zig-zag formula for the
 //    backward (cptest::zigzag_attention_flops), so the fully masked blocks were skipped.
+//  - Memory (the allocator and the heap): at most min(2, cp-1) remote K/V blocks, two dK/dV
+//    blocks and one block of scratch; nothing held outside the allocator but bookkeeping.
 //  - Overlap (the execution log, as step 2): the cp-1 K/V blocks' receives posted before a
 //    block's compute started and first waited for after it started (the dK/dV that follow a
 //    block need its compute first, so only the K/V blocks are asked to overlap).
@@ -15,10 +17,11 @@
 //    (gradients); bf16 2e-3 of the loss and 3e-2 of the largest gradient (as labs 07 and 10).
 // Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake):
 // dK/dV that do not travel (each rank keeps what its queries gave the blocks it saw) fail the
-// gradient check; the masked blocks' scores computed through ops::batched_matmul fail the work.
-// Here: the backward under the library's no-overlap baseline (comm::set_overlap(false): each
-// transfer waited for before the next block computes; right gradients) must fail the overlap
-// check.
+// gradient check; the masked blocks' scores computed through ops::batched_matmul fail the work;
+// a backward that gathers every K/V block first and parks them in a std::vector fails the memory
+// check. Here: the backward under the library's no-overlap baseline (comm::set_overlap(false):
+// each transfer waited for before the next block computes; right gradients) must fail the
+// overlap check.
 #include <gtest/gtest.h>
 
 #include "common/data/sampler.hpp"
@@ -83,6 +86,31 @@ TEST(Step3_Ring, SkipsMaskedBlocksAndIsBalanced) {
   const Grads g = run(DType::f32, cp);
   const std::string p = cptest::work_problem(g.work, kBH, kC, kHs, cp, /*backward=*/true);
   if (!p.empty()) ADD_FAILURE() << p;
+}
+
+// Memory (the allocator and the rank's whole heap, over the call): at most min(2, cp-1) remote
+// K/V blocks (the one in use, the one arriving), two dK/dV blocks (the one this rank adds to, the
+// one arriving) and one block of scratch (one query chunk's dq, dk and dv: 3/4 of a block).
+TEST(Step3_Ring, HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks) {
+  comm::Communicator cp = labtest::new_world();
+  const int n = cp.size();
+  const cptest::Full full =
+      cptest::full_attention(kBH, 2 * n * cptest::kMemoryChunk, kHs, DType::f32, 2000 + n);
+  const cptest::Mine want = cptest::mine(full, n, cp.rank());
+  Tensor dq = Tensor::empty(want.q.shape()), dkv = Tensor::empty(want.kv.shape());
+  cp.barrier();  // the communicator lets go of its last operation's tensors
+  const labtest::MemoryUse m = labtest::memory_use_of([&] {
+    lab11::ring_attention_backward(dq, dkv, want.dy, want.q, want.kv, want.y, want.lse,
+                                   full.scale, cp);
+  });
+  const auto block = static_cast<int64_t>(want.kv.nbytes());
+  const int64_t bound = (std::min(2, n - 1) + 2 + 1) * block;
+  EXPECT_LE(m.tensor_peak, bound)
+      << "ring backward held up to " << m.tensor_peak << " bytes of tensors beyond its inputs: "
+      << "more than " << std::min(2, n - 1) << " remote K/V blocks and 2 dK/dV blocks of "
+      << block << " bytes and one block of scratch";
+  EXPECT_TRUE(labtest::nothing_beside_tensors(m, cptest::kHeapBookkeeping, "ring backward"));
+  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "ring backward"));
 }
 
 TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {

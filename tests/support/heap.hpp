@@ -9,9 +9,16 @@
 ///   const labtest::HeapGrowth grew = labtest::heap_growth_of([&] { ce(logits, targets, lo, tp); });
 ///   EXPECT_LT(grew.peak, N * V * 8) << "the full (N, V) logits were held";
 ///
-/// What it cannot see: memory that is not from the heap (a fixed-size static array, the stack,
-/// mmap called directly) and other processes. The counters are process-wide: a communicator's
-/// worker thread allocating meanwhile counts too (its buffers are small; bounds allow for them).
+/// Whose: the rank's threads only (rank_threads.hpp): the main thread, which runs the tests and
+/// the attendee's code, and every thread those start during the tests (a copy kept by a thread
+/// the attendee starts counts). MPI's progress threads, a communicator's worker and the watchdog
+/// do not: what they allocate meanwhile would make a bound depend on the machine's load. A free
+/// takes back what its allocation added, whichever thread frees: a block the rank allocated and
+/// a worker frees leaves the figure; a block MPI's thread allocated never enters it, wherever
+/// it is freed. So the figure is the rank's own, the same run after run.
+///
+/// What it cannot see: memory that is not from the heap (the stack, mmap called directly; a
+/// fixed-size static array is bounded apart, from the object's symbols) and other processes.
 #include <cstddef>
 #include <cstdint>
 #include <functional>

@@ -10,8 +10,12 @@
 /// Header-only (nothing of tests/support's libraries changes).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -47,6 +51,48 @@ inline testing::AssertionResult calls_none_of(const std::vector<std::string>& fo
     return testing::AssertionFailure() << "the attendee's file calls the library's reference, "
                                        << why << ":" << calls;
   return testing::AssertionSuccess();
+}
+
+/// What the attendee's file may hold in static storage: counters and small tables, never a
+/// buffer a step's data would fit in (the references hold none).
+inline constexpr int64_t kStaticStorageBytes = 4096;
+
+/// The attendee's static storage, from `<this binary>.static.txt` (cmake/ScalelabOwnWork.cmake:
+/// the .bss and .data symbols of the object compiled from the attendee's file, with their
+/// sizes): at most `bytes` in all, else a failure naming the largest ones (a static array of
+/// logits, a function-local static buffer), or saying that the list is missing. The heap and
+/// the allocator see no static array; this does. Same on every rank.
+inline testing::AssertionResult static_storage_at_most(int64_t bytes, const std::string& what) {
+  const std::string undefined = undefined_symbols_path();
+  const std::string path = undefined.substr(0, undefined.size() - 14) + ".static.txt";
+  std::ifstream in(path);
+  if (!in) return testing::AssertionFailure() << "no list of the attendee's statics at " << path;
+  std::string line;
+  bool object_seen = false;
+  int64_t total = 0;
+  std::vector<std::pair<int64_t, std::string>> symbols;
+  while (std::getline(in, line)) {
+    if (line.rfind("error:", 0) == 0) return testing::AssertionFailure() << path << ": " << line;
+    if (line.rfind("object:", 0) == 0) {
+      object_seen = true;
+      continue;
+    }
+    std::istringstream fields(line);
+    std::string address, size, type, name;
+    if (!(fields >> address >> size >> type) || !std::getline(fields >> std::ws, name)) continue;
+    const int64_t n = std::stoll(size, nullptr, 16);
+    total += n;
+    symbols.emplace_back(n, name);
+  }
+  if (!object_seen) return testing::AssertionFailure() << path << " names no object";
+  if (total <= bytes) return testing::AssertionSuccess();
+  std::sort(symbols.rbegin(), symbols.rend());
+  testing::AssertionResult failed = testing::AssertionFailure();
+  failed << what << ": the attendee's file holds " << total << " bytes of static storage, more "
+         << "than " << bytes << " (what a step holds belongs in tensors, not static arrays):";
+  for (std::size_t k = 0; k < std::min<std::size_t>(3, symbols.size()); ++k)
+    failed << "\n  " << symbols[k].second << ": " << symbols[k].first << " bytes";
+  return failed;
 }
 
 }  // namespace scalelab::labtest

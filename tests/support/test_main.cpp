@@ -29,6 +29,8 @@
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
 #include "common/watchdog.hpp"
+#include "tests/support/rank_threads.hpp"
+#include "tests/support/raw_mpi.hpp"
 
 namespace {
 
@@ -67,6 +69,7 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
       std::strncpy(mine, m.c_str(), kMessageBytes - 1);
     }
     std::vector<char> all(rank == 0 ? size * kMessageBytes : 0);
+    const scalelab::labtest::LibraryMpi harness;  // not the code under test (raw_mpi.hpp)
     MPI_Gather(mine, kMessageBytes, MPI_CHAR, all.data(), kMessageBytes, MPI_CHAR, 0,
                MPI_COMM_WORLD);
     if (rank != 0) return;
@@ -131,6 +134,9 @@ int main(int argc, char** argv) {
   // checks that all ranks passed matching sizes.
   scalelab::watchdog::start(scalelab::watchdog::timeout_from_env(45));
   scalelab::comm::set_check_matching(true);
+  // MPI's threads and the watchdog are up: a thread the tests (the attendee's code) start from
+  // here on is the rank's, and its heap counts (tests/support/rank_threads.hpp).
+  scalelab::labtest::count_threads_started_from_now();
 
   auto& listeners = testing::UnitTest::GetInstance()->listeners();
   if (scalelab::world_rank() != 0) delete listeners.Release(listeners.default_result_printer());
