@@ -193,7 +193,7 @@ void DivergenceRecorder::add(RecordedTensor e, const Tensor& t) {
 
 void DivergenceRecorder::after_forward(const nn::Block& block, const Tensor& input,
                                        nn::BlockActivations& a, int64_t /*seq_len*/) {
-  if (!a.attn.q.defined()) return;  // nothing to place the rows by
+  if (stopped_ || !a.attn.q.defined()) return;  // (without q: nothing to place the rows by)
   const int layer = block.index;
   const int m = forwards_.at(layer)++;
   const Tensor& q = a.attn.q;
@@ -235,7 +235,10 @@ void DivergenceRecorder::after_forward(const nn::Block& block, const Tensor& inp
   add(entry(6, "attn.v", {b, nh, t, hs}, {batch, heads_of(block, 2), pos, {}}), a.attn.v);
   // a rank's probabilities over its own positions only mean something with the whole sequence
   if (whole_sequence) add(entry(7, "attn.att", {b, nh, t, t}, {batch, qh, pos, pos}), a.attn.att);
-  add(entry(8, "attn.lse", {b, nh, t}, {batch, qh, pos}), a.attn.lse);
+  // a core of the mappings' own may keep its log-sum-exps in its own layout (lab 11's ring:
+  // chunk-major): only the fused op's (B NH, T) is placed
+  if (a.attn.lse.defined() && a.attn.lse.shape() == std::vector<int64_t>{b * nh, t})
+    add(entry(8, "attn.lse", {b, nh, t}, {batch, qh, pos}), a.attn.lse);
   add(entry(9, "attn.y", {b, t, nh * hs}, {batch, pos, head_columns(qh, hs)}), a.attn.y);
   rows(10, "res2", a.res2, C);
   rows(11, "ln2", a.ln2, C);
@@ -251,6 +254,7 @@ void DivergenceRecorder::after_forward(const nn::Block& block, const Tensor& inp
 }
 
 void DivergenceRecorder::after_head_forward(const nn::GPT& model, const nn::HeadActivations& h) {
+  if (stopped_) return;
   const int layer = static_cast<int>(n_layer_);
   const int m = forwards_.at(layer)++;
   const int64_t b = h.targets.size(0), t = h.targets.size(1), C = model.config().n_embd;

@@ -112,6 +112,8 @@ class DivergenceRecorder : public nn::BlockPolicy {
   /// reduced shard.
   void record_gradient_shard(const nn::GPT& model, const Tensor& shard, int64_t lo, int64_t hi);
 
+  /// Records no more forwards from now on (a test that trains on after the step it explains).
+  void stop() { stopped_ = true; }
   /// What was recorded, in the order it was.
   const std::vector<RecordedTensor>& entries() const { return entries_; }
 
@@ -123,6 +125,7 @@ class DivergenceRecorder : public nn::BlockPolicy {
   RowLayout rows_;
   int64_t n_layer_ = 0;
   std::vector<int> forwards_;  // per block (and the head, last): forwards recorded so far
+  bool stopped_ = false;
   std::vector<RecordedTensor> entries_;
 };
 
