@@ -107,7 +107,8 @@ bool twin_indices(const RecordedTensor& e, const RecordedTensor& t, std::vector<
       if (i < 0 || i >= view[d]) return false;
   }
   std::vector<int64_t> strides(view.size(), 1);
-  for (int d = static_cast<int>(view.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * view[d + 1];
+  for (int d = static_cast<int>(view.size()) - 2; d >= 0; --d)
+    strides[d] = strides[d + 1] * view[d + 1];
   out.clear();
   std::vector<std::size_t> at(view.size(), 0);  // odometer over the selections
   int64_t count = 1;

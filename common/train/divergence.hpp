@@ -100,8 +100,10 @@ class DivergenceRecorder : public nn::BlockPolicy {
   /// A recorder for a rank whose rows sit at `rows` in the twin's global batch.
   explicit DivergenceRecorder(RowLayout rows = {}) : rows_(std::move(rows)) {}
 
+  /// Copies what block `block` saved (and its input) as the next micro-batch of that block.
   void after_forward(const nn::Block& block, const Tensor& input, nn::BlockActivations& acts,
                      int64_t seq_len) override;
+  /// Copies what the head saved as its next micro-batch.
   void after_head_forward(const nn::GPT& model, const nn::HeadActivations& acts) override;
 
   /// Records every gradient `model` holds (its parameters' shards; released units skipped):
@@ -160,9 +162,9 @@ struct Divergence {
   int64_t compared = 0;        ///< tensors compared (over every rank)
   DivergenceTolerance tolerance{0, 0};  ///< what was applied
   /// "first divergence: blocks.0.res2 (x + attention output), forward, ranks 0, 1 (rank 0
-  /// shown), micro-batch 0: element (0, 5, 12) = 0.61 where the twin has 0.42 at (0, 5, 12) (|diff| 0.19
-  /// > 3.1e-05); 14 tensors before it matched (60 compared)", or "no divergence: N tensors
-  /// within tolerance of the single-device twin".
+  /// shown), micro-batch 0: element (0, 5, 12) = 0.61 where the twin has 0.42 at (0, 5, 12)
+  /// (|diff| 0.19 > 3.1e-05); 14 tensors before it matched (60 compared)", or "no divergence:
+  /// N tensors within tolerance of the single-device twin".
   std::string first_line() const;
   /// first_line() and the tolerance applied.
   std::string str() const;

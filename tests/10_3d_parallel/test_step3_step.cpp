@@ -66,9 +66,9 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
   auto loss_ok = labtest::close_on_every_rank(l, want_l, p.loss_rtol, kAtol, why);
   if (!loss_ok) return testing::AssertionFailure() << name(shape) << ": loss: " << loss_ok.message();
   const Tensor want_g = expected(*model, *ref, true);
+  const double grad_atol = kAtol + p.grad_atol_of_max * labtest::max_abs(want_g);
   auto grads_ok = labtest::close_on_every_rank(model->params().grads(), want_g, p.grad_rtol,
-                                               kAtol + p.grad_atol_of_max * labtest::max_abs(want_g),
-                                               why);
+                                               grad_atol, why);
   if (!grads_ok)
     return testing::AssertionFailure() << name(shape) << ": gradients: " << grads_ok.message();
   // tp: exactly the blocks' operators and the vocabulary-parallel ends on B/dp rows (nothing

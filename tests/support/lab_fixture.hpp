@@ -148,7 +148,7 @@ testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& wa
 /// grader may call it inside a measured window.
 testing::AssertionResult on_every_rank(const testing::AssertionResult& ok);
 
-// ---- where a twin check fails: the divergence report ----------------------------------------------
+// ---- where a twin check fails: the divergence report ------------------------------------------
 
 /// One step of a parallel model, explained against its single-device twin when a check fails
 /// (common/train/divergence.hpp). Made before the step, it watches `model` (this rank's share;
