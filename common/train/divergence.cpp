@@ -343,7 +343,6 @@ void DivergenceRecorder::record_gradient_shard(const nn::GPT& model, const Tenso
 
 DivergenceRecorder record_twin(const ModelConfig& config, nn::GPTOptions options,
                                const data::Batch& batch) {
-  options.device = Device::cpu();
   options.first_block = 0;
   options.last_block = -1;
   options.tp_rank = 0;
@@ -357,7 +356,7 @@ DivergenceRecorder record_twin(const ModelConfig& config, nn::GPTOptions options
   auto rec = std::make_shared<DivergenceRecorder>();
   watch(model, rec);
   nn::GPTActivations acts;
-  model.forward(batch.x.to(Device::cpu()), batch.y.to(Device::cpu()), acts);
+  model.forward(batch.x.to(options.device), batch.y.to(options.device), acts);
   model.zero_grad();
   model.backward(acts);
   rec->record_gradients(model);

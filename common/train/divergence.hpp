@@ -137,8 +137,9 @@ class DivergenceRecorder : public nn::BlockPolicy {
 void watch(nn::GPT& model, std::shared_ptr<DivergenceRecorder> recorder);
 
 /// The twin's recording: one forward and backward of a whole GPT(config, options) (options'
-/// seed, compute dtype and attention path as the parallel run's, on the CPU) on the whole
-/// global `batch`, its activations and gradients recorded.
+/// seed, compute dtype, attention path and device as the parallel run's: a GPU run's twin runs
+/// on its GPU, as the programs' loss twins do) on the whole global `batch`, its activations and
+/// gradients recorded (copied to the host).
 DivergenceRecorder record_twin(const ModelConfig& config, nn::GPTOptions options,
                                const data::Batch& batch);
 

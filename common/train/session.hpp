@@ -137,8 +137,8 @@ class Session {
   /// with the recorder for a rank's other models: train::watch). Null without --diverge.
   std::shared_ptr<DivergenceRecorder> watch_divergence(nn::GPT& model, RowLayout rows = {});
   /// With --diverge, after the step and the recorder's gradients: records the single-device
-  /// twin of step 0's global batch (a GPT(config(), twin) on the CPU; `twin`: the run's seed and
-  /// precision, and flash_attention where the run keeps log-sum-exps), finds the first
+  /// twin of step 0's global batch (a GPT(config(), twin); `twin`: the run's seed, precision and
+  /// device, and flash_attention where the run keeps log-sum-exps), finds the first
   /// divergence over the world (collective), logs it on rank 0 and returns kExitFailed when
   /// there is one, else kExitOk.
   ExitCode divergence_exit(const DivergenceRecorder& recording, const nn::GPTOptions& twin);

@@ -165,8 +165,8 @@ testing::AssertionResult on_every_rank(const testing::AssertionResult& ok);
 ///   // "rank 1: first divergence: blocks.0.attn.lse, forward, ranks 1, 2 (rank 1 shown), ...;
 ///   //  not within rtol ..."
 ///
-/// The twin: a GPT(model.config(), twin) on the CPU on the whole global batch, compared at the
-/// tolerance of twin.compute_dtype (fp32 rules for f32 and f64). Declare it after the model.
+/// The twin: a GPT(model.config(), twin) on twin.device on the whole global batch, compared at
+/// the tolerance of twin.compute_dtype (fp32 rules for f32 and f64). Declare it after the model.
 class Explain {
  public:
   /// Watches `model` (train::watch) from now on.
