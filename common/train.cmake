@@ -8,4 +8,5 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/train/session.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train/sizing.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train/reference.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/train/equivalence.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/train/equivalence.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/train/divergence.cpp)

@@ -184,7 +184,10 @@ double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations&
   ops::matmul(h.probs, in, head_weight(), false, true);  // logits = lnf @ W^T
   // the loss; the logits become the softmax's columns (a new tensor, or in place)
   const double loss = mappings().cross_entropy(h.probs, targets.view({N}), vocab_lo_);
-  if (policy_) policy_->after_unit_forward(*this, head_unit());
+  if (policy_) {
+    policy_->after_head_forward(*this, h);  // e.g. a divergence report records it
+    policy_->after_unit_forward(*this, head_unit());
+  }
   return loss;
 }
 

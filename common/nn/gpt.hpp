@@ -80,6 +80,7 @@ struct GPTOptions {
 };
 
 class GPT;
+struct HeadActivations;
 
 /// What a policy may do around each unit of the model (the embedding, each block, the head: the
 /// units of params().units()) and around each block's activations. The model's own pieces call
@@ -128,6 +129,10 @@ class BlockPolicy {
   virtual void before_unit_backward(const GPT& /*model*/, std::size_t /*unit*/) {}
   /// After the unit's backward has made its gradients final, e.g. reduce and release them.
   virtual void after_unit_backward(const GPT& /*model*/, std::size_t /*unit*/) {}
+  /// After head_forward filled `acts` (ln_f's input, output and statistics, the softmax of the
+  /// logits), before its after_unit_forward: an observer's view of what the head computed
+  /// (train::DivergenceRecorder records it). Training forwards only.
+  virtual void after_head_forward(const GPT& /*model*/, const HeadActivations& /*acts*/) {}
 };
 
 /// Several policies as one: every hook calls each policy in the order they were added.
@@ -159,6 +164,9 @@ class PolicyList final : public BlockPolicy {
   }
   void after_unit_backward(const GPT& m, std::size_t u) override {
     for (auto& p : list_) p->after_unit_backward(m, u);
+  }
+  void after_head_forward(const GPT& m, const HeadActivations& a) override {
+    for (auto& p : list_) p->after_head_forward(m, a);
   }
 
  private:
@@ -286,6 +294,8 @@ class GPT {
   void add_block_policy(std::shared_ptr<BlockPolicy> policy);
   /// The block policy in use (null: keep everything).
   BlockPolicy* block_policy() const { return policy_.get(); }
+  /// The policy set_block_policy gave (null: none), to put another before it in a PolicyList.
+  std::shared_ptr<BlockPolicy> shared_block_policy() const { return policy_; }
 
   // ---- units (ZeRO) ----
   /// Unit index of the embedding / of block i / of the head in params().units().

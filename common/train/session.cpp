@@ -10,12 +10,17 @@ Session::Session(const std::string& program, const std::string& description,
     : options_(cli::make_options(program, description)) {
   cli::add_run_options(options_, /*mixed_precision=*/true);
   add_train_options(options_, defaults);
+  options_.add_options("check")(
+      "diverge", "run one step, compare every activation and gradient with the single-device "
+                 "twin's and name the first that differs (exit 1), or exit 0");
 }
 
 const cxxopts::ParseResult& Session::parse(int argc, char** argv, DevicePick pick) {
   parsed_ = cli::parse(options_, argc, argv);
   run_ = cli::run_options(parsed_);
   opt_ = read_train_options(parsed_);
+  diverge_ = parsed_.count("diverge") > 0;
+  if (diverge_) opt_.steps = 1;  // the report compares one step
   config_ = model_config(opt_.model);
   comm_.emplace(comm::Communicator::world(run_.backend));
   if (pick == DevicePick::at_parse) pick_device();
@@ -71,6 +76,22 @@ void Session::announce(const std::string& headline, bool mfu_note) {
 std::string Session::step_line(int64_t step, double loss, double dt_s) {
   SCALELAB_CHECK(reporter_ != nullptr, "Session::step_line before announce()");
   return reporter_->line(step, loss, dt_s, lr(step));
+}
+
+std::shared_ptr<DivergenceRecorder> Session::watch_divergence(nn::GPT& model, RowLayout rows) {
+  if (!diverge_) return nullptr;
+  auto rec = std::make_shared<DivergenceRecorder>(std::move(rows));
+  watch(model, rec);
+  return rec;
+}
+
+ExitCode Session::divergence_exit(const DivergenceRecorder& recording,
+                                  const nn::GPTOptions& twin) {
+  SCALELAB_CHECK(diverge_, "Session::divergence_exit without --diverge");
+  const DivergenceRecorder twin_run = record_twin(config_, twin, sampler().batch(0));
+  const Divergence d = find_divergence(recording, twin_run, run_.precision, *comm_);
+  log::info("{}", d.str());  // rank 0
+  return d.found ? kExitFailed : kExitOk;
 }
 
 }  // namespace scalelab::train

@@ -22,6 +22,18 @@
 /// - a lab that trains at another context than the model's (lab 11's long sequences) calls
 ///   set_context(T) before the sampler and the reporter are made.
 ///
+/// --diverge (every program that uses it): the run is one step (--steps 1) with the divergence
+/// report (common/train/divergence.hpp): the lab watches its model(s) and, after the step, hands
+/// the recording in; the program prints the first tensor that left the single-device twin and
+/// exits 1, or 0 when none did:
+///
+///   auto rec = session.watch_divergence(model, {.first_row = rank * rows});  // null without
+///   for (step ...) { ... }                                                   // one step
+///   if (rec) {
+///     rec->record_gradients(model);   // or record_gradient_shard: what this rank owns
+///     return session.divergence_exit(*rec, session.model_options(run.seed));
+///   }
+///
 /// Lab 02's single-device program does not use it: it has no communicator (and so no hang
 /// watchdog), reads a corpus directory or a text file with its validation split, trains at a
 /// --context up to the model's (the model keeps its positions), and its step line is made by the
@@ -36,9 +48,11 @@
 
 #include "common/cli.hpp"
 #include "common/comm/communicator.hpp"
+#include "common/errors.hpp"
 #include "common/data/sampler.hpp"
 #include "common/model_config.hpp"
 #include "common/nn/gpt.hpp"
+#include "common/train/divergence.hpp"
 #include "common/train/loop.hpp"
 
 namespace scalelab::train {
@@ -117,6 +131,18 @@ class Session {
   /// batch. Collective. Needs announce() first.
   std::string step_line(int64_t step, double loss, double dt_s);
 
+  /// True with --diverge: one step (opt().steps is 1) and the divergence report.
+  bool diverge() const { return diverge_; }
+  /// With --diverge: a DivergenceRecorder for this rank's `rows`, watching `model` (call again
+  /// with the recorder for a rank's other models: train::watch). Null without --diverge.
+  std::shared_ptr<DivergenceRecorder> watch_divergence(nn::GPT& model, RowLayout rows = {});
+  /// With --diverge, after the step and the recorder's gradients: records the single-device
+  /// twin of step 0's global batch (a GPT(config(), twin); `twin`: the run's seed, precision and
+  /// device, and flash_attention where the run keeps log-sum-exps), finds the first
+  /// divergence over the world (collective), logs it on rank 0 and returns kExitFailed when
+  /// there is one, else kExitOk.
+  ExitCode divergence_exit(const DivergenceRecorder& recording, const nn::GPTOptions& twin);
+
  private:
   cxxopts::Options options_;
   cxxopts::ParseResult parsed_;
@@ -126,6 +152,7 @@ class Session {
   std::optional<comm::Communicator> comm_;
   Device device_ = Device::cpu();
   bool device_picked_ = false;
+  bool diverge_ = false;
   std::vector<uint16_t> tokens_;
   std::optional<data::Sampler> sampler_;
   std::vector<uint16_t> val_tokens_;

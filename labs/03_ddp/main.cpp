@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
     lab03::broadcast_parameters(model, comm);
     model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
+    // --diverge: one step, every tensor compared with the single-device twin's rows
+    auto diverge = session.watch_divergence(model, {.first_row = comm.rank() * local_rows});
 
     std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin, for --verify-steps
     std::unique_ptr<optim::AdamW> single_opt;
@@ -69,6 +71,10 @@ int main(int argc, char** argv) {
         log::info("    single-device loss={:.6f}  |ddp - single|={:.2e}", single_loss,
                   std::abs(loss - single_loss));
       }
+    }
+    if (diverge) {
+      diverge->record_gradients(model);  // all-reduced: what the optimizer applied
+      return session.divergence_exit(*diverge, session.model_options(run.seed));
     }
     const double divergence = lab03::parameter_divergence(model, comm);
     log::info("after {} steps: max |p - p on rank 0| over {} ranks = {:.3g} ({})", opt.steps,

@@ -132,6 +132,9 @@ int main(int argc, char** argv) {
     optim::AdamW adamw(optim::groups(model.parameters()));
     const auto buckets = lab04::assign_buckets(model.params(), lab04::ready_order(model),
                                                static_cast<std::size_t>(bucket_mb * kMiB));
+    // --diverge: one step, every tensor compared with the single-device twin's rows (watched
+    // from here: ready_order ran a step of its own)
+    auto diverge = session.watch_divergence(model, {.first_row = comm.rank() * rows});
     session.announce(fmt::format(
         "lab 04 ddp_overlap: model {} ({} parameters, {} of gradients), {} ranks, global batch {} "
         "x {} tokens ({} rows per rank), {} buckets of <= {:g} MiB, {} steps", config.name,
@@ -164,6 +167,10 @@ int main(int argc, char** argv) {
         log::info("{}", session.step_line(step, global, timer.elapsed()));
       }
       ddp.detach();
+    }
+    if (diverge) {
+      diverge->record_gradients(model);  // the buckets' all-reduces finished
+      return session.divergence_exit(*diverge, session.model_options(session.run().seed));
     }
     const double divergence = lab03::parameter_divergence(model, comm);
     log::info("after {} steps: max |p - p on rank 0| over {} ranks = {:.3g}", opt.steps,

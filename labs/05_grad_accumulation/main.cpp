@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
                              lab04::assign_buckets(model.params(), lab04::ready_order(model),
                                                    static_cast<std::size_t>(bucket_mb * 1048576)));
     ddp.attach();
+    // --diverge: one step, every micro-batch's tensors compared with the single-device twin's
+    auto diverge = session.watch_divergence(
+        model, {.first_row = comm.rank() * plan.micro * plan.accum});
 
     session.announce(fmt::format("lab 05 grad_accumulation: model {} ({} parameters), {} ranks, {} "
                            "tokens per row, {} steps", config.name,
@@ -59,6 +62,10 @@ int main(int argc, char** argv) {
     }
 
     ddp.detach();
+    if (diverge) {
+      diverge->record_gradients(model);  // accumulated and all-reduced
+      return session.divergence_exit(*diverge, session.model_options(run.seed));
+    }
     // Same rows, one micro-batch or `accum`: the gradients must agree (tolerances at the end).
     const data::Batch mine = lab03::local_batch(sampler.batch(opt.steps), comm.rank(), comm.size());
     lab05::accumulate_gradients(model, mine, 1);

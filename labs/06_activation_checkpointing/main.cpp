@@ -90,6 +90,9 @@ int main(int argc, char** argv) {
     lab03::broadcast_parameters(model, comm);
     model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
+    // --diverge: one step compared with the single-device twin's rows (this lab's forward runs
+    // the blocks itself, outside the model's hooks: the report sees the head and the gradients)
+    auto diverge = session.watch_divergence(model, {.first_row = comm.rank() * rows});
     session.announce(fmt::format(
         "lab 06 activation_checkpointing: model {} ({} parameters), {} ranks, global batch {} x {} "
         "tokens ({} rows per rank), checkpoint policy {}, {} steps", config.name,
@@ -107,6 +110,10 @@ int main(int argc, char** argv) {
       const double global = train::global_loss(loss, comm);
       adamw.step(session.lr(step));
       log::info("{}", session.step_line(step, global, timer.elapsed()));
+    }
+    if (diverge) {
+      diverge->record_gradients(model);  // recomputed, all-reduced
+      return session.divergence_exit(*diverge, session.model_options(session.run().seed));
     }
 
     // The table: every policy on this rank's rows of the next batch (no communication).

@@ -124,6 +124,10 @@ int main(int argc, char** argv) {
                                                     .compute_dtype = run.precision,
                                                     .seed = run.seed, .sequence_parallel = sp});
     optim::AdamW adamw(optim::groups(model->parameters()));
+    // --diverge: one step, each rank's heads, hidden units and vocabulary columns (and with
+    // sequence parallelism its rows) compared with the twin's
+    auto diverge = session.watch_divergence(
+        *model, {.seq_rank = sp ? rank : 0, .seq_size = sp ? tp : 1});
     // The twin: the single-device GPT with the same seed and batches, on rank 0 only.
     std::optional<nn::GPT> twin;
     std::optional<optim::AdamW> twin_adamw;
@@ -164,6 +168,10 @@ int main(int argc, char** argv) {
                         std::min<int64_t>(twin_steps, opt.steps), twin_check.worst,
                         twin_check.verdict());
     twin.reset();
+    if (diverge) {
+      diverge->record_gradients(*model);
+      return session.divergence_exit(*diverge, session.model_options(run.seed));
+    }
 
     // The table: for each tp dividing the world (and the model), the ranks [0, tp) measure
     // while the others wait, so the timings do not share cores with another group. The table

@@ -160,6 +160,13 @@ int main(int argc, char** argv) {
       twin = std::make_unique<nn::GPT>(config, model_options);  // the same precision
       twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
     }
+    // --diverge: one step, each stage's (and chunk's) tensors compared with the twin's, every
+    // micro-batch at its rows of the global batch
+    std::shared_ptr<train::DivergenceRecorder> diverge;
+    for (nn::GPT* piece : mine) {
+      if (!diverge) diverge = session.watch_divergence(*piece);
+      else train::watch(*piece, diverge);
+    }
     ExecStats last;
     for (int64_t step = 0; step < opt.steps; ++step) {
       const double lr = session.lr(step);
@@ -179,6 +186,11 @@ int main(int argc, char** argv) {
         if (!twin_check.add(loss, want))
           log::info("  the pipeline's loss against the twin's: {}", twin_check.verdict());
       }
+    }
+
+    if (diverge) {
+      for (nn::GPT* piece : mine) diverge->record_gradients(*piece);  // tied copies summed
+      return session.divergence_exit(*diverge, model_options);
     }
 
     // One more step, timed alone (the twin and the optimizer are not in it; every rank starts

@@ -123,6 +123,10 @@ int main(int argc, char** argv) {
     // Every rank builds the model from the same seed: the same starting point without a broadcast.
     const nn::GPTOptions model_options = session.model_options(run.seed);
     auto trainer = lab09::make_trainer(stage, config, model_options, comm);
+    // --diverge: one step, this rank's rows and its gradients (ZeRO-2: its shard) compared with
+    // the twin's
+    auto diverge = session.watch_divergence(trainer->model(),
+                                            {.first_row = comm.rank() * local_rows});
     std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin, for --verify-steps
     std::unique_ptr<optim::AdamW> single_opt;
     if (comm.rank() == 0 && verify_steps > 0) {
@@ -156,6 +160,14 @@ int main(int argc, char** argv) {
         if (!twin_check.add(loss, single_loss))
           log::info("    the loss against the single-device twin's: {}", twin_check.verdict());
       }
+    }
+    if (diverge) {
+      if (auto* z2 = dynamic_cast<lab09::Zero2*>(trainer.get()))
+        diverge->record_gradient_shard(trainer->model(), z2->grad_shard(), z2->shard().lo,
+                                       z2->shard().hi);
+      else if (stage < 3)  // ZeRO-3's gradient shards are per unit: activations only
+        diverge->record_gradients(trainer->model());
+      return session.divergence_exit(*diverge, model_options);
     }
     const Tensor full = trainer->full_parameters();  // collective on every stage
     const double divergence = train::max_divergence_from_rank0(full, comm);

@@ -524,6 +524,18 @@ int main(int argc, char** argv) {
     const nn::GPTOptions model_options = session.model_options(run.seed);
     Trainer3D trainer(config, g, run_plan, model_options);
     nn::GPT* model = &trainer.model();
+    // --diverge: one step, this rank's micro-batches (its replica's rows, its cp positions), its
+    // stage's blocks, tp heads and vocabulary columns compared with the twin's
+    std::shared_ptr<train::DivergenceRecorder> diverge;
+    for (nn::GPT* piece : trainer.pieces()) {
+      const train::RowLayout rows = {
+          .first_row = g.coord.dp * (opt.batch / shape.dp),
+          .positions = shape.cp > 1
+                           ? lab11::zigzag_positions(config.block_size, shape.cp, g.coord.cp)
+                           : std::vector<int64_t>{}};
+      if (!diverge) diverge = session.watch_divergence(*piece, rows);
+      else train::watch(*piece, diverge);
+    }
 
     // The single-device twin (world rank 0): the same seed, the same global batches, AdamW, the
     // same precision. The 3D step must match it: fp32 to 1e-5 relative (sums over tp, micro-
@@ -609,6 +621,13 @@ int main(int argc, char** argv) {
         if (!twin_check.add(loss, want))
           log::info("  the 3D step's loss against the twin's: {}", twin_check.verdict());
       }
+    }
+    if (diverge) {
+      if (zero < 2)  // ZeRO-2/3 keep their gradient shards inside the trainer: activations only
+        for (nn::GPT* piece : trainer.pieces()) diverge->record_gradients(*piece);
+      nn::GPTOptions twin = model_options;
+      twin.flash_attention = shape.cp > 1;  // cp's fused core keeps log-sum-exps
+      return static_cast<int>(session.divergence_exit(*diverge, twin));
     }
     return static_cast<int>(train::on_every_rank(twin_check.ok, world) ? kExitOk : kExitFailed);
   });

@@ -235,6 +235,8 @@ int main(int argc, char** argv) {
     model.set_mappings(lab11::make_cp_mappings(comm, positions, attention, config.n_head));
     optim::AdamW adamw(optim::groups(model.parameters()));
     const auto shard = [&](const Tensor& t) { return lab11::shard_sequence(t, cp, comm.rank()); };
+    // --diverge: one step, every tensor of this rank's positions compared with the twin's
+    auto diverge = session.watch_divergence(model, {.positions = positions});
 
     std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin: the whole sequence
     std::unique_ptr<optim::AdamW> single_opt;
@@ -273,6 +275,10 @@ int main(int argc, char** argv) {
     }
     single.reset();
     single_opt.reset();
+    if (diverge) {
+      diverge->record_gradients(model);  // averaged over the cp ranks
+      return session.divergence_exit(*diverge, model_options);  // fused: log-sum-exps compared
+    }
 
     // One more step, measured: the attention traffic (sends for the ring, all-to-alls for
     // Ulysses) and the activations this rank holds after its forward.

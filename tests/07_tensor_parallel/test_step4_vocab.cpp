@@ -174,6 +174,7 @@ TEST(Step4_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
             (std::vector<int64_t>{c.vocab_size / size(), c.n_embd}))
       << "wte (and the tied head) sharded by vocabulary rows";
   optim::AdamW a1(optim::groups(single.parameters())), a2(optim::groups(part.parameters()));
+  labtest::Explain why(part, single_f64());  // a failure names the first tensor off the twin
   for (int step = 0; step < 5; ++step) {
     const Tensor x = random_tokens(2, 8, c.vocab_size, 300 + step),
                  y = random_tokens(2, 8, c.vocab_size, 400 + step);
@@ -185,11 +186,14 @@ TEST(Step4_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
     nn::GPTActivations acts;
     const double got = part.forward(x, y, acts);
     part.backward(acts);
+    if (step == 0) why.step_done({x, y});
     a2.step(1e-2);
-    EXPECT_NEAR(got, want, 1e-10 * std::abs(want)) << "loss of step " << step + 1;
+    EXPECT_TRUE(labtest::on_every_rank(near(std::vector<double>{got}, {want}, 1e-10), why))
+        << "loss of step " << step + 1;
     for (nn::Parameter* p : part.parameters())
-      ASSERT_TRUE(near(p->value, cut(single.params().get(p->name).value, p->shard), kAdamRel))
-          << p->name << " after AdamW step " << step + 1 << " on rank " << rank();
+      ASSERT_TRUE(labtest::on_every_rank(
+          near(p->value, cut(single.params().get(p->name).value, p->shard), kAdamRel)
+              << "; " << p->name << " after AdamW step " << step + 1, why));
   }
 }
 

@@ -56,6 +56,9 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
   lab10::Groups g = lab10::groups_of(grid);
   auto model = own_model(g, 1, checkpoint, p.options);
   auto ref = reference_model(global, p.options);
+  // a failure names the first tensor off the twin (this replica's rows, its stage and tp share)
+  labtest::Explain why(*model, p.options,
+                       {.first_row = g.coord.dp * (global.batch_size() / shape.dp)});
   const comm::CommStats before = comm::comm_stats();
   double loss = 0;
   std::vector<exec_log::Event> log;
@@ -64,16 +67,18 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
     loss = step(*model, g, global);
     log = recording.events();
   }
+  why.step_done(global);
   const int64_t tp_sent = all_reduce_bytes(before, g.tp.name());
   const int64_t dp_bytes = all_reduce_bytes(before, g.dp.name());
 
   const Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
   const Tensor want_l = Tensor::from_vector({ref->forward(global.x, global.y)}, {1}, DType::f64);
-  auto loss_ok = labtest::close_on_every_rank(l, want_l, p.loss_rtol, kAtol);
+  auto loss_ok = labtest::close_on_every_rank(l, want_l, p.loss_rtol, kAtol, why);
   if (!loss_ok) return testing::AssertionFailure() << name(shape) << ": loss: " << loss_ok.message();
   const Tensor want_g = expected(*model, *ref, true);
+  const double grad_atol = kAtol + p.grad_atol_of_max * labtest::max_abs(want_g);
   auto grads_ok = labtest::close_on_every_rank(model->params().grads(), want_g, p.grad_rtol,
-                                               kAtol + p.grad_atol_of_max * labtest::max_abs(want_g));
+                                               grad_atol, why);
   if (!grads_ok)
     return testing::AssertionFailure() << name(shape) << ": gradients: " << grads_ok.message();
   // tp: exactly the blocks' operators and the vocabulary-parallel ends on B/dp rows (nothing
@@ -305,7 +310,13 @@ TEST(Step3_PlantedFault, TiedGradientOverWrongGroupFails) {
       },
       average_over_dp);
   for (const lab10::GridShape& shape : grids_for(world().size()))
-    if (shape.pp > 1 && shape.tp > 1) EXPECT_FALSE(step_matches(wrong, shape));
+    if (shape.pp > 1 && shape.tp > 1) {
+      const testing::AssertionResult r = step_matches(wrong, shape);
+      EXPECT_FALSE(r);
+      // the report leads with the first tensor the fault touches: the tied weight's gradient
+      EXPECT_NE(std::string(r.message()).find("first divergence: wte.weight gradient, backward"),
+                std::string::npos) << r.message();
+    }
 }
 
 // AFAB in place of 1F1B: the same loss, gradients and bytes on every group; only the order on a

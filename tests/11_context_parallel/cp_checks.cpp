@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/train/global_loss.hpp"
+
 namespace cptest {
 
 std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_t kv_bytes) {
@@ -142,6 +144,52 @@ class GraderForward final : public nn::Mappings {
 
 }  // namespace
 
+namespace {
+// The model test's set-up: tiny's shape at a 4x longer context on cp = every rank, one global
+// batch, and the single device's loss (and gradients, after its backward) on it.
+struct ModelCase {
+  ModelConfig config;
+  int64_t T = 0;
+  data::Batch batch;
+  nn::GPTOptions options;
+};
+
+ModelCase model_case(DType dt, int64_t n_head) {
+  ModelCase c;
+  c.config = labtest::test_model(2);
+  if (n_head > 0) c.config.n_head = n_head;
+  c.T = 4 * c.config.block_size;  // a long context: 4 x tiny's block size
+  c.config.block_size = c.T;
+  const data::Sampler sampler(labtest::synthetic_corpus(7), 2, c.T, 99);
+  c.batch = sampler.batch(0);
+  c.options = nn::GPTOptions{.seed = 1234, .compute_dtype = dt, .flash_attention = true};
+  return c;
+}
+}  // namespace
+
+void model_loss_matches_single_device(DType dt) {
+  comm::Communicator cp = labtest::new_world();
+  const int n = cp.size();
+  const ModelCase c = model_case(dt, 0);
+  nn::GPT single(c.config, c.options);
+  const double single_loss = single.loss(c.batch.x, c.batch.y);
+
+  nn::GPT model(c.config, c.options);
+  model.set_mappings(lab11::make_cp_mappings(cp, zigzag_positions(c.T, n, cp.rank()),
+                                             lab11::Attention::ring, c.config.n_head));
+  labtest::Explain why(model, c.options, {.positions = zigzag_positions(c.T, n, cp.rank())});
+  const auto rows = [&](const Tensor& t) { return zigzag_rows(t, n, cp.rank()); };
+  const double local = model.forward(rows(c.batch.x), rows(c.batch.y));
+  const double loss = train::global_loss(local, cp);
+  why.step_done(c.batch, /*gradients=*/false);
+  const double rel = dt == DType::bf16 ? 2e-3 : 1e-5;
+  testing::AssertionResult ok = testing::AssertionSuccess();
+  if (std::abs(loss - single_loss) > rel * std::abs(single_loss))
+    ok = testing::AssertionFailure() << "loss " << loss << ", single device " << single_loss
+                                     << " (rtol " << rel << ")";
+  EXPECT_TRUE(labtest::on_every_rank(ok, why));
+}
+
 void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n_head,
                                  bool grader_forward) {
   comm::Communicator cp = labtest::new_world();
@@ -163,16 +211,25 @@ void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n
       lab11::make_cp_mappings(cp, zigzag_positions(T, n, cp.rank()), attention, config.n_head);
   if (grader_forward) mappings = std::make_shared<GraderForward>(mappings, cp);
   model.set_mappings(mappings);
+  // a failure names the first tensor that left the twin (its positions: the grader's zig-zag)
+  labtest::Explain why(model, options, {.positions = zigzag_positions(T, n, cp.rank())});
   const double loss = lab11::cp_forward_backward(
       model, batch.x, batch.y, cp, [&](const Tensor& t) { return zigzag_rows(t, n, cp.rank()); });
+  why.step_done(batch);
   const Tensor got = model.params().grads(), want = single.params().grads();
+  const auto loss_near = [&](double rel) {  // the same loss on every rank
+    if (std::abs(loss - single_loss) <= rel * std::abs(single_loss))
+      return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "loss " << loss << ", single device " << single_loss << " (rtol " << rel << ")";
+  };
   if (dt == DType::bf16) {
-    EXPECT_NEAR(loss, single_loss, 2e-3 * std::abs(single_loss));
-    EXPECT_TRUE(labtest::close_on_every_rank(got, want, 0, 3e-2 * labtest::max_abs(want)));
+    EXPECT_TRUE(labtest::on_every_rank(loss_near(2e-3), why));
+    EXPECT_TRUE(labtest::close_on_every_rank(got, want, 0, 3e-2 * labtest::max_abs(want), why));
   } else {
-    EXPECT_NEAR(loss, single_loss, 1e-5 * std::abs(single_loss));
+    EXPECT_TRUE(labtest::on_every_rank(loss_near(1e-5), why));
     EXPECT_TRUE(labtest::close_on_every_rank(got, want, labtest::kAllReduceRtol,
-                                             labtest::kAllReduceAtol));
+                                             labtest::kAllReduceAtol, why));
   }
 }
 

@@ -141,6 +141,11 @@ std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
                             std::size_t kv_bytes, int64_t blocks);
 
+/// Step 2's whole model: the context-parallel GPT's forward with the attendee's ring (the given
+/// mappings) against the single-device GPT's loss on the same global batch (fp32 1e-5 relative,
+/// bf16 2e-3); no backward, so step 3 is not needed. A failure leads with the divergence report.
+void model_loss_matches_single_device(DType dt);
+
 /// The whole model: one step of the context-parallel GPT (lab 11's mappings with `attention`,
 /// over every rank of the world, at 4x tiny's context, `n_head` heads: 0 for tiny's) against the
 /// single-device GPT with the same seed and batch: the loss and every flat gradient, fp32 at the

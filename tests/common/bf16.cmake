@@ -64,3 +64,24 @@ set_tests_properties(lab10.program.bf16_zero3.np2 PROPERTIES FIXTURES_REQUIRED b
 # --attention picks lab 02's attention path (written out or flash); anything else is a usage error
 scalelab_expect_usage_error(lab02.cli.bad_attention lab02_single_device_solution
                             --attention fast --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
+# --diverge (train::Session): one step of each program against its single-device twin, every
+# activation and gradient compared (common/train/divergence.hpp); the reference reports none and
+# exits 0. About 0.6 s each on 2 cores.
+foreach(case "lab03_ddp" "lab04_ddp_overlap" "lab05_grad_accumulation;--accum;2"
+             "lab06_activation_checkpointing" "lab07_tensor_parallel;--sequence-parallel"
+             "lab08_pipeline_parallel;--micro-batches;2" "lab09_zero;--stage;2"
+             "lab10_3d_parallel;--dp;1;--tp;1;--pp;2;--micro-batches;2" "lab11_context_parallel")
+  list(POP_FRONT case program)
+  string(SUBSTRING ${program} 0 5 nn)
+  set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+          $<TARGET_FILE:${program}_solution> ${MPIEXEC_POSTFLAGS} --model tiny --batch 4
+          --peak-tflops 1 --data ${bf16_corpus} --diverge ${case})
+  list(JOIN cmd "|" cmd)
+  add_test(NAME ${nn}.program.diverge.np2
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=0
+                   "-DEXPECT_REGEX=no divergence: [0-9]+ tensors within tolerance" -DMAX_SECONDS=40
+                   -P ${CMAKE_CURRENT_LIST_DIR}/expect_exit.cmake)
+  set_tests_properties(${nn}.program.diverge.np2 PROPERTIES PROCESSORS 2 TIMEOUT 60
+                       LABELS "reference;${nn}" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}"
+                       FIXTURES_REQUIRED bf16_corpus)
+endforeach()

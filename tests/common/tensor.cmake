@@ -19,6 +19,9 @@ scalelab_add_test(NAME test_optim SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_optim.c
 scalelab_add_test(NAME test_data SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_data.cpp RANKS 1)
 scalelab_add_test(NAME test_metrics SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_metrics.cpp RANKS 1)
 scalelab_add_test(NAME test_train SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_train.cpp RANKS 1 2)
+# the divergence report: clean layouts and planted faults named where they first show (2 ranks)
+scalelab_add_test(NAME test_divergence SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_divergence.cpp
+                  RANKS 2)
 scalelab_add_test(NAME test_ops_cuda SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ops_cuda.cpp RANKS 1
                   LABELS gpu)
 # issue 14's kernels (bf16 ops, cast, cuBLASLt matmul, fused AdamW, flash attention, residual +

@@ -128,6 +128,48 @@ testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& wa
   return on_every_rank(mine);
 }
 
+Explain::Explain(nn::GPT& model, nn::GPTOptions twin, train::RowLayout rows)
+    : model_(model), twin_(std::move(twin)),
+      recorder_(std::make_shared<train::DivergenceRecorder>(std::move(rows))) {
+  train::watch(model_, recorder_);
+}
+
+Explain::~Explain() { recorder_->stop(); }  // the model may run on: it records nothing more
+
+void Explain::step_done(const data::Batch& global, bool gradients) {
+  recorder_->stop();
+  if (gradients) recorder_->record_gradients(model_);
+  global_ = global;
+}
+
+std::string Explain::first_line() const {
+  if (!global_) return "";
+  if (!first_) {
+    const train::DivergenceRecorder twin = train::record_twin(model_.config(), twin_, *global_);
+    first_ = train::find_divergence(*recorder_, twin, twin_.compute_dtype, world()).first_line();
+  }
+  return *first_;
+}
+
+testing::AssertionResult on_every_rank(const testing::AssertionResult& ok, const Explain& why) {
+  testing::AssertionResult all = on_every_rank(ok);
+  if (all) return all;
+  // the same verdict on every rank: each takes part in the report's collectives
+  const std::string first = why.first_line();
+  if (first.empty()) return all;
+  return testing::AssertionFailure() << first << "; " << all.message();
+}
+
+testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want, double rtol,
+                                             double atol, const Explain& why) {
+  const train::Diff d = train::compare(got, want);
+  testing::AssertionResult mine = testing::AssertionSuccess();
+  if (!d.within(rtol, atol))
+    mine = testing::AssertionFailure() << "not within rtol " << rtol << " atol " << atol << ": "
+                                       << d.str();
+  return on_every_rank(mine, why);
+}
+
 testing::AssertionResult bitwise(const Tensor& got, const Tensor& want) {
   const train::Diff d = train::compare(got, want);
   if (d.bitwise) return testing::AssertionSuccess();

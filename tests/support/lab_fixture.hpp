@@ -68,7 +68,9 @@
 #include "common/comm/communicator.hpp"
 #include "common/data/sampler.hpp"
 #include "common/model_config.hpp"
+#include "common/nn/gpt.hpp"
 #include "common/tensor.hpp"
+#include "common/train/divergence.hpp"
 #include "common/train/reference.hpp"
 
 namespace scalelab::labtest {
@@ -145,6 +147,55 @@ testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& wa
 /// MPI_COMM_WORLD directly: it is not counted in the byte counters or the traffic ledger, so a
 /// grader may call it inside a measured window.
 testing::AssertionResult on_every_rank(const testing::AssertionResult& ok);
+
+// ---- where a twin check fails: the divergence report ------------------------------------------
+
+/// One step of a parallel model, explained against its single-device twin when a check fails
+/// (common/train/divergence.hpp). Made before the step, it watches `model` (this rank's share;
+/// its rows of the global batch at `rows`); after the step, step_done(global) records the
+/// gradients the model holds (a ZeRO test records its shard through recorder() first and passes
+/// gradients = false) and stops recording, so later steps of the test change nothing. The
+/// checks that take it (on_every_rank, close_on_every_rank) put the report's first line before
+/// their own message when they fail on every rank:
+///
+///   labtest::Explain why(model, {.seed = 1234, .flash_attention = true}, {.positions = mine});
+///   ... the step ...
+///   why.step_done(global);
+///   EXPECT_TRUE(labtest::close_on_every_rank(got, want, rtol, atol, why));
+///   // "rank 1: first divergence: blocks.0.attn.lse, forward, ranks 1, 2 (rank 1 shown), ...;
+///   //  not within rtol ..."
+///
+/// The twin: a GPT(model.config(), twin) on twin.device on the whole global batch, compared at
+/// the tolerance of twin.compute_dtype (fp32 rules for f32 and f64). Declare it after the model.
+class Explain {
+ public:
+  /// Watches `model` (train::watch) from now on.
+  Explain(nn::GPT& model, nn::GPTOptions twin, train::RowLayout rows = {});
+  ~Explain();
+  Explain(const Explain&) = delete;
+  Explain& operator=(const Explain&) = delete;
+  /// After the step's backward and reductions on `global`: records the model's gradients
+  /// (unless `gradients` is false) and stops recording.
+  void step_done(const data::Batch& global, bool gradients = true);
+  /// The recording (for record_gradient_shard).
+  train::DivergenceRecorder& recorder() { return *recorder_; }
+  /// The report's first line, or "" before step_done. Collective over world(): call it where
+  /// every rank does (the checks below call it when a check failed on every rank).
+  std::string first_line() const;
+
+ private:
+  nn::GPT& model_;
+  nn::GPTOptions twin_;
+  std::shared_ptr<train::DivergenceRecorder> recorder_;
+  std::optional<data::Batch> global_;
+  mutable std::optional<std::string> first_;  // computed once: several checks may fail
+};
+
+/// on_every_rank(ok); when it fails, every failing rank's message starts with `why`'s first line.
+testing::AssertionResult on_every_rank(const testing::AssertionResult& ok, const Explain& why);
+/// close_on_every_rank(got, want, rtol, atol), its failure led by `why`'s first line.
+testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want, double rtol,
+                                             double atol, const Explain& why);
 
 /// Every element identical, on this rank (not collective).
 testing::AssertionResult bitwise(const Tensor& got, const Tensor& want);
