@@ -134,7 +134,7 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
 void flash_attention_qkv_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int64_t n_head,
                                  double scale, bool causal) {
   const AttentionLayout l = qkv_layout("flash_attention_qkv_forward", qkv, y, lse, n_head);
-  count_attention(l.B * l.NH, l.T, causal);
+  count_attention(l.B * l.NH, l.T, l.hs, causal, /*backward=*/false);
   exec_log::record_compute("flash_attention_forward");
   trace::Scope span("flash_attention_forward");
   if (qkv.device().is_cpu()) {
@@ -165,7 +165,7 @@ void flash_attention_qkv_backward(Tensor& dqkv, const Tensor& dy, const Tensor& 
                  "flash_attention_qkv_backward: dqkv {} / dy {} are not qkv's / y's shape, dtype "
                  "and device",
                  dqkv.defined() ? dqkv.str() : "undefined", dy.defined() ? dy.str() : "undefined");
-  count_attention(l.B * l.NH, l.T, causal);
+  count_attention(l.B * l.NH, l.T, l.hs, causal, /*backward=*/true);
   exec_log::record_compute("flash_attention_backward");
   trace::Scope span("flash_attention_backward");
   if (qkv.device().is_cpu()) {
