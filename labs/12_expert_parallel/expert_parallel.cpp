@@ -1,5 +1,5 @@
 // Starter generated from solutions/12_expert_parallel/expert_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash c488e4b223a6447a (lets make-labs see your edits).
+// step (see README.md). Body hash 98d8fe22089b02d2 (lets make-labs see your edits).
 // Lab 12: expert parallelism: the router, dispatch and combine on one device, the exchange of
 // tokens with the ranks holding their experts, and the gradient reduction beside dp.
 #include "expert_parallel.hpp"
@@ -22,6 +22,8 @@ Routing route(const Tensor& logits, const MoEConfig& c) {
   const DType R = logits.dtype();
   Routing r;
   // TODO step 1: probabilities, the top k, the gates, the capacity, the balancing loss
+  // HINT: common/ops/moe.hpp has the pieces (top_k, normalize_rows, moe_route with one group);
+  // HINT: nn::MoE's comment states the capacity and the loss. Counts come to the host (to_vector).
   throw scalelab::NotImplemented(
       "lab 12 step 1: probabilities, the top k, the gates, the capacity, the balancing loss (README.md#step-1)");
   return r;
@@ -33,6 +35,7 @@ void route_backward(Tensor& dlogits, const Tensor& dgates, const Routing& r,
   const Device dev = r.probs.device();
   const DType R = r.probs.dtype();
   // TODO step 1: gates -> chosen probabilities -> all (+ the balancing loss) -> logits
+  // HINT: every forward op has its backward in common/ops/moe.hpp; f is a count: no gradient.
   throw scalelab::NotImplemented(
       "lab 12 step 1: gates -> chosen probabilities -> all (+ the balancing loss) -> logits (README.md#step-1)");
 }
@@ -57,6 +60,7 @@ Tensor dispatch(const Tensor& x, const Routing& r) {
   const int64_t N = x.size(0), C = x.size(1), k = r.indices.size(1);
   Tensor xd = Tensor::zeros({total(r.kept), C}, x.dtype(), x.device());
   // TODO step 2: each pair's token row to its row of the layout (dropped: nowhere)
+  // HINT: ops::gather_rows and ops::index_add_rows move rows by an i32 index (-1: skipped).
   throw scalelab::NotImplemented(
       "lab 12 step 2: each pair's token row to its row of the layout (dropped: nowhere) (README.md#step-2)");
   return xd;
@@ -72,6 +76,7 @@ Tensor combine(const Tensor& ye, const Routing& r) {
   const int64_t N = r.indices.size(0), k = r.indices.size(1), C = ye.size(1);
   Tensor y = Tensor::zeros({N, C}, ye.dtype(), ye.device());
   // TODO step 2: every kept pair's expert row, times its gate, into its token's row
+  // HINT: ops::multiply_rows scales rows by the gates.
   throw scalelab::NotImplemented(
       "lab 12 step 2: every kept pair's expert row, times its gate, into its token's row (README.md#step-2)");
   return y;
@@ -80,6 +85,7 @@ Tensor combine(const Tensor& ye, const Routing& r) {
 void combine_backward(Tensor& dye, Tensor& dgates, const Tensor& dy, const Tensor& ye,
                       const Routing& r) {
   // TODO step 2: dgate = dy . expert row; d expert row = gate dy
+  // HINT: ops::row_dot gives one number per row.
   throw scalelab::NotImplemented(
       "lab 12 step 2: dgate = dy . expert row; d expert row = gate dy (README.md#step-2)");
 }
@@ -95,6 +101,7 @@ Exchange exchange_counts(const std::vector<int64_t>& rows_per_expert, comm::Comm
   x.recv_rows.assign(n, 0);
   x.from_rank.assign(n * El, 0);
   // TODO step 3: my counts of rank o's experts go to rank o; theirs of mine come back
+  // HINT: an equal-chunk Communicator::all_to_all of an i32 tensor of the E counts.
   throw scalelab::NotImplemented(
       "lab 12 step 3: my counts of rank o's experts go to rank o; theirs of mine come back (README.md#step-3)");
   return x;
@@ -131,6 +138,7 @@ Tensor send_to_experts(const Tensor& xd, const Exchange& x, comm::Communicator& 
   const int64_t C = xd.size(1);
   Tensor mine;
   // TODO step 3: one all-to-all of variable counts, then group the rows by expert
+  // HINT: Communicator::all_to_all(in, send_counts, out, recv_counts) counts elements, not rows.
   throw scalelab::NotImplemented(
       "lab 12 step 3: one all-to-all of variable counts, then group the rows by expert (README.md#step-3)");
   return mine;
@@ -197,6 +205,7 @@ Tensor ep_experts_backward(nn::MoE& moe, const Tensor& dye,
 
 void reduce_gradients(nn::GPT& model, comm::Communicator& world, comm::Communicator& edp) {
   // TODO step 4: experts over the ranks holding them, everything else over all
+  // HINT: MoE::expert_parameters() of each MoE block (Block::moe) are the experts.
   throw scalelab::NotImplemented(
       "lab 12 step 4: experts over the ranks holding them, everything else over all (README.md#step-4)");
 }

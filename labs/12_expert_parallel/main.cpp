@@ -11,8 +11,13 @@
 //   ./scalelab run 12 -n 4                          # your code, ep = 4
 //   ./scalelab run 12 --solution -n 4 -- --ep 2     # ep 2 x dp 2
 //   ./scalelab run 12 --solution -n 4 -- --precision bf16 --top-k 1
+//   ./scalelab run 12 --solution -n 4 -- --sweep      # step 5: capacity factors vs a dense model
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <sstream>
+
+#include "common/allocator.hpp"
 
 #include "common/comm/stats.hpp"
 #include "common/errors.hpp"
@@ -24,6 +29,106 @@
 #include "expert_parallel.hpp"
 
 using namespace scalelab;
+
+namespace {
+
+// ---- --sweep (step 5): the same steps at several capacity factors, and a dense model -----------
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct SweepRow {
+  std::string what;
+  double step_ms = 0, comm_ms = 0, peak_mib = 0, dropped = 0, a2a_kib = 0;
+};
+
+// `steps` training steps of `config` (dense when it has no experts) over ep = `ep`, from the same
+// seed and batches; the medians of the step time and of the time blocked in communication (every
+// collective: the all-to-alls, the gradients' all-reduces), the peak memory, the dropped pairs and
+// the all-to-all bytes of the last step. Every rank's numbers, reduced: max of times and memory,
+// sum of drops, max of bytes.
+SweepRow sweep_run(train::Session& session, const ModelConfig& config, int ep, int64_t steps,
+                   const std::string& what) {
+  comm::Communicator& world = session.comm();
+  const Device device = session.device();
+  lab12::EpGroups groups = lab12::make_ep_groups(world, ep);
+  std::unique_ptr<nn::GPT> model = std::make_unique<nn::GPT>(
+      config, lab12::ep_model_options(session.model_options(session.run().seed), groups.ep));
+  if (config.moe.enabled()) model->set_mappings(lab12::make_ep_mappings(groups.ep));
+  optim::AdamW adamw(optim::groups(model->parameters()));
+  std::vector<double> times, waits;
+  double dropped = 0, a2a = 0;
+  reset_peak_memory(device);
+  for (int64_t step = 0; step < steps; ++step) {
+    const data::Batch global = session.sampler().batch(step);
+    world.barrier();
+    const double w0 = comm::wait_seconds();
+    const comm::CommStats before = comm::comm_stats();
+    metrics::Timer timer(device);
+    lab12::ep_forward_backward(*model, global.x, global.y, world, groups);
+    adamw.step(session.lr(step));
+    const double dt = timer.elapsed();
+    if (step > 0 || steps == 1) {  // the first step warms up
+      times.push_back(dt * 1e3);
+      waits.push_back((comm::wait_seconds() - w0) * 1e3);
+    }
+    a2a = static_cast<double>(comm::comm_total(comm::comm_stats() - before, "", "all_to_all").bytes);
+  }
+  // the last step's drops: one more forward (no update)
+  const int n = world.size(), r = world.rank();
+  const data::Batch global = session.sampler().batch(steps);
+  const int64_t b = global.x.size(0) / n;
+  model->forward(global.x.rows(r * b, (r + 1) * b).to(device),
+                 global.y.rows(r * b, (r + 1) * b).to(device));
+  for (const nn::BlockActivations& a : model->activations().blocks) dropped += a.moe.dropped;
+  model->free_activations();
+  Tensor mx = Tensor::from_vector({median(times), median(waits),
+                                   static_cast<double>(memory_stats(device).peak) / (1 << 20), a2a},
+                                  {4}, DType::f64);
+  world.all_reduce(mx, comm::ReduceOp::max);
+  Tensor sum = Tensor::from_vector({dropped}, {1}, DType::f64);
+  world.all_reduce(sum);
+  return {what, mx.item(0), mx.item(1), mx.item(2), sum.item(), mx.item(3) / 1024};
+}
+
+ExitCode sweep(train::Session& session, const ModelConfig& config, int ep, int64_t steps,
+               const std::string& factors) {
+  std::vector<SweepRow> rows;
+  std::stringstream list(factors);
+  for (std::string item; std::getline(list, item, ',');) {
+    double cf = 0;
+    try {
+      cf = std::stod(item);
+    } catch (const std::exception&) {
+      throw UsageError(fmt::format("--sweep-factors {}: numbers separated by commas", factors));
+    }
+    ModelConfig c = config;
+    c.moe.capacity_factor = cf;
+    lab12::check_ep(c.moe, ep, session.comm().size());
+    rows.push_back(sweep_run(session, c, ep, steps, fmt::format("MoE, capacity factor {}", cf)));
+  }
+  // the dense model of the same ACTIVE parameters as top-1: one MLP per block
+  ModelConfig dense = config;
+  dense.moe = {};
+  rows.push_back(sweep_run(session, dense, ep, steps, "dense (top-1's active parameters)"));
+  if (session.comm().rank() != 0) return kExitOk;
+  log::info("step 5: {} steps each (median after the first), model {} ({} experts, top-{}), ep = "
+            "{}, {} ranks; the slowest rank's time and peak memory, the drops of all ranks",
+            steps, config.name, config.moe.n_expert, config.moe.top_k, ep, session.comm().size());
+  log::info("  comm: time blocked in communication (comm::wait_seconds: the all-to-alls and the "
+            "gradients' all-reduces); a2a: the all-to-all KiB one rank sent in a step (the most)");
+  log::info("{:<36} {:>9} {:>9} {:>7} {:>10} {:>9} {:>9}", "run", "step ms", "comm ms", "comm %",
+            "peak MiB", "dropped", "a2a KiB");
+  for (const SweepRow& r : rows)
+    log::info("{:<36} {:>9.1f} {:>9.1f} {:>6.0f}% {:>10.1f} {:>9.0f} {:>9.1f}", r.what, r.step_ms,
+              r.comm_ms, r.step_ms > 0 ? 100 * r.comm_ms / r.step_ms : 0.0, r.peak_mib, r.dropped,
+              r.a2a_kib);
+  return kExitOk;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
@@ -40,7 +145,11 @@ int main(int argc, char** argv) {
          cxxopts::value<double>()->default_value("-1"))
         ("twin-steps", "rank 0 also runs the single-device model for this many steps and "
                        "prints both losses (0: off)",
-         cxxopts::value<int64_t>()->default_value("2"));
+         cxxopts::value<int64_t>()->default_value("2"))
+        ("sweep", "step 5: train nothing; time --steps steps at each --sweep-factors capacity "
+                  "factor and of the dense model, and print the table")
+        ("sweep-factors", "--sweep: capacity factors, comma separated",
+         cxxopts::value<std::string>()->default_value("0.5,1,1.25,2"));
     // the device is picked after the ep checks: bad input is refused alike with any --device
     const auto& parsed = session.parse(argc, argv, train::Session::DevicePick::by_lab);
     const auto& run = session.run();
@@ -62,6 +171,8 @@ int main(int argc, char** argv) {
     session.pick_device();
     const Device device = session.device();
     data::Sampler& sampler = session.sampler();
+    if (parsed.count("sweep"))
+      return sweep(session, config, ep, opt.steps, parsed["sweep-factors"].as<std::string>());
 
     lab12::EpGroups groups = lab12::make_ep_groups(world, ep);
     const nn::GPTOptions base = session.model_options(run.seed);

@@ -20,6 +20,8 @@ Routing route(const Tensor& logits, const MoEConfig& c) {
   const DType R = logits.dtype();
   Routing r;
   // BEGIN SOLUTION step 1: probabilities, the top k, the gates, the capacity, the balancing loss
+  // HINT: common/ops/moe.hpp has the pieces (top_k, normalize_rows, moe_route with one group);
+  // HINT: nn::MoE's comment states the capacity and the loss. Counts come to the host (to_vector).
   r.probs = Tensor::empty({N, E}, R, dev);
   ops::softmax_forward(r.probs, logits);
   r.values = Tensor::empty({N, k}, R, dev);
@@ -54,6 +56,7 @@ void route_backward(Tensor& dlogits, const Tensor& dgates, const Routing& r,
   const Device dev = r.probs.device();
   const DType R = r.probs.dtype();
   // BEGIN SOLUTION step 1: gates -> chosen probabilities -> all (+ the balancing loss) -> logits
+  // HINT: every forward op has its backward in common/ops/moe.hpp; f is a count: no gradient.
   Tensor dvalues = Tensor::zeros({N, k}, R, dev);
   if (k == 1) ops::copy(dvalues, dgates.view({N, k}));
   else ops::normalize_rows_backward(dvalues, dgates.view({N, k}), r.values);
@@ -89,6 +92,7 @@ Tensor dispatch(const Tensor& x, const Routing& r) {
   const int64_t N = x.size(0), C = x.size(1), k = r.indices.size(1);
   Tensor xd = Tensor::zeros({total(r.kept), C}, x.dtype(), x.device());
   // BEGIN SOLUTION step 2: each pair's token row to its row of the layout (dropped: nowhere)
+  // HINT: ops::gather_rows and ops::index_add_rows move rows by an i32 index (-1: skipped).
   const Tensor tokens = pair_tokens(N, k, x.device());
   Tensor x_pairs = Tensor::empty({N * k, C}, x.dtype(), x.device());
   ops::gather_rows(x_pairs, x, tokens, 0);
@@ -110,6 +114,7 @@ Tensor combine(const Tensor& ye, const Routing& r) {
   const int64_t N = r.indices.size(0), k = r.indices.size(1), C = ye.size(1);
   Tensor y = Tensor::zeros({N, C}, ye.dtype(), ye.device());
   // BEGIN SOLUTION step 2: every kept pair's expert row, times its gate, into its token's row
+  // HINT: ops::multiply_rows scales rows by the gates.
   Tensor y_pairs = Tensor::empty({N * k, C}, ye.dtype(), ye.device());
   ops::gather_rows(y_pairs, ye, r.dest, 0);  // a dropped pair: a row of zeros
   ops::multiply_rows(y_pairs, r.gates.view({N * k}));
@@ -121,6 +126,7 @@ Tensor combine(const Tensor& ye, const Routing& r) {
 void combine_backward(Tensor& dye, Tensor& dgates, const Tensor& dy, const Tensor& ye,
                       const Routing& r) {
   // BEGIN SOLUTION step 2: dgate = dy . expert row; d expert row = gate dy
+  // HINT: ops::row_dot gives one number per row.
   const int64_t N = r.indices.size(0), k = r.indices.size(1), C = ye.size(1);
   Tensor dy_pairs = Tensor::empty({N * k, C}, dy.dtype(), dy.device());
   ops::gather_rows(dy_pairs, dy, pair_tokens(N, k, dy.device()), 0);
@@ -144,6 +150,7 @@ Exchange exchange_counts(const std::vector<int64_t>& rows_per_expert, comm::Comm
   x.recv_rows.assign(n, 0);
   x.from_rank.assign(n * El, 0);
   // BEGIN SOLUTION step 3: my counts of rank o's experts go to rank o; theirs of mine come back
+  // HINT: an equal-chunk Communicator::all_to_all of an i32 tensor of the E counts.
   std::vector<double> mine(rows_per_expert.begin(), rows_per_expert.end());
   const Tensor out = Tensor::from_vector(mine, {E}, DType::i32);
   Tensor in = Tensor::empty({E}, DType::i32);
@@ -190,6 +197,7 @@ Tensor send_to_experts(const Tensor& xd, const Exchange& x, comm::Communicator& 
   const int64_t C = xd.size(1);
   Tensor mine;
   // BEGIN SOLUTION step 3: one all-to-all of variable counts, then group the rows by expert
+  // HINT: Communicator::all_to_all(in, send_counts, out, recv_counts) counts elements, not rows.
   std::vector<int64_t> send(x.send_rows), recv(x.recv_rows);
   for (int64_t& v : send) v *= C;
   for (int64_t& v : recv) v *= C;
@@ -273,6 +281,7 @@ Tensor ep_experts_backward(nn::MoE& moe, const Tensor& dye,
 
 void reduce_gradients(nn::GPT& model, comm::Communicator& world, comm::Communicator& edp) {
   // BEGIN SOLUTION step 4: experts over the ranks holding them, everything else over all
+  // HINT: MoE::expert_parameters() of each MoE block (Block::moe) are the experts.
   std::vector<nn::Parameter*> experts;
   for (auto& b : model.blocks_)
     if (b->moe)
