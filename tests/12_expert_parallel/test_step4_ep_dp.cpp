@@ -1,4 +1,5 @@
-// Lab 12 step 4 (optional): ep beside dp on 4 ranks, ep = 2 (two replicas of each expert).
+// Lab 12 step 4 (optional): ep beside dp on 4 ranks, ep = 2 (two replicas of each expert). The
+// reduction is checked first, on its own; the model's step needs step 3's exchange too.
 //  - One step of the model against the single-device GPT (one routing group per rank): loss and
 //    every gradient this rank holds, fp32 at the all-reduce tolerances.
 //  - The counters: every expert gradient was all-reduced (sum) over its edp group only, every
@@ -9,11 +10,6 @@
 #include "tests/12_expert_parallel/ep_checks.hpp"
 
 using namespace scalelab;
-
-TEST(Step4_EpBesideDp, LossAndGradientsEqualSingleDevice) {
-  if (labtest::world().size() != 4) GTEST_SKIP() << "4 ranks: ep 2 x dp 2";
-  eptest::model_matches_single_device(DType::f32, 2, 2, 1.0);
-}
 
 TEST(Step4_EpBesideDp, ExpertGradientsReducedOverTheirReplicasOnly) {
   comm::Communicator world = labtest::new_world();
@@ -39,4 +35,9 @@ TEST(Step4_EpBesideDp, ExpertGradientsReducedOverTheirReplicasOnly) {
       << groups.edp.name() << " (the experts: " << expert_bytes << "), " << on_world
       << " over " << world.name() << " (the rest: " << other_bytes << "), " << all
       << " in all"));
+}
+
+TEST(Step4_EpBesideDp, LossAndGradientsEqualSingleDevice) {
+  if (labtest::world().size() != 4) GTEST_SKIP() << "4 ranks: ep 2 x dp 2";
+  eptest::model_matches_single_device(DType::f32, 2, 2, 1.0);
 }
