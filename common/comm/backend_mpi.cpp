@@ -386,7 +386,8 @@ class MpiBackend final : public Backend {
           std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
           int64_t s_at = 0, r_at = 0;
           for (int r = 0; r < size_; ++r) {
-            SCALELAB_CHECK(s_at + op.send_counts[r] <= INT32_MAX && r_at + op.recv_counts[r] <= INT32_MAX,
+            SCALELAB_CHECK(s_at + op.send_counts[r] <= INT32_MAX &&
+                               r_at + op.recv_counts[r] <= INT32_MAX,
                            "{}: counts too large for MPI", op.label());
             sc[r] = static_cast<int>(op.send_counts[r]);
             sd[r] = static_cast<int>(s_at);

@@ -71,7 +71,8 @@ void top_k_backward(Tensor& dx, const Tensor& dvalues, const Tensor& indices) {
   check_router("top_k_backward", dvalues, indices.shape(), dx.dtype());
   SCALELAB_CHECK(indices.dim() == 2 && indices.size(0) == dx.size(0) &&
                      indices.dtype() == DType::i32,
-                 "top_k_backward: indices {} are not (N, k) i32 for dx {}", indices.str(), dx.str());
+                 "top_k_backward: indices {} are not (N, k) i32 for dx {}", indices.str(),
+                 dx.str());
   SCALELAB_MOE_DISPATCH(dx.device(), top_k_backward(dx, dvalues, indices));
 }
 

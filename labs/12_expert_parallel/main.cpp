@@ -74,7 +74,8 @@ SweepRow sweep_run(train::Session& session, const ModelConfig& config, int ep, i
       times.push_back(dt * 1e3);
       waits.push_back((comm::wait_seconds() - w0) * 1e3);
     }
-    a2a = static_cast<double>(comm::comm_total(comm::comm_stats() - before, "", "all_to_all").bytes);
+    const comm::CommStats did = comm::comm_stats() - before;
+    a2a = static_cast<double>(comm::comm_total(did, "", "all_to_all").bytes);
   }
   // the last step's drops: one more forward (no update)
   const int n = world.size(), r = world.rank();
@@ -160,7 +161,8 @@ int main(int argc, char** argv) {
     ModelConfig config = session.config();
     MoEConfig& moe = config.moe;
     if (parsed.count("top-k")) moe.top_k = parsed["top-k"].as<int64_t>();
-    if (parsed.count("capacity-factor")) moe.capacity_factor = parsed["capacity-factor"].as<double>();
+    if (parsed.count("capacity-factor"))
+      moe.capacity_factor = parsed["capacity-factor"].as<double>();
     if (parsed.count("aux-coef")) moe.aux_coef = parsed["aux-coef"].as<double>();
     SCALELAB_REQUIRE(moe.aux_coef >= 0, "--aux-coef {}: must be at least 0", moe.aux_coef);
     const int ep = parsed["ep"].as<int>() == 0 ? world.size() : parsed["ep"].as<int>();
@@ -254,7 +256,8 @@ int main(int argc, char** argv) {
       for (int blk = 0; blk < moe_blocks; ++blk) {
         log::info("  MoE block #{}:", blk);
         std::string head = fmt::format("  {:>5}", "rank");
-        for (int64_t e = 0; e < E; ++e) head += fmt::format(" {:>11}", fmt::format("e{}@{}", e, e / El));
+        for (int64_t e = 0; e < E; ++e)
+          head += fmt::format(" {:>11}", fmt::format("e{}@{}", e, e / El));
         log::info("{} {:>8}", head, "dropped");
         for (int k = 0; k < n; ++k) {
           const double* p = &v[k * width + blk * 2 * E];
@@ -270,7 +273,9 @@ int main(int argc, char** argv) {
       // The formula, per MoE block and rank k: the counts (E i32) once, then its M kept rows
       // out and the R rows its experts got back, forward and backward: 4 E + 2 (M + R) C es.
       const double es = static_cast<double>(dtype_size(model.compute_dtype()));
-      const auto kept = [&](int k, int blk, int64_t e) { return v[k * width + blk * 2 * E + E + e]; };
+      const auto kept = [&](int k, int blk, int64_t e) {
+        return v[k * width + blk * 2 * E + E + e];
+      };
       log::info("all-to-all bytes sent per rank (byte counters) against the formula for this "
                 "routing: per MoE block 4 E (the counts) + 2 (M + R) C x {} bytes (tokens out "
                 "and back, forward and backward; M: the rank's kept pairs, R: the pairs its "

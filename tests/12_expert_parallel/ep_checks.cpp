@@ -66,7 +66,8 @@ lab12::Routing Layer::library_routing(const Tensor& x) const {
 }
 
 scalelab::testing::MoEReference Layer::reference(const Tensor& x) const {
-  return scalelab::testing::moe_reference(x, moe.router.value, moe.fc_weight.value, moe.fc_bias.value,
+  return scalelab::testing::moe_reference(x, moe.router.value, moe.fc_weight.value,
+                                         moe.fc_bias.value,
                                 moe.proj_weight.value, moe.proj_bias.value, moe.config(), 1);
 }
 

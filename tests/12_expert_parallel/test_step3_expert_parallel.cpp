@@ -60,7 +60,8 @@ TEST(Step3_Exchange, RowsReachTheirExpertsAndComeBackInTheFormulasBytes) {
   const Tensor mine = lab12::send_to_experts(xd, x, ep);
   const Tensor back = lab12::return_from_experts(mine, x, ep);
   const comm::CommStats did = comm::comm_stats() - before;
-  EXPECT_TRUE(labtest::on_every_rank(::testing::AssertionResult(mine.defined() && mine.numel() == R * kC)
+  const bool arrived = mine.defined() && mine.numel() == R * kC;
+  EXPECT_TRUE(labtest::on_every_rank(::testing::AssertionResult(arrived)
                                      << "rank " << me << ": my experts got "
                                      << (mine.defined() ? mine.str() : "nothing") << ", want "
                                      << R << " rows"));
@@ -93,11 +94,14 @@ EpLayer ep_layer(comm::Communicator& ep, int64_t N, bool skewed = false) {
   const int64_t C = 8;
   eptest::Layer mine(c, C, 31, DType::f32, me, n);
   const auto skew = [&](nn::MoE& moe) {
-    if (skewed) moe.router.value.rows(0, 1).copy_from(Tensor::uniform({1, C}, 9, DType::f32, Device::cpu(), 1, 2));
+    if (skewed)
+      moe.router.value.rows(0, 1).copy_from(
+          Tensor::uniform({1, C}, 9, DType::f32, Device::cpu(), 1, 2));
   };
   skew(mine.moe);
   // every rank's rows, the same on every rank; mine are rows [me N, (me+1) N)
-  const Tensor all_x = Tensor::uniform({n * N, C}, 32, DType::f32, Device::cpu(), skewed ? 0 : -1, 1);
+  const Tensor all_x =
+      Tensor::uniform({n * N, C}, 32, DType::f32, Device::cpu(), skewed ? 0 : -1, 1);
   const Tensor x = all_x.rows(me * N, (me + 1) * N).clone();
   const auto mappings = lab12::make_ep_mappings(ep);
   EpLayer out;
