@@ -13,7 +13,11 @@
 namespace scalelab::metrics {
 
 double flops_per_token(const ModelConfig& c, int64_t T) {
-  const double N = static_cast<double>(parameter_count(c) - c.block_size * c.n_embd);
+  // The ACTIVE parameters: a mixture of experts computes k of its E experts per token.
+  ModelConfig active = c;
+  active.moe.n_expert = c.moe.top_k;
+  const double N = static_cast<double>(parameter_count(c.moe.enabled() ? active : c) -
+                                       c.block_size * c.n_embd);
   const double L = static_cast<double>(c.n_layer), H = static_cast<double>(c.n_head),
                Q = static_cast<double>(c.n_embd / c.n_head);
   return 6.0 * N + 12.0 * L * H * Q * static_cast<double>(T);

@@ -20,7 +20,8 @@
 
 namespace scalelab::metrics {
 
-/// 6N + 12 L H Q T for a model config at context T (see above).
+/// 6N + 12 L H Q T for a model config at context T (see above); N counts the active parameters
+/// (a mixture of experts: k of its E experts, and its router as k rows).
 double flops_per_token(const ModelConfig& config, int64_t T);
 
 /// Model FLOPs utilisation in [0, 1]: tokens_per_s * flops_per_token / (peak_tflops * 1e12).

@@ -12,6 +12,8 @@ const std::vector<ModelConfig>& configs() {
       {"tiny", 256, 16, 2, 2, 32},
       {"small", 256, 64, 4, 4, 128},
       {"gpt-85m", 256, 1024, 12, 12, 768},
+      {"tiny-moe", 256, 16, 2, 2, 32, {.n_expert = 4, .top_k = 2}},
+      {"small-moe", 256, 64, 4, 4, 128, {.n_expert = 8, .top_k = 2}},
   };
   return all;
 }
@@ -38,7 +40,13 @@ int64_t parameter_count(const ModelConfig& c) {
                             + 2 * C              // ln2
                             + 4 * C * C + 4 * C  // fc
                             + 4 * C * C + C;     // mlp proj
-  return c.vocab_size * C + c.block_size * C + c.n_layer * per_block + 2 * C;
+  int64_t total = c.vocab_size * C + c.block_size * C + c.n_layer * per_block + 2 * C;
+  if (c.moe.enabled()) {
+    const int64_t mlp = 8 * C * C + 5 * C, E = c.moe.n_expert;
+    const int64_t moe_blocks = c.n_layer / c.moe.every;  // i % every == every - 1
+    total += moe_blocks * ((E - 1) * mlp + E * C);      // E experts instead of 1, and a router
+  }
+  return total;
 }
 
 }  // namespace scalelab

@@ -13,6 +13,8 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/attention_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/embedding_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/rows_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/moe.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/moe_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/optim_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/flash_attention.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/flash_attention_cpu.cpp
@@ -26,6 +28,7 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/nn/embedding.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/attention.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/mlp.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/nn/moe.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/mappings.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/block.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/gpt.cpp
@@ -52,6 +55,7 @@ if(SCALELAB_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/attention_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/embedding_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/rows_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/moe_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/optim_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_tc_cuda.cu

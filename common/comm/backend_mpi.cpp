@@ -281,7 +281,9 @@ class MpiBackend final : public Backend {
     const Tensor& t = op.kind == OpKind::reduce_scatter || op.kind == OpKind::gather
                           ? op.in
                           : op.out;  // the per-rank element count that must match
-    Signature mine{static_cast<long long>(op.kind), t.defined() ? t.numel() : 0,
+    const bool variable = op.kind == OpKind::all_to_all && !op.send_counts.empty();
+    Signature mine{static_cast<long long>(op.kind),
+                   variable ? -2 : t.defined() ? t.numel() : 0,  // -2: per-peer counts
                    t.defined() ? static_cast<long long>(t.dtype()) : -1, op.root,
                    static_cast<long long>(op.reduce)};
     std::vector<Signature> all(static_cast<std::size_t>(size_));
@@ -292,6 +294,10 @@ class MpiBackend final : public Backend {
       same = same && s.kind == mine.kind && s.count == all[0].count && s.dtype == all[0].dtype &&
              s.root == all[0].root && s.op == all[0].op;
     for (auto& s : all) same = same && s.kind == all[0].kind;
+    if (same && variable) {
+      check_counts(op);
+      return;
+    }
     if (same) return;
     std::string table;
     for (int r = 0; r < size_; ++r) {
@@ -310,6 +316,26 @@ class MpiBackend final : public Backend {
         table += fmt::format(" {}", reduce_op_name(static_cast<ReduceOp>(s.op)));
     }
     throw CheckFailed(fmt::format("{}: ranks disagree on the collective: {}", op.label(), table));
+  }
+
+  // all_to_all with counts: what I send rank r must be what r expects from me. The counts go
+  // round once (an MPI_Alltoall), and every rank learns whether any rank found a mismatch, so
+  // every rank throws alike.
+  void check_counts(const Op& op) {
+    std::vector<long long> out(op.send_counts.begin(), op.send_counts.end()), in(size_);
+    check_mpi(MPI_Alltoall(out.data(), 1, MPI_LONG_LONG, in.data(), 1, MPI_LONG_LONG, comm_), op,
+              "MPI_Alltoall (matching check)");
+    long long bad = -1;  // the first source whose count disagrees with mine
+    for (int s = 0; s < size_ && bad < 0; ++s)
+      if (in[s] != op.recv_counts[s]) bad = s;
+    std::vector<long long> all(size_);
+    check_mpi(MPI_Allgather(&bad, 1, MPI_LONG_LONG, all.data(), 1, MPI_LONG_LONG, comm_), op,
+              "MPI_Allgather (matching check)");
+    for (int r = 0; r < size_; ++r)
+      if (all[r] >= 0)
+        throw CheckFailed(fmt::format("{}: ranks disagree on the counts: rank {}'s receive count "
+                                      "from rank {} is not what rank {} sends it", op.label(), r,
+                                      all[r], all[r]));
   }
 
   void run_collective(Op& op) {
@@ -358,6 +384,27 @@ class MpiBackend final : public Backend {
       }
       case OpKind::all_to_all: {
         Tensor in = host_view(op.in, true), out = host_view(op.out, false);
+        if (!op.send_counts.empty()) {  // per-peer counts: MPI_Alltoallv
+          std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+          int64_t s_at = 0, r_at = 0;
+          for (int r = 0; r < size_; ++r) {
+            SCALELAB_CHECK(s_at + op.send_counts[r] <= INT32_MAX &&
+                               r_at + op.recv_counts[r] <= INT32_MAX,
+                           "{}: counts too large for MPI", op.label());
+            sc[r] = static_cast<int>(op.send_counts[r]);
+            sd[r] = static_cast<int>(s_at);
+            rc[r] = static_cast<int>(op.recv_counts[r]);
+            rd[r] = static_cast<int>(r_at);
+            s_at += op.send_counts[r];
+            r_at += op.recv_counts[r];
+          }
+          check_mpi(MPI_Alltoallv(in.data_ptr(), sc.data(), sd.data(), mpi_type(in.dtype()),
+                                  out.data_ptr(), rc.data(), rd.data(), mpi_type(in.dtype()),
+                                  comm_),
+                    op, "MPI_Alltoallv");
+          copy_back(op.out, out);
+          return;
+        }
         const int chunk = static_cast<int>(in.numel() / size_);
         check_mpi(MPI_Alltoall(in.data_ptr(), chunk, mpi_type(in.dtype()), out.data_ptr(), chunk,
                                mpi_type(in.dtype()), comm_),

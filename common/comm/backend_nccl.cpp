@@ -245,6 +245,18 @@ class NcclBackend final : public Backend {
                                 stream_), op, "ncclRecv");
         return;
       case OpKind::all_to_all:  // chunk r to rank r and chunk r from rank r, inside the group
+        if (!op.send_counts.empty()) {  // per-peer counts: consecutive chunks of their sizes
+          int64_t s_at = 0, r_at = 0;
+          for (int r = 0; r < size_; ++r) {
+            check_nccl(ncclSend(at(op.in, s_at), op.send_counts[r], nccl_type(op.in.dtype()), r,
+                                comm_, stream_), op, "ncclSend");
+            check_nccl(ncclRecv(at(op.out, r_at), op.recv_counts[r], nccl_type(op.in.dtype()), r,
+                                comm_, stream_), op, "ncclRecv");
+            s_at += op.send_counts[r];
+            r_at += op.recv_counts[r];
+          }
+          return;
+        }
         for (int r = 0; r < size_; ++r) {
           const int64_t chunk = n_in / size_;
           check_nccl(ncclSend(at(op.in, r * chunk), chunk, nccl_type(op.in.dtype()), r, comm_,

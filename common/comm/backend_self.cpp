@@ -26,7 +26,7 @@ class SelfBackend final : public Backend {
         case OpKind::reduce_scatter:
         case OpKind::scatter:
         case OpKind::gather:
-        case OpKind::all_to_all:
+        case OpKind::all_to_all:  // with counts: one rank sends itself what it receives
           op->out.copy_from(op->in);
           break;
         case OpKind::send:

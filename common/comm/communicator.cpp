@@ -506,6 +506,38 @@ Work Communicator::all_to_all_async(const Tensor& in, const Tensor& out) {
 }
 void Communicator::all_to_all(const Tensor& in, const Tensor& out) { all_to_all_async(in, out).wait(); }
 
+Work Communicator::all_to_all_async(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                    const Tensor& out, const std::vector<int64_t>& recv_counts) {
+  auto op = make_op(OpKind::all_to_all);
+  check_tensor(in, op->kind, "input");
+  check_tensor(out, op->kind, "output");
+  const auto total = [&](const std::vector<int64_t>& counts, const char* what) {
+    SCALELAB_CHECK(static_cast<int>(counts.size()) == size(),
+                   "all_to_all: {} {} for a group of {} ranks", counts.size(), what, size());
+    int64_t n = 0;
+    for (int64_t c : counts) {
+      SCALELAB_CHECK(c >= 0, "all_to_all: a negative count ({}) in the {}", c, what);
+      n += c;
+    }
+    return n;
+  };
+  const int64_t sent = total(send_counts, "send counts");
+  const int64_t received = total(recv_counts, "receive counts");
+  SCALELAB_CHECK(in.dtype() == out.dtype() && in.numel() == sent && out.numel() == received,
+                 "all_to_all: the input {} must hold the {} elements sent and the output {} the "
+                 "{} received, of one dtype", in.str(), sent, out.str(), received);
+  op->in = in;
+  op->out = out;
+  op->send_counts = send_counts;
+  op->recv_counts = recv_counts;
+  op->bytes = in.nbytes();  // what this rank sends
+  return submit(op);
+}
+void Communicator::all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts,
+                              const Tensor& out, const std::vector<int64_t>& recv_counts) {
+  all_to_all_async(in, send_counts, out, recv_counts).wait();
+}
+
 Work Communicator::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp rop) {
   auto op = make_op(OpKind::reduce_scatter);
   check_gathered(out, in, size(), op->kind, "output", "input");

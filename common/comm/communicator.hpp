@@ -183,6 +183,19 @@ class Communicator {
   /// The same, non-blocking: returns at once; the tensors may be read or changed only
   /// after the Work is done.
   Work all_to_all_async(const Tensor& in, const Tensor& out);
+  /// With per-peer counts (MPI_Alltoallv; expert parallelism's exchange of tokens): my `in`
+  /// holds send_counts[r] elements for each rank r, back to back in rank order (in.numel() is
+  /// their sum); my `out` gets recv_counts[s] elements from each rank s, back to back in rank
+  /// order (out.numel() is their sum). Rank s's send_counts[r] must be rank r's
+  /// recv_counts[s]: exchange the counts first (an equal-chunk all_to_all of them), as a real
+  /// dispatcher does; set_check_matching also checks them. Counts may be 0. Payload counted
+  /// (stats.hpp): the bytes this rank sends, sum(send_counts) x the element size.
+  void all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                  const std::vector<int64_t>& recv_counts);
+  /// The same, non-blocking: returns at once; the tensors may be read or changed only
+  /// after the Work is done.
+  Work all_to_all_async(const Tensor& in, const std::vector<int64_t>& send_counts,
+                        const Tensor& out, const std::vector<int64_t>& recv_counts);
   /// `in` has size * out.numel elements; rank r gets the reduction of every rank's r-th chunk.
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum);
   /// The same, non-blocking: returns at once; the tensors may be read or changed only

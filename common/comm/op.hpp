@@ -34,7 +34,8 @@ inline bool is_point_to_point(OpKind k) { return k == OpKind::send || k == OpKin
 
 /// Which tensor an operation reads and writes (see Communicator's comments):
 ///   all_reduce, reduce, broadcast: `out` in place;   send: `in`;   recv: `out`;
-///   all_gather, reduce_scatter, scatter, gather, all_to_all: `in` -> `out`.
+///   all_gather, reduce_scatter, scatter, gather, all_to_all: `in` -> `out` (all_to_all with
+///   send_counts / recv_counts: variable chunks, back to back in rank order).
 struct Op {
   OpKind kind;                      ///< what to do
   Tensor in;                        ///< the tensor read (table above); alive until complete()
@@ -51,6 +52,9 @@ struct Op {
   /// What moves the bytes (route.hpp's transport_name: "mpi", "nccl", "self"), set by
   /// Communicator::submit: the ledger, the execution log, the trace and the watchdog show it.
   const char* transport = "";
+  /// all_to_all with per-peer counts (elements to / from each rank of the group, in rank
+  /// order); both empty for the equal-chunk all_to_all.
+  std::vector<int64_t> send_counts, recv_counts;
 
   /// Result of a split on the mpi backend (owned by the new communicator's backend).
   MPI_Comm split_comm = MPI_COMM_NULL;

@@ -12,7 +12,7 @@ std::size_t BlockActivations::nbytes() const {
     if (t->defined()) n += t->nbytes();
   for (const Tensor& t : attn.kept)
     if (t.defined()) n += t.nbytes();
-  return n;
+  return n + moe.nbytes();
 }
 
 namespace {
@@ -66,7 +66,8 @@ Tensor Block::forward(const Tensor& x, BlockActivations& a, int64_t seq_len) con
   }
   const Tensor in = as_batch(m.enter(a.ln2), seq_len);
   Tensor partial = Tensor::empty(in.shape(), dt, dev);
-  mlp.forward(partial, in, a.mlp);
+  if (moe) moe->forward(partial, in, a.moe, m);  // dropped tokens: 0 here, the residual below
+  else mlp.forward(partial, in, a.mlp);
   Tensor out = m.leave(partial).view(x.shape());
   if (mlp.proj.row_parallel()) mlp.proj.add_bias(out);
   ops::add(out, out, a.res2);
@@ -74,10 +75,11 @@ Tensor Block::forward(const Tensor& x, BlockActivations& a, int64_t seq_len) con
 }
 
 Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivations& a,
-                       const BackwardHook* hook, int64_t seq_len) {
+                       const BackwardHook* hook, int64_t seq_len, double loss_scale) {
   SCALELAB_CHECK(a.defined(), "block {} backward without activations (forward first, or "
                  "recompute them after reset())", index);
-  SCALELAB_CHECK((a.attn.att.defined() || a.attn.lse.defined()) && a.mlp.g.defined(),
+  SCALELAB_CHECK((a.attn.att.defined() || a.attn.lse.defined()) &&
+                     (moe ? a.moe.ye.defined() : a.mlp.g.defined()),
                  "block {} backward without its "
                  "attention probabilities or GELU output (recompute the selective pieces first)",
                  index);
@@ -93,7 +95,12 @@ Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivatio
     const Tensor dmlp = as_batch(m.leave_backward(dout), seq_len);  // g's backward: the same
     const Tensor in = as_batch(m.enter(a.ln2), seq_len);  // sequence parallel: gathered again
     Tensor dln2 = Tensor::zeros(in.shape(), dt, dev);
-    mlp.backward(dln2, dmlp, in, a.mlp, hook);
+    if (moe) {
+      moe->backward(dln2, dmlp, a.moe, m, loss_scale);
+      if (hook && *hook) (*hook)(moe->parameters());
+    } else {
+      mlp.backward(dln2, dmlp, in, a.mlp, hook);
+    }
     const Tensor dln2_rows = m.enter_backward(dln2).view(x.shape());  // f's backward: the sum
     m.layernorm_backward(ln2, dres2, dln2_rows, a.res2, a.ln2_mean, a.ln2_rstd);
     if (hook && *hook) (*hook)(ln2.parameters());
@@ -116,7 +123,7 @@ std::vector<Parameter*> Block::parameters() {
   std::vector<Parameter*> p = ln1.parameters();
   for (Parameter* q : attn.parameters()) p.push_back(q);
   for (Parameter* q : ln2.parameters()) p.push_back(q);
-  for (Parameter* q : mlp.parameters()) p.push_back(q);
+  for (Parameter* q : moe ? moe->parameters() : mlp.parameters()) p.push_back(q);
   return p;
 }
 

@@ -8,6 +8,7 @@
 /// F(2) B(0) F(3) B(1) ... with one BlockActivations per micro-batch), and activation
 /// checkpointing frees one (reset()) and fills it again by calling forward on the same input.
 /// Every tensor in it is its own allocation, counted by the allocator.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "common/nn/layernorm.hpp"
 #include "common/nn/mappings.hpp"
 #include "common/nn/mlp.hpp"
+#include "common/nn/moe.hpp"
 
 namespace scalelab::nn {
 
@@ -29,6 +31,7 @@ struct BlockActivations {
   Tensor ln2_mean;                 ///< (B*T): ln2's per-row mean
   Tensor ln2_rstd;                 ///< (B*T): ln2's per-row 1/std
   MLPActivations mlp;              ///< what the MLP saved
+  MoEActivations moe;              ///< what the mixture of experts saved (an MoE block)
   /// Frees every tensor (their bytes go back to the allocator).
   void reset() { *this = BlockActivations{}; }
   /// True when forward filled it (backward can run; selective pieces may still be missing).
@@ -53,10 +56,12 @@ class Block {
   Tensor forward(const Tensor& x, BlockActivations& acts, int64_t seq_len = 0) const;
   /// Returns dx (the shape of x, a new allocation) from dout; accumulates (+=) parameter
   /// gradients. `acts` must come from forward(x, acts) on this same x. Calls `hook` as each
-  /// layer's gradients become final.
+  /// layer's gradients become final. `loss_scale`: the scale of the loss whose gradient dout
+  /// is (an MoE block's balancing loss is scaled alike).
   Tensor backward(const Tensor& dout, const Tensor& x, const BlockActivations& acts,
-                  const BackwardHook* hook = nullptr, int64_t seq_len = 0);
-  /// Its parameters, in the stable order (ln1, attention, ln2, MLP).
+                  const BackwardHook* hook = nullptr, int64_t seq_len = 0,
+                  double loss_scale = 1.0);
+  /// Its parameters, in the stable order (ln1, attention, ln2, MLP or mixture of experts).
   std::vector<Parameter*> parameters();
 
   /// Where the block's communication happens (mappings.hpp): entering and leaving its attention
@@ -68,7 +73,9 @@ class Block {
   LayerNorm ln1;             ///< before the attention
   CausalSelfAttention attn;  ///< the attention sub-layer
   LayerNorm ln2;             ///< before the MLP
-  MLP mlp;                   ///< the MLP sub-layer
+  MLP mlp;                   ///< the MLP sub-layer (never bound in an MoE block)
+  /// An MoE block's mixture of experts, in place of the MLP (GPTOptions::moe); null: dense.
+  std::unique_ptr<MoE> moe;
 };
 
 }  // namespace scalelab::nn

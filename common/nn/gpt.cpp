@@ -1,5 +1,6 @@
 #include "common/nn/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -30,10 +31,26 @@ GPT::GPT(const ModelConfig& config, const GPTOptions& options)
     for (Parameter* p : embedding->parameters()) order.push_back(p);
     units.emplace_back("embedding", embedding->parameters().size());
   }
+  // Mixture of experts: the options' routing, else the config's; the MoE blocks as listed, else
+  // every `every`-th.
+  MoEOptions moe = options.moe;
+  if (moe.config.n_expert == 0) moe.config = config.moe;
+  options_.moe = moe;
+  const auto is_moe = [&](int i) {
+    if (!moe.config.enabled()) return false;
+    if (!moe.blocks.empty()) return std::find(moe.blocks.begin(), moe.blocks.end(), i) != moe.blocks.end();
+    return moe.config.every >= 1 && i % moe.config.every == moe.config.every - 1;
+  };
   for (int i = first_; i < last_; ++i) {
     blocks_.push_back(std::make_unique<Block>(i, config.n_embd, config.n_head, config.n_layer,
                                               options.tp_rank, options.tp_size));
     blocks_.back()->attn.flash = options.flash_attention;
+    if (is_moe(i)) {
+      SCALELAB_CHECK(options.tp_size == 1, "block {}: a mixture of experts under tensor "
+                     "parallelism (tp = {}) is not supported", i, options.tp_size);
+      blocks_.back()->moe = std::make_unique<MoE>("blocks." + std::to_string(i) + ".moe",
+                                                  config.n_embd, config.n_layer, moe);
+    }
     if (options.cut_block) options.cut_block(*blocks_.back());
     for (Parameter* p : blocks_.back()->parameters()) order.push_back(p);
     units.emplace_back("blocks." + std::to_string(i), blocks_.back()->parameters().size());
@@ -143,6 +160,7 @@ Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
   if (x.dim() == 3) acts.seq_len = x.size(1);  // rows (N/tp, C): embed() said the length
   acts.inputs.assign(blocks_.size(), Tensor());
   acts.blocks.assign(blocks_.size(), BlockActivations());
+  acts.aux_loss = 0;
   Tensor h = x;
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     const std::size_t u = block_unit(first_ + static_cast<int>(i));
@@ -150,6 +168,7 @@ Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
     need_values(u);
     acts.inputs[i] = h;
     h = blocks_[i]->forward(h, acts.blocks[i], acts.seq_len);
+    acts.aux_loss += acts.blocks[i].moe.aux;  // 0 for a dense block
     if (policy_) {  // e.g. checkpointing: drop what the block saved, keep its input
       policy_->after_forward(*blocks_[i], acts.inputs[i], acts.blocks[i], acts.seq_len);
       policy_->after_unit_forward(*this, u);
@@ -195,6 +214,7 @@ Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
   exec_log::record_piece("head_backward", this);  // what a grader sees run (lab 08)
   HeadActivations& h = acts.head;
   SCALELAB_CHECK(h.probs.defined(), "head_backward() without head_forward()");
+  acts.loss_scale = loss_scale;  // the blocks' balancing losses are scaled alike
   const int64_t C = h.x.size(-1), N = h.targets.numel();
   const DType dt = params_.compute_dtype();
   const Device dev = options_.device;
@@ -241,7 +261,8 @@ Tensor GPT::backward_blocks(const Tensor& dout, GPTActivations& acts) {
     need_grads(u);
     if (policy_)  // e.g. checkpointing: recompute what the block's backward reads
       policy_->before_backward(*blocks_[i], acts.inputs[i], acts.blocks[i], acts.seq_len);
-    d = blocks_[i]->backward(d, acts.inputs[i], acts.blocks[i], hook, acts.seq_len);
+    d = blocks_[i]->backward(d, acts.inputs[i], acts.blocks[i], hook, acts.seq_len,
+                             acts.loss_scale);
     acts.blocks[i].reset();  // used up: memory falls as backward proceeds
     acts.inputs[i] = Tensor();
     if (policy_) policy_->after_unit_backward(*this, u);  // e.g. ZeRO-2/3: reduce its gradient
@@ -274,7 +295,8 @@ double GPT::forward(const Tensor& tokens, const Tensor& targets, GPTActivations&
                  tokens.str());
   trace::Scope scope("forward");
   acts.reset();  // a second forward into the same object replaces the first
-  return head_forward(forward_blocks(embed(tokens, acts), acts), targets, acts);
+  const double lm = head_forward(forward_blocks(embed(tokens, acts), acts), targets, acts);
+  return lm + acts.aux_loss;
 }
 
 void GPT::backward(GPTActivations& acts, double loss_scale) {

@@ -77,6 +77,11 @@ struct GPTOptions {
   /// the (T, T) probabilities) instead of the written-out one. Same result within rounding; the
   /// activation formulas of labs 05, 06 and 10 count the written-out attention.
   bool flash_attention = false;
+  /// Mixture of experts (lab 12): which blocks replace their MLP by an MoE (nn::MoE), how they
+  /// route (the model config's ModelConfig::moe unless set), their routing groups and this
+  /// model's experts (expert parallel: E / ep_size of them). A dense config and no
+  /// moe.config.n_expert: no MoE block. Not with tp_size > 1.
+  MoEOptions moe = {};
 };
 
 class GPT;
@@ -195,6 +200,12 @@ struct GPTActivations {
   std::vector<Tensor> inputs;            ///< (B, T, C) the input of each block
   std::vector<BlockActivations> blocks;  ///< what each block saved (reset: checkpointed)
   HeadActivations head;                  ///< saved by head_forward (last stage)
+  /// The MoE blocks' balancing losses (coefficients included), summed by forward_blocks:
+  /// forward() returns the language-model loss plus this.
+  double aux_loss = 0;
+  /// The loss scale of the backward (set by head_backward): the balancing losses' gradients
+  /// in backward_blocks are scaled alike.
+  double loss_scale = 1.0;
   /// Frees everything.
   void reset() { *this = GPTActivations{}; }
   /// Bytes held now: every block's activations and input, and the head's (its input, ln_f's
@@ -244,7 +255,8 @@ class GPT {
   void set_backward_hook(BackwardHook hook) { hook_ = std::move(hook); }
 
   // ---- the whole model (a GPT holding every block) ----
-  /// Mean cross-entropy of predicting targets (B, T) from tokens (B, T); fills `acts`.
+  /// Mean cross-entropy of predicting targets (B, T) from tokens (B, T), plus the MoE blocks'
+  /// balancing losses (acts.aux_loss; 0 for a dense model); fills `acts`.
   double forward(const Tensor& tokens, const Tensor& targets, GPTActivations& acts);
   /// Gradients of loss_scale * (the mean loss of the forward that filled `acts`), accumulated
   /// (+=). Consumes `acts`: each part is freed as soon as its backward is done.

@@ -4,6 +4,7 @@
 #include "common/nn/mappings.hpp"
 
 #include "common/nn/layernorm.hpp"
+#include "common/nn/moe.hpp"
 #include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 
@@ -13,6 +14,18 @@ void Mappings::layernorm_backward(LayerNorm& ln, Tensor& din, const Tensor& dout
                                   const Tensor& in, const Tensor& mean,
                                   const Tensor& rstd) const {
   ln.backward(din, dout, in, mean, rstd);
+}
+
+Tensor Mappings::experts_forward(const MoE& moe, const Tensor& xd,
+                                 const std::vector<int64_t>& rows_per_expert,
+                                 std::vector<Tensor>& kept) const {
+  return moe.run_experts(xd, rows_per_expert, kept);
+}
+
+Tensor Mappings::experts_backward(MoE& moe, const Tensor& dye,
+                                  const std::vector<int64_t>& rows_per_expert,
+                                  const std::vector<Tensor>& kept) const {
+  return moe.run_experts_backward(dye, rows_per_expert, kept);
 }
 
 Tensor Mappings::attention_forward(Tensor& y, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -25,6 +25,7 @@
 namespace scalelab::nn {
 
 class LayerNorm;
+class MoE;
 
 /// The operators a model calls where a parallel technique communicates; this base class is one
 /// device (identities and the library's own ops). Subclass it and override what your technique
@@ -67,6 +68,21 @@ class Mappings {
                                   const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& y, const Tensor& lse,
                                   const std::vector<Tensor>& kept, double scale) const;
+
+  // ---- the experts of an MoE block (nn::MoE) ----
+  /// The experts on the dispatched rows `xd` (M, C) of this rank's tokens, in nn::MoE's layout:
+  /// rows_per_expert[e] consecutive rows for expert e = 0 .. E-1. Returns their outputs (M, C) in
+  /// the same layout, and may keep in `kept` what experts_backward needs. Default: every expert
+  /// is here (MoE::run_experts). Expert parallel (lab 12): each expert's rows go to the rank
+  /// holding it and come back, by all-to-all.
+  virtual Tensor experts_forward(const MoE& moe, const Tensor& xd,
+                                 const std::vector<int64_t>& rows_per_expert,
+                                 std::vector<Tensor>& kept) const;
+  /// The backward: returns the gradient of xd (M, C) from the outputs' `dye` (M, C); the
+  /// experts' gradients +=. `kept` is what experts_forward kept.
+  virtual Tensor experts_backward(MoE& moe, const Tensor& dye,
+                                  const std::vector<int64_t>& rows_per_expert,
+                                  const std::vector<Tensor>& kept) const;
 
   // ---- the vocabulary ----
   /// True when the embedding and the head are split by vocabulary (Megatron's

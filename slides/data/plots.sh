@@ -31,3 +31,5 @@ $plot grid $d/10_3d_n*.txt -o $o/10_grids.svg \
   --command "./scalelab run 10 --solution -n R -- --dp DP --tp TP --pp PP --steps 10 --twin-steps 10"
 $plot cp $d/11_cp_n4_ring.txt $d/11_cp_n4_all_to_all.txt -o $o/11_cp.svg \
   --command "./scalelab run 11 --solution -n 4 -- --cp 4 --attention ring|all-to-all"
+$plot moe $d/12_ep_n4_ep4.txt $d/12_ep_n4_ep2.txt -o $o/12_moe.svg \
+  --command "./scalelab run 12 --solution -n 4 [-- --ep 2]"

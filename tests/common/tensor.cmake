@@ -122,3 +122,6 @@ set_tests_properties(lab02.program.resume PROPERTIES LABELS "reference;lab02" TI
                      ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 scalelab_add_test(NAME test_param_storage
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_param_storage.cpp)
+# the mixture of experts (lab 12's library side): routing ops, nn::MoE against the masked dense
+# reference and finite differences, a GPT with MoE blocks
+scalelab_add_test(NAME test_moe SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_moe.cpp RANKS 1)

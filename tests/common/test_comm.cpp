@@ -162,6 +162,41 @@ TEST_P(Collectives, AllToAllTransposesTheRanksChunks) {
                CheckFailed);
 }
 
+// all_to_all with per-peer counts (lab 12's token exchange): rank r sends rank d (r + 2d) % 3
+// elements (some chunks empty), each naming (r, d, i); every rank gets each source's chunk in
+// rank order; the ledger counts the bytes this rank sent (they differ by rank); wrong totals are
+// refused.
+TEST_P(Collectives, AllToAllWithCountsDeliversEachPeersChunk) {
+  const int n = c.size(), me = c.rank();
+  const auto count = [](int from, int to) { return static_cast<int64_t>((from + 2 * to) % 3); };
+  const auto code = [](int from, int to, int64_t i) {
+    return static_cast<double>(from * 100 + to * 10 + i);
+  };
+  std::vector<int64_t> send(n), recv(n);
+  std::vector<double> values;
+  for (int d = 0; d < n; ++d) {
+    send[d] = count(me, d);
+    recv[d] = count(d, me);
+    for (int64_t i = 0; i < send[d]; ++i) values.push_back(code(me, d, i));
+  }
+  int64_t total_in = 0, total_out = 0;
+  for (int d = 0; d < n; ++d) total_in += send[d], total_out += recv[d];
+  const Tensor in = Tensor::from_vector(values, {total_in}, dt());
+  Tensor out = Tensor::zeros({total_out}, dt());
+  const comm::CommStats before = comm::comm_stats();
+  c.all_to_all(in, send, out, recv);
+  EXPECT_EQ(comm::comm_total(comm::comm_stats() - before, "", "all_to_all").bytes,
+            static_cast<std::int64_t>(in.nbytes()));
+  int64_t at_out = 0;
+  for (int s = 0; s < n; ++s)
+    for (int64_t i = 0; i < recv[s]; ++i, ++at_out)
+      ASSERT_EQ(at(out, at_out), code(s, me, i)) << "from rank " << s << " element " << i;
+  std::vector<int64_t> too_many = send;
+  too_many[0] += 1;
+  EXPECT_THROW(c.all_to_all(in, too_many, out, recv), CheckFailed);
+  EXPECT_THROW(c.all_to_all(in, std::vector<int64_t>(n + 1, 0), out, recv), CheckFailed);
+}
+
 TEST_P(Collectives, ReduceScatterGivesEachRankItsChunk) {
   for (int64_t n : kSizes) {
     Tensor in = filled(n * c.size(), c.rank(), dt());
@@ -313,6 +348,23 @@ INSTANTIATE_TEST_SUITE_P(Backends, Collectives,
                          param_name);
 
 // ---- the matching check ------------------------------------------------------------------------
+
+TEST(MatchingCheck, AllToAllCountsThatDisagreeAreAnErrorOnEveryRank) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto c = Communicator::world("mpi");
+  const int n = c.size();
+  // every rank sends 1 element to every rank, but rank 0 expects 2 from rank 1
+  std::vector<int64_t> send(n, 1), recv(n, 1);
+  if (c.rank() == 0) recv[1] = 2;
+  Tensor in = Tensor::zeros({n}), out = Tensor::zeros({n + (c.rank() == 0 ? 1 : 0)});
+  try {
+    c.all_to_all(in, send, out, recv);
+    ADD_FAILURE() << "no error";
+  } catch (const CheckFailed& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0's receive count from rank 1"), std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(MatchingCheck, MismatchedSizesAreAClearErrorOnEveryRank) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";

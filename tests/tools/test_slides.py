@@ -3,7 +3,7 @@
 images the READMEs show.
 
 Always: every image a deck, a README or docs/*.md references exists; every data file in
-slides/data parses with tools/plot's parser for its kind; the decks of labs 00-11 and the
+slides/data parses with tools/plot's parser for its kind; the decks of labs 00-12 and the
 overview, and those labs' READMEs, show at least one plot.
 With pandoc (./scalelab setup --docs): every deck renders to one self-contained HTML file that
 needs no network. With chromium too: no slide's content overflows its 1280x720 box.
@@ -86,7 +86,7 @@ class PlotTest(unittest.TestCase):
     KINDS = {"01_bench": "parse_bench", "01_latency": "parse_bench", "02_": "parse_steps", "03_": "parse_steps",
              "04_": "parse_overlap", "05_": "parse_accum", "06_": "parse_checkpoint",
              "07_": "parse_tp", "08_": "parse_pipeline", "09_": "parse_zero", "10_": "parse_grid",
-             "11_": "parse_cp"}
+             "11_": "parse_cp", "12_": "parse_moe"}
 
     def test_every_data_file_parses(self):
         plot = load_plot()

@@ -49,4 +49,12 @@ void adamw_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWArgs&, Te
 }
 void sgd_update(Tensor&, const Tensor&, Tensor&, double, double, double, bool) { no_cuda(); }
 void set_allow_tf32(bool) {}
+void softmax_backward(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void top_k(Tensor&, Tensor&, const Tensor&, int64_t) { no_cuda(); }
+void top_k_backward(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void normalize_rows(Tensor&, const Tensor&) { no_cuda(); }
+void normalize_rows_backward(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void moe_route(Tensor&, Tensor&, Tensor&, const Tensor&, int64_t, int64_t, int64_t) { no_cuda(); }
+void multiply_rows(Tensor&, const Tensor&) { no_cuda(); }
+void row_dot(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 }  // namespace scalelab::ops::cuda

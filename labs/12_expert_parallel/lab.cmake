@@ -1,0 +1,52 @@
+# Lab 12: expert parallelism. Steps 1-2 (the router; dispatch and combine) are one device: one
+# rank. Steps 3-4 exchange tokens over 2 and 4 ranks (step 3 on 1 rank too: ep = 1 is the
+# single device and must give it exactly).
+scalelab_add_lab(12 expert_parallel SOURCES expert_parallel.cpp
+                 GIVEN ep_model.cpp
+                 STEPS 4 RANKS 1 2 4
+                 STEP_RANKS "1:1" "2:1" "4:4"
+                 OPTIONAL_STEPS 4  # the core (steps 1-3) fits 90 minutes: README.md
+                 TIMEOUT 60)
+# Bad input: one "error:" line and exit 2 on every rank, before any data is read.
+if(SCALELAB_BUILD_TESTS)
+  set(lab12_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
+  scalelab_expect_usage_errors(lab12.cli lab12_expert_parallel_solution LABELS reference lab12
+      ARGS --model tiny-moe --data ${lab12_data}
+      CASES
+      "2|top_k_above_experts|^error: --top-k 5: choose 1 to the 4 experts|--top-k|5"
+      "3|experts_not_divisible|^error: --ep 3: the 4 experts do not split evenly|--ep|3"
+      "2|capacity_not_positive|^error: --capacity-factor 0: must be above 0|--capacity-factor|0"
+      "4|ep_not_dividing_world|^error: --ep 3: the expert-parallel group must divide the 4 ranks|--ep|3"
+      "1|dense_model|^error: --model: lab 12 needs a mixture-of-experts model|--model|tiny")
+endif()
+# Planted submissions (tests/12_expert_parallel/planted/cheats.plant): one copy of the reference
+# with every wrong technique the graders must stop, each switched on by SCALELAB_PLANT; the
+# step's graders run on it and must fail at the check named (right numbers, wrong technique,
+# where the technique is what is wrong).
+set(lab12_tests ${PROJECT_SOURCE_DIR}/tests/12_expert_parallel)
+scalelab_add_planted_submissions(12 PLANTS ${lab12_tests}/planted/cheats.plant
+  TESTS ${lab12_tests}/ep_checks.cpp ${lab12_tests}/test_step1_router.cpp
+        ${lab12_tests}/test_step3_expert_parallel.cpp
+  CASES "capacity_ignored:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*dropped pairs"
+        "aux_without_gradient:1_Router.Top2:1:Step1_Router.Top2BackwardAgainstFiniteDifferences on rank 0: .*dlogits"
+        "gather_tokens:3_Exchange:2:Step3_Exchange.RowsReachTheirExpertsAndComeBackInTheFormulasBytes on rank [0-9]: .*all_gather"
+        "every_expert_here:3_Layer.Each:2:Step3_Layer.EachRankComputesOnlyItsExpertsTokens on rank [0-9]: .*FLOPs"
+        "every_expert_here:3_Layer.NoRank:4:Step3_Layer.NoRankHoldsEveryExpert on rank [0-9]: .*other ranks' experts")
+# On a GPU (label gpu; skipped without one): the reference's step with CUDA tensors against the
+# CPU (tests/12_expert_parallel/test_gpu.cpp), not a graded step.
+scalelab_add_lab_gpu_tests(12)
+# The program on 2 ranks (fp32) and 4 ranks (bf16, ep 2 x dp 2): exit 0 only when its losses
+# follow the single-device twin's (fp32 1e-5, bf16 1e-3 relative) and the all-to-all bytes equal
+# the formula. On tests/common's corpus (a fixture).
+if(SCALELAB_BUILD_TESTS)
+  foreach(case "f32|2|2|fp32" "bf16_ep2_dp2|4|2|bf16")
+    string(REPLACE "|" ";" case "${case}")
+    list(POP_FRONT case name ranks ep precision)
+    scalelab_add_mpi_test(lab12.program.${name}.np${ranks} lab12_expert_parallel_solution
+                          RANKS ${ranks} TIMEOUT 60 LABELS reference lab12
+                          ARGS --model tiny-moe --steps 2 --batch 4 --twin-steps 2 --ep ${ep}
+                               --precision ${precision}
+                               --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
+    set_tests_properties(lab12.program.${name}.np${ranks} PROPERTIES FIXTURES_REQUIRED bf16_corpus)
+  endforeach()
+endif()

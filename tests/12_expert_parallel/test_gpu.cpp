@@ -1,0 +1,41 @@
+// Lab 12 on a GPU (ctest lab12.gpu.*, label gpu; skipped where no GPU is visible): one
+// expert-parallel step (the reference's exchange in the given mappings, ep = the world: 1 or 2
+// ranks; the fixture's mpi world stages CUDA tensors through the host) with its model on CUDA
+// against the same step on the CPU, fp32 (TF32 off) and bf16. Tolerances: fp32 loss 1e-5
+// relative and gradients 1e-4 of the largest |gradient| (the CUDA kernels sum in another
+// order); bf16 2e-3 and 3e-2 (lab 07's bf16 bounds).
+#include <gtest/gtest.h>
+
+#include "common/data/sampler.hpp"
+#include "tests/12_expert_parallel/ep_checks.hpp"
+
+using namespace scalelab;
+
+TEST(Gpu_ExpertParallel, OneStepOnCudaMatchesTheCpu) {
+  const std::optional<Device> maybe_gpu = labtest::test_gpu();
+  if (!maybe_gpu) GTEST_SKIP() << "no CUDA device";
+  comm::Communicator& world = labtest::world();
+  const int n = world.size();
+  const ModelConfig config = model_config("tiny-moe");
+  const data::Sampler sampler(labtest::synthetic_corpus(7), 2 * n, config.block_size, 99);
+  const data::Batch batch = sampler.batch(0);
+  lab12::EpGroups groups = lab12::make_ep_groups(world, n);
+  for (DType precision : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    const bool bf16 = precision == DType::bf16;
+    nn::GPTOptions on_cpu{.seed = 1234, .compute_dtype = precision};
+    nn::GPTOptions on_gpu = on_cpu;
+    on_gpu.device = *maybe_gpu;
+    nn::GPT host(config, lab12::ep_model_options(on_cpu, groups.ep));
+    nn::GPT dev(config, lab12::ep_model_options(on_gpu, groups.ep));
+    for (nn::GPT* m : {&host, &dev}) m->set_mappings(lab12::make_ep_mappings(groups.ep));
+    const double want = lab12::ep_forward_backward(host, batch.x, batch.y, world, groups);
+    const double got = lab12::ep_forward_backward(dev, batch.x, batch.y, world, groups);
+    EXPECT_TRUE(labtest::close_on_every_rank(Tensor::from_vector({got}, {1}, DType::f64),
+                                             Tensor::from_vector({want}, {1}, DType::f64),
+                                             bf16 ? 2e-3 : 1e-5, 0));
+    const Tensor want_g = host.params().grads();
+    EXPECT_TRUE(labtest::close_on_every_rank(dev.params().grads().to(Device::cpu()), want_g, 0,
+                                             (bf16 ? 3e-2 : 1e-4) * labtest::max_abs(want_g)));
+  }
+}

@@ -1,0 +1,186 @@
+// Lab 12 step 3: expert parallelism over ep = every rank (1, 2 and 4).
+//  - The exchange alone, on rows that name their rank, expert and index: exchange_counts gives
+//    every rank the rows each rank sends each of its experts; send_to_experts delivers exactly
+//    them, grouped by expert (rank 0's first); return_from_experts brings every row home. The
+//    counters see three all_to_alls on the ep group and nothing else, of exactly 4 E (the
+//    counts) + (M + R) C 4 bytes (M rows out, R back), the formula for that routing.
+//  - One MoE layer under the given mappings (one routing group per rank, capacity drops): its
+//    output against the single-device layer on every rank's rows (groups = ranks), 1e-6
+//    relative; the work counters: the forward's GEMMs were the router on this rank's tokens and
+//    ITS experts on the rows they got (moe_forward_flops), nothing more; the allocator: no rank
+//    held every expert's weights at any moment of the forward and backward.
+//  - The whole model (needs steps 1-2 of the library only: the router and dispatch are
+//    nn::MoE's): one step of the expert-parallel tiny-moe against the single-device GPT, loss
+//    and every gradient this rank holds, fp32 at the all-reduce tolerances, bf16 at 2e-3 of the
+//    loss and 3e-2 of the largest gradient.
+// Planted (planted/cheats.plant): a gather of every rank's tokens instead of the all-to-all
+// fails the counters; every rank running every expert on its own tokens (the weights gathered)
+// fails the work counters and the allocator.
+#include <gtest/gtest.h>
+
+#include "common/nn/mappings.hpp"
+#include "tests/12_expert_parallel/ep_checks.hpp"
+
+using namespace scalelab;
+
+namespace {
+constexpr int64_t kE = 4, kC = 3;
+
+// rank r's rows for expert e: (r + 2e + 1) % 4, some none
+int64_t rows_of(int r, int64_t e) { return (r + 2 * e + 1) % 4; }
+double code(int r, int64_t e, int64_t i, int64_t c) {
+  return static_cast<double>(r * 1000 + e * 100 + i * 10 + c);
+}
+}  // namespace
+
+TEST(Step3_Exchange, RowsReachTheirExpertsAndComeBackInTheFormulasBytes) {
+  comm::Communicator ep = labtest::new_world();
+  const int n = ep.size(), me = ep.rank();
+  if (kE % n != 0) GTEST_SKIP() << "E = 4 over " << n << " ranks";
+  const int64_t El = kE / n;
+  std::vector<int64_t> rows(kE);
+  std::vector<double> values;
+  for (int64_t e = 0; e < kE; ++e) {
+    rows[e] = rows_of(me, e);
+    for (int64_t i = 0; i < rows[e]; ++i)
+      for (int64_t c = 0; c < kC; ++c) values.push_back(code(me, e, i, c));
+  }
+  const int64_t M = static_cast<int64_t>(values.size()) / kC;
+  const Tensor xd = Tensor::from_vector(values, {M, kC}, DType::f32);
+  // what my experts must get: expert i's rows from rank 0, 1, ...
+  std::vector<double> want;
+  for (int64_t e = me * El; e < (me + 1) * El; ++e)
+    for (int s = 0; s < n; ++s)
+      for (int64_t i = 0; i < rows_of(s, e); ++i)
+        for (int64_t c = 0; c < kC; ++c) want.push_back(code(s, e, i, c));
+  const int64_t R = static_cast<int64_t>(want.size()) / kC;
+  ep.barrier();
+  const comm::CommStats before = comm::comm_stats();
+  const lab12::Exchange x = lab12::exchange_counts(rows, ep);
+  const Tensor mine = lab12::send_to_experts(xd, x, ep);
+  const Tensor back = lab12::return_from_experts(mine, x, ep);
+  const comm::CommStats did = comm::comm_stats() - before;
+  const bool arrived = mine.defined() && mine.numel() == R * kC;
+  EXPECT_TRUE(labtest::on_every_rank(::testing::AssertionResult(arrived)
+                                     << "rank " << me << ": my experts got "
+                                     << (mine.defined() ? mine.str() : "nothing") << ", want "
+                                     << R << " rows"));
+  if (mine.defined() && mine.numel() == R * kC)
+    EXPECT_TRUE(labtest::close_on_every_rank(mine, Tensor::from_vector(want, {R, kC}), 0, 0));
+  if (back.defined() && back.numel() == xd.numel())
+    EXPECT_TRUE(labtest::close_on_every_rank(back, xd, 0, 0));
+  else
+    ADD_FAILURE() << "return_from_experts gave " << (back.defined() ? back.str() : "nothing");
+  const int64_t bytes = 4 * kE + (M + R) * kC * 4;
+  const std::string p = eptest::only_all_to_all(did, ep.name(), 3, bytes);
+  EXPECT_TRUE(labtest::on_every_rank(::testing::AssertionResult(p.empty()) << p));
+}
+
+namespace {
+struct EpLayer {
+  Tensor y, want_y;
+  int64_t flops = 0, want_flops = 0;
+  std::size_t peak_extra = 0, all_experts_bytes = 0;
+};
+
+// One MoE layer (E = 4, top-1, capacity factor 1.0) over ep = every rank: N rows per rank.
+// `skewed`: every token prefers expert 0 (positive rows, router row 0 all ones) and the capacity
+// takes them all: rank 0's experts get every rank's tokens, the others none (a rank that runs
+// every expert on its own tokens does visibly different work).
+EpLayer ep_layer(comm::Communicator& ep, int64_t N, bool skewed = false) {
+  const int n = ep.size(), me = ep.rank();
+  const MoEConfig c{.n_expert = kE, .top_k = 1, .every = 1,
+                    .capacity_factor = skewed ? 4.0 : 1.0, .aux_coef = 0.01};
+  const int64_t C = 8;
+  eptest::Layer mine(c, C, 31, DType::f32, me, n);
+  const auto skew = [&](nn::MoE& moe) {
+    if (skewed)
+      moe.router.value.rows(0, 1).copy_from(
+          Tensor::uniform({1, C}, 9, DType::f32, Device::cpu(), 1, 2));
+  };
+  skew(mine.moe);
+  // every rank's rows, the same on every rank; mine are rows [me N, (me+1) N)
+  const Tensor all_x =
+      Tensor::uniform({n * N, C}, 32, DType::f32, Device::cpu(), skewed ? 0 : -1, 1);
+  const Tensor x = all_x.rows(me * N, (me + 1) * N).clone();
+  const auto mappings = lab12::make_ep_mappings(ep);
+  EpLayer out;
+  out.y = Tensor::empty({N, C}, DType::f32);
+  nn::MoEActivations a;
+  mine.set.zero_grad();
+  ep.barrier();
+  const std::size_t base = memory_stats(Device::cpu()).current;
+  reset_peak_memory(Device::cpu());
+  const ops::WorkCount w0 = ops::work_stats();
+  mine.moe.forward(out.y, x, a, *mappings);
+  out.flops = (ops::work_stats() - w0).matmul_flops;
+  Tensor dx = Tensor::zeros({N, C}, DType::f32);
+  mine.moe.backward(dx, Tensor::uniform({N, C}, 33, DType::f32), a, *mappings, 1.0);
+  out.peak_extra = memory_stats(Device::cpu()).peak - base;
+  // the rows my experts got: every rank's kept pairs for them
+  const std::vector<double> kept_mine(a.kept_counts.begin(), a.kept_counts.end());
+  Tensor all_kept = Tensor::empty({n * kE}, DType::f64);
+  ep.all_gather(Tensor::from_vector(kept_mine, {kE}, DType::f64), all_kept);
+  const std::vector<double> k = all_kept.to_vector();
+  const int64_t El = kE / n;
+  std::vector<int64_t> rows_mine(El, 0);
+  for (int s = 0; s < n; ++s)
+    for (int64_t i = 0; i < El; ++i) rows_mine[i] += static_cast<int64_t>(k[s * kE + me * El + i]);
+  out.want_flops = lab12::moe_forward_flops(N, C, kE, rows_mine);
+  // the single device: every expert, one routing group per rank
+  eptest::Layer whole(c, C, 31, DType::f32);
+  nn::MoE twin("moe", C, 2, {.config = c, .groups = n});
+  nn::ParameterSet set;
+  set.bind(twin.parameters(), DType::f32, Device::cpu(), 1);
+  skew(whole.moe);
+  for (std::size_t i = 0; i < twin.parameters().size(); ++i)
+    twin.parameters()[i]->value.copy_from(whole.moe.parameters()[i]->value);
+  Tensor y_all = Tensor::empty({n * N, C}, DType::f32);
+  nn::MoEActivations ta;
+  twin.forward(y_all, all_x, ta, nn::Mappings::single_device());
+  out.want_y = y_all.rows(me * N, (me + 1) * N).clone();
+  for (nn::Parameter* p : whole.moe.expert_parameters()) out.all_experts_bytes += p->value.nbytes();
+  return out;
+}
+}  // namespace
+
+TEST(Step3_Layer, EqualsTheSingleDeviceLayer) {
+  comm::Communicator ep = labtest::new_world();
+  if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
+  const EpLayer l = ep_layer(ep, 6);
+  EXPECT_TRUE(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7));
+}
+
+TEST(Step3_Layer, EachRankComputesOnlyItsExpertsTokens) {
+  comm::Communicator ep = labtest::new_world();
+  if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
+  const EpLayer l = ep_layer(ep, 6, /*skewed=*/true);
+  EXPECT_TRUE(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7));
+  EXPECT_TRUE(labtest::on_every_rank(
+      ::testing::AssertionResult(l.flops == l.want_flops)
+      << "rank " << ep.rank() << ": the MoE forward's GEMMs did " << l.flops << " FLOPs; the "
+      << "router on its tokens and its experts on the rows they received do " << l.want_flops));
+}
+
+TEST(Step3_Layer, NoRankHoldsEveryExpert) {
+  comm::Communicator ep = labtest::new_world();
+  if (ep.size() == 1) GTEST_SKIP() << "one rank holds every expert";
+  if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
+  const EpLayer l = ep_layer(ep, 2);
+  // beyond what it held before the forward, a rank needs its activations (a few rows here),
+  // far less than the other ranks' experts: (E - E/ep) experts' weights
+  const std::size_t others = l.all_experts_bytes - l.all_experts_bytes / ep.size();
+  EXPECT_TRUE(labtest::on_every_rank(
+      ::testing::AssertionResult(l.peak_extra < others)
+      << "rank " << ep.rank() << ": the forward and backward allocated up to " << l.peak_extra
+      << " bytes at once, as much as the other ranks' experts' weights (" << others << ")"));
+}
+
+TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) {
+  if (4 % labtest::world().size() != 0) GTEST_SKIP();
+  eptest::model_matches_single_device(DType::f32, labtest::world().size(), 2, 1.0);
+}
+TEST(Step3_Model, LossAndGradientsEqualSingleDeviceBf16) {
+  if (4 % labtest::world().size() != 0) GTEST_SKIP();
+  eptest::model_matches_single_device(DType::bf16, labtest::world().size(), 1, 1.25);
+}
