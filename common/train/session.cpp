@@ -86,9 +86,9 @@ std::shared_ptr<DivergenceRecorder> Session::watch_divergence(nn::GPT& model, Ro
 }
 
 ExitCode Session::divergence_exit(const DivergenceRecorder& recording,
-                                  const nn::GPTOptions& twin) {
+                                  const nn::GPTOptions& twin, const ModelConfig& config) {
   SCALELAB_CHECK(diverge_, "Session::divergence_exit without --diverge");
-  const DivergenceRecorder twin_run = record_twin(config_, twin, sampler().batch(0));
+  const DivergenceRecorder twin_run = record_twin(config, twin, sampler().batch(0));
   const Divergence d = find_divergence(recording, twin_run, run_.precision, *comm_);
   log::info("{}", d.str());  // rank 0
   return d.found ? kExitFailed : kExitOk;

@@ -1,6 +1,6 @@
 #pragma once
 /// @file session.hpp
-/// The frame every training program of labs 03-11 shares, so that a lab's main() shows only what
+/// The frame every training program of labs 03-12 shares, so that a lab's main() shows only what
 /// the lab is about: the command line (the shared run and train options plus the lab's own), the
 /// world communicator, this rank's device, the model config, the corpus and its sampler of global
 /// batches, and the step reporter with its notes.
@@ -141,7 +141,13 @@ class Session {
   /// device, and flash_attention where the run keeps log-sum-exps), finds the first
   /// divergence over the world (collective), logs it on rank 0 and returns kExitFailed when
   /// there is one, else kExitOk.
-  ExitCode divergence_exit(const DivergenceRecorder& recording, const nn::GPTOptions& twin);
+  ExitCode divergence_exit(const DivergenceRecorder& recording, const nn::GPTOptions& twin) {
+    return divergence_exit(recording, twin, config_);
+  }
+  /// divergence_exit with the twin a GPT(`config`, twin): a lab that changes the model's config
+  /// from its own options (lab 12's --top-k, --capacity-factor) hands in the config it trained.
+  ExitCode divergence_exit(const DivergenceRecorder& recording, const nn::GPTOptions& twin,
+                           const ModelConfig& config);
 
  private:
   cxxopts::Options options_;

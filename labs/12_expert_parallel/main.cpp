@@ -6,7 +6,9 @@
 // experts (step 4). Rank 0 also runs the single-device twin (same seed, same global batch, one
 // routing group per rank) for the first --twin-steps steps and prints both losses. Then one
 // measured step: tokens per expert per rank (kept and dropped) and the all-to-all bytes each
-// rank sent, beside the formula.
+// rank sent, beside the formula. With --diverge: one step, and the first activation or gradient
+// that left the single-device twin (common/train/divergence.hpp; the experts' gradients against
+// the twin's rows of the rank's experts).
 //
 //   ./scalelab run 12 -n 4                          # your code, ep = 4
 //   ./scalelab run 12 --solution -n 4 -- --ep 2     # ep 2 x dp 2
@@ -170,6 +172,8 @@ int main(int argc, char** argv) {
     lab12::check_ep(moe, ep, world.size());
     SCALELAB_REQUIRE(opt.batch % world.size() == 0, "--batch {}: every one of the {} ranks takes "
                      "the same number of rows", opt.batch, world.size());
+    SCALELAB_REQUIRE(!(parsed.count("sweep") && session.diverge()),
+                     "--sweep and --diverge: choose one (--diverge compares one training step)");
     session.pick_device();
     const Device device = session.device();
     data::Sampler& sampler = session.sampler();
@@ -181,12 +185,17 @@ int main(int argc, char** argv) {
     nn::GPT model(config, lab12::ep_model_options(base, groups.ep));
     model.set_mappings(lab12::make_ep_mappings(groups.ep));
     optim::AdamW adamw(optim::groups(model.parameters()));
+    // --diverge: one step, every tensor compared with the twin's (this rank's rows; its experts'
+    // gradients are rows [first, first + E/ep) of the twin's, their Shard says which)
+    auto diverge =
+        session.watch_divergence(model, {.first_row = world.rank() * (opt.batch / world.size())});
+    // the single-device twin routes with one group per rank, as the ranks route their own rows
+    nn::GPTOptions twin = base;
+    twin.moe.groups = world.size();
 
     std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin: one routing group per rank
     std::unique_ptr<optim::AdamW> single_opt;
-    if (world.rank() == 0 && twin_steps > 0) {
-      nn::GPTOptions twin = base;
-      twin.moe.groups = world.size();
+    if (world.rank() == 0 && twin_steps > 0 && !diverge) {
       single = std::make_unique<nn::GPT>(config, twin);
       single_opt = std::make_unique<optim::AdamW>(optim::groups(single->parameters()));
     }
@@ -219,6 +228,10 @@ int main(int argc, char** argv) {
     }
     single.reset();
     single_opt.reset();
+    if (diverge) {
+      diverge->record_gradients(model);  // reduced: what the optimizer applied
+      return session.divergence_exit(*diverge, twin, config);
+    }
 
     // One more step, measured: what each rank routed, kept and dropped per expert, and the
     // all-to-all bytes it sent, against the formula for that routing.

@@ -66,11 +66,13 @@ scalelab_expect_usage_error(lab02.cli.bad_attention lab02_single_device_solution
                             --attention fast --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
 # --diverge (train::Session): one step of each program against its single-device twin, every
 # activation and gradient compared (common/train/divergence.hpp); the reference reports none and
-# exits 0. About 0.6 s each on 2 cores.
+# exits 0. About 0.6 s each on 2 cores. Lab 12 on its MoE model (a later --model wins), ep = 2:
+# each rank's experts' gradients against the twin's rows of those experts.
 foreach(case "lab03_ddp" "lab04_ddp_overlap" "lab05_grad_accumulation;--accum;2"
              "lab06_activation_checkpointing" "lab07_tensor_parallel;--sequence-parallel"
              "lab08_pipeline_parallel;--micro-batches;2" "lab09_zero;--stage;2"
-             "lab10_3d_parallel;--dp;1;--tp;1;--pp;2;--micro-batches;2" "lab11_context_parallel")
+             "lab10_3d_parallel;--dp;1;--tp;1;--pp;2;--micro-batches;2" "lab11_context_parallel"
+             "lab12_expert_parallel;--model;tiny-moe")
   list(POP_FRONT case program)
   string(SUBSTRING ${program} 0 5 nn)
   set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
