@@ -35,6 +35,15 @@ data::Batch global_batch(int64_t step = 0) { return kLab.batch(step); }
 testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want) {
   return labtest::close_on_every_rank(got, want, kRtol, kAtol);
 }
+// ... its failure led by the divergence report's first line (the first tensor off the twin)
+testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& want,
+                                             const labtest::Explain& why) {
+  return labtest::close_on_every_rank(got, want, kRtol, kAtol, why);
+}
+// this rank's rows of the global batch in the twin's: [r b, (r + 1) b)
+train::RowLayout my_layout() {
+  return {.first_row = world().rank() * (kLab.global_batch / world().size())};
+}
 
 // Watches a backward: which parameters backward has reported ready, and every launch.
 struct Watch {
@@ -253,14 +262,16 @@ TEST(Step3_Finish, GradientsEqualSingleDeviceForEveryBucketSize) {
   const train::Reference ref = kLab.reference(global);
   for (std::size_t cap : kPer) {  // `cap` here: parameters per bucket
     nn::GPT model(kLab.config(), {.seed = kSeed});
+    labtest::Explain why(model, {.seed = kSeed}, my_layout());  // a failure names where
     lab04::OverlappedDDP ddp(model, world(), test_buckets(model, cap));
     ddp.attach();
     model.zero_grad();
     model.forward(my_rows(global).x, my_rows(global).y);
     model.backward();
     const std::vector<double> done = ddp.finish();
+    why.step_done(global);
     EXPECT_EQ(done.size(), ddp.buckets().size()) << "cap " << cap << ": one time per bucket";
-    EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads)) << "cap " << cap;
+    EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, why)) << "cap " << cap;
   }
 }
 

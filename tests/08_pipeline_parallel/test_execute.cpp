@@ -109,6 +109,8 @@ void check_against_single_device(Kind kind, int m, int v) {
   auto ref = pptest::reference_model(batch, &want_loss);
   auto pieces = pptest::pieces_of(p, v, s);
   const std::vector<nn::GPT*> mine = pptest::raw(pieces);
+  // a failure names the first tensor off the twin (of this stage's first chunk: every row)
+  labtest::Explain why(*mine.front(), {.seed = kLab.seed});
   // AFAB and 1F1B: the test's own schedules (pp_test.cpp), so step 4 does not need step 3
   const auto schedule_of = [&](int stage) {
     return kind == Kind::interleaved ? schedule_interleaved(p, m, v, stage)
@@ -116,9 +118,10 @@ void check_against_single_device(Kind kind, int m, int v) {
   };
   const Schedule schedule = schedule_of(s);
   const Run r = run_pipeline(mine, schedule, m, batch);
+  why.step_done(batch);  // the tied copies summed
   const std::string what = fmt::format("{} p {} m {} v {}", kind_name(kind), p, m, v);
   EXPECT_NEAR(r.loss, want_loss, 1e-6 * want_loss) << what << ": the loss, on every rank";
-  EXPECT_TRUE(pptest::on_every_rank(pptest::grads_match(mine, *ref, m == 1))) << what;
+  EXPECT_TRUE(labtest::on_every_rank(pptest::grads_match(mine, *ref, m == 1), why)) << what;
   EXPECT_TRUE(exact_pipeline_traffic(r.moved, p, s, m, v))
       << what << ", stage " << s << ": one activation and one gradient per micro-batch";
   // What ran, from the library's own log: the schedule's actions, messages included, in its

@@ -213,14 +213,19 @@ std::size_t biggest_unit_bytes() {
 TEST(Step3_Zero2, GradientShardIsTheSingleDeviceGradientOnThisRanksElements) {
   // 1e-5 relative / 1e-6 absolute: summed over ranks in another order than one device sums rows
   lab09::Zero2 two(kLab.config(), f32(), world());
+  // a failure names the first tensor off the twin (this rank's rows; its gradient shard)
+  labtest::Explain why(two.model(), f32(),
+                       {.first_row = world().rank() * (kLab.global_batch / world().size())});
   const data::Batch global = kLab.batch(0);
   two.forward_backward(global);
   const nn::ShardRange& s = two.shard();
+  why.step_done(global, /*gradients=*/false);
+  why.recorder().record_gradient_shard(two.model(), two.grad_shard(), s.lo, s.hi);
   EXPECT_EQ(two.grad_shard().numel(), s.size);
   const Tensor want = kLab.reference(global).grads.flat(s.lo, s.real());
   const Tensor got = two.grad_shard().flat(0, s.real());
-  testing::AssertionResult ok =
-      labtest::close_on_every_rank(got, want, labtest::kAllReduceRtol, labtest::kAllReduceAtol);
+  testing::AssertionResult ok = labtest::close_on_every_rank(got, want, labtest::kAllReduceRtol,
+                                                             labtest::kAllReduceAtol, why);
   if (!ok && world().size() > 1) {  // (collective: the result is the same on every rank)
     Tensor n_times = want.clone();
     ops::scale(n_times, world().size());
