@@ -99,9 +99,12 @@ void model_matches_single_device(DType dt, int ep, int64_t k, double cf) {
   const nn::GPTOptions base{.seed = 77, .compute_dtype = dt};
   nn::GPT model(config, lab12::ep_model_options(base, groups.ep));
   model.set_mappings(lab12::make_ep_mappings(groups.ep));
-  const double loss = lab12::ep_forward_backward(model, batch.x, batch.y, world, groups);
   nn::GPTOptions twin_options = base;
-  twin_options.moe.groups = n;
+  twin_options.moe.groups = n;  // one routing group per rank, as the ranks route their own rows
+  // a failure names the first tensor off the twin (this rank's rows; its experts' gradients)
+  labtest::Explain why(model, twin_options, {.first_row = world.rank() * (batch.x.size(0) / n)});
+  const double loss = lab12::ep_forward_backward(model, batch.x, batch.y, world, groups);
+  why.step_done(batch);
   nn::GPT twin(config, twin_options);
   twin.zero_grad();
   const double want = twin.forward(batch.x, batch.y);
@@ -128,10 +131,11 @@ void model_matches_single_device(DType dt, int ep, int64_t k, double cf) {
   const Tensor got_t = Tensor::from_vector(got_all, {total}, DType::f64);
   const Tensor want_t = Tensor::from_vector(want_all, {total}, DType::f64);
   if (bf16)
-    EXPECT_TRUE(labtest::close_on_every_rank(got_t, want_t, 0, 3e-2 * labtest::max_abs(want_t)));
+    EXPECT_TRUE(
+        labtest::close_on_every_rank(got_t, want_t, 0, 3e-2 * labtest::max_abs(want_t), why));
   else
     EXPECT_TRUE(labtest::close_on_every_rank(got_t, want_t, labtest::kAllReduceRtol,
-                                             labtest::kAllReduceAtol));
+                                             labtest::kAllReduceAtol, why));
 }
 
 }  // namespace eptest
