@@ -17,7 +17,8 @@ if(SCALELAB_BUILD_TESTS)
       "3|experts_not_divisible|^error: --ep 3: the 4 experts do not split evenly|--ep|3"
       "2|capacity_not_positive|^error: --capacity-factor 0: must be above 0|--capacity-factor|0"
       "4|ep_not_dividing_world|^error: --ep 3: the expert-parallel group must divide the 4 ranks|--ep|3"
-      "1|dense_model|^error: --model: lab 12 needs a mixture-of-experts model|--model|tiny")
+      "1|dense_model|^error: --model: lab 12 needs a mixture-of-experts model|--model|tiny"
+      "2|sweep_and_diverge|^error: --sweep and --diverge: choose one|--sweep|--diverge")
 endif()
 # Planted submissions (tests/12_expert_parallel/planted/cheats.plant): one copy of the reference
 # with every wrong technique the graders must stop, each switched on by SCALELAB_PLANT; the
