@@ -162,7 +162,7 @@ Verdict judge(const RecordedTensor& e, const RecordedTensor& t, const Divergence
 }
 
 std::string index_str(const std::vector<int64_t>& idx) {
-  return "(" + fmt::format("{}", fmt::join(idx, ", ")) + ")";
+  return fmt::format("({})", fmt::join(idx, ", "));
 }
 
 }  // namespace
