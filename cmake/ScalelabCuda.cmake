@@ -10,8 +10,9 @@ if(NOT SCALELAB_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    # 'native' fails on a machine without a GPU (CI), so default to A100 + H100.
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    # 'native' fails on a machine without a GPU (CI), so default to A100 + H100. CMake's own
+    # CUDAARCHS environment variable overrides it (.ci/run compiles for one architecture).
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND "$ENV{CUDAARCHS}" STREQUAL "")
       set(CMAKE_CUDA_ARCHITECTURES 80 90)
     endif()
     enable_language(CUDA)
