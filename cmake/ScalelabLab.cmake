@@ -63,6 +63,24 @@ function(scalelab_add_lab nn name)
     target_link_libraries(lab${nn}_headers INTERFACE lab${c}_headers)
   endforeach()
 
+  # What both sides share is compiled once (object libraries): the GIVEN files, the program's
+  # main.cpp and the graders. On a 2-core CI runner each copy of a grader costs seconds of
+  # GoogleTest templates; the planted submissions below link the same objects.
+  set(given_objects)
+  if(L_GIVEN)
+    list(TRANSFORM L_GIVEN PREPEND ${lab_dir}/ OUTPUT_VARIABLE given_sources)
+    add_library(lab${nn}_given OBJECT ${given_sources})
+    target_link_libraries(lab${nn}_given PUBLIC lab${nn}_headers ${L_LIBS} ${composed_headers})
+    set(given_objects $<TARGET_OBJECTS:lab${nn}_given>)
+  endif()
+  add_library(lab${nn}_main OBJECT ${lab_dir}/main.cpp)
+  target_link_libraries(lab${nn}_main PRIVATE lab${nn}_headers ${L_LIBS} ${composed_headers})
+  if(SCALELAB_BUILD_TESTS AND test_sources)
+    add_library(test_lab${nn}_objects OBJECT ${test_sources})
+    target_link_libraries(test_lab${nn}_objects PRIVATE lab${nn}_headers ${L_LIBS}
+                          ${composed_headers} scalelab::lab_testing scalelab::test_main)
+  endif()
+
   foreach(side starter solution)
     if(side STREQUAL "starter")
       set(src_dir ${lab_dir})
@@ -77,9 +95,7 @@ function(scalelab_add_lab nn name)
     endif()
     set(impl lab${nn}_${name}_${side}_impl)
     list(TRANSFORM L_SOURCES PREPEND ${src_dir}/ OUTPUT_VARIABLE impl_sources)
-    list(TRANSFORM L_GIVEN PREPEND ${lab_dir}/ OUTPUT_VARIABLE given_sources)
-    list(APPEND impl_sources ${given_sources})
-    add_library(${impl} STATIC ${impl_sources})
+    add_library(${impl} STATIC ${impl_sources} ${given_objects})
     target_include_directories(${impl} PUBLIC ${lab_dir})
     target_link_libraries(${impl} PUBLIC scalelab::common ${L_LIBS} ${composed_headers})
     # the composed labs' code, as a side: "starter" (the attendee's) or "solution"
@@ -92,7 +108,7 @@ function(scalelab_add_lab nn name)
     endforeach()
 
     set(program lab${nn}_${name}${suffix})
-    add_executable(${program} ${lab_dir}/main.cpp)
+    add_executable(${program} $<TARGET_OBJECTS:lab${nn}_main>)
     target_link_libraries(${program} PRIVATE ${impl} ${composed_${side}})
     if(NOT (L_COMPOSES AND side STREQUAL "starter"))
       add_dependencies(${group} ${program})
@@ -100,7 +116,7 @@ function(scalelab_add_lab nn name)
 
     if(SCALELAB_BUILD_TESTS AND test_sources)
       set(test_exe test_lab${nn}${suffix})
-      add_executable(${test_exe} ${test_sources})
+      add_executable(${test_exe} $<TARGET_OBJECTS:test_lab${nn}_objects>)
       target_link_libraries(${test_exe} PRIVATE ${impl} ${composed_solution} scalelab::lab_testing
                                                 scalelab::test_main)
       add_dependencies(${group} ${test_exe})
@@ -149,7 +165,7 @@ function(scalelab_add_lab nn name)
       endforeach()
       set(variant lab${nn}_${name}_ref${suffix})
       string(REPLACE "_ref_" "_ref" variant ${variant})
-      add_executable(${variant} EXCLUDE_FROM_ALL ${lab_dir}/main.cpp)
+      add_executable(${variant} EXCLUDE_FROM_ALL $<TARGET_OBJECTS:lab${nn}_main>)
       target_link_libraries(${variant} PRIVATE lab${nn}_${name}_starter_impl ${libs})
     endforeach()
   endif()
@@ -210,15 +226,14 @@ function(scalelab_add_planted_run name exe)
                    -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
   set_tests_properties(${name} PROPERTIES PROCESSORS ${P_RANKS} TIMEOUT 90
                        LABELS "reference;lab${P_LAB}"
-                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=${P_PLANT}")
+                       ENVIRONMENT "${SCALELAB_MPI_FAILING_TEST_ENV};SCALELAB_PLANT=${P_PLANT}")
 endfunction()
 
-# scalelab_add_planted_submissions(<NN> PLANTS <file.plant> TESTS <test sources...>
-#                                  CASES "<cheat>:<step>:<ranks>:<regex>" ...)
+# scalelab_add_planted_submissions(<NN> PLANTS <file.plant> CASES "<cheat>:<step>:<ranks>:<regex>" ...)
 # Planted submissions: a copy of the lab's reference (solutions/NN_name/<name>.cpp) with the
 # cheats of PLANTS planted (cmake/plant_file.cmake: each switched on at run time by
-# SCALELAB_PLANT=<cheat>), linked with the lab's GIVEN files and graders TESTS (the step files the
-# cheats concern) into test_labNN_planted. Each CASE is one ctest entry
+# SCALELAB_PLANT=<cheat>), linked with the lab's GIVEN files and graders (the objects of
+# test_labNN, compiled once) into test_labNN_planted. Each CASE is one ctest entry
 # labNN.planted.<cheat>.np<ranks> (labels reference, labNN): the step's graders run on the
 # planted submission, as the grader runs them on an attendee's, and must FAIL (exit 1) with a
 # verdict line matching <regex>: the class of cheat the step stops, shown stopped. <step> is a
@@ -226,7 +241,7 @@ endfunction()
 # ("1_Balance": Step1_Balance* only), for a cheat that an earlier check of its step would catch
 # first but that one check is there to stop.
 function(scalelab_add_planted_submissions nn)
-  cmake_parse_arguments(P "" "PLANTS" "TESTS;CASES" ${ARGN})
+  cmake_parse_arguments(P "" "PLANTS" "CASES" ${ARGN})
   if(NOT SCALELAB_BUILD_TESTS)
     return()
   endif()
@@ -234,7 +249,7 @@ function(scalelab_add_planted_submissions nn)
                                     SCRIPT ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
                                     DEFINES -DPLANTS=${P_PLANTS} DEPENDS ${P_PLANTS}
                                     COMMENT "planting lab ${nn}'s cheats into a copy of its reference")
-  add_executable(test_lab${nn}_planted ${P_TESTS})
+  add_executable(test_lab${nn}_planted $<TARGET_OBJECTS:test_lab${nn}_objects>)
   target_link_libraries(test_lab${nn}_planted PRIVATE lab${nn}_planted_submission_impl scalelab::lab_testing
                         scalelab::test_main)
   get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)  # its symbols, as an attendee's
@@ -282,7 +297,7 @@ function(scalelab_add_core_only_program nn)
   endif()
   get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
   scalelab_add_core_only_impl(${nn} STEPS ${C_STEPS})
-  add_executable(lab${nn}_${name}_core_only ${PROJECT_SOURCE_DIR}/labs/${nn}_${name}/main.cpp)
+  add_executable(lab${nn}_${name}_core_only $<TARGET_OBJECTS:lab${nn}_main>)
   target_link_libraries(lab${nn}_${name}_core_only PRIVATE lab${nn}_core_only_impl)
   add_dependencies(reference lab${nn}_${name}_core_only)
   set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${C_RANKS} ${MPIEXEC_PREFLAGS}

@@ -46,12 +46,10 @@ if(SCALELAB_BUILD_TESTS)
                              ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
                      COMMENT "planting a step 1 calling nn::shard_range and a factory-only lean ZeRO-3"
                      VERBATIM)
-  add_library(lab09_planted_impl STATIC ${planted_src}
-              ${PROJECT_SOURCE_DIR}/labs/09_zero/zero_policies.cpp)
+  add_library(lab09_planted_impl STATIC ${planted_src} $<TARGET_OBJECTS:lab09_given>)
   target_include_directories(lab09_planted_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/09_zero)
   target_link_libraries(lab09_planted_impl PUBLIC scalelab::common lab03_ddp_solution_impl)
-  add_executable(test_lab09_planted ${PROJECT_SOURCE_DIR}/tests/09_zero/test_shards.cpp
-                 ${PROJECT_SOURCE_DIR}/tests/09_zero/test_zero3.cpp)
+  add_executable(test_lab09_planted $<TARGET_OBJECTS:test_lab09_objects>)
   target_link_libraries(test_lab09_planted PRIVATE lab09_planted_impl scalelab::lab_testing
                                                    scalelab::test_main)
   scalelab_undefined_symbols(test_lab09_planted lab09_planted_impl zero.cpp)

@@ -19,8 +19,7 @@ scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp
 # (pptest::executed / ran, tests/08_pipeline_parallel/pp_test.cpp): compiled into lab 10's graders.
 if(SCALELAB_BUILD_TESTS)
   set(lab10_schedule_log ${PROJECT_SOURCE_DIR}/tests/08_pipeline_parallel/pp_test.cpp)
-  target_sources(test_lab10 PRIVATE ${lab10_schedule_log})
-  target_sources(test_lab10_solution PRIVATE ${lab10_schedule_log})
+  target_sources(test_lab10_objects PRIVATE ${lab10_schedule_log})
 endif()
 # Bad grids (and a bad --memory size, --zero stage, or --check-plan option): exit 2 and one distinct "error: ..." line on every rank (mpiexec adds its own notice
 # about the exit code), never a hang; checked before any data is read.
@@ -116,10 +115,9 @@ if(SCALELAB_BUILD_TESTS)
                      DEPENDS ${lab07_reference} ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
                      COMMENT "planting a g without its all-reduce into a copy of lab 07's reference"
                      VERBATIM)
-  add_library(lab07_planted_impl STATIC ${planted_src}
-              ${PROJECT_SOURCE_DIR}/labs/07_tensor_parallel/tp_model.cpp)
+  add_library(lab07_planted_impl STATIC ${planted_src} $<TARGET_OBJECTS:lab07_given>)
   target_link_libraries(lab07_planted_impl PUBLIC lab07_headers)
-  add_executable(lab10_3d_parallel_planted07 ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
+  add_executable(lab10_3d_parallel_planted07 $<TARGET_OBJECTS:lab10_main>)
   target_link_libraries(lab10_3d_parallel_planted07 PRIVATE lab10_3d_parallel_solution_impl
                         lab07_planted_impl lab08_pipeline_parallel_solution_impl
                         lab09_zero_solution_impl lab11_context_parallel_solution_impl)
@@ -169,17 +167,12 @@ if(SCALELAB_BUILD_TESTS)
                      DEPENDS ${lab10_reference} ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
                      COMMENT "planting a step 1 that calls comm::grid_coord and no step 2 into lab 10's reference"
                      VERBATIM)
-  set(lab10_given checkpoint.cpp grid_setup.cpp trainer3d.cpp planner_machine.cpp plan_search.cpp
-                  cp_setup.cpp)
-  list(TRANSFORM lab10_given PREPEND ${PROJECT_SOURCE_DIR}/labs/10_3d_parallel/)
-  add_library(lab10_planted_impl STATIC ${planted_dir}/3d_parallel.cpp ${lab10_given})
+  add_library(lab10_planted_impl STATIC ${planted_dir}/3d_parallel.cpp
+              $<TARGET_OBJECTS:lab10_given>)
   target_include_directories(lab10_planted_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/10_3d_parallel)
   target_link_libraries(lab10_planted_impl PUBLIC scalelab::common lab07_headers lab08_headers
                         lab09_headers lab11_headers)
-  set(lab10_tests test_step1_grid.cpp grid3d_checks.cpp test_step3_step.cpp
-                  test_step3_zero_sweep.cpp test_step3_4d.cpp)
-  list(TRANSFORM lab10_tests PREPEND ${PROJECT_SOURCE_DIR}/tests/10_3d_parallel/)
-  add_executable(test_lab10_planted ${lab10_tests} ${lab10_schedule_log})
+  add_executable(test_lab10_planted $<TARGET_OBJECTS:test_lab10_objects>)
   target_link_libraries(test_lab10_planted PRIVATE lab10_planted_impl
                         lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
                         lab09_zero_solution_impl lab11_context_parallel_solution_impl
@@ -210,11 +203,10 @@ endif()
 # step 4, and --attention all-to-all, which asks for lab 11's step 4, stop with that step's
 # not-implemented pointer (exit 1). About 1-2 s each on 2 cores.
 # Deferred to the end of labs/: lab 11's targets, read here, come after this file.
-set(lab10_main ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
 function(scalelab_lab10_core_only)
   scalelab_add_core_only_impl(10 STEPS 4)
   scalelab_add_core_only_impl(11 STEPS 4)
-  add_executable(lab10_3d_parallel_core_only ${lab10_main})
+  add_executable(lab10_3d_parallel_core_only $<TARGET_OBJECTS:lab10_main>)
   target_link_libraries(lab10_3d_parallel_core_only PRIVATE lab10_core_only_impl lab11_core_only_impl
                         lab07_tensor_parallel_solution_impl lab08_pipeline_parallel_solution_impl
                         lab09_zero_solution_impl)

@@ -26,8 +26,6 @@ endif()
 # where the technique is what is wrong).
 set(lab12_tests ${PROJECT_SOURCE_DIR}/tests/12_expert_parallel)
 scalelab_add_planted_submissions(12 PLANTS ${lab12_tests}/planted/cheats.plant
-  TESTS ${lab12_tests}/ep_checks.cpp ${lab12_tests}/test_step1_router.cpp
-        ${lab12_tests}/test_step3_expert_parallel.cpp
   CASES "capacity_ignored:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*dropped pairs"
         "aux_without_gradient:1_Router.Top2:1:Step1_Router.Top2BackwardAgainstFiniteDifferences on rank 0: .*dlogits"
         "gather_tokens:3_Exchange:2:Step3_Exchange.RowsReachTheirExpertsAndComeBackInTheFormulasBytes on rank [0-9]: .*all_gather"

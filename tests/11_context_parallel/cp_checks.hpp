@@ -142,8 +142,9 @@ std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm:
                             std::size_t kv_bytes, int64_t blocks);
 
 /// Step 2's whole model: the context-parallel GPT's forward with the attendee's ring (the given
-/// mappings) against the single-device GPT's loss on the same global batch (fp32 1e-5 relative,
-/// bf16 2e-3); no backward, so step 3 is not needed. A failure leads with the divergence report.
+/// mappings) against the single-device GPT on the same global batch: the loss (fp32 1e-5
+/// relative, bf16 2e-3) and this rank's rows of the last block's output (fp32 1e-5, bf16 3e-2 of
+/// the largest); no backward, so step 3 is not needed. A failure leads with the divergence report.
 void model_loss_matches_single_device(DType dt);
 
 /// The whole model: one step of the context-parallel GPT (lab 11's mappings with `attention`,

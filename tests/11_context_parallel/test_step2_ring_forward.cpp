@@ -147,8 +147,9 @@ TEST(Step2_PlantedFault, TheLibrarysNoOverlapBaselineFailsTheOverlap) {
   EXPECT_FALSE(overlap_ok(r, cp));
 }
 
-// The whole model with this ring in its attention: the loss of one global batch beside the
-// single device's (a failure names the first tensor that left the twin).
+// The whole model with this ring in its attention: the loss of one global batch and this rank's
+// rows of the last block's output beside the single device's (a failure names the first tensor
+// that left the twin).
 TEST(Step2_Model, LossEqualsSingleDeviceF32) {
   cptest::model_loss_matches_single_device(DType::f32);
 }

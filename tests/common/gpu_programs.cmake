@@ -62,3 +62,6 @@ scalelab_add_gpu_program(10 lab10_3d_parallel_solution
 scalelab_add_gpu_program(11 lab11_context_parallel_solution
   "\\|cp - single\\|=" ARGS --model tiny --steps 2 --batch 2 --twin-steps 2 --attention ring
                              --data ${bf16_corpus})
+scalelab_add_gpu_program(12 lab12_expert_parallel_solution
+  "\\|ep - single\\|=" ARGS --model tiny-moe --steps 3 --batch 8 --twin-steps 2
+                            --data ${bf16_corpus})

@@ -36,10 +36,17 @@ using namespace scalelab::testing;
 namespace {
 const Device gpu = Device::cuda(0);
 
-// Restores version 1 (the default) when a test ends.
+// Restores the version a test found (the default, or the environment's) when it ends.
 class CudaFlash : public CudaTest {
  protected:
-  void TearDown() override { ops::set_flash_attention_version(1); }
+  void SetUp() override {
+    CudaTest::SetUp();
+    version_ = ops::flash_attention_version();
+  }
+  void TearDown() override { ops::set_flash_attention_version(version_); }
+
+ private:
+  int version_ = 2;
 };
 
 struct Shape {

@@ -187,6 +187,7 @@ int main(int argc, char** argv) {
     ops::fill(qkv, 0.01);
     Tensor y = Tensor::empty({B, T, C}, dt, device), dy = y.clone();
     ops::fill(dy, 0.01);
+    const int default_version = ops::flash_attention_version();
     for (int version : {1, 2}) {
       ops::set_flash_attention_version(version);
       const std::string v_name = "flash v" + std::to_string(version);
@@ -204,7 +205,7 @@ int main(int argc, char** argv) {
       report((v_name + " qkv backward").c_str(), bwd_flops,
              [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale); });
     }
-    ops::set_flash_attention_version(1);
+    ops::set_flash_attention_version(default_version);
 
     torch_rows();
     return 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 31's checks on one GPU (H100 or H200), in one call: every program on the GPU over nccl,
-# auto and mpi (ctest -L gpu), labs 03-11 training with --device cuda --backend nccl on one rank on
+# auto and mpi (ctest -L gpu), labs 03-12 training with --device cuda --backend nccl on one rank on
 # the real corpus, lab 08 on one rank over auto (the ncclGroupEnd "invalid usage" of the issue),
 # two ranks sharing the GPU (the one-line refusal under nccl, the staging under auto), and lab 01's
 # busbw table on device buffers (your ring beside NCCL's all-reduce).
@@ -11,7 +11,7 @@
 #
 # then on the GPU machine, from the root of the same checkout with build/gpu-pack carried:
 #
-#   source build/gpu-pack/env.sh && OUT=$OUT bash tools/gpu_checks/issue31.sh
+#   bash tools/gpu_checks/issue31.sh        # summary in $OUT/summary.txt, everything in full.log
 #
 # $OUT/summary.txt holds each step's tail, exit code and seconds; $OUT/full.log everything. The
 # caps add up to about 9 minutes; a step that fails does not stop the others. Exit status: the
@@ -19,20 +19,18 @@
 set -uo pipefail
 
 targets=(gpu_probe test_comm_gpu test_comm_route test_lab07_solution test_lab10_solution
-         test_lab11_solution scalelab_data)
+         test_lab11_solution test_lab12_solution test_ops_cuda scalelab_data)
 labs=(00_hello_dist 01_collectives 02_single_device 03_ddp 04_ddp_overlap 05_grad_accumulation
       06_activation_checkpointing 07_tensor_parallel 08_pipeline_parallel 09_zero 10_3d_parallel
-      11_context_parallel)
+      11_context_parallel 12_expert_parallel)
 for lab in "${labs[@]}"; do targets+=("lab${lab}_solution"); done
 if [[ ${1:-} == --targets ]]; then
   echo "${targets[@]}"
   exit 0
 fi
 
-: "${B:?source build/gpu-pack/env.sh first}"
-declare -F step >/dev/null || { echo "issue31.sh: no step(): source build/gpu-pack/env.sh" >&2; exit 2; }
-failed=0
-run() { step "$@" || failed=$((failed + 1)); }
+source build/gpu-pack/env.sh || exit 1   # $B, $DATA, step (unpacks the first time)
+source "$(dirname "$0")/run_step.sh"   # run NAME CAP CMD...; $failed; DEADLINE
 L=$B/labs
 one=(mpiexec -n 1)
 two=(mpiexec -n 2)
@@ -41,9 +39,11 @@ run facts 20 sh -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --fo
   "$0" --gtest_filter=GpuSharing.* 2>&1 | tail -3' "$B/tests/common/test_comm_route"
 
 # Every program on the GPU: 1 rank nccl, 1 rank auto, 2 ranks mpi; and the library's gpu tests.
-TAILN=80 run ctest_gpu 300 ctest --test-dir "$B" -L gpu --output-on-failure --timeout 170
+# Four at a time: each program holds a few MiB of the GPU, and one-rank NCCL communicators of
+# different processes never meet.
+TAILN=80 run ctest_gpu 300 ctest --test-dir "$B" -L gpu -j 4 --output-on-failure --timeout 170
 
-# Labs 03-11 train on the corpus with --device cuda --backend nccl on one rank (the issue's first
+# Labs 03-12 train on the corpus with --device cuda --backend nccl on one rank (the issue's first
 # failure: the host collectives of the step line, the twin and the tables went to NCCL).
 common=(--device cuda --backend nccl --model tiny --steps 20 --data "$DATA")
 run lab03_nccl 40 "${one[@]}" "$L/lab03_ddp_solution" "${common[@]}" --verify-steps 3
@@ -56,6 +56,8 @@ run lab09_nccl 40 "${one[@]}" "$L/lab09_zero_solution" "${common[@]}" --stage 3 
 run lab10_nccl 40 "${one[@]}" "$L/lab10_3d_parallel_solution" "${common[@]}" --twin-steps 3
 run lab11_nccl 40 "${one[@]}" "$L/lab11_context_parallel_solution" --device cuda --backend nccl \
   --model tiny --steps 5 --batch 4 --twin-steps 3 --data "$DATA"
+run lab12_nccl 40 "${one[@]}" "$L/lab12_expert_parallel_solution" --device cuda --backend nccl \
+  --model tiny-moe --steps 5 --batch 8 --twin-steps 3 --data "$DATA"
 
 # Lab 08 on one rank over auto: its table's interleaved rows send each chunk's activations to
 # itself (issue 31: "recv #4 (group world): ncclGroupEnd failed: invalid usage").

@@ -15,8 +15,7 @@ source build/gpu-pack/env.sh || exit 1
 san=$(command -v compute-sanitizer ||
   ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 flash=$B/tests/common/test_ops_cuda_flash
-failed=0
-run() { step "$@" || failed=1; }
+source "$(dirname "$0")/run_step.sh"   # run NAME CAP CMD...; $failed; DEADLINE
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 # 1. correctness: both versions, both layouts, every gradient; the issue-14 tests still pass
@@ -37,4 +36,4 @@ else
   echo "no compute-sanitizer on this machine" | tee -a "${OUT:-/tmp}/summary.txt"
   failed=1
 fi
-exit $failed
+exit $((failed > 0))

@@ -1,0 +1,24 @@
+# Sourced by the gpu_checks scripts after build/gpu-pack/env.sh (which defines `step`).
+# run NAME CAP CMD...: `step` that counts failures in $failed and honours DEADLINE (epoch seconds,
+# optional): a cap is cut to the time left and a step past it is skipped and counted as failed,
+# so several scripts can share one device call without one running the others out of time.
+# ONLY / SKIP (optional, space-separated step names): run only those / all but those, so the
+# timed steps can run alone after the others ran side by side.
+failed=0
+run() {
+  local name=$1 cap=$2 left
+  shift 2
+  if [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]] || [[ " ${SKIP:-} " == *" $name "* ]]; then
+    return 0
+  fi
+  if [[ -n ${DEADLINE:-} ]]; then
+    left=$((DEADLINE - $(date +%s)))
+    if ((left < 5)); then
+      echo "=== $name skipped: past DEADLINE" | tee -a "${OUT:-/tmp}/summary.txt"
+      failed=$((failed + 1))
+      return 1
+    fi
+    ((cap > left)) && cap=$left
+  fi
+  step "$name" "$cap" "$@" || { failed=$((failed + 1)); return 1; }
+}
