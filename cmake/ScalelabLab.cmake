@@ -226,7 +226,7 @@ function(scalelab_add_planted_run name exe)
                    -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
   set_tests_properties(${name} PROPERTIES PROCESSORS ${P_RANKS} TIMEOUT 90
                        LABELS "reference;lab${P_LAB}"
-                       ENVIRONMENT "${SCALELAB_MPI_FAILING_TEST_ENV};SCALELAB_PLANT=${P_PLANT}")
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=${P_PLANT}")
 endfunction()
 
 # scalelab_add_planted_submissions(<NN> PLANTS <file.plant> CASES "<cheat>:<step>:<ranks>:<regex>" ...)

@@ -15,11 +15,6 @@ if(NOT SCALELAB_MPI_TEST_ENV)
 endif()
 set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              ${SCALELAB_MPI_ENV_FILE})
-# Entries that expect every rank to fail by itself (bad input, a planted submission): Open MPI's
-# mpiexec waits odls_base_sigkill_timeout (~1-2 s in all) to reap the ranks of a job that exited
-# non-zero, and there are over a hundred such entries. Their ranks have printed what the entry
-# checks before they exit, so nothing is lost by reaping them at once.
-set(SCALELAB_MPI_FAILING_TEST_ENV ${SCALELAB_MPI_TEST_ENV} OMPI_MCA_odls_base_sigkill_timeout=0)
 
 # scalelab_add_mpi_test(<ctest-name> <target> RANKS <k> [TIMEOUT <s>] [LABELS ...] [ARGS ...])
 # Registers one ctest entry that runs <target> on <k> ranks.
@@ -72,7 +67,7 @@ n=$(wc -l < \"$e\"); g=$(grep -c '^error: ' \"$e\"); ${match}; rm -f \"$e\"; \
                      $<TARGET_FILE:${target}> ${U_ARGS})
   endif()
   set_tests_properties(${name} PROPERTIES LABELS "${U_LABELS}" TIMEOUT 30
-                       ENVIRONMENT "${SCALELAB_MPI_FAILING_TEST_ENV};EXPECT_ERROR=${U_MATCH}")
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};EXPECT_ERROR=${U_MATCH}")
 endfunction()
 
 # scalelab_expect_usage_errors(<prefix> <target> [LABELS ...] [ARGS <args every case gets...>]

@@ -24,6 +24,8 @@ tensor-core figure, 989.4 TFLOP/s for an H100 SXM (--peak-tflops to change it).
 
 Output: one "metric NAME VALUE" line per metric (tools/bench_gpt_vs_torch parses them).
   python3 tools/bench_gpt_torch.py --device cuda --model gpt-85m --batch 16 --steps 50
+--kernel-table FILE (CUDA): after the timed steps, 2 more under torch.profiler; FILE gets each GPU
+kernel's name, launches and microseconds per step as CSV (tools/kernel_table.py reads it).
 """
 import argparse
 import math
@@ -129,6 +131,7 @@ def main(argv=None):
     ap.add_argument("--peak-tflops", type=float, default=H100_BF16_DENSE_TFLOPS,
                     help="dense peak for MFU (default: H100 SXM bf16, 989.4)")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--kernel-table", help="CSV of each GPU kernel's time per step (CUDA only)")
     a = ap.parse_args(argv)
     config = configs[a.model]
     T = config[1] if a.context < 0 else a.context
@@ -202,7 +205,31 @@ def main(argv=None):
     print(f"metric mfu {tps * fpt / (a.peak_tflops * 1e12):.6g}")
     peak = torch.cuda.max_memory_allocated() if a.device == "cuda" else None
     print(f"metric peak_memory_bytes {peak if peak is not None else 'n/a'}")
+    if a.kernel_table and a.device == "cuda":
+        write_kernel_table(torch, step, a.warmup + a.steps, a.kernel_table)
     return 0
+
+
+def write_kernel_table(torch, step, first, path, steps=2):
+    """Profiles `steps` more steps (CUDA activity only) and writes name,launches,us per step."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(first + i)
+        torch.cuda.synchronize()
+    rows = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        r = rows.setdefault(e.name, [0, 0.0])
+        r[0] += 1
+        r[1] += e.time_range.elapsed_us()
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("name,launches,us\n")
+        for name, (n, us) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+            f.write('"{}",{:.2f},{:.3f}\n'.format(name.replace('"', "'"), n / steps, us / steps))
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -192,13 +192,34 @@ void DivergenceRecorder::add(RecordedTensor e, const Tensor& t) {
   entries_.push_back(std::move(e));
 }
 
+namespace {
+// The fused attention path keeps the QKV output whole, (B, T, 3 NH hs), in place of q, k and v:
+// part `part` (0 q, 1 k, 2 v) of it in the unfused layout (B, NH, T, hs), read on the host, so a
+// run on either path is compared with a twin on the other (no tensor allocated on the way).
+std::vector<double> qkv_part(const std::vector<double>& qkv, int64_t B, int64_t T, int64_t NH,
+                             int64_t hs, int part) {
+  std::vector<double> out(static_cast<std::size_t>(B * NH * T * hs));
+  const int64_t C = NH * hs;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < hs; ++d)
+          out[((b * NH + h) * T + t) * hs + d] = qkv[(b * T + t) * 3 * C + part * C + h * hs + d];
+  return out;
+}
+}  // namespace
+
 void DivergenceRecorder::after_forward(const nn::Block& block, const Tensor& input,
                                        nn::BlockActivations& a, int64_t /*seq_len*/) {
-  if (stopped_ || !a.attn.q.defined()) return;  // (without q: nothing to place the rows by)
+  const bool fused = !a.attn.q.defined() && a.attn.qkv.defined();
+  // (without q or qkv: nothing to place the rows by)
+  if (stopped_ || (!a.attn.q.defined() && !fused)) return;
   const int layer = block.index;
   const int m = forwards_.at(layer)++;
-  const Tensor& q = a.attn.q;
-  const int64_t b = q.size(0), nh = q.size(1), t = q.size(2), hs = q.size(3);
+  const Tensor& q = fused ? a.attn.qkv : a.attn.q;
+  const int64_t nh = fused ? static_cast<int64_t>(heads_of(block, 0).size()) : q.size(1);
+  const int64_t b = q.size(0), t = fused ? q.size(1) : q.size(2);
+  const int64_t hs = fused ? q.size(2) / (3 * nh) : q.size(3);
   const int64_t C = block.ln1.weight.full_shape.at(0);
   const std::vector<int64_t> batch = iota(rows_.first_row + m * b, rows_.first_row + (m + 1) * b);
   const std::vector<int64_t> pos = rows_.positions.empty() ? iota(0, t) : rows_.positions;
@@ -231,9 +252,20 @@ void DivergenceRecorder::after_forward(const nn::Block& block, const Tensor& inp
   rows(1, "ln1", a.ln1, C);
   rows(2, "ln1_mean", a.ln1_mean, 0);
   rows(3, "ln1_rstd", a.ln1_rstd, 0);
-  add(entry(4, "attn.q", {b, nh, t, hs}, {batch, qh, pos, {}}), a.attn.q);
-  add(entry(5, "attn.k", {b, nh, t, hs}, {batch, heads_of(block, 1), pos, {}}), a.attn.k);
-  add(entry(6, "attn.v", {b, nh, t, hs}, {batch, heads_of(block, 2), pos, {}}), a.attn.v);
+  const std::vector<double> qkv = fused ? a.attn.qkv.to_vector() : std::vector<double>{};
+  const Tensor* parts[3] = {&a.attn.q, &a.attn.k, &a.attn.v};
+  const char* names[3] = {"attn.q", "attn.k", "attn.v"};
+  for (int j = 0; j < 3; ++j) {
+    RecordedTensor e =
+        entry(4 + j, names[j], {b, nh, t, hs}, {batch, heads_of(block, j), pos, {}});
+    if (!fused) {
+      add(std::move(e), *parts[j]);
+      continue;
+    }
+    e.shape = {b, nh, t, hs};
+    e.values = qkv_part(qkv, b, t, nh, hs, j);
+    entries_.push_back(std::move(e));
+  }
   // a rank's probabilities over its own positions only mean something with the whole sequence
   if (whole_sequence) add(entry(7, "attn.att", {b, nh, t, t}, {batch, qh, pos, pos}), a.attn.att);
   // a core of the mappings' own may keep its log-sum-exps in its own layout (lab 11's ring:

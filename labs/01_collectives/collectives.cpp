@@ -1,5 +1,5 @@
 // Starter generated from solutions/01_collectives/collectives.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 0130ec75eeacafbf (lets make-labs see your edits).
+// step (see README.md). Body hash 3323ed27c6d8039e (lets make-labs see your edits).
 // Lab 01: collectives. See README.md for the steps and collectives.hpp for the contract.
 #include "collectives.hpp"
 
@@ -15,8 +15,9 @@ namespace scalelab::lab01 {
 
 namespace {
 
-Tensor tensor_of(const std::vector<double>& values) {
-  return Tensor::from_vector(values, {static_cast<int64_t>(values.size())});
+// An f32 tensor of `values` on `device`.
+Tensor tensor_of(const std::vector<double>& values, Device device) {
+  return Tensor::from_vector(values, {static_cast<int64_t>(values.size())}).to(device);
 }
 
 }  // namespace
@@ -41,7 +42,7 @@ std::vector<double> step1_input(const std::string& collective, int rank, int siz
   return v;
 }
 
-std::vector<CollectiveResult> run_each_collective(Communicator& comm) {
+std::vector<CollectiveResult> run_each_collective(Communicator& comm, Device device) {
   const int rank = comm.rank(), size = comm.size();
   std::vector<CollectiveResult> results;
   for (const std::string& name : step1_collectives()) {
@@ -49,7 +50,8 @@ std::vector<CollectiveResult> run_each_collective(Communicator& comm) {
     // TODO step 1: call each collective once and record what this rank got back
     // HINT: in-place collectives (all_reduce, broadcast, reduce) work on one tensor; the others
     // HINT: read `in` and write `out` (size * n or n / size elements: see communicator.hpp).
-    // HINT: tensor_of(values) makes a tensor, t.to_vector() reads one back.
+    // HINT: tensor_of(values, device) makes a tensor there, t.to_vector() reads one back; make
+    // HINT: the outputs on `device` too (on a GPU the collectives are NCCL's).
     throw scalelab::NotImplemented(
         "lab 01 step 1: call each collective once and record what this rank got back (README.md#step-1)");
     results.push_back(res);

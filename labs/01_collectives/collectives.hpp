@@ -40,8 +40,9 @@ const std::vector<std::string>& step1_collectives();
 ///   scatter:              {100 + j : j < size} on the root (rank 0), nothing elsewhere
 std::vector<double> step1_input(const std::string& collective, int rank, int size);
 
-/// Step 1. Runs each collective of step1_collectives() once, on f32 tensors holding
-/// step1_input(name, rank, size), and returns one result per collective, in that order:
+/// Step 1. Runs each collective of step1_collectives() once, on f32 tensors on `device` holding
+/// step1_input(name, rank, size) (on a GPU over an nccl group: NCCL's collectives), and returns
+/// one result per collective, in that order:
 ///   all_reduce (sum)       after = the sum over ranks, on every rank
 ///   broadcast (root 0)     after = rank 0's input, on every rank
 ///   reduce (sum, root 0)   after = the sum on rank 0; empty on the other ranks
@@ -49,7 +50,8 @@ std::vector<double> step1_input(const std::string& collective, int rank, int siz
 ///   reduce_scatter (sum)   after = {sum over ranks of input[rank]} (1 value)
 ///   scatter (root 0)       after = {100 + rank} (1 value); `before` empty except on rank 0
 ///   gather (root 0)        after = every rank's value on rank 0 (size values); empty elsewhere
-std::vector<CollectiveResult> run_each_collective(Communicator& comm);
+std::vector<CollectiveResult> run_each_collective(Communicator& comm,
+                                                  Device device = Device::cpu());
 
 // ---- Step 2: ring all-reduce from send/recv --------------------------------------------------
 

@@ -57,7 +57,7 @@ void print_in_rank_order(const std::string& line) {
 
 int demo(Communicator& world, Device device) {
   // Step 1: every collective once, before/after on every rank.
-  const auto results = run_each_collective(world);
+  const auto results = run_each_collective(world, device);
   for (std::size_t i = 0; i < results.size(); ++i) {
     log::info("{}:", results[i].name);
     print_in_rank_order(fmt::format("  rank {}: before {:<16} after {}", world.rank(),
@@ -101,6 +101,10 @@ int bench(Communicator& world, const BenchConfig& config) {
               "{} iterations posted back to back (nccl-tests: time / iterations, the slowest "
               "rank), {} warm-up", world.size(), world.backend(), fmt::format("{} ({})", config.device.str(), cuda_device_name(config.device.index)),
               config.min_bytes, config.max_bytes, config.iters, config.warmup);
+  if (world.size() == 1)
+    log::info("# one rank: your ring sends nothing and the library's all-reduce is a local copy "
+              "or nothing (busbw factor 0): the times are the calls' overhead; run 2+ ranks for "
+              "bandwidth");
   const auto ring = run_bench(world, true, config);
   const auto library = run_bench(world, false, config);
   log::info("#{:>11} {:>11}  {:^35}  {:^35}", "", "", "ring (yours)", "library all_reduce");

@@ -13,8 +13,9 @@ namespace scalelab::lab01 {
 
 namespace {
 
-Tensor tensor_of(const std::vector<double>& values) {
-  return Tensor::from_vector(values, {static_cast<int64_t>(values.size())});
+// An f32 tensor of `values` on `device`.
+Tensor tensor_of(const std::vector<double>& values, Device device) {
+  return Tensor::from_vector(values, {static_cast<int64_t>(values.size())}).to(device);
 }
 
 }  // namespace
@@ -39,7 +40,7 @@ std::vector<double> step1_input(const std::string& collective, int rank, int siz
   return v;
 }
 
-std::vector<CollectiveResult> run_each_collective(Communicator& comm) {
+std::vector<CollectiveResult> run_each_collective(Communicator& comm, Device device) {
   const int rank = comm.rank(), size = comm.size();
   std::vector<CollectiveResult> results;
   for (const std::string& name : step1_collectives()) {
@@ -47,8 +48,9 @@ std::vector<CollectiveResult> run_each_collective(Communicator& comm) {
     // BEGIN SOLUTION step 1: call each collective once and record what this rank got back
     // HINT: in-place collectives (all_reduce, broadcast, reduce) work on one tensor; the others
     // HINT: read `in` and write `out` (size * n or n / size elements: see communicator.hpp).
-    // HINT: tensor_of(values) makes a tensor, t.to_vector() reads one back.
-    Tensor in = tensor_of(res.before);
+    // HINT: tensor_of(values, device) makes a tensor there, t.to_vector() reads one back; make
+    // HINT: the outputs on `device` too (on a GPU the collectives are NCCL's).
+    Tensor in = tensor_of(res.before, device);
     if (name == "all_reduce") {
       comm.all_reduce(in, comm::ReduceOp::sum);
       res.after = in.to_vector();
@@ -59,19 +61,19 @@ std::vector<CollectiveResult> run_each_collective(Communicator& comm) {
       comm.reduce(in, 0, comm::ReduceOp::sum);
       if (rank == 0) res.after = in.to_vector();
     } else if (name == "all_gather") {
-      Tensor out = Tensor::zeros({size});
+      Tensor out = Tensor::zeros({size}, DType::f32, device);
       comm.all_gather(in, out);
       res.after = out.to_vector();
     } else if (name == "reduce_scatter") {
-      Tensor out = Tensor::zeros({1});
+      Tensor out = Tensor::zeros({1}, DType::f32, device);
       comm.reduce_scatter(in, out, comm::ReduceOp::sum);
       res.after = out.to_vector();
     } else if (name == "scatter") {
-      Tensor out = Tensor::zeros({1});
+      Tensor out = Tensor::zeros({1}, DType::f32, device);
       comm.scatter(rank == 0 ? in : Tensor(), out, 0);
       res.after = out.to_vector();
     } else if (name == "gather") {
-      Tensor out = rank == 0 ? Tensor::zeros({size}) : Tensor();
+      Tensor out = rank == 0 ? Tensor::zeros({size}, DType::f32, device) : Tensor();
       comm.gather(in, out, 0);
       if (rank == 0) res.after = out.to_vector();
     }

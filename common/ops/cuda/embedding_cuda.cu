@@ -1,6 +1,8 @@
 // Embedding and cross-entropy kernels. The embedding backward sums in a fixed order (one thread
-// per column, tokens in order) rather than with atomics, so results are deterministic.
+// per column, tokens in order; the token embedding's rows grouped by token first:
+// rows_by_id.cuh) rather than with atomics, so results are deterministic.
 #include "common/ops/cuda/kernels.cuh"
+#include "common/ops/cuda/rows_by_id.cuh"
 
 namespace scalelab::ops::cuda {
 
@@ -23,20 +25,6 @@ __global__ void embedding_backward_wpe_kernel(G* dwpe, const S* dout, int64_t B,
     A s = 0;
     for (int64_t b = 0; b < B; ++b) s += A(dout[(b * T + t) * C + c]);
     dwpe[i] = G(A(dwpe[i]) + s);
-  }
-}
-
-// one thread per (vocabulary row v, column c): walks the tokens in order and adds the rows of
-// the tokens equal to v. No atomics, so the sum's order (and result) is fixed.
-template <class G, class S, class A>
-__global__ void embedding_backward_wte_kernel(G* dwte, const S* dout, const int32_t* ids,
-                                              int64_t N, int64_t V, int64_t C) {
-  SCALELAB_GRID_STRIDE(i, V * C) {
-    const int64_t v = i / C, c = i % C;
-    A s = 0;
-    for (int64_t n = 0; n < N; ++n)
-      if (ids[n] == v) s += A(dout[n * C + c]);
-    dwte[i] = G(A(dwte[i]) + s);
   }
 }
 
@@ -83,10 +71,12 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, Tensor const& dout, const Te
           dwpe.data<G>(), dout.data<scalar_t>(), B, T, C);
       CUDA_CHECK_LAUNCH();
     }
-    if (dwte.defined()) {
+    if (dwte.defined()) {  // each vocabulary row sums the dout rows of its own tokens, in order
       const int64_t V = dwte.size(0);
-      embedding_backward_wte_kernel<G, scalar_t, acc_t><<<blocks_for(V * C), kThreads>>>(
-          dwte.data<G>(), dout.data<scalar_t>(), tokens.data<int32_t>(), B * T, V, C);
+      const RowsById rows = group_rows_by_id(tokens, 0, V);
+      add_grouped_rows_kernel<G, scalar_t, acc_t><<<blocks_for(V * C), kThreads>>>(
+          dwte.data<G>(), dout.data<scalar_t>(), rows.order.data<int32_t>(),
+          rows.starts.data<int32_t>(), V, C, /*onto_table=*/false);
       CUDA_CHECK_LAUNCH();
     }
   }));

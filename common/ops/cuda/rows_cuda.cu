@@ -1,8 +1,12 @@
 // Per-row pieces of a softmax and masked indexing (ops.hpp) in CUDA: what lab 07's
 // vocabulary-parallel embedding and cross-entropy are built from. Row reductions use one warp
-// per row (as the softmax kernels); the index add walks the ids in order per (row, column), with
-// no atomics, so its sums are deterministic like embedding_backward's.
+// per row (as the softmax kernels); the index add groups the positions by id first and adds each
+// row's in order (rows_by_id.cuh), with no atomics, so its sums are deterministic like
+// embedding_backward's.
+#include <cub/device/device_radix_sort.cuh>
+
 #include "common/ops/cuda/kernels.cuh"
+#include "common/ops/cuda/rows_by_id.cuh"
 
 namespace scalelab::ops::cuda {
 
@@ -61,18 +65,6 @@ __global__ void gather_rows_kernel(S* out, const S* table, const int32_t* ids, i
 }
 
 // one thread per (table row r, column c): walks the ids in order, adding the rows naming r.
-template <class G, class S, class A>
-__global__ void index_add_rows_kernel(G* table, const S* src, const int32_t* ids, int64_t lo,
-                                      int64_t N, int64_t R, int64_t C) {
-  SCALELAB_GRID_STRIDE(i, R * C) {
-    const int64_t r = i / C, c = i % C;
-    A s = A(table[i]);
-    for (int64_t n = 0; n < N; ++n)
-      if (local_index(ids[n], lo, R) == r) s += A(src[n * C + c]);
-    table[i] = G(s);
-  }
-}
-
 template <class S>
 __global__ void logarithm_kernel(S* out, const S* in, int64_t n) {
   SCALELAB_GRID_STRIDE(i, n) out[i] = log(in[i]);
@@ -126,13 +118,71 @@ void gather_rows(Tensor& out, const Tensor& table, const Tensor& ids, int64_t lo
 
 void index_add_rows(Tensor& table, const Tensor& src, const Tensor& ids, int64_t lo) {
   use_device(src);
-  const int64_t N = src.size(0), C = src.size(1), R = table.size(0);
+  const int64_t C = src.size(1), R = table.size(0);
+  const RowsById rows = group_rows_by_id(ids, lo, R);
   SCALELAB_TRAIN_TYPES_AS(src.dtype(), scalar_t, with_grad_type<scalar_t>(table.dtype(), [&](auto g_tag) {
     using G = decltype(g_tag);
-    index_add_rows_kernel<G, scalar_t, acc_t><<<blocks_for(R * C), kThreads>>>(
-        table.data<G>(), src.data<scalar_t>(), ids.data<int32_t>(), lo, N, R, C);
+    add_grouped_rows_kernel<G, scalar_t, acc_t><<<blocks_for(R * C), kThreads>>>(
+        table.data<G>(), src.data<scalar_t>(), rows.order.data<int32_t>(),
+        rows.starts.data<int32_t>(), R, C, /*onto_table=*/true);
     CUDA_CHECK_LAUNCH();
   }));
+}
+
+namespace {
+// key n = the table row of position n, or R for an id outside [lo, lo + R)
+__global__ void keys_kernel(int32_t* keys, int32_t* positions, const int32_t* ids, int64_t lo,
+                            int64_t N, int64_t R) {
+  SCALELAB_GRID_STRIDE(n, N) {
+    const int64_t r = static_cast<int64_t>(ids[n]) - lo;
+    keys[n] = static_cast<int32_t>(r >= 0 && r < R ? r : R);
+    positions[n] = static_cast<int32_t>(n);
+  }
+}
+
+// starts[r] = the first sorted position whose key is >= r (a binary search per row)
+__global__ void starts_kernel(int32_t* starts, const int32_t* sorted_keys, int64_t N, int64_t R) {
+  SCALELAB_GRID_STRIDE(r, R + 1) {
+    int64_t a = 0, b = N;
+    while (a < b) {
+      const int64_t m = (a + b) / 2;
+      if (sorted_keys[m] < r) a = m + 1;
+      else b = m;
+    }
+    starts[r] = static_cast<int32_t>(a);
+  }
+}
+}  // namespace
+
+RowsById group_rows_by_id(const Tensor& ids, int64_t lo, int64_t R) {
+  const int64_t N = ids.numel();
+  SCALELAB_CHECK(N < (int64_t{1} << 31) && R < (int64_t{1} << 31) - 1,
+                 "rows by id: {} positions, {} rows (i32 keys)", N, R);
+  const Device dev = ids.device();
+  Tensor keys = Tensor::empty({N}, DType::i32, dev);
+  Tensor positions = Tensor::empty({N}, DType::i32, dev);
+  RowsById g{Tensor::empty({N}, DType::i32, dev), Tensor::empty({R + 1}, DType::i32, dev)};
+  Tensor sorted_keys = Tensor::empty({N}, DType::i32, dev);
+  keys_kernel<<<blocks_for(N), kThreads>>>(keys.data<int32_t>(), positions.data<int32_t>(),
+                                           ids.data<int32_t>(), lo, N, R);
+  CUDA_CHECK_LAUNCH();
+  int end_bit = 1;  // keys are 0..R: sort only the bits they use
+  while ((int64_t{1} << end_bit) <= R) ++end_bit;
+  // CUB's two calls: the first says how much scratch the sort needs, the second sorts
+  const auto sort = [&](void* scratch, std::size_t& bytes) {
+    return cub::DeviceRadixSort::SortPairs(scratch, bytes, keys.data<int32_t>(),
+                                           sorted_keys.data<int32_t>(), positions.data<int32_t>(),
+                                           g.order.data<int32_t>(), static_cast<int>(N), 0,
+                                           end_bit);
+  };
+  std::size_t scratch_bytes = 0;
+  CUDA_CHECK(sort(nullptr, scratch_bytes));
+  Tensor scratch = Tensor::empty({static_cast<int64_t>(scratch_bytes / 4) + 1}, DType::i32, dev);
+  CUDA_CHECK(sort(scratch.data_ptr(), scratch_bytes));
+  starts_kernel<<<blocks_for(R + 1), kThreads>>>(g.starts.data<int32_t>(),
+                                                 sorted_keys.data<int32_t>(), N, R);
+  CUDA_CHECK_LAUNCH();
+  return g;
 }
 
 void logarithm(Tensor& out, const Tensor& in) {
