@@ -8,10 +8,11 @@ cancel out). PyTorch's side is tools/bench_gpt_torch.py --kernel-table (torch.pr
 after the timed ones). Kernels are grouped by name into GEMM, attention, LayerNorm, GELU,
 optimizer, embedding, softmax / cross-entropy, copies and the rest.
 
-  ncu --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function \\
-      build/labs/lab02_single_device_solution ... --steps 2 > a.csv      # and --steps 4 > b.csv
+  ncu --metrics gpu__time_duration.sum --clock-control none --csv --print-units base \\
+      --print-kernel-base function \\
+      build/labs/lab02_single_device_solution ... --steps 1 > a.csv      # and --steps 2 > b.csv
   python3 tools/bench_gpt_torch.py ... --kernel-table torch.csv
-  tools/kernel_table.py --ncu a.csv b.csv --step-diff 2 --torch torch.csv
+  tools/kernel_table.py --ncu a.csv b.csv --step-diff 1 --torch torch.csv
 """
 import argparse
 import csv
@@ -20,12 +21,15 @@ import re
 import sys
 
 CATEGORIES = [  # (category, regex on the lower-cased kernel name): the first match wins
+    ("bias and LayerNorm weight gradients", r"bias_backward|bgrad|column_partial|column_total"),
     ("attention", r"flash|attention|fmha|sdpa|attn"),
     ("LayerNorm", r"layer_?norm|layernorm|\blnf?_"),
     ("GELU", r"gelu"),
     ("optimizer", r"adam|multi_tensor|foreach|clip|norm_sq|grad_norm"),
-    ("embedding", r"embedding|index_add|gather_rows|embed"),
-    ("softmax / cross-entropy", r"softmax|cross_entropy|nll|logsumexp|exp_rows|row_max|divide_rows|logarithm"),
+    ("embedding", r"embedding|index_add|gather_rows|embed|grouped_rows|radixsort|keys_kernel"
+                  r"|starts_kernel"),
+    ("softmax / cross-entropy", r"softmax|cross_entropy|nll|logsumexp|exp_rows|row_max"
+                                r"|divide_rows|logarithm"),
     ("GEMM", r"gemm|cutlass|xmma|nvjet|cublas|matmul|sm\d+_"),
     ("copies / casts / fills", r"memcpy|memset|copy|cast|convert|fill|to_bf16|to_f32|transpose"),
     ("fused by the compiler (other)", r"triton"),

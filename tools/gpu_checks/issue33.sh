@@ -30,8 +30,11 @@ TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m -
 # 2. one step's kernels: ncu at 1 and 2 steps (their difference is one step), PyTorch profiled
 if [[ -n $ncu ]]; then
   for s in 1 2; do
-    run "ncu_steps$s" 150 sh -c '"$0" --metrics gpu__time_duration.sum --csv --print-units base \
-      --print-kernel-base function "$@" > "'"$out"'/ncu_steps'"$s"'.csv"' "$ncu" "${lab02[@]}" --steps "$s"
+    # --clock-control none: the GPU's own clocks, as in a training run and PyTorch's profile
+    # (ncu locks them to base by default: kernels then last ~8% longer)
+    run "ncu_steps$s" 150 sh -c '"$0" --metrics gpu__time_duration.sum --clock-control none --csv \
+      --print-units base --print-kernel-base function "$@" > "'"$out"'/ncu_steps'"$s"'.csv"' \
+      "$ncu" "${lab02[@]}" --steps "$s"
   done
 else
   echo "no ncu on this machine" | tee -a "$out/summary.txt"

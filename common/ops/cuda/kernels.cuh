@@ -83,39 +83,6 @@ __device__ inline void warp_layernorm_row(S* out, A* mean, A* rstd, const S* x, 
   }
 }
 
-/// Column sums of an (N, C) matrix, deterministic: block (32, 32) handles 32 columns; lane y sums
-/// rows y, y+32, ... in order, then the 32 partial sums are added in a fixed tree. `f(n, c)` gives
-/// the value summed. Launch: column_sum_blocks(C) blocks of dim3(32, 32).
-constexpr int kColTile = 32;
-inline int column_sum_blocks(int64_t C) { return static_cast<int>((C + kColTile - 1) / kColTile); }
-
-template <class S, class F>
-__device__ inline S column_sum(int64_t N, int64_t C, F f) {
-  __shared__ S partial[kColTile][kColTile + 1];
-  __syncthreads();  // the block may have used `partial` in a previous call
-  const int64_t c = blockIdx.x * (int64_t)kColTile + threadIdx.x;
-  S s = 0;
-  if (c < C)
-    for (int64_t n = threadIdx.y; n < N; n += kColTile) s += f(n, c);
-  partial[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  for (int stride = kColTile / 2; stride > 0; stride /= 2) {
-    if (threadIdx.y < stride)
-      partial[threadIdx.y][threadIdx.x] += partial[threadIdx.y + stride][threadIdx.x];
-    __syncthreads();
-  }
-  return partial[0][threadIdx.x];  // meaningful where threadIdx.y == 0 and c < C
-}
-
-/// column_sum's summand: the element (n, c) of a row-major (N, C) matrix of storage type S,
-/// loaded into the compute type A (A = S unless S is bf16).
-template <class S, class A = S>
-struct Element {
-  const S* p;
-  int64_t C;
-  __device__ A operator()(int64_t n, int64_t c) const { return A(p[n * C + c]); }
-};
-
 /// Calls f(G{}) with G the type of a parameter gradient that may be the data's storage type S or
 /// f32 when S is bf16 (rules R3, R4, R6: fp32 gradients of bf16 data).
 template <class S, class F>

@@ -1,6 +1,7 @@
 // LayerNorm and row softmax: one warp per row. Storage S (float, double, bf16), compute A (float,
 // or double for f64); LayerNorm's mean and rstd are A (f32 for bf16 data: R3); its parameter
 // gradients G are S or f32 for bf16 data (R3), summed in A and rounded once.
+#include "common/ops/cuda/column_sums.cuh"
 #include "common/ops/cuda/kernels.cuh"
 
 namespace scalelab::ops::cuda {
@@ -48,19 +49,6 @@ struct NormTimesGrad {
   }
 };
 
-// dweight, dbias: column sums in a fixed order (deterministic)
-template <class G, class S, class A>
-__global__ void layernorm_backward_dw_kernel(G* dw, G* db, const S* dout, const S* in,
-                                             const A* mean, const A* rstd, int64_t N, int64_t C) {
-  const A sb = column_sum<A>(N, C, Element<S, A>{dout, C});
-  const A sw = column_sum<A>(N, C, NormTimesGrad<S, A>{in, dout, mean, rstd, C});
-  const int64_t c = blockIdx.x * (int64_t)kColTile + threadIdx.x;
-  if (threadIdx.y == 0 && c < C) {
-    dw[c] = G(A(dw[c]) + sw);
-    db[c] = G(A(db[c]) + sb);
-  }
-}
-
 // one warp per row; the exponentials are recomputed for the quotient (no row-sized scratch)
 template <class S, class A>
 __global__ void softmax_kernel(S* out, const S* in, int64_t N, int64_t C) {
@@ -91,14 +79,17 @@ void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tenso
         din.data<T>(), dout.data<T>(), in.data<T>(), weight.data<T>(), mean.data<acc_t>(),
         rstd.data<acc_t>(), N, C);
     CUDA_CHECK_LAUNCH();
+    // dweight, dbias: column sums in a fixed order (deterministic)
     with_grad_type<T>(dweight.dtype(), [&](auto g_tag) {
       using G = decltype(g_tag);
-      layernorm_backward_dw_kernel<G, T, acc_t><<<column_sum_blocks(C), dim3(kColTile, kColTile)>>>(
-          dweight.data<G>(), dbias.data<G>(), dout.data<T>(), in.data<T>(), mean.data<acc_t>(),
-          rstd.data<acc_t>(), N, C);
+      add_column_sums<G, acc_t>(dbias.data<G>(), N, C, Element<T, acc_t>{dout.data<T>(), C},
+                                dbias.device());
+      add_column_sums<G, acc_t>(dweight.data<G>(), N, C,
+                                NormTimesGrad<T, acc_t>{in.data<T>(), dout.data<T>(),
+                                                        mean.data<acc_t>(), rstd.data<acc_t>(), C},
+                                dweight.device());
     });
   });
-  CUDA_CHECK_LAUNCH();
 }
 
 void softmax_forward(Tensor& out, const Tensor& in) {

@@ -2,6 +2,7 @@
 // type S (float, double or bf16) and the compute type A (float for f32 and bf16, double for
 // f64): each element is loaded into A, computed there and stored with one rounding (rules R1,
 // R6, R7 of ops.hpp), as the host kernels do.
+#include "common/ops/cuda/column_sums.cuh"
 #include "common/ops/cuda/kernels.cuh"
 
 namespace scalelab::ops::cuda {
@@ -33,14 +34,6 @@ __global__ void cast_kernel(D* dst, const S* src, int64_t n) {
 template <class S, class A>
 __global__ void add_bias_kernel(S* o, const S* bias, int64_t n, int64_t C) {
   SCALELAB_GRID_STRIDE(i, n) o[i] = S(A(o[i]) + A(bias[i % C]));
-}
-
-// column sums in a fixed order: deterministic. G: the gradient's type (S, or float for bf16).
-template <class G, class S, class A>
-__global__ void bias_backward_kernel(G* db, const S* dout, int64_t N, int64_t C) {
-  const A s = column_sum<A>(N, C, Element<S, A>{dout, C});
-  const int64_t c = blockIdx.x * (int64_t)kColTile + threadIdx.x;
-  if (threadIdx.y == 0 && c < C) db[c] = G(A(db[c]) + s);
 }
 
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
@@ -133,12 +126,12 @@ void add_bias(Tensor& out, const Tensor& bias) {
 void bias_backward(Tensor& dbias, const Tensor& dout) {
   use_device(dbias);
   const int64_t C = dbias.numel(), N = dout.numel() / C;
+  // column sums in a fixed order: deterministic. G: the gradient's type (T, or float for bf16).
   SCALELAB_TRAIN_TYPES(dout.dtype(), with_grad_type<T>(dbias.dtype(), [&](auto g_tag) {
     using G = decltype(g_tag);
-    bias_backward_kernel<G, T, acc_t><<<column_sum_blocks(C), dim3(kColTile, kColTile)>>>(
-        dbias.data<G>(), dout.data<T>(), N, C);
+    add_column_sums<G, acc_t>(dbias.data<G>(), N, C, Element<T, acc_t>{dout.data<T>(), C},
+                              dbias.device());
   }));
-  CUDA_CHECK_LAUNCH();
 }
 
 void gelu_forward(Tensor& out, const Tensor& in) {
