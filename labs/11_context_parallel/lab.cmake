@@ -27,6 +27,7 @@ set(lab11_tests ${PROJECT_SOURCE_DIR}/tests/11_context_parallel)
 scalelab_add_planted_submissions(11 PLANTS ${lab11_tests}/planted/cheats.plant
   CASES "contiguous_split:1_Balance:1:Step1_Balance.EveryRankComputesTheSameCausalWork on rank 0: .*score blocks per rank"
         "all_gather:2:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*and 1 other operations"
+        "raw_allgather:2:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*MPI_Allgather on raw MPI outside the Communicator"
         "all_gather:2_Ring.Holds:4:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*remote K/V blocks"
         "no_causal_skip:2:2:Step2_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*fully masked blocks computed"
         "masked_batched_forward:2_Ring.Skips:2:Step2_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*fully masked blocks computed"

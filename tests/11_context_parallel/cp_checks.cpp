@@ -8,16 +8,20 @@
 
 namespace cptest {
 
-std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_t kv_bytes) {
-  const comm::CommCount sends = comm::comm_total(did, "", "send");
-  std::int64_t other = 0;
-  for (const auto& [key, count] : did)
-    if (key.op != "send" && key.op != "recv") other += count.calls;
+std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t kv_bytes) {
+  int64_t bytes = 0, messages = 0;
+  std::vector<std::string> others;  // every row of the ledger that is not a send or a receive
+  for (const auto& [key, count] : did) {
+    if (key.op == "send") bytes += count.bytes, messages += count.calls;
+    else if (key.op != "recv")
+      others.push_back(fmt::format("{} x{}", comm::traffic_key_str(key), count.calls));
+  }
   const int64_t want = blocks * static_cast<int64_t>(kv_bytes);
-  if (sends.bytes == want && other == 0) return "";
-  return fmt::format("sent {} bytes in {} messages (and {} other operations); want {} K/V "
+  if (bytes == want && others.empty()) return "";
+  return fmt::format("sent {} bytes in {} messages (and {} other operations{}{}); want {} K/V "
                      "blocks of {} bytes = {} bytes, by send/recv alone",
-                     sends.bytes, sends.calls, other, blocks, kv_bytes, want);
+                     bytes, messages, others.size(), others.empty() ? "" : ": ",
+                     fmt::join(others, ", "), blocks, kv_bytes, want);
 }
 
 std::string work_problem(const ops::WorkCount& did, int64_t bh, int64_t c, int64_t hs,

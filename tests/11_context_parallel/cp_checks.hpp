@@ -20,6 +20,7 @@
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/memory_use.hpp"
 #include "tests/support/own_work.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 namespace cptest {
 
@@ -129,8 +130,11 @@ inline int64_t zigzag_attention_flops(int64_t bh, int64_t c, int64_t hs, int cp,
 std::string work_problem(const ops::WorkCount& did, int64_t bh, int64_t c, int64_t hs,
                          const comm::Communicator& cp, bool backward);
 
-/// "" when rank's sends of one call were exactly `blocks` messages of kv_bytes, else what was.
-std::string sends_problem(const comm::CommStats& did, int64_t blocks, std::size_t kv_bytes);
+/// "" when rank's sends of one call were exactly `blocks` K/V blocks of kv_bytes and nothing but
+/// sends and receives moved, else what did. `did` is the ledger of the call with raw MPI counted
+/// (labtest::traffic_of): a block moved by MPI_Send or gathered by MPI_Allgather past the
+/// Communicator is an operation like any other.
+std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t kv_bytes);
 
 /// "" when at least `blocks` receives of a K/V block (kv_bytes, on cp's group) were in flight
 /// while this rank computed a block: posted before a block's flash attention started, and first

@@ -1,7 +1,7 @@
 // Lab 11 step 2: ring attention, forward, on cp = every rank (2 and 4). Against the single
 // device's flash attention over the whole sequence (cp_checks.hpp: fp32 1e-5 relative / 1e-6
 // absolute, bf16 3e-2). The technique, from the library's counters, never the attendee's report:
-//  - bytes (comm_stats): cp-1 sends of one K/V block each, nothing else;
+//  - bytes (the ledger, raw MPI counted): cp-1 sends of one K/V block each, nothing else;
 //  - memory (the allocator's peak over the call): at most min(2, cp-1) remote K/V blocks at once
 //    (the one in use and the one arriving), plus the merge's scratch (one query chunk's output
 //    and log-sum-exps: under half a block); and the rank's whole heap (tests/support/heap.hpp)
@@ -36,7 +36,7 @@ constexpr int64_t kBH = 3, kC = 8, kHs = 16;  // heads x batch rows, chunk lengt
 struct RingRun {
   Tensor y, lse;
   cptest::Mine want;
-  comm::CommStats did;
+  comm::Traffic did;  // the ledger over the call, raw MPI counted
   std::size_t peak_extra = 0, kv_bytes = 0;
   ops::WorkCount work;         // the work counters over the call
   labtest::MemoryUse memory;   // the tensors and the rank's whole heap (a std::vector too)
@@ -52,16 +52,16 @@ RingRun run(DType dt, comm::Communicator& cp, int64_t chunk = kC) {
   r.kv_bytes = r.want.kv.nbytes();
   r.y = Tensor::empty(r.want.q.shape(), dt);
   cp.barrier();  // the communicator lets go of its last operation's tensors
-  const comm::CommStats stats = comm::comm_stats();
   const ops::WorkCount work = ops::work_stats();
   {
     exec_log::Recording recording;
-    r.memory = labtest::memory_use_of(
-        [&] { r.lse = lab11::ring_attention_forward(r.y, r.want.q, r.want.kv, full.scale, cp); });
+    r.did = labtest::traffic_of([&] {
+      r.memory = labtest::memory_use_of(
+          [&] { r.lse = lab11::ring_attention_forward(r.y, r.want.q, r.want.kv, full.scale, cp); });
+    });
     r.log = recording.events();
   }
   r.peak_extra = static_cast<std::size_t>(r.memory.tensor_peak);
-  r.did = comm::comm_stats() - stats;
   r.work = ops::work_stats() - work;
   return r;
 }

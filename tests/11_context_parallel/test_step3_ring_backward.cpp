@@ -2,7 +2,7 @@
 //  - The attention alone, from the single device's y and lse (this rank's rows of them: so this
 //    step is graded without step 2): dq and dK/dV of this rank's rows against the single device's flash backward (fp32
 //    1e-5 relative / 1e-6 absolute; bf16 3e-2: every block's gradient rounds before it is summed).
-//  - Bytes (comm_stats): K/V blocks cp-1 times, their dK/dV cp times (round the ring and home).
+//  - Bytes (the ledger, raw MPI counted): K/V blocks cp-1 times, their dK/dV cp times (round the ring and home).
 //  - Work (work_stats().matmul_flops: every matmul, batched or fused): the zig-zag formula for the
 //    backward (cptest::zigzag_attention_flops), so the fully masked blocks were skipped.
 //  - Memory (the allocator and the heap): at most min(2, cp-1) remote K/V blocks, two dK/dV
@@ -36,7 +36,7 @@ constexpr int64_t kBH = 3, kC = 8, kHs = 16;
 struct Grads {
   Tensor dq, dkv;
   cptest::Mine want;
-  comm::CommStats did;
+  comm::Traffic did;    // the ledger over the call, raw MPI counted
   ops::WorkCount work;  // the work counters over the call
   std::vector<exec_log::Event> log;
 };
@@ -49,14 +49,15 @@ Grads run(DType dt, comm::Communicator& cp) {
   g.dq = Tensor::empty(g.want.q.shape(), dt);
   g.dkv = Tensor::empty(g.want.kv.shape(), dt);
   cp.barrier();
-  const comm::CommStats before = comm::comm_stats();
   const ops::WorkCount work = ops::work_stats();
   {
     exec_log::Recording recording;
-    lab11::ring_attention_backward(g.dq, g.dkv, g.want.dy, g.want.q, g.want.kv, g.want.y, g.want.lse, full.scale, cp);
+    g.did = labtest::traffic_of([&] {
+      lab11::ring_attention_backward(g.dq, g.dkv, g.want.dy, g.want.q, g.want.kv, g.want.y,
+                                     g.want.lse, full.scale, cp);
+    });
     g.log = recording.events();
   }
-  g.did = comm::comm_stats() - before;
   g.work = ops::work_stats() - work;
   return g;
 }

@@ -2,13 +2,18 @@
 //  - The attention alone: output and dq, dk, dv of this rank's zig-zag rows against the single
 //    device's flash attention (fp32 1e-5 relative / 1e-6 absolute: only copies around one flash
 //    call, so in practice exact; bf16 3e-2 as the ring's).
-//  - Bytes (comm_stats): by all-to-all alone, q, k, v in and y out in forward, dy in and dq, dk,
+//  - Bytes (the ledger, raw MPI counted): by all-to-all alone, q, k, v in and y out in forward, dy in and dq, dk,
 //    dv out in backward: 4 x the bytes of this rank's q each way; no send, no all-gather.
 //  - The whole model: the context-parallel GPT with all-to-all attention against the single
 //    device (4 heads so that cp = 4 divides them), tolerances as step 3's.
 // Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake):
 // an all-to-all attention that runs causal attention on the rows in the order they arrive (rank
 // by rank: zig-zag), not in sequence order, fails the output check.
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "common/data/sampler.hpp"
@@ -23,7 +28,7 @@ constexpr int64_t kB = 2, kNH = 4, kC = 8, kHs = 16;
 struct Ulysses {
   Tensor y, dq, dk, dv;      // what the attendee's code gave
   Tensor want_y, want_dq, want_dk, want_dv;
-  comm::CommStats fwd, bwd;  // the traffic of each
+  comm::Traffic fwd, bwd;  // the ledger of each, raw MPI counted
   std::size_t q_bytes = 0;
 };
 
@@ -41,23 +46,30 @@ Ulysses run(DType dt, comm::Communicator& cp) {
   u.y = Tensor::empty(q.shape(), dt);
   std::vector<Tensor> kept;
   cp.barrier();
-  const comm::CommStats s0 = comm::comm_stats();
-  const Tensor lse = lab11::all_to_all_attention_forward(u.y, q, k, v, kNH, full.scale, cp, kept);
-  const comm::CommStats s1 = comm::comm_stats();
-  u.fwd = s1 - s0;
+  Tensor lse;
+  u.fwd = labtest::traffic_of(
+      [&] { lse = lab11::all_to_all_attention_forward(u.y, q, k, v, kNH, full.scale, cp, kept); });
   u.dq = Tensor::empty(q.shape(), dt), u.dk = u.dq.clone(), u.dv = u.dq.clone();
-  lab11::all_to_all_attention_backward(u.dq, u.dk, u.dv, dy, lse, kept, kNH, full.scale, cp);
-  u.bwd = comm::comm_stats() - s1;
+  u.bwd = labtest::traffic_of([&] {
+    lab11::all_to_all_attention_backward(u.dq, u.dk, u.dv, dy, lse, kept, kNH, full.scale, cp);
+  });
   return u;
 }
 
-std::string bytes_problem(const comm::CommStats& did, std::size_t q_bytes, const char* what) {
-  const comm::CommCount a2a = comm::comm_total(did, "", "all_to_all");
-  const int64_t others = comm::comm_total(did).calls - a2a.calls;
-  if (a2a.calls == 4 && a2a.bytes == 4 * static_cast<int64_t>(q_bytes) && others == 0) return "";
-  return fmt::format("{}: {} all-to-alls of {} bytes in all and {} other operations; want 4 "
+// The ledger of one call (raw MPI counted: labtest::traffic_of) against 4 all-to-alls of q's size.
+std::string bytes_problem(const comm::Traffic& did, std::size_t q_bytes, const char* what) {
+  comm::CommCount a2a;
+  std::vector<std::string> others;
+  for (const auto& [key, count] : did) {
+    if (key.op == "all_to_all") a2a.calls += count.calls, a2a.bytes += count.bytes;
+    else others.push_back(fmt::format("{} x{}", comm::traffic_key_str(key), count.calls));
+  }
+  if (a2a.calls == 4 && a2a.bytes == 4 * static_cast<int64_t>(q_bytes) && others.empty())
+    return "";
+  return fmt::format("{}: {} all-to-alls of {} bytes in all and {} other operations{}{}; want 4 "
                      "all-to-alls of this rank's q-sized tensors ({} bytes each) and nothing else",
-                     what, a2a.calls, a2a.bytes, others, q_bytes);
+                     what, a2a.calls, a2a.bytes, others.size(), others.empty() ? "" : ": ",
+                     fmt::join(others, ", "), q_bytes);
 }
 
 void attention_matches(DType dt) {
