@@ -139,10 +139,12 @@ endif()
 # object of 3d_parallel.cpp, for Step1_OwnWork (cmake/ScalelabOwnWork.cmake,
 # tests/support/own_work.hpp). Planted into a copy of the reference: a grid_coord that forwards
 # to the library's comm::grid_coord (every table right), a build_3d_model that throws (no
-# step 2) and, with SCALELAB_PLANT set, a step_3d that runs AFAB instead of 1F1B (the same
-# bytes). Its test binary: Step1 fails on the call (exit 1, the call named); Step3 passes all the
-# same on 4 and 8 ranks (the 4D grids included): step 3's graders build their own pieces
-# (own_builder), not step 2's; the AFAB step fails step 3 on the order the library logged.
+# step 2) and, with SCALELAB_PLANT, a step_3d that runs AFAB instead of 1F1B (afab_step: the same
+# bytes) or keeps every step's gradient in a function-local static std::vector (gradient_history:
+# the same numbers, past the allocator). Its test binary: Step1 fails on the call (exit 1, the
+# call named); Step3 passes all the same on 4 and 8 ranks (the 4D grids included): step 3's
+# graders build their own pieces (own_builder), not step 2's; the AFAB step fails step 3 on the
+# order the library logged, the gradient history on the rank's heap.
 scalelab_attendee_symbols(10 3d_parallel 3d_parallel.cpp)
 if(SCALELAB_BUILD_TESTS)
   set(planted_dir ${CMAKE_CURRENT_BINARY_DIR}/planted_lab10)
@@ -160,9 +162,14 @@ if(SCALELAB_BUILD_TESTS)
                              "-DTO=throw NotImplemented(\"lab 10 step 2: planted, not written\");"
                              -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
                      COMMAND ${CMAKE_COMMAND} -DIN=${planted_dir}/step2_planted.cpp
-                             -DOUT=${planted_dir}/3d_parallel.cpp
+                             -DOUT=${planted_dir}/step3_afab.cpp
                              "-DFROM=lab08::schedule_1f1b(g.shape.pp, micro_batches, g.coord.pp)"
-                             "-DTO=(std::getenv(\"SCALELAB_PLANT\") ? lab08::schedule_afab(g.shape.pp, micro_batches, g.coord.pp) : lab08::schedule_1f1b(g.shape.pp, micro_batches, g.coord.pp))"
+                             "-DTO=(std::string(std::getenv(\"SCALELAB_PLANT\") ? std::getenv(\"SCALELAB_PLANT\") : \"\") == \"afab_step\" ? lab08::schedule_afab(g.shape.pp, micro_batches, g.coord.pp) : lab08::schedule_1f1b(g.shape.pp, micro_batches, g.coord.pp))"
+                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
+                     COMMAND ${CMAKE_COMMAND} -DIN=${planted_dir}/step3_afab.cpp
+                             -DOUT=${planted_dir}/3d_parallel.cpp
+                             "-DFROM=g.dp.all_reduce(model.params().grads(), comm::ReduceOp::avg);"
+                             "-DTO=g.dp.all_reduce(model.params().grads(), comm::ReduceOp::avg); if (std::string(std::getenv(\"SCALELAB_PLANT\") ? std::getenv(\"SCALELAB_PLANT\") : \"\") == \"gradient_history\") { static std::vector<std::vector<double>> history; history.push_back(model.params().grads().to_vector()); }"
                              -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
                      DEPENDS ${lab10_reference} ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
                      COMMENT "planting a step 1 that calls comm::grid_coord and no step 2 into lab 10's reference"
@@ -195,6 +202,9 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_add_planted_run(lab10.planted.afab_step.np4 test_lab10_planted RANKS 4
       FILTER Step3_Step.EqualsSingleDeviceOnEveryGrid PLANT afab_step LAB 10
       REGEX "Step3_Step.EqualsSingleDeviceOnEveryGrid on rank [0-9]: .*not the 1F1B order on every stage")
+  scalelab_add_planted_run(lab10.planted.gradient_history.np4 test_lab10_planted RANKS 4
+      FILTER Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess PLANT gradient_history LAB 10
+      REGEX "Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess on rank [0-9]: .*step_3d on rank [0-9]: the heap grew by [0-9]+ bytes and kept it")
 endif()
 
 # The program with only the core written (scalelab_add_core_only_impl: the reference with step 4's
