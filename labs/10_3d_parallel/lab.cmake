@@ -6,7 +6,7 @@
 # Step 1 (the grid) is pure index math: one rank. Steps 2-3 run real grids: 4 ranks (dp x tp x pp
 # = 1x2x2, 2x1x2, 2x2x1, and 2x1x2 in picotron's order) and, for step 3, 8 ranks (2x2x2, 1x2x4,
 # 2x4x1, 4x1x2, and 2x2x2 in picotron's order; with cp 2: 2x2x2x1 and 1x2x2x2 as dp x cp x tp
-# x pp, test_step3_4d.cpp).
+# x pp, test_step3_with_cp.cpp).
 scalelab_add_lab(10 3d_parallel SOURCES 3d_parallel.cpp
                  GIVEN checkpoint.cpp grid_setup.cpp trainer3d.cpp planner_machine.cpp plan_search.cpp
                        cp_setup.cpp

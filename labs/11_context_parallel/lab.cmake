@@ -26,14 +26,15 @@ endif()
 set(lab11_tests ${PROJECT_SOURCE_DIR}/tests/11_context_parallel)
 scalelab_add_planted_submissions(11 PLANTS ${lab11_tests}/planted/cheats.plant
   CASES "contiguous_split:1_Balance:1:Step1_Balance.EveryRankComputesTheSameCausalWork on rank 0: .*score blocks per rank"
-        "all_gather:2:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*and 1 other operations"
-        "raw_allgather:2:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*MPI_Allgather on raw MPI outside the Communicator"
+        "all_gather:2_Ring.Sends:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*and 1 other operations"
+        "raw_allgather:2_Ring.Sends:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*MPI_Allgather on raw MPI outside the Communicator"
         "all_gather:2_Ring.Holds:4:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*remote K/V blocks"
         "no_causal_skip:2:2:Step2_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*fully masked blocks computed"
         "masked_batched_forward:2_Ring.Skips:2:Step2_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*fully masked blocks computed"
         "masked_batched_backward:3_Ring.Skips:2:Step3_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*fully masked blocks computed"
         "waits_first:2:2:Step2_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*waited for before any block computed"
         "parked_blocks:2_Ring.Holds:2:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*held outside the Tensor allocator"
+        "cached_blocks:2:2:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*held outside the Tensor allocator"
         "parked_backward:3_Ring.Holds:2:Step3_Ring.HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks on rank [0-9]: .*held outside the Tensor allocator"
         "dkdv_stay:3:2:Step3_Ring.GradientsEqualFullAttentionF32 on rank [0-9]: .*close_on_every_rank.g.dkv, g.want.dkv"
         "arrival_order:4:2:Step4_AllToAll.EqualsFullAttentionF32 on rank [0-9]: .*close_on_every_rank.u.y, u.want_y"

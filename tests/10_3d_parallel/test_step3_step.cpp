@@ -119,6 +119,63 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
   return testing::AssertionSuccess();
 }
 
+// First in step 3's run (this file links before test_step3_with_cp.cpp and test_step3_zero_sweep.cpp;
+// tools.memory_first checks it): a buffer the code keeps in a function-local static is allocated
+// inside this window, not by an earlier test.
+// Activation checkpointing (the model built with checkpoint = true, the test's own): the same step
+// gives the same loss and gradients; the rank's heap holds no more than the step's tensors and
+// kStepBookkeeping, with checkpointing or without; and the allocator's peak during the step falls
+// by at least what the forward no longer keeps: per micro-batch in flight, every block's
+// activations but its input, less one block's (recomputed during the backward) and that block's
+// dropped output. The bytes a forward keeps are measured on the test's own stages
+// (GPTActivations::nbytes after one micro-batch's forward).
+TEST(Step3_Step, CheckpointedEqualsSingleDeviceAndKeepsLess) {
+  const StepFn attendee = [](nn::GPT& m, lab10::Groups& g, const data::Batch& b) {
+    return lab10::step_3d(m, g, b, kMicro);
+  };
+  const data::Batch global = kLab.batch(0);
+  for (const lab10::GridShape& shape : grids_for(world().size())) {
+    EXPECT_TRUE(step_matches(attendee, shape, true));
+    SCOPED_TRACE(name(shape));
+    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+    lab10::Groups g = lab10::groups_of(grid);
+    std::size_t peak[2] = {0, 0}, kept[2] = {0, 0};
+    for (bool ckpt : {false, true}) {
+      auto model = own_model(g, 1, ckpt);
+      {  // what one micro-batch's forward keeps on this stage
+        const int64_t rows = global.batch_size() / shape.dp / kMicro;
+        const data::Batch mb = global.rows(0, rows);
+        nn::GPTActivations acts;
+        Tensor x = model->has_embedding() ? model->embed(mb.x, acts)
+                                          : Tensor::zeros({rows, mb.x.size(1), config().n_embd},
+                                                          DType::f64);
+        model->forward_blocks(x, acts);
+        kept[ckpt] = acts.nbytes();  // (the head is not run: both keep the same there)
+      }
+      world().barrier();
+      const labtest::MemoryUse m =
+          labtest::memory_use_of([&] { lab10::step_3d(*model, g, global, kMicro); });
+      peak[ckpt] = static_cast<std::size_t>(m.tensor_peak);
+      EXPECT_TRUE(labtest::nothing_beside_tensors(
+          m, kStepBookkeeping, ckpt ? "a checkpointed step_3d" : "step_3d"));
+    }
+    const int blocks = own_options(g).last_block - own_options(g).first_block;
+    const std::size_t in_flight = std::min(shape.pp - g.coord.pp, kMicro);
+    const std::size_t per_block = (kept[0] - kept[1]) / blocks;  // one block's, less its input
+    // the recomputed block's output (rows, T, C) is made and dropped while its activations live
+    const std::size_t output = global.batch_size() / shape.dp / kMicro * config().block_size *
+                               config().n_embd * sizeof(double);
+    // (with one block and one micro-batch in flight nothing need be saved: the one recomputed)
+    const std::size_t want_saved = std::max<int64_t>(
+        0, static_cast<int64_t>(in_flight * (kept[0] - kept[1]) - per_block - output));
+    EXPECT_LT(kept[1], kept[0]);
+    EXPECT_GE(peak[0] - std::min(peak[0], peak[1]), want_saved)
+        << "peak " << peak[0] << " B without checkpointing, " << peak[1] << " B with; a forward "
+        << "keeps " << kept[0] << " B / " << kept[1] << " B per micro-batch, " << in_flight
+        << " in flight";
+  }
+}
+
 TEST(Step3_Step, DpRowsAreThisReplicasShare) {
   const data::Batch global = kLab.batch(0);
   for (const lab10::GridShape& shape : grids_for(world().size())) {
@@ -177,60 +234,6 @@ TEST(Step3_Step, Zero1OverDpIsBitwiseAdamW) {
     const std::size_t shard = nn::shard_range(whole->num_parameters(), g.coord.dp, shape.dp).real();
     EXPECT_EQ(zero1.state_bytes(), 2 * shard * sizeof(double));
     EXPECT_EQ(adamw.state_bytes(), 2 * static_cast<std::size_t>(whole->num_parameters()) * 8);
-  }
-}
-
-// Activation checkpointing (the model built with checkpoint = true, the test's own): the same step
-// gives the same loss and gradients; the rank's heap holds no more than the step's tensors and
-// kStepBookkeeping, with checkpointing or without; and the allocator's peak during the step falls
-// by at least what the forward no longer keeps: per micro-batch in flight, every block's
-// activations but its input, less one block's (recomputed during the backward) and that block's
-// dropped output. The bytes a forward keeps are measured on the test's own stages
-// (GPTActivations::nbytes after one micro-batch's forward).
-TEST(Step3_Step, CheckpointedEqualsSingleDeviceAndKeepsLess) {
-  const StepFn attendee = [](nn::GPT& m, lab10::Groups& g, const data::Batch& b) {
-    return lab10::step_3d(m, g, b, kMicro);
-  };
-  const data::Batch global = kLab.batch(0);
-  for (const lab10::GridShape& shape : grids_for(world().size())) {
-    EXPECT_TRUE(step_matches(attendee, shape, true));
-    SCOPED_TRACE(name(shape));
-    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
-    lab10::Groups g = lab10::groups_of(grid);
-    std::size_t peak[2] = {0, 0}, kept[2] = {0, 0};
-    for (bool ckpt : {false, true}) {
-      auto model = own_model(g, 1, ckpt);
-      {  // what one micro-batch's forward keeps on this stage
-        const int64_t rows = global.batch_size() / shape.dp / kMicro;
-        const data::Batch mb = global.rows(0, rows);
-        nn::GPTActivations acts;
-        Tensor x = model->has_embedding() ? model->embed(mb.x, acts)
-                                          : Tensor::zeros({rows, mb.x.size(1), config().n_embd},
-                                                          DType::f64);
-        model->forward_blocks(x, acts);
-        kept[ckpt] = acts.nbytes();  // (the head is not run: both keep the same there)
-      }
-      world().barrier();
-      const labtest::MemoryUse m =
-          labtest::memory_use_of([&] { lab10::step_3d(*model, g, global, kMicro); });
-      peak[ckpt] = static_cast<std::size_t>(m.tensor_peak);
-      EXPECT_TRUE(labtest::nothing_beside_tensors(
-          m, kStepBookkeeping, ckpt ? "a checkpointed step_3d" : "step_3d"));
-    }
-    const int blocks = own_options(g).last_block - own_options(g).first_block;
-    const std::size_t in_flight = std::min(shape.pp - g.coord.pp, kMicro);
-    const std::size_t per_block = (kept[0] - kept[1]) / blocks;  // one block's, less its input
-    // the recomputed block's output (rows, T, C) is made and dropped while its activations live
-    const std::size_t output = global.batch_size() / shape.dp / kMicro * config().block_size *
-                               config().n_embd * sizeof(double);
-    // (with one block and one micro-batch in flight nothing need be saved: the one recomputed)
-    const std::size_t want_saved = std::max<int64_t>(
-        0, static_cast<int64_t>(in_flight * (kept[0] - kept[1]) - per_block - output));
-    EXPECT_LT(kept[1], kept[0]);
-    EXPECT_GE(peak[0] - std::min(peak[0], peak[1]), want_saved)
-        << "peak " << peak[0] << " B without checkpointing, " << peak[1] << " B with; a forward "
-        << "keeps " << kept[0] << " B / " << kept[1] << " B per micro-batch, " << in_flight
-        << " in flight";
   }
 }
 
