@@ -7,6 +7,8 @@ scalelab_add_lab(12 expert_parallel SOURCES expert_parallel.cpp
                  STEP_RANKS "1:1" "2:1" "4:4"
                  OPTIONAL_STEPS 4  # the core (steps 1-3) fits 90 minutes: README.md
                  TIMEOUT 60)
+# The .bss / .data of the attendee's object (step 3's memory check bounds them: 4 KiB).
+scalelab_attendee_symbols(12 expert_parallel expert_parallel.cpp)
 # Bad input: one "error:" line and exit 2 on every rank, before any data is read.
 if(SCALELAB_BUILD_TESTS)
   set(lab12_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
@@ -30,7 +32,8 @@ scalelab_add_planted_submissions(12 PLANTS ${lab12_tests}/planted/cheats.plant
         "aux_without_gradient:1_Router.Top2:1:Step1_Router.Top2BackwardAgainstFiniteDifferences on rank 0: .*dlogits"
         "gather_tokens:3_Exchange:2:Step3_Exchange.RowsReachTheirExpertsAndComeBackInTheFormulasBytes on rank [0-9]: .*all_gather"
         "every_expert_here:3_Layer.Each:2:Step3_Layer.EachRankComputesOnlyItsExpertsTokens on rank [0-9]: .*FLOPs"
-        "every_expert_here:3_Layer.NoRank:4:Step3_Layer.NoRankHoldsEveryExpert on rank [0-9]: .*other ranks' experts")
+        "every_expert_here:3_Layer.NoRank:4:Step3_Layer.NoRankHoldsEveryExpert on rank [0-9]: .*other ranks' experts"
+        "experts_in_vector:3:2:Step3_Layer.NoRankHoldsEveryExpert on rank [0-9]: .*bytes of the heap at once, as much as the other ranks' experts")
 # On a GPU (label gpu; skipped without one): the reference's step with CUDA tensors against the
 # CPU (tests/12_expert_parallel/test_gpu.cpp), not a graded step.
 scalelab_add_lab_gpu_tests(12)

@@ -16,6 +16,9 @@
 // lab_fixture.hpp first: it names gtest's ::testing, which scalelab::testing (gradcheck.hpp)
 // would hide inside namespace scalelab
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/memory_use.hpp"
+#include "tests/support/own_work.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 #include "common/allocator.hpp"
 #include "common/comm/communicator.hpp"
@@ -64,9 +67,10 @@ struct Layer {
   scalelab::testing::MoEReference reference(const Tensor& x) const;
 };
 
-/// What the counters saw of one exchange: "" when the only traffic was all_to_alls of exactly
-/// `bytes` on the group named `group`, else what was.
-std::string only_all_to_all(const comm::CommStats& did, const std::string& group, int64_t calls,
+/// What the ledger saw of one exchange (labtest::traffic_of: raw MPI counted): "" when the only
+/// traffic was `calls` all_to_alls of exactly `bytes` in all on the group named `group`, else
+/// what was.
+std::string only_all_to_all(const comm::Traffic& did, const std::string& group, int64_t calls,
                             int64_t bytes);
 
 /// One step of lab 12's expert-parallel GPT (model tiny-moe, capacity factor `cf`, top-`k`)

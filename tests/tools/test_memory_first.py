@@ -8,7 +8,7 @@ cache refilled in place never grows. So the test that bounds a step's memory com
 step's run (first in its file, its file linked before the step's other files), and this test
 checks that order in the reference test binaries, in GoogleTest's own listing (the order the
 tests run in).
-argv: the test_labNN_solution binaries of labs 07, 08, 09, 10 and 11; mpiexec from
+argv: the test_labNN_solution binaries of labs 07, 08, 09, 10, 11 and 12; mpiexec from
 $MPIEXEC_EXECUTABLE."""
 import os
 import subprocess
@@ -30,6 +30,7 @@ FIRST = {
     ("10", 3): "Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess",
     ("11", 2): "Step2_Ring.HoldsAtMostTwoRemoteBlocks",
     ("11", 3): "Step3_Ring.HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks",
+    ("12", 3): "Step3_Layer.NoRankHoldsEveryExpert",
 }
 
 
@@ -77,6 +78,6 @@ class MemoryChecksRunFirst(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    for lab, exe in zip(["07", "08", "09", "10", "11"], sys.argv[1:6]):
+    for lab, exe in zip(["07", "08", "09", "10", "11", "12"], sys.argv[1:7]):
         BINARIES[lab] = exe
     unittest.main(argv=sys.argv[:1], verbosity=2)
