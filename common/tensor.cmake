@@ -5,6 +5,7 @@ target_include_directories(scalelab_common PUBLIC ${CBLAS_INCLUDE_DIR})
 target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/allocator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tensor.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/scalar.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/ops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/work.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/matmul_cpu.cpp

@@ -177,7 +177,7 @@ Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
   return h;
 }
 
-double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const {
+Scalar GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const {
   exec_log::record_piece("head_forward", this);  // what a grader sees run (lab 08)
   SCALELAB_CHECK(has_head(), "head_forward() on a stage without the head");
   check_vocabulary_mappings();
@@ -202,7 +202,7 @@ double GPT::head_forward(const Tensor& x, const Tensor& targets, GPTActivations&
   h.probs = Tensor::empty({N, V}, dt, dev);
   ops::matmul(h.probs, in, head_weight(), false, true);  // logits = lnf @ W^T
   // the loss; the logits become the softmax's columns (a new tensor, or in place)
-  const double loss = mappings().cross_entropy(h.probs, targets.view({N}), vocab_lo_);
+  const Scalar loss = mappings().cross_entropy(h.probs, targets.view({N}), vocab_lo_);
   if (policy_) {
     policy_->after_head_forward(*this, h);  // e.g. a divergence report records it
     policy_->after_unit_forward(*this, head_unit());
@@ -288,15 +288,15 @@ void GPT::embed_backward(const Tensor& dx, GPTActivations& acts) {
   if (policy_) policy_->after_unit_backward(*this, u);
 }
 
-double GPT::forward(const Tensor& tokens, const Tensor& targets, GPTActivations& acts) {
+Scalar GPT::forward(const Tensor& tokens, const Tensor& targets, GPTActivations& acts) {
   SCALELAB_CHECK(has_embedding() && has_head(), "forward() needs the whole model; a stage "
                  "runs embed / forward_blocks / head_forward");
   SCALELAB_CHECK(targets.shape() == tokens.shape(), "targets {} vs tokens {}", targets.str(),
                  tokens.str());
   trace::Scope scope("forward");
   acts.reset();  // a second forward into the same object replaces the first
-  const double lm = head_forward(forward_blocks(embed(tokens, acts), acts), targets, acts);
-  return lm + acts.aux_loss;
+  const Scalar lm = head_forward(forward_blocks(embed(tokens, acts), acts), targets, acts);
+  return acts.aux_loss == 0 ? lm : lm + acts.aux_loss;  // a dense model adds nothing
 }
 
 void GPT::backward(GPTActivations& acts, double loss_scale) {

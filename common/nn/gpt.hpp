@@ -256,13 +256,15 @@ class GPT {
 
   // ---- the whole model (a GPT holding every block) ----
   /// Mean cross-entropy of predicting targets (B, T) from tokens (B, T), plus the MoE blocks'
-  /// balancing losses (acts.aux_loss; 0 for a dense model); fills `acts`.
-  double forward(const Tensor& tokens, const Tensor& targets, GPTActivations& acts);
+  /// balancing losses (acts.aux_loss; 0 for a dense model); fills `acts`. The loss stays on the
+  /// model's device (a Scalar): `double loss = model.forward(x, y)` reads it to the host there,
+  /// a `Scalar` keeps it until the step prints it.
+  Scalar forward(const Tensor& tokens, const Tensor& targets, GPTActivations& acts);
   /// Gradients of loss_scale * (the mean loss of the forward that filled `acts`), accumulated
   /// (+=). Consumes `acts`: each part is freed as soon as its backward is done.
   void backward(GPTActivations& acts, double loss_scale = 1.0);
   /// The same with the model's own GPTActivations (activations()): one batch in flight.
-  double forward(const Tensor& tokens, const Tensor& targets) {
+  Scalar forward(const Tensor& tokens, const Tensor& targets) {
     return forward(tokens, targets, acts_);
   }
   /// The backward of forward(tokens, targets), with the model's own GPTActivations.
@@ -279,7 +281,7 @@ class GPT {
   /// and activations in acts (as the block policy says); returns the output of the last one.
   Tensor forward_blocks(const Tensor& x, GPTActivations& acts) const;
   /// ln_f, logits, loss: the mean cross-entropy; saves the head's activations. Needs has_head().
-  double head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const;
+  Scalar head_forward(const Tensor& x, const Tensor& targets, GPTActivations& acts) const;
   /// Returns the gradient w.r.t. the head's input x of loss_scale * mean loss; accumulates the
   /// head's gradients and frees acts.head.
   Tensor head_backward(GPTActivations& acts, double loss_scale = 1.0);

@@ -58,13 +58,15 @@ void Mappings::embedding_backward(Tensor& dwte, int64_t /*lo*/, Tensor& dwpe, co
   ops::embedding_backward(dwte, dwpe, dout, tokens);
 }
 
-double Mappings::cross_entropy(Tensor& logits, const Tensor& targets, int64_t /*lo*/) const {
+Scalar Mappings::cross_entropy(Tensor& logits, const Tensor& targets, int64_t /*lo*/) const {
   const int64_t N = logits.size(0);
   Tensor probs = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   Tensor losses = Tensor::empty({N}, ops::stats_dtype(logits.dtype()), logits.device());
   ops::cross_entropy_forward(losses, probs, logits, targets);
   logits = probs;  // the logits' buffer goes back to the allocator with the caller's last handle
-  return ops::sum(losses) / static_cast<double>(N);
+  Tensor mean = Tensor::empty({1}, DType::f64, logits.device());
+  ops::sum_into(mean, losses, static_cast<double>(N));  // stays on the device: no read here
+  return Scalar(mean);
 }
 
 void Mappings::cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t /*lo*/,

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/scalar.hpp"
 #include "common/tensor.hpp"
 
 namespace scalelab::nn {
@@ -108,8 +109,9 @@ class Mappings {
   // ---- the loss ----
   /// Mean cross-entropy over the N rows of logits (N, V_local), the columns [lo, lo + V_local)
   /// of the (N, V) logits; targets (N) i32. Replaces `logits` by the same columns of the softmax
-  /// (what the backward needs). The same value on every rank.
-  virtual double cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const;
+  /// (what the backward needs). The same value on every rank, on the logits' device (a Scalar:
+  /// read it to the host only to print it).
+  virtual Scalar cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const;
   /// Replaces `probs` (N, V_local) by the gradient of scale * the mean loss w.r.t. the logits,
   /// on these columns.
   virtual void cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,

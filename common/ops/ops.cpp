@@ -1,6 +1,8 @@
 // Dispatch: check shapes, dtypes and devices once, then call the tensors' device's backend.
 #include "common/ops/ops.hpp"
 
+#include "common/scalar.hpp"
+
 #include <string>
 
 #include "common/ops/cpu/ops_cpu.hpp"
@@ -391,12 +393,21 @@ void logarithm(Tensor& out, const Tensor& in) {
 
 double sum(const Tensor& x) {
   Device d = check_same("sum", x);
+  count_host_read();  // the number comes back to the host (scalar.hpp)
   return d.is_cpu() ? cpu::sum(x) : cuda::sum(x);
 }
 
 double sum_squares(const Tensor& x) {
   Device d = check_same("sum_squares", x);
+  count_host_read();
   return d.is_cpu() ? cpu::sum_squares(x) : cuda::sum_squares(x);
+}
+
+void sum_into(Tensor& out, const Tensor& x, double divisor) {
+  Device d = check_placed("sum_into", out, x);
+  SCALELAB_CHECK(out.numel() == 1 && out.dtype() == DType::f64,
+                 "sum_into: out {} (one f64 element)", out.str());
+  d.is_cpu() ? cpu::sum_into(out, x, divisor) : cuda::sum_into(out, x, divisor);
 }
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a,

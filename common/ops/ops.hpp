@@ -158,6 +158,10 @@ void logarithm(Tensor& out, const Tensor& in);
 double sum(const Tensor& x);
 /// Sum of squares of all elements, accumulated in double (for global-norm clipping).
 double sum_squares(const Tensor& x);
+/// out (one f64 element on x's device) = the sum of x's elements / divisor, accumulated as sum()
+/// accumulates them (the same bits as sum(x) / divisor): sum() without the copy to the host, so
+/// a loss stays on its GPU (Scalar).
+void sum_into(Tensor& out, const Tensor& x, double divisor = 1.0);
 
 /// One AdamW step (PyTorch's AdamW: decoupled weight decay, bias correction):
 ///   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;

@@ -3,9 +3,11 @@
 /// The loss of the whole global batch from each rank's share: the one place every training
 /// program (labs 03-11) averages its loss over ranks.
 ///
-///   const double local = model.forward(mine.x, mine.y);  // the mean over this rank's rows
-///   const double loss = train::global_loss(local, comm);  // the mean over the global batch
+///   const Scalar local = model.forward(mine.x, mine.y);   // the mean over this rank's rows
+///   const Scalar loss = train::global_loss(local, comm);  // the mean over the global batch
+///   fmt::print("loss {:.4f}\n", loss.value());           // the step's one read to the host
 #include "common/comm/communicator.hpp"
+#include "common/scalar.hpp"
 
 namespace scalelab::train {
 
@@ -16,5 +18,9 @@ namespace scalelab::train {
 /// and divided once, so the same on every rank and bitwise that of a one-rank run for one rank.
 /// Collective over `group`.
 double global_loss(double local_mean, comm::Communicator& group);
+/// The same for a loss that lives on a device: the all-reduce runs there (NCCL on a GPU, queued
+/// behind the step's kernels) and the mean stays there, so nothing waits for the GPU until the
+/// loss is read. A host number takes the host path above.
+Scalar global_loss(const Scalar& local_mean, comm::Communicator& group);
 
 }  // namespace scalelab::train

@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
         const data::Batch mine =
             lab03::local_batch(sampler.batch(step), comm.rank(), comm.size()).to(device);
         model.zero_grad();
-        double loss = 0;
+        Scalar loss;  // on the model's device until the step line reads it
         {
           trace::Scope s("forward");
           loss = model.forward(mine.x, mine.y);

@@ -1,5 +1,5 @@
 // Starter generated from solutions/05_grad_accumulation/grad_accumulation.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash e1ecdeaddf2f4200 (lets make-labs see your edits).
+// step (see README.md). Body hash de22ac9dca7d3949 (lets make-labs see your edits).
 // Lab 05: gradient accumulation: micro-batches, scaled losses, one all-reduce per step.
 #include "grad_accumulation.hpp"
 
@@ -22,8 +22,8 @@ std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum) {
   return out;
 }
 
-double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
-  double loss = 0;
+Scalar micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
+  Scalar loss;
   // TODO step 1: forward, then backward with the loss scaled by 1/accum
   // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
   // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
@@ -33,7 +33,7 @@ double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
 }
 
 double accumulate_gradients(nn::GPT& model, const data::Batch& batch, int accum) {
-  double loss_sum = 0;
+  Scalar loss_sum;  // the micro-batches' losses add on the device: read once, on return
   // TODO step 1: zero the gradients, then one micro_batch_step per micro-batch
   throw scalelab::NotImplemented(
       "lab 05 step 1: zero the gradients, then one micro_batch_step per micro-batch (README.md#step-1)");

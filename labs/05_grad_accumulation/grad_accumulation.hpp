@@ -31,8 +31,10 @@ std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum);
 /// Step 1b. One micro-batch of an accumulation over `accum`: forward, backward with the loss
 /// scaled by 1/accum (GPT::backward(loss_scale), which consumes the activations: each is freed as
 /// soon as its backward is done), so the next micro-batch does not hold two at once. Gradients
-/// accumulate (+=). Returns the micro-batch's (unscaled) mean loss.
-double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum);
+/// accumulate (+=). Returns the micro-batch's (unscaled) mean loss, where the model computed it
+/// (a Scalar, common/scalar.hpp: on a GPU, adding the micro-batches' losses reads nothing back,
+/// so the step waits for its device once, when its loss is printed).
+Scalar micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum);
 
 /// Step 1c. Gradient accumulation on one device: zero the gradients, then micro_batch_step for
 /// each micro-batch. Afterwards the gradient buffer holds the gradient of the mean loss over the

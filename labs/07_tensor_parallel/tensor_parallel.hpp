@@ -135,7 +135,7 @@ class TensorParallel : public nn::Mappings {
                            const Tensor& tokens) const override;
   void embedding_backward(Tensor& dwte, int64_t lo, Tensor& dwpe, const Tensor& dout,
                           const Tensor& tokens) const override;
-  double cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const override;
+  Scalar cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const override;
   void cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,
                               double scale) const override;
 

@@ -81,7 +81,7 @@ class ContextOverRegions final : public nn::Mappings {
     return r().split_rows_backward(dx);
   }
   // The mean over this rank's rows: the step averages the cp ranks' means (Groups::replicas).
-  double cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const override {
+  Scalar cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const override {
     return r().cross_entropy(logits, targets, lo);
   }
   void cross_entropy_backward(Tensor& probs, const Tensor& targets, int64_t lo,

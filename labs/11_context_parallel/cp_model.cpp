@@ -132,7 +132,7 @@ double cp_forward_backward(nn::GPT& model, const Tensor& x, const Tensor& y,
   model.zero_grad();
   // Every rank's rows are 1/cp of the tokens: the whole batch's mean loss is the mean of the
   // ranks' means, and its gradient the sum of theirs, each scaled by 1/cp.
-  const double local = model.forward(xs, ys);
+  const Scalar local = model.forward(xs, ys);  // read once, by the caller
   model.backward(1.0 / cp.size());
   cp.all_reduce(model.params().grads());
   return train::global_loss(local, cp);

@@ -77,7 +77,7 @@ double ep_forward_backward(nn::GPT& model, const Tensor& x, const Tensor& y,
   model.zero_grad();
   // Each rank's mean over its rows; the batch's mean is the mean of the ranks' means, its
   // gradient the sum of theirs scaled by 1/n (the balancing losses too: one group per rank).
-  const double local = model.forward(xs, ys);
+  const Scalar local = model.forward(xs, ys);  // read once, by the caller
   model.backward(1.0 / n);
   if (groups.edp.size() == 1) {
     // ep = the world: every expert is on one rank and already has every token's gradient; the

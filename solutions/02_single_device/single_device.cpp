@@ -18,7 +18,7 @@ double train_step(nn::GPT& model, optim::AdamW& opt, const data::Batch& batch, d
   // BEGIN SOLUTION step 1: zero grads, forward, backward, (clip), AdamW step
   // HINT: backward ACCUMULATES (+=) into the gradients: what must happen before it?
   model.zero_grad();
-  const double loss = model.forward(batch.x, batch.y);
+  const Scalar loss = model.forward(batch.x, batch.y);  // on the model's device until returned
   model.backward();
   if (clip > 0) clip_gradients(model, clip);
   opt.step(lr);

@@ -47,7 +47,7 @@ double forward_backward(nn::GPT& model, const data::Batch& global, comm::Communi
   // HINT: rank's rows, on the model's device. The global loss is the average of the ranks' losses.
   model.zero_grad();
   const data::Batch mine = local_batch(global, comm.rank(), comm.size()).to(model.device());
-  double loss = 0;
+  Scalar loss;  // on the model's device: read once, when the caller prints it
   {
     trace::Scope scope("forward");
     loss = model.forward(mine.x, mine.y);

@@ -25,8 +25,8 @@ std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum) {
   return out;
 }
 
-double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
-  double loss = 0;
+Scalar micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
+  Scalar loss;
   // BEGIN SOLUTION step 1: forward, then backward with the loss scaled by 1/accum
   // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
   // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
@@ -38,7 +38,7 @@ double micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
 }
 
 double accumulate_gradients(nn::GPT& model, const data::Batch& batch, int accum) {
-  double loss_sum = 0;
+  Scalar loss_sum;  // the micro-batches' losses add on the device: read once, on return
   // BEGIN SOLUTION step 1: zero the gradients, then one micro_batch_step per micro-batch
   model.zero_grad();
   for (const data::Batch& mb : micro_batches(batch, accum))
@@ -67,7 +67,7 @@ double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
   model.zero_grad();
   const data::Batch mine = lab03::local_batch(global, comm.rank(), comm.size());
   const std::vector<data::Batch> micro = micro_batches(mine, accum);
-  double local_loss = 0;
+  Scalar local_loss;
   {
     NoSync scope(ddp);
     for (int i = 0; i + 1 < accum; ++i) local_loss += micro_batch_step(model, micro[i], accum);

@@ -178,7 +178,7 @@ Zero2::Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicat
 double Zero2::forward_backward(const data::Batch& global) {
   const data::Batch mine = my_rows(global, comm_, model_->device());
   policy_->begin();
-  const double loss = model_->forward(mine.x, mine.y);
+  const Scalar loss = model_->forward(mine.x, mine.y);
   model_->backward();  // the policy reduces each unit as its backward ends
   policy_->finish();   // the average: 1/n
   return train::global_loss(loss, comm_);
@@ -271,7 +271,7 @@ double Zero3::forward_backward(const data::Batch& global) {
   const data::Batch mine = my_rows(global, comm_, model_->device());
   policy_->begin();
   nn::GPTActivations acts;
-  const double loss = model_->forward(mine.x, mine.y, acts);  // each unit gathered, freed
+  const Scalar loss = model_->forward(mine.x, mine.y, acts);  // each unit gathered, freed
   model_->backward(acts);  // gathered again, freed, its gradient reduce-scattered
   policy_->finish();
   return train::global_loss(loss, comm_);

@@ -11,6 +11,7 @@
 #include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
+#include "common/scalar.hpp"
 #include "tests/common/cuda_checks.hpp"
 #include "tests/common/gradcheck.hpp"
 
@@ -151,6 +152,18 @@ TEST_F(CudaOps, ReductionsAndOptimizers) {
   Tensor x = rnd({100003}, 33);
   EXPECT_NEAR(ops::sum(x.to(gpu)), ops::sum(x), 1e-6 * 100003);
   EXPECT_NEAR(ops::sum_squares(x.to(gpu)), ops::sum_squares(x), 1e-6 * 100003);
+  // sum_into keeps the sum on the GPU, with the bits of sum() (the same additions, in order)
+  Tensor s = Tensor::empty({1}, DType::f64, gpu);
+  ops::sum_into(s, x.to(gpu), 7.0);
+  EXPECT_EQ(s.to(Device::cpu()).item(), ops::sum(x.to(gpu)) / 7.0);
+  // a Scalar on the GPU: arithmetic there, one read
+  const int64_t reads = host_reads();
+  Scalar loss(s);
+  loss += Scalar(s);
+  const Scalar mean = loss / 2;
+  EXPECT_EQ(host_reads(), reads);
+  EXPECT_EQ(mean.device(), gpu);
+  EXPECT_NEAR(mean.value(), ops::sum(x) / 7.0, 1e-9 * 100003);
   ops::AdamWArgs a{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
   same_on_both("adamw", {rnd({500}, 34), rnd({500}, 35), rnd({500}, 36, 0, 1), rnd({500}, 37, 0, 1)},
                [&](std::vector<Tensor>& t) { ops::adamw_update(t[0], t[1], t[2], t[3], a); });

@@ -5,13 +5,17 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <vector>
 
+#include "common/comm/communicator.hpp"
 #include "common/data/sampler.hpp"
 #include "common/data/tokenizer.hpp"
 #include "common/nn/gpt.hpp"
+#include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
+#include "common/train/global_loss.hpp"
 #include "common/train/sizing.hpp"
 
 using namespace scalelab;
@@ -140,4 +144,64 @@ TEST(Sizing, RequireHostMemoryRefusesOnEveryRank) {
     EXPECT_NE(what.find(fmt::format("on rank {}, which has", world_size() - 1)), std::string::npos)
         << what;
   }
+}
+
+// ---- the loss stays where the model computed it (common/scalar.hpp) ---------------------------
+
+// A forward and a backward copy nothing to the host: the loss is a Scalar on the model's device
+// (on the CPU a host tensor; host_reads() counts its reads, and ops::sum's, all the same, so
+// this runs here). Read once, it is the mean of the rows' cross-entropies, to the bit.
+TEST(Loss, AForwardAndBackwardReadNothingAndGiveTheMeanLoss) {
+  nn::GPT model(model_config("tiny"), {.seed = 7});
+  static const std::vector<uint16_t> tokens = corpus();  // a Sampler keeps a reference
+  data::Sampler sampler(tokens, 4, 16, 3);
+  const data::Batch b = sampler.batch(0);
+  model.zero_grad();
+  const int64_t reads = host_reads();
+  const Scalar loss = model.forward(b.x, b.y);
+  model.backward();
+  EXPECT_EQ(host_reads(), reads) << "the forward or the backward read the loss";
+  ASSERT_TRUE(loss.tensor().defined());
+  EXPECT_EQ(loss.device(), model.device());
+  // written out: the logits' cross-entropies, summed and divided
+  const int64_t N = b.x.numel(), V = model.config().vocab_size;
+  const Tensor logits = model.logits(b.x).view({N, V});
+  Tensor losses = Tensor::empty({N}, DType::f32), probs = Tensor::empty({N, V}, DType::f32);
+  ops::cross_entropy_forward(losses, probs, logits, b.y.view({N}));
+  const double want = ops::sum(losses) / static_cast<double>(N);
+  const int64_t before = host_reads();
+  EXPECT_EQ(loss.value(), want);
+  EXPECT_EQ(host_reads(), before + 1);
+}
+
+// A step of 4 micro-batches: their losses add as Scalars and average over the ranks with
+// train::global_loss without a read; the step reads its loss once, and it has the bits of the
+// same sums in doubles. A copy of a Scalar is not changed by arithmetic on the other.
+TEST(Loss, MicroBatchLossesAddOnTheDeviceAndTheStepReadsOnce) {
+  comm::Communicator world = comm::Communicator::world("mpi");
+  nn::GPT model(model_config("tiny"), {.seed = 7});
+  static const std::vector<uint16_t> tokens = corpus();  // a Sampler keeps a reference
+  data::Sampler sampler(tokens, 8, 16, 11 + static_cast<uint64_t>(world.rank()));
+  const data::Batch batch = sampler.batch(0);
+  model.zero_grad();
+  const int64_t reads = host_reads();
+  std::vector<Scalar> each;
+  Scalar sum;
+  for (int i = 0; i < 4; ++i) {
+    each.push_back(model.forward(batch.x.rows(2 * i, 2 * i + 2), batch.y.rows(2 * i, 2 * i + 2)));
+    model.backward(0.25);
+    sum += each.back();
+  }
+  const Scalar step_loss = train::global_loss(sum / 4, world);
+  EXPECT_EQ(host_reads(), reads) << "adding, dividing or all-reducing read the loss";
+  const double printed = step_loss.value();
+  EXPECT_EQ(host_reads(), reads + 1);
+  double d = 0;
+  for (const Scalar& l : each) d += l.value();
+  EXPECT_EQ(printed, train::global_loss(d / 4, world));
+  const Scalar copy = each[0];
+  Scalar changed = copy;
+  changed += 1.0;
+  EXPECT_EQ(changed.value(), copy.value() + 1.0);
+  EXPECT_EQ(copy.value(), each[0].value());
 }

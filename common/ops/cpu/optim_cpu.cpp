@@ -19,6 +19,10 @@ double sum(const Tensor& x) {
   return total;
 }
 
+void sum_into(Tensor& out, const Tensor& x, double divisor) {
+  out.data<double>()[0] = sum(x) / divisor;
+}
+
 double sum_squares(const Tensor& x) {
   double total = 0;
   SCALELAB_TRAIN_TYPES(x.dtype(), {

@@ -44,6 +44,7 @@ void index_add_rows(Tensor&, const Tensor&, const Tensor&, int64_t) { no_cuda();
 void logarithm(Tensor&, const Tensor&) { no_cuda(); }
 double sum(const Tensor&) { no_cuda(); }
 double sum_squares(const Tensor&) { no_cuda(); }
+void sum_into(Tensor&, const Tensor&, double) { no_cuda(); }
 void adamw_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWArgs&, Tensor*) {
   no_cuda();
 }

@@ -1,5 +1,6 @@
 // Reductions and optimizer updates. Sums are two-pass with a fixed grid (per-block partials in
-// double, added on the host in order): deterministic, unlike atomics.
+// double, added in order: on the host for sum(), by one GPU thread for sum_into(), the same
+// additions in the same order): deterministic, unlike atomics.
 #include <vector>
 
 #include "common/ops/cuda/kernels.cuh"
@@ -26,16 +27,31 @@ __global__ void partial_sum_kernel(double* partial, const S* x, int64_t n) {
   if (threadIdx.x == 0) partial[blockIdx.x] = shared[0];
 }
 
+// out[0] = (partial[0] + partial[1] + ...) / divisor, in that order: one thread, 256 additions.
+__global__ void add_partials_kernel(double* out, const double* partial, int n, double divisor) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += partial[i];
+  *out = s / divisor;
+}
+
+// The per-block partial sums of x (or of its squares), in a scratch buffer of the device.
 template <bool kSquare>
-double reduce(const Tensor& x) {
+double* partial_sums(const Tensor& x) {
   use_device(x);
-  // a small scratch buffer per device, kept (cudaMalloc / cudaFree would synchronise each call)
+  // a small scratch buffer per device, kept (cudaMalloc / cudaFree would synchronise each call);
+  // kernels on the one stream use it one after the other
   static thread_local double* scratch[64] = {};
   double*& partial = scratch[x.device().index];
   if (!partial) CUDA_CHECK(cudaMalloc(&partial, kSumBlocks * sizeof(double)));
   SCALELAB_TRAIN_TYPES(x.dtype(), partial_sum_kernel<T, acc_t, kSquare><<<kSumBlocks, kThreads>>>(
                                       partial, x.data<T>(), x.numel()));
   CUDA_CHECK_LAUNCH();
+  return partial;
+}
+
+template <bool kSquare>
+double reduce(const Tensor& x) {
+  const double* partial = partial_sums<kSquare>(x);
   std::vector<double> host(kSumBlocks);
   CUDA_CHECK(cudaMemcpy(host.data(), partial, kSumBlocks * sizeof(double), cudaMemcpyDeviceToHost));
   double s = 0;
@@ -74,6 +90,12 @@ __global__ void sgd_kernel(S* p, const S* g, S* buf, int64_t n, S lr, S momentum
 }  // namespace
 
 double sum(const Tensor& x) { return reduce<false>(x); }
+
+void sum_into(Tensor& out, const Tensor& x, double divisor) {
+  const double* partial = partial_sums<false>(x);
+  add_partials_kernel<<<1, 1>>>(out.data<double>(), partial, kSumBlocks, divisor);
+  CUDA_CHECK_LAUNCH();
+}
 double sum_squares(const Tensor& x) { return reduce<true>(x); }
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a,

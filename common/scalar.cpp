@@ -1,0 +1,89 @@
+// A number that stays on its device until read (scalar.hpp).
+#include "common/scalar.hpp"
+
+#include <atomic>
+
+#include "common/ops/ops.hpp"
+
+namespace scalelab {
+
+namespace {
+std::atomic<int64_t> g_host_reads{0};
+}  // namespace
+
+Scalar::Scalar(Tensor value) : value_(std::move(value)) {
+  SCALELAB_CHECK(value_.defined() && value_.numel() == 1 && value_.dtype() == DType::f64,
+                 "Scalar: a one-element f64 tensor, got {}",
+                 value_.defined() ? value_.str() : std::string("an undefined tensor"));
+}
+
+double Scalar::value() const {
+  if (!value_.defined()) return host_;
+  count_host_read();
+  return value_.device().is_cpu() ? value_.item() : value_.to(Device::cpu()).item();
+}
+
+Device Scalar::device() const { return value_.defined() ? value_.device() : Device::cpu(); }
+
+// Every result is a new tensor: a copy of a Scalar shares its tensor, so nothing is changed in
+// place. On the host the arithmetic is double arithmetic (the bits of the same sums in double);
+// on a GPU it is one small kernel per operation, queued behind the ones that made the number.
+Scalar Scalar::on(Device device, double v) {
+  if (device.is_cpu()) return Scalar(Tensor::from_vector({v}, {1}, DType::f64));
+  Tensor t = Tensor::empty({1}, DType::f64, device);
+  ops::fill(t, v);
+  return Scalar(t);
+}
+
+double Scalar::peek() const {
+  if (!value_.defined()) return host_;
+  return value_.item();  // a host tensor's element: not a read from a device
+}
+
+Scalar& Scalar::operator+=(const Scalar& other) {
+  if (!value_.defined() && !other.value_.defined()) return *this = Scalar(host_ + other.host_);
+  const Device d = value_.defined() ? value_.device() : other.value_.device();
+  if (d.is_cpu() && other.device().is_cpu()) return *this = on(d, peek() + other.peek());
+  if (!value_.defined()) return *this = other.plus(host_);
+  if (!other.value_.defined()) return *this = plus(other.host_);
+  const Tensor o = other.value_.device() == d ? other.value_ : other.value_.to(d);
+  Tensor out = Tensor::empty({1}, DType::f64, d);
+  ops::add(out, value_, o);
+  value_ = out;
+  return *this;
+}
+
+Scalar Scalar::operator+(const Scalar& other) const {
+  Scalar s = *this;
+  s += other;
+  return s;
+}
+
+Scalar Scalar::plus(double a) const {
+  if (!value_.defined()) return Scalar(host_ + a);
+  if (value_.device().is_cpu()) return on(value_.device(), peek() + a);
+  Tensor out = Tensor::empty({1}, DType::f64, value_.device());
+  ops::add(out, value_, on(value_.device(), a).value_);
+  return Scalar(out);
+}
+
+Scalar Scalar::times(double a) const {
+  if (!value_.defined()) return Scalar(host_ * a);
+  if (value_.device().is_cpu()) return on(value_.device(), peek() * a);
+  Tensor out = value_.clone();
+  ops::scale(out, a);
+  return Scalar(out);
+}
+
+Scalar Scalar::divided(double a) const {
+  if (!value_.defined()) return Scalar(host_ / a);
+  if (value_.device().is_cpu()) return on(value_.device(), peek() / a);
+  return times(1.0 / a);  // on a GPU: by the reciprocal (within an ulp of the quotient)
+}
+
+int64_t host_reads() { return g_host_reads.load(std::memory_order_relaxed); }
+void count_host_read() { g_host_reads.fetch_add(1, std::memory_order_relaxed); }
+
+std::ostream& operator<<(std::ostream& os, const Scalar& s) { return os << s.value(); }
+
+}  // namespace scalelab
