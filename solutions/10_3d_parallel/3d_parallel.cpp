@@ -114,9 +114,7 @@ double step_3d(nn::GPT& model, Groups& g, const data::Batch& global, int micro_b
   // The replicas of this shard (same tp, same pp) saw different rows: average. The tp ranks hold
   // different slices, so a reduction over tp would add unrelated numbers.
   g.dp.all_reduce(model.params().grads(), comm::ReduceOp::avg);
-  Tensor l = Tensor::from_vector({loss}, {1}, DType::f64);
-  g.dp.all_reduce(l, comm::ReduceOp::avg);
-  loss = l.item();
+  loss = train::global_loss(loss, g.dp);
   // END SOLUTION
   return loss;
 }

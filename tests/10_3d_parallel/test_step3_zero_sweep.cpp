@@ -275,7 +275,7 @@ labtest::TrafficBudget step_budget(const lab10::Plan& plan, DType precision, lab
   const int64_t elem = static_cast<int64_t>(dtype_size(precision));
   const int64_t msg = rows / m * c.block_size * c.n_embd * elem;  // one (rows/m, T, C) message
   labtest::TrafficBudget b;
-  b.all_reduce(g.replicas(), 1, 8, comm::ReduceOp::avg);  // the loss
+  b.all_reduce(g.replicas(), 1, 8);  // the loss (train::global_loss: a sum, then / replicas)
   const auto pieces = probes(plan, g, precision);
   for (int chunk = 0; chunk < v; ++chunk) {
     nn::GPT& model = *pieces[chunk];
