@@ -147,6 +147,22 @@ Tensor Tensor::flat(int64_t offset, int64_t count) const {
   return t;
 }
 
+Tensor Tensor::span(const std::vector<Tensor>& pieces) {
+  if (pieces.empty()) return Tensor();
+  int64_t total = 0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const Tensor& t = pieces[i];
+    if (!t.defined() || !t.is_contiguous() || t.storage_ != pieces[0].storage_ ||
+        t.dtype_ != pieces[0].dtype_ || t.offset_ != pieces[0].offset_ + total)
+      return Tensor();
+    total += t.numel();
+  }
+  Tensor s = pieces[0];
+  s.shape_ = {total};
+  s.strides_ = {1};
+  return s;
+}
+
 Tensor Tensor::view(std::vector<int64_t> shape) const {
   SCALELAB_CHECK(is_contiguous(), "view() of a non-contiguous tensor {}", str());
   int infer = -1;

@@ -121,6 +121,10 @@ class Tensor {
   Tensor flat(int64_t offset, int64_t count) const;
   /// The same elements with another shape (contiguous only; one -1 is inferred).
   Tensor view(std::vector<int64_t> shape) const;
+  /// One 1-d view over `pieces` when they lie back to back in one storage, in order (each
+  /// contiguous, each starting where the one before ends, one dtype): e.g. every parameter's
+  /// view of a model's flat buffer. Undefined when they do not (or `pieces` is empty).
+  static Tensor span(const std::vector<Tensor>& pieces);
 
   /// A copy on `device` (a copy even if already there).
   Tensor to(Device device) const;

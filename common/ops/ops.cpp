@@ -3,6 +3,7 @@
 
 #include "common/scalar.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "common/ops/cpu/ops_cpu.hpp"
@@ -427,6 +428,32 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
                  "adamw_update: sizes {} {} {} {}", param.str(), grad.str(), m.str(), v.str());
   SCALELAB_CHECK(a.step >= 1, "adamw_update: step {} (counts from 1)", a.step);
   SCALELAB_DISPATCH(d, adamw_update(param, grad, m, v, a, compute));
+}
+
+void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                           const DecaySegments& segments, const AdamWArgs& a, Tensor* compute) {
+  const std::vector<int64_t>& ends = segments.ends;
+  SCALELAB_CHECK(!ends.empty() && ends.size() == segments.decay.size() &&
+                     ends.back() == param.numel() && std::is_sorted(ends.begin(), ends.end()) &&
+                     ends.front() >= 0,
+                 "adamw_update_segments: {} segment ends (the last {}) for {} elements",
+                 ends.size(), ends.empty() ? 0 : ends.back(), param.numel());
+  // the checks of adamw_update, on the whole buffers
+  if (param.numel() == 0) return;
+  Device d = check_same("adamw_update_segments", param, grad, m, v);
+  SCALELAB_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::f64,
+                 "adamw_update_segments: {} parameters (f32 or f64 master weights)",
+                 dtype_name(param.dtype()));
+  if (compute)
+    SCALELAB_CHECK(compute->dtype() == DType::bf16 && compute->numel() == param.numel() &&
+                       compute->device() == d,
+                   "adamw_update_segments: compute copy {} for parameters {}", compute->str(),
+                   param.str());
+  SCALELAB_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() &&
+                     v.numel() == param.numel() && a.step >= 1,
+                 "adamw_update_segments: sizes {} {} {} {}, step {}", param.str(), grad.str(),
+                 m.str(), v.str(), a.step);
+  SCALELAB_DISPATCH(d, adamw_update_segments(param, grad, m, v, segments, a, compute));
 }
 
 void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, double lr, double momentum,

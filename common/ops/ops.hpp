@@ -178,6 +178,20 @@ struct AdamWArgs {
 /// bf16(new param) -- the mixed-precision model's compute copy, refreshed without a second pass.
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a,
                   Tensor* compute = nullptr);
+/// Which elements of a flat buffer of parameters decay their weights: segment i is
+/// [ends[i-1], ends[i]) (from 0; the last ends at the buffer's numel) and decays when decay[i].
+struct DecaySegments {
+  std::vector<int64_t> ends;
+  std::vector<bool> decay;
+};
+/// adamw_update over a whole model's flat buffers at once: the same arithmetic per element, with
+/// a.weight_decay on the segments that decay and 0 on the others (biases, LayerNorms). On a GPU
+/// one launch for every parameter (at most kMaxDecaySegments segments; more run one launch per
+/// segment), not one per parameter.
+void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                           const DecaySegments& segments, const AdamWArgs& a,
+                           Tensor* compute = nullptr);
+inline constexpr int kMaxDecaySegments = 256;
 
 /// SGD with momentum (PyTorch's): buf = momentum * buf + g (buf = g at the first step);
 /// p -= lr * (buf if momentum > 0 else g); weight decay adds wd * p to g first.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "common/ops/ops.hpp"
 #include "common/trace.hpp"
@@ -53,11 +55,46 @@ AdamW::AdamW(std::vector<Group> groups, AdamWConfig config)
     : groups_(std::move(groups)), config_(config) {
   m_ = flat_state(groups_, gm_);
   v_ = flat_state(groups_, gv_);
+  // One pass over flat buffers when the groups lie back to back in them (every compute copy too,
+  // or none). The host does it always (the same updates, element by element); a GPU, where it is
+  // one launch instead of one per parameter, only with SCALELAB_ADAMW_ONE_LAUNCH=1 until the
+  // kernel is checked there.
+  std::vector<Tensor> values, grads, computes;
+  for (const Group& g : groups_) {
+    values.push_back(g.value.view({-1}));
+    grads.push_back(g.grad.view({-1}));
+    if (g.compute.defined()) computes.push_back(g.compute.view({-1}));
+  }
+  values_ = Tensor::span(values);
+  grads_ = Tensor::span(grads);
+  computes_ = Tensor::span(computes);
+  const bool computes_ok = computes.empty() || (computes.size() == groups_.size() &&
+                                                 computes_.defined());
+  const char* env = std::getenv("SCALELAB_ADAMW_ONE_LAUNCH");
+  const bool device_ok = m_.device().is_cpu() || (env != nullptr && std::string(env) == "1");
+  one_pass_ = values_.defined() && grads_.defined() && computes_ok && device_ok &&
+              values_.numel() == m_.numel();
+  if (!one_pass_) return;
+  int64_t end = 0;
+  for (const Group& g : groups_) {  // consecutive groups that decay alike share a segment
+    end += g.value.numel();
+    if (!segments_.decay.empty() && segments_.decay.back() == g.weight_decay)
+      segments_.ends.back() = end;
+    else
+      segments_.ends.push_back(end), segments_.decay.push_back(g.weight_decay);
+  }
 }
 
 void AdamW::step(double lr) {
   trace::Scope scope("optimizer");
   ++t_;
+  if (one_pass_) {
+    const ops::AdamWArgs a{lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
+                           t_};
+    ops::adamw_update_segments(values_, grads_, m_, v_, segments_, a,
+                               computes_.defined() ? &computes_ : nullptr);
+    return;
+  }
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     ops::AdamWArgs a{lr, config_.beta1, config_.beta2, config_.eps,
                      groups_[i].weight_decay ? config_.weight_decay : 0.0, t_};

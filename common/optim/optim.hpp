@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/nn/parameter.hpp"
+#include "common/ops/ops.hpp"
 
 namespace scalelab::optim {
 
@@ -52,7 +53,11 @@ class AdamW {
   /// Allocates m and v (zeros) for every element of `groups`.
   AdamW(std::vector<Group> groups, AdamWConfig config = {});
   /// One update of every group at learning rate lr (the step counter t goes up by one first).
+  /// Groups that lie back to back in flat buffers (a model's parameters, a ZeRO shard) take one
+  /// ops::adamw_update_segments over the whole buffers; others one update per group.
   void step(double lr);
+  /// True when step() runs the one pass over the flat buffers.
+  bool one_pass() const { return one_pass_; }
   /// Steps taken (the bias correction's t).
   int64_t steps() const { return t_; }
   /// Sets the step counter, after loading m and v from a checkpoint.
@@ -71,6 +76,11 @@ class AdamW {
   AdamWConfig config_;
   Tensor m_, v_;
   std::vector<Tensor> gm_, gv_;  // per group views of m_, v_
+  // the groups' values, gradients and compute copies as one view each, when they are back to
+  // back (Tensor::span), and which of their elements decay
+  Tensor values_, grads_, computes_;
+  ops::DecaySegments segments_;
+  bool one_pass_ = false;
   int64_t t_ = 0;
 };
 

@@ -167,6 +167,13 @@ TEST_F(CudaOps, ReductionsAndOptimizers) {
   ops::AdamWArgs a{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
   same_on_both("adamw", {rnd({500}, 34), rnd({500}, 35), rnd({500}, 36, 0, 1), rnd({500}, 37, 0, 1)},
                [&](std::vector<Tensor>& t) { ops::adamw_update(t[0], t[1], t[2], t[3], a); });
+  // one launch over a flat buffer of three segments, the middle one not decaying
+  const ops::DecaySegments segments{{100, 250, 500}, {true, false, true}};
+  same_on_both("adamw segments",
+               {rnd({500}, 34), rnd({500}, 35), rnd({500}, 36, 0, 1), rnd({500}, 37, 0, 1)},
+               [&](std::vector<Tensor>& t) {
+                 ops::adamw_update_segments(t[0], t[1], t[2], t[3], segments, a);
+               });
   same_on_both("sgd", {rnd({500}, 38), rnd({500}, 39), rnd({500}, 40)},
                [&](std::vector<Tensor>& t) { ops::sgd_update(t[0], t[1], t[2], 0.1, 0.9, 0.01, false); });
 }

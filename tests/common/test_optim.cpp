@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
+#include "common/nn/gpt.hpp"
+#include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 
 using namespace scalelab;
@@ -73,4 +76,47 @@ TEST(Optim, CosineScheduleWithWarmup) {
   EXPECT_NEAR(optim::cosine_lr(55, 10, 100, max, min), (max + min) / 2, 1e-15);  // half way
   EXPECT_NEAR(optim::cosine_lr(100, 10, 100, max, min), min, 1e-15);
   EXPECT_NEAR(optim::cosine_lr(500, 10, 100, max, min), min, 1e-15);
+}
+
+// A model's parameters lie back to back in one flat buffer: AdamW updates them in one pass
+// (ops::adamw_update_segments; on a GPU one launch instead of one per parameter), with the bits
+// of one update per parameter, weight decay on the decaying ones only, the bf16 compute copy
+// refreshed in the same pass. Groups that are not back to back take one update each.
+TEST(Optim, AdamWOverAFlatModelIsOnePassWithThePerParameterBits) {
+  for (const DType compute : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    const nn::GPTOptions o{.dtype = DType::f32, .seed = 3, .compute_dtype = compute};
+    nn::GPT a(model_config("tiny"), o), b(model_config("tiny"), o);
+    for (nn::GPT* m : {&a, &b})
+      m->params().grads().copy_from(
+          Tensor::uniform({m->num_parameters()}, 9, DType::f32, Device::cpu(), -1, 1));
+    const optim::AdamWConfig c{0.9, 0.95, 1e-8, 0.1};
+    optim::AdamW one(optim::groups(a.parameters()), c);
+    EXPECT_TRUE(one.one_pass());
+    // b: one ops::adamw_update per parameter, written out
+    std::vector<Tensor> m, v;
+    for (nn::Parameter* p : b.parameters()) {
+      m.push_back(Tensor::zeros({p->value.numel()}));
+      v.push_back(Tensor::zeros({p->value.numel()}));
+    }
+    for (int64_t t = 1; t <= 2; ++t) {
+      one.step(1e-2);
+      for (std::size_t i = 0; i < b.parameters().size(); ++i) {
+        nn::Parameter* p = b.parameters()[i];
+        Tensor value = p->value.view({-1});
+        Tensor copy = p->compute.defined() ? p->compute.view({-1}) : Tensor();
+        ops::adamw_update(value, p->grad.view({-1}), m[i], v[i],
+                          {1e-2, 0.9, 0.95, 1e-8, p->weight_decay ? 0.1 : 0.0, t},
+                          copy.defined() ? &copy : nullptr);
+      }
+    }
+    EXPECT_EQ(a.params().values().to_vector(), b.params().values().to_vector());
+    for (std::size_t i = 0; i < a.parameters().size(); ++i)
+      if (a.parameters()[i]->compute.defined())
+        EXPECT_EQ(a.parameters()[i]->compute.to_vector(), b.parameters()[i]->compute.to_vector())
+            << a.parameters()[i]->name;
+  }
+  // not back to back: one update per group
+  auto x = group({1.0}, {0.5}, true), y = group({2.0}, {0.5}, false);
+  EXPECT_FALSE(optim::AdamW({x, y}).one_pass());
 }

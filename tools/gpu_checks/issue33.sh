@@ -27,6 +27,10 @@ ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 # 1. the side-by-side table (the target: >= 1.0x PyTorch-compiled, memory <= its)
 TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
   --steps 10 --warmup 3 --data "$DATA"
+# 1b. AdamW in one launch over the flat buffers (SCALELAB_ADAMW_ONE_LAUNCH=1; off by default on a
+# GPU until test_ops_cuda's "adamw segments" has passed there): the same table with it on
+TAILN=12 run side_by_side_adamw_one_launch 150 env SCALELAB_ADAMW_ONE_LAUNCH=1 \
+  python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
 # 2. one step's kernels: ncu at 1 and 2 steps (their difference is one step), PyTorch profiled
 if [[ -n $ncu ]]; then
   for s in 1 2; do

@@ -45,6 +45,10 @@ void logarithm(Tensor&, const Tensor&) { no_cuda(); }
 double sum(const Tensor&) { no_cuda(); }
 double sum_squares(const Tensor&) { no_cuda(); }
 void sum_into(Tensor&, const Tensor&, double) { no_cuda(); }
+void adamw_update_segments(Tensor&, const Tensor&, Tensor&, Tensor&, const DecaySegments&,
+                           const AdamWArgs&, Tensor*) {
+  no_cuda();
+}
 void adamw_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWArgs&, Tensor*) {
   no_cuda();
 }

@@ -75,6 +75,36 @@ __global__ void adamw_kernel(S* p, const S* g, S* m, S* v, bf16* compute, int64_
   }
 }
 
+// The decay segments of a flat buffer, passed by value as a kernel argument (no copy to the
+// device, no allocation): 256 ends and flags fit the 4 KB of a launch's parameters.
+struct SegmentTable {
+  int n = 0;
+  int64_t end[kMaxDecaySegments];
+  unsigned char decay[kMaxDecaySegments];
+};
+
+// adamw_kernel over every parameter of a model at once: each element finds its segment (binary
+// search over at most 256 ends: 8 steps) for its weight decay, then the same update.
+template <class S>
+__global__ void adamw_segments_kernel(S* p, const S* g, S* m, S* v, bf16* compute, int64_t n,
+                                      SegmentTable table, S lr, S b1, S b2, S eps, S wd, S c1,
+                                      S c2) {
+  SCALELAB_GRID_STRIDE(i, n) {
+    int lo = 0, hi = table.n - 1;  // the first segment whose end is beyond i
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (table.end[mid] > i) hi = mid;
+      else lo = mid + 1;
+    }
+    const S w = table.decay[lo] ? wd : S(0);
+    m[i] = b1 * m[i] + (S(1) - b1) * g[i];
+    v[i] = b2 * v[i] + (S(1) - b2) * g[i] * g[i];
+    const S mhat = m[i] / c1, vhat = v[i] / c2;
+    p[i] -= lr * (mhat / (sqrt(vhat) + eps) + w * p[i]);
+    if (compute) compute[i] = bf16(static_cast<float>(p[i]));
+  }
+}
+
 template <class S>
 __global__ void sgd_kernel(S* p, const S* g, S* buf, int64_t n, S lr, S momentum, S wd,
                            bool first) {
@@ -108,6 +138,41 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
       param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(),
       compute ? compute->data<bf16>() : nullptr, n, T(a.lr), T(a.beta1),
       T(a.beta2), T(a.eps), T(a.weight_decay), T(c1), T(c2)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                           const DecaySegments& segments, const AdamWArgs& a, Tensor* compute) {
+  const std::size_t k = segments.ends.size();
+  if (k > static_cast<std::size_t>(kMaxDecaySegments)) {  // too many for one launch's arguments
+    int64_t lo = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      const int64_t len = segments.ends[i] - lo;
+      if (len > 0) {
+        AdamWArgs ai = a;
+        if (!segments.decay[i]) ai.weight_decay = 0;
+        Tensor p = param.flat(lo, len), pm = m.flat(lo, len), pv = v.flat(lo, len);
+        Tensor c = compute ? compute->flat(lo, len) : Tensor();
+        cuda::adamw_update(p, grad.flat(lo, len), pm, pv, ai, compute ? &c : nullptr);
+      }
+      lo = segments.ends[i];
+    }
+    return;
+  }
+  use_device(param);
+  SegmentTable table;
+  table.n = static_cast<int>(k);
+  for (std::size_t i = 0; i < k; ++i) {
+    table.end[i] = segments.ends[i];
+    table.decay[i] = segments.decay[i] ? 1 : 0;
+  }
+  const int64_t n = param.numel();
+  const double c1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+  const double c2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+  SCALELAB_FLOAT_TYPES(param.dtype(), adamw_segments_kernel<<<blocks_for(n), kThreads>>>(
+      param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(),
+      compute ? compute->data<bf16>() : nullptr, n, table, T(a.lr), T(a.beta1), T(a.beta2),
+      T(a.eps), T(a.weight_decay), T(c1), T(c2)));
   CUDA_CHECK_LAUNCH();
 }
 
