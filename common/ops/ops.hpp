@@ -181,8 +181,8 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
 /// Which elements of a flat buffer of parameters decay their weights: segment i is
 /// [ends[i-1], ends[i]) (from 0; the last ends at the buffer's numel) and decays when decay[i].
 struct DecaySegments {
-  std::vector<int64_t> ends;
-  std::vector<bool> decay;
+  std::vector<int64_t> ends;  ///< one past each segment's last element, increasing
+  std::vector<bool> decay;    ///< whether each segment's weights decay
 };
 /// adamw_update over a whole model's flat buffers at once: the same arithmetic per element, with
 /// a.weight_decay on the segments that decay and 0 on the others (biases, LayerNorms). On a GPU
@@ -191,6 +191,8 @@ struct DecaySegments {
 void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                            const DecaySegments& segments, const AdamWArgs& a,
                            Tensor* compute = nullptr);
+/// The most segments one launch of adamw_update_segments takes on a GPU (its table is a launch
+/// argument).
 inline constexpr int kMaxDecaySegments = 256;
 
 /// SGD with momentum (PyTorch's): buf = momentum * buf + g (buf = g at the first step);
