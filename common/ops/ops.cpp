@@ -453,7 +453,22 @@ void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor&
                      v.numel() == param.numel() && a.step >= 1,
                  "adamw_update_segments: sizes {} {} {} {}, step {}", param.str(), grad.str(),
                  m.str(), v.str(), a.step);
-  SCALELAB_DISPATCH(d, adamw_update_segments(param, grad, m, v, segments, a, compute));
+  if (d.is_cuda() && ends.size() <= static_cast<std::size_t>(kMaxDecaySegments))
+    return cuda::adamw_update_segments(param, grad, m, v, segments, a, compute);
+  // The host has no launches to save (and a GPU table holds kMaxDecaySegments): one update per
+  // segment, the bits of one update per parameter.
+  int64_t lo = 0;
+  for (std::size_t i = 0; i < ends.size(); ++i) {
+    const int64_t n = ends[i] - lo;
+    if (n > 0) {
+      AdamWArgs ai = a;
+      if (!segments.decay[i]) ai.weight_decay = 0;
+      Tensor p = param.flat(lo, n), pm = m.flat(lo, n), pv = v.flat(lo, n);
+      Tensor c = compute ? compute->flat(lo, n) : Tensor();
+      adamw_update(p, grad.flat(lo, n), pm, pv, ai, compute ? &c : nullptr);
+    }
+    lo = ends[i];
+  }
 }
 
 void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, double lr, double momentum,

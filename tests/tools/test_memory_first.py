@@ -13,11 +13,11 @@ $MPIEXEC_EXECUTABLE."""
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
 
+from mpi_env import mpi_env
+
 MPIEXEC = os.environ.get("MPIEXEC_EXECUTABLE", "mpiexec")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARIES = {}
 
 # (lab, step): the test that bounds the step's memory (the rank's heap beside the allocator)
@@ -34,24 +34,11 @@ FIRST = {
 }
 
 
-def mpi_env():
-    """The one list of Open MPI settings (tools/mpi_env), over this process's environment."""
-    env = dict(os.environ)
-    with open(os.path.join(ROOT, "tools", "mpi_env")) as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("#"):
-                key, value = line.split("=", 1)
-                env[key] = value
-    env["SCALELAB_RUN_DIR"] = tempfile.mkdtemp(prefix="scalelab-memory-first-")
-    return env
-
-
 def listed(exe, gtest_filter):
     """The tests `exe` runs for `gtest_filter`, in the order it runs them."""
     proc = subprocess.run([MPIEXEC, "-n", "1", exe, "--gtest_list_tests",
-                           f"--gtest_filter={gtest_filter}"],
-                          capture_output=True, text=True, timeout=60, env=mpi_env())
+                           f"--gtest_filter={gtest_filter}"], capture_output=True, text=True,
+                          timeout=60, env=mpi_env("scalelab-memory-first-"))
     if proc.returncode != 0:
         raise AssertionError(f"{exe} --gtest_list_tests: exit {proc.returncode}\n{proc.stderr}")
     tests, suite = [], None

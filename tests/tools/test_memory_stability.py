@@ -11,26 +11,13 @@ $MPIEXEC_EXECUTABLE; SCALELAB_STABILITY_ROUNDS (default 2) rounds."""
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
 
+from mpi_env import mpi_env
+
 MPIEXEC = os.environ.get("MPIEXEC_EXECUTABLE", "mpiexec")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROUNDS = int(os.environ.get("SCALELAB_STABILITY_ROUNDS", "2"))
 LAB07 = LAB08 = LAB11 = None
-
-
-def mpi_env():
-    """The one list of Open MPI settings (tools/mpi_env), over this process's environment."""
-    env = dict(os.environ)
-    with open(os.path.join(ROOT, "tools", "mpi_env")) as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("#"):
-                key, value = line.split("=", 1)
-                env[key] = value
-    env["SCALELAB_RUN_DIR"] = tempfile.mkdtemp(prefix="scalelab-memory-stability-")
-    return env
 
 
 class MemoryChecksAreStableUnderLoad(unittest.TestCase):
@@ -48,7 +35,7 @@ class MemoryChecksAreStableUnderLoad(unittest.TestCase):
             p.wait()
 
     def grade(self, exe, ranks, gtest_filter):
-        env = mpi_env()
+        env = mpi_env("scalelab-memory-stability-")
         for k in range(ROUNDS):
             command = [MPIEXEC, "-n", str(ranks), exe, f"--gtest_filter={gtest_filter}"]
             proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)

@@ -7,23 +7,12 @@ import sys
 import tempfile
 import time
 import unittest
+
+from mpi_env import mpi_env
 import xml.etree.ElementTree as ET
 
 EXE = None
 MPIEXEC = os.environ.get("MPIEXEC_EXECUTABLE", "mpiexec")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def mpi_env():
-    """The one list of Open MPI settings (tools/mpi_env), over this process's environment."""
-    env = dict(os.environ)
-    with open(os.path.join(ROOT, "tools", "mpi_env")) as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("#"):
-                key, value = line.split("=", 1)
-                env[key] = value
-    return env
 
 
 ENV = mpi_env()

@@ -147,24 +147,6 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   });
 }
 
-// The host has no launches to save: each segment is adamw_update on its elements, so the bits
-// are those of one update per parameter.
-void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
-                           const DecaySegments& segments, const AdamWArgs& a, Tensor* compute) {
-  int64_t lo = 0;
-  for (std::size_t i = 0; i < segments.ends.size(); ++i) {
-    const int64_t n = segments.ends[i] - lo;
-    if (n > 0) {
-      AdamWArgs ai = a;
-      if (!segments.decay[i]) ai.weight_decay = 0;
-      Tensor p = param.flat(lo, n), pm = m.flat(lo, n), pv = v.flat(lo, n);
-      Tensor c = compute ? compute->flat(lo, n) : Tensor();
-      cpu::adamw_update(p, grad.flat(lo, n), pm, pv, ai, compute ? &c : nullptr);
-    }
-    lo = segments.ends[i];
-  }
-}
-
 void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, double lr, double momentum,
                 double weight_decay, bool first_step) {
   SCALELAB_FLOAT_TYPES(param.dtype(), {

@@ -9,6 +9,10 @@
 
 namespace scalelab::ops::cuda {
 #include "common/ops/backend.inc"
+// adamw_update_segments with at most kMaxDecaySegments segments (one launch; the dispatcher
+// runs more, and the host's, one segment at a time)
+void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                           const DecaySegments& segments, const AdamWArgs& a, Tensor* compute);
 /// Selects the cuBLAS math mode of every handle: with `allow`, fp32 matmuls may run as TF32 on the
 /// tensor cores (10-bit mantissa: faster, ~1e-3 relative); off by default, so that fp32 on a GPU
 /// agrees with the CPU to 1e-4. ops::set_allow_tf32 (ops.hpp) calls it.

@@ -143,22 +143,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
 
 void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                            const DecaySegments& segments, const AdamWArgs& a, Tensor* compute) {
-  const std::size_t k = segments.ends.size();
-  if (k > static_cast<std::size_t>(kMaxDecaySegments)) {  // too many for one launch's arguments
-    int64_t lo = 0;
-    for (std::size_t i = 0; i < k; ++i) {
-      const int64_t len = segments.ends[i] - lo;
-      if (len > 0) {
-        AdamWArgs ai = a;
-        if (!segments.decay[i]) ai.weight_decay = 0;
-        Tensor p = param.flat(lo, len), pm = m.flat(lo, len), pv = v.flat(lo, len);
-        Tensor c = compute ? compute->flat(lo, len) : Tensor();
-        cuda::adamw_update(p, grad.flat(lo, len), pm, pv, ai, compute ? &c : nullptr);
-      }
-      lo = segments.ends[i];
-    }
-    return;
-  }
+  const std::size_t k = segments.ends.size();  // at most kMaxDecaySegments (the dispatcher)
   use_device(param);
   SegmentTable table;
   table.n = static_cast<int>(k);
