@@ -9,8 +9,8 @@
 
 namespace scalelab::ops::cuda {
 #include "common/ops/backend.inc"
-// adamw_update_segments with at most kMaxDecaySegments segments (one launch; the dispatcher
-// runs more, and the host's, one segment at a time)
+/// ops::adamw_update_segments with at most kMaxDecaySegments segments, in one launch (the
+/// dispatcher runs more, and the host's, one segment at a time).
 void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                            const DecaySegments& segments, const AdamWArgs& a, Tensor* compute);
 /// Selects the cuBLAS math mode of every handle: with `allow`, fp32 matmuls may run as TF32 on the
