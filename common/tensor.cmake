@@ -22,6 +22,7 @@ target_sources(scalelab_common PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/ops/fused_norm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/cpu/fused_norm_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops/fused_linear.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ops/trial_kernels.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/parameter.cpp
   ${CMAKE_CURRENT_LIST_DIR}/nn/linear.cpp
@@ -53,6 +54,7 @@ if(SCALELAB_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/matmul_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/pointwise_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/norm_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/layernorm_backward_v2_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/attention_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/embedding_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/rows_cuda.cu

@@ -61,6 +61,19 @@ void Linear::backward(Tensor& din, const Tensor& dout, const Tensor& in) {
     Tensor dx = din.view({-1, in_features()});
     ops::matmul(dx, dy, weight.compute_value(), false, false, 1.0, 1.0);  // dx += dy @ W
   }
+  parameter_backward(dy, x);
+}
+
+void Linear::backward_through_gelu(Tensor& dpre, const Tensor& dout, const Tensor& in,
+                                   const Tensor& pre) {
+  const Tensor x = in.view({-1, in_features()});     // (N, in) = GELU(pre)
+  const Tensor dy = dout.view({-1, out_features()});  // (N, out)
+  Tensor dp = dpre.view({-1, in_features()});
+  ops::linear_dgelu_backward(dp, dy, weight.compute_value(), pre.view({-1, in_features()}));
+  parameter_backward(dy, x);
+}
+
+void Linear::parameter_backward(const Tensor& dy, const Tensor& x) {
   ops::matmul(weight.grad, dy, x, true, false, 1.0, 1.0);  // dW += dy^T @ x
   // db += column sums of dy. Row parallel: dy is the gradient of the reduced output, the same
   // on every rank, so every rank's copy of the bias gets the same, whole gradient.

@@ -32,6 +32,12 @@ class Linear {
   /// din (N, in_local) += dout @ W (skipped if din is undefined); dW += dout^T @ in;
   /// db += column sums of dout.
   void backward(Tensor& din, const Tensor& dout, const Tensor& in);
+  /// The backward of a layer whose input was in = GELU(pre) (the MLP's proj after its fc):
+  /// dpre (N, in_local) = (dout @ W) * GELU'(pre), set, not accumulated, the gradient carried
+  /// through the GELU in one op where the device can (ops::linear_dgelu_backward); dW and db as
+  /// in backward.
+  void backward_through_gelu(Tensor& dpre, const Tensor& dout, const Tensor& in,
+                             const Tensor& pre);
 
   /// Input features this layer holds (all of them unless row parallel).
   int64_t in_features() const { return weight.shape()[1]; }
@@ -48,6 +54,8 @@ class Linear {
   Parameter bias;    ///< (out), or this layer's slice (whole in a row-parallel layer)
 
  private:
+  /// dW += dy^T @ x; db += column sums of dy (x, dy viewed as rows).
+  void parameter_backward(const Tensor& dy, const Tensor& x);
   bool has_bias_;
 };
 

@@ -33,11 +33,11 @@ void MLP::forward(Tensor& out, const Tensor& x, MLPActivations& a) const {
 
 void MLP::backward(Tensor& dx, const Tensor& dout, const Tensor& x, const MLPActivations& a,
                    const BackwardHook* hook) {
-  Tensor dg = Tensor::zeros(a.g.shape(), x.dtype(), x.device());
-  proj.backward(dg, dout, a.g);
+  // dh = (dout @ W_proj) * GELU'(h): the gradient of g = GELU(h) is never stored on a GPU
+  // (cuBLASLt's DGELU epilogue), a matmul then gelu_backward elsewhere
+  Tensor dh = Tensor::empty(a.h.shape(), x.dtype(), x.device());
+  proj.backward_through_gelu(dh, dout, a.g, a.h);
   if (hook && *hook) (*hook)(proj.parameters());
-  Tensor dh = Tensor::zeros(a.h.shape(), x.dtype(), x.device());
-  ops::gelu_backward(dh, a.h, dg);
   fc.backward(dx, dh, x);
   if (hook && *hook) (*hook)(fc.parameters());
 }

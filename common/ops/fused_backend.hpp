@@ -47,6 +47,17 @@ namespace scalelab::ops::cuda {
 /// bf16, misaligned, no algorithm): the caller then runs the unfused ops.
 bool linear_epilogue(Tensor& out, Tensor* pre_gelu, const Tensor& in, const Tensor& weight,
                      const Tensor& bias);
+/// CUDA only (layernorm_backward_v2_cuda.cu): layernorm_backward from one read of x and dout (its
+/// version 2; the trial kernel "layernorm_backward_v2"). Returns false, having done nothing,
+/// where one warp's column sums do not fit a block's shared memory: version 1 then runs.
+bool layernorm_backward_v2(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                           const Tensor& in, const Tensor& weight, const Tensor& mean,
+                           const Tensor& rstd);
+/// CUDA only (matmul_cuda.cu): dpre = (dout @ weight) * GELU'(pre) in one cuBLASLt call
+/// (CUBLASLT_EPILOGUE_DGELU, pre as aux). 2-d tensors, bf16. Returns false, having done
+/// nothing, where it does not apply (as linear_epilogue).
+bool linear_dgelu_epilogue(Tensor& dpre, const Tensor& dout, const Tensor& weight,
+                           const Tensor& pre);
 /// CUDA only (flash_attention_tc_cuda.cu): flash attention's version 2, on tensor cores, in any
 /// AttentionLayout. Returns false, having done nothing, where it does not apply (not bf16, a
 /// head size other than 64 or 128, rows not 16-byte aligned): the caller then runs version 1.

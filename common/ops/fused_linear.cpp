@@ -1,10 +1,13 @@
-// Dispatch of the fused Linear forwards: the cuBLASLt epilogue where it applies, else the
-// unfused ops (which then check shapes and dtypes again; cheap).
+// Dispatch of the fused Linear forwards and the MLP's fused backward: the cuBLASLt epilogue
+// where it applies, else the unfused ops (which then check shapes and dtypes again; cheap).
 #include "common/ops/fused_linear.hpp"
 
+#include <algorithm>
+
 #include "common/ops/fused_backend.hpp"
-#include "common/ops/work.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/trial_kernels.hpp"
+#include "common/ops/work.hpp"
 
 namespace scalelab::ops {
 
@@ -55,6 +58,34 @@ void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& in, const Tenso
   matmul(v.pre, v.in, weight, false, true);
   add_bias(v.pre, bias);
   gelu_forward(v.out, v.pre);
+}
+
+void linear_dgelu_backward(Tensor& dpre, const Tensor& dout, const Tensor& weight,
+                           const Tensor& pre) {
+  SCALELAB_CHECK(dout.defined() && dout.dim() >= 2 && weight.defined() && weight.dim() == 2 &&
+                     pre.defined() && dpre.defined(),
+                 "linear_dgelu_backward: dout (..., OC), weight (OC, C), pre and dpre (..., C) expected");
+  const int64_t OC = weight.size(0), C = weight.size(1), N = dout.numel() / std::max<int64_t>(OC, 1);
+  std::vector<int64_t> pre_shape = dout.shape();
+  pre_shape.back() = C;
+  SCALELAB_CHECK(dout.size(-1) == OC && pre.shape() == pre_shape && dpre.shape() == pre_shape,
+                 "linear_dgelu_backward: dout {} weight {} pre {} dpre {}", dout.str(), weight.str(),
+                 pre.str(), dpre.str());
+  for (const Tensor* t : {&dout, &weight, &pre, static_cast<const Tensor*>(&dpre)})
+    SCALELAB_CHECK(t->is_contiguous() && t->dtype() == dout.dtype() && t->device() == dout.device(),
+                   "linear_dgelu_backward: {} is not contiguous, or not of dout's dtype and device",
+                   t->str());
+  const Tensor dy = dout.view({N, OC}), p = pre.view({N, C});
+  Tensor dp = dpre.view({N, C});
+  if (dout.device().is_cuda() && trial_kernel("dgelu_epilogue") &&
+      cuda::linear_dgelu_epilogue(dp, dy, weight, p)) {
+    count_matmul(1, N, C, OC);  // the fused GEMM's work
+    return;
+  }
+  Tensor dg = Tensor::zeros({N, C}, dout.dtype(), dout.device());  // the gradient of GELU(pre)
+  matmul(dg, dy, weight, false, false, 1.0, 1.0);
+  fill(dp, 0.0);
+  gelu_backward(dp, p, dg);
 }
 
 }  // namespace scalelab::ops

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "common/ops/ops.hpp"
+#include "common/ops/trial_kernels.hpp"
 #include "common/trace.hpp"
 
 namespace scalelab::optim {
@@ -57,8 +56,8 @@ AdamW::AdamW(std::vector<Group> groups, AdamWConfig config)
   v_ = flat_state(groups_, gv_);
   // One pass over flat buffers when the groups lie back to back in them (every compute copy too,
   // or none). The host does it always (the same updates, element by element); a GPU, where it is
-  // one launch instead of one per parameter, only with SCALELAB_ADAMW_ONE_LAUNCH=1 until the
-  // kernel is checked there.
+  // one launch instead of one per parameter, only as the trial kernel "adamw_one_launch"
+  // (common/ops/trial_kernels.hpp) until it is checked there.
   std::vector<Tensor> values, grads, computes;
   for (const Group& g : groups_) {
     values.push_back(g.value.view({-1}));
@@ -70,8 +69,7 @@ AdamW::AdamW(std::vector<Group> groups, AdamWConfig config)
   computes_ = Tensor::span(computes);
   const bool computes_ok = computes.empty() || (computes.size() == groups_.size() &&
                                                  computes_.defined());
-  const char* env = std::getenv("SCALELAB_ADAMW_ONE_LAUNCH");
-  const bool device_ok = m_.device().is_cpu() || (env != nullptr && std::string(env) == "1");
+  const bool device_ok = m_.device().is_cpu() || ops::trial_kernel("adamw_one_launch");
   one_pass_ = values_.defined() && grads_.defined() && computes_ok && device_ok &&
               values_.numel() == m_.numel();
   if (!one_pass_) return;

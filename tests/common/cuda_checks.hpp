@@ -14,6 +14,7 @@
 #include "common/device.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/trial_kernels.hpp"
 #include "tests/common/gradcheck.hpp"
 
 namespace scalelab::testing {
@@ -25,6 +26,16 @@ class CudaTest : public ::testing::Test {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
     ops::set_allow_tf32(false);
   }
+};
+
+/// Runs the named trial kernels (common/ops/trial_kernels.hpp: "all", or names separated by
+/// commas) while it lives; none after.
+class TrialKernels {
+ public:
+  explicit TrialKernels(const std::string& names) { ops::set_trial_kernels(names); }
+  ~TrialKernels() { ops::set_trial_kernels(""); }
+  TrialKernels(const TrialKernels&) = delete;
+  TrialKernels& operator=(const TrialKernels&) = delete;
 };
 
 /// Every element of `cuda` within tol * max(1, |host|) of `cpu`; same shape and dtype.

@@ -1,11 +1,14 @@
-// The fused Linear forwards (common/ops/fused_linear.hpp) on the host: the same bits as the
-// unfused ops (matmul with weight^T, add_bias, gelu_forward) for 3-d inputs viewed as rows, in
-// f32, f64 and bf16; and their shape checks. (The cuBLASLt epilogue path is tested against this
-// one on a GPU: test_ops_cuda_bf16.)
+// The fused Linear ops (common/ops/fused_linear.hpp) on the host: the same bits as the unfused
+// ops (matmul with weight^T, add_bias, gelu_forward; backward matmul then gelu_backward) for 3-d
+// inputs viewed as rows, in f32, f64 and bf16; and their shape checks. (The cuBLASLt epilogue
+// path is tested against this one on a GPU: test_ops_cuda_bf16.) And the list of trial kernels
+// that gates the untested GPU ones (common/ops/trial_kernels.hpp).
 #include <gtest/gtest.h>
 
 #include "common/ops/fused_linear.hpp"
+#include "common/errors.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/trial_kernels.hpp"
 #include "tests/common/gradcheck.hpp"
 
 using namespace scalelab;
@@ -45,4 +48,36 @@ TEST(FusedLinear, ChecksShapes) {
   EXPECT_THROW(ops::linear_forward(y, x, w, b64), CheckFailed);
   EXPECT_THROW(ops::linear_gelu_forward(y, pre_bad, x, w, b), CheckFailed);
   EXPECT_NO_THROW(ops::linear_forward(y, x, w, b));
+}
+
+TEST(FusedLinear, DgeluBackwardIsMatmulThenGeluBackward) {
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    const Tensor dout = rnd({2, 5, 12}, 4, dt), w = rnd({12, 20}, 5, dt), pre = rnd({2, 5, 20}, 6, dt);
+    Tensor dpre = rnd({2, 5, 20}, 7, dt);  // set, whatever it held
+    ops::linear_dgelu_backward(dpre, dout, w, pre);
+
+    Tensor dg = Tensor::zeros({10, 20}, dt), ref = Tensor::zeros({10, 20}, dt);
+    ops::matmul(dg, dout.view({10, 12}), w);
+    ops::gelu_backward(ref, pre.view({10, 20}), dg);
+    EXPECT_EQ(dpre.to_vector(), ref.to_vector()) << dtype_name(dt);
+  }
+  // (the MLP's backward, which calls it, is checked against finite differences: GradCheck.MLP)
+  const Tensor dout = Tensor::zeros({4, 6}), w = Tensor::zeros({6, 8}), pre = Tensor::zeros({4, 8});
+  Tensor dpre = Tensor::zeros({4, 8}), dpre_bad = Tensor::zeros({4, 7});
+  EXPECT_THROW(ops::linear_dgelu_backward(dpre_bad, dout, w, pre), CheckFailed);
+  EXPECT_THROW(ops::linear_dgelu_backward(dpre, dout, Tensor::zeros({6, 9}), pre), CheckFailed);
+  EXPECT_THROW(ops::linear_dgelu_backward(dpre, dout, w, Tensor::zeros({4, 8}, DType::f64)), CheckFailed);
+}
+
+TEST(TrialKernels, RunOnlyWhenNamed) {
+  ops::set_trial_kernels("");
+  for (const char* k : ops::kTrialKernels) EXPECT_FALSE(ops::trial_kernel(k)) << k;
+  ops::set_trial_kernels("dgelu_epilogue");
+  EXPECT_TRUE(ops::trial_kernel("dgelu_epilogue"));
+  EXPECT_FALSE(ops::trial_kernel("layernorm_backward_v2"));
+  ops::set_trial_kernels("all");
+  for (const char* k : ops::kTrialKernels) EXPECT_TRUE(ops::trial_kernel(k)) << k;
+  EXPECT_THROW(ops::set_trial_kernels("dgelu_epilogue,flash_v3"), UsageError);  // a typo says so
+  EXPECT_THROW(ops::trial_kernel("not_a_kernel"), CheckFailed);
+  ops::set_trial_kernels("");
 }

@@ -71,6 +71,21 @@ TEST_F(CudaOps, LayerNormAndSoftmax) {
                [](std::vector<Tensor>& t) { ops::softmax_forward(t[1], t[0]); });
 }
 
+// LayerNorm's backward version 2 (one read of x and dout; a trial kernel until this passes on a
+// GPU): 33 rows make two blocks, the last one short; 700 x 768 fills a block's shared memory
+// with 8 warps' column sums (gpt-85m's width); 40 x 3100 leaves room for one warp only.
+TEST_F(CudaOps, LayerNormBackwardVersion2) {
+  const TrialKernels trial("layernorm_backward_v2");
+  for (const auto& [N, C] : std::vector<std::pair<int64_t, int64_t>>{{33, 70}, {700, 768}, {40, 3100}})
+    same_on_both("layernorm v2 " + std::to_string(N) + " x " + std::to_string(C),
+                 {rnd({N, C}, 14, -2, 2), rnd({C}, 15), rnd({C}, 16), rnd({N, C}, 17), rnd({N}, 0),
+                  rnd({N}, 0), rnd({N, C}, 18), rnd({C}, 19), rnd({C}, 20)},
+                 [](std::vector<Tensor>& t) {
+                   ops::layernorm_forward(t[3], t[4], t[5], t[0], t[1], t[2]);
+                   ops::layernorm_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[4], t[5]);
+                 });
+}
+
 TEST_F(CudaOps, AttentionPieces) {
   same_on_both("heads", {rnd({2, 5, 24}, 22), rnd({2, 2, 5, 4}, 0), rnd({2, 2, 5, 4}, 0),
                          rnd({2, 2, 5, 4}, 0), rnd({2, 5, 8}, 0), rnd({2, 5, 24}, 0)},

@@ -114,6 +114,17 @@ TEST_F(CudaBf16, NormSoftmaxAttentionPieces) {
                  ops::layernorm_forward(t[3], t[4], t[5], t[0], t[1], t[2]);
                  ops::layernorm_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[4], t[5]);
                });
+  {  // version 2 of the backward (a trial kernel until this passes on a GPU), f32 statistics
+    const TrialKernels trial("layernorm_backward_v2");
+    same_on_both("layernorm v2", {rnd({700, 768}, 20, DType::bf16, -2, 2), rnd({768}, 21),
+                                  rnd({768}, 22), rnd({700, 768}, 23), rnd({700}, 0, DType::f32),
+                                  rnd({700}, 0, DType::f32), rnd({700, 768}, 24),
+                                  rnd({768}, 25, DType::f32), rnd({768}, 26, DType::f32)},
+                 [](std::vector<Tensor>& t) {
+                   ops::layernorm_forward(t[3], t[4], t[5], t[0], t[1], t[2]);
+                   ops::layernorm_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[4], t[5]);
+                 });
+  }
   same_on_both("softmax", {rnd({9, 300}, 27, DType::bf16, -5, 5), rnd({9, 300}, 0)},
                [](std::vector<Tensor>& t) { ops::softmax_forward(t[1], t[0]); });
   same_on_both("heads", {rnd({2, 5, 24}, 28), rnd({2, 2, 5, 4}, 0), rnd({2, 2, 5, 4}, 0),
@@ -263,4 +274,28 @@ TEST_F(CudaBf16, LinearEpiloguesMatchTheHost) {
     expect_close(pre_d, pre, 3e-2, what + " pre-GELU");
     expect_close(g_d, g, 3e-2, what + " GELU");
   }
+}
+
+// The MLP's backward with GELU's gradient in the cuBLASLt epilogue (CUBLASLT_EPILOGUE_DGELU; the
+// trial kernel "dgelu_epilogue" until this passes on a GPU) against the host's matmul, then
+// gelu_backward. Tolerance 3e-2 relative (bf16: the epilogue rounds once, the host twice).
+// C = 96 takes the epilogue; C = 100 (not a multiple of 8) the unfused fallback.
+TEST_F(CudaBf16, DgeluEpilogueMatchesTheHost) {
+  const TrialKernels trial("dgelu_epilogue");
+  for (int64_t C : {96, 100}) {
+    const Tensor dout = rnd({4, 33, 64}, 83), w = rnd({64, C}, 84), pre = rnd({4, 33, C}, 85, DType::bf16, -3, 3);
+    Tensor dpre = Tensor::empty({4, 33, C}, DType::bf16);
+    ops::linear_dgelu_backward(dpre, dout, w, pre);
+    Tensor dpre_d = Tensor::empty({4, 33, C}, DType::bf16, gpu);
+    ops::linear_dgelu_backward(dpre_d, dout.to(gpu), w.to(gpu), pre.to(gpu));
+    expect_close(dpre_d, dpre, 3e-2, "C " + std::to_string(C) + " dpre");
+  }
+}
+
+// Every trial kernel at once in a mixed-precision GPT step (the MLP's DGELU epilogue, LayerNorm's
+// backward version 2), at MixedPrecisionGptStepMatchesTheHost's tolerances.
+TEST_F(CudaBf16, TrialKernelsInAMixedPrecisionGptStep) {
+  const TrialKernels trial("all");
+  expect_gpt_step_matches_host(model_config("tiny"), {.compute_dtype = DType::bf16}, gpu, 70,
+                               1e-2, 5e-2);
 }

@@ -101,7 +101,8 @@ struct MatmulDesc {
 };
 
 // What cuBLASLt applies to the product before storing it (fused_linear.hpp): nothing, + bias
-// per output column, or + bias then GELU with the pre-GELU values also stored in `aux`.
+// per output column, + bias then GELU with the pre-GELU values also stored in `aux`, or (DGELU)
+// a multiplication by GELU' of the values read from `aux`.
 struct Epilogue {
   cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
@@ -122,7 +123,8 @@ bool lt_matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, 
   MatmulDesc desc(op_b, op_a);
   if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &e.kind, sizeof e.kind));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof e.bias));
+    if (e.bias)
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof e.bias));
   }
   if (e.aux) {
     const int64_t ld = N;
@@ -206,6 +208,19 @@ bool linear_epilogue(Tensor& out, Tensor* pre_gelu, const Tensor& in, const Tens
   e.bias = bias.data_ptr();
   e.aux = pre_gelu ? pre_gelu->data_ptr() : nullptr;
   return lt_matmul(out, in, weight, false, true, 1.0, 0.0, 1, N, OC, C, e);
+}
+
+bool linear_dgelu_epilogue(Tensor& dpre, const Tensor& dout, const Tensor& weight,
+                           const Tensor& pre) {
+  use_device(dpre);
+  const int64_t N = dout.size(0), OC = dout.size(1), C = weight.size(1);
+  if (dout.dtype() != DType::bf16 || OC == 0) return false;
+  // the epilogue reads aux with vector accesses: aligned, C % 8 == 0 (as the GELU_AUX forward)
+  if (alignment(pre.data_ptr()) != 16 || C % 8 != 0) return false;
+  Epilogue e;
+  e.kind = CUBLASLT_EPILOGUE_DGELU;  // D = (dout @ weight) * GELU'(aux), then the one rounding
+  e.aux = const_cast<void*>(pre.data_ptr());  // read only
+  return lt_matmul(dpre, dout, weight, false, false, 1.0, 0.0, 1, N, C, OC, e);
 }
 
 }  // namespace scalelab::ops::cuda

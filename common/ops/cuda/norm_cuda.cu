@@ -1,8 +1,11 @@
 // LayerNorm and row softmax: one warp per row. Storage S (float, double, bf16), compute A (float,
 // or double for f64); LayerNorm's mean and rstd are A (f32 for bf16 data: R3); its parameter
-// gradients G are S or f32 for bf16 data (R3), summed in A and rounded once.
+// gradients G are S or f32 for bf16 data (R3), summed in A and rounded once. LayerNorm's backward
+// here is version 1, the readable one (version 2: layernorm_backward_v2_cuda.cu).
 #include "common/ops/cuda/column_sums.cuh"
 #include "common/ops/cuda/kernels.cuh"
+#include "common/ops/fused_backend.hpp"
+#include "common/ops/trial_kernels.hpp"
 
 namespace scalelab::ops::cuda {
 
@@ -73,6 +76,10 @@ void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tenso
                         const Tensor& in, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
   use_device(din);
+  // version 2 (layernorm_backward_v2_cuda.cu): one read of x and dout, on trial until checked
+  if (trial_kernel("layernorm_backward_v2") &&
+      layernorm_backward_v2(din, dweight, dbias, dout, in, weight, mean, rstd))
+    return;
   const int64_t C = in.size(-1), N = in.numel() / C;
   SCALELAB_TRAIN_TYPES(in.dtype(), {
     layernorm_backward_dx_kernel<T, acc_t><<<blocks_for_rows(N), kThreads>>>(

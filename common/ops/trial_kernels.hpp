@@ -1,0 +1,37 @@
+#pragma once
+/// @file trial_kernels.hpp
+/// GPU kernels that are written and compile but have not yet run on a GPU. Most of this project
+/// is built and tested on machines without one; a kernel written there stays off the default
+/// path until `ctest -L gpu` has checked it against the host on a GPU and its speed was measured
+/// beside the kernel it would replace (build/common/scalelab_bench_kernels). Until then it runs
+/// only when asked for, by name:
+///
+///     SCALELAB_TRY_GPU_KERNELS=adamw_one_launch,dgelu_epilogue  ./build/...   # these two
+///     SCALELAB_TRY_GPU_KERNELS=all ctest -L gpu                               # every one
+///
+/// or ops::set_trial_kernels (tests and benchmarks). The host is unaffected: its path is the
+/// same either way. Once a kernel is checked, its name leaves kTrialKernels and its call site
+/// stops asking.
+#include <string>
+
+namespace scalelab::ops {
+
+/// The kernels on trial, and what each replaces.
+///  - adamw_one_launch: AdamW over the flat buffers in one launch (ops::adamw_update_segments)
+///    instead of one adamw_update launch per parameter (optim.cpp).
+///  - dgelu_epilogue: the MLP's proj backward with GELU's backward in the cuBLASLt epilogue
+///    (ops::linear_dgelu_backward) instead of a matmul, then a gelu_backward pass (mlp.cpp).
+///  - layernorm_backward_v2: LayerNorm's dx, dweight and dbias from one read of x and dout
+///    (norm_cuda.cu) instead of a dx kernel and two column-sum passes.
+inline constexpr const char* kTrialKernels[] = {"adamw_one_launch", "dgelu_epilogue",
+                                                "layernorm_backward_v2"};
+
+/// Whether the trial kernel `name` (one of kTrialKernels) may run: it is named in
+/// SCALELAB_TRY_GPU_KERNELS (a comma-separated list, or "all"), or by set_trial_kernels. A name
+/// in that list that is not a trial kernel is a usage error (exit 2), read at the first call.
+bool trial_kernel(const char* name);
+
+/// Replaces the environment's list: "" (none), "all", or names separated by commas.
+void set_trial_kernels(const std::string& list);
+
+}  // namespace scalelab::ops
