@@ -10,3 +10,7 @@ add_executable(scalelab_bench_attention ${PROJECT_SOURCE_DIR}/tools/bench/bench_
 target_link_libraries(scalelab_bench_attention PRIVATE scalelab::common)
 target_compile_definitions(scalelab_bench_attention PRIVATE
                            SCALELAB_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# scalelab_bench_kernels: lab 02's kernel version pairs (LayerNorm backward v1/v2, the MLP's
+# proj backward with and without the DGELU epilogue), each checked against the host and timed.
+add_executable(scalelab_bench_kernels ${PROJECT_SOURCE_DIR}/tools/bench/bench_kernels.cpp)
+target_link_libraries(scalelab_bench_kernels PRIVATE scalelab::common)

@@ -12,7 +12,8 @@
 # DEADLINE / ONLY / SKIP as in tools/gpu_checks/run_step.sh. Exit status: the failed steps.
 set -uo pipefail
 if [[ ${1:-} == --targets ]]; then
-  echo lab02_single_device_solution
+  echo lab02_single_device_solution test_ops_cuda test_ops_cuda_bf16 scalelab_bench_kernels \
+    scalelab_bench_adamw
   exit 0
 fi
 source build/gpu-pack/env.sh || exit 1
@@ -27,9 +28,19 @@ ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 # 1. the side-by-side table (the target: >= 1.0x PyTorch-compiled, memory <= its)
 TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
   --steps 10 --warmup 3 --data "$DATA"
-# 1b. AdamW in one launch over the flat buffers (SCALELAB_ADAMW_ONE_LAUNCH=1; off by default on a
-# GPU until test_ops_cuda's "adamw segments" has passed there): the same table with it on
-TAILN=12 run side_by_side_adamw_one_launch 150 env SCALELAB_ADAMW_ONE_LAUNCH=1 \
+# 1b. the trial kernels (common/ops/trial_kernels.hpp: written without a GPU, off by default
+# until checked on one): first their GPU tests, then the kernel pairs side by side, then the
+# same table with all of them on (AdamW in one launch, the MLP's DGELU epilogue, LayerNorm's
+# backward version 2). A trial kernel leaves the list once its test passed and it is no slower.
+TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/common/test_ops_cuda" \
+  --gtest_filter='*LayerNormBackwardVersion2*:*ReductionsAndOptimizers*'
+TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
+  --gtest_filter='*NormSoftmax*:*Dgelu*:*TrialKernels*'
+TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
+TAILN=4 run adamw_per_parameter 60 "$B/common/scalelab_bench_adamw" --device cuda
+TAILN=4 run adamw_one_launch 60 env SCALELAB_TRY_GPU_KERNELS=adamw_one_launch \
+  "$B/common/scalelab_bench_adamw" --device cuda
+TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
   python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
 # 2. one step's kernels: ncu at 1 and 2 steps (their difference is one step), PyTorch profiled
 if [[ -n $ncu ]]; then

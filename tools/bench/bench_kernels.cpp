@@ -1,0 +1,157 @@
+// scalelab_bench_kernels: the version pairs of lab 02's step kernels, side by side at one shape
+// (llm.c's dev/cuda practice): version 1, the readable kernel, beside version 2, the fast one,
+// each checked against the host and timed in the same run. Not a test.
+//
+//   LayerNorm backward       v1: a dx kernel, then dbias and dweight as two column-sum passes
+//                            v2: dx, dweight and dbias from one read (layernorm_backward_v2)
+//   MLP backward (proj, GELU) v1: dg = dout @ W into a zeroed buffer, then a gelu_backward pass
+//                            v2: one cuBLASLt call, GELU' in its epilogue (dgelu_epilogue)
+//
+// Version 2 of each is a trial kernel (common/ops/trial_kernels.hpp) until checked on a GPU;
+// this bench switches it on for its own rows. Default shape: gpt-85m at batch 16 x context 1024
+// (N = 16384 rows, C = 768), bf16 data with f32 parameter gradients, as lab 02 runs it.
+//   build/common/scalelab_bench_kernels                         # on cuda:0
+//   build/common/scalelab_bench_kernels --rows 512 --device cpu # the host's one path, smoke
+// Each row: best and median ms of --repeats calls after --warmup, the bytes the op must move
+// over its best time (GB/s), and the largest difference from the host relative to
+// max(1, |host|) over the checked elements (the host runs the same op once, at version 1).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/cli.hpp"
+#include "common/errors.hpp"
+#include "common/metrics.hpp"
+#include "common/ops/fused_linear.hpp"
+#include "common/ops/ops.hpp"
+#include "common/ops/trial_kernels.hpp"
+#include "common/runtime.hpp"
+
+namespace {
+using namespace scalelab;
+
+// best and median ms of `repeats` timed calls of f after `warmup` untimed ones
+std::pair<double, double> time_ms(Device device, int warmup, int repeats,
+                                  const std::function<void()>& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < repeats; ++i) {
+    metrics::Timer t(device);
+    f();
+    ms.push_back(t.elapsed() * 1e3);
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms.front(), ms[ms.size() / 2]};
+}
+
+// The largest |a - b| / max(1, |b|) over the first `count` elements of a (any device) and b.
+double max_rel_diff(const Tensor& a, const Tensor& b, int64_t count) {
+  const std::vector<double> x = a.to(Device::cpu()).flat(0, count).to_vector();
+  const std::vector<double> y = b.to(Device::cpu()).flat(0, count).to_vector();
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
+  return worst;
+}
+
+// A row of the table.
+void print_row(const std::string& op, const std::string& version, std::pair<double, double> ms,
+               double bytes, double diff) {
+  fmt::print("{:<26} {:<44} {:>9.3f} {:>10.3f} {:>8.0f} {:>11.2e}\n", op, version, ms.first,
+             ms.second, bytes / (ms.first * 1e-3) / 1e9, diff);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return scalelab::run_main(argc, argv, [](int argc, char** argv) {
+    auto options = cli::make_options(
+        "scalelab_bench_kernels",
+        "Time lab 02's kernel versions side by side, each checked against the host.");
+    options.add_options()
+        ("rows", "N: batch x context", cxxopts::value<int64_t>()->default_value("16384"))
+        ("width", "C: the model's width (the MLP's hidden width is 4C)",
+         cxxopts::value<int64_t>()->default_value("768"))
+        ("check-rows", "rows of the MLP's input gradient checked against the host",
+         cxxopts::value<int64_t>()->default_value("256"))
+        ("repeats", "timed calls", cxxopts::value<int>()->default_value("20"))
+        ("warmup", "untimed calls first", cxxopts::value<int>()->default_value("3"))
+        ("device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cuda"));
+    auto r = cli::parse(options, argc, argv);
+    const int64_t N = r["rows"].as<int64_t>(), C = r["width"].as<int64_t>(), H = 4 * C;
+    const int64_t check = std::min(r["check-rows"].as<int64_t>(), N);
+    const int repeats = r["repeats"].as<int>(), warmup = r["warmup"].as<int>();
+    SCALELAB_REQUIRE(N >= 1 && C >= 1 && check >= 1, "--rows, --width and --check-rows must be >= 1");
+    SCALELAB_REQUIRE(repeats >= 1 && warmup >= 0, "--repeats must be >= 1 and --warmup >= 0");
+    const Device device = Device::parse(r["device"].as<std::string>());
+    const DType dt = DType::bf16, gt = DType::f32;  // bf16 data, f32 parameter gradients
+    auto on = [&](const Tensor& host) { return device.is_cpu() ? host.clone() : host.to(device); };
+
+    fmt::print("lab 02's kernels, N {} rows x C {} (MLP hidden {}), {} data, {} gradients, on {}\n",
+               N, C, H, dtype_name(dt), dtype_name(gt), device.str());
+    fmt::print("{:<26} {:<44} {:>9} {:>10} {:>8} {:>11}\n", "op", "version", "best ms",
+               "median ms", "GB/s", "vs host");
+
+    // ---- LayerNorm backward -----------------------------------------------------------------
+    {
+      const Tensor x = Tensor::uniform({N, C}, 1, dt, Device::cpu(), -2, 2),
+                   w = Tensor::uniform({C}, 2, dt), b = Tensor::uniform({C}, 3, dt),
+                   dout = Tensor::uniform({N, C}, 4, dt);
+      Tensor y = Tensor::empty({N, C}, dt), mean = Tensor::empty({N}, gt), rstd = Tensor::empty({N}, gt);
+      ops::layernorm_forward(y, mean, rstd, x, w, b);
+      Tensor din = Tensor::zeros({N, C}, dt), dw = Tensor::zeros({C}, gt), db = Tensor::zeros({C}, gt);
+      ops::layernorm_backward(din, dw, db, dout, x, w, mean, rstd);  // the host's, once
+
+      const Tensor x_d = on(x), w_d = on(w), dout_d = on(dout), mean_d = on(mean), rstd_d = on(rstd);
+      // what it must move: x, dout read, din read and written (bf16), the statistics
+      const double bytes = 4.0 * N * C * 2 + 2.0 * N * 4;
+      for (int version : {1, 2}) {
+        if (version == 2 && device.is_cpu()) break;  // the host has one LayerNorm backward
+        ops::set_trial_kernels(version == 2 ? "layernorm_backward_v2" : "");
+        Tensor din_d = on(Tensor::zeros({N, C}, dt)), dw_d = on(Tensor::zeros({C}, gt)),
+               db_d = on(Tensor::zeros({C}, gt));
+        ops::layernorm_backward(din_d, dw_d, db_d, dout_d, x_d, w_d, mean_d, rstd_d);  // checked
+        const double diff = std::max({max_rel_diff(din_d, din, N * C), max_rel_diff(dw_d, dw, C),
+                                      max_rel_diff(db_d, db, C)});
+        const auto ms = time_ms(device, warmup, repeats, [&] {
+          ops::layernorm_backward(din_d, dw_d, db_d, dout_d, x_d, w_d, mean_d, rstd_d);
+        });
+        print_row("layernorm_backward", version == 1 ? "v1: dx kernel + two column-sum passes"
+                                                     : "v2: one read (layernorm_backward_v2)",
+                  ms, bytes, diff);
+      }
+    }
+
+    // ---- the MLP's proj backward through GELU ------------------------------------------------
+    {
+      const Tensor dout = Tensor::uniform({N, C}, 5, dt), wt = Tensor::uniform({C, H}, 6, dt),
+                   pre = Tensor::uniform({N, H}, 7, dt, Device::cpu(), -3, 3);
+      Tensor dpre = Tensor::empty({check, H}, dt);  // the host's, on the checked rows only
+      ops::linear_dgelu_backward(dpre, dout.flat(0, check * C).view({check, C}), wt,
+                                 pre.flat(0, check * H).view({check, H}));
+
+      const Tensor dout_d = on(dout), wt_d = on(wt), pre_d = on(pre);
+      Tensor dpre_d = on(Tensor::empty({N, H}, dt));
+      // what it must move at the least: dout, W, pre read, dpre written (bf16)
+      const double bytes = 2.0 * (N * C + C * H + 2.0 * N * H);
+      for (int version : {1, 2}) {
+        if (version == 2 && device.is_cpu()) break;  // the host has the unfused path only
+        ops::set_trial_kernels(version == 2 ? "dgelu_epilogue" : "");
+        ops::linear_dgelu_backward(dpre_d, dout_d, wt_d, pre_d);
+        const double diff = max_rel_diff(dpre_d, dpre, check * H);
+        const auto ms = time_ms(device, warmup, repeats,
+                                [&] { ops::linear_dgelu_backward(dpre_d, dout_d, wt_d, pre_d); });
+        print_row("mlp proj backward + GELU'", version == 1 ? "v1: matmul into zeros + gelu_backward"
+                                                           : "v2: cuBLASLt DGELU epilogue",
+                  ms, bytes, diff);
+      }
+    }
+    ops::set_trial_kernels("");
+    fmt::print("(GB/s: the bytes each op must move over its best time; the GEMM's is compute-bound."
+               " vs host: max |device - host| / max(1, |host|), bf16 ulp 3.9e-3)\n");
+    return 0;
+  });
+}
