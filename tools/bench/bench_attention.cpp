@@ -31,28 +31,17 @@
 #include "common/ops/fused_backend.hpp"
 #include "common/ops/ops.hpp"
 #include "common/runtime.hpp"
+#include "tools/bench/bench_timing.hpp"
 
 namespace {
 using namespace scalelab;
+using bench::time_ms;
 
 DType parse_dtype(const std::string& s) {
   if (s == "f32") return DType::f32;
   if (s == "bf16") return DType::bf16;
   if (s == "f64") return DType::f64;
   throw UsageError(fmt::format("--dtype {}: f32, bf16 or f64", s));
-}
-
-// best and median ms of `repeats` timed calls of f after `warmup` untimed ones
-std::pair<double, double> time_ms(Device device, int warmup, int repeats, const std::function<void()>& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  std::vector<double> ms;
-  for (int i = 0; i < repeats; ++i) {
-    metrics::Timer t(device);
-    f();
-    ms.push_back(t.elapsed() * 1e3);
-  }
-  std::sort(ms.begin(), ms.end());
-  return {ms.front(), ms[ms.size() / 2]};
 }
 
 // Runs `command` and returns what it printed (empty if it could not run).

@@ -30,23 +30,11 @@
 #include "common/ops/ops.hpp"
 #include "common/ops/trial_kernels.hpp"
 #include "common/runtime.hpp"
+#include "tools/bench/bench_timing.hpp"
 
 namespace {
 using namespace scalelab;
-
-// best and median ms of `repeats` timed calls of f after `warmup` untimed ones
-std::pair<double, double> time_ms(Device device, int warmup, int repeats,
-                                  const std::function<void()>& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  std::vector<double> ms;
-  for (int i = 0; i < repeats; ++i) {
-    metrics::Timer t(device);
-    f();
-    ms.push_back(t.elapsed() * 1e3);
-  }
-  std::sort(ms.begin(), ms.end());
-  return {ms.front(), ms[ms.size() / 2]};
-}
+using bench::time_ms;
 
 // The largest |a - b| / max(1, |b|) over the first `count` elements of a (any device) and b.
 double max_rel_diff(const Tensor& a, const Tensor& b, int64_t count) {

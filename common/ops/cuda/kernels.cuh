@@ -83,6 +83,22 @@ __device__ inline void warp_layernorm_row(S* out, A* mean, A* rstd, const S* x, 
   }
 }
 
+/// One warp's two row means of LayerNorm's backward, over the C columns of a row x with output
+/// gradient dy: a = mean(dnorm), b = mean(dnorm * norm), where norm = (x - m) * r and
+/// dnorm = w * dy. The row's input gradient is then r * (dnorm - a - norm * b), column by column.
+template <class S, class A>
+__device__ inline void warp_layernorm_backward_means(A& a, A& b, const S* x, const S* dy,
+                                                     const S* w, A m, A r, int64_t C) {
+  a = 0, b = 0;
+  for (int64_t c = lane(); c < C; c += kWarp) {
+    const A norm = (A(x[c]) - m) * r, dnorm = A(w[c]) * A(dy[c]);
+    a += dnorm;
+    b += dnorm * norm;
+  }
+  a = warp_sum(a) / C;
+  b = warp_sum(b) / C;
+}
+
 /// Calls f(G{}) with G the type of a parameter gradient that may be the data's storage type S or
 /// f32 when S is bf16 (rules R3, R4, R6: fp32 gradients of bf16 data).
 template <class S, class F>

@@ -27,14 +27,8 @@ __global__ void layernorm_backward_dx_kernel(S* din, const S* dout, const S* in,
   const A m = mean[row], r = rstd[row];
   const S* x = in + row * C;
   const S* dy = dout + row * C;
-  A a = 0, b = 0;
-  for (int64_t c = lane(); c < C; c += kWarp) {
-    const A norm = (A(x[c]) - m) * r, dnorm = A(w[c]) * A(dy[c]);
-    a += dnorm;
-    b += dnorm * norm;
-  }
-  a = warp_sum(a) / C;
-  b = warp_sum(b) / C;
+  A a, b;
+  warp_layernorm_backward_means(a, b, x, dy, w, m, r, C);
   for (int64_t c = lane(); c < C; c += kWarp) {
     const A norm = (A(x[c]) - m) * r, dnorm = A(w[c]) * A(dy[c]);
     din[row * C + c] = S(A(din[row * C + c]) + r * (dnorm - a - norm * b));
