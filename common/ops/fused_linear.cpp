@@ -3,6 +3,7 @@
 #include "common/ops/fused_linear.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "common/ops/fused_backend.hpp"
 #include "common/ops/ops.hpp"
@@ -12,6 +13,15 @@
 namespace scalelab::ops {
 
 namespace {
+// Each of `tensors` contiguous, of first's dtype and on its device (what the GEMM reads).
+void check_alike(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor& first = **tensors.begin();
+  for (const Tensor* t : tensors)
+    SCALELAB_CHECK(t->is_contiguous() && t->dtype() == first.dtype() && t->device() == first.device(),
+                   "{}: {} is not contiguous, or not of {}'s dtype and device", op, t->str(),
+                   first.str());
+}
+
 // in, out, pre viewed as 2-d (N, C) / (N, OC) matrices, after checking what the views need.
 struct Views {
   Tensor in, out, pre;
@@ -28,12 +38,8 @@ Views views(const char* op, Tensor& out, Tensor* pre, const Tensor& in, const Te
                      out.shape() == out_shape && (!pre || (pre->defined() && pre->shape() == out_shape)),
                  "{}: in {} weight {} bias {} out {}", op, in.str(), weight.str(), bias.str(),
                  out.defined() ? out.str() : "undefined");
-  for (const Tensor* t : {&in, &weight, &bias, static_cast<const Tensor*>(&out)})
-    SCALELAB_CHECK(t->is_contiguous() && t->dtype() == in.dtype() && t->device() == in.device(),
-                   "{}: {} is not contiguous, or not of in's dtype and device", op, t->str());
-  if (pre)
-    SCALELAB_CHECK(pre->is_contiguous() && pre->dtype() == in.dtype() && pre->device() == in.device(),
-                   "{}: pre {} is not contiguous, or not of in's dtype and device", op, pre->str());
+  check_alike(op, {&in, &weight, &bias, &out});
+  if (pre) check_alike(op, {&in, pre});
   return {in.view({N, C}), out.view({N, OC}), pre ? pre->view({N, OC}) : Tensor()};
 }
 }  // namespace
@@ -71,10 +77,7 @@ void linear_dgelu_backward(Tensor& dpre, const Tensor& dout, const Tensor& weigh
   SCALELAB_CHECK(dout.size(-1) == OC && pre.shape() == pre_shape && dpre.shape() == pre_shape,
                  "linear_dgelu_backward: dout {} weight {} pre {} dpre {}", dout.str(), weight.str(),
                  pre.str(), dpre.str());
-  for (const Tensor* t : {&dout, &weight, &pre, static_cast<const Tensor*>(&dpre)})
-    SCALELAB_CHECK(t->is_contiguous() && t->dtype() == dout.dtype() && t->device() == dout.device(),
-                   "linear_dgelu_backward: {} is not contiguous, or not of dout's dtype and device",
-                   t->str());
+  check_alike("linear_dgelu_backward", {&dout, &weight, &pre, &dpre});
   const Tensor dy = dout.view({N, OC}), p = pre.view({N, C});
   Tensor dp = dpre.view({N, C});
   if (dout.device().is_cuda() && trial_kernel("dgelu_epilogue") &&
