@@ -411,22 +411,32 @@ void sum_into(Tensor& out, const Tensor& x, double divisor) {
   d.is_cpu() ? cpu::sum_into(out, x, divisor) : cuda::sum_into(out, x, divisor);
 }
 
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a,
-                  Tensor* compute) {
-  Device d = check_same("adamw_update", param, grad, m, v);
+namespace {
+// What both AdamW updates need of their arguments: master weights f32 or f64, grad, m, v (and a
+// bf16 compute copy) of their size on their device, a step from 1. Returns the device.
+Device check_adamw(const char* op, const Tensor& param, const Tensor& grad, const Tensor& m,
+                   const Tensor& v, const AdamWArgs& a, const Tensor* compute) {
+  Device d = check_same(op, param, grad, m, v);
   SCALELAB_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::f64,
-                 "adamw_update: {} parameters; master weights and state are f32 or f64 (a bf16 "
-                 "compute copy is the `compute` argument)", dtype_name(param.dtype()));
+                 "{}: {} parameters; master weights and state are f32 or f64 (a bf16 "
+                 "compute copy is the `compute` argument)", op, dtype_name(param.dtype()));
   if (compute) {
-    check_placed("adamw_update", param, *compute);
+    check_placed(op, param, *compute);
     SCALELAB_CHECK(compute->dtype() == DType::bf16 && compute->numel() == param.numel(),
-                   "adamw_update: compute copy {} for parameters {} (must be bf16, same numel)",
+                   "{}: compute copy {} for parameters {} (must be bf16, same numel)", op,
                    compute->str(), param.str());
   }
   SCALELAB_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() &&
                      v.numel() == param.numel(),
-                 "adamw_update: sizes {} {} {} {}", param.str(), grad.str(), m.str(), v.str());
-  SCALELAB_CHECK(a.step >= 1, "adamw_update: step {} (counts from 1)", a.step);
+                 "{}: sizes {} {} {} {}", op, param.str(), grad.str(), m.str(), v.str());
+  SCALELAB_CHECK(a.step >= 1, "{}: step {} (counts from 1)", op, a.step);
+  return d;
+}
+}  // namespace
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a,
+                  Tensor* compute) {
+  Device d = check_adamw("adamw_update", param, grad, m, v, a, compute);
   SCALELAB_DISPATCH(d, adamw_update(param, grad, m, v, a, compute));
 }
 
@@ -438,21 +448,8 @@ void adamw_update_segments(Tensor& param, const Tensor& grad, Tensor& m, Tensor&
                      ends.front() >= 0,
                  "adamw_update_segments: {} segment ends (the last {}) for {} elements",
                  ends.size(), ends.empty() ? 0 : ends.back(), param.numel());
-  // the checks of adamw_update, on the whole buffers
   if (param.numel() == 0) return;
-  Device d = check_same("adamw_update_segments", param, grad, m, v);
-  SCALELAB_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::f64,
-                 "adamw_update_segments: {} parameters (f32 or f64 master weights)",
-                 dtype_name(param.dtype()));
-  if (compute)
-    SCALELAB_CHECK(compute->dtype() == DType::bf16 && compute->numel() == param.numel() &&
-                       compute->device() == d,
-                   "adamw_update_segments: compute copy {} for parameters {}", compute->str(),
-                   param.str());
-  SCALELAB_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() &&
-                     v.numel() == param.numel() && a.step >= 1,
-                 "adamw_update_segments: sizes {} {} {} {}, step {}", param.str(), grad.str(),
-                 m.str(), v.str(), a.step);
+  Device d = check_adamw("adamw_update_segments", param, grad, m, v, a, compute);  // whole buffers
   if (d.is_cuda() && ends.size() <= static_cast<std::size_t>(kMaxDecaySegments))
     return cuda::adamw_update_segments(param, grad, m, v, segments, a, compute);
   // The host has no launches to save (and a GPU table holds kMaxDecaySegments): one update per
