@@ -2,6 +2,7 @@
 #include "common/scalar.hpp"
 
 #include <atomic>
+#include <cmath>
 
 #include "common/ops/ops.hpp"
 
@@ -79,6 +80,14 @@ Scalar Scalar::divided(double a) const {
   if (!value_.defined()) return Scalar(host_ / a);
   if (value_.device().is_cpu()) return on(value_.device(), peek() / a);
   return times(1.0 / a);  // on a GPU: by the reciprocal (within an ulp of the quotient)
+}
+
+Scalar Scalar::sqrt() const {
+  if (!value_.defined()) return Scalar(std::sqrt(host_));
+  if (value_.device().is_cpu()) return on(value_.device(), std::sqrt(peek()));
+  Tensor out = Tensor::empty({1}, DType::f64, value_.device());
+  ops::sqrt_into(out, value_);
+  return Scalar(out);
 }
 
 int64_t host_reads() { return g_host_reads.load(std::memory_order_relaxed); }

@@ -51,6 +51,8 @@ class Scalar {
   Scalar operator*(A a) const { return times(static_cast<double>(a)); }
   template <class A, class = std::enable_if_t<std::is_arithmetic_v<A>>>
   Scalar operator/(A a) const { return divided(static_cast<double>(a)); }
+  /// The square root, on this Scalar's device, no read (a gradient norm from its sum of squares).
+  Scalar sqrt() const;
 
  private:
   static Scalar on(Device device, double v);  // a tensor-held v on `device`

@@ -411,6 +411,26 @@ void sum_into(Tensor& out, const Tensor& x, double divisor) {
   d.is_cpu() ? cpu::sum_into(out, x, divisor) : cuda::sum_into(out, x, divisor);
 }
 
+void sum_squares_into(Tensor& out, const Tensor& x) {
+  Device d = check_placed("sum_squares_into", out, x);
+  SCALELAB_CHECK(out.numel() == 1 && out.dtype() == DType::f64,
+                 "sum_squares_into: out {} (one f64 element)", out.str());
+  d.is_cpu() ? cpu::sum_squares_into(out, x) : cuda::sum_squares_into(out, x);
+}
+
+void clip_scale(Tensor& x, const Tensor& sum_squares, double max_norm) {
+  Device d = check_placed("clip_scale", x, sum_squares);
+  SCALELAB_CHECK(sum_squares.numel() == 1 && sum_squares.dtype() == DType::f64,
+                 "clip_scale: sum_squares {} (one f64 element)", sum_squares.str());
+  SCALELAB_DISPATCH(d, clip_scale(x, sum_squares, max_norm));
+}
+
+void sqrt_into(Tensor& out, const Tensor& x) {
+  Device d = check_same("sqrt_into", out, x);
+  SCALELAB_CHECK(out.numel() == x.numel(), "sqrt_into: out {} for x {}", out.str(), x.str());
+  SCALELAB_DISPATCH(d, sqrt_into(out, x));
+}
+
 namespace {
 // What both AdamW updates need of their arguments: master weights f32 or f64, grad, m, v (and a
 // bf16 compute copy) of their size on their device, a step from 1. Returns the device.

@@ -162,6 +162,16 @@ double sum_squares(const Tensor& x);
 /// accumulates them (the same bits as sum(x) / divisor): sum() without the copy to the host, so
 /// a loss stays on its GPU (Scalar).
 void sum_into(Tensor& out, const Tensor& x, double divisor = 1.0);
+/// out (one f64 element on x's device) += the sum of squares of x's elements, accumulated as
+/// sum_squares() accumulates them: `s += sum_squares(x)` without the copy to the host, so a
+/// gradient norm over several tensors stays on its GPU (the same bits as the host's sum).
+void sum_squares_into(Tensor& out, const Tensor& x);
+/// Global-norm clipping without reading the norm to the host: with norm = sqrt(sum_squares)
+/// (one f64 element on x's device, read there), x *= max_norm / (norm + 1e-6) when
+/// norm > max_norm, else x is left as it is. The bits of ops::scale under the same test.
+void clip_scale(Tensor& x, const Tensor& sum_squares, double max_norm);
+/// out[i] = sqrt(x[i]) (same shape and dtype; a Scalar's square root on its device).
+void sqrt_into(Tensor& out, const Tensor& x);
 
 /// One AdamW step (PyTorch's AdamW: decoupled weight decay, bias correction):
 ///   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;

@@ -129,16 +129,16 @@ double grad_norm(const std::vector<Group>& groups) {
   return std::sqrt(s);
 }
 
-double clip_grad_norm(const std::vector<Group>& groups, double max_norm) {
-  const double norm = grad_norm(groups);
-  if (norm > max_norm) {
-    const double factor = max_norm / (norm + 1e-6);
-    for (const Group& g : groups) {
-      Tensor grad = g.grad;
-      ops::scale(grad, factor);
-    }
+Scalar clip_grad_norm(const std::vector<Group>& groups, double max_norm) {
+  if (groups.empty()) return 0.0;
+  // grad_norm's sum (over groups in order, in double), kept on the device
+  Tensor sum_squares = Tensor::zeros({1}, DType::f64, groups.front().grad.device());
+  for (const Group& g : groups) ops::sum_squares_into(sum_squares, g.grad);
+  for (const Group& g : groups) {
+    Tensor grad = g.grad;
+    ops::clip_scale(grad, sum_squares, max_norm);
   }
-  return norm;
+  return Scalar(sum_squares).sqrt();
 }
 
 double cosine_lr(int64_t step, int64_t warmup, int64_t decay_steps, double max_lr,

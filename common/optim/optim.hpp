@@ -12,6 +12,7 @@
 
 #include "common/nn/parameter.hpp"
 #include "common/ops/ops.hpp"
+#include "common/scalar.hpp"
 
 namespace scalelab::optim {
 
@@ -106,9 +107,11 @@ class SGD {
 /// sqrt(sum of squares of every gradient) (a sum over groups in order, in double).
 double grad_norm(const std::vector<Group>& groups);
 
-/// Scales every gradient by max_norm / norm when the global norm exceeds max_norm (PyTorch's
-/// clip_grad_norm_ up to its 1e-6 epsilon). Returns the norm before clipping.
-double clip_grad_norm(const std::vector<Group>& groups, double max_norm);
+/// Scales every gradient by max_norm / (norm + 1e-6) when the global norm exceeds max_norm
+/// (PyTorch's clip_grad_norm_). Returns the norm before clipping, on the gradients' device: the
+/// norm is summed, compared and applied there (ops::sum_squares_into, ops::clip_scale), so a
+/// step that clips reads nothing back until someone reads the Scalar. The bits of grad_norm.
+Scalar clip_grad_norm(const std::vector<Group>& groups, double max_norm);
 
 /// nanoGPT's schedule: linear warmup to max_lr over `warmup` steps (lr * (step+1) / (warmup+1)),
 /// then cosine decay to min_lr at `decay_steps`, min_lr after.

@@ -1,5 +1,5 @@
 // Starter generated from solutions/02_single_device/single_device.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 35c85e75ad9082dd (lets make-labs see your edits).
+// step (see README.md). Body hash dd2bcd3e7f261c87 (lets make-labs see your edits).
 #include "common/errors.hpp"  // scalelab::NotImplemented
 // Lab 02: single_device. The training loop of one device: the baseline of every later lab.
 #include "single_device.hpp"
@@ -30,7 +30,7 @@ double learning_rate(int64_t step, const TrainConfig& c) {
       "lab 02 step 2: linear warmup, then cosine decay to min_lr (README.md#step-2)");
 }
 
-double clip_gradients(nn::GPT& model, double max_norm) {
+Scalar clip_gradients(nn::GPT& model, double max_norm) {
   // TODO step 2: global gradient norm over every parameter, then scale
   // HINT: ops::sum_squares and ops::scale; the gradients are also one flat buffer
   // HINT: (model.params().grads()).

@@ -44,8 +44,9 @@ double learning_rate(int64_t step, const TrainConfig& config);
 
 /// Step 2b. Global-norm clipping: the norm is sqrt of the sum over ALL gradients of their squared
 /// elements; when it exceeds max_norm, every gradient is multiplied by max_norm / (norm + 1e-6)
-/// (PyTorch's clip_grad_norm_). Returns the norm before clipping.
-double clip_gradients(nn::GPT& model, double max_norm);
+/// (PyTorch's clip_grad_norm_). Returns the norm before clipping (a double converts to the
+/// Scalar: the reference keeps the norm on the gradients' device, README.md#step-2).
+Scalar clip_gradients(nn::GPT& model, double max_norm);
 
 // ---- Step 3: evaluation -------------------------------------------------------------------
 

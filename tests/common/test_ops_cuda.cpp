@@ -179,6 +179,20 @@ TEST_F(CudaOps, ReductionsAndOptimizers) {
   EXPECT_EQ(host_reads(), reads);
   EXPECT_EQ(mean.device(), gpu);
   EXPECT_NEAR(mean.value(), ops::sum(x) / 7.0, 1e-9 * 100003);
+  // clipping on the GPU: the sum of squares accumulated there (the bits of the host's
+  // `s += sum_squares(x)`), the norm's square root and the scaling without a read
+  Tensor sq = Tensor::zeros({1}, DType::f64, gpu);
+  ops::sum_squares_into(sq, x.to(gpu));
+  ops::sum_squares_into(sq, x.to(gpu));
+  const double twice = ops::sum_squares(x.to(gpu)) + ops::sum_squares(x.to(gpu));
+  const int64_t before_clip = host_reads();
+  const Scalar norm = Scalar(sq).sqrt();
+  EXPECT_EQ(host_reads(), before_clip);
+  EXPECT_EQ(norm.value(), std::sqrt(twice));
+  same_on_both("clip_scale", {rnd({1000}, 41), Tensor::from_vector({25.0}, {1}, DType::f64)},
+               [](std::vector<Tensor>& t) { ops::clip_scale(t[0], t[1], 2.0); });  // norm 5 > 2
+  same_on_both("clip_scale below", {rnd({1000}, 42), Tensor::from_vector({1.0}, {1}, DType::f64)},
+               [](std::vector<Tensor>& t) { ops::clip_scale(t[0], t[1], 2.0); });  // untouched
   ops::AdamWArgs a{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
   same_on_both("adamw", {rnd({500}, 34), rnd({500}, 35), rnd({500}, 36, 0, 1), rnd({500}, 37, 0, 1)},
                [&](std::vector<Tensor>& t) { ops::adamw_update(t[0], t[1], t[2], t[3], a); });

@@ -7,6 +7,7 @@
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
+#include "common/scalar.hpp"
 
 using namespace scalelab;
 
@@ -66,6 +67,28 @@ TEST(Optim, ClipGradNorm) {
   // below the threshold nothing changes
   EXPECT_NEAR(optim::clip_grad_norm({a, b}, 10.0), 1.0, 1e-6);
   EXPECT_NEAR(a.grad.item(0), 0.6, 1e-6);
+}
+
+// Clipping keeps the norm where the gradients are: it reads nothing back (on the host too, where
+// host_reads() counts what a GPU would copy), and gives the bits of the host formula: the norm
+// sqrt(sum of grad_norm's squares), every gradient times max_norm / (norm + 1e-6).
+TEST(Optim, ClippingReadsNothingAndKeepsTheBitsOfTheFormula) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    auto a = group({0, 0, 0}, {0.3, -1.7, 2.2}, true, dt), b = group({0}, {4.1}, false, dt);
+    auto a2 = group({0, 0, 0}, {0.3, -1.7, 2.2}, true, dt), b2 = group({0}, {4.1}, false, dt);
+    const double norm = optim::grad_norm({a2, b2});
+    for (optim::Group* g : {&a2, &b2}) ops::scale(g->grad, 1.5 / (norm + 1e-6));
+
+    const int64_t reads = host_reads();
+    const Scalar clipped = optim::clip_grad_norm({a, b}, 1.5);
+    EXPECT_EQ(host_reads(), reads) << "clipping read its norm back";
+    EXPECT_EQ(clipped.value(), norm) << dtype_name(dt);
+    EXPECT_EQ(a.grad.to_vector(), a2.grad.to_vector()) << dtype_name(dt);
+    EXPECT_EQ(b.grad.to_vector(), b2.grad.to_vector()) << dtype_name(dt);
+    const std::vector<double> before = a.grad.to_vector();
+    optim::clip_grad_norm({a, b}, 100.0);  // below the threshold: untouched
+    EXPECT_EQ(a.grad.to_vector(), before);
+  }
 }
 
 TEST(Optim, CosineScheduleWithWarmup) {

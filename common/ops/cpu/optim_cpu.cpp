@@ -35,6 +35,21 @@ double sum_squares(const Tensor& x) {
   return total;
 }
 
+void sum_squares_into(Tensor& out, const Tensor& x) { out.data<double>()[0] += sum_squares(x); }
+
+void clip_scale(Tensor& x, const Tensor& sum_squares, double max_norm) {
+  const double norm = std::sqrt(sum_squares.data<double>()[0]);  // host memory: not a read back
+  if (norm > max_norm) scale(x, max_norm / (norm + 1e-6));
+}
+
+void sqrt_into(Tensor& out, const Tensor& x) {
+  SCALELAB_TRAIN_TYPES(x.dtype(), {
+    const T* p = x.data<T>();
+    T* o = out.data<T>();
+    for (int64_t i = 0, n_ = x.numel(); i < n_; ++i) o[i] = T(std::sqrt(acc_t(p[i])));
+  });
+}
+
 namespace {
 // AdamW's constants for one call, converted once to the element type (as the loop used to do
 // per element: T(beta1), T(1 - beta1), T(c1), ...), so every path below computes the same

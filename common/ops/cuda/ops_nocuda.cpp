@@ -45,6 +45,9 @@ void logarithm(Tensor&, const Tensor&) { no_cuda(); }
 double sum(const Tensor&) { no_cuda(); }
 double sum_squares(const Tensor&) { no_cuda(); }
 void sum_into(Tensor&, const Tensor&, double) { no_cuda(); }
+void sum_squares_into(Tensor&, const Tensor&) { no_cuda(); }
+void clip_scale(Tensor&, const Tensor&, double) { no_cuda(); }
+void sqrt_into(Tensor&, const Tensor&) { no_cuda(); }
 void adamw_update_segments(Tensor&, const Tensor&, Tensor&, Tensor&, const DecaySegments&,
                            const AdamWArgs&, Tensor*) {
   no_cuda();

@@ -34,6 +34,30 @@ __global__ void add_partials_kernel(double* out, const double* partial, int n, d
   *out = s / divisor;
 }
 
+// out[0] += partial[0] + partial[1] + ... (summed in that order first): the host's
+// `s += sum_squares(x)`, the same additions.
+__global__ void accumulate_partials_kernel(double* out, const double* partial, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += partial[i];
+  *out += s;
+}
+
+// Clipping with the norm read on the device: every thread reads the one sum of squares (a
+// cached load) and the whole grid leaves x untouched when norm <= max_norm. sqrt and the
+// division are correctly rounded in double on both sides, so the factor has the host's bits.
+template <class S, class A>
+__global__ void clip_scale_kernel(S* x, const double* sum_squares, double max_norm, int64_t n) {
+  const double norm = sqrt(*sum_squares);
+  if (!(norm > max_norm)) return;
+  const A f = A(max_norm / (norm + 1e-6));
+  SCALELAB_GRID_STRIDE(i, n) x[i] = S(A(x[i]) * f);
+}
+
+template <class S, class A>
+__global__ void sqrt_kernel(S* out, const S* x, int64_t n) {
+  SCALELAB_GRID_STRIDE(i, n) out[i] = S(sqrt(A(x[i])));
+}
+
 // The per-block partial sums of x (or of its squares), in a scratch buffer of the device.
 template <bool kSquare>
 double* partial_sums(const Tensor& x) {
@@ -127,6 +151,28 @@ void sum_into(Tensor& out, const Tensor& x, double divisor) {
   CUDA_CHECK_LAUNCH();
 }
 double sum_squares(const Tensor& x) { return reduce<true>(x); }
+
+void sum_squares_into(Tensor& out, const Tensor& x) {
+  const double* partial = partial_sums<true>(x);
+  accumulate_partials_kernel<<<1, 1>>>(out.data<double>(), partial, kSumBlocks);
+  CUDA_CHECK_LAUNCH();
+}
+
+void clip_scale(Tensor& x, const Tensor& sum_squares, double max_norm) {
+  use_device(x);
+  const int64_t n = x.numel();
+  SCALELAB_TRAIN_TYPES(x.dtype(), clip_scale_kernel<T, acc_t><<<blocks_for(n), kThreads>>>(
+                                      x.data<T>(), sum_squares.data<double>(), max_norm, n));
+  CUDA_CHECK_LAUNCH();
+}
+
+void sqrt_into(Tensor& out, const Tensor& x) {
+  use_device(out);
+  const int64_t n = x.numel();
+  SCALELAB_TRAIN_TYPES(x.dtype(), sqrt_kernel<T, acc_t><<<blocks_for(n), kThreads>>>(
+                                      out.data<T>(), x.data<T>(), n));
+  CUDA_CHECK_LAUNCH();
+}
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWArgs& a,
                   Tensor* compute) {
