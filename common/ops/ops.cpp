@@ -4,10 +4,12 @@
 #include "common/scalar.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "common/ops/cpu/ops_cpu.hpp"
 #include "common/ops/cuda/ops_cuda.hpp"
+#include "common/ops/trial_kernels.hpp"
 #include "common/device.hpp"
 #include "common/ops/work.hpp"
 
@@ -411,23 +413,49 @@ void sum_into(Tensor& out, const Tensor& x, double divisor) {
   d.is_cpu() ? cpu::sum_into(out, x, divisor) : cuda::sum_into(out, x, divisor);
 }
 
+// The norm's kernels on a GPU (sum_squares_into, clip_scale, sqrt_into) are the trial kernel
+// "norm_on_device" until checked there (trial_kernels.hpp); until then a GPU takes the way
+// through the host: the same arithmetic on numbers read back (each read counted).
+namespace {
+bool norm_on_device(Device d) { return d.is_cpu() || trial_kernel("norm_on_device"); }
+// a one-element f64 tensor's value, read back from its GPU
+double read_back(const Tensor& t) {
+  count_host_read();
+  return t.to(Device::cpu()).item();
+}
+// sets a one-element f64 tensor on its GPU
+void write_back(Tensor& t, double v) { t.copy_from(Tensor::from_vector({v}, {1}, DType::f64)); }
+}  // namespace
+
 void sum_squares_into(Tensor& out, const Tensor& x) {
   Device d = check_placed("sum_squares_into", out, x);
   SCALELAB_CHECK(out.numel() == 1 && out.dtype() == DType::f64,
                  "sum_squares_into: out {} (one f64 element)", out.str());
-  d.is_cpu() ? cpu::sum_squares_into(out, x) : cuda::sum_squares_into(out, x);
+  if (!norm_on_device(d)) return write_back(out, read_back(out) + sum_squares(x));
+  SCALELAB_DISPATCH(d, sum_squares_into(out, x));
 }
 
 void clip_scale(Tensor& x, const Tensor& sum_squares, double max_norm) {
   Device d = check_placed("clip_scale", x, sum_squares);
   SCALELAB_CHECK(sum_squares.numel() == 1 && sum_squares.dtype() == DType::f64,
                  "clip_scale: sum_squares {} (one f64 element)", sum_squares.str());
+  if (!norm_on_device(d)) {
+    const double norm = std::sqrt(read_back(sum_squares));
+    if (norm > max_norm) scale(x, max_norm / (norm + 1e-6));
+    return;
+  }
   SCALELAB_DISPATCH(d, clip_scale(x, sum_squares, max_norm));
 }
 
 void sqrt_into(Tensor& out, const Tensor& x) {
   Device d = check_same("sqrt_into", out, x);
   SCALELAB_CHECK(out.numel() == x.numel(), "sqrt_into: out {} for x {}", out.str(), x.str());
+  if (!norm_on_device(d)) {
+    SCALELAB_CHECK(x.numel() == 1 && x.dtype() == DType::f64,
+                   "sqrt_into: {} on a GPU takes one f64 element until \"norm_on_device\" is "
+                   "checked", x.str());
+    return write_back(out, std::sqrt(read_back(x)));
+  }
   SCALELAB_DISPATCH(d, sqrt_into(out, x));
 }
 

@@ -171,6 +171,8 @@ void sum_squares_into(Tensor& out, const Tensor& x);
 /// norm > max_norm, else x is left as it is. The bits of ops::scale under the same test.
 void clip_scale(Tensor& x, const Tensor& sum_squares, double max_norm);
 /// out[i] = sqrt(x[i]) (same shape and dtype; a Scalar's square root on its device).
+/// On a GPU these three run their kernels as the trial kernel "norm_on_device"
+/// (trial_kernels.hpp); until it is checked there they read the number back (counted).
 void sqrt_into(Tensor& out, const Tensor& x);
 
 /// One AdamW step (PyTorch's AdamW: decoupled weight decay, bias correction):

@@ -23,8 +23,10 @@ namespace scalelab::ops {
 ///    (ops::linear_dgelu_backward) instead of a matmul, then a gelu_backward pass (mlp.cpp).
 ///  - layernorm_backward_v2: LayerNorm's dx, dweight and dbias from one read of x and dout
 ///    (norm_cuda.cu) instead of a dx kernel and two column-sum passes.
+///  - norm_on_device: gradient clipping's norm summed, tested and applied on the GPU
+///    (ops::sum_squares_into, clip_scale, sqrt_into) instead of read back to the host (ops.cpp).
 inline constexpr const char* kTrialKernels[] = {"adamw_one_launch", "dgelu_epilogue",
-                                                "layernorm_backward_v2"};
+                                                "layernorm_backward_v2", "norm_on_device"};
 
 /// Whether the trial kernel `name` (one of kTrialKernels) may run: it is named in
 /// SCALELAB_TRY_GPU_KERNELS (a comma-separated list, or "all"), or by set_trial_kernels. A name

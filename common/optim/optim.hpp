@@ -110,7 +110,8 @@ double grad_norm(const std::vector<Group>& groups);
 /// Scales every gradient by max_norm / (norm + 1e-6) when the global norm exceeds max_norm
 /// (PyTorch's clip_grad_norm_). Returns the norm before clipping, on the gradients' device: the
 /// norm is summed, compared and applied there (ops::sum_squares_into, ops::clip_scale), so a
-/// step that clips reads nothing back until someone reads the Scalar. The bits of grad_norm.
+/// step that clips reads nothing back until someone reads the Scalar (on a GPU: once the trial
+/// kernel "norm_on_device" is checked; until then two reads). The bits of grad_norm.
 Scalar clip_grad_norm(const std::vector<Group>& groups, double max_norm);
 
 /// nanoGPT's schedule: linear warmup to max_lr over `warmup` steps (lr * (step+1) / (warmup+1)),

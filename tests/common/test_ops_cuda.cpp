@@ -180,7 +180,9 @@ TEST_F(CudaOps, ReductionsAndOptimizers) {
   EXPECT_EQ(mean.device(), gpu);
   EXPECT_NEAR(mean.value(), ops::sum(x) / 7.0, 1e-9 * 100003);
   // clipping on the GPU: the sum of squares accumulated there (the bits of the host's
-  // `s += sum_squares(x)`), the norm's square root and the scaling without a read
+  // `s += sum_squares(x)`), the norm's square root and the scaling without a read (a trial
+  // kernel until this passes on a GPU)
+  const TrialKernels trial("norm_on_device");
   Tensor sq = Tensor::zeros({1}, DType::f64, gpu);
   ops::sum_squares_into(sq, x.to(gpu));
   ops::sum_squares_into(sq, x.to(gpu));
