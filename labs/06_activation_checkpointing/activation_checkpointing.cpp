@@ -1,5 +1,5 @@
 // Starter generated from solutions/06_activation_checkpointing/activation_checkpointing.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 12c19b43ab8437cc (lets make-labs see your edits).
+// step (see README.md). Body hash 13f04f16f845cd02 (lets make-labs see your edits).
 // Lab 06: activation checkpointing: keep block inputs, recompute in backward, policies.
 #include "activation_checkpointing.hpp"
 
@@ -14,7 +14,7 @@ namespace scalelab::lab06 {
 // Policy::str() and parse_policy (given): policy_text.cpp. held_activation_bytes (given):
 // held_bytes.cpp.
 
-double forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved& saved) {
+Scalar forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved& saved) {
   const int L = static_cast<int>(model.config().n_layer);
   SCALELAB_CHECK(static_cast<int>(plan.full.size()) == L &&
                      static_cast<int>(plan.selective.size()) == L,

@@ -55,8 +55,9 @@ struct Saved {
 /// per block): embed, then for each block i save its input in saved.acts.inputs[i], run it into
 /// saved.acts.blocks[i], and free those activations if plan.full[i] (reset()) or drop their
 /// selective pieces if plan.selective[i] (drop_selective, step 3); then the head. Returns the
-/// mean loss, bitwise the loss of model.forward(tokens, targets).
-double forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved& saved);
+/// mean loss, bitwise the loss of model.forward(tokens, targets), on the model's device (a
+/// Scalar: reading it is a copy to the host, left to the step line that prints it).
+Scalar forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved& saved);
 
 // ---- Step 2: backward ------------------------------------------------------------------------
 

@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
           lab03::local_batch(sampler.batch(step), comm.rank(), comm.size()).to(device);
       model.zero_grad();
       lab06::Saved saved;
-      double loss = lab06::forward(model, mine, plan, saved);
+      const Scalar loss = lab06::forward(model, mine, plan, saved);  // stays on the device
       lab06::backward(model, saved);
       lab03::all_reduce_gradients(model, comm);
       const double global = train::global_loss(loss, comm);

@@ -182,8 +182,9 @@ void vocab_parallel_embedding_backward(Tensor& dwte_local, int64_t lo, Tensor& d
 /// Built from the per-row ops of common/ops/ops.hpp (no loop over elements here), so it runs on
 /// the CPU and on a GPU. In mixed precision the logits (and probabilities) are bf16 and the three
 /// per-row numbers fp32 (ops::stats_dtype): the probabilities within one bf16 rounding of the
-/// single-device op's.
-double vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo,
+/// single-device op's. The mean loss stays on the logits' device (a Scalar), read by whoever
+/// prints it.
+Scalar vocab_parallel_cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo,
                                     comm::Communicator& tp);
 /// Step 4c. The backward, in place: probs (N, V/tp) from the forward becomes the gradient of
 /// scale times the mean loss with respect to this rank's logit columns. No communication.

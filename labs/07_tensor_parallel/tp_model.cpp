@@ -51,7 +51,6 @@ void TensorParallel::embedding_backward(Tensor& dwte, int64_t lo, Tensor& dwpe,
   vocab_parallel_embedding_backward(dwte, lo, dwpe, dout, tokens);
 }
 
-// (step 4's function returns the loss on the host: this model reads it once per forward)
 Scalar TensorParallel::cross_entropy(Tensor& logits, const Tensor& targets, int64_t lo) const {
   return vocab_parallel_cross_entropy(logits, targets, lo, tp_);  // in place: no second (N, V/tp)
 }

@@ -12,7 +12,7 @@ namespace scalelab::lab06 {
 // Policy::str() and parse_policy (given): policy_text.cpp. held_activation_bytes (given):
 // held_bytes.cpp.
 
-double forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved& saved) {
+Scalar forward(nn::GPT& model, const data::Batch& batch, const Plan& plan, Saved& saved) {
   const int L = static_cast<int>(model.config().n_layer);
   SCALELAB_CHECK(static_cast<int>(plan.full.size()) == L &&
                      static_cast<int>(plan.selective.size()) == L,

@@ -39,10 +39,11 @@ constexpr int64_t kV = 256, kC = 8, kB = 3, kT = 5, kN = kB * kT;
 constexpr std::size_t kHeapSlack = 6144;
 
 using CrossEntropy =
-    std::function<double(Tensor& logits, const Tensor& targets, int64_t lo, comm::Communicator&)>;
+    std::function<Scalar(Tensor& logits, const Tensor& targets, int64_t lo, comm::Communicator&)>;
 
 struct CEResult {
-  double loss = 0;
+  Scalar loss;
+  int64_t reads = 0;           // numbers copied back to the host during the call (host_reads())
   Tensor probs;
   std::size_t extra_peak = 0;  // allocator bytes above the start, during the call
   labtest::HeapGrowth heap;    // the whole heap (std::vector, new[], statics, Tensors)
@@ -56,9 +57,11 @@ CEResult run_ce(const CrossEntropy& ce, const Tensor& full, const Tensor& target
   r.probs = columns(full, lo, lo + n);
   reset_peak_memory(Device::cpu());
   const std::size_t start = memory_stats(Device::cpu()).current;
+  const int64_t reads = host_reads();
   r.heap = labtest::heap_growth_of(
       [&] { r.moved = traffic_of([&] { r.loss = ce(r.probs, targets, lo, group()); }); });
   r.extra_peak = memory_stats(Device::cpu()).peak - start;
+  r.reads = host_reads() - reads;
   return r;
 }
 
@@ -89,7 +92,12 @@ Tensor ce_targets() { return random_tokens(kN, 1, kV, 42).view({kN}); }
            << "cross-entropy (counting malloc: std::vector, new[] and statics too); O(N) = "
            << budget << " + " << kHeapSlack << " of bookkeeping allowed, this rank's logits are "
            << kN * kV / size() * 8 << " bytes";
-  if (auto ok = near({r.loss}, {want}); !ok) return ok << " (mean loss)";
+  // On a GPU each read waits for every kernel before it: the loss stays where the logits are
+  if (r.reads != 0)
+    return ::testing::AssertionFailure()
+           << "the cross-entropy read " << r.reads << " number(s) back to the host (ops::sum "
+           << "does); keep the mean loss on the logits' device: ops::sum_into, returned as a Scalar";
+  if (auto ok = near({r.loss.value()}, {want}); !ok) return ok << " (mean loss)";
   const int64_t n = kV / size(), lo = rank() * n;
   if (auto ok = near(r.probs, cut(probs, nn::Shard{1, {{lo, lo + n}}})); !ok)
     return ok << " (this rank's columns of the softmax)";
@@ -121,8 +129,8 @@ TEST(Step4_GPT, TheFullLogitsNeverExistOnOneRank) {
   const std::size_t peak = memory_stats(Device::cpu()).peak - start;
   EXPECT_EQ(acts.head.probs.shape(), (std::vector<int64_t>{BT, c.vocab_size / size()}));
   // the head's own tensors: lnf (B*T*C), its statistics (2 B*T), probs (B*T*V/tp); the
-  // cross-entropy's three B*T vectors
-  const std::size_t want = (BT * c.n_embd + 2 * BT + BT * c.vocab_size / size() + 3 * BT) * 4;
+  // cross-entropy's three B*T vectors and its mean (one f64)
+  const std::size_t want = (BT * c.n_embd + 2 * BT + BT * c.vocab_size / size() + 3 * BT) * 4 + 8;
   EXPECT_LE(peak, want) << "the head's peak: ln_f's output, (B*T, V/tp) and O(B*T) besides";
   // nor in a static array of the attendee's file (its .bss and .data, from the object's symbols)
   EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 07 step 4"));
@@ -321,6 +329,18 @@ TEST(Step4_PlantedFault, FullLogitsInAStdVectorAreCaught) {
     full.shrink_to_fit();
     return loss;
   })) << "the check of Step4_CrossEntropy must fail";
+}
+
+// The right technique, but the mean loss summed on the host (ops::sum): right numbers, traffic
+// and memory; on a GPU the copy stops the queue once per forward. The read counter sees it.
+TEST(Step4_PlantedFault, LossReadBackToTheHostIsCaught) {
+  const ::testing::AssertionResult got =
+      check_ce([](Tensor& z, const Tensor& t, int64_t lo, comm::Communicator& c) {
+        const double loss = planted_base(z, t, lo, c, true);
+        return Scalar(ops::sum(Tensor::from_vector({loss}, {1}, DType::f64)));
+      });
+  EXPECT_FALSE(got);
+  EXPECT_NE(std::string(got.message()).find("read 1 number"), std::string::npos) << got.message();
 }
 
 // The full logits gathered with a raw MPI_Allgather into a static array: past the Communicator,
