@@ -4,7 +4,10 @@
 #include <atomic>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "common/ops/ops.hpp"
+#include "common/trace.hpp"
 
 namespace scalelab {
 
@@ -20,7 +23,7 @@ Scalar::Scalar(Tensor value) : value_(std::move(value)) {
 
 double Scalar::value() const {
   if (!value_.defined()) return host_;
-  count_host_read();
+  const HostRead read("Scalar");
   return value_.device().is_cpu() ? value_.item() : value_.to(Device::cpu()).item();
 }
 
@@ -91,7 +94,17 @@ Scalar Scalar::sqrt() const {
 }
 
 int64_t host_reads() { return g_host_reads.load(std::memory_order_relaxed); }
-void count_host_read() { g_host_reads.fetch_add(1, std::memory_order_relaxed); }
+
+HostRead::HostRead(const char* what) : what_(what) {
+  g_host_reads.fetch_add(1, std::memory_order_relaxed);
+  if (trace::enabled()) begin_us_ = trace::now_us();
+}
+
+HostRead::~HostRead() {
+  if (begin_us_ >= 0 && trace::enabled())
+    trace::event("host read", "sync", begin_us_, trace::now_us(), trace::kCompute,
+                 fmt::format("\"what\":\"{}\"", what_));
+}
 
 std::ostream& operator<<(std::ostream& os, const Scalar& s) { return os << s.value(); }
 

@@ -68,8 +68,23 @@ class Scalar {
 /// tensor-held Scalars, and the results of ops::sum and ops::sum_squares. On a GPU each is a
 /// copy that waits for the kernels before it.
 int64_t host_reads();
-/// Counts one (the reductions that return a number to the host call it).
-void count_host_read();
+
+/// One number read back to the host, held for the length of the read: counts it (host_reads())
+/// and, while tracing (trace.hpp), records a "host read" event (category "sync", args
+/// {"what": what}) from construction to destruction. On a GPU that span is the wait for every
+/// kernel queued before the number, then the copy: a trace of a step shows where it stops the
+/// device's queue. Every place that copies a number back holds one.
+class HostRead {
+ public:
+  explicit HostRead(const char* what);
+  ~HostRead();
+  HostRead(const HostRead&) = delete;
+  HostRead& operator=(const HostRead&) = delete;
+
+ private:
+  const char* what_;
+  double begin_us_ = -1;  // < 0: tracing was off
+};
 
 /// Prints the value (a read): for test failures and logs.
 std::ostream& operator<<(std::ostream& os, const Scalar& s);

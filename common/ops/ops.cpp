@@ -396,13 +396,13 @@ void logarithm(Tensor& out, const Tensor& in) {
 
 double sum(const Tensor& x) {
   Device d = check_same("sum", x);
-  count_host_read();  // the number comes back to the host (scalar.hpp)
+  const HostRead read("ops::sum");  // the number comes back to the host (scalar.hpp)
   return d.is_cpu() ? cpu::sum(x) : cuda::sum(x);
 }
 
 double sum_squares(const Tensor& x) {
   Device d = check_same("sum_squares", x);
-  count_host_read();
+  const HostRead read("ops::sum_squares");
   return d.is_cpu() ? cpu::sum_squares(x) : cuda::sum_squares(x);
 }
 
@@ -420,7 +420,7 @@ namespace {
 bool norm_on_device(Device d) { return d.is_cpu() || trial_kernel("norm_on_device"); }
 // a one-element f64 tensor's value, read back from its GPU
 double read_back(const Tensor& t) {
-  count_host_read();
+  const HostRead read("gradient norm");
   return t.to(Device::cpu()).item();
 }
 // sets a one-element f64 tensor on its GPU

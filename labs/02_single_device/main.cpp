@@ -217,7 +217,12 @@ int main(int argc, char** argv) {
       const data::Batch batch = train.batch(step).to(device);
       const double lr = lab02::learning_rate(step, tc);
       metrics::Timer timer(device);
-      const double loss = lab02::train_step(model, opt, batch, lr, tc.clip);
+      double loss = 0;
+      {
+        // in a --trace, each step's one "host read" (its loss) is inside this span
+        trace::Scope scope("train_step");
+        loss = lab02::train_step(model, opt, batch, lr, tc.clip);
+      }
       const double dt = timer.elapsed();
       if (step % log_every == 0 || step + 1 == tc.steps) {
         metrics::StepStats s;

@@ -120,6 +120,12 @@ add_test(NAME lab02.program.resume
                  $<TARGET_FILE:lab02_single_device_solution> ${tiny_data})
 set_tests_properties(lab02.program.resume PROPERTIES LABELS "reference;lab02" TIMEOUT 60
                      ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+# in a --trace, each step holds one "host read" (its loss): tools/trace_reads --expect 1
+add_test(NAME lab02.program.trace_reads
+         COMMAND sh ${PROJECT_SOURCE_DIR}/tests/02_single_device/trace_reads_test.sh
+                 $<TARGET_FILE:lab02_single_device_solution> ${tiny_data} ${PROJECT_SOURCE_DIR})
+set_tests_properties(lab02.program.trace_reads PROPERTIES LABELS "reference;lab02" TIMEOUT 60
+                     ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 scalelab_add_test(NAME test_param_storage
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_param_storage.cpp)
 # the mixture of experts (lab 12's library side): routing ops, nn::MoE against the masked dense

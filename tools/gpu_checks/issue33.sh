@@ -42,6 +42,12 @@ TAILN=4 run adamw_one_launch 60 env SCALELAB_TRY_GPU_KERNELS=adamw_one_launch \
   "$B/common/scalelab_bench_adamw" --device cuda
 TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
   python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
+# 1c. item 6, shown in a trace: every step's "host read" events (common/scalar.hpp, HostRead)
+# with all trial kernels on (norm_on_device keeps clipping's norm on the GPU): one a step, its
+# printed loss, waiting for the step's kernels (tools/trace_reads prints each read's wait)
+TAILN=14 run trace_host_reads 90 sh -c '"$@" --steps 6 --trace "'"$out"'/lab02_trace.json" \
+  > /dev/null && python3 tools/trace_reads "'"$out"'/lab02_trace.json" --expect 1' \
+  sh env SCALELAB_TRY_GPU_KERNELS=all "${lab02[@]}"
 # 2. one step's kernels: ncu at 1 and 2 steps (their difference is one step), PyTorch profiled
 if [[ -n $ncu ]]; then
   for s in 1 2; do
