@@ -194,6 +194,9 @@ class GraderTest(unittest.TestCase):
         self.assertEqual((report["optional_points"], report["optional_max_points"]), (0, 0))
         self.assertIn(f"ignored (not an attendee file; the pristine copy is used): labs/{LAB}/extra.cpp, "
                       f"labs/{LAB}/main.cpp", proc.stderr)
+        # the pristine tree is never edited: its library is a unity build (half the build time)
+        unity = self.work / "tree-work" / "tree" / "build" / "common" / "CMakeFiles" / "scalelab_common.dir" / "Unity"
+        self.assertTrue(list(unity.glob("unity_*")), f"no unity sources in {unity}")
 
     def test_hang_is_timed_out_with_every_ranks_line_once_per_step(self):
         # No SCALELAB_TIMEOUT (the test main's default is 45 s) and a 15 s limit: the grader must
