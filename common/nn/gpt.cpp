@@ -348,13 +348,15 @@ Tensor GPT::logits(const Tensor& tokens) {
   return out;
 }
 
-double GPT::loss(const Tensor& tokens, const Tensor& targets) {
+Scalar GPT::loss(const Tensor& tokens, const Tensor& targets) {
   const int64_t N = tokens.numel(), V = config_.vocab_size;
   Tensor lg = logits(tokens).view({N, V});
   Tensor probs = Tensor::empty({N, V}, lg.dtype(), options_.device);
   Tensor losses = Tensor::empty({N}, ops::stats_dtype(lg.dtype()), options_.device);
   ops::cross_entropy_forward(losses, probs, lg, targets.view({N}));
-  return ops::sum(losses) / static_cast<double>(N);
+  Tensor mean = Tensor::empty({1}, DType::f64, options_.device);
+  ops::sum_into(mean, losses, static_cast<double>(N));  // the bits of ops::sum(losses) / N
+  return Scalar(mean);
 }
 
 std::size_t GPTActivations::nbytes() const {

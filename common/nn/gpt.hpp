@@ -325,8 +325,9 @@ class GPT {
   /// true; the block hooks do not run (no activations are kept for a backward).
   Tensor logits(const Tensor& tokens);
   /// Mean loss of tokens -> targets without keeping activations (evaluation): logits(), then the
-  /// cross-entropy.
-  double loss(const Tensor& tokens, const Tensor& targets);
+  /// cross-entropy. On the model's device, as forward's: an evaluation over several batches
+  /// adds them there and reads the sum once.
+  Scalar loss(const Tensor& tokens, const Tensor& targets);
   /// True while logits() / loss() (and so generate()) run: the hooks a policy sees then belong
   /// to an evaluation pass, which no backward follows; false in the six training pieces.
   bool evaluating() const { return evaluating_; }

@@ -13,7 +13,7 @@
 set -uo pipefail
 if [[ ${1:-} == --targets ]]; then
   echo lab02_single_device_solution test_ops_cuda test_ops_cuda_bf16 scalelab_bench_kernels \
-    scalelab_bench_adamw
+    scalelab_bench_adamw scalelab_bench_attention
   exit 0
 fi
 source build/gpu-pack/env.sh || exit 1
@@ -42,6 +42,12 @@ TAILN=4 run adamw_one_launch 60 env SCALELAB_TRY_GPU_KERNELS=adamw_one_launch \
   "$B/common/scalelab_bench_adamw" --device cuda
 TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
   python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
+# 1d. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
+for k in none adamw_one_launch dgelu_epilogue layernorm_backward_v2 norm_on_device all; do
+  list=$k; [[ $k == none ]] && list=
+  TAILN=1 run "lab02_trial_$k" 45 sh -c 'SCALELAB_TRY_GPU_KERNELS="$0" "$@" --steps 8 |
+    python3 tools/gpu_checks/median_step.py --label "'"$k"'"' "$list" "${lab02[@]}"
+done
 # 1c. item 6, shown in a trace: every step's "host read" events (common/scalar.hpp, HostRead)
 # with all trial kernels on (norm_on_device keeps clipping's norm on the GPU): one a step, its
 # printed loss, waiting for the step's kernels (tools/trace_reads prints each read's wait)
@@ -60,6 +66,16 @@ if [[ -n $ncu ]]; then
 else
   echo "no ncu on this machine" | tee -a "$out/summary.txt"
   failed=$((failed + 1))
+fi
+# 2b. what limits flash attention's backward (the largest gap left: dK/dV 4.8 + dQ 3.1 ms a step
+# against cuDNN's 2.7 on the last H100): occupancy, registers, stall reasons and throughput of
+# one launch of each tensor-core backward kernel at gpt-85m's shape, for the next version
+if [[ -n $ncu ]]; then
+  TAILN=5 run ncu_flash_backward 120 sh -c '"$0" --kernel-name regex:"flash_tc_(dkdv|dq)_kernel" \
+    --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward.txt"' \
+    "$ncu" "$B/common/scalelab_bench_attention" "$out"
 fi
 run torch_kernels 150 python3 tools/bench_gpt_torch.py --device cuda --model gpt-85m --batch 16 \
   --steps 5 --warmup 3 --kernel-table "$out/torch_kernels.csv"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every open issue's GPU checks in one device call, the most needed first, under one DEADLINE (a
+# step past it is skipped and counted as failed, run_step.sh): every GPU test (issue 31's
+# ctest -L gpu, which holds issue 33's trial-kernel tests), then issue 33's measurements, then
+# the rest of issue 31 (the labs over NCCL, two ranks sharing the GPU, lab 01's busbw table).
+#
+# On the build machine, from the project root:
+#   ../shared/gpu/pack $(tools/gpu_checks/all.sh --targets)
+# On the GPU machine, with build/gpu-pack/pack.tar.xz and env.sh carried and $OUT set:
+#   bash tools/gpu_checks/all.sh [SECONDS]     # default 560: under the device's 600 s a command
+# Exit status: the failed (or skipped) steps of all three.
+set -uo pipefail
+here=$(dirname "$0")
+if [[ ${1:-} == --targets ]]; then
+  echo $(bash "$here/issue31.sh" --targets) $(bash "$here/issue33.sh" --targets) test_ops_cuda_flash
+  exit 0
+fi
+export DEADLINE=$(( $(date +%s) + ${1:-560} ))
+ONLY=ctest_gpu bash "$here/issue31.sh"; a=$?
+bash "$here/issue33.sh"; b=$?
+SKIP=ctest_gpu bash "$here/issue31.sh"; c=$?
+echo "all.sh: issue 31 tests $a, issue 33 $b, issue 31 programs $c failed step(s)" | tee -a "${OUT:-/tmp}/summary.txt"
+exit $((a + b + c))
