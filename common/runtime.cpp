@@ -81,6 +81,10 @@ void exit_all(int code, const std::string& line) {
   std::exit(code);  // not reached
 }
 
+void not_implemented_in_destructor(const char* what) {
+  exit_all(kExitFailed, fmt::format("[scalelab] verdict: not implemented: {}", what));
+}
+
 int run_main(int argc, char** argv, const std::function<int(int, char**)>& body) {
   init(&argc, &argv);
   int code = 0;

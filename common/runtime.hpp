@@ -37,6 +37,12 @@ int world_size();
 /// prints `line` prefixed with its rank and aborts the job with `code`.
 [[noreturn]] void exit_all(int code, const std::string& line = "");
 
+/// A starter's unwritten step inside a destructor (tools/make-labs writes it there instead of
+/// `throw NotImplemented`: a destructor is noexcept, a throw would end in std::terminate): ends
+/// every rank as the test main ends on NotImplemented, "[scalelab] verdict: not implemented:
+/// <what>" and exit code 1.
+[[noreturn]] void not_implemented_in_destructor(const char* what);
+
 /// Runs `body` on every rank with errors mapped to exit codes: UsageError -> "error: ..." and 2,
 /// NotImplemented -> "not implemented: ..." and 1, any other exception -> "error: ..." and 1.
 int run_main(int argc, char** argv, const std::function<int(int, char**)>& body);

@@ -55,6 +55,18 @@ class MakeLabsTest(unittest.TestCase):
         self.assertNotIn("a + b", text, "the solution must not leak into the starter")
         self.assertIn('#include "common/errors.hpp"', text)
 
+    def test_a_destructor_ends_with_the_verdict_not_a_throw(self):
+        # a destructor is noexcept: `throw` there is std::terminate (and gcc's -Wterminate)
+        self.solution.write_text(SOLUTION + "Scope::~Scope() {\n  // BEGIN SOLUTION step 3: undo\n"
+                                 "  undo();\n  // END SOLUTION\n}\n")
+        self.assertEqual(self.run_tool(), 0)
+        text = self.starter()
+        dtor = text[text.index("Scope::~Scope() {"):]
+        self.assertIn('scalelab::not_implemented_in_destructor(\n      "lab 07 step 3: undo (README.md#step-3)");', dtor)
+        self.assertNotIn("throw", dtor)
+        self.assertIn("throw scalelab::NotImplemented(", text, "step 2, a function, still throws")
+        self.assertIn('#include "common/runtime.hpp"', text)
+
     def test_check_detects_drift(self):
         self.assertEqual(self.run_tool(), 0)
         self.assertEqual(self.run_tool("--check"), 0)
