@@ -3,8 +3,8 @@
 and short (minutes of device time), so what can go wrong before it is checked here, on the CPU.
 Every script parses (bash -n); every target a script's --targets names is a target of this build
 (the pack builds exactly those: a misspelt one fails the pack, a missing one leaves its step
-with no program on the GPU machine); the Python helpers compile; median_step.py reads step
-lines, and refuses output with none."""
+with no program on the GPU machine); trace_reads compiles; bench_gpt_vs_torch --scalelab-only
+(each trial kernel's timing) prints lab 02's row alone."""
 import os
 import pathlib
 import subprocess
@@ -52,22 +52,20 @@ class GpuChecksTest(unittest.TestCase):
             self.assertEqual(missing, [], f"{script} --targets names targets this build lacks")
 
     def test_python_helpers_compile(self):
-        for path in (CHECKS / "median_step.py", ROOT / "tools" / "trace_reads"):
-            compile(path.read_text(), str(path), "exec")  # raises SyntaxError
+        path = ROOT / "tools" / "trace_reads"
+        compile(path.read_text(), str(path), "exec")  # raises SyntaxError
 
-    def test_median_step_reads_step_lines(self):
-        lines = "".join(f"step={i} loss=5.0 lr=1.00e-04 dt={10 * (i + 1)}ms tps=1.2M tps/rank=1.2M "
-                        f"mfu=30.0% mem=6.2GiB\n" for i in range(6))
-        helper = [sys.executable, str(CHECKS / "median_step.py"), "--label", "x"]
-        ok = subprocess.run(helper, input="noise\n" + lines, capture_output=True, text=True)
-        self.assertEqual(ok.returncode, 0, ok.stderr)
-        # steps 2..5: 30, 40, 50, 60 ms
-        self.assertIn("median step    45.0 ms over 4 steps", ok.stdout)
-        self.assertIn("peak 6.2GiB", ok.stdout)
-        none = subprocess.run(helper, input="error: cuda: out of memory\n", capture_output=True,
-                              text=True)
-        self.assertNotEqual(none.returncode, 0)
-        self.assertIn("no step line", none.stderr)
+    def test_lab02_row_alone(self):
+        # issue33.sh times lab 02 with each trial kernel through bench_gpt_vs_torch --scalelab-only
+        lab02 = BUILD / "labs" / "lab02_single_device_solution"
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "bench_gpt_vs_torch"), "--scalelab-only",
+             "--device", "cpu", "--model", "tiny", "--batch", "2", "--steps", "2", "--warmup", "1",
+             "--data", str(ROOT / "tests" / "data" / "gpt_golden.txt"), "--lab02", str(lab02)],
+            capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertRegex(proc.stdout, r"\| scalelab lab 02 \(flash attention\) \| [\d.]+[kMG]? \|")
+        self.assertNotIn("PyTorch", proc.stdout)
 
 
 if __name__ == "__main__":

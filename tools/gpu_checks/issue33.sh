@@ -43,10 +43,12 @@ TAILN=4 run adamw_one_launch 60 env SCALELAB_TRY_GPU_KERNELS=adamw_one_launch \
 TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
   python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
 # 1d. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
+# (lab 02's row of the side-by-side table, measured the same way, without PyTorch's)
 for k in none adamw_one_launch dgelu_epilogue layernorm_backward_v2 norm_on_device all; do
   list=$k; [[ $k == none ]] && list=
-  TAILN=1 run "lab02_trial_$k" 45 sh -c 'SCALELAB_TRY_GPU_KERNELS="$0" "$@" --steps 8 |
-    python3 tools/gpu_checks/median_step.py --label "'"$k"'"' "$list" "${lab02[@]}"
+  TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
+    tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \
+    --data "$DATA"
 done
 # 1c. item 6, shown in a trace: every step's "host read" events (common/scalar.hpp, HostRead)
 # with all trial kernels on (norm_on_device keeps clipping's norm on the GPU): one a step, its
