@@ -62,6 +62,7 @@ if(SCALELAB_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/optim_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_tc_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_tc_backward_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/fused_norm_cuda.cu)
 else()
   target_sources(scalelab_common PRIVATE

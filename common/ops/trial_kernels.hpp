@@ -23,9 +23,13 @@ namespace scalelab::ops {
 ///    (ops::linear_dgelu_backward) instead of a matmul, then a gelu_backward pass (mlp.cpp).
 ///  - layernorm_backward_v2: LayerNorm's dx, dweight and dbias from one read of x and dout
 ///    (norm_cuda.cu) instead of a dx kernel and two column-sum passes.
+///  - flash_backward_one_kernel: flash attention's backward (version 2) as one kernel that adds
+///    dQ's shares in a fixed order (flash_attention_tc_backward_cuda.cu) instead of a dK/dV
+///    kernel and a dQ kernel that both compute the scores (flash_attention_tc_cuda.cu).
 ///  - norm_on_device: gradient clipping's norm summed, tested and applied on the GPU
 ///    (ops::sum_squares_into, clip_scale, sqrt_into) instead of read back to the host (ops.cpp).
 inline constexpr const char* kTrialKernels[] = {"adamw_one_launch", "dgelu_epilogue",
+                                                "flash_backward_one_kernel",
                                                 "layernorm_backward_v2", "norm_on_device"};
 
 /// Whether the trial kernel `name` (one of kTrialKernels) may run: it is named in

@@ -184,3 +184,50 @@ TEST(MmaFragments, WarpProductsMatchPlainLoops) {
       }
   }
 }
+
+// The one-kernel backward's dQ share (flash_attention_tc_backward_cuda.cu): four warps each
+// hold 16 keys' rows of dS^T (Bq queries) as accumulators and store them as bf16 pairs in a
+// [key][query] tile (c_row, c_col); then each warp reads its 16 query rows of dS from that tile
+// with ldmatrix.trans (ldsm_at_offset) and multiplies by its column group of K (Bk keys x hs,
+// ldmatrix.trans as V in forward). Every element of dS K must come out where the kernel adds it.
+TEST(MmaFragments, OneKernelBackwardDqShareMatchesPlainLoops) {
+  for (auto [HS, Bq] : {std::pair{64, 64}, std::pair{128, 32}}) {
+    constexpr int Bk = 64, kWarps = 4;
+    const int L = HS + 8, LS = Bq + 8;
+    const int RG = Bq / 16, CG = kWarps / RG, NC = HS / CG;  // the kernel's split of dQ_i
+    const std::vector<float> dst = matrix(Bk, Bq, Bq, 4);    // dS^T, keys x queries
+    const std::vector<float> k = matrix(Bk, HS, L, 5);
+    // the warps' accumulators, stored as the kernel stores them (padding stays 1000)
+    std::vector<float> ds_smem(Bk * LS, 1000.f);
+    for (int w = 0; w < kWarps; ++w)
+      for (int n = 0; n < Bq / 8; ++n)
+        for (int t = 0; t < kLanes; ++t)
+          for (int h = 0; h < 2; ++h)
+            for (int e = 0; e < 2; ++e) {
+              const RC rc = spec_c(t, 2 * h + e);  // the element register 2h + e holds
+              const float held = dst[(16 * w + rc.row) * Bq + 8 * n + rc.col];
+              ds_smem.at((16 * w + mma::c_row(t, 2 * h)) * LS + 8 * n + mma::c_col(t, 0) + e) =
+                  held;
+            }
+    for (int w = 0; w < kWarps; ++w) {
+      const int rg = w % RG, cg = w / RG;
+      std::vector<AFrag> a(Bk / 16);
+      for (int kc = 0; kc < Bk / 16; ++kc) {
+        std::array<int, kLanes> addr{};
+        for (int t = 0; t < kLanes; ++t) addr[t] = mma::ldsm_at_offset(t, rg, kc, LS);
+        a[kc] = ldmatrix_x4(ds_smem, addr, /*trans=*/true);
+      }
+      std::vector<WarpAcc> share(NC / 8, WarpAcc{});
+      mma_tile(share, a, k, cg * NC, L, /*nk=*/false);
+      for (int t = 0; t < kLanes; ++t)
+        for (int r = 0; r < 4; ++r)
+          for (int n = 0; n < NC / 8; ++n) {
+            const int i = 16 * rg + spec_c(t, r).row, d = cg * NC + 8 * n + spec_c(t, r).col;
+            float want = 0;
+            for (int j = 0; j < Bk; ++j) want += dst[j * Bq + i] * k[j * L + d];
+            ASSERT_EQ(share[n][t][r], want)
+                << "hs " << HS << " warp " << w << " lane " << t << " reg " << r << " tile " << n;
+          }
+    }
+  }
+}

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -129,10 +130,11 @@ TEST_F(CudaFlash, Version2MatchesTheHost) { check_packed(2, DType::bf16, 2e-2, 1
 // version 2 takes bf16 only: f32 runs version 1, at the f32 tolerance
 TEST_F(CudaFlash, Version2FallsBackForF32) { check_packed(2, DType::f32, 1e-4, 1e-4, 1); }
 
+namespace {
 // The in-place layout: q, k, v read from (B, T, 3C), y written as (B, T, C), dqkv set. Version 2
 // reads it directly; version 1 runs split_heads + its kernel + merge_heads.
-TEST_F(CudaFlash, QkvLayoutMatchesTheHost) {
-  for (int version : {1, 2}) {
+void check_qkv(std::initializer_list<int> versions) {
+  for (int version : versions) {
     ops::set_flash_attention_version(version);
     for (const Shape& s : kShapes) {
       if (!s.causal) continue;  // nn's attention is causal
@@ -161,17 +163,45 @@ TEST_F(CudaFlash, QkvLayoutMatchesTheHost) {
     }
   }
 }
+}  // namespace
 
-// No atomics, no order that changes from run to run: two runs give the same bits.
-TEST_F(CudaFlash, Version2IsDeterministic) {
+TEST_F(CudaFlash, QkvLayoutMatchesTheHost) { check_qkv({1, 2}); }
+
+namespace {
+// Two runs of version 2 on `s` give the same bits.
+void expect_same_bits_twice(const Shape& s) {
   ops::set_flash_attention_version(2);
-  const Shape s{2, 3, 130, 64, true};
   const int64_t BH = s.B * s.NH;
   const Tensor q = rnd({BH, s.T, s.hs}, 7, DType::bf16), k = rnd({BH, s.T, s.hs}, 8, DType::bf16),
                v = rnd({BH, s.T, s.hs}, 9, DType::bf16),
                dout = rnd({BH, s.T, s.hs}, 10, DType::bf16);
   const Result a = packed(q, k, v, dout, s, gpu), b = packed(q, k, v, dout, s, gpu);
+  EXPECT_EQ(ops::cuda::last_flash_attention_version(), 2) << s.str();
   for (auto [x, y] : {std::pair{&a.out, &b.out}, std::pair{&a.dq, &b.dq},
                       std::pair{&a.dk, &b.dk}, std::pair{&a.dv, &b.dv}})
-    EXPECT_EQ(x->to(Device::cpu()).to_vector(), y->to(Device::cpu()).to_vector());
+    EXPECT_EQ(x->to(Device::cpu()).to_vector(), y->to(Device::cpu()).to_vector()) << s.str();
+}
+}  // namespace
+
+// No atomics, no order that changes from run to run: two runs give the same bits.
+TEST_F(CudaFlash, Version2IsDeterministic) { expect_same_bits_twice({2, 3, 130, 64, true}); }
+
+// The one-kernel backward (trial kernel "flash_backward_one_kernel",
+// flash_attention_tc_backward_cuda.cu): every shape and both layouts at version 2's tolerances,
+// then longer sequences (17 and 5 key blocks a head: the turns on dQ's tiles), against the host
+// and twice for the same bits: its dQ shares are added in a fixed order, not by atomics.
+TEST_F(CudaFlash, OneKernelBackwardMatchesTheHostAndItsOwnBits) {
+  const TrialKernels trial("flash_backward_one_kernel");
+  check_packed(2, DType::bf16, 2e-2, 1e-3, 2);
+  check_qkv({2});
+  for (const Shape& s : {Shape{1, 2, 1030, 64, true}, Shape{1, 2, 300, 128, false},
+                         Shape{2, 3, 300, 128, true}}) {
+    const int64_t BH = s.B * s.NH;
+    const Tensor q = rnd({BH, s.T, s.hs}, 11, DType::bf16), k = rnd({BH, s.T, s.hs}, 12, DType::bf16),
+                 v = rnd({BH, s.T, s.hs}, 13, DType::bf16),
+                 dout = rnd({BH, s.T, s.hs}, 14, DType::bf16);
+    expect_close(packed(q, k, v, dout, s, gpu), packed(q, k, v, dout, s, Device::cpu()), 2e-2,
+                 1e-3, "one-kernel backward " + s.str());
+    expect_same_bits_twice(s);
+  }
 }

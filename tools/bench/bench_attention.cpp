@@ -3,7 +3,8 @@
 // (BH, T, T) matrices), flash attention's CUDA version 1 (scalar, one query row per thread) and
 // version 2 (tensor cores) on (BH, T, hs) heads, both again in the layout nn::CausalSelfAttention
 // uses (q, k, v read from the (B, T, 3C) QKV output, y written (B, T, C): version 1 pays for
-// split_heads / merge_heads copies there, version 2 reads in place), and, with --torch-python,
+// split_heads / merge_heads copies there, version 2 reads in place), version 2's backward as one
+// kernel (the trial kernel "flash_backward_one_kernel"), and, with --torch-python,
 // PyTorch's scaled_dot_product_attention with its FlashAttention-2 and cuDNN backends
 // (tools/bench_attention_torch.py) at the same shape. Prints, for each, the best and median ms of
 // --repeats calls after --warmup, the TFLOP/s and the allocator's peak. Not a test. FLOPs as the
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -30,6 +32,7 @@
 #include "common/ops/flash_attention.hpp"
 #include "common/ops/fused_backend.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/trial_kernels.hpp"
 #include "common/runtime.hpp"
 #include "tools/bench/bench_timing.hpp"
 
@@ -193,6 +196,18 @@ int main(int argc, char** argv) {
              [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale); });
       report((v_name + " qkv backward").c_str(), bwd_flops,
              [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale); });
+    }
+    // version 2's backward as one kernel (the trial kernel "flash_backward_one_kernel": dQ's
+    // shares added in a fixed order in the dK/dV pass), beside the two kernels above
+    if (ops::cuda::last_flash_attention_version() == 2) {
+      const char* env = std::getenv("SCALELAB_TRY_GPU_KERNELS");
+      ops::set_trial_kernels("flash_backward_one_kernel");
+      report("v2 1-kernel backward", bwd_flops, [&] {
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+      });
+      report("v2 1-kernel qkv bwd", bwd_flops,
+             [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale); });
+      ops::set_trial_kernels(env ? env : "");
     }
     ops::set_flash_attention_version(default_version);
 

@@ -14,7 +14,7 @@
 set -uo pipefail
 here=$(dirname "$0")
 if [[ ${1:-} == --targets ]]; then
-  echo $(bash "$here/issue31.sh" --targets) $(bash "$here/issue33.sh" --targets) test_ops_cuda_flash
+  echo $(bash "$here/issue31.sh" --targets) $(bash "$here/issue33.sh" --targets) | tr " " "\n" | sort -u | tr "\n" " "
   exit 0
 fi
 export DEADLINE=$(( $(date +%s) + ${1:-560} ))

@@ -12,8 +12,8 @@
 # DEADLINE / ONLY / SKIP as in tools/gpu_checks/run_step.sh. Exit status: the failed steps.
 set -uo pipefail
 if [[ ${1:-} == --targets ]]; then
-  echo lab02_single_device_solution test_ops_cuda test_ops_cuda_bf16 scalelab_bench_kernels \
-    scalelab_bench_adamw scalelab_bench_attention
+  echo lab02_single_device_solution test_ops_cuda test_ops_cuda_bf16 test_ops_cuda_flash \
+    scalelab_bench_kernels scalelab_bench_adamw scalelab_bench_attention
   exit 0
 fi
 source build/gpu-pack/env.sh || exit 1
@@ -36,6 +36,13 @@ TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/c
   --gtest_filter='*LayerNormBackwardVersion2*:*ReductionsAndOptimizers*'
 TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
   --gtest_filter='*NormSoftmax*:*Dgelu*:*TrialKernels*'
+# flash attention's backward in one kernel (dQ's shares added in a fixed order): the host, its
+# own bits twice; then its time beside the two-kernel backward and PyTorch's (cuDNN: 2.7 ms)
+TAILN=12 run trial_flash_backward_test 120 "$B/tests/common/test_ops_cuda_flash" \
+  --gtest_filter='*OneKernelBackward*'
+TAILN=20 run flash_backward_one_kernel 120 "$B/common/scalelab_bench_attention" --device cuda \
+  --dtype bf16 --batch 16 --heads 12 --context 1024 --head-size 64 --repeats 10 --warmup 3 \
+  --torch-python python3
 TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 TAILN=4 run adamw_per_parameter 60 "$B/common/scalelab_bench_adamw" --device cuda
 TAILN=4 run adamw_one_launch 60 env SCALELAB_TRY_GPU_KERNELS=adamw_one_launch \
@@ -44,7 +51,8 @@ TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
   python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
 # 1d. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
 # (lab 02's row of the side-by-side table, measured the same way, without PyTorch's)
-for k in none adamw_one_launch dgelu_epilogue layernorm_backward_v2 norm_on_device all; do
+for k in none adamw_one_launch dgelu_epilogue flash_backward_one_kernel layernorm_backward_v2 \
+  norm_on_device all; do
   list=$k; [[ $k == none ]] && list=
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
     tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \
@@ -77,6 +85,12 @@ if [[ -n $ncu ]]; then
     --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward.txt"' \
+    "$ncu" "$B/common/scalelab_bench_attention" "$out"
+  # the same sections for the one-kernel backward (its first launch: the bench's (BH, T, hs) row)
+  TAILN=5 run ncu_flash_backward_one_kernel 120 sh -c '"$0" --kernel-name regex:"flash_tc_backward_kernel" \
+    --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward_one_kernel.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward_one_kernel.txt"' \
     "$ncu" "$B/common/scalelab_bench_attention" "$out"
 fi
 run torch_kernels 150 python3 tools/bench_gpt_torch.py --device cuda --model gpt-85m --batch 16 \

@@ -56,6 +56,15 @@ SCALELAB_HD constexpr int ldsm_b_offset(int lane, int np, int kc, int ld) {
   return (16 * kc + lane % 8 + ((lane / 8) % 2) * 8) * ld + 16 * np + (lane / 16) * 8;
 }
 
+/// The A fragment of the 16x16 block at rows 16 mt, columns 16 kc of A, from a tile that
+/// stores A transposed ([k][m] row-major: the one-kernel backward keeps dS^T, keys along rows,
+/// as its warps computed it, and reads dS from it for dQ = dS K); loaded with .trans. Lanes
+/// 0-7 point at the block's k rows 0-7 (tile a0: m 0-7), lanes 8-15 at the same rows 8 columns
+/// on (a1: m 8-15), lanes 16-31 likewise at k rows 8-15 (a2, a3). Registers as ldsm_a_offset's.
+SCALELAB_HD constexpr int ldsm_at_offset(int lane, int mt, int kc, int ld) {
+  return (16 * kc + lane % 8 + (lane / 16) * 8) * ld + 16 * mt + ((lane / 8) % 2) * 8;
+}
+
 // ---- accumulators as the next product's A ------------------------------------------------------
 // A C tile pair (n-tiles 2 kc, 2 kc + 1: 16 rows x 16 columns) has the A layout already: the
 // same lane holds the same rows and columns. So P = exp(S - m), computed in S's registers, is

@@ -1,0 +1,183 @@
+#pragma once
+// The tensor-core building blocks of flash attention's version 2 (flash_attention_tc_cuda.cu,
+// read it first: it says why each piece is there) and of its one-kernel backward
+// (flash_attention_tc_backward_cuda.cu): the PTX instructions, warp-wide tile products, and
+// where a head's rows lie. Only .cu files include this.
+#include <cuda_bf16.h>
+
+#include "common/ops/cuda/kernels.cuh"
+#include "common/ops/cuda/mma_fragments.hpp"
+#include "common/ops/fused_backend.hpp"
+
+namespace scalelab::ops::cuda::flash_tc {
+
+constexpr int kWarps = 4;                // warps per block
+constexpr int kBlock = kWarps * kWarp;   // 128 threads
+constexpr int kRowsPerWarp = 16;         // the M of m16n8k16
+constexpr int kTileRows = kWarps * kRowsPerWarp;  // 64 rows a block owns
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- PTX: the four instructions this file is about -------------------------------------------
+__device__ inline uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without passing through registers; with valid = false the 16 bytes
+// are zero-filled (src-size 0): rows past the end of the sequence load as zeros.
+__device__ inline void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ inline void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ inline void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// c (16x8 fp32) += a (16x16 bf16) b (16x8 bf16), the whole warp together.
+__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one register of two bf16 (round to nearest even); lo in the low half.
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ---- warp-level tile products ------------------------------------------------------------------
+// A fragments of a 16 x (16 KC) tile in shared memory (row-major, ld elements per row).
+template <int KC>
+__device__ inline void load_a(uint32_t (&a)[KC][4], const bf16* tile, int ld) {
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) ldsm_x4(a[kc], tile + mma::ldsm_a_offset(ln, kc, ld));
+}
+
+// How B lies in shared memory: as B^T, [n][k] row-major (K in S = Q K^T: n = key, k = head
+// dimension), or as B, [k][n] row-major (V in O = P V: k = key, n = head dimension), which
+// ldmatrix.trans turns into B fragments on the way.
+enum class BIs { NK, KN };
+
+// acc (16 x 8N) += A (16 x 16KC, fragments) * B, B (16KC x 8N) in shared memory laid out as
+// `lay` says, with ld elements per row.
+template <BIs lay, int KC, int N>
+__device__ inline void mma_tile(float (&acc)[N][4], const uint32_t (&a)[KC][4], const bf16* b,
+                                int ld) {
+  static_assert(N % 2 == 0, "n-tiles come in pairs (one ldmatrix.x4)");
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      uint32_t r[4];
+      if constexpr (lay == BIs::NK) ldsm_x4(r, b + mma::ldsm_bt_offset(ln, np, kc, ld));
+      else ldsm_x4_trans(r, b + mma::ldsm_b_offset(ln, np, kc, ld));
+      mma_bf16(acc[2 * np], a[kc], r[0], r[1]);
+      mma_bf16(acc[2 * np + 1], a[kc], r[2], r[3]);
+    }
+}
+
+// An accumulator (16 x 16KC fp32) as the A operand of the next product, rounded to bf16.
+template <int KC>
+__device__ inline void acc_to_a(uint32_t (&a)[KC][4], const float (&acc)[2 * KC][4]) {
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float(&c)[4] = acc[mma::a_from_c_tile(kc, r)];
+      a[kc][r] = pack_bf16(c[mma::a_from_c_reg(r, 0)], c[mma::a_from_c_reg(r, 1)]);
+    }
+}
+
+template <int N>
+__device__ inline void zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[n][r] = 0.f;
+}
+
+// ---- where a head's rows are ------------------------------------------------------------------
+// One (T, hs) matrix of one head: row t at p + t * ld.
+struct Rows {
+  const bf16* p;
+  int64_t ld;
+};
+struct OutRows {
+  bf16* p;
+  int64_t ld;
+};
+// The head (b, h) = (blockIdx.z, blockIdx.y) of a tensor laid out as AttentionLayout says.
+struct Heads {
+  int64_t off, batch, head, ld;
+  __device__ Rows at(const bf16* base) const {
+    return {base + off + blockIdx.z * batch + blockIdx.y * head, ld};
+  }
+  __device__ OutRows at(bf16* base) const {
+    return {base + off + blockIdx.z * batch + blockIdx.y * head, ld};
+  }
+};
+
+// Copies rows [r0, r0 + ROWS) of m into tile (ROWS x HS, ld HS + 8) with cp.async, 16 bytes
+// per copy, consecutive threads on consecutive bytes; rows past T come in as zeros.
+template <int ROWS, int HS>
+__device__ inline void load_tile(bf16* tile, Rows m, int r0, int T) {
+  constexpr int kChunks = HS / 8;  // 16-byte pieces per row
+  for (int e = threadIdx.x; e < ROWS * kChunks; e += kBlock) {
+    const int r = e / kChunks, c = (e % kChunks) * 8;
+    const bool valid = r0 + r < T;
+    cp_async16(tile + r * (HS + 8) + c, m.p + (valid ? (r0 + r) * m.ld + c : 0), valid);
+  }
+}
+
+// ---- host side ---------------------------------------------------------------------------------
+inline Heads in_heads(const AttentionLayout& l, int64_t off) {
+  return {off, l.in_batch, l.in_head, l.in_ld};
+}
+inline Heads out_heads(const AttentionLayout& l) {
+  return {0, l.out_batch, l.out_head, l.out_ld};
+}
+
+// Grid (row tiles, NH, B): blockIdx.y is the head, blockIdx.z the batch element (Heads::at).
+inline dim3 grid_for(const AttentionLayout& l, int rows_per_block) {
+  return dim3(static_cast<unsigned>((l.T + rows_per_block - 1) / rows_per_block),
+              static_cast<unsigned>(l.NH), static_cast<unsigned>(l.B));
+}
+
+template <class Kernel, class... Args>
+inline void launch(Kernel kernel, dim3 grid, size_t smem, Args... args) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  kernel<<<grid, kBlock, smem>>>(args...);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace scalelab::ops::cuda::flash_tc
+
+namespace scalelab::ops::cuda {
+/// Flash attention's backward in one kernel (flash_attention_tc_backward_cuda.cu; the trial
+/// kernel "flash_backward_one_kernel"): dq, dk, dv of version 2's backward from D = rowsum(dO O),
+/// for a layout and tensors version 2 applies to.
+void flash_tc_backward_one_kernel(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                                  const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& lse, const Tensor& D, const AttentionLayout& l,
+                                  float scale, bool causal);
+}  // namespace scalelab::ops::cuda
