@@ -74,10 +74,11 @@ void Linear::backward_through_gelu(Tensor& dpre, const Tensor& dout, const Tenso
 }
 
 void Linear::parameter_backward(const Tensor& dy, const Tensor& x) {
-  ops::matmul(weight.grad, dy, x, true, false, 1.0, 1.0);  // dW += dy^T @ x
-  // db += column sums of dy. Row parallel: dy is the gradient of the reduced output, the same
-  // on every rank, so every rank's copy of the bias gets the same, whole gradient.
-  if (has_bias_) ops::bias_backward(bias.grad, dy);
+  // dW += dy^T @ x and db += column sums of dy (on a GPU possibly one call, fused_linear.hpp).
+  // Row parallel: dy is the gradient of the reduced output, the same on every rank, so every
+  // rank's copy of the bias gets the same, whole gradient.
+  if (has_bias_) ops::linear_parameter_backward(weight.grad, bias.grad, dy, x);
+  else ops::matmul(weight.grad, dy, x, true, false, 1.0, 1.0);
 }
 
 std::vector<Parameter*> Linear::parameters() {

@@ -58,6 +58,13 @@ bool layernorm_backward_v2(Tensor& din, Tensor& dweight, Tensor& dbias, const Te
 /// nothing, where it does not apply (as linear_epilogue).
 bool linear_dgelu_epilogue(Tensor& dpre, const Tensor& dout, const Tensor& weight,
                            const Tensor& pre);
+/// CUDA only (matmul_cuda.cu): dweight += dout^T @ in and dbias_sum = the column sums of dout
+/// in one cuBLASLt call (CUBLASLT_EPILOGUE_BGRADB: the sums are made while the GEMM reads dout).
+/// dout (N, OC), in (N, C) bf16; dweight (OC, C) and dbias_sum (OC) of one dtype, f32 or bf16.
+/// The epilogue sets dbias_sum (it does not accumulate). Returns false, having done nothing,
+/// where it does not apply (as linear_epilogue).
+bool linear_bgrad_epilogue(Tensor& dweight, Tensor& dbias_sum, const Tensor& dout,
+                           const Tensor& in);
 /// CUDA only (flash_attention_tc_cuda.cu): flash attention's version 2, on tensor cores, in any
 /// AttentionLayout. Returns false, having done nothing, where it does not apply (not bf16, a
 /// head size other than 64 or 128, rows not 16-byte aligned): the caller then runs version 1.

@@ -91,4 +91,31 @@ void linear_dgelu_backward(Tensor& dpre, const Tensor& dout, const Tensor& weigh
   gelu_backward(dp, p, dg);
 }
 
+void linear_parameter_backward(Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                               const Tensor& in) {
+  SCALELAB_CHECK(dout.defined() && dout.dim() >= 2 && in.defined() && in.dim() >= 2 &&
+                     dweight.defined() && dweight.dim() == 2 && dbias.defined() && dbias.dim() == 1,
+                 "linear_parameter_backward: dout (..., OC), in (..., C), dweight (OC, C), dbias "
+                 "(OC) expected");
+  const int64_t OC = dweight.size(0), C = dweight.size(1);
+  const int64_t N = dout.numel() / std::max<int64_t>(OC, 1);
+  SCALELAB_CHECK(dout.size(-1) == OC && in.size(-1) == C && in.numel() == N * C &&
+                     dbias.size(0) == OC,
+                 "linear_parameter_backward: dout {} in {} dweight {} dbias {}", dout.str(),
+                 in.str(), dweight.str(), dbias.str());
+  check_alike("linear_parameter_backward", {&dout, &in});
+  check_alike("linear_parameter_backward", {&dweight, &dbias});
+  const Tensor dy = dout.view({N, OC}), x = in.view({N, C});
+  if (dout.device().is_cuda() && trial_kernel("bias_grad_epilogue")) {
+    Tensor sums = Tensor::empty({OC}, dbias.dtype(), dbias.device());
+    if (cuda::linear_bgrad_epilogue(dweight, sums, dy, x)) {
+      count_matmul(1, OC, C, N);  // the fused GEMM's work
+      axpy(dbias, 1.0, sums);
+      return;
+    }
+  }
+  matmul(dweight, dy, x, true, false, 1.0, 1.0);  // dW += dy^T @ x
+  bias_backward(dbias, dy);
+}
+
 }  // namespace scalelab::ops

@@ -13,6 +13,7 @@
 ///     ops::linear_forward(y, x, weight.compute_value(), bias.compute_value());   // nn::Linear
 ///     ops::linear_gelu_forward(a.g, a.h, x, fc.weight..., fc.bias...);           // MLP fc + GELU
 ///     ops::linear_dgelu_backward(dh, dout, proj.weight..., a.h);                 // MLP backward
+///     ops::linear_parameter_backward(weight.grad, bias.grad, dy, x);           // nn::Linear
 #include "common/tensor.hpp"
 
 namespace scalelab::ops {
@@ -33,5 +34,14 @@ void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& in, const Tenso
 /// MLP's backward always had).
 void linear_dgelu_backward(Tensor& dpre, const Tensor& dout, const Tensor& weight,
                            const Tensor& pre);
+
+/// dweight (OC, C) += dout (..., OC)^T @ in (..., C) and dbias (OC) += the column sums of dout:
+/// a Linear's parameter gradients (dweight and dbias of one dtype; dout and in of one). On a GPU
+/// in bf16 (the trial kernel "bias_grad_epilogue", trial_kernels.hpp) one cuBLASLt call whose
+/// epilogue sums dout's columns while the GEMM reads them (CUBLASLT_EPILOGUE_BGRADB), into a
+/// scratch vector then added to dbias (the epilogue sets, gradients accumulate): no second pass
+/// over the (N, OC) gradient. Elsewhere: matmul, then bias_backward.
+void linear_parameter_backward(Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                               const Tensor& in);
 
 }  // namespace scalelab::ops

@@ -19,6 +19,9 @@ namespace scalelab::ops {
 /// The kernels on trial, and what each replaces.
 ///  - adamw_one_launch: AdamW over the flat buffers in one launch (ops::adamw_update_segments)
 ///    instead of one adamw_update launch per parameter (optim.cpp).
+///  - bias_grad_epilogue: a Linear's weight gradient with its bias gradient summed in the GEMM's
+///    epilogue (ops::linear_parameter_backward, CUBLASLT_EPILOGUE_BGRADB) instead of a matmul,
+///    then a column-sum pass over the output gradient (bias_backward).
 ///  - dgelu_epilogue: the MLP's proj backward with GELU's backward in the cuBLASLt epilogue
 ///    (ops::linear_dgelu_backward) instead of a matmul, then a gelu_backward pass (mlp.cpp).
 ///  - layernorm_backward_v2: LayerNorm's dx, dweight and dbias from one read of x and dout
@@ -28,7 +31,8 @@ namespace scalelab::ops {
 ///    kernel and a dQ kernel that both compute the scores (flash_attention_tc_cuda.cu).
 ///  - norm_on_device: gradient clipping's norm summed, tested and applied on the GPU
 ///    (ops::sum_squares_into, clip_scale, sqrt_into) instead of read back to the host (ops.cpp).
-inline constexpr const char* kTrialKernels[] = {"adamw_one_launch", "dgelu_epilogue",
+inline constexpr const char* kTrialKernels[] = {"adamw_one_launch", "bias_grad_epilogue",
+                                                "dgelu_epilogue",
                                                 "flash_backward_one_kernel",
                                                 "layernorm_backward_v2", "norm_on_device"};
 

@@ -4,8 +4,11 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <string>
 
 #include "common/ops/ops.hpp"
+#include "common/scalar.hpp"
 #include "single_device.hpp"
 #include "tests/support/lab_fixture.hpp"
 
@@ -156,6 +159,42 @@ TEST(Step3_Evaluate, MeanOfBatchLossesWithoutSideEffects) {
   EXPECT_NEAR(evaluate(model, val, 3), expected, 1e-6);
   EXPECT_EQ(model.params().grads().item(0), 0.5) << "evaluation must not touch gradients";
   EXPECT_EQ(memory_stats(Device::cpu()).current, before) << "evaluation keeps no activations";
+}
+
+namespace {
+// How many numbers `eval` copies back to the host (common/scalar.hpp's host_reads()): the
+// batches' losses are Scalars on the model's device, so their sum needs one copy, not one a
+// batch (on a GPU each copy waits for every kernel queued before it).
+::testing::AssertionResult reads_the_mean_once(const std::function<double()>& eval) {
+  const int64_t before = host_reads();
+  eval();
+  const int64_t reads = host_reads() - before;
+  if (reads == 1) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "evaluation read " << reads << " number(s) back to the host; add the batches' "
+         << "losses where they are (Scalar) and read the mean once (README.md#step-3)";
+}
+}  // namespace
+
+TEST(Step3_Evaluate, ReadsTheMeanBackOnce) {
+  nn::GPT model(model_config("tiny"));
+  data::Sampler val(corpus(), 4, 16, 5);
+  EXPECT_TRUE(reads_the_mean_once([&] { return evaluate(model, val, 3); }));
+}
+
+// The fault planted: every batch's loss read back as a double and summed on the host (the right
+// value, so only the read count shows it).
+TEST(Step3_PlantedFault, ReadingEachBatchBackIsCaught) {
+  nn::GPT model(model_config("tiny"));
+  data::Sampler val(corpus(), 4, 16, 5);
+  const ::testing::AssertionResult got = reads_the_mean_once([&] {
+    double total = 0;
+    for (int i = 0; i < 3; ++i) total += model.loss(val.batch(i).x, val.batch(i).y);
+    return total / 3;
+  });
+  EXPECT_FALSE(got);
+  EXPECT_NE(std::string(got.message()).find("read 3 number(s)"), std::string::npos)
+      << got.message();
 }
 
 TEST(Step3_Evaluate, TrainingLowersValidationLoss) {

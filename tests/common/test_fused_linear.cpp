@@ -1,5 +1,6 @@
 // The fused Linear ops (common/ops/fused_linear.hpp) on the host: the same bits as the unfused
-// ops (matmul with weight^T, add_bias, gelu_forward; backward matmul then gelu_backward) for 3-d
+// ops (matmul with weight^T, add_bias, gelu_forward; backward matmul then gelu_backward; the
+// parameter gradients matmul then bias_backward) for 3-d
 // inputs viewed as rows, in f32, f64 and bf16; and their shape checks. (The cuBLASLt epilogue
 // path is tested against this one on a GPU: test_ops_cuda_bf16.) And the list of trial kernels
 // that gates the untested GPU ones (common/ops/trial_kernels.hpp).
@@ -67,6 +68,29 @@ TEST(FusedLinear, DgeluBackwardIsMatmulThenGeluBackward) {
   EXPECT_THROW(ops::linear_dgelu_backward(dpre_bad, dout, w, pre), CheckFailed);
   EXPECT_THROW(ops::linear_dgelu_backward(dpre, dout, Tensor::zeros({6, 9}), pre), CheckFailed);
   EXPECT_THROW(ops::linear_dgelu_backward(dpre, dout, w, Tensor::zeros({4, 8}, DType::f64)), CheckFailed);
+}
+
+// A Linear's parameter gradients accumulate, as matmul then bias_backward would: mixed precision
+// (bf16 data, f32 gradients) as well as one dtype throughout.
+TEST(FusedLinear, ParameterBackwardIsMatmulThenBiasBackward) {
+  for (auto [data, grad] : {std::pair{DType::f32, DType::f32}, std::pair{DType::f64, DType::f64},
+                            std::pair{DType::bf16, DType::f32}}) {
+    const Tensor dout = rnd({2, 5, 12}, 8, data), x = rnd({2, 5, 20}, 9, data);
+    Tensor dw = rnd({12, 20}, 10, grad), db = rnd({12}, 11, grad);  // what earlier steps left
+    Tensor ref_w = dw.clone(), ref_b = db.clone();
+    ops::linear_parameter_backward(dw, db, dout, x);
+    ops::matmul(ref_w, dout.view({10, 12}), x.view({10, 20}), true, false, 1.0, 1.0);
+    ops::bias_backward(ref_b, dout);
+    EXPECT_EQ(dw.to_vector(), ref_w.to_vector()) << dtype_name(data);
+    EXPECT_EQ(db.to_vector(), ref_b.to_vector()) << dtype_name(data);
+  }
+  const Tensor dout = Tensor::zeros({4, 6}), x = Tensor::zeros({4, 8});
+  Tensor dw = Tensor::zeros({6, 8}), db = Tensor::zeros({6}), db_bad = Tensor::zeros({7});
+  Tensor db64 = Tensor::zeros({6}, DType::f64);
+  EXPECT_THROW(ops::linear_parameter_backward(dw, db_bad, dout, x), CheckFailed);
+  EXPECT_THROW(ops::linear_parameter_backward(dw, db, dout, Tensor::zeros({4, 9})), CheckFailed);
+  EXPECT_THROW(ops::linear_parameter_backward(dw, db64, dout, x), CheckFailed);
+  EXPECT_NO_THROW(ops::linear_parameter_backward(dw, db, dout, x));
 }
 
 TEST(TrialKernels, RunOnlyWhenNamed) {

@@ -18,6 +18,7 @@
 #include "common/device.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/ops/flash_attention.hpp"
+#include "common/ops/fused_backend.hpp"
 #include "common/ops/fused_linear.hpp"
 #include "common/ops/fused_norm.hpp"
 #include "common/ops/ops.hpp"
@@ -290,6 +291,33 @@ TEST_F(CudaBf16, DgeluEpilogueMatchesTheHost) {
     ops::linear_dgelu_backward(dpre_d, dout.to(gpu), w.to(gpu), pre.to(gpu));
     expect_close(dpre_d, dpre, 3e-2, "C " + std::to_string(C) + " dpre");
   }
+}
+
+// A Linear's parameter gradients with the bias gradient summed in the weight GEMM's epilogue
+// (CUBLASLT_EPILOGUE_BGRADB; the trial kernel "bias_grad_epilogue" until this passes on a GPU)
+// against the host's matmul then bias_backward, accumulating into what earlier steps left, for
+// f32 gradients (mixed precision) and bf16 ones. OC = 96 must take the epilogue (checked: a
+// cuBLASLt without a BGRADB algorithm for it says so here); OC = 100 (not a multiple of 8) the
+// unfused fallback. Tolerance 3e-2 relative (sums of 132 bf16 products, another order).
+TEST_F(CudaBf16, BiasGradEpilogueMatchesTheHost) {
+  const TrialKernels trial("bias_grad_epilogue");
+  for (DType grad : {DType::f32, DType::bf16})
+    for (int64_t OC : {96, 100}) {
+      const Tensor dout = rnd({4, 33, OC}, 86), x = rnd({4, 33, 64}, 87);
+      Tensor dw = rnd({OC, 64}, 88, grad), db = rnd({OC}, 89, grad);
+      Tensor dw_d = dw.to(gpu), db_d = db.to(gpu);
+      ops::linear_parameter_backward(dw, db, dout, x);
+      ops::linear_parameter_backward(dw_d, db_d, dout.to(gpu), x.to(gpu));
+      const std::string what = std::string(dtype_name(grad)) + " OC " + std::to_string(OC);
+      expect_close(dw_d, dw, 3e-2, what + " dweight");
+      expect_close(db_d, db, 3e-2, what + " dbias");
+      if (OC % 8 == 0) {  // the epilogue itself took it
+        Tensor w2 = Tensor::zeros({OC, 64}, grad, gpu), sums = Tensor::zeros({OC}, grad, gpu);
+        EXPECT_TRUE(ops::cuda::linear_bgrad_epilogue(w2, sums, dout.to(gpu).view({132, OC}),
+                                                     x.to(gpu).view({132, 64})))
+            << what << ": cuBLASLt has no BGRADB algorithm for this GEMM";
+      }
+    }
 }
 
 // Every trial kernel at once in a mixed-precision GPT step (the MLP's DGELU epilogue, LayerNorm's

@@ -6,6 +6,8 @@
 //                            v2: dx, dweight and dbias from one read (layernorm_backward_v2)
 //   MLP backward (proj, GELU) v1: dg = dout @ W into a zeroed buffer, then a gelu_backward pass
 //                            v2: one cuBLASLt call, GELU' in its epilogue (dgelu_epilogue)
+//   Linear dweight + dbias   v1: dW += dout^T x, then dbias by column-sum passes over dout
+//                            v2: one cuBLASLt call, dbias summed in its epilogue (bias_grad_epilogue)
 //
 // Version 2 of each is a trial kernel (common/ops/trial_kernels.hpp) until checked on a GPU;
 // this bench switches it on for its own rows. Default shape: gpt-85m at batch 16 x context 1024
@@ -26,6 +28,7 @@
 #include "common/cli.hpp"
 #include "common/errors.hpp"
 #include "common/metrics.hpp"
+#include "common/ops/fused_backend.hpp"
 #include "common/ops/fused_linear.hpp"
 #include "common/ops/ops.hpp"
 #include "common/ops/trial_kernels.hpp"
@@ -135,6 +138,35 @@ int main(int argc, char** argv) {
         print_row("mlp proj backward + GELU'", version == 1 ? "v1: matmul into zeros + gelu_backward"
                                                            : "v2: cuBLASLt DGELU epilogue",
                   ms, bytes, diff);
+      }
+    }
+    // ---- a Linear's parameter gradients (the MLP's fc: dout (N, 4C), its input (N, C)) ----------
+    {
+      const Tensor dout = Tensor::uniform({N, H}, 8, dt), x = Tensor::uniform({N, C}, 9, dt);
+      // the host's on the checked rows (the device repeats that call to compare)
+      const Tensor dout_c = dout.flat(0, check * H).view({check, H}),
+                   x_c = x.flat(0, check * C).view({check, C});
+      Tensor dw = Tensor::zeros({H, C}, gt), db = Tensor::zeros({H}, gt);
+      ops::linear_parameter_backward(dw, db, dout_c, x_c);
+
+      const Tensor dout_d = on(dout), x_d = on(x), dout_cd = on(dout_c), x_cd = on(x_c);
+      // what it must move at the least: dout and x read (bf16), dW read and written (f32)
+      const double bytes = 2.0 * (N * H + N * C) + 8.0 * H * C;
+      for (int version : {1, 2}) {
+        if (version == 2 && device.is_cpu()) break;  // the host has the unfused path only
+        ops::set_trial_kernels(version == 2 ? "bias_grad_epilogue" : "");
+        Tensor dw_c = on(Tensor::zeros({H, C}, gt)), db_c = on(Tensor::zeros({H}, gt));
+        ops::linear_parameter_backward(dw_c, db_c, dout_cd, x_cd);
+        const double diff = std::max(max_rel_diff(dw_c, dw, H * C), max_rel_diff(db_c, db, H));
+        Tensor dw_d = on(Tensor::zeros({H, C}, gt)), db_d = on(Tensor::zeros({H}, gt));
+        const auto ms = time_ms(device, warmup, repeats,
+                                [&] { ops::linear_parameter_backward(dw_d, db_d, dout_d, x_d); });
+        print_row("linear dweight + dbias", version == 1 ? "v1: matmul + column-sum passes"
+                                                        : "v2: cuBLASLt BGRADB epilogue",
+                  ms, bytes, diff);
+        Tensor sums = on(Tensor::empty({H}, gt));
+        if (version == 2 && !ops::cuda::linear_bgrad_epilogue(dw_d, sums, dout_d, x_d))
+          fmt::print("  (cuBLASLt has no BGRADB algorithm for this GEMM: v2's row ran v1)\n");
       }
     }
     ops::set_trial_kernels("");

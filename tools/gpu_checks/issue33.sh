@@ -30,12 +30,12 @@ TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m -
   --steps 10 --warmup 3 --data "$DATA"
 # 1b. the trial kernels (common/ops/trial_kernels.hpp: written without a GPU, off by default
 # until checked on one): first their GPU tests, then the kernel pairs side by side, then the
-# same table with all of them on (AdamW in one launch, the MLP's DGELU epilogue, LayerNorm's
-# backward version 2). A trial kernel leaves the list once its test passed and it is no slower.
+# same table with all of them on (common/ops/trial_kernels.hpp lists them). A trial kernel leaves
+# the list once its test passed and it is no slower.
 TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/common/test_ops_cuda" \
   --gtest_filter='*LayerNormBackwardVersion2*:*ReductionsAndOptimizers*'
 TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
-  --gtest_filter='*NormSoftmax*:*Dgelu*:*TrialKernels*'
+  --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*TrialKernels*'
 # flash attention's backward in one kernel (dQ's shares added in a fixed order): the host, its
 # own bits twice; then its time beside the two-kernel backward and PyTorch's (cuDNN: 2.7 ms)
 TAILN=12 run trial_flash_backward_test 120 "$B/tests/common/test_ops_cuda_flash" \
@@ -51,8 +51,8 @@ TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
   python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
 # 1d. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
 # (lab 02's row of the side-by-side table, measured the same way, without PyTorch's)
-for k in none adamw_one_launch dgelu_epilogue flash_backward_one_kernel layernorm_backward_v2 \
-  norm_on_device all; do
+for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
+  layernorm_backward_v2 norm_on_device all; do
   list=$k; [[ $k == none ]] && list=
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
     tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \

@@ -17,4 +17,5 @@ void residual_layernorm_forward(Tensor&, Tensor&, Tensor&, Tensor&, const Tensor
 int last_flash_attention_version() { return 0; }  // no CUDA: no CUDA call ran
 bool linear_epilogue(Tensor&, Tensor*, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 bool linear_dgelu_epilogue(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+bool linear_bgrad_epilogue(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 }  // namespace scalelab::ops::cuda

@@ -223,4 +223,19 @@ bool linear_dgelu_epilogue(Tensor& dpre, const Tensor& dout, const Tensor& weigh
   return lt_matmul(dpre, dout, weight, false, false, 1.0, 0.0, 1, N, C, OC, e);
 }
 
+bool linear_bgrad_epilogue(Tensor& dweight, Tensor& dbias_sum, const Tensor& dout,
+                           const Tensor& in) {
+  use_device(dweight);
+  const int64_t N = dout.size(0), OC = dout.size(1), C = in.size(1);
+  if (dout.dtype() != DType::bf16 || N == 0 || dbias_sum.dtype() != dweight.dtype()) return false;
+  if (alignment(dbias_sum.data_ptr()) != 16 || OC % 8 != 0) return false;  // vector stores
+  // dweight (OC, C) = dout^T (OC, N) @ in (N, C). In the column-major view (see the top) that is
+  // in^T (C, N) times dout (N, OC): dout is the second operand, reduced over the GEMM's k (the
+  // N tokens) per column of the result: BGRADB, one sum per output row of dweight.
+  Epilogue e;
+  e.kind = CUBLASLT_EPILOGUE_BGRADB;
+  e.bias = dbias_sum.data_ptr();  // written, not read: the epilogue's output
+  return lt_matmul(dweight, dout, in, true, false, 1.0, 1.0, 1, OC, C, N, e);
+}
+
 }  // namespace scalelab::ops::cuda
