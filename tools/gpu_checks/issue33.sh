@@ -25,31 +25,31 @@ lab02=("$B/labs/lab02_single_device_solution" --device cuda --precision bf16 --m
        --sample 0 --checkpoint "$out/lab02.ckpt" --data "$DATA")
 ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 
-# 1. the side-by-side table (the issue's target: >= 1.0x PyTorch-compiled, memory <= its)
-TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
-  --steps 10 --warmup 3 --data "$DATA"
-# 1b. the trial kernels (common/ops/trial_kernels.hpp: written without a GPU, off by default
-# until checked on one): first their GPU tests, then the kernel pairs side by side, then the
-# same table with all of them on (common/ops/trial_kernels.hpp lists them). A trial kernel leaves
-# the list once its test passed and it is no slower.
+# In the order of what the issue needs most, so that a DEADLINE cuts the least needed last.
+# 1. the trial kernels' tests (common/ops/trial_kernels.hpp: written without a GPU, off by default
+# until checked on one). A trial kernel leaves the list once its test passed and it is no slower.
 TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/common/test_ops_cuda" \
   --gtest_filter='*LayerNormBackwardVersion2*:*ReductionsAndOptimizers*'
 TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
   --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*TrialKernels*'
 # flash attention's backward in one kernel (dQ's shares added in a fixed order): the host, its
-# own bits twice; then its time beside the two-kernel backward and PyTorch's (cuDNN: 2.7 ms)
+# own bits twice
 TAILN=12 run trial_flash_backward_test 120 "$B/tests/common/test_ops_cuda_flash" \
   --gtest_filter='*OneKernelBackward*'
+# 2. the side-by-side table (the issue's target: >= 1.0x PyTorch-compiled, memory <= its), as the
+# default path runs and with every trial kernel on
+TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
+  --steps 10 --warmup 3 --data "$DATA"
+TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
+  python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
+# 3. the kernel pairs side by side, each checked against the host: attention (the one-kernel
+# backward beside the two-kernel one and PyTorch's; cuDNN's took 2.7 ms a step), then
+# LayerNorm's backward, the MLP's DGELU epilogue, the bias gradients' BGRADB epilogue
 TAILN=20 run flash_backward_one_kernel 120 "$B/common/scalelab_bench_attention" --device cuda \
   --dtype bf16 --batch 16 --heads 12 --context 1024 --head-size 64 --repeats 10 --warmup 3 \
   --torch-python python3
 TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
-TAILN=4 run adamw_per_parameter 60 "$B/common/scalelab_bench_adamw" --device cuda
-TAILN=4 run adamw_one_launch 60 env SCALELAB_TRY_GPU_KERNELS=adamw_one_launch \
-  "$B/common/scalelab_bench_adamw" --device cuda
-TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
-  python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
-# 1d. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
+# 4. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
 # (lab 02's row of the side-by-side table, measured the same way, without PyTorch's)
 for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
   layernorm_backward_v2 norm_on_device all; do
@@ -58,28 +58,14 @@ for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_
     tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \
     --data "$DATA"
 done
-# 1c. item 6, shown in a trace: every step's "host read" events (common/scalar.hpp, HostRead)
+# 5. item 6, shown in a trace: every step's "host read" events (common/scalar.hpp, HostRead)
 # with all trial kernels on (norm_on_device keeps clipping's norm on the GPU): one a step, its
 # printed loss, waiting for the step's kernels (tools/trace_reads prints each read's wait)
 TAILN=14 run trace_host_reads 90 sh -c '"$@" --steps 6 --trace "'"$out"'/lab02_trace.json" \
   > /dev/null && python3 tools/trace_reads "'"$out"'/lab02_trace.json" --expect 1' \
   sh env SCALELAB_TRY_GPU_KERNELS=all "${lab02[@]}"
-# 2. one step's kernels: ncu at 1 and 2 steps (their difference is one step), PyTorch profiled
-if [[ -n $ncu ]]; then
-  for s in 1 2; do
-    # --clock-control none: the GPU's own clocks, as in a training run and PyTorch's profile
-    # (ncu locks them to base by default: kernels then last ~8% longer)
-    run "ncu_steps$s" 150 sh -c '"$0" --metrics gpu__time_duration.sum --clock-control none --csv \
-      --print-units base --print-kernel-base function "$@" > "'"$out"'/ncu_steps'"$s"'.csv"' \
-      "$ncu" "${lab02[@]}" --steps "$s"
-  done
-else
-  echo "no ncu on this machine" | tee -a "$out/summary.txt"
-  failed=$((failed + 1))
-fi
-# 2b. what limits flash attention's backward (the largest gap left: dK/dV 4.8 + dQ 3.1 ms a step
-# against cuDNN's 2.7 on the last H100): occupancy, registers, stall reasons and throughput of
-# one launch of each tensor-core backward kernel at gpt-85m's shape, for the next version
+# 6. what limits flash attention's backward (the largest gap left): occupancy, registers, stall
+# reasons and throughput of one launch of each tensor-core backward kernel at gpt-85m's shape
 if [[ -n $ncu ]]; then
   TAILN=5 run ncu_flash_backward 120 sh -c '"$0" --kernel-name regex:"flash_tc_(dkdv|dq)_kernel" \
     --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
@@ -93,9 +79,27 @@ if [[ -n $ncu ]]; then
     "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward_one_kernel.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward_one_kernel.txt"' \
     "$ncu" "$B/common/scalelab_bench_attention" "$out"
 fi
+# 7. one step's kernels by kind, scalelab beside PyTorch (the deck's table): ncu at 1 and 2 steps
+# (their difference is one step), PyTorch profiled
+if [[ -n $ncu ]]; then
+  for s in 1 2; do
+    # --clock-control none: the GPU's own clocks, as in a training run and PyTorch's profile
+    # (ncu locks them to base by default: kernels then last ~8% longer)
+    run "ncu_steps$s" 150 sh -c '"$0" --metrics gpu__time_duration.sum --clock-control none --csv \
+      --print-units base --print-kernel-base function "$@" > "'"$out"'/ncu_steps'"$s"'.csv"' \
+      "$ncu" "${lab02[@]}" --steps "$s"
+  done
+else
+  echo "no ncu on this machine" | tee -a "$out/summary.txt"
+  failed=$((failed + 1))
+fi
 run torch_kernels 150 python3 tools/bench_gpt_torch.py --device cuda --model gpt-85m --batch 16 \
   --steps 5 --warmup 3 --kernel-table "$out/torch_kernels.csv"
 TAILN=60 run kernel_table 30 sh -c 'python3 tools/kernel_table.py --ncu "$0/ncu_steps1.csv" \
   "$0/ncu_steps2.csv" --step-diff 1 --torch "$0/torch_kernels.csv" | tee "$0/kernel_table.md"' "$out"
+# 8. AdamW alone: one launch per parameter against one launch over the flat buffers
+TAILN=4 run adamw_per_parameter 60 "$B/common/scalelab_bench_adamw" --device cuda
+TAILN=4 run adamw_one_launch 60 env SCALELAB_TRY_GPU_KERNELS=adamw_one_launch \
+  "$B/common/scalelab_bench_adamw" --device cuda
 echo "issue33.sh: $failed step(s) failed" | tee -a "$out/summary.txt"
 exit "$failed"
