@@ -48,15 +48,24 @@ __device__ inline void add_release(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+// Nanoseconds of the GPU's global timer (wall time, whatever the clocks do).
+__device__ inline uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // Spins until *turn == mine. A turn that never comes (a bug, or a GPU that started a block
-// before one launched ahead of it) stops the kernel with a line saying so, after about a
-// second, instead of hanging the program: the launch then fails with an error.
+// before one launched ahead of it) stops the kernel after 20 s with a line saying so, instead of
+// hanging the program: the launch then fails with an error. (A turn normally comes within
+// microseconds: the blocks ahead are a tile or so ahead.)
 __device__ inline void wait_for_turn(const int* turn, int mine, int tile) {
-  for (long spins = 0; load_acquire(turn) != mine; ++spins) {
-    if (spins == (1L << 24)) {
-      printf("flash_tc_backward_kernel: block (%d, %d, %d) waited %ld spins for its turn %d on "
-             "query tile %d, which stays at %d\n",
-             blockIdx.x, blockIdx.y, blockIdx.z, spins, mine, tile, load_acquire(turn));
+  const uint64_t start = global_ns();
+  while (load_acquire(turn) != mine) {
+    if (global_ns() - start > 20'000'000'000ull) {
+      printf("flash_tc_backward_kernel: block (%d, %d, %d) waited 20 s for its turn %d on query "
+             "tile %d, which stays at %d\n",
+             blockIdx.x, blockIdx.y, blockIdx.z, mine, tile, load_acquire(turn));
       __trap();
     }
     __nanosleep(32);
