@@ -28,6 +28,21 @@ __global__ void embedding_backward_wpe_kernel(G* dwpe, const S* dout, int64_t B,
   }
 }
 
+// Version 1 of the token-embedding gradient (embedding_backward_v1): one thread per (vocabulary
+// row v, column c) walks the tokens in order and adds the rows of the tokens equal to v. No
+// atomics, so the sum's order (and result) is fixed; but every thread reads all N ids: O(V N C).
+template <class G, class S, class A>
+__global__ void embedding_backward_wte_v1_kernel(G* dwte, const S* dout, const int32_t* ids,
+                                                 int64_t N, int64_t V, int64_t C) {
+  SCALELAB_GRID_STRIDE(i, V * C) {
+    const int64_t v = i / C, c = i % C;
+    A s = 0;
+    for (int64_t n = 0; n < N; ++n)
+      if (ids[n] == v) s += A(dout[n * C + c]);
+    dwte[i] = G(A(dwte[i]) + s);
+  }
+}
+
 // probs: the logits' storage type S; losses: A (f32 for bf16 logits: R5). The log-sum-exp is
 // taken from the logits, not log(probs), so tiny probabilities stay finite.
 template <class S, class A>
@@ -60,7 +75,10 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, con
   CUDA_CHECK_LAUNCH();
 }
 
-void embedding_backward(Tensor& dwte, Tensor& dwpe, Tensor const& dout, const Tensor& tokens) {
+namespace {
+// embedding_backward at `version` (1 or 2: how the token-embedding gradient is summed).
+void embedding_backward_at(int version, Tensor& dwte, Tensor& dwpe, const Tensor& dout,
+                           const Tensor& tokens) {
   use_device(dout);
   const int64_t B = dout.size(0), T = dout.size(1), C = dout.size(2);
   const DType grad_dtype = dwte.defined() ? dwte.dtype() : dwpe.dtype();
@@ -71,15 +89,30 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, Tensor const& dout, const Te
           dwpe.data<G>(), dout.data<scalar_t>(), B, T, C);
       CUDA_CHECK_LAUNCH();
     }
-    if (dwte.defined()) {  // each vocabulary row sums the dout rows of its own tokens, in order
-      const int64_t V = dwte.size(0);
-      const RowsById rows = group_rows_by_id(tokens, 0, V);
-      add_grouped_rows_kernel<G, scalar_t, acc_t><<<blocks_for(V * C), kThreads>>>(
-          dwte.data<G>(), dout.data<scalar_t>(), rows.order.data<int32_t>(),
-          rows.starts.data<int32_t>(), V, C, /*onto_table=*/false);
+    if (!dwte.defined()) return;
+    const int64_t V = dwte.size(0);
+    if (version == 1) {
+      embedding_backward_wte_v1_kernel<G, scalar_t, acc_t><<<blocks_for(V * C), kThreads>>>(
+          dwte.data<G>(), dout.data<scalar_t>(), tokens.data<int32_t>(), B * T, V, C);
       CUDA_CHECK_LAUNCH();
+      return;
     }
+    // version 2: each vocabulary row sums the dout rows of its own tokens, in order
+    const RowsById rows = group_rows_by_id(tokens, 0, V);
+    add_grouped_rows_kernel<G, scalar_t, acc_t><<<blocks_for(V * C), kThreads>>>(
+        dwte.data<G>(), dout.data<scalar_t>(), rows.order.data<int32_t>(),
+        rows.starts.data<int32_t>(), V, C, /*onto_table=*/false);
+    CUDA_CHECK_LAUNCH();
   }));
+}
+}  // namespace
+
+void embedding_backward(Tensor& dwte, Tensor& dwpe, Tensor const& dout, const Tensor& tokens) {
+  embedding_backward_at(2, dwte, dwpe, dout, tokens);
+}
+
+void embedding_backward_v1(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+  embedding_backward_at(1, dwte, dwpe, dout, tokens);
 }
 
 void cross_entropy_forward(Tensor& losses, Tensor& probs, const Tensor& logits,

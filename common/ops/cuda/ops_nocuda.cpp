@@ -31,6 +31,7 @@ void causal_softmax_forward(Tensor&, const Tensor&, double) { no_cuda(); }
 void causal_softmax_backward(Tensor&, const Tensor&, const Tensor&, double) { no_cuda(); }
 void embedding_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void embedding_backward(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void embedding_backward_v1(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void cross_entropy_forward(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void cross_entropy_backward(Tensor&, const Tensor&, const Tensor&, double, int64_t) {
   no_cuda();
