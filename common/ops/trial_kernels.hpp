@@ -24,6 +24,9 @@ namespace scalelab::ops {
 ///    then a column-sum pass over the output gradient (bias_backward).
 ///  - dgelu_epilogue: the MLP's proj backward with GELU's backward in the cuBLASLt epilogue
 ///    (ops::linear_dgelu_backward) instead of a matmul, then a gelu_backward pass (mlp.cpp).
+///  - grouped_rows_in_chunks: the embedding gradient's and index_add_rows' sums of rows grouped
+///    by id cut into chunks of 64 positions, summed in two passes (rows_by_id.cuh) instead of one
+///    thread per (row, column) walking its whole group (the most frequent id sets the time).
 ///  - layernorm_backward_v2: LayerNorm's dx, dweight and dbias from one read of x and dout
 ///    (norm_cuda.cu) instead of a dx kernel and two column-sum passes.
 ///  - flash_backward_one_kernel: flash attention's backward (version 2) as one kernel that adds
@@ -34,6 +37,7 @@ namespace scalelab::ops {
 inline constexpr const char* kTrialKernels[] = {"adamw_one_launch", "bias_grad_epilogue",
                                                 "dgelu_epilogue",
                                                 "flash_backward_one_kernel",
+                                                "grouped_rows_in_chunks",
                                                 "layernorm_backward_v2", "norm_on_device"};
 
 /// Whether the trial kernel `name` (one of kTrialKernels) may run: it is named in

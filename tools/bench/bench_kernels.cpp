@@ -10,10 +10,12 @@
 //                            v2: one cuBLASLt call, dbias summed in its epilogue (bias_grad_epilogue)
 //   embedding backward (wte) v1: every vocabulary row scans all N tokens (O(V N C))
 //                            v2: the tokens grouped by id first, each row sums its own (O(N C))
+//                            v3: v2's groups cut into chunks of 64, two passes (grouped_rows_in_chunks)
 //
 // Version 2 of the first three is a trial kernel (common/ops/trial_kernels.hpp) until checked on
 // a GPU; this bench switches it on for its own rows. The embedding's version 2 is the default
-// (checked on an H100); its version 1 stays beside it (ops::cuda::embedding_backward_v1). Default shape: gpt-85m at batch 16 x context 1024
+// (checked on an H100); its version 1 stays beside it (ops::cuda::embedding_backward_v1) and its
+// version 3 is on trial. Default shape: gpt-85m at batch 16 x context 1024
 // (N = 16384 rows, C = 768), bf16 data with f32 parameter gradients, as lab 02 runs it.
 //   build/common/scalelab_bench_kernels                         # on cuda:0
 //   build/common/scalelab_bench_kernels --rows 512 --device cpu # the host's one path, smoke
@@ -173,11 +175,13 @@ int main(int argc, char** argv) {
           fmt::print("  (cuBLASLt has no BGRADB algorithm for this GEMM: v2's row ran v1)\n");
       }
     }
-    // ---- the token embedding's gradient (a byte-level vocabulary: 256 rows) -------------------
+    // ---- the token embedding's gradient (a byte-level vocabulary: 256 rows) ----------------------
     {
       constexpr int64_t V = 256;
       std::vector<double> ids(N);
-      for (int64_t n = 0; n < N; ++n) ids[n] = static_cast<double>((n * 2654435761u) % V);
+      // as skewed as text: one token in 6 is the space (32), the rest spread over all 256 ids
+      for (int64_t n = 0; n < N; ++n)
+        ids[n] = n % 6 == 0 ? 32.0 : static_cast<double>((n * 2654435761u) % V);
       const Tensor tokens = Tensor::from_vector(ids, {1, N}, DType::i32),
                    dout = Tensor::uniform({1, N, C}, 10, dt);
       Tensor dwte = Tensor::zeros({V, C}, gt), no_dwpe;
@@ -186,8 +190,9 @@ int main(int argc, char** argv) {
       const Tensor tokens_d = on(tokens), dout_d = on(dout);
       // what it must move at the least: dout read (bf16), the ids, dwte read and written (f32)
       const double bytes = 2.0 * N * C + 4.0 * N + 8.0 * V * C;
-      for (int version : {1, 2}) {
-        if (version == 1 && device.is_cpu()) continue;  // the host has one embedding backward
+      for (int version : {1, 2, 3}) {
+        if (version != 2 && device.is_cpu()) continue;  // the host has one embedding backward
+        ops::set_trial_kernels(version == 3 ? "grouped_rows_in_chunks" : "");
         auto backward = [&](Tensor& dw) {
           if (version == 1) ops::cuda::embedding_backward_v1(dw, no_dwpe, dout_d, tokens_d);
           else ops::embedding_backward(dw, no_dwpe, dout_d, tokens_d);
@@ -199,7 +204,8 @@ int main(int argc, char** argv) {
         print_row("embedding backward (wte)",
                   device.is_cpu()  ? "the host's (its one path)"
                   : version == 1 ? "v1: every row scans all N tokens"
-                                 : "v2: tokens grouped by id (radix sort)",
+                  : version == 2 ? "v2: tokens grouped by id (radix sort)"
+                                 : "v3: v2's groups summed in chunks of 64",
                   ms, bytes, diff);
       }
     }

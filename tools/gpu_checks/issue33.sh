@@ -29,7 +29,7 @@ ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 # 1. the trial kernels' tests (common/ops/trial_kernels.hpp: written without a GPU, off by default
 # until checked on one). A trial kernel leaves the list once its test passed and it is no slower.
 TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/common/test_ops_cuda" \
-  --gtest_filter='*LayerNormBackwardVersion2*:*ReductionsAndOptimizers*'
+  --gtest_filter='*LayerNormBackwardVersion2*:*ReductionsAndOptimizers*:*GroupedRowsInChunks*:*EmbeddingBackwardVersion1*'
 TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
   --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*TrialKernels*'
 # flash attention's backward in one kernel (dQ's shares added in a fixed order): the host, its
@@ -44,7 +44,8 @@ TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
   python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
 # 3. the kernel pairs side by side, each checked against the host: attention (the one-kernel
 # backward beside the two-kernel one and PyTorch's; cuDNN's took 2.7 ms a step), then
-# LayerNorm's backward, the MLP's DGELU epilogue, the bias gradients' BGRADB epilogue
+# LayerNorm's backward, the MLP's DGELU epilogue, the bias gradients' BGRADB epilogue, the
+# token embedding's gradient (versions 1, 2 and 3: the chunked groups)
 TAILN=20 run flash_backward_one_kernel 120 "$B/common/scalelab_bench_attention" --device cuda \
   --dtype bf16 --batch 16 --heads 12 --context 1024 --head-size 64 --repeats 10 --warmup 3 \
   --torch-python python3
@@ -52,7 +53,7 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # 4. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
 # (lab 02's row of the side-by-side table, measured the same way, without PyTorch's)
 for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
-  layernorm_backward_v2 norm_on_device all; do
+  grouped_rows_in_chunks layernorm_backward_v2 norm_on_device all; do
   list=$k; [[ $k == none ]] && list=
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
     tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \

@@ -89,21 +89,17 @@ void embedding_backward_at(int version, Tensor& dwte, Tensor& dwpe, const Tensor
           dwpe.data<G>(), dout.data<scalar_t>(), B, T, C);
       CUDA_CHECK_LAUNCH();
     }
-    if (!dwte.defined()) return;
-    const int64_t V = dwte.size(0);
-    if (version == 1) {
+    if (version == 1 && dwte.defined()) {
+      const int64_t V = dwte.size(0);
       embedding_backward_wte_v1_kernel<G, scalar_t, acc_t><<<blocks_for(V * C), kThreads>>>(
           dwte.data<G>(), dout.data<scalar_t>(), tokens.data<int32_t>(), B * T, V, C);
       CUDA_CHECK_LAUNCH();
-      return;
     }
-    // version 2: each vocabulary row sums the dout rows of its own tokens, in order
-    const RowsById rows = group_rows_by_id(tokens, 0, V);
-    add_grouped_rows_kernel<G, scalar_t, acc_t><<<blocks_for(V * C), kThreads>>>(
-        dwte.data<G>(), dout.data<scalar_t>(), rows.order.data<int32_t>(),
-        rows.starts.data<int32_t>(), V, C, /*onto_table=*/false);
-    CUDA_CHECK_LAUNCH();
   }));
+  // version 2: each vocabulary row sums the dout rows of its own tokens, in order
+  if (version == 2 && dwte.defined())
+    add_grouped_rows(dwte, dout.view({B * T, C}), group_rows_by_id(tokens, 0, dwte.size(0)),
+                     /*onto_table=*/false);
 }
 }  // namespace
 

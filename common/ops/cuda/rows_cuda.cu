@@ -4,9 +4,11 @@
 // row's in order (rows_by_id.cuh), with no atomics, so its sums are deterministic like
 // embedding_backward's.
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 
 #include "common/ops/cuda/kernels.cuh"
 #include "common/ops/cuda/rows_by_id.cuh"
+#include "common/ops/trial_kernels.hpp"
 
 namespace scalelab::ops::cuda {
 
@@ -118,13 +120,96 @@ void gather_rows(Tensor& out, const Tensor& table, const Tensor& ids, int64_t lo
 
 void index_add_rows(Tensor& table, const Tensor& src, const Tensor& ids, int64_t lo) {
   use_device(src);
-  const int64_t C = src.size(1), R = table.size(0);
-  const RowsById rows = group_rows_by_id(ids, lo, R);
+  add_grouped_rows(table, src, group_rows_by_id(ids, lo, table.size(0)), /*onto_table=*/true);
+}
+
+namespace {
+constexpr int32_t kGroupChunk = 64;  // positions a thread sums, at most, in chunks
+
+// counts[r] = row r's chunks (r < R); counts[R] = 0, so that the exclusive scan of R + 1
+// counts ends with the total
+__global__ void chunk_counts_kernel(int32_t* counts, const int32_t* starts, int64_t R) {
+  SCALELAB_GRID_STRIDE(r, R + 1) {
+    counts[r] = r < R ? (starts[r + 1] - starts[r] + kGroupChunk - 1) / kGroupChunk : 0;
+  }
+}
+
+// partial[j, c] = the sum of chunk j's positions (in order) of src's column c. Chunk j belongs
+// to the row r with chunk_starts[r] <= j < chunk_starts[r + 1] (a binary search: no row index
+// per chunk is stored); threads past the last chunk (the grid is sized for the most there can
+// be, without reading the count back to the host) do nothing.
+template <class S, class A>
+__global__ void chunk_sums_kernel(A* partial, const S* src, const int32_t* order,
+                                  const int32_t* starts, const int32_t* chunk_starts, int64_t R,
+                                  int64_t C, int64_t max_chunks) {
+  SCALELAB_GRID_STRIDE(i, max_chunks * C) {
+    const int64_t j = i / C, c = i % C;
+    if (j >= chunk_starts[R]) continue;
+    int64_t lo = 0, hi = R;  // chunk_starts[lo] <= j < chunk_starts[hi]
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (chunk_starts[mid] <= j) lo = mid;
+      else hi = mid;
+    }
+    const int32_t first = starts[lo] + static_cast<int32_t>(j - chunk_starts[lo]) * kGroupChunk;
+    const int32_t last = min(first + kGroupChunk, starts[lo + 1]);
+    A s = 0;
+    for (int32_t k = first; k < last; ++k) s += A(src[int64_t{order[k]} * C + c]);
+    partial[i] = s;
+  }
+}
+
+// table[r, c] (+)= row r's chunk sums, in order (onto_table as add_grouped_rows_kernel's)
+template <class G, class A>
+__global__ void add_chunk_sums_kernel(G* table, const A* partial, const int32_t* chunk_starts,
+                                      int64_t R, int64_t C, bool onto_table) {
+  SCALELAB_GRID_STRIDE(i, R * C) {
+    const int64_t r = i / C, c = i % C;
+    A s = onto_table ? A(table[i]) : A(0);
+    for (int32_t j = chunk_starts[r]; j < chunk_starts[r + 1]; ++j) s += partial[j * C + c];
+    table[i] = onto_table ? G(s) : G(A(table[i]) + s);
+  }
+}
+}  // namespace
+
+void add_grouped_rows(Tensor& table, const Tensor& src, const RowsById& rows, bool onto_table) {
+  const int64_t C = src.size(-1), R = table.size(0), N = rows.order.numel();
+  const Device dev = src.device();
+  const bool chunks = trial_kernel("grouped_rows_in_chunks");
+  Tensor chunk_starts;
+  if (chunks) {  // each row's first chunk: an exclusive scan of the rows' chunk counts (CUB)
+    Tensor counts = Tensor::empty({R + 1}, DType::i32, dev);
+    chunk_starts = Tensor::empty({R + 1}, DType::i32, dev);
+    chunk_counts_kernel<<<blocks_for(R + 1), kThreads>>>(counts.data<int32_t>(),
+                                                         rows.starts.data<int32_t>(), R);
+    CUDA_CHECK_LAUNCH();
+    const auto scan = [&](void* scratch, std::size_t& bytes) {
+      return cub::DeviceScan::ExclusiveSum(scratch, bytes, counts.data<int32_t>(),
+                                           chunk_starts.data<int32_t>(), static_cast<int>(R + 1));
+    };
+    std::size_t scratch_bytes = 0;
+    CUDA_CHECK(scan(nullptr, scratch_bytes));
+    Tensor scratch = Tensor::empty({static_cast<int64_t>(scratch_bytes / 4) + 1}, DType::i32, dev);
+    CUDA_CHECK(scan(scratch.data_ptr(), scratch_bytes));
+  }
   SCALELAB_TRAIN_TYPES_AS(src.dtype(), scalar_t, with_grad_type<scalar_t>(table.dtype(), [&](auto g_tag) {
     using G = decltype(g_tag);
-    add_grouped_rows_kernel<G, scalar_t, acc_t><<<blocks_for(R * C), kThreads>>>(
-        table.data<G>(), src.data<scalar_t>(), rows.order.data<int32_t>(),
-        rows.starts.data<int32_t>(), R, C, /*onto_table=*/true);
+    if (!chunks) {
+      add_grouped_rows_kernel<G, scalar_t, acc_t><<<blocks_for(R * C), kThreads>>>(
+          table.data<G>(), src.data<scalar_t>(), rows.order.data<int32_t>(),
+          rows.starts.data<int32_t>(), R, C, onto_table);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+    // at most one partly filled chunk per row beyond N / kGroupChunk full ones
+    const int64_t max_chunks = N / kGroupChunk + R;
+    Tensor partial = Tensor::empty({max_chunks * C}, dtype_of<acc_t>(), dev);
+    chunk_sums_kernel<scalar_t, acc_t><<<blocks_for(max_chunks * C), kThreads>>>(
+        partial.data<acc_t>(), src.data<scalar_t>(), rows.order.data<int32_t>(),
+        rows.starts.data<int32_t>(), chunk_starts.data<int32_t>(), R, C, max_chunks);
+    CUDA_CHECK_LAUNCH();
+    add_chunk_sums_kernel<G, acc_t><<<blocks_for(R * C), kThreads>>>(
+        table.data<G>(), partial.data<acc_t>(), chunk_starts.data<int32_t>(), R, C, onto_table);
     CUDA_CHECK_LAUNCH();
   }));
 }
