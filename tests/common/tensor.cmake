@@ -9,6 +9,9 @@ scalelab_add_test(NAME test_flash_attention
 # the tensor-core flash attention's fragment index math, replayed on the host (no GPU needed)
 scalelab_add_test(NAME test_mma_fragments
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_mma_fragments.cpp RANKS 1)
+# the one-kernel flash backward's turns on dQ, whole grids replayed on the host (no GPU needed)
+scalelab_add_test(NAME test_flash_turns
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_turns.cpp RANKS 1)
 scalelab_add_test(NAME test_fused_norm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_norm.cpp RANKS 1)
 scalelab_add_test(NAME test_fused_linear SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fused_linear.cpp RANKS 1)
 # the ops' work counters (what lab 07's graders read)

@@ -20,7 +20,8 @@
 //    key block), so a block only ever waits for blocks launched before it. Blocks start in
 //    launch order on NVIDIA GPUs (observed, not documented; FlashAttention-3's deterministic
 //    backward takes turns on a counter too), so the oldest unfinished block never waits for a
-//    block that has not started: no deadlock. And
+//    block that has not started: no deadlock (flash_turns.hpp holds the order; its host test
+//    replays whole grids with few blocks resident at once). And
 //    causal, a key block's first query tile is the diagonal one, where it is the first to add;
 //    at every later tile, the block whose turn comes just before its own reaches that tile
 //    one step sooner (it started one tile further on, and no later), so it seldom waits.
@@ -29,6 +30,7 @@
 #include <cstdio>
 
 #include "common/ops/cuda/flash_tc.cuh"
+#include "common/ops/cuda/flash_turns.hpp"
 #include "common/tensor.hpp"
 
 namespace scalelab::ops::cuda {
@@ -111,12 +113,12 @@ __global__ void __launch_bounds__(kBlock, HS == 64 ? 3 : 2)
   lse += bh * T, D += bh * T;
   float* dq_sum = dq_sum_base + bh * T * HS;  // (T, HS) fp32, this head's
   turns += bh * ((T + Bq - 1) / Bq);
-  const int nk = gridDim.x, j = nk - 1 - blockIdx.x, k0 = j * Bk;  // last key block first
+  const int nk = gridDim.x, j = flash_turns::key_block(blockIdx.x, nk), k0 = j * Bk;
   const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
   const int w0 = k0 + warp * kRowsPerWarp;              // this warp's first key
   const int key[2] = {w0 + ln / 4, w0 + ln / 4 + 8};    // the two keys this lane holds
   const int rg = warp % RG, cg = warp / RG;             // this warp's part of dQ_i
-  const int i_begin = causal ? k0 : 0;                  // queries before k0 see none of them
+  const int i_begin = flash_turns::first_query(j, Bk, causal);  // earlier queries see none
   const int n_tiles = (T - i_begin + Bq - 1) / Bq;
 
   auto load_rows = [&](int buf, int i0) {  // as version 2's: past T, lse = +inf makes p = 0
@@ -204,10 +206,10 @@ __global__ void __launch_bounds__(kBlock, HS == 64 ? 3 : 2)
       mma_tile<BIs::KN, Bk / 16, NDQ>(share, af, Ks + cg * NC, L);
     }
     // the turn: query tile i0 / Bq is added to by key blocks first, first - 1, ..., 0, where
-    // first is the last key block that any of its queries sees
-    const int first = causal ? i0 / Bk : nk - 1;
+    // first is the last key block that any of its queries sees (flash_turns.hpp)
+    const int first = flash_turns::first_adder(i0, Bk, nk, causal);
     int* turn = turns + i0 / Bq;
-    if (threadIdx.x == 0) wait_for_turn(turn, first - j, i0 / Bq);
+    if (threadIdx.x == 0) wait_for_turn(turn, flash_turns::turn(j, i0, Bk, nk, causal), i0 / Bq);
     __syncthreads();  // every thread sees the shares added before it
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
