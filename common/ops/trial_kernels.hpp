@@ -24,6 +24,9 @@ namespace scalelab::ops {
 ///    then a column-sum pass over the output gradient (bias_backward).
 ///  - dgelu_epilogue: the MLP's proj backward with GELU's backward in the cuBLASLt epilogue
 ///    (ops::linear_dgelu_backward) instead of a matmul, then a gelu_backward pass (mlp.cpp).
+///  - flash_forward_two_row_tiles: flash attention's forward (version 2, head size 64) with 32
+///    query rows a warp instead of 16, each K and V fragment feeding two products
+///    (flash_attention_tc_cuda.cu).
 ///  - grouped_rows_in_chunks: the embedding gradient's and index_add_rows' sums of rows grouped
 ///    by id cut into chunks of 64 positions, summed in two passes (rows_by_id.cuh) instead of one
 ///    thread per (row, column) walking its whole group (the most frequent id sets the time).
@@ -37,6 +40,7 @@ namespace scalelab::ops {
 inline constexpr const char* kTrialKernels[] = {"adamw_one_launch", "bias_grad_epilogue",
                                                 "dgelu_epilogue",
                                                 "flash_backward_one_kernel",
+                                                "flash_forward_two_row_tiles",
                                                 "grouped_rows_in_chunks",
                                                 "layernorm_backward_v2", "norm_on_device"};
 

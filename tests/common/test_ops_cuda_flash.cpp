@@ -186,6 +186,16 @@ void expect_same_bits_twice(const Shape& s) {
 // No atomics, no order that changes from run to run: two runs give the same bits.
 TEST_F(CudaFlash, Version2IsDeterministic) { expect_same_bits_twice({2, 3, 130, 64, true}); }
 
+// The forward with 32 query rows a warp (trial kernel "flash_forward_two_row_tiles", head size 64;
+// 128 keeps 16 rows): every shape and both layouts at version 2's tolerances, and its own bits
+// twice.
+TEST_F(CudaFlash, TwoRowTileForwardMatchesTheHost) {
+  const TrialKernels trial("flash_forward_two_row_tiles");
+  check_packed(2, DType::bf16, 2e-2, 1e-3, 2);
+  check_qkv({2});
+  expect_same_bits_twice({2, 3, 300, 64, true});
+}
+
 // The one-kernel backward (trial kernel "flash_backward_one_kernel",
 // flash_attention_tc_backward_cuda.cu): every shape and both layouts at version 2's tolerances,
 // then longer sequences (17 and 5 key blocks a head: the turns on dQ's tiles), against the host

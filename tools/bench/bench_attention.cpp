@@ -3,8 +3,8 @@
 // (BH, T, T) matrices), flash attention's CUDA version 1 (scalar, one query row per thread) and
 // version 2 (tensor cores) on (BH, T, hs) heads, both again in the layout nn::CausalSelfAttention
 // uses (q, k, v read from the (B, T, 3C) QKV output, y written (B, T, C): version 1 pays for
-// split_heads / merge_heads copies there, version 2 reads in place), version 2's backward as one
-// kernel (the trial kernel "flash_backward_one_kernel"), and, with --torch-python,
+// split_heads / merge_heads copies there, version 2 reads in place), version 2's trial kernels
+// (the forward with two row tiles a warp, the backward as one kernel), and, with --torch-python,
 // PyTorch's scaled_dot_product_attention with its FlashAttention-2 and cuDNN backends
 // (tools/bench_attention_torch.py) at the same shape. Prints, for each, the best and median ms of
 // --repeats calls after --warmup, the TFLOP/s and the allocator's peak. Not a test. FLOPs as the
@@ -197,10 +197,16 @@ int main(int argc, char** argv) {
       report((v_name + " qkv backward").c_str(), bwd_flops,
              [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale); });
     }
-    // version 2's backward as one kernel (the trial kernel "flash_backward_one_kernel": dQ's
-    // shares added in a fixed order in the dK/dV pass), beside the two kernels above
+    // version 2's trial kernels beside the default: the forward with two row tiles a warp
+    // ("flash_forward_two_row_tiles", head size 64) and the backward as one kernel
+    // ("flash_backward_one_kernel": dQ's shares added in a fixed order in the dK/dV pass)
     if (ops::cuda::last_flash_attention_version() == 2) {
       const char* env = std::getenv("SCALELAB_TRY_GPU_KERNELS");
+      ops::set_trial_kernels("flash_forward_two_row_tiles");
+      report("v2 2-row-tile forward", fwd_flops,
+             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale); });
+      report("v2 2-row-tile qkv fwd", fwd_flops,
+             [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale); });
       ops::set_trial_kernels("flash_backward_one_kernel");
       report("v2 1-kernel backward", bwd_flops, [&] {
         ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);

@@ -32,10 +32,10 @@ TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/c
   --gtest_filter='*LayerNormBackwardVersion2*:*ReductionsAndOptimizers*:*GroupedRowsInChunks*:*EmbeddingBackwardVersion1*'
 TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
   --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*TrialKernels*'
-# flash attention's backward in one kernel (dQ's shares added in a fixed order): the host, its
-# own bits twice
+# flash attention's backward in one kernel (dQ's shares added in a fixed order) and its forward
+# with two row tiles a warp: the host, their own bits twice
 TAILN=12 run trial_flash_backward_test 120 "$B/tests/common/test_ops_cuda_flash" \
-  --gtest_filter='*OneKernelBackward*'
+  --gtest_filter='*OneKernelBackward*:*TwoRowTileForward*'
 # 2. the side-by-side table (the issue's target: >= 1.0x PyTorch-compiled, memory <= its), as the
 # default path runs and with every trial kernel on
 TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
@@ -53,7 +53,7 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # 4. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
 # (lab 02's row of the side-by-side table, measured the same way, without PyTorch's)
 for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
-  grouped_rows_in_chunks layernorm_backward_v2 norm_on_device all; do
+  flash_forward_two_row_tiles grouped_rows_in_chunks layernorm_backward_v2 norm_on_device all; do
   list=$k; [[ $k == none ]] && list=
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
     tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \

@@ -47,13 +47,19 @@ namespace {
 using namespace flash_tc;
 
 // ---- forward ----------------------------------------------------------------------------------
-// Grid (query tiles, NH, B); 4 warps, warp w owns query rows q0 + 16 w .. + 15. Bc keys a tile.
-template <int HS>
+// Grid (query tiles, NH, B); 4 warps, warp w owns query rows q0 + 16 MT w .. + 16 MT - 1: MT row
+// tiles of 16 (the M of m16n8k16). Bc keys a tile. MT = 1 is version 2 as it runs by default.
+// MT = 2 (the trial kernel "flash_forward_two_row_tiles", head size 64) gives each warp 32 rows:
+// each K or V fragment loaded from shared memory then feeds two products instead of one, for
+// twice the registers of S and O (ldmatrix traffic, not the tensor cores, may set the pace at
+// one row tile: 32 ldmatrix.x4 of 512 bytes per 64 products a tile).
+template <int HS, int MT>
 __global__ void __launch_bounds__(kBlock)
     flash_tc_forward_kernel(bf16* out_base, float* lse, const bf16* q_base, const bf16* k_base,
                             const bf16* v_base, Heads qh, Heads kh, Heads vh, Heads oh, int T,
                             float scale_log2, bool causal) {
-  constexpr int Br = kTileRows, Bc = 64, L = HS + 8;
+  constexpr int Br = kTileRows * MT, Bc = 64, L = HS + 8;
+  constexpr int WR = kRowsPerWarp * MT;  // rows a warp owns
   constexpr int KC = HS / 16;  // k-chunks of S = Q K^T (over the head dimension)
   constexpr int NS = Bc / 8;   // n-tiles of S (over the keys)
   constexpr int NO = HS / 8;   // n-tiles of O (over the head dimension)
@@ -68,8 +74,11 @@ __global__ void __launch_bounds__(kBlock)
   // causal: the last query tiles have the most keys to visit: start them first
   const int q0 = (gridDim.x - 1 - blockIdx.x) * Br;
   const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
-  const int w0 = q0 + warp * kRowsPerWarp;              // this warp's first query row
-  const int row[2] = {w0 + ln / 4, w0 + ln / 4 + 8};    // the two rows this lane holds
+  const int w0 = q0 + warp * WR;  // this warp's first query row
+  int row[MT][2];                 // the two rows this lane holds in each row tile
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+    row[mt][0] = w0 + kRowsPerWarp * mt + ln / 4, row[mt][1] = row[mt][0] + 8;
   const int n_tiles = ((causal ? min(q0 + Br, T) : T) + Bc - 1) / Bc;
 
   load_tile<Br, HS>(Qs, q, q0, T);
@@ -77,11 +86,16 @@ __global__ void __launch_bounds__(kBlock)
   load_tile<Bc, HS>(Vs, v, 0, T);
   cp_async_commit();
 
-  uint32_t qf[KC][4];  // this warp's 16 query rows as A fragments, loaded once
-  float o[NO][4];      // the partial output, unnormalised (rows row[0], row[1])
-  zero(o);
-  float m[2] = {-INFINITY, -INFINITY};  // running max, in log2 units (scores * scale * log2 e)
-  float l[2] = {0.f, 0.f};              // this lane's share of the running sum of exp2(s - m)
+  uint32_t qf[MT][KC][4];  // this warp's query rows as A fragments, loaded once
+  float o[MT][NO][4];      // the partial output, unnormalised (rows row[mt][0], row[mt][1])
+  float m[MT][2], l[MT][2];  // running max, in log2 units (scores * scale * log2 e), and this
+                             // lane's share of the running sum of exp2(s - m)
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    zero(o[mt]);
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
 
   for (int t = 0; t < n_tiles; ++t) {
     if (t + 1 < n_tiles) {  // start the copy of the next tile into the other buffer
@@ -94,72 +108,85 @@ __global__ void __launch_bounds__(kBlock)
       cp_async_wait<0>();
     }
     __syncthreads();  // ... for every thread's copies
-    if (t == 0) load_a<KC>(qf, Qs + warp * kRowsPerWarp * L, L);
+    if (t == 0)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        load_a<KC>(qf[mt], Qs + (warp * WR + kRowsPerWarp * mt) * L, L);
     const bf16* Kt = Ks + (t % 2) * Bc * L;
     const bf16* Vt = Vs + (t % 2) * Bc * L;
     const int k0 = t * Bc;
     // a tile wholly above this warp's rows (causal) adds nothing: the warp skips it
-    if (!causal || k0 <= w0 + kRowsPerWarp - 1) {
-      float s[NS][4];
-      zero(s);
-      mma_tile<BIs::NK, KC, NS>(s, qf, Kt, L);
+    if (!causal || k0 <= w0 + WR - 1) {
+      float s[MT][NS][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) zero(s[mt]);
+      mma_tiles<BIs::NK, KC, NS, MT>(s, qf, Kt, L);
       // mask (only tiles crossing the diagonal or the end pay for it) and scale into log2 units
       const bool edge = (causal && k0 + Bc - 1 > w0) || k0 + Bc > T;
 #pragma unroll
-      for (int n = 0; n < NS; ++n)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int key = k0 + 8 * n + mma::c_col(ln, r), qi = row[r / 2];
-          const bool masked = edge && (key >= T || (causal && key > qi));
-          s[n][r] = masked ? -INFINITY : s[n][r] * scale_log2;
-        }
-      // the online softmax, per row: new max over the quad, rescale, exponentiate
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // h = 0: row[0] (registers 0, 1); h = 1: row[1] (2, 3)
-        float mx = m[h];
-#pragma unroll
-        for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // every row has seen key 0 by now (tile 0 is never skipped), so mx is finite; the guard
-        // keeps exp2(-inf - -inf) = NaN out if that ever changes
-        const float base = mx == -INFINITY ? 0.f : mx;
-        const float corr = exp2f(m[h] - base);  // 0 on the first tile (m = -inf)
-        m[h] = mx;
-        l[h] *= corr;
-#pragma unroll
-        for (int n = 0; n < NO; ++n) o[n][2 * h] *= corr, o[n][2 * h + 1] *= corr;
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = exp2f(s[n][2 * h + e] - base);  // masked: exp2(-inf) = 0
-            s[n][2 * h + e] = p;
-            l[h] += p;
+          for (int r = 0; r < 4; ++r) {
+            const int key = k0 + 8 * n + mma::c_col(ln, r), qi = row[mt][r / 2];
+            const bool masked = edge && (key >= T || (causal && key > qi));
+            s[mt][n][r] = masked ? -INFINITY : s[mt][n][r] * scale_log2;
           }
-      }
+      // the online softmax, per row: new max over the quad, rescale, exponentiate
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // h = 0: row[mt][0] (registers 0, 1); h = 1: row[mt][1]
+          float mx = m[mt][h];
+#pragma unroll
+          for (int n = 0; n < NS; ++n)
+            mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // a row that has seen no key yet (m = -inf) and none in this tile would give
+          // exp2(-inf - -inf) = NaN: the guard keeps it out (every row sees key 0 in tile 0,
+          // never skipped, so the rows of a real sequence have a finite max from then on)
+          const float base = mx == -INFINITY ? 0.f : mx;
+          const float corr = exp2f(m[mt][h] - base);  // 0 on the first tile (m = -inf)
+          m[mt][h] = mx;
+          l[mt][h] *= corr;
+#pragma unroll
+          for (int n = 0; n < NO; ++n) o[mt][n][2 * h] *= corr, o[mt][n][2 * h + 1] *= corr;
+#pragma unroll
+          for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float p = exp2f(s[mt][n][2 * h + e] - base);  // masked: exp2(-inf) = 0
+              s[mt][n][2 * h + e] = p;
+              l[mt][h] += p;
+            }
+        }
       // O += P V with P straight from the registers
-      uint32_t pf[NS / 2][4];
-      acc_to_a<NS / 2>(pf, s);
-      mma_tile<BIs::KN, NS / 2, NO>(o, pf, Vt, L);
+      uint32_t pf[MT][NS / 2][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) acc_to_a<NS / 2>(pf[mt], s[mt]);
+      mma_tiles<BIs::KN, NS / 2, NO, MT>(o, pf, Vt, L);
     }
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
 
   // the quad's partial sums make the row's l; normalise once, store y and lse
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    if (row[h] >= T) continue;
-    const float inv = 1.f / l[h];
-    bf16* dst = out.p + (int64_t)row[h] * out.ld + mma::c_col(ln, 0);
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int n = 0; n < NO; ++n)
-      *reinterpret_cast<uint32_t*>(dst + 8 * n) =
-          pack_bf16(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-    if (ln % 4 == 0) lse[row[h]] = (m[h] + log2f(l[h])) * kLn2;
-  }
+    for (int h = 0; h < 2; ++h) {
+      l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 1);
+      l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 2);
+      if (row[mt][h] >= T) continue;
+      const float inv = 1.f / l[mt][h];
+      bf16* dst = out.p + (int64_t)row[mt][h] * out.ld + mma::c_col(ln, 0);
+#pragma unroll
+      for (int n = 0; n < NO; ++n)
+        *reinterpret_cast<uint32_t*>(dst + 8 * n) =
+            pack_bf16(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+      if (ln % 4 == 0) lse[row[mt][h]] = (m[mt][h] + log2f(l[mt][h])) * kLn2;
+    }
 }
 
 // ---- backward ---------------------------------------------------------------------------------
@@ -420,14 +447,19 @@ bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const
                                 bool causal) {
   if (!applies(l, {&out, &q, &k, &v})) return false;
   use_device(out);
-  with_hs(l.hs, [&](auto hs_c) {
-    constexpr int HS = decltype(hs_c)::value;
-    const size_t smem = (kTileRows + 4 * 64) * (HS + 8) * sizeof(bf16);  // Q, 2 K, 2 V
-    launch(flash_tc_forward_kernel<HS>, grid_for(l, kTileRows), smem, mdata(out),
-           lse.data<float>(), cdata(q), cdata(k), cdata(v), in_heads(l, l.q_off),
-           in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), static_cast<int>(l.T),
-           static_cast<float>(scale) * kLog2e, causal);
-  });
+  const auto run = [&](auto kernel, int rows) {  // `rows` query rows a block
+    const size_t smem = (rows + 4 * 64) * (l.hs + 8) * sizeof(bf16);  // Q, 2 K, 2 V
+    launch(kernel, grid_for(l, rows), smem, mdata(out), lse.data<float>(), cdata(q), cdata(k),
+           cdata(v), in_heads(l, l.q_off), in_heads(l, l.k_off), in_heads(l, l.v_off),
+           out_heads(l), static_cast<int>(l.T), static_cast<float>(scale) * kLog2e, causal);
+  };
+  // on trial: two row tiles a warp (above); head size 128 would need twice O's 64 registers
+  if (l.hs == 64 && trial_kernel("flash_forward_two_row_tiles"))
+    run(flash_tc_forward_kernel<64, 2>, 2 * kTileRows);
+  else if (l.hs == 64)
+    run(flash_tc_forward_kernel<64, 1>, kTileRows);
+  else
+    run(flash_tc_forward_kernel<128, 1>, kTileRows);
   return true;
 }
 

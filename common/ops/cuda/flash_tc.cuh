@@ -95,6 +95,28 @@ __device__ inline void mma_tile(float (&acc)[N][4], const uint32_t (&a)[KC][4], 
     }
 }
 
+// mma_tile for MT row tiles at once (a warp owning 16 MT rows): each pair of B fragments loaded
+// from shared memory feeds the MT products that need it. With MT = 1 it is mma_tile.
+template <BIs lay, int KC, int N, int MT>
+__device__ inline void mma_tiles(float (&acc)[MT][N][4], const uint32_t (&a)[MT][KC][4],
+                                 const bf16* b, int ld) {
+  static_assert(N % 2 == 0, "n-tiles come in pairs (one ldmatrix.x4)");
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      uint32_t r[4];
+      if constexpr (lay == BIs::NK) ldsm_x4(r, b + mma::ldsm_bt_offset(ln, np, kc, ld));
+      else ldsm_x4_trans(r, b + mma::ldsm_b_offset(ln, np, kc, ld));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(acc[mt][2 * np], a[mt][kc], r[0], r[1]);
+        mma_bf16(acc[mt][2 * np + 1], a[mt][kc], r[2], r[3]);
+      }
+    }
+}
+
 // An accumulator (16 x 16KC fp32) as the A operand of the next product, rounded to bf16.
 template <int KC>
 __device__ inline void acc_to_a(uint32_t (&a)[KC][4], const float (&acc)[2 * KC][4]) {
