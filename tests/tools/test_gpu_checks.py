@@ -4,9 +4,10 @@ and short (minutes of device time), so what can go wrong before it is checked he
 Every script parses (bash -n); every target a script's --targets names is a target of this build
 (the pack builds exactly those: a misspelt one fails the pack, a missing one leaves its step
 with no program on the GPU machine); trace_reads compiles; bench_gpt_vs_torch --scalelab-only
-(each trial kernel's timing) prints lab 02's row alone."""
+(each trial kernel's timing) prints lab 02's row alone; that timing names every trial kernel."""
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import unittest
@@ -67,6 +68,26 @@ class GpuChecksTest(unittest.TestCase):
         self.assertRegex(proc.stdout, r"\| scalelab lab 02 \(flash attention\) \| [\d.]+[kMG]? \|")
         self.assertNotIn("PyTorch", proc.stdout)
 
+    @staticmethod
+    def timed_trials(script):
+        """The trial kernels issue33.sh's per-trial loop times alone (none and all aside)."""
+        loop = re.search(r"for k in ((?:[\w ]|\\\n)+); do", script)
+        return set(loop.group(1).replace("\\\n", " ").split()) - {"none", "all"} if loop else set()
+
+    def test_each_trial_kernel_is_timed_alone(self):
+        # issue33.sh's per-trial loop names every trial kernel (trial_kernels.hpp's kTrialKernels)
+        # and no other: a misspelt name would stop that step on the GPU with a usage error, a
+        # missing one would leave a trial kernel unmeasured
+        header = (ROOT / "common" / "ops" / "trial_kernels.hpp").read_text()
+        listed = re.search(r"kTrialKernels\[\]\s*=\s*\{([^}]*)\}", header)
+        self.assertIsNotNone(listed)
+        trials = set(re.findall(r'"(\w+)"', listed.group(1)))
+        self.assertGreaterEqual(len(trials), 5)
+        script = (CHECKS / "issue33.sh").read_text()
+        self.assertEqual(self.timed_trials(script), trials)
+        # planted: one name misspelt in the loop is caught
+        some = sorted(trials)[0]
+        self.assertNotEqual(self.timed_trials(script.replace(f" {some} ", f" {some}x ", 1)), trials)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
