@@ -91,7 +91,6 @@ __global__ void __launch_bounds__(kBlock, HS == 64 ? 3 : 2)
                              float scale, float scale_log2, bool causal) {
   constexpr int Bk = kTileRows, Bq = HS == 64 ? 64 : 32, L = HS + 8;
   constexpr int LS = Bq + 8;   // a row of dS^T in shared memory, padded like the others
-  constexpr int KC = HS / 16;  // k-chunks over the head dimension
   constexpr int NQ = Bq / 8;   // n-tiles of S^T (over the queries)
   constexpr int NO = HS / 8;   // n-tiles of dK, dV
   // dQ_i = dS K (Bq x HS, summed over the block's Bk keys), split over the 4 warps: RG groups of
@@ -121,19 +120,12 @@ __global__ void __launch_bounds__(kBlock, HS == 64 ? 3 : 2)
   const int i_begin = flash_turns::first_query(j, Bk, causal);  // earlier queries see none
   const int n_tiles = (T - i_begin + Bq - 1) / Bq;
 
-  auto load_rows = [&](int buf, int i0) {  // as version 2's: past T, lse = +inf makes p = 0
-    for (int c = threadIdx.x; c < Bq; c += kBlock) {
-      const int i = i0 + c;
-      lse_s[buf * Bq + c] = i < T ? lse[i] * kLog2e : INFINITY;
-      D_s[buf * Bq + c] = i < T ? D[i] : 0.f;
-    }
-  };
   load_tile<Bk, HS>(Ks, k, k0, T);
   load_tile<Bk, HS>(Vs, v, k0, T);
   load_tile<Bq, HS>(Qs, q, i_begin, T);
   load_tile<Bq, HS>(dOs, dout, i_begin, T);
   cp_async_commit();
-  load_rows(0, i_begin);
+  load_query_rows<Bq>(lse_s, D_s, lse, D, i_begin, T);
 
   float dk_acc[NO][4], dv_acc[NO][4];
   zero(dk_acc);
@@ -145,45 +137,21 @@ __global__ void __launch_bounds__(kBlock, HS == 64 ? 3 : 2)
       load_tile<Bq, HS>(Qs + nb * Bq * L, q, i0 + Bq, T);
       load_tile<Bq, HS>(dOs + nb * Bq * L, dout, i0 + Bq, T);
       cp_async_commit();
-      load_rows(nb, i0 + Bq);
+      load_query_rows<Bq>(lse_s + nb * Bq, D_s + nb * Bq, lse, D, i0 + Bq, T);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();  // the tile has landed (and the last tile's dS^T has been read)
-    const bf16* Qt = Qs + (t % 2) * Bq * L;
-    const bf16* dOt = dOs + (t % 2) * Bq * L;
-    const float* lse_t = lse_s + (t % 2) * Bq;
-    const float* D_t = D_s + (t % 2) * Bq;
     {
       // every warp computes its rows, even a causal tile wholly before its keys: dQ_i's
-      // product reads all 64 rows of dS^T, and the mask makes those zeros
-      uint32_t af[KC][4];
-      load_a<KC>(af, Ks + warp * kRowsPerWarp * L, L);
-      float p[NQ][4];  // S^T, then P^T
-      zero(p);
-      mma_tile<BIs::NK, KC, NQ>(p, af, Qt, L);
-      load_a<KC>(af, Vs + warp * kRowsPerWarp * L, L);
-      float ds[NQ][4];  // dP^T, then dS^T
-      zero(ds);
-      mma_tile<BIs::NK, KC, NQ>(ds, af, dOt, L);
-      // keys past T must give zeros here too (version 2 only skipped storing their dK, dV)
-      const bool edge = (causal && i0 < w0 + kRowsPerWarp - 1) || w0 + kRowsPerWarp > T;
-#pragma unroll
-      for (int n = 0; n < NQ; ++n)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int c = 8 * n + mma::c_col(ln, r), kr = key[r / 2];
-          const bool masked = edge && (kr >= T || (causal && i0 + c < kr));
-          const float pr = masked ? 0.f : exp2f(p[n][r] * scale_log2 - lse_t[c]);
-          p[n][r] = pr;
-          ds[n][r] = pr * (ds[n][r] - D_t[c]);
-        }
-      uint32_t pf[NQ / 2][4];
-      acc_to_a<NQ / 2>(pf, p);
-      mma_tile<BIs::KN, NQ / 2, NO>(dv_acc, pf, dOt, L);
-      acc_to_a<NQ / 2>(pf, ds);
-      mma_tile<BIs::KN, NQ / 2, NO>(dk_acc, pf, Qt, L);
+      // product reads all 64 rows of dS^T, and the mask makes those zeros; keys past T too
+      // (version 2 only skipped storing their dK, dV rows)
+      float ds[NQ][4];
+      dkdv_tile<HS, Bq, true>(dk_acc, dv_acc, ds, Ks + warp * kRowsPerWarp * L,
+                              Vs + warp * kRowsPerWarp * L, Qs + (t % 2) * Bq * L,
+                              dOs + (t % 2) * Bq * L, lse_s + (t % 2) * Bq, D_s + (t % 2) * Bq,
+                              i0, w0, key, causal, T, scale_log2);
       // dS^T to shared memory, rounded to bf16 as dK's product used it: C pairs are row-major
       // neighbours, so each is one 4-byte store
 #pragma unroll
@@ -237,19 +205,7 @@ __global__ void __launch_bounds__(kBlock, HS == 64 ? 3 : 2)
       add_release(turn, 1);  // ... and visible before the next block's turn
     }
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (key[h] >= T) continue;
-    const int col = mma::c_col(ln, 0);
-    bf16* kd = dk.p + (int64_t)key[h] * dk.ld + col;
-    bf16* vd = dv.p + (int64_t)key[h] * dv.ld + col;
-#pragma unroll
-    for (int n = 0; n < NO; ++n) {
-      *reinterpret_cast<uint32_t*>(kd + 8 * n) =
-          pack_bf16(dk_acc[n][2 * h] * scale, dk_acc[n][2 * h + 1] * scale);
-      *reinterpret_cast<uint32_t*>(vd + 8 * n) = pack_bf16(dv_acc[n][2 * h], dv_acc[n][2 * h + 1]);
-    }
-  }
+  store_dkdv<HS>(dk, dv, dk_acc, dv_acc, key, T, scale);
 }
 
 template <int HS>

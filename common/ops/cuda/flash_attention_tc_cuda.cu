@@ -207,7 +207,11 @@ __global__ void flash_tc_backward_d_kernel(float* D, const bf16* dout_base, cons
 }
 
 // dK and dV. Grid (key tiles, NH, B); warp w owns keys k0 + 16 w .. + 15 and loops over the
-// query tiles (Bq rows) that see them. Per tile, with the warp's keys as the M side:
+// query tiles (Bq rows) that see them. (The one-kernel backward runs the same pass through
+// load_query_rows, dkdv_tile and store_dkdv, flash_tc.cuh; this kernel keeps its own lines,
+// checked on an H100, until a GPU checks it calling those: its PTX then differs in the order
+// of independent instructions, which tools/ptx_unchanged cannot tell from a change.) Per tile,
+// with the warp's keys as the M side:
 //   S^T = K Q^T, P^T = exp(S^T scale - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D),
 //   dV += P^T dO,  dK += dS^T Q   (scaled by `scale` at the end).
 // P^T and dS^T stay in registers as A operands, like P in forward.

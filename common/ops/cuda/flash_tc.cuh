@@ -170,6 +170,85 @@ __device__ inline void load_tile(bf16* tile, Rows m, int r0, int T) {
   }
 }
 
+// ---- the dK/dV pass of the backward (version 2's dK/dV kernel and the one-kernel backward) -----
+// lse (in log2 units) and D of the Bq queries from row i0; a query past T gets lse = +inf, so
+// its p is 0.
+template <int Bq>
+__device__ inline void load_query_rows(float* lse_s, float* D_s, const float* lse, const float* D,
+                                       int i0, int T) {
+  for (int c = threadIdx.x; c < Bq; c += kBlock) {
+    const int i = i0 + c;
+    lse_s[c] = i < T ? lse[i] * kLog2e : INFINITY;
+    D_s[c] = i < T ? D[i] : 0.f;
+  }
+}
+
+// One query tile (Bq rows from i0: Qt, dOt, lse_t, D_t) for a warp's 16 keys (their K and V
+// rows at Kw, Vw; this lane's two keys `key`), with the warp's keys as the M side:
+//   S^T = K Q^T, P^T = exp(S^T scale - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D),
+//   dV += P^T dO,  dK += dS^T Q   (dK scaled by `scale` when stored).
+// P^T and dS^T stay in registers as A operands, like P in forward; dS^T is left in ds (fp32).
+// Masked to zero: a query before its key (causal) and, with kKeysPastT, a key past T (whose K
+// and V rows loaded as zeros: left alone its p would be exp(-lse), which matters where dS^T is
+// read again, not where only dK and dV rows that are never stored see it). w0: the warp's first
+// key (only tiles where some element may be masked pay for the test).
+template <int HS, int Bq, bool kKeysPastT>
+__device__ inline void dkdv_tile(float (&dk_acc)[HS / 8][4], float (&dv_acc)[HS / 8][4],
+                                 float (&ds)[Bq / 8][4], const bf16* Kw, const bf16* Vw,
+                                 const bf16* Qt, const bf16* dOt, const float* lse_t,
+                                 const float* D_t, int i0, int w0, const int (&key)[2],
+                                 bool causal, int T, float scale_log2) {
+  constexpr int L = HS + 8, KC = HS / 16, NQ = Bq / 8, NO = HS / 8;
+  const int ln = threadIdx.x % kWarp;
+  uint32_t af[KC][4];  // the warp's K rows, then its V rows, as A fragments
+  load_a<KC>(af, Kw, L);
+  float p[NQ][4];  // S^T, then P^T
+  zero(p);
+  mma_tile<BIs::NK, KC, NQ>(p, af, Qt, L);
+  load_a<KC>(af, Vw, L);
+  zero(ds);  // dP^T, then dS^T
+  mma_tile<BIs::NK, KC, NQ>(ds, af, dOt, L);
+  const bool before = causal && i0 < w0 + kRowsPerWarp - 1;  // some query before some key
+  const bool edge = kKeysPastT ? before || w0 + kRowsPerWarp > T : before;
+#pragma unroll
+  for (int n = 0; n < NQ; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int c = 8 * n + mma::c_col(ln, r), kr = key[r / 2];  // the query within the tile
+      const bool masked =
+          edge && ((kKeysPastT && kr >= T) || ((!kKeysPastT || causal) && i0 + c < kr));
+      const float pr = masked ? 0.f : exp2f(p[n][r] * scale_log2 - lse_t[c]);
+      p[n][r] = pr;
+      ds[n][r] = pr * (ds[n][r] - D_t[c]);
+    }
+  uint32_t pf[NQ / 2][4];
+  acc_to_a<NQ / 2>(pf, p);
+  mma_tile<BIs::KN, NQ / 2, NO>(dv_acc, pf, dOt, L);
+  acc_to_a<NQ / 2>(pf, ds);
+  mma_tile<BIs::KN, NQ / 2, NO>(dk_acc, pf, Qt, L);
+}
+
+// Stores a warp's dK (times scale) and dV rows, the keys this lane holds, those before T.
+template <int HS>
+__device__ inline void store_dkdv(OutRows dk, OutRows dv, const float (&dk_acc)[HS / 8][4],
+                                  const float (&dv_acc)[HS / 8][4], const int (&key)[2], int T,
+                                  float scale) {
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key[h] >= T) continue;
+    const int col = mma::c_col(ln, 0);
+    bf16* kd = dk.p + (int64_t)key[h] * dk.ld + col;
+    bf16* vd = dv.p + (int64_t)key[h] * dv.ld + col;
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(kd + 8 * n) =
+          pack_bf16(dk_acc[n][2 * h] * scale, dk_acc[n][2 * h + 1] * scale);
+      *reinterpret_cast<uint32_t*>(vd + 8 * n) = pack_bf16(dv_acc[n][2 * h], dv_acc[n][2 * h + 1]);
+    }
+  }
+}
+
 // ---- host side ---------------------------------------------------------------------------------
 inline Heads in_heads(const AttentionLayout& l, int64_t off) {
   return {off, l.in_batch, l.in_head, l.in_ld};
