@@ -76,27 +76,9 @@ __device__ inline void load_a(uint32_t (&a)[KC][4], const bf16* tile, int ld) {
 // ldmatrix.trans turns into B fragments on the way.
 enum class BIs { NK, KN };
 
-// acc (16 x 8N) += A (16 x 16KC, fragments) * B, B (16KC x 8N) in shared memory laid out as
-// `lay` says, with ld elements per row.
-template <BIs lay, int KC, int N>
-__device__ inline void mma_tile(float (&acc)[N][4], const uint32_t (&a)[KC][4], const bf16* b,
-                                int ld) {
-  static_assert(N % 2 == 0, "n-tiles come in pairs (one ldmatrix.x4)");
-  const int ln = threadIdx.x % kWarp;
-#pragma unroll
-  for (int kc = 0; kc < KC; ++kc)
-#pragma unroll
-    for (int np = 0; np < N / 2; ++np) {
-      uint32_t r[4];
-      if constexpr (lay == BIs::NK) ldsm_x4(r, b + mma::ldsm_bt_offset(ln, np, kc, ld));
-      else ldsm_x4_trans(r, b + mma::ldsm_b_offset(ln, np, kc, ld));
-      mma_bf16(acc[2 * np], a[kc], r[0], r[1]);
-      mma_bf16(acc[2 * np + 1], a[kc], r[2], r[3]);
-    }
-}
-
-// mma_tile for MT row tiles at once (a warp owning 16 MT rows): each pair of B fragments loaded
-// from shared memory feeds the MT products that need it. With MT = 1 it is mma_tile.
+// acc[mt] (16 x 8N) += A[mt] (16 x 16KC, fragments) * B for MT row tiles mt at once (a warp
+// owning 16 MT rows), B (16KC x 8N) in shared memory laid out as `lay` says, with ld elements
+// per row: each pair of B fragments loaded from shared memory feeds the MT products that need it.
 template <BIs lay, int KC, int N, int MT>
 __device__ inline void mma_tiles(float (&acc)[MT][N][4], const uint32_t (&a)[MT][KC][4],
                                  const bf16* b, int ld) {
@@ -115,6 +97,14 @@ __device__ inline void mma_tiles(float (&acc)[MT][N][4], const uint32_t (&a)[MT]
         mma_bf16(acc[mt][2 * np + 1], a[mt][kc], r[2], r[3]);
       }
     }
+}
+
+// One row tile: acc (16 x 8N) += A (16 x 16KC) * B.
+template <BIs lay, int KC, int N>
+__device__ inline void mma_tile(float (&acc)[N][4], const uint32_t (&a)[KC][4], const bf16* b,
+                                int ld) {
+  mma_tiles<lay, KC, N, 1>(reinterpret_cast<float(&)[1][N][4]>(acc),
+                           reinterpret_cast<const uint32_t(&)[1][KC][4]>(a), b, ld);
 }
 
 // An accumulator (16 x 16KC fp32) as the A operand of the next product, rounded to bf16.
