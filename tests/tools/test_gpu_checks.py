@@ -88,6 +88,33 @@ class GpuChecksTest(unittest.TestCase):
         # planted: one name misspelt in the loop is caught
         some = sorted(trials)[0]
         self.assertNotEqual(self.timed_trials(script.replace(f" {some} ", f" {some}x ", 1)), trials)
+    def test_trial_table_reads_the_log(self):
+        # the per-trial steps as env.sh's `step` logs them: none, one faster, one failed
+        log = "\n".join([
+            "=== lab02_trial_none (cap 60s): env SCALELAB_TRY_GPU_KERNELS= python3 ...",
+            "| scalelab lab 02 (flash attention) | 400.0k | 25.2% | 6.2 GiB |",
+            "--- lab02_trial_none rc=0 20.1 s",
+            "=== lab02_trial_dgelu_epilogue (cap 60s): env ...",
+            "| scalelab lab 02 (flash attention) | 440.0k | 27.7% | 6.1 GiB |",
+            "--- lab02_trial_dgelu_epilogue rc=0 19.5 s",
+            "=== lab02_trial_all (cap 60s): env ...",
+            "error: lab 02 failed (exit 1)",
+            "--- lab02_trial_all rc=1 3.0 s", ""])
+        path = BUILD / "trial_table_test.log"
+        path.write_text(log)
+        try:
+            proc = subprocess.run([sys.executable, str(CHECKS / "trial_table.py"), str(path)],
+                                  capture_output=True, text=True)
+        finally:
+            path.unlink()
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("| none | 400.0k | 1.000x | 6.2 GiB |", proc.stdout)
+        self.assertIn("| dgelu_epilogue | 440.0k | 1.100x | 6.1 GiB |", proc.stdout)
+        self.assertIn("| all | (step failed: rc 1) |", proc.stdout)
+        empty = subprocess.run([sys.executable, str(CHECKS / "trial_table.py"), "/dev/null"],
+                               capture_output=True, text=True)
+        self.assertEqual(empty.returncode, 1)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -59,6 +59,7 @@ for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_
     tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \
     --data "$DATA"
 done
+TAILN=16 run trial_table 10 python3 tools/gpu_checks/trial_table.py "$out/full.log"
 # 5. item 6, shown in a trace: every step's "host read" events (common/scalar.hpp, HostRead)
 # with all trial kernels on (norm_on_device keeps clipping's norm on the GPU): one a step, its
 # printed loss, waiting for the step's kernels (tools/trace_reads prints each read's wait)
