@@ -74,6 +74,13 @@ class PtxUnchangedTest(unittest.TestCase):
         rows = pu.compare(pu.kernels(ptx()), pu.kernels(ptx(h="99ff0011", line=42, bb=7)))
         self.assertEqual([v for _, v, _ in rows], ["identical", "identical"])
 
+    def test_debug_sections_after_the_last_kernel_are_not_code(self):
+        # nvcc -G (CI's build) appends the file table and DWARF sections, which name the path
+        tail = '\n.file\t1 "{}/x.cu"\n.section\t.debug_info\n{{\n.b8 {}\n}}\n'
+        rows = pu.compare(pu.kernels(ptx() + tail.format("/tmp/base", 47)),
+                          pu.kernels(ptx() + tail.format("/work/main", 99)))
+        self.assertEqual([v for _, v, _ in rows], ["identical", "identical"])
+
     def test_a_changed_instruction_is_different(self):
         # planted: one constant changed in one kernel
         rows = dict((n, v) for n, v, _ in pu.compare(pu.kernels(ptx()), pu.kernels(ptx(value=2))))
