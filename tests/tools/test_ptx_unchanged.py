@@ -81,6 +81,15 @@ class PtxUnchangedTest(unittest.TestCase):
                           pu.kernels(ptx() + tail.format("/work/main", 99)))
         self.assertEqual([v for _, v, _ in rows], ["identical", "identical"])
 
+    def test_consistently_renamed_registers_are_the_same_code(self):
+        two = ".entry _Z3bazv()\n{{\n\tmov.u32 \t%r{a}, 1;\n\tadd.s32 \t%r{b}, %r{a}, %r{a};\n}}\n"
+        same = pu.compare(pu.kernels(two.format(a=1, b=2)), pu.kernels(two.format(a=7, b=3)))
+        self.assertEqual([v for _, v, _ in same], ["identical"])
+        # planted: the add reads the register it writes instead: another program
+        other = ".entry _Z3bazv()\n{\n\tmov.u32 \t%r1, 1;\n\tadd.s32 \t%r2, %r2, %r1;\n}\n"
+        self.assertEqual([v for _, v, _ in pu.compare(pu.kernels(two.format(a=1, b=2)),
+                                                      pu.kernels(other))], ["DIFFERENT"])
+
     def test_a_changed_instruction_is_different(self):
         # planted: one constant changed in one kernel
         rows = dict((n, v) for n, v, _ in pu.compare(pu.kernels(ptx()), pu.kernels(ptx(value=2))))
