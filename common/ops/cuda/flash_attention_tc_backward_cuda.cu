@@ -21,12 +21,12 @@
 //    launch order on NVIDIA GPUs (observed, not documented; FlashAttention-3's deterministic
 //    backward takes turns on a counter too), so the oldest unfinished block never waits for a
 //    block that has not started: no deadlock (flash_turns.hpp holds the order; its host test
-//    replays whole grids with few blocks resident at once). And
-//    causal, a key block's first query tile is the diagonal one, where it is the first to add;
-//    at every later tile, the block whose turn comes just before its own reaches that tile
-//    one step sooner (it started one tile further on, and no later), so it seldom waits.
-// What it costs: an fp32 dQ buffer (B NH T hs x 4 bytes), one int per (head, query tile), a
-// fourth barrier per tile, and each share read and written once in L2.
+//    replays whole grids with few blocks resident at once). And causal, a key block's first
+//    query tile is the diagonal one, where it is the first to add; at every later tile, the
+//    block whose turn comes just before its own reaches that tile one step sooner (it started
+//    one tile further on, and no later), so it seldom waits.
+// What it costs: an fp32 dQ buffer (B NH T hs x 4 bytes), one int per (head, query tile), four
+// barriers a tile where version 2 has two, and each share read and written once in L2.
 #include <cstdio>
 
 #include "common/ops/cuda/flash_tc.cuh"
