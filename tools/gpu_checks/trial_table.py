@@ -8,22 +8,37 @@ to none and its peak memory as a markdown table, the input of "which trial kerne
 
 A step that failed or printed no row says so in its line. Exit 0 with a table, 1 when the log
 holds no lab02_trial_ step, 2 when the log cannot be read."""
+import importlib.machinery
+import importlib.util
+import os
 import re
 import sys
 
-UNITS = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9}
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+UNITS = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9}  # bench_gpt_vs_torch's human_count, read back
 STEP = re.compile(r"^=== lab02_trial_(\w+) \(cap [^)]*\): .*?$(.*?)^--- lab02_trial_\1 rc=(-?\d+)",
                   re.M | re.S)
-ROW = re.compile(r"^\| scalelab lab 02 \([^)]*\) \| ([\d.]+)([kMG]?) \| [^|]+ \| ([^|]+?) \|$", re.M)
+
+
+def bench_tool():
+    """tools/bench_gpt_vs_torch as a module: its parse_table reads the rows it printed."""
+    path = os.path.join(ROOT, "tools", "bench_gpt_vs_torch")
+    loader = importlib.machinery.SourceFileLoader("bench_gpt_vs_torch", path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
 
 
 def trials(log):
     """[(name, tokens/s or None, peak memory text, rc)] in the order the steps ran."""
+    parse_table = bench_tool().parse_table
     out = []
     for name, body, rc in STEP.findall(log):
-        row = ROW.search(body)
-        tps = float(row.group(1)) * UNITS[row.group(2)] if row else None
-        out.append((name, tps, row.group(3) if row else "", int(rc)))
+        row = next((r for program, r in parse_table(body).items()
+                    if program.startswith("scalelab lab 02")), None)
+        m = re.fullmatch(r"([\d.]+)([kMG]?)", row[0]) if row else None
+        tps = float(m.group(1)) * UNITS[m.group(2)] if m else None
+        out.append((name, tps, row[2] if row else "", int(rc)))
     return out
 
 

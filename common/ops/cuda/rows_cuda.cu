@@ -126,6 +126,16 @@ void index_add_rows(Tensor& table, const Tensor& src, const Tensor& ids, int64_t
 namespace {
 constexpr int32_t kGroupChunk = 64;  // positions a thread sums, at most, in chunks
 
+// A CUB device algorithm's two calls: the first (no scratch) says how many bytes of scratch it
+// needs, the second runs with them. `call(void* scratch, std::size_t& bytes)` makes the call.
+template <class F>
+void with_cub_scratch(Device dev, F call) {
+  std::size_t bytes = 0;
+  CUDA_CHECK(call(nullptr, bytes));
+  Tensor scratch = Tensor::empty({static_cast<int64_t>(bytes / 4) + 1}, DType::i32, dev);
+  CUDA_CHECK(call(scratch.data_ptr(), bytes));
+}
+
 // counts[r] = row r's chunks (r < R); counts[R] = 0, so that the exclusive scan of R + 1
 // counts ends with the total
 __global__ void chunk_counts_kernel(int32_t* counts, const int32_t* starts, int64_t R) {
@@ -183,14 +193,10 @@ void add_grouped_rows(Tensor& table, const Tensor& src, const RowsById& rows, bo
     chunk_counts_kernel<<<blocks_for(R + 1), kThreads>>>(counts.data<int32_t>(),
                                                          rows.starts.data<int32_t>(), R);
     CUDA_CHECK_LAUNCH();
-    const auto scan = [&](void* scratch, std::size_t& bytes) {
+    with_cub_scratch(dev, [&](void* scratch, std::size_t& bytes) {
       return cub::DeviceScan::ExclusiveSum(scratch, bytes, counts.data<int32_t>(),
                                            chunk_starts.data<int32_t>(), static_cast<int>(R + 1));
-    };
-    std::size_t scratch_bytes = 0;
-    CUDA_CHECK(scan(nullptr, scratch_bytes));
-    Tensor scratch = Tensor::empty({static_cast<int64_t>(scratch_bytes / 4) + 1}, DType::i32, dev);
-    CUDA_CHECK(scan(scratch.data_ptr(), scratch_bytes));
+    });
   }
   SCALELAB_TRAIN_TYPES_AS(src.dtype(), scalar_t, with_grad_type<scalar_t>(table.dtype(), [&](auto g_tag) {
     using G = decltype(g_tag);
@@ -253,17 +259,12 @@ RowsById group_rows_by_id(const Tensor& ids, int64_t lo, int64_t R) {
   CUDA_CHECK_LAUNCH();
   int end_bit = 1;  // keys are 0..R: sort only the bits they use
   while ((int64_t{1} << end_bit) <= R) ++end_bit;
-  // CUB's two calls: the first says how much scratch the sort needs, the second sorts
-  const auto sort = [&](void* scratch, std::size_t& bytes) {
+  with_cub_scratch(dev, [&](void* scratch, std::size_t& bytes) {
     return cub::DeviceRadixSort::SortPairs(scratch, bytes, keys.data<int32_t>(),
                                            sorted_keys.data<int32_t>(), positions.data<int32_t>(),
                                            g.order.data<int32_t>(), static_cast<int>(N), 0,
                                            end_bit);
-  };
-  std::size_t scratch_bytes = 0;
-  CUDA_CHECK(sort(nullptr, scratch_bytes));
-  Tensor scratch = Tensor::empty({static_cast<int64_t>(scratch_bytes / 4) + 1}, DType::i32, dev);
-  CUDA_CHECK(sort(scratch.data_ptr(), scratch_bytes));
+  });
   starts_kernel<<<blocks_for(R + 1), kThreads>>>(g.starts.data<int32_t>(),
                                                  sorted_keys.data<int32_t>(), N, R);
   CUDA_CHECK_LAUNCH();
