@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """PyTorch's fused attention at one shape, for scalelab_bench_attention's table.
 
-Times torch.nn.functional.scaled_dot_product_attention, causal, on a CUDA GPU, with each of the
-backends named by --backends (flash: FlashAttention-2; cudnn: cuDNN's fused attention), forward
-and backward separately: the best and the median ms of --repeats calls after --warmup, measured
-with CUDA events. q, k, v and the output gradient are (B, NH, T, hs), as in the C++ bench.
+Times torch.nn.functional.scaled_dot_product_attention, causal (--mask none: unmasked), on a
+CUDA GPU, with each of the backends named by --backends (flash: FlashAttention-2; cudnn: cuDNN's
+fused attention), forward and backward separately: the best and the median ms of --repeats calls
+after --warmup, measured with CUDA events. q, k, v and the output gradient are (B, NH, T, hs),
+as in the C++ bench.
 
 Prints one line per (backend, pass), for the C++ bench to parse:
     row <backend> <forward|backward> <best ms> <median ms>
@@ -43,6 +44,7 @@ def main():
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--backends", default="flash,cudnn")
+    p.add_argument("--mask", choices=["causal", "none"], default="causal")
     a = p.parse_args()
     try:
         import torch
@@ -67,17 +69,18 @@ def main():
     for q_ in (q, k, v):
         q_.requires_grad_(True)
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    causal = a.mask == "causal"
     for name in a.backends.split(","):
         if name not in backends:
             print(f"skip {name} unknown backend (flash or cudnn)")
             continue
         try:
             with sdpa_kernel([backends[name]]):
-                fwd = timed(torch, lambda: sdpa(q, k, v, is_causal=True), a.warmup, a.repeats)
+                fwd = timed(torch, lambda: sdpa(q, k, v, is_causal=causal), a.warmup, a.repeats)
                 # backward alone: a fresh graph before each timed call, untimed
                 ms = []
                 for i in range(a.warmup + a.repeats):
-                    out = sdpa(q, k, v, is_causal=True)
+                    out = sdpa(q, k, v, is_causal=causal)
                     torch.cuda.synchronize()
                     start = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)

@@ -11,9 +11,14 @@
 // FlashAttention papers count them: forward 4 BH T^2 hs, halved for the causal mask; backward
 // 2.5 x forward (the useful work: scalelab's deterministic two-pass backward recomputes more,
 // which this count leaves out, so its TFLOP/s is the useful rate, comparable with PyTorch's).
+// --mask none times the flash kernels without a mask (lab 11's off-diagonal blocks: every query
+// sees every key; FLOPs not halved; the unfused path is causal only, so its rows are left out):
+// the one-kernel backward's key blocks then all start at query tile 0 and take their turns there
+// one after the other, a cost the causal mask does not have.
 //   build/common/scalelab_bench_attention --device cuda --dtype bf16            # gpt-85m, B 16
 //   build/common/scalelab_bench_attention --torch-python python3                # + PyTorch
 //   build/common/scalelab_bench_attention --device cpu --batch 1 --context 256 --dtype f32
+//   build/common/scalelab_bench_attention --mask none --torch-python python3    # lab 11's blocks
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -61,14 +66,17 @@ std::string output_of(const std::string& command) {
 
 int main(int argc, char** argv) {
   return scalelab::run_main(argc, argv, [](int argc, char** argv) {
-    auto options = cli::make_options("scalelab_bench_attention",
-                                     "Time causal attention: the unfused ops against flash attention.");
+    auto options = cli::make_options(
+        "scalelab_bench_attention",
+        "Time causal attention (or unmasked: --mask none): the unfused ops against flash attention.");
     options.add_options()
         ("batch", "B", cxxopts::value<int64_t>()->default_value("16"))
         ("heads", "NH", cxxopts::value<int64_t>()->default_value("12"))
         ("context", "T", cxxopts::value<int64_t>()->default_value("1024"))
         ("head-size", "hs", cxxopts::value<int64_t>()->default_value("64"))
         ("dtype", "f32, bf16 or f64", cxxopts::value<std::string>()->default_value("bf16"))
+        ("mask", "causal, or none (every query sees every key)",
+         cxxopts::value<std::string>()->default_value("causal"))
         ("repeats", "timed calls", cxxopts::value<int>()->default_value("10"))
         ("warmup", "untimed calls first", cxxopts::value<int>()->default_value("3"))
         ("device", "cpu or cuda[:N]", cxxopts::value<std::string>()->default_value("cuda"))
@@ -84,6 +92,10 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(B >= 1 && NH >= 1 && T >= 1 && hs >= 1, "--batch, --heads, --context and --head-size must be >= 1");
     SCALELAB_REQUIRE(repeats >= 1 && warmup >= 0, "--repeats must be >= 1 and --warmup >= 0");
     const DType dt = parse_dtype(r["dtype"].as<std::string>());
+    const std::string mask = r["mask"].as<std::string>();
+    SCALELAB_REQUIRE(mask == "causal" || mask == "none", "--mask must be causal or none, got '{}'",
+                     mask);
+    const bool causal = mask == "causal";
     const Device device = Device::parse(r["device"].as<std::string>());
     const int64_t BH = B * NH;
     const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
@@ -99,10 +111,11 @@ int main(int argc, char** argv) {
            dv = out.clone();
     Tensor lse = Tensor::empty({BH, T}, ops::flash_attention_lse_dtype(dt), device);
 
-    const double fwd_flops = 4.0 * BH * T * T * hs / 2, bwd_flops = 2.5 * fwd_flops;
-    fmt::print("causal attention, B {} x NH {} x T {} x hs {}, {} on {}; forward {:.3g} GFLOP, "
-               "backward {:.3g} GFLOP (causal, FlashAttention's count)\n",
-               B, NH, T, hs, dtype_name(dt), device.str(), fwd_flops / 1e9, bwd_flops / 1e9);
+    const double fwd_flops = 4.0 * BH * T * T * hs / (causal ? 2 : 1), bwd_flops = 2.5 * fwd_flops;
+    fmt::print("{} attention, B {} x NH {} x T {} x hs {}, {} on {}; forward {:.3g} GFLOP, "
+               "backward {:.3g} GFLOP (FlashAttention's count)\n",
+               causal ? "causal" : "unmasked", B, NH, T, hs, dtype_name(dt), device.str(),
+               fwd_flops / 1e9, bwd_flops / 1e9);
     fmt::print("{:<22} {:>10} {:>10} {:>10} {:>12}\n", "", "best ms", "median ms", "TFLOP/s", "peak extra");
     auto report = [&](const char* what, double flops, const std::function<void()>& f) {
       reset_peak_memory(device);
@@ -121,8 +134,8 @@ int main(int argc, char** argv) {
       ops::causal_softmax_forward(att, preatt, scale);
       ops::batched_matmul(out, att, v);
     };
-    report("unfused forward", fwd_flops, unfused_forward);
-    report("unfused backward", bwd_flops, [&] {
+    if (causal) report("unfused forward", fwd_flops, unfused_forward);
+    if (causal) report("unfused backward", bwd_flops, [&] {
       Tensor datt = Tensor::empty({BH, T, T}, dt, device), dpre = Tensor::empty({BH, T, T}, dt, device);
       ops::batched_matmul(datt, dout, v, false, true);
       ops::batched_matmul(dv, att, dout, true, false);
@@ -130,6 +143,7 @@ int main(int argc, char** argv) {
       ops::batched_matmul(dq, dpre, k);
       ops::batched_matmul(dk, dpre, q, true, false);
     });
+    if (!causal) fmt::print("(unfused rows: causal only, as nn::CausalSelfAttention computes it)\n");
     att = Tensor();
     // PyTorch's SDPA at the same shape (tools/bench_attention_torch.py; CUDA only: on a machine
     // without one its rows say why they did not run)
@@ -138,9 +152,9 @@ int main(int argc, char** argv) {
       if (python.empty()) return;
       const std::string command = fmt::format(
           "'{}' '{}' --batch {} --heads {} --context {} --head-size {} --dtype {} --repeats {} "
-          "--warmup {} 2>&1",
+          "--warmup {} --mask {} 2>&1",
           python, r["torch-script"].as<std::string>(), B, NH, T, hs,
-          dt == DType::bf16 ? "bf16" : "f32", repeats, warmup);
+          dt == DType::bf16 ? "bf16" : "f32", repeats, warmup, mask);
       const std::string printed = output_of(command);
       std::istringstream lines(printed);
       std::string line;
@@ -166,9 +180,9 @@ int main(int argc, char** argv) {
     };
     if (device.is_cpu()) {  // the host has one flash attention
       report("flash forward", fwd_flops,
-             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale); });
+             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale, causal); });
       report("flash backward", bwd_flops, [&] {
-        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
       });
       torch_rows();
       return 0;
@@ -184,18 +198,18 @@ int main(int argc, char** argv) {
       ops::set_flash_attention_version(version);
       const std::string v_name = "flash v" + std::to_string(version);
       report((v_name + " forward").c_str(), fwd_flops,
-             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale); });
+             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale, causal); });
       // version 2 takes bf16 and head sizes 64, 128 only: say so when version 1 ran instead
       if (ops::cuda::last_flash_attention_version() != version)
         fmt::print("  (version {} does not take {} at head size {}: version {} ran)\n", version,
                    dtype_name(dt), hs, ops::cuda::last_flash_attention_version());
       report((v_name + " backward").c_str(), bwd_flops, [&] {
-        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
       });
       report((v_name + " qkv forward").c_str(), fwd_flops,
-             [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale); });
+             [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale, causal); });
       report((v_name + " qkv backward").c_str(), bwd_flops,
-             [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale); });
+             [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
     }
     // version 2's trial kernels beside the default: the forward with two row tiles a warp
     // ("flash_forward_two_row_tiles", head size 64) and the backward as one kernel
@@ -204,15 +218,15 @@ int main(int argc, char** argv) {
       const char* env = std::getenv("SCALELAB_TRY_GPU_KERNELS");
       ops::set_trial_kernels("flash_forward_two_row_tiles");
       report("v2 2-row-tile forward", fwd_flops,
-             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale); });
+             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale, causal); });
       report("v2 2-row-tile qkv fwd", fwd_flops,
-             [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale); });
+             [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale, causal); });
       ops::set_trial_kernels("flash_backward_one_kernel");
       report("v2 1-kernel backward", bwd_flops, [&] {
-        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
       });
       report("v2 1-kernel qkv bwd", bwd_flops,
-             [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale); });
+             [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
       ops::set_trial_kernels(env ? env : "");
     }
     ops::set_flash_attention_version(default_version);

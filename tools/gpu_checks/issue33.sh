@@ -49,6 +49,12 @@ TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
 TAILN=20 run flash_backward_one_kernel 120 "$B/common/scalelab_bench_attention" --device cuda \
   --dtype bf16 --batch 16 --heads 12 --context 1024 --head-size 64 --repeats 10 --warmup 3 \
   --torch-python python3
+# unmasked (lab 11's off-diagonal blocks), where the one-kernel backward's key blocks all start
+# at query tile 0 and take their turns there one after the other: flip it for causal only if it
+# loses here
+TAILN=16 run flash_unmasked 90 "$B/common/scalelab_bench_attention" --device cuda --dtype bf16 \
+  --batch 16 --heads 12 --context 1024 --head-size 64 --repeats 10 --warmup 3 --mask none \
+  --torch-python python3
 TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # 4. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
 # (lab 02's row of the side-by-side table, measured the same way, without PyTorch's)

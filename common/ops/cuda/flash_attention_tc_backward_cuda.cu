@@ -26,7 +26,12 @@
 //    block whose turn comes just before its own reaches that tile one step sooner (it started
 //    one tile further on, and no later), so it seldom waits.
 // What it costs: an fp32 dQ buffer (B NH T hs x 4 bytes), one int per (head, query tile), four
-// barriers a tile where version 2 has two, and each share read and written once in L2.
+// barriers a tile where version 2 has two, and each share read and written once in L2. Unmasked
+// (lab 11's off-diagonal blocks) it costs waiting too: every key block starts at query tile 0,
+// where the turns come one after another, so key block j adds its first share n_key_blocks - 1 - j
+// turns late and then runs on in step. Starting each block at another tile would not help: with
+// the turns in launch order, some block would reach a tile before the one whose turn precedes
+// it. scalelab_bench_attention --mask none times it beside version 2.
 #include <cstdio>
 
 #include "common/ops/cuda/flash_tc.cuh"
