@@ -3,7 +3,7 @@
 //
 //   ./scalelab run 03 -n 4                          # your code on 4 ranks
 //   ./scalelab run 03 --solution -n 4 -- --steps 50 # the reference, longer
-#include <memory>
+#include <optional>
 
 #include "common/cli.hpp"
 #include "common/device.hpp"
@@ -11,6 +11,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/session.hpp"
+#include "common/train/twin.hpp"
 #include "ddp.hpp"
 
 using namespace scalelab;
@@ -41,12 +42,9 @@ int main(int argc, char** argv) {
     // --diverge: one step, every tensor compared with the single-device twin's rows
     auto diverge = session.watch_divergence(model, {.first_row = comm.rank() * local_rows});
 
-    std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin, for --verify-steps
-    std::unique_ptr<optim::AdamW> single_opt;
-    if (comm.rank() == 0 && verify_steps > 0) {  // in the run's precision too
-      single = std::make_unique<nn::GPT>(config, session.model_options(run.seed));
-      single_opt = std::make_unique<optim::AdamW>(optim::groups(single->parameters()));
-    }
+    std::optional<train::SingleDeviceTwin> single;  // rank 0's twin, for --verify-steps
+    if (comm.rank() == 0 && verify_steps > 0)  // in the run's precision too
+      single.emplace(config, session.model_options(run.seed));
 
     session.announce(fmt::format(
         "lab 03 ddp: model {} ({} parameters), {} ranks, global batch {} x {} tokens = {} rows per "
@@ -63,11 +61,7 @@ int main(int argc, char** argv) {
       const double dt = timer.elapsed();
       log::info("{}", session.step_line(step, loss, dt));
       if (single && step < verify_steps) {
-        single->zero_grad();
-        const data::Batch g = global.to(session.device());
-        const double single_loss = single->forward(g.x, g.y);
-        single->backward();
-        single_opt->step(lr);
+        const double single_loss = single->step(global, lr);
         log::info("    single-device loss={:.6f}  |ddp - single|={:.2e}", single_loss,
                   std::abs(loss - single_loss));
       }

@@ -26,6 +26,7 @@
 #include "common/train/equivalence.hpp"
 #include "common/train/session.hpp"
 #include "common/train/sizing.hpp"
+#include "common/train/twin.hpp"
 #include "tensor_parallel.hpp"
 
 using namespace scalelab;
@@ -129,12 +130,8 @@ int main(int argc, char** argv) {
     auto diverge = session.watch_divergence(
         *model, {.seq_rank = sp ? rank : 0, .seq_size = sp ? tp : 1});
     // The twin: the single-device GPT with the same seed and batches, on rank 0 only.
-    std::optional<nn::GPT> twin;
-    std::optional<optim::AdamW> twin_adamw;
-    if (rank == 0 && twin_steps > 0) {
-      twin.emplace(config, session.model_options(run.seed));
-      twin_adamw.emplace(optim::groups(twin->parameters()));
-    }
+    std::optional<train::SingleDeviceTwin> twin;
+    if (rank == 0 && twin_steps > 0) twin.emplace(config, session.model_options(run.seed));
     session.announce(fmt::format(
         "lab 07 tensor_parallel: model {} ({} parameters, {} on each of {} ranks), global batch {} "
         "x {} tokens on every rank, {} steps{}", config.name,
@@ -154,10 +151,7 @@ int main(int argc, char** argv) {
       const double dt = timer.elapsed();
       std::string line = session.step_line(step, loss, dt);
       if (twin && step < twin_steps) {
-        twin->zero_grad();
-        const double want = twin->forward(batch.x, batch.y);
-        twin->backward();
-        twin_adamw->step(lr);
+        const double want = twin->step(batch, lr);
         twin_check.add(loss, want);
         line += fmt::format("  single-device {:.6f} (|diff| {:.1e})", want,
                             std::abs(loss - want));

@@ -10,7 +10,7 @@
 //   ./scalelab run 09 -n 4 -- --stage 2              # your code on 4 ranks
 //   ./scalelab run 09 --solution -n 4 -- --stage 3   # the reference
 //   ./scalelab run 09 --solution -n 4 -- --stage 3 --precision bf16
-#include <memory>
+#include <optional>
 
 #include "common/allocator.hpp"
 #include "common/cli.hpp"
@@ -23,6 +23,7 @@
 #include "common/train/equivalence.hpp"
 #include "common/train/session.hpp"
 #include "common/train/sizing.hpp"
+#include "common/train/twin.hpp"
 #include "ddp.hpp"
 #include "zero.hpp"
 
@@ -127,12 +128,9 @@ int main(int argc, char** argv) {
     // the twin's
     auto diverge = session.watch_divergence(trainer->model(),
                                             {.first_row = comm.rank() * local_rows});
-    std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin, for --verify-steps
-    std::unique_ptr<optim::AdamW> single_opt;
-    if (comm.rank() == 0 && verify_steps > 0) {
-      single = std::make_unique<nn::GPT>(config, model_options);  // in the run's precision too
-      single_opt = std::make_unique<optim::AdamW>(optim::groups(single->parameters()));
-    }
+    std::optional<train::SingleDeviceTwin> single;  // rank 0's twin, for --verify-steps
+    if (comm.rank() == 0 && verify_steps > 0)
+      single.emplace(config, model_options);  // in the run's precision too
     // The twin must match the trainer's loss: fp32 to 1e-5 relative (the ranks sum the gradient
     // in another order than one batch does; AdamW amplifies the last bits a little per step),
     // bf16 to 1e-3 (the same, but every activation rounds to 8 bits of mantissa), as lab 08.
@@ -150,11 +148,7 @@ int main(int argc, char** argv) {
       trainer->step(lr);
       log::info("{}", session.step_line(step, loss, timer.elapsed()));
       if (single && step < verify_steps) {
-        single->zero_grad();
-        const data::Batch g = global.to(device);
-        const double single_loss = single->forward(g.x, g.y);
-        single->backward();
-        single_opt->step(lr);
+        const double single_loss = single->step(global, lr);
         log::info("    single-device loss={:.6f}  |zero - single|={:.2e}", single_loss,
                   std::abs(loss - single_loss));
         if (!twin_check.add(loss, single_loss))
@@ -187,10 +181,11 @@ int main(int argc, char** argv) {
     train::TwinCheck val_check(run.precision);
     std::string val_twin;
     if (single) {
-      single->params().values().copy_from(full);
-      if (single->params().mixed()) single->params().refresh_compute();
+      nn::GPT& twin = single->model();
+      twin.params().values().copy_from(full);
+      if (twin.params().mixed()) twin.params().refresh_compute();
       const data::Batch g = val_global.to(device);
-      const double want = single->loss(g.x, g.y);
+      const double want = twin.loss(g.x, g.y);
       val_check.add(val_loss, want);
       val_twin = fmt::format("; the single-device model with these parameters {:.6f}, {}", want,
                              val_check.verdict());
@@ -205,7 +200,6 @@ int main(int argc, char** argv) {
               mib(held.grads), mib(held.optimizer));
     trainer.reset();
     single.reset();
-    single_opt.reset();
 
     bool held_ok = true;
     if (table) {

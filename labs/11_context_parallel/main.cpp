@@ -13,7 +13,7 @@
 //   ./scalelab run 11 --solution -n 4 -- --cp 4 --trace cp.json   # Perfetto: blocks vs messages
 #include <algorithm>
 #include <cmath>
-#include <memory>
+#include <optional>
 
 #include "common/allocator.hpp"
 #include "common/comm/communicator.hpp"
@@ -28,6 +28,7 @@
 #include "common/train/session.hpp"
 #include "common/train/sizing.hpp"
 #include "common/trace.hpp"
+#include "common/train/twin.hpp"
 #include "context_parallel.hpp"
 
 using namespace scalelab;
@@ -238,12 +239,8 @@ int main(int argc, char** argv) {
     // --diverge: one step, every tensor of this rank's positions compared with the twin's
     auto diverge = session.watch_divergence(model, {.positions = positions});
 
-    std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin: the whole sequence
-    std::unique_ptr<optim::AdamW> single_opt;
-    if (comm.rank() == 0 && twin_steps > 0) {
-      single = std::make_unique<nn::GPT>(config, model_options);
-      single_opt = std::make_unique<optim::AdamW>(optim::groups(single->parameters()));
-    }
+    std::optional<train::SingleDeviceTwin> single;  // rank 0's twin: the whole sequence
+    if (comm.rank() == 0 && twin_steps > 0) single.emplace(config, model_options);
     // fp32 1e-5 relative (attention's sums merge blocks in another order, the gradients are
     // all-reduced), bf16 1e-3 (every activation rounds to 8 bits), as labs 07-10.
     train::TwinCheck twin_check(run.precision);
@@ -261,12 +258,8 @@ int main(int argc, char** argv) {
       adamw.step(lr);
       log::info("{}", session.step_line(step, loss, timer.elapsed()));
       if (single && step < twin_steps) {
-        single->zero_grad();
-        const data::Batch g = global.to(device);
-        const double single_loss = single->forward(g.x, g.y);
+        const double single_loss = single->step(global, lr);
         if (step == 0) single_acts = single->activation_bytes();
-        single->backward();
-        single_opt->step(lr);
         log::info("    single-device loss={:.6f}  |cp - single|={:.2e}", single_loss,
                   std::abs(loss - single_loss));
         if (!twin_check.add(loss, single_loss))
@@ -274,7 +267,6 @@ int main(int argc, char** argv) {
       }
     }
     single.reset();
-    single_opt.reset();
     if (diverge) {
       diverge->record_gradients(model);  // averaged over the cp ranks
       return session.divergence_exit(*diverge, model_options);  // fused: log-sum-exps compared

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "common/allocator.hpp"
@@ -28,6 +29,7 @@
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/session.hpp"
+#include "common/train/twin.hpp"
 #include "expert_parallel.hpp"
 
 using namespace scalelab;
@@ -193,12 +195,9 @@ int main(int argc, char** argv) {
     nn::GPTOptions twin = base;
     twin.moe.groups = world.size();
 
-    std::unique_ptr<nn::GPT> single;  // rank 0's single-device twin: one routing group per rank
-    std::unique_ptr<optim::AdamW> single_opt;
-    if (world.rank() == 0 && twin_steps > 0 && !diverge) {
-      single = std::make_unique<nn::GPT>(config, twin);
-      single_opt = std::make_unique<optim::AdamW>(optim::groups(single->parameters()));
-    }
+    // rank 0's twin: one routing group per rank
+    std::optional<train::SingleDeviceTwin> single;
+    if (world.rank() == 0 && twin_steps > 0 && !diverge) single.emplace(config, twin);
     // fp32 1e-5 relative (the gradients are summed over ranks in another order), bf16 1e-3.
     train::TwinCheck twin_check(run.precision);
     session.announce(fmt::format(
@@ -215,11 +214,7 @@ int main(int argc, char** argv) {
       adamw.step(lr);
       log::info("{}", session.step_line(step, loss, timer.elapsed()));
       if (single && step < twin_steps) {
-        single->zero_grad();
-        const data::Batch g = global.to(device);
-        const double single_loss = single->forward(g.x, g.y);
-        single->backward();
-        single_opt->step(lr);
+        const double single_loss = single->step(global, lr);
         log::info("    single-device loss={:.6f}  |ep - single|={:.2e}", single_loss,
                   std::abs(loss - single_loss));
         if (!twin_check.add(loss, single_loss))
@@ -227,7 +222,6 @@ int main(int argc, char** argv) {
       }
     }
     single.reset();
-    single_opt.reset();
     if (diverge) {
       diverge->record_gradients(model);  // reduced: what the optimizer applied
       return session.divergence_exit(*diverge, twin, config);
