@@ -2,7 +2,8 @@
 /// @file reference.hpp
 /// The single-device run every parallel lab is checked against: the same model config, the same
 /// seed, the same GLOBAL batch, on one rank. Tests of labs 03-06 compute it inside the test, on
-/// every rank, and compare their parallel result with it (common/train/equivalence.hpp).
+/// every rank, and compare their parallel result with it (common/train/equivalence.hpp). The
+/// programs train theirs beside the run instead, with AdamW: train::SingleDeviceTwin (twin.hpp).
 #include <cstdint>
 #include <vector>
 
