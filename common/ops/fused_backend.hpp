@@ -74,6 +74,16 @@ bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const
 /// Which CUDA kernel ran the last flash attention call, forward or backward: 1 or 2 (0 before
 /// any). Tests check with it that version 2 ran where it applies, not version 1 in its place.
 int last_flash_attention_version();
+/// Which of version 2's kernels its last calls ran ({0, 0} before any): the forward's query rows
+/// a warp (16, or 32 under the trial kernel "flash_forward_two_row_tiles", head size 64 only)
+/// and the backward's kernels after D (2: dK/dV, then dQ; 1 under "flash_backward_one_kernel").
+/// Tests and benches check with it that the kernel they switched on ran, not the one beside it.
+struct FlashV2Kernels {
+  int forward_rows_per_warp = 0;  ///< 16 or 32; 0 before any version-2 forward
+  int backward_kernels = 0;       ///< 2 or 1; 0 before any version-2 backward
+};
+/// The version-2 kernels the last version-2 forward and backward ran (see FlashV2Kernels).
+FlashV2Kernels last_flash_v2_kernels();
 /// flash_attention_v2_forward's backward (same conditions).
 bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                                  const Tensor& q, const Tensor& k, const Tensor& v,

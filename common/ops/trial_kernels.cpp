@@ -39,20 +39,31 @@ std::set<std::string> parse(const std::string& list, const std::string& where) {
 }
 
 std::optional<std::set<std::string>> g_names;  // read from the environment at the first call
-}  // namespace
 
-bool trial_kernel(const char* name) {
-  SCALELAB_CHECK(known(name), "trial_kernel: '{}' is not in kTrialKernels", name);
+const std::set<std::string>& names() {
   if (!g_names) {
     const char* env = std::getenv("SCALELAB_TRY_GPU_KERNELS");
     const std::string list = env ? env : "";
     g_names = parse(list, "SCALELAB_TRY_GPU_KERNELS=" + list);
   }
-  return g_names->count(name) > 0;
+  return *g_names;
+}
+}  // namespace
+
+bool trial_kernel(const char* name) {
+  SCALELAB_CHECK(known(name), "trial_kernel: '{}' is not in kTrialKernels", name);
+  return names().count(name) > 0;
 }
 
 void set_trial_kernels(const std::string& list) {
   g_names = parse(list, "set_trial_kernels(\"" + list + "\")");
+}
+
+std::string trial_kernel_list() {
+  std::string list;
+  for (const char* k : kTrialKernels)
+    if (names().count(k)) list += std::string(list.empty() ? "" : ",") + k;
+  return list;
 }
 
 }  // namespace scalelab::ops

@@ -52,4 +52,10 @@ bool trial_kernel(const char* name);
 /// Replaces the environment's list: "" (none), "all", or names separated by commas.
 void set_trial_kernels(const std::string& list);
 
+/// The trial kernels that may run now, as set_trial_kernels takes them: their names in
+/// kTrialKernels' order, separated by commas ("" for none; "all" comes back as every name). The
+/// environment's list is read first if nothing has read it yet. A test that turns kernels on
+/// for a while gives this back to set_trial_kernels after, so that it leaves the list it found.
+std::string trial_kernel_list();
+
 }  // namespace scalelab::ops

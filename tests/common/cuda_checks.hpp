@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -28,14 +29,35 @@ class CudaTest : public ::testing::Test {
   }
 };
 
-/// Runs the named trial kernels (common/ops/trial_kernels.hpp: "all", or names separated by
-/// commas) while it lives; none after.
+/// Turns the named trial kernels (common/ops/trial_kernels.hpp: "all", or names separated by
+/// commas) on (kOn), or off (kOff), while it lives, the others as they were; then gives back the
+/// list it found. Under SCALELAB_TRY_GPU_KERNELS=all a test's guard thus leaves every kernel on
+/// for the tests after it; kOff makes a test's reference path (the kernel that a trial kernel
+/// would replace) whatever the environment says.
 class TrialKernels {
  public:
-  explicit TrialKernels(const std::string& names) { ops::set_trial_kernels(names); }
-  ~TrialKernels() { ops::set_trial_kernels(""); }
+  enum Mode { kOn, kOff };
+  explicit TrialKernels(const std::string& names, Mode mode = kOn)
+      : previous_(ops::trial_kernel_list()) {
+    if (mode == kOn) {
+      ops::set_trial_kernels(previous_ + "," + names);  // empty names are skipped
+      return;
+    }
+    std::vector<bool> was_on;
+    for (const char* k : ops::kTrialKernels) was_on.push_back(ops::trial_kernel(k));
+    ops::set_trial_kernels(names);  // checks the names; now on: the ones to turn off
+    std::string keep;
+    for (std::size_t i = 0; i < was_on.size(); ++i)
+      if (was_on[i] && !ops::trial_kernel(ops::kTrialKernels[i]))
+        keep += std::string(keep.empty() ? "" : ",") + ops::kTrialKernels[i];
+    ops::set_trial_kernels(keep);
+  }
+  ~TrialKernels() { ops::set_trial_kernels(previous_); }
   TrialKernels(const TrialKernels&) = delete;
   TrialKernels& operator=(const TrialKernels&) = delete;
+
+ private:
+  std::string previous_;  // trial_kernel_list() when it was made
 };
 
 /// Every element of `cuda` within tol * max(1, |host|) of `cpu`; same shape and dtype.
@@ -47,6 +69,26 @@ inline void expect_close(const Tensor& cuda, const Tensor& cpu, double tol,
   for (std::size_t i = 0; i < h.size(); ++i)
     ASSERT_LE(std::abs(c[i] - h[i]), tol * std::max(1.0, std::abs(h[i])))
         << what << " element " << i << ": cuda " << c[i] << " cpu " << h[i];
+}
+
+/// a and b hold the same bits, element for element (same shape and dtype, on any devices). A
+/// failure says how many elements differ and shows the first (not millions of values).
+inline void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  const std::size_t size = dtype_size(a.dtype());
+  const auto* pa = static_cast<const unsigned char*>(ha.data_ptr());
+  const auto* pb = static_cast<const unsigned char*>(hb.data_ptr());
+  int64_t differ = 0, first = -1;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (std::memcmp(pa + i * size, pb + i * size, size) != 0) {
+      if (first < 0) first = i;
+      ++differ;
+    }
+  if (differ > 0)
+    ADD_FAILURE() << what << ": " << differ << " of " << a.numel() << " elements differ, the "
+                  << "first at " << first << ": " << ha.item(first) << " and " << hb.item(first);
 }
 
 /// Runs `op` on host copies and on device (cuda:0) copies of `args`, then compares every arg at

@@ -3,13 +3,14 @@
 // parameter gradients matmul then bias_backward) for 3-d
 // inputs viewed as rows, in f32, f64 and bf16; and their shape checks. (The cuBLASLt epilogue
 // path is tested against this one on a GPU: test_ops_cuda_bf16.) And the list of trial kernels
-// that gates the untested GPU ones (common/ops/trial_kernels.hpp).
+// that gates the untested GPU ones (common/ops/trial_kernels.hpp), with the GPU tests' guard of it.
 #include <gtest/gtest.h>
 
 #include "common/ops/fused_linear.hpp"
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
 #include "common/ops/trial_kernels.hpp"
+#include "tests/common/cuda_checks.hpp"
 #include "tests/common/gradcheck.hpp"
 
 using namespace scalelab;
@@ -104,4 +105,46 @@ TEST(TrialKernels, RunOnlyWhenNamed) {
   EXPECT_THROW(ops::set_trial_kernels("dgelu_epilogue,flash_v3"), UsageError);  // a typo says so
   EXPECT_THROW(ops::trial_kernel("not_a_kernel"), CheckFailed);
   ops::set_trial_kernels("");
+}
+
+// The list comes back as set_trial_kernels takes it, and a test's TrialKernels guard
+// (tests/common/cuda_checks.hpp) gives back the list it found: under
+// SCALELAB_TRY_GPU_KERNELS=all, a guarded GPU test leaves every kernel on for the tests after it.
+TEST(TrialKernels, TheListComesBackAndGuardsRestoreIt) {
+  ops::set_trial_kernels("norm_on_device,dgelu_epilogue");
+  EXPECT_EQ(ops::trial_kernel_list(), "dgelu_epilogue,norm_on_device");  // kTrialKernels' order
+  ops::set_trial_kernels(ops::trial_kernel_list());
+  EXPECT_EQ(ops::trial_kernel_list(), "dgelu_epilogue,norm_on_device");
+  std::string every;
+  for (const char* k : ops::kTrialKernels) every += std::string(every.empty() ? "" : ",") + k;
+  ops::set_trial_kernels("all");
+  EXPECT_EQ(ops::trial_kernel_list(), every);
+  {
+    const TrialKernels on("dgelu_epilogue");  // on already
+    EXPECT_EQ(ops::trial_kernel_list(), every);
+    {
+      const TrialKernels off("dgelu_epilogue,norm_on_device", TrialKernels::kOff);
+      EXPECT_FALSE(ops::trial_kernel("dgelu_epilogue"));
+      EXPECT_FALSE(ops::trial_kernel("norm_on_device"));
+      EXPECT_TRUE(ops::trial_kernel("adamw_one_launch"));  // the others as they were
+    }
+    EXPECT_EQ(ops::trial_kernel_list(), every);
+  }
+  EXPECT_EQ(ops::trial_kernel_list(), every);  // still all, not none
+  ops::set_trial_kernels("");
+  {
+    const TrialKernels on("layernorm_backward_v2");
+    EXPECT_EQ(ops::trial_kernel_list(), "layernorm_backward_v2");
+    {
+      const TrialKernels more("dgelu_epilogue");  // added to the ones on
+      EXPECT_EQ(ops::trial_kernel_list(), "dgelu_epilogue,layernorm_backward_v2");
+      EXPECT_THROW(TrialKernels("flash_v3"), UsageError);
+      EXPECT_THROW(TrialKernels("flash_v3", TrialKernels::kOff), UsageError);
+      EXPECT_EQ(ops::trial_kernel_list(), "dgelu_epilogue,layernorm_backward_v2");  // untouched
+      const TrialKernels none("all", TrialKernels::kOff);
+      EXPECT_EQ(ops::trial_kernel_list(), "");
+    }
+    EXPECT_EQ(ops::trial_kernel_list(), "layernorm_backward_v2");
+  }
+  EXPECT_EQ(ops::trial_kernel_list(), "");
 }

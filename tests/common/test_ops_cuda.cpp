@@ -5,13 +5,16 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/device.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/ops/cuda/ops_cuda.hpp"
 #include "common/ops/flash_attention.hpp"
+#include "common/ops/fused_backend.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "common/scalar.hpp"
@@ -26,9 +29,57 @@ constexpr double kTol = 1e-4;
 const Device gpu = Device::cuda(0);
 
 using CudaOps = CudaTest;
+// the optimizer's and clipping's trial kernels (issue33.sh runs *ReductionsAndOptimizers*)
+using ReductionsAndOptimizers = CudaTest;
 
 Tensor rnd(std::vector<int64_t> shape, uint64_t seed, double lo = -1, double hi = 1) {
   return uniform(std::move(shape), seed, DType::f32, lo, hi);
+}
+
+std::vector<double> host_values(const Tensor& t) { return t.to(Device::cpu()).to_vector(); }
+
+// How many elements of a and b (of one size) differ: an update that changed nothing has 0.
+int64_t count_differing(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = host_values(a), y = host_values(b);
+  int64_t n = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) n += x[i] != y[i];
+  return n;
+}
+
+// Every element of `cuda` within tol * max(1, |cpu|) + extra of `cpu`.
+void expect_close_plus(const Tensor& cuda, const Tensor& cpu, double tol, double extra,
+                       const std::string& what) {
+  const std::vector<double> c = host_values(cuda), h = cpu.to_vector();
+  ASSERT_EQ(c.size(), h.size()) << what;
+  for (std::size_t i = 0; i < h.size(); ++i)
+    ASSERT_LE(std::abs(c[i] - h[i]), tol * std::max(1.0, std::abs(h[i])) + extra)
+        << what << " element " << i << ": cuda " << c[i] << " cpu " << h[i];
+}
+
+struct LayerNormGrads {
+  Tensor din, dweight, dbias;
+};
+
+// LayerNorm's forward, then its backward into gradients that already hold values (it adds), for
+// N rows of C of `dt` on `d`, from the same drawn inputs on every device. With `v2` the backward
+// is version 2 itself (ops::cuda::layernorm_backward_v2) and *v2 says whether it took the rows
+// (when not, it did nothing).
+LayerNormGrads layernorm_grads(int64_t N, int64_t C, DType dt, Device d, bool* v2 = nullptr) {
+  const auto draw = [&](std::vector<int64_t> shape, uint64_t seed, double lo = -1, double hi = 1) {
+    return uniform(std::move(shape), seed, dt, lo, hi).to(d);
+  };
+  const Tensor x = draw({N, C}, 14, -2, 2), w = draw({C}, 15), b = draw({C}, 16),
+               dout = draw({N, C}, 17);
+  Tensor out = Tensor::empty({N, C}, dt, d), mean = Tensor::empty({N}, dt, d),
+         rstd = Tensor::empty({N}, dt, d);  // f32 data: f32 statistics; f64: f64
+  ops::layernorm_forward(out, mean, rstd, x, w, b);
+  LayerNormGrads g{draw({N, C}, 18), draw({C}, 19), draw({C}, 20)};
+  if (!v2) {
+    ops::layernorm_backward(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd);
+    return g;
+  }
+  *v2 = ops::cuda::layernorm_backward_v2(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd);
+  return g;
 }
 
 }  // namespace
@@ -76,17 +127,40 @@ TEST_F(CudaOps, LayerNormAndSoftmax) {
 
 // LayerNorm's backward version 2 (one read of x and dout; a trial kernel until this passes on a
 // GPU): 33 rows make two blocks, the last one short; 700 x 768 fills a block's shared memory
-// with 8 warps' column sums (gpt-85m's width); 40 x 3100 leaves room for one warp only.
+// with 8 warps' column sums (gpt-85m's width); 40 x 3100 leaves room for one warp only, 3 x 6144
+// for exactly one (2 C float sums: 48 KiB) and 3 x 6152 for none (version 2 declines, version 1
+// runs); 50001 x 40 caps the grid at 1024 blocks of ~49 rows (more than 32 each). In f64 the
+// same edges at half the width, and the capped grid. Against the host: dx at 1e-4 relative
+// (f32); dweight and dbias, sums over the N rows in another order, at 1e-4 relative plus 2e-7 N
+// (the host sums the rows one after the other in float: ~1e-8 N of drift, 20 times that
+// allowed; a row left out or counted twice moves a sum by ~0.5); f64 at 1e-10. Version 2
+// called directly must say whether it takes the shape (the threshold in its file's comment),
+// and give the bits that the dispatcher gave (it has no atomics: two runs, the same bits), which
+// shows that the dispatcher ran it.
 TEST_F(CudaOps, LayerNormBackwardVersion2) {
   const TrialKernels trial("layernorm_backward_v2");
-  for (const auto& [N, C] : std::vector<std::pair<int64_t, int64_t>>{{33, 70}, {700, 768}, {40, 3100}})
-    same_on_both("layernorm v2 " + std::to_string(N) + " x " + std::to_string(C),
-                 {rnd({N, C}, 14, -2, 2), rnd({C}, 15), rnd({C}, 16), rnd({N, C}, 17), rnd({N}, 0),
-                  rnd({N}, 0), rnd({N, C}, 18), rnd({C}, 19), rnd({C}, 20)},
-                 [](std::vector<Tensor>& t) {
-                   ops::layernorm_forward(t[3], t[4], t[5], t[0], t[1], t[2]);
-                   ops::layernorm_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[4], t[5]);
-                 });
+  const std::vector<std::tuple<DType, int64_t, int64_t>> cases = {
+      {DType::f32, 33, 70},   {DType::f32, 700, 768}, {DType::f32, 40, 3100},
+      {DType::f32, 3, 6144},  {DType::f32, 3, 6152},  {DType::f32, 50001, 40},
+      {DType::f64, 3, 3072},  {DType::f64, 3, 3080},  {DType::f64, 50001, 40}};
+  for (const auto& [dt, N, C] : cases) {
+    const std::string what = std::string("layernorm v2 ") + dtype_name(dt) + " " +
+                             std::to_string(N) + " x " + std::to_string(C);
+    const LayerNormGrads host = layernorm_grads(N, C, dt, Device::cpu());
+    const LayerNormGrads dev = layernorm_grads(N, C, dt, gpu);
+    bool ran = false;
+    const LayerNormGrads v2 = layernorm_grads(N, C, dt, gpu, &ran);
+    const int64_t sum_bytes = dt == DType::f64 ? 8 : 4;  // its column sums' type
+    EXPECT_EQ(ran, 2 * C * sum_bytes <= (48 << 10)) << what;
+    const double tol = dt == DType::f64 ? 1e-10 : 1e-4, drift = dt == DType::f64 ? 0 : 2e-7 * N;
+    expect_close(dev.din, host.din, tol, what + " dx");
+    expect_close_plus(dev.dweight, host.dweight, tol, drift, what + " dweight");
+    expect_close_plus(dev.dbias, host.dbias, tol, drift, what + " dbias");
+    if (!ran) continue;
+    expect_same_bits(dev.din, v2.din, what + " dx, dispatcher and version 2");
+    expect_same_bits(dev.dweight, v2.dweight, what + " dweight, dispatcher and version 2");
+    expect_same_bits(dev.dbias, v2.dbias, what + " dbias, dispatcher and version 2");
+  }
 }
 
 TEST_F(CudaOps, AttentionPieces) {
@@ -160,25 +234,51 @@ TEST_F(CudaOps, EmbeddingBackwardVersion1) {
 
 // The grouped-row sums in chunks (the trial kernel "grouped_rows_in_chunks", rows_by_id.cuh)
 // against the host: an embedding gradient where one id is 7 tokens in 10 (~700 of 1000: eleven
-// chunks of 64) and two ids never occur (rows with no chunk), and a masked index add (a rank
-// holding rows [0, 5) of 11: the frequent id its own, ids 5-7 another rank's). Tolerance 1e-4 relative: ~700 f32 values summed in another order.
+// chunks of 64), ids 2, 4, 6, 7, 8 the rest (~60 each: one chunk), and ids 0 and 1 (the first
+// rows), 5 (a middle one) and 9, 10 (the last) never occur: rows with no chunk, which the search
+// from a chunk to its row must step over, left exactly 0; and a masked index add (a rank holding
+// rows [0, 7) of 11: rows 0, 1 and 5 empty, the frequent id its own, ids 7 and 8 another rank's).
+// Each twice, for the same bits (a fixed order of additions, no atomics). Tolerance 1e-4
+// relative: ~700 f32 values summed in another order.
 TEST_F(CudaOps, GroupedRowsInChunksMatchTheHost) {
   const TrialKernels trial("grouped_rows_in_chunks");
+  const double others[] = {2, 4, 6, 7, 8};
   std::vector<double> skewed(1000);
-  for (std::size_t n = 0; n < skewed.size(); ++n) skewed[n] = n % 10 < 7 ? 3 : n % 8;  // no 9, 10
+  for (std::size_t n = 0; n < skewed.size(); ++n) skewed[n] = n % 10 < 7 ? 3 : others[n / 10 % 5];
   const Tensor ids = Tensor::from_vector(skewed, {10, 100}, DType::i32), ids_gpu = ids.to(gpu);
   for (DType dt : {DType::f32, DType::bf16}) {
+    const std::string what = std::string("embedding, chunks, ") + dtype_name(dt);
     const Tensor dout = Tensor::from_vector(rnd({10, 100, 8}, 38).to_vector(), {10, 100, 8}, dt);
-    Tensor host = Tensor::zeros({11, 8}), dev = Tensor::zeros({11, 8}, DType::f32, gpu), none;
+    const Tensor dout_gpu = dout.to(gpu);
+    Tensor host = Tensor::zeros({11, 8}), none;
     ops::embedding_backward(host, none, dout, ids);
-    ops::embedding_backward(dev, none, dout.to(gpu), ids_gpu);
-    expect_close(dev, host, 1e-4, std::string("embedding, chunks, ") + dtype_name(dt));
+    Tensor first;
+    for (int run = 0; run < 2; ++run) {
+      Tensor dev = Tensor::zeros({11, 8}, DType::f32, gpu);
+      ops::embedding_backward(dev, none, dout_gpu, ids_gpu);
+      expect_close(dev, host, 1e-4, what);
+      const std::vector<double> got = host_values(dev);
+      for (int64_t row : {0, 1, 5, 9, 10})
+        for (int64_t c = 0; c < 8; ++c) EXPECT_EQ(got[row * 8 + c], 0.0) << what << " row " << row;
+      if (run == 0) first = dev;
+      else expect_same_bits(dev, first, what + ", a second run");
+    }
   }
   const Tensor src = rnd({1000, 8}, 39), flat = ids.view({1000}), flat_gpu = ids_gpu.view({1000});
-  Tensor host = rnd({5, 8}, 40), dev = host.to(gpu);
+  const Tensor table = rnd({7, 8}, 40), src_gpu = src.to(gpu);
+  Tensor host = table.clone();
   ops::index_add_rows(host, src, flat, 0);
-  ops::index_add_rows(dev, src.to(gpu), flat_gpu, 0);
-  expect_close(dev, host, 1e-4, "masked index add, chunks");
+  Tensor first;
+  for (int run = 0; run < 2; ++run) {
+    Tensor dev = table.to(gpu);
+    ops::index_add_rows(dev, src_gpu, flat_gpu, 0);
+    expect_close(dev, host, 1e-4, "masked index add, chunks");
+    for (int64_t row : {0, 1, 5})  // nothing to add: the table's own bits
+      expect_same_bits(dev.flat(row * 8, 8), table.flat(row * 8, 8),
+                       "masked index add, empty row " + std::to_string(row));
+    if (run == 0) first = dev;
+    else expect_same_bits(dev, first, "masked index add, chunks, a second run");
+  }
 }
 
 // The pieces of lab 07's vocabulary-parallel embedding and cross-entropy: a rank holding rows /
@@ -250,6 +350,190 @@ TEST_F(CudaOps, ReductionsAndOptimizers) {
                });
   same_on_both("sgd", {rnd({500}, 38), rnd({500}, 39), rnd({500}, 40)},
                [&](std::vector<Tensor>& t) { ops::sgd_update(t[0], t[1], t[2], 0.1, 0.9, 0.01, false); });
+}
+
+// norm_on_device's kernels (sum_squares_into, sqrt_into, clip_scale) against the way through
+// the host that they replace (the trial off: the same arithmetic on numbers read back), on the
+// GPU: the same bits, as their comments claim (the partial sums added in the host's order; sqrt
+// and the division correctly rounded in double on both sides), with no number read back, where
+// the host's way reads (so the switch was seen). Then sqrt_into over many elements: the bits of
+// the host's std::sqrt (correctly rounded on both).
+TEST_F(ReductionsAndOptimizers, NormOnDeviceHasTheBitsOfTheWayThroughTheHost) {
+  const Tensor x = rnd({100003}, 33).to(gpu), y = rnd({517}, 34, -3, 3).to(gpu);
+  struct Out {
+    std::vector<double> sum_squares, norm, clipped, kept;
+    int64_t reads = 0;
+  };
+  const auto run = [&] {
+    Out o;
+    const int64_t before = host_reads();
+    Tensor sq = Tensor::zeros({1}, DType::f64, gpu), norm = Tensor::empty({1}, DType::f64, gpu);
+    ops::sum_squares_into(sq, x);
+    ops::sum_squares_into(sq, y);
+    ops::sqrt_into(norm, sq);
+    Tensor clipped = y.clone(), kept = y.clone();
+    ops::clip_scale(clipped, sq, 2.0);  // the norm is ~190: scaled by ~2 / 190
+    ops::clip_scale(kept, sq, 1e6);     // below: untouched
+    o.reads = host_reads() - before;
+    o.sum_squares = host_values(sq);
+    o.norm = host_values(norm);
+    o.clipped = host_values(clipped);
+    o.kept = host_values(kept);
+    return o;
+  };
+  Out on, off;
+  {
+    const TrialKernels trial("norm_on_device");
+    on = run();
+  }
+  {
+    const TrialKernels reference("norm_on_device", TrialKernels::kOff);
+    off = run();
+  }
+  EXPECT_EQ(on.reads, 0);
+  EXPECT_GT(off.reads, 0);
+  EXPECT_EQ(on.sum_squares, off.sum_squares);
+  EXPECT_EQ(on.norm, off.norm);
+  EXPECT_EQ(on.clipped, off.clipped);
+  EXPECT_NE(on.clipped, host_values(y));
+  EXPECT_EQ(on.kept, host_values(y));
+  EXPECT_EQ(on.sum_squares[0], ops::sum_squares(x) + ops::sum_squares(y));  // grad_norm's sum
+  const TrialKernels trial("norm_on_device");
+  for (DType dt : {DType::f32, DType::f64}) {
+    const Tensor v = uniform({1000}, 35, dt, 0, 100);
+    Tensor host = Tensor::empty({1000}, dt), dev = Tensor::empty({1000}, dt, gpu);
+    ops::sqrt_into(host, v);
+    ops::sqrt_into(dev, v.to(gpu));
+    EXPECT_EQ(host_values(dev), host.to_vector()) << dtype_name(dt);
+  }
+}
+
+// optim::clip_grad_norm on the GPU over four groups (sizes that leave a grid's last block part
+// full) with the norm on the device (trial kernel "norm_on_device") against the way through the
+// host (the trial off): the returned norm, on the GPU, with grad_norm's bits; the gradients
+// after it bit for bit, clipped to the norm max_norm or, below it, as drawn; and nothing read
+// back while it runs with the trial on.
+TEST_F(ReductionsAndOptimizers, ClipGradNormOnTheDeviceReadsNothing) {
+  const std::vector<int64_t> sizes = {1000, 100003, 37, 4096};
+  const auto make = [&] {
+    std::vector<optim::Group> g;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      g.push_back({Tensor::zeros({sizes[i]}, DType::f32, gpu), rnd({sizes[i]}, 50 + i).to(gpu),
+                   i % 2 == 0});
+    return g;
+  };
+  for (double max_norm : {1.0, 1e6}) {  // the norm is ~190: clipped, then not
+    const std::string what = "max_norm " + std::to_string(max_norm);
+    std::vector<optim::Group> on = make(), off = make();
+    const double norm = optim::grad_norm(on);  // reads; before any clipping
+    Scalar on_norm, off_norm;
+    {
+      const TrialKernels trial("norm_on_device");
+      const int64_t before = host_reads();
+      on_norm = optim::clip_grad_norm(on, max_norm);
+      EXPECT_EQ(host_reads(), before) << what << ": clipping read a number back";
+    }
+    {
+      const TrialKernels reference("norm_on_device", TrialKernels::kOff);
+      const int64_t before = host_reads();
+      off_norm = optim::clip_grad_norm(off, max_norm);
+      EXPECT_GT(host_reads(), before) << what;
+    }
+    EXPECT_EQ(on_norm.device(), gpu) << what;
+    EXPECT_EQ(on_norm.value(), off_norm.value()) << what;
+    EXPECT_EQ(on_norm.value(), norm) << what;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::string group = what + ", group " + std::to_string(i);
+      expect_same_bits(on[i].grad, off[i].grad, group);
+      if (max_norm > norm) expect_same_bits(on[i].grad, rnd({sizes[i]}, 50 + i), group);
+    }
+    if (max_norm < norm) EXPECT_NEAR(optim::grad_norm(on), max_norm, 1e-5) << what;
+  }
+}
+
+// AdamW over a model's flat buffers in one launch (the trial kernel "adamw_one_launch", which
+// AdamW's constructor reads: the guard lives around the construction) against one adamw_update
+// launch per parameter (the trial off), both on the GPU, two steps: the same bits in the master
+// weights, m, v and, in mixed precision, the bf16 compute copies (the same arithmetic per
+// element; the host's Optim.AdamWOverAFlatModelIsOnePassWithThePerParameterBits).
+TEST_F(ReductionsAndOptimizers, AdamWInOneLaunchHasThePerParameterBits) {
+  for (const DType compute : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    const nn::GPTOptions o{.dtype = DType::f32, .device = gpu, .seed = 3, .compute_dtype = compute};
+    nn::GPT a(model_config("tiny"), o), b(model_config("tiny"), o);
+    for (nn::GPT* m : {&a, &b})
+      m->params().grads().copy_from(
+          Tensor::uniform({m->num_parameters()}, 9, DType::f32, Device::cpu(), -1, 1));
+    const Tensor initial = a.params().values().clone();
+    const optim::AdamWConfig c{0.9, 0.95, 1e-8, 0.1};
+    std::unique_ptr<optim::AdamW> one, per_parameter;
+    {
+      const TrialKernels trial("adamw_one_launch");
+      one = std::make_unique<optim::AdamW>(optim::groups(a.parameters()), c);
+    }
+    {
+      const TrialKernels reference("adamw_one_launch", TrialKernels::kOff);
+      per_parameter = std::make_unique<optim::AdamW>(optim::groups(b.parameters()), c);
+    }
+    ASSERT_TRUE(one->one_pass()) << "the trial on, AdamW does not take its one pass";
+    ASSERT_FALSE(per_parameter->one_pass());
+    for (int t = 0; t < 2; ++t) {
+      one->step(1e-2);
+      per_parameter->step(1e-2);
+    }
+    EXPECT_GT(count_differing(a.params().values(), initial), 0);  // it stepped
+    expect_same_bits(a.params().values(), b.params().values(), "master weights");
+    expect_same_bits(one->m(), per_parameter->m(), "m");
+    expect_same_bits(one->v(), per_parameter->v(), "v");
+    for (std::size_t i = 0; i < a.parameters().size(); ++i)
+      if (a.parameters()[i]->compute.defined())
+        expect_same_bits(a.parameters()[i]->compute, b.parameters()[i]->compute,
+                         a.parameters()[i]->name + " compute copy");
+  }
+}
+
+// ops::adamw_update_segments on the GPU over 256 segments (one launch, its table full) and over
+// 300 (more than a launch's table holds: the dispatcher's one update per segment), weight decay
+// on and off in turn, some segments empty, against one adamw_update per segment on the GPU, with
+// and without the bf16 copy, two steps: the same bits.
+TEST_F(ReductionsAndOptimizers, AdamWSegmentsHaveThePerSegmentBits) {
+  for (int k : {256, 300})
+    for (bool with_copy : {false, true}) {
+      const std::string what = std::to_string(k) + " segments" + (with_copy ? ", bf16 copy" : "");
+      ops::DecaySegments segments;
+      int64_t n = 0;
+      for (int i = 0; i < k; ++i) {
+        n += i % 7 == 3 ? 0 : 1 + i * 37 % 50;
+        segments.ends.push_back(n);
+        segments.decay.push_back(i % 2 == 0);
+      }
+      std::vector<Tensor> one = {rnd({n}, 60).to(gpu), rnd({n}, 61).to(gpu),
+                                 rnd({n}, 62, 0, 1).to(gpu), rnd({n}, 63, 0, 1).to(gpu),
+                                 Tensor::zeros({n}, DType::bf16, gpu)};
+      std::vector<Tensor> per;
+      for (const Tensor& t : one) per.push_back(t.clone());
+      const Tensor initial = one[0].clone();
+      for (int64_t step = 1; step <= 2; ++step) {
+        const ops::AdamWArgs a{1e-2, 0.9, 0.95, 1e-8, 0.1, step};
+        ops::adamw_update_segments(one[0], one[1], one[2], one[3], segments, a,
+                                   with_copy ? &one[4] : nullptr);
+        int64_t lo = 0;
+        for (int i = 0; i < k; ++i) {
+          const int64_t len = segments.ends[i] - lo;
+          if (len > 0) {
+            ops::AdamWArgs ai = a;
+            if (!segments.decay[i]) ai.weight_decay = 0;
+            Tensor p = per[0].flat(lo, len), m = per[2].flat(lo, len), v = per[3].flat(lo, len);
+            Tensor copy = per[4].flat(lo, len);
+            ops::adamw_update(p, per[1].flat(lo, len), m, v, ai, with_copy ? &copy : nullptr);
+          }
+          lo = segments.ends[i];
+        }
+      }
+      EXPECT_GT(count_differing(one[0], initial), 0) << what;  // it stepped
+      for (int i : {0, 2, 3, 4})
+        expect_same_bits(one[i], per[i], what + ", argument " + std::to_string(i));
+    }
 }
 
 TEST_F(CudaOps, GptStepMatchesTheHost) {

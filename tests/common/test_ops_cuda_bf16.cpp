@@ -12,8 +12,12 @@
 //  - cast and the AdamW bf16 copy: bitwise (one well-defined rounding).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/device.hpp"
 #include "common/nn/gpt.hpp"
@@ -38,6 +42,46 @@ Tensor rnd(std::vector<int64_t> shape, uint64_t seed, DType dtype = DType::bf16,
            double hi = 1) {
   const Tensor t = uniform(std::move(shape), seed, DType::f64, lo, hi);
   return Tensor::from_vector(t.to_vector(), t.shape(), dtype);
+}
+
+// dpre (..., C) from linear_dgelu_backward on the GPU with the trial kernel "dgelu_epilogue" on,
+// expecting that cuBLASLt's DGELU epilogue made it: it has the bits of the epilogue called
+// directly (cuBLAS gives one problem the same bits every run, on one GPU and one stream; the
+// unfused fallback would round twice).
+Tensor dgelu_by_the_epilogue(const Tensor& dout, const Tensor& w, const Tensor& pre,
+                             const std::string& what) {
+  const int64_t OC = w.size(0), C = w.size(1), N = pre.numel() / C;
+  Tensor dpre = Tensor::empty(pre.shape(), DType::bf16, gpu), direct = dpre.clone();
+  {
+    const TrialKernels trial("dgelu_epilogue");
+    ops::linear_dgelu_backward(dpre, dout, w, pre);
+  }
+  Tensor direct_2d = direct.view({N, C});
+  EXPECT_TRUE(ops::cuda::linear_dgelu_epilogue(direct_2d, dout.view({N, OC}), w, pre.view({N, C})))
+      << what << ": cuBLASLt has no DGELU algorithm for this GEMM";
+  expect_same_bits(dpre, direct, what + ": the dispatcher and the epilogue itself");
+  return dpre;
+}
+
+// linear_parameter_backward(dw, db, dout, x) on the GPU with the trial kernel
+// "bias_grad_epilogue" on, expecting that cuBLASLt's BGRADB epilogue made it: dw has the bits
+// of the epilogue called directly on a copy of what dw held, db those of what it held plus the
+// epilogue's sums (as the dispatcher adds them; cuBLAS repeats its bits, as above).
+void bgrad_by_the_epilogue(Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& x,
+                           const std::string& what) {
+  const int64_t OC = dw.size(0), C = dw.size(1), N = dout.numel() / OC;
+  Tensor direct_dw = dw.clone(), direct_db = db.clone();
+  {
+    const TrialKernels trial("bias_grad_epilogue");
+    ops::linear_parameter_backward(dw, db, dout, x);
+  }
+  Tensor sums = Tensor::empty({OC}, db.dtype(), gpu);
+  EXPECT_TRUE(ops::cuda::linear_bgrad_epilogue(direct_dw, sums, dout.view({N, OC}),
+                                               x.view({N, C})))
+      << what << ": cuBLASLt has no BGRADB algorithm for this GEMM";
+  ops::axpy(direct_db, 1.0, sums);
+  expect_same_bits(dw, direct_dw, what + " dweight: the dispatcher and the epilogue itself");
+  expect_same_bits(db, direct_db, what + " dbias: the dispatcher and the epilogue itself");
 }
 
 }  // namespace
@@ -280,44 +324,124 @@ TEST_F(CudaBf16, LinearEpiloguesMatchTheHost) {
 // The MLP's backward with GELU's gradient in the cuBLASLt epilogue (CUBLASLT_EPILOGUE_DGELU; the
 // trial kernel "dgelu_epilogue" until this passes on a GPU) against the host's matmul, then
 // gelu_backward. Tolerance 3e-2 relative (bf16: the epilogue rounds once, the host twice).
-// C = 96 takes the epilogue; C = 100 (not a multiple of 8) the unfused fallback.
+// C = 96 must take the epilogue (dgelu_by_the_epilogue checks); C = 100 (not a multiple of 8)
+// the unfused fallback.
 TEST_F(CudaBf16, DgeluEpilogueMatchesTheHost) {
-  const TrialKernels trial("dgelu_epilogue");
   for (int64_t C : {96, 100}) {
-    const Tensor dout = rnd({4, 33, 64}, 83), w = rnd({64, C}, 84), pre = rnd({4, 33, C}, 85, DType::bf16, -3, 3);
+    const Tensor dout = rnd({4, 33, 64}, 83), w = rnd({64, C}, 84),
+                 pre = rnd({4, 33, C}, 85, DType::bf16, -3, 3);
     Tensor dpre = Tensor::empty({4, 33, C}, DType::bf16);
     ops::linear_dgelu_backward(dpre, dout, w, pre);
+    const std::string what = "C " + std::to_string(C) + " dpre";
     Tensor dpre_d = Tensor::empty({4, 33, C}, DType::bf16, gpu);
-    ops::linear_dgelu_backward(dpre_d, dout.to(gpu), w.to(gpu), pre.to(gpu));
-    expect_close(dpre_d, dpre, 3e-2, "C " + std::to_string(C) + " dpre");
+    if (C % 8 == 0) {
+      dpre_d = dgelu_by_the_epilogue(dout.to(gpu), w.to(gpu), pre.to(gpu), what);
+    } else {
+      const TrialKernels trial("dgelu_epilogue");
+      ops::linear_dgelu_backward(dpre_d, dout.to(gpu), w.to(gpu), pre.to(gpu));
+    }
+    expect_close(dpre_d, dpre, 3e-2, what);
   }
+}
+
+// The DGELU epilogue at gpt-85m's MLP proj (16384 tokens: batch 16 x context 1024; 3072 -> 768)
+// against the GPU's own unfused path (the trial off: matmul into bf16, then gelu_backward; the
+// host would take minutes). Values at the model's scale: weights +-0.03 (std 0.017; the model's
+// 0.02), so the product dg = dout @ weight has std ~0.28. Per element
+// |epilogue - unfused| <= 2^-5 |unfused| + 2^-7 |dg|: the two differ by three bf16 roundings
+// (the unfused path's of dg and of its result, the epilogue's of its result: each <= 2^-8
+// relative, 1.2e-2 |result| together) and by how each computes GELU'(pre) in float (the same
+// formula to a few float ulps; even a hardware tanh.approx, 2^-11 relative, moves GELU' by
+// < 2.5e-3 for |pre| <= 3: < 2.5e-3 |dg|). Margins 2.7x and 3x; an epilogue that read the wrong
+// row or column of pre moves GELU' by ~0.5 and fails.
+TEST_F(CudaBf16, DgeluEpilogueAtGpt85mMatchesTheUnfusedPath) {
+  const int64_t N = 16384, OC = 768, C = 3072;
+  const Tensor dout = Tensor::uniform({N, OC}, 90, DType::bf16, gpu, -1, 1);
+  const Tensor w = Tensor::uniform({OC, C}, 91, DType::bf16, gpu, -0.03, 0.03);
+  const Tensor pre = Tensor::uniform({N, C}, 92, DType::bf16, gpu, -3, 3);
+  const Tensor fused = dgelu_by_the_epilogue(dout, w, pre, "gpt-85m");
+  Tensor unfused = Tensor::empty({N, C}, DType::bf16, gpu), dg = unfused.clone();
+  {
+    const TrialKernels reference("dgelu_epilogue", TrialKernels::kOff);
+    ops::linear_dgelu_backward(unfused, dout, w, pre);
+  }
+  ops::matmul(dg, dout, w);
+  const std::vector<double> f = fused.to(Device::cpu()).to_vector(),
+                            u = unfused.to(Device::cpu()).to_vector(),
+                            g = dg.to(Device::cpu()).to_vector();
+  double largest = 0;
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    largest = std::max(largest, std::abs(u[i]));
+    const double allowed = std::ldexp(std::abs(u[i]), -5) + std::ldexp(std::abs(g[i]), -7);
+    if (std::abs(f[i] - u[i]) > allowed) {  // the first element off, not millions
+      ADD_FAILURE() << "element " << i << " (row " << i / C << "): epilogue " << f[i]
+                    << ", unfused " << u[i] << ", dg " << g[i] << ", more than " << allowed
+                    << " apart";
+      break;
+    }
+  }
+  EXPECT_GT(largest, 0.1);  // the values are not all ~0 (which any tolerance would pass)
 }
 
 // A Linear's parameter gradients with the bias gradient summed in the weight GEMM's epilogue
 // (CUBLASLT_EPILOGUE_BGRADB; the trial kernel "bias_grad_epilogue" until this passes on a GPU)
 // against the host's matmul then bias_backward, accumulating into what earlier steps left, for
-// f32 gradients (mixed precision) and bf16 ones. OC = 96 must take the epilogue (checked: a
-// cuBLASLt without a BGRADB algorithm for it says so here); OC = 100 (not a multiple of 8) the
-// unfused fallback. Tolerance 3e-2 relative (sums of 132 bf16 products, another order).
+// f32 gradients (mixed precision) and bf16 ones. OC = 96 must take the epilogue
+// (bgrad_by_the_epilogue checks); OC = 100 (not a multiple of 8) the unfused fallback.
+// Tolerance 3e-2 relative (sums of 132 bf16 products, another order).
 TEST_F(CudaBf16, BiasGradEpilogueMatchesTheHost) {
-  const TrialKernels trial("bias_grad_epilogue");
   for (DType grad : {DType::f32, DType::bf16})
     for (int64_t OC : {96, 100}) {
       const Tensor dout = rnd({4, 33, OC}, 86), x = rnd({4, 33, 64}, 87);
       Tensor dw = rnd({OC, 64}, 88, grad), db = rnd({OC}, 89, grad);
       Tensor dw_d = dw.to(gpu), db_d = db.to(gpu);
       ops::linear_parameter_backward(dw, db, dout, x);
-      ops::linear_parameter_backward(dw_d, db_d, dout.to(gpu), x.to(gpu));
       const std::string what = std::string(dtype_name(grad)) + " OC " + std::to_string(OC);
+      if (OC % 8 == 0) {
+        bgrad_by_the_epilogue(dw_d, db_d, dout.to(gpu), x.to(gpu), what);
+      } else {
+        const TrialKernels trial("bias_grad_epilogue");
+        ops::linear_parameter_backward(dw_d, db_d, dout.to(gpu), x.to(gpu));
+      }
       expect_close(dw_d, dw, 3e-2, what + " dweight");
       expect_close(db_d, db, 3e-2, what + " dbias");
-      if (OC % 8 == 0) {  // the epilogue itself took it
-        Tensor w2 = Tensor::zeros({OC, 64}, grad, gpu), sums = Tensor::zeros({OC}, grad, gpu);
-        EXPECT_TRUE(ops::cuda::linear_bgrad_epilogue(w2, sums, dout.to(gpu).view({132, OC}),
-                                                     x.to(gpu).view({132, 64})))
-            << what << ": cuBLASLt has no BGRADB algorithm for this GEMM";
-      }
     }
+}
+
+// The BGRADB epilogue at gpt-85m's MLP fc (16384 tokens; 768 -> 3072), f32 gradients (mixed
+// precision) holding earlier values, against the GPU's own unfused path (the trial off: the
+// matmul, then bias_backward's column sums; the host would take minutes). Both sum 16384 exact
+// bf16 products (or values) per element in float, in other orders: a float sum of K terms of
+// size ~s drifts by ~1e-8 K s, here ~1e-4 against sums of ~40 (dweight) and ~70 (dbias), whose
+// largest are ~200 and ~250. Per element |epilogue - unfused| <= 2e-4 x the largest |unfused|
+// of the tensor (~0.05: hundreds of times the drift, tens of times even if the tensor cores
+// truncated every addition; a 16-token slice left out or summed twice moves an element by ~1).
+TEST_F(CudaBf16, BiasGradEpilogueAtGpt85mMatchesTheUnfusedPath) {
+  const int64_t N = 16384, C = 768, OC = 3072;
+  const Tensor dout = Tensor::uniform({N, OC}, 93, DType::bf16, gpu, -1, 1);
+  const Tensor x = Tensor::uniform({N, C}, 94, DType::bf16, gpu, -1, 1);
+  const Tensor dw0 = Tensor::uniform({OC, C}, 95, DType::f32, gpu, -1, 1);
+  const Tensor db0 = Tensor::uniform({OC}, 96, DType::f32, gpu, -1, 1);
+  Tensor dw = dw0.clone(), db = db0.clone(), dw_ref = dw0.clone(), db_ref = db0.clone();
+  bgrad_by_the_epilogue(dw, db, dout, x, "gpt-85m");
+  {
+    const TrialKernels reference("bias_grad_epilogue", TrialKernels::kOff);
+    ops::linear_parameter_backward(dw_ref, db_ref, dout, x);
+  }
+  for (const auto& [got, want, name] : {std::tuple(&dw, &dw_ref, "dweight"),
+                                        std::tuple(&db, &db_ref, "dbias")}) {
+    const std::vector<double> f = got->to(Device::cpu()).to_vector(),
+                              u = want->to(Device::cpu()).to_vector();
+    double largest = 0;
+    for (double v : u) largest = std::max(largest, std::abs(v));
+    EXPECT_GT(largest, 10.0) << name;  // sums of 16384 terms, not what the buffers held
+    for (std::size_t i = 0; i < f.size(); ++i)
+      if (std::abs(f[i] - u[i]) > 2e-4 * largest) {
+        ADD_FAILURE() << name << " element " << i << ": epilogue " << f[i] << ", unfused " << u[i]
+                      << ", more than " << 2e-4 * largest << " apart";
+        break;
+      }
+  }
 }
 
 // Every trial kernel at once in a mixed-precision GPT step (the MLP's DGELU epilogue, LayerNorm's

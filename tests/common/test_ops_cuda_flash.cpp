@@ -168,18 +168,67 @@ void check_qkv(std::initializer_list<int> versions) {
 TEST_F(CudaFlash, QkvLayoutMatchesTheHost) { check_qkv({1, 2}); }
 
 namespace {
+Result packed_on_gpu(const Shape& s, uint64_t seed) {
+  const int64_t BH = s.B * s.NH;
+  const Tensor q = rnd({BH, s.T, s.hs}, seed, DType::bf16),
+               k = rnd({BH, s.T, s.hs}, seed + 1, DType::bf16),
+               v = rnd({BH, s.T, s.hs}, seed + 2, DType::bf16),
+               dout = rnd({BH, s.T, s.hs}, seed + 3, DType::bf16);
+  return packed(q, k, v, dout, s, gpu);
+}
+
 // Two runs of version 2 on `s` give the same bits.
 void expect_same_bits_twice(const Shape& s) {
   ops::set_flash_attention_version(2);
-  const int64_t BH = s.B * s.NH;
-  const Tensor q = rnd({BH, s.T, s.hs}, 7, DType::bf16), k = rnd({BH, s.T, s.hs}, 8, DType::bf16),
-               v = rnd({BH, s.T, s.hs}, 9, DType::bf16),
-               dout = rnd({BH, s.T, s.hs}, 10, DType::bf16);
-  const Result a = packed(q, k, v, dout, s, gpu), b = packed(q, k, v, dout, s, gpu);
+  const Result a = packed_on_gpu(s, 7), b = packed_on_gpu(s, 7);
   EXPECT_EQ(ops::cuda::last_flash_attention_version(), 2) << s.str();
-  for (auto [x, y] : {std::pair{&a.out, &b.out}, std::pair{&a.dq, &b.dq},
-                      std::pair{&a.dk, &b.dk}, std::pair{&a.dv, &b.dv}})
+  for (auto [x, y] : {std::pair{&a.out, &b.out}, std::pair{&a.lse, &b.lse},
+                      std::pair{&a.dq, &b.dq}, std::pair{&a.dk, &b.dk},
+                      std::pair{&a.dv, &b.dv}})
     EXPECT_EQ(x->to(Device::cpu()).to_vector(), y->to(Device::cpu()).to_vector()) << s.str();
+}
+
+// Longer than kShapes: several 128-row blocks of the two-row-tile forward (T 300, 1030) and
+// many key blocks taking turns on each query tile of the one-kernel backward (17 a head at T
+// 1030, head size 64), causal and unmasked.
+const Shape kLongShapes[] = {{1, 2, 300, 64, true},   {1, 2, 300, 64, false},
+                             {1, 2, 1030, 64, true},  {1, 2, 1030, 64, false},
+                             {1, 2, 300, 128, false}, {2, 3, 300, 128, true}};
+
+// The trial kernel `trial` on the long shapes: against the host at version 2's tolerances, then
+// against version 2's default kernels on the GPU (checked on an H100) within two bf16 steps of
+// the largest element (2^-7). Both round P and dS to bf16 alike and differ only in the order of
+// float sums, so an output moves by one bf16 step at most; the host's 2e-2 (its sums are not
+// rounded to bf16) could hide a part of one key block's share of dQ lost, this cannot. Then the
+// trial's own bits twice.
+void check_trial_kernel(const char* trial, int rows_per_warp, int backward_kernels) {
+  ops::set_flash_attention_version(2);
+  const double two_steps = 1.0 / 128;
+  for (const Shape& s : kLongShapes) {
+    const int64_t BH = s.B * s.NH;
+    const Tensor q = rnd({BH, s.T, s.hs}, 11, DType::bf16),
+                 k = rnd({BH, s.T, s.hs}, 12, DType::bf16),
+                 v = rnd({BH, s.T, s.hs}, 13, DType::bf16),
+                 dout = rnd({BH, s.T, s.hs}, 14, DType::bf16);
+    const std::string what = std::string(trial) + " " + s.str();
+    // every other trial kernel off, whatever SCALELAB_TRY_GPU_KERNELS says: one on trial here
+    const TrialKernels none("all", TrialKernels::kOff);
+    const Result v2 = packed(q, k, v, dout, s, gpu);  // the default kernels
+    EXPECT_EQ(ops::cuda::last_flash_v2_kernels().forward_rows_per_warp, 16) << what;
+    EXPECT_EQ(ops::cuda::last_flash_v2_kernels().backward_kernels, 2) << what;
+    Result got;
+    {
+      const TrialKernels on(trial);
+      got = packed(q, k, v, dout, s, gpu);
+      const ops::cuda::FlashV2Kernels ran = ops::cuda::last_flash_v2_kernels();
+      // the two-row-tile forward takes head size 64 only; 128 keeps 16 rows a warp
+      EXPECT_EQ(ran.forward_rows_per_warp, s.hs == 64 ? rows_per_warp : 16) << what;
+      EXPECT_EQ(ran.backward_kernels, backward_kernels) << what;
+      expect_close(got, packed(q, k, v, dout, s, Device::cpu()), 2e-2, 1e-3, what + " vs host");
+      expect_same_bits_twice(s);
+    }
+    expect_close(got, v2, two_steps, 1e-5, what + " vs version 2's default kernels");
+  }
 }
 }  // namespace
 
@@ -187,31 +236,27 @@ void expect_same_bits_twice(const Shape& s) {
 TEST_F(CudaFlash, Version2IsDeterministic) { expect_same_bits_twice({2, 3, 130, 64, true}); }
 
 // The forward with 32 query rows a warp (trial kernel "flash_forward_two_row_tiles", head size 64;
-// 128 keeps 16 rows): every shape and both layouts at version 2's tolerances, and its own bits
-// twice.
+// 128 keeps 16 rows): every shape and both layouts at version 2's tolerances, the long shapes
+// against the host and version 2, its own bits twice.
 TEST_F(CudaFlash, TwoRowTileForwardMatchesTheHost) {
-  const TrialKernels trial("flash_forward_two_row_tiles");
-  check_packed(2, DType::bf16, 2e-2, 1e-3, 2);
-  check_qkv({2});
-  expect_same_bits_twice({2, 3, 300, 64, true});
+  {
+    const TrialKernels trial("flash_forward_two_row_tiles");
+    check_packed(2, DType::bf16, 2e-2, 1e-3, 2);
+    check_qkv({2});
+  }
+  check_trial_kernel("flash_forward_two_row_tiles", 32, 2);
 }
 
 // The one-kernel backward (trial kernel "flash_backward_one_kernel",
 // flash_attention_tc_backward_cuda.cu): every shape and both layouts at version 2's tolerances,
-// then longer sequences (17 and 5 key blocks a head: the turns on dQ's tiles), against the host
-// and twice for the same bits: its dQ shares are added in a fixed order, not by atomics.
+// then the long shapes against the host and version 2's two kernels, and twice for the same
+// bits: its dQ shares are added in a fixed order, not by atomics. Last in this file: a turn that
+// never comes ends in a trap (its watchdog), which takes the process's CUDA context with it.
 TEST_F(CudaFlash, OneKernelBackwardMatchesTheHostAndItsOwnBits) {
-  const TrialKernels trial("flash_backward_one_kernel");
-  check_packed(2, DType::bf16, 2e-2, 1e-3, 2);
-  check_qkv({2});
-  for (const Shape& s : {Shape{1, 2, 1030, 64, true}, Shape{1, 2, 300, 128, false},
-                         Shape{2, 3, 300, 128, true}}) {
-    const int64_t BH = s.B * s.NH;
-    const Tensor q = rnd({BH, s.T, s.hs}, 11, DType::bf16), k = rnd({BH, s.T, s.hs}, 12, DType::bf16),
-                 v = rnd({BH, s.T, s.hs}, 13, DType::bf16),
-                 dout = rnd({BH, s.T, s.hs}, 14, DType::bf16);
-    expect_close(packed(q, k, v, dout, s, gpu), packed(q, k, v, dout, s, Device::cpu()), 2e-2,
-                 1e-3, "one-kernel backward " + s.str());
-    expect_same_bits_twice(s);
+  {
+    const TrialKernels trial("flash_backward_one_kernel");
+    check_packed(2, DType::bf16, 2e-2, 1e-3, 2);
+    check_qkv({2});
   }
+  check_trial_kernel("flash_backward_one_kernel", 16, 1);
 }

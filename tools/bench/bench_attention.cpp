@@ -221,6 +221,9 @@ int main(int argc, char** argv) {
              [&] { ops::flash_attention_forward(out, lse, q, k, v, scale, causal); });
       report("v2 2-row-tile qkv fwd", fwd_flops,
              [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale, causal); });
+      if (ops::cuda::last_flash_v2_kernels().forward_rows_per_warp != 32)
+        fmt::print("  (the two-row-tile forward takes head size 64 only: at {} the default "
+                   "ran)\n", hs);
       ops::set_trial_kernels("flash_backward_one_kernel");
       report("v2 1-kernel backward", bwd_flops, [&] {
         ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);

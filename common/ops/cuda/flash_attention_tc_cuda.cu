@@ -444,7 +444,11 @@ void with_hs(int64_t hs, F f) {
 
 const bf16* cdata(const Tensor& t) { return static_cast<const bf16*>(t.data_ptr()); }
 bf16* mdata(Tensor& t) { return static_cast<bf16*>(t.data_ptr()); }
+
+FlashV2Kernels g_last_kernels;  // last_flash_v2_kernels
 }  // namespace
+
+FlashV2Kernels last_flash_v2_kernels() { return g_last_kernels; }
 
 bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const AttentionLayout& l, double scale,
@@ -458,12 +462,14 @@ bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const
            out_heads(l), static_cast<int>(l.T), static_cast<float>(scale) * kLog2e, causal);
   };
   // on trial: two row tiles a warp (above); head size 128 would need twice O's 64 registers
-  if (l.hs == 64 && trial_kernel("flash_forward_two_row_tiles"))
+  const bool two_row_tiles = l.hs == 64 && trial_kernel("flash_forward_two_row_tiles");
+  if (two_row_tiles)
     run(flash_tc_forward_kernel<64, 2>, 2 * kTileRows);
   else if (l.hs == 64)
     run(flash_tc_forward_kernel<64, 1>, kTileRows);
   else
     run(flash_tc_forward_kernel<128, 1>, kTileRows);
+  g_last_kernels.forward_rows_per_warp = two_row_tiles ? 32 : 16;
   return true;
 }
 
@@ -485,8 +491,10 @@ bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tenso
     // on trial: dK, dV and dQ in one kernel (flash_attention_tc_backward_cuda.cu)
     if (trial_kernel("flash_backward_one_kernel")) {
       flash_tc_backward_one_kernel(dq, dk, dv, dout, q, k, v, lse, D, l, s, causal);
+      g_last_kernels.backward_kernels = 1;
       return;
     }
+    g_last_kernels.backward_kernels = 2;
     constexpr int L = HS + 8, Bq = HS == 64 ? 64 : 32;
     const size_t smem_kv = (2 * kTileRows + 4 * Bq) * L * sizeof(bf16) + 4 * Bq * sizeof(float);
     launch(flash_tc_dkdv_kernel<HS>, grid_for(l, kTileRows), smem_kv, mdata(dk), mdata(dv),

@@ -12,9 +12,9 @@
 //
 // The grid depends on N only and the warps per block on C and the dtype only, so the bits do
 // not depend on the GPU, and two runs give the same bits (no atomics). They differ from version
-// 1's in the order of the column sums (a few float ulps). Where one warp's sums do not fit the
-// 48 KiB of shared memory a block gets without asking (C > 3072 in f32 and bf16, > 1536 in f64)
-// it returns false and version 1 runs.
+// 1's in the order of the column sums (a few float ulps). Where one warp's sums (2 C of the
+// accumulation type) do not fit the 48 KiB of shared memory a block gets without asking (C > 6144
+// in f32 and bf16, whose sums are float; C > 3072 in f64) it returns false and version 1 runs.
 #include <algorithm>
 
 #include "common/ops/cuda/column_sums.cuh"
