@@ -16,4 +16,10 @@ int cuda_device_count();
 /// The device's name ("NVIDIA H100 80GB HBM3"), or "" if there is no such device.
 std::string cuda_device_name(int device);
 
+/// The device's UUID as nvidia-smi prints it ("GPU-1d9c1f2a-..."), or "" if there is no such
+/// device. The same physical GPU has the same UUID in every process, whatever its index there:
+/// under SLURM's one GPU per task (CUDA_VISIBLE_DEVICES differs per rank) every rank's GPU is
+/// device 0, and only the UUID says whether two ranks share one.
+std::string cuda_device_uuid(int device);
+
 }  // namespace scalelab

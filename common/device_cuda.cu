@@ -22,4 +22,20 @@ std::string cuda_device_name(int device) {
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "";
   return prop.name;
 }
+
+std::string cuda_device_uuid(int device) {
+  cudaDeviceProp prop{};
+  if (device < 0 || device >= cuda_device_count()) return "";
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "";
+  // 16 bytes, printed in nvidia-smi's groups: GPU-8-4-4-4-12 hex digits
+  std::string out = "GPU-";
+  static const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
 }  // namespace scalelab

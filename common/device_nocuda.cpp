@@ -5,4 +5,5 @@ namespace scalelab {
 bool cuda_compiled() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_device_name(int) { return ""; }
+std::string cuda_device_uuid(int) { return ""; }
 }  // namespace scalelab

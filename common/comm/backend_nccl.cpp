@@ -28,6 +28,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -54,9 +55,17 @@ void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw CheckFailed(fmt::format("nccl backend: {}: {}", what, cudaGetErrorString(e)));
 }
 
+// NCCL's own words for its last failure ("Duplicate GPU detected ...", a peer's mismatch),
+// which ncclGetErrorString's few words ("invalid usage") leave out. (Its argument is unused.)
+std::string nccl_detail() {
+  const char* last = ncclGetLastError(nullptr);
+  return last != nullptr && *last != '\0' ? fmt::format(" ({})", last) : std::string();
+}
+
 void check_nccl(ncclResult_t r, const Op& op, const char* call) {
   if (r != ncclSuccess)
-    throw CheckFailed(fmt::format("{}: {} failed: {}", op.label(), call, ncclGetErrorString(r)));
+    throw CheckFailed(fmt::format("{}: {} failed: {}{}", op.label(), call, ncclGetErrorString(r),
+                                  nccl_detail()));
 }
 
 ncclDataType_t nccl_type(DType t) {
@@ -97,8 +106,9 @@ class NcclBackend final : public Backend {
     broadcast_id(&id, sizeof(id));
     ncclResult_t r = ncclCommInitRank(&comm_, size_, id, rank_);
     if (r != ncclSuccess)
-      throw CheckFailed(fmt::format("nccl backend: ncclCommInitRank (rank {} of {}, device {}): {}",
-                                    rank_, size_, device_, ncclGetErrorString(r)));
+      throw CheckFailed(fmt::format(
+          "nccl backend: ncclCommInitRank (rank {} of {}, device {}): {}{}", rank_, size_,
+          device_, ncclGetErrorString(r), nccl_detail()));
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     worker_ = std::thread([this] { run(); });
   }
@@ -110,7 +120,10 @@ class NcclBackend final : public Backend {
     }
     cv_.notify_all();
     worker_.join();
-    ncclCommDestroy(comm_);
+    // After an asynchronous error NCCL's kernels may never finish: abort (which does not wait
+    // for them) instead of destroy (which does).
+    if (failed_) ncclCommAbort(comm_);
+    else ncclCommDestroy(comm_);
     cudaStreamDestroy(stream_);
   }
 
@@ -183,25 +196,39 @@ class NcclBackend final : public Backend {
     items.clear();
   }
 
-  // Launches `items` (one collective, or a group of send/recvs) on the comm stream.
+  // Launches `items` (one collective, or a group of send/recvs) on the comm stream. On failure
+  // every item completes with the error, once, and nothing of them stays pending.
   void launch(const std::vector<Item>& items) {
+    std::vector<cudaEvent_t> done;  // one per item, recorded after the group
     try {
       for (auto& item : items)
         check_cuda(cudaStreamWaitEvent(stream_, item.ready, 0), "cudaStreamWaitEvent");
       check_nccl(ncclGroupStart(), *items.front().op, "ncclGroupStart");
-      for (auto& item : items) call(*item.op);
+      try {
+        for (auto& item : items) call(*item.op);
+      } catch (...) {
+        // NCCL counts open groups per thread: left open, every later call of this worker would
+        // land in a group that never launches, and "complete" having moved nothing.
+        ncclGroupEnd();
+        throw;
+      }
       check_nccl(ncclGroupEnd(), *items.front().op, "ncclGroupEnd");
-      for (auto item : items) {
-        check_cuda(cudaEventCreateWithFlags(&item.done, cudaEventDisableTiming), "cudaEventCreate");
-        check_cuda(cudaEventRecord(item.done, stream_), "cudaEventRecord");
-        pending_.push_back(item);
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        cudaEvent_t e = nullptr;
+        check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+        done.push_back(e);
+        check_cuda(cudaEventRecord(e, stream_), "cudaEventRecord");
       }
     } catch (...) {
+      for (cudaEvent_t e : done) cudaEventDestroy(e);
       for (auto& item : items) {
         cudaEventDestroy(item.ready);
         item.op->complete(std::current_exception());
       }
+      return;
     }
+    for (std::size_t i = 0; i < items.size(); ++i)
+      pending_.push_back(Item{items[i].op, items[i].ready, done[i]});
   }
 
   void call(Op& op) {
@@ -237,8 +264,8 @@ class NcclBackend final : public Backend {
                    op, "ncclRecv");
         return;
       case OpKind::gather:
-        check_nccl(ncclSend(ptr(op.in), n_in, nccl_type(op.in.dtype()), op.root, comm_, stream_), op,
-                   "ncclSend");
+        check_nccl(ncclSend(ptr(op.in), n_in, nccl_type(op.in.dtype()), op.root, comm_, stream_),
+                   op, "ncclSend");
         if (rank_ == op.root)
           for (int r = 0; r < size_; ++r)
             check_nccl(ncclRecv(at(op.out, r * n_in), n_in, nccl_type(op.in.dtype()), r, comm_,
@@ -266,8 +293,8 @@ class NcclBackend final : public Backend {
         }
         return;
       case OpKind::send:
-        check_nccl(ncclSend(ptr(op.in), n_in, nccl_type(op.in.dtype()), op.peer, comm_, stream_), op,
-                   "ncclSend");
+        check_nccl(ncclSend(ptr(op.in), n_in, nccl_type(op.in.dtype()), op.peer, comm_, stream_),
+                   op, "ncclSend");
         return;
       case OpKind::recv:
         check_nccl(ncclRecv(ptr(op.out), n_out, nccl_type(op.out.dtype()), op.peer, comm_, stream_),
@@ -285,21 +312,25 @@ class NcclBackend final : public Backend {
     while (!pending_.empty()) {
       Item& item = pending_.front();
       cudaError_t e = cudaEventQuery(item.done);
+      std::string why;
       if (e == cudaErrorNotReady) {
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(comm_, &async);
         if (async == ncclSuccess || async == ncclInProgress) return;
-        e = cudaErrorUnknown;
+        failed_ = true;  // the communicator is done for: abort it at the end
+        why = fmt::format("{}{}", ncclGetErrorString(async), nccl_detail());
+      } else if (e != cudaSuccess) {
+        why = cudaGetErrorString(e);
       }
       Item done = item;
       pending_.pop_front();
       cudaEventDestroy(done.ready);
       cudaEventDestroy(done.done);
-      if (e == cudaSuccess) {
+      if (why.empty()) {
         done.op->complete();
       } else {
         done.op->complete(std::make_exception_ptr(CheckFailed(
-            fmt::format("{}: the NCCL operation failed: {}", done.op->label(), cudaGetErrorString(e)))));
+            fmt::format("{}: the NCCL operation failed: {}", done.op->label(), why))));
       }
     }
   }
@@ -312,6 +343,7 @@ class NcclBackend final : public Backend {
   std::deque<Item> queue_;
   std::deque<Item> pending_;  // worker only
   bool stop_ = false, flush_ = false;
+  bool failed_ = false;  // an asynchronous NCCL error was seen (worker only; read after join)
   std::thread worker_;
 };
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -208,8 +209,21 @@ void wait_all(std::vector<Work>& works) {
 
 namespace {
 
+// Every rank's `text`, cut to `width` - 1 characters, over `world` (collective).
+std::vector<std::string> all_gather_text(const std::string& text, int width, MPI_Comm world) {
+  int n = 1;
+  MPI_Comm_size(world, &n);
+  std::vector<char> mine(width, '\0'), all(static_cast<std::size_t>(width) * n);
+  text.copy(mine.data(), width - 1);
+  MPI_Allgather(mine.data(), width, MPI_CHAR, all.data(), width, MPI_CHAR, world);
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) out.emplace_back(&all[static_cast<std::size_t>(width) * r]);
+  return out;
+}
+
 // Which GPU of which node every world rank computes on: local rank % GPUs, the rule of
-// train::rank_device and lab 00. Collective over `world` (a duplicate of MPI_COMM_WORLD).
+// train::rank_device and lab 00, and that GPU's UUID (which physical GPU it is, whatever the
+// process calls it). Collective over `world` (a duplicate of MPI_COMM_WORLD).
 std::shared_ptr<const std::vector<detail::GpuSlot>> gather_gpu_slots(MPI_Comm world) {
   int me = 0, n = 1;
   MPI_Comm_rank(world, &me);
@@ -221,19 +235,17 @@ std::shared_ptr<const std::vector<detail::GpuSlot>> gather_gpu_slots(MPI_Comm wo
   MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node);
   MPI_Comm_free(&node);
   const int gpus = cuda_device_count();
-  const int mine[2] = {leader, gpus > 0 ? local % gpus : -1};
+  const int gpu = gpus > 0 ? local % gpus : -1;
+  const int mine[2] = {leader, gpu};
   std::vector<int> all(2 * static_cast<std::size_t>(n));
   MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, world);
-  constexpr int kHost = 64;
   char host[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
   MPI_Get_processor_name(host, &len);
-  host[kHost - 1] = '\0';
-  std::vector<char> hosts(kHost * static_cast<std::size_t>(n));
-  MPI_Allgather(host, kHost, MPI_CHAR, hosts.data(), kHost, MPI_CHAR, world);
+  const std::vector<std::string> hosts = all_gather_text(host, 64, world);
+  const std::vector<std::string> uuids = all_gather_text(cuda_device_uuid(gpu), 48, world);
   auto slots = std::make_shared<std::vector<detail::GpuSlot>>(n);
-  for (int r = 0; r < n; ++r)
-    (*slots)[r] = {all[2 * r], all[2 * r + 1], std::string(&hosts[kHost * static_cast<std::size_t>(r)])};
+  for (int r = 0; r < n; ++r) (*slots)[r] = {all[2 * r], all[2 * r + 1], hosts[r], uuids[r]};
   return slots;
 }
 

@@ -66,7 +66,10 @@ class Work {
   /// Blocks until the operation is done; rethrows its error (on every rank alike for the
   /// matching-size check). Waiting twice is fine.
   void wait();
-  /// True when done (then wait() returns at once). Never blocks.
+  /// True when done (then wait() returns at once). Never blocks. Like wait(), it launches the
+  /// send/recvs that the nccl backend holds back (see send_recv_async), this one among them: a
+  /// send tested before the receive that follows it goes alone, not in one group with that
+  /// receive (lab 08's run_schedule tests its sends only before it computes, for that reason).
   bool test();
   /// False for a default-constructed Work (no operation to wait for).
   bool valid() const { return op_ != nullptr; }
@@ -219,7 +222,9 @@ class Communicator {
   // ---- point to point ------------------------------------------------------------------
   /// Sends `t` to `dst`. Messages between two ranks with the same tag arrive in order. A
   /// blocking send may wait until the receiver posts its recv: in a ring, post recv_async
-  /// first, then send, then wait the recv.
+  /// first, then send, then wait the recv. On nccl tags are not matched (NCCL has none): the
+  /// messages between two ranks pair up in the order they were posted, so post them in the
+  /// same order on both sides (a schedule that is correct over mpi's tags may not be).
   void send(const Tensor& t, int dst, int tag = 0);
   /// The send, non-blocking: returns at once; keep `t` unchanged and alive until the Work is
   /// done (the message is read from it).

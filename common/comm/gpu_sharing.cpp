@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -29,10 +30,13 @@ std::string nccl_version_string(int code) {
 }
 
 SharedGpus shared_gpus(const std::vector<GpuSlot>& slots, const std::vector<int>& members) {
-  std::map<std::pair<int, int>, std::vector<int>> on;  // (node, gpu) -> members there
+  // one physical GPU: its UUID, or (node, index) when the UUID is unknown
+  std::map<std::tuple<std::string, int, int>, std::vector<int>> on;
   for (int r : members) {
     if (r < 0 || r >= static_cast<int>(slots.size()) || slots[r].gpu < 0) continue;
-    on[{slots[r].node, slots[r].gpu}].push_back(r);
+    const GpuSlot& s = slots[r];
+    on[s.uuid.empty() ? std::tuple{std::string(), s.node, s.gpu} : std::tuple{s.uuid, -1, -1}]
+        .push_back(r);
   }
   SharedGpus out;
   for (const auto& [where, ranks] : on) {
@@ -43,9 +47,10 @@ SharedGpus shared_gpus(const std::vector<GpuSlot>& slots, const std::vector<int>
       if (!list.empty()) list += ',';
       list += std::to_string(r);
     }
-    const std::string& host = slots[ranks.front()].host;
-    out.text += fmt::format("{}ranks {} share GPU {} of node {}", out.text.empty() ? "" : "; ",
-                            list, where.second, host.empty() ? std::to_string(where.first) : host);
+    const GpuSlot& first = slots[ranks.front()];
+    out.text += fmt::format("{}ranks {} share {} of node {}", out.text.empty() ? "" : "; ", list,
+                            first.uuid.empty() ? fmt::format("GPU {}", first.gpu) : first.uuid,
+                            first.host.empty() ? std::to_string(first.node) : first.host);
   }
   return out;
 }

@@ -35,8 +35,12 @@ std::string nccl_version_string(int code);
 /// (-1: none).
 struct GpuSlot {
   int node = 0;   ///< the lowest world rank on the same node
-  int gpu = -1;   ///< the CUDA device index on that node; -1 without a GPU
+  int gpu = -1;   ///< the CUDA device index in this rank's process; -1 without a GPU
   std::string host;  ///< the node's name (MPI_Get_processor_name)
+  /// The GPU's UUID (cuda_device_uuid): which physical GPU it is, where the index is only the
+  /// process's view (ranks given one GPU each by CUDA_VISIBLE_DEVICES all call theirs 0); ""
+  /// when unknown (then the node and the index decide).
+  std::string uuid;
 };
 
 /// Which members (world ranks, indexes into `slots`) share GPUs: the most on one GPU, and a text

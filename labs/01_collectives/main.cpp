@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
         ("bench", "step 4: time your ring all-reduce against the library's (nccl-tests tables)")
         ("min-bytes", "smallest buffer (4, 64K, 1M, ...)", cxxopts::value<std::string>()->default_value("4"))
         ("max-bytes", "largest buffer", cxxopts::value<std::string>()->default_value("64M"))
-        ("iters", "timed iterations per size (the median is shown)", cxxopts::value<int>()->default_value(std::to_string(d.iters)))
+        ("iters", "timed iterations per size (the median is shown; on a GPU, the mean of the iterations posted back to back)", cxxopts::value<int>()->default_value(std::to_string(d.iters)))
         ("warmup", "untimed iterations per size", cxxopts::value<int>()->default_value(std::to_string(d.warmup)));
     auto args = cli::parse(options, argc, argv);
     const auto run = cli::run_options(args);

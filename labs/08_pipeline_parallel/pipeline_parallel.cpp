@@ -1,5 +1,5 @@
 // Starter generated from solutions/08_pipeline_parallel/pipeline_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 599f085dfd0563ea (lets make-labs see your edits).
+// step (see README.md). Body hash 6df49479846f09ff (lets make-labs see your edits).
 // Lab 08: pipeline parallelism: stages, activations over send/recv, schedules as data (AFAB,
 // 1F1B, interleaved 1F1B), executed with one GPTActivations per micro-batch in flight.
 #include "pipeline_parallel.hpp"
@@ -119,7 +119,8 @@ struct Slot {
 };
 
 // Sends in flight. A send reads its tensor until it completes, so each keeps the tensor alive;
-// poll() frees the finished ones (call it after every action), wait_all() ends the step.
+// poll() frees the finished ones (run_schedule calls it before each compute), wait_all() ends
+// the step.
 class PendingSends {
  public:
   void add(comm::Work work, Tensor t) { sends_.push_back({std::move(work), std::move(t)}); }
@@ -157,15 +158,22 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
   PendingSends sends;
   int in_flight = 0;  // micro-batches forwarded and not yet backwarded on this rank
   for (const Action& a : schedule) {
-    const double begin = seconds_since(t0);
     const bool compute = a.op == Op::forward || a.op == Op::backward;
+    // Before computing, free the finished sends and start the rest: testing a send launches it
+    // where the backend held it back (nccl holds a lone send until a wait or a test), so it
+    // travels during the compute. A send followed at once by a receive is launched by that
+    // receive's wait instead, in one NCCL group with it (Megatron's send_forward_recv_backward):
+    // launched alone, a send larger than NCCL's buffers holds the stream until its peer
+    // receives, and this rank's receive queues behind it while the peer does the same (two
+    // stages in 1F1B's steady state: a deadlock).
+    if (compute) sends.poll();
+    const double begin = seconds_since(t0);
     trace::Scope scope(to_string(a), compute ? "compute" : "p2p");
     // TODO step 4: run one action: compute, or a message to or from a neighbour
     // HINT: slots[a.chunk][a.mb], sends.add(...), loss_sum; the contract lists what each op does.
     throw scalelab::NotImplemented(
         "lab 08 step 4: run one action: compute, or a message to or from a neighbour (README.md#step-4)");
     in_flight += a.op == Op::forward ? 1 : a.op == Op::backward ? -1 : 0;
-    sends.poll();  // finished sends free their buffers now, not at the end of the step
     if (stats != nullptr) {
       stats->actions.push_back({a, begin, seconds_since(t0)});
       stats->max_in_flight = std::max(stats->max_in_flight, in_flight);

@@ -182,7 +182,8 @@ struct Slot {
 };
 
 // Sends in flight. A send reads its tensor until it completes, so each keeps the tensor alive;
-// poll() frees the finished ones (call it after every action), wait_all() ends the step.
+// poll() frees the finished ones (run_schedule calls it before each compute), wait_all() ends
+// the step.
 class PendingSends {
  public:
   void add(comm::Work work, Tensor t) { sends_.push_back({std::move(work), std::move(t)}); }
@@ -220,8 +221,16 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
   PendingSends sends;
   int in_flight = 0;  // micro-batches forwarded and not yet backwarded on this rank
   for (const Action& a : schedule) {
-    const double begin = seconds_since(t0);
     const bool compute = a.op == Op::forward || a.op == Op::backward;
+    // Before computing, free the finished sends and start the rest: testing a send launches it
+    // where the backend held it back (nccl holds a lone send until a wait or a test), so it
+    // travels during the compute. A send followed at once by a receive is launched by that
+    // receive's wait instead, in one NCCL group with it (Megatron's send_forward_recv_backward):
+    // launched alone, a send larger than NCCL's buffers holds the stream until its peer
+    // receives, and this rank's receive queues behind it while the peer does the same (two
+    // stages in 1F1B's steady state: a deadlock).
+    if (compute) sends.poll();
+    const double begin = seconds_since(t0);
     trace::Scope scope(to_string(a), compute ? "compute" : "p2p");
     // BEGIN SOLUTION step 4: run one action: compute, or a message to or from a neighbour
     // HINT: slots[a.chunk][a.mb], sends.add(...), loss_sum; the contract lists what each op does.
@@ -284,7 +293,6 @@ double run_schedule(const std::vector<nn::GPT*>& chunks, const Schedule& schedul
     }
     // END SOLUTION
     in_flight += a.op == Op::forward ? 1 : a.op == Op::backward ? -1 : 0;
-    sends.poll();  // finished sends free their buffers now, not at the end of the step
     if (stats != nullptr) {
       stats->actions.push_back({a, begin, seconds_since(t0)});
       stats->max_in_flight = std::max(stats->max_in_flight, in_flight);

@@ -140,3 +140,18 @@ TEST(GpuSharing, NamesTheRanksTheGpuAndTheWaysOut) {
   EXPECT_EQ(nccl_version_string(22803), "2.28.3");
   EXPECT_EQ(nccl_version_string(2906), "2.9.6");
 }
+
+// Where each rank sees only its own GPU (SLURM's --gpus-per-task=1: CUDA_VISIBLE_DEVICES set per
+// rank), every rank's GPU is device 0: the UUIDs say they are four GPUs, shared by none. And two
+// ranks whose indexes differ (one sees every GPU, one only the second) on the same UUID share it.
+TEST(GpuSharing, TheUuidSaysWhichGpuNotTheIndex) {
+  const std::vector<GpuSlot> one_each = {{0, 0, "a", "GPU-0a"}, {0, 0, "a", "GPU-0b"},
+                                         {0, 0, "a", "GPU-0c"}, {0, 0, "a", "GPU-0d"}};
+  EXPECT_EQ(shared_gpus(one_each, {0, 1, 2, 3}).most, 1);
+  EXPECT_EQ(shared_gpus(one_each, {0, 1, 2, 3}).text, "");
+  const std::vector<GpuSlot> same = {{0, 1, "a", "GPU-1b"}, {0, 0, "a", "GPU-1b"},
+                                     {0, 0, "a", "GPU-0a"}};
+  const SharedGpus shared = shared_gpus(same, {0, 1, 2});
+  EXPECT_EQ(shared.most, 2);
+  EXPECT_EQ(shared.text, "ranks 0,1 share GPU-1b of node a");
+}
