@@ -48,8 +48,9 @@ SharedGpus shared_gpus(const std::vector<GpuSlot>& slots, const std::vector<int>
       list += std::to_string(r);
     }
     const GpuSlot& first = slots[ranks.front()];
-    out.text += fmt::format("{}ranks {} share {} of node {}", out.text.empty() ? "" : "; ", list,
-                            first.uuid.empty() ? fmt::format("GPU {}", first.gpu) : first.uuid,
+    // the first rank's index for the GPU (another sharer may call it otherwise), then its UUID
+    out.text += fmt::format("{}ranks {} share GPU {}{} of node {}", out.text.empty() ? "" : "; ",
+                            list, first.gpu, first.uuid.empty() ? "" : " (" + first.uuid + ")",
                             first.host.empty() ? std::to_string(first.node) : first.host);
   }
   return out;

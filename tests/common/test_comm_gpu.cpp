@@ -15,6 +15,7 @@
 #include "common/device.hpp"
 #include "common/errors.hpp"
 #include "common/exec_log.hpp"
+#include "common/ops/ops.hpp"
 #include "common/runtime.hpp"
 
 using namespace scalelab;
@@ -185,7 +186,7 @@ TEST(NcclBackend, MessagesToOneselfAreCopies) {
   const comm::TransportTraffic before = comm::traffic_by_transport();
   Tensor a = on_gpu({1.0, 2.0, 3.0}), got_a = Tensor::zeros({3}, DType::f32, my_gpu());
   comm::Work s = one.send_async(a, 0, 7);
-  s.test();  // what lab 08's PendingSends::poll does after every action
+  s.test();  // what lab 08's PendingSends::poll does (before each compute)
   comm::Work r = one.recv_async(got_a, 0, 7);
   r.wait();
   s.wait();
@@ -206,6 +207,75 @@ TEST(NcclBackend, MessagesToOneselfAreCopies) {
   }
   EXPECT_EQ(self, 4);
   EXPECT_EQ(nccl, 1);
+}
+
+// Every element type NCCL is handed besides f32 (bf16, f64, i32: sum, max, min, a gather, a
+// reduce-scatter, an all-to-all of equal chunks and one of per-peer counts, whose chunk to
+// oneself NCCL moves inside the group), and the order with compute: a buffer written by kernels
+// on the compute stream, with no host sync before the non-blocking all-gather that reads it
+// (NCCL's stream waits for the event recorded at submission; without it the gather would read
+// the buffer half written). On one rank the values come back as they went, and the calls still
+// go through NCCL (counted).
+TEST(NcclBackend, EveryTypeAndTheKernelsBeforeIt) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!comm::nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+  auto world = Communicator::world("auto");
+  Communicator c = nccl_takes_the_world() ? Communicator::world("nccl")
+                                          : world.split(world.rank(), 0, "alone");
+  const int r = c.rank(), n = c.size();
+  const comm::TransportTraffic before = comm::traffic_by_transport();
+  const auto make = [](std::vector<double> v, DType dt) {
+    return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, dt).to(my_gpu());
+  };
+  for (DType dt : {DType::bf16, DType::f64, DType::i32}) {
+    const std::string what = dtype_name(dt);
+    Tensor s = make({r + 1.0, 2.0}, dt);
+    c.all_reduce(s);
+    EXPECT_EQ(s.to_vector(), (std::vector<double>{n * (n + 1) / 2.0, 2.0 * n})) << what;
+    for (ReduceOp op : {ReduceOp::max, ReduceOp::min}) {
+      Tensor m = make({r + 1.0}, dt);
+      c.all_reduce(m, op);
+      EXPECT_EQ(m.to_vector()[0], op == ReduceOp::max ? n : 1.0) << what;
+    }
+    Tensor g = Tensor::zeros({n}, dt, my_gpu());
+    c.all_gather(make({r * 3.0}, dt), g);
+    for (int k = 0; k < n; ++k) EXPECT_EQ(g.to_vector()[k], 3.0 * k) << what;
+    std::vector<double> chunks(n), a2a(n);
+    for (int k = 0; k < n; ++k) chunks[k] = k + r, a2a[k] = 10.0 * r + k;
+    Tensor rs = Tensor::zeros({1}, dt, my_gpu());
+    c.reduce_scatter(make(chunks, dt), rs);
+    EXPECT_EQ(rs.to_vector()[0], n * r + n * (n - 1) / 2.0) << what;
+    Tensor out = Tensor::zeros({n}, dt, my_gpu());
+    c.all_to_all(make(a2a, dt), out);  // rank k's chunk r, 10 k + r
+    for (int k = 0; k < n; ++k) EXPECT_EQ(out.to_vector()[k], 10.0 * k + r) << what;
+    // per-peer counts: rank r sends k + 1 copies of 10 r + k to rank k
+    std::vector<double> v;
+    std::vector<int64_t> send_counts(n), recv_counts(n);
+    for (int k = 0; k < n; ++k) {
+      send_counts[k] = k + 1;
+      recv_counts[k] = r + 1;
+      v.insert(v.end(), k + 1, 10.0 * r + k);
+    }
+    Tensor varied = Tensor::zeros({n * (r + 1)}, dt, my_gpu());
+    c.all_to_all(make(v, dt), send_counts, varied, recv_counts);
+    const std::vector<double> got = varied.to_vector();
+    for (int k = 0; k < n; ++k)
+      for (int j = 0; j <= r; ++j) EXPECT_EQ(got[k * (r + 1) + j], 10.0 * k + r) << what;
+  }
+  const int64_t N = 1 << 22;  // 16 MiB of f32, written 100 times: ~1 ms of kernels on an H100
+  Tensor big = Tensor::zeros({N}, DType::f32, my_gpu());
+  for (int i = 1; i <= 100; ++i) ops::fill(big, i);
+  Tensor gathered = Tensor::zeros({N * n}, DType::f32, my_gpu());
+  comm::Work w = c.all_gather_async(big, gathered);
+  w.wait();
+  const std::vector<double> got = gathered.to_vector();
+  int64_t wrong = 0;
+  for (double x : got) wrong += x != 100.0;
+  EXPECT_EQ(wrong, 0) << "the all-gather read the buffer before the kernels that wrote it ended";
+  int64_t nccl_calls = 0;
+  for (const auto& [key, count] : comm::traffic_by_transport() - before)
+    if (key.transport == "nccl") nccl_calls += count.calls;
+  EXPECT_EQ(nccl_calls, 3 * 7 + 1);  // 7 calls a type, then the gather
 }
 
 TEST(MpiBackend, CudaTensorsAreStagedThroughHost) {

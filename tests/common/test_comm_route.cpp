@@ -153,5 +153,5 @@ TEST(GpuSharing, TheUuidSaysWhichGpuNotTheIndex) {
                                      {0, 0, "a", "GPU-0a"}};
   const SharedGpus shared = shared_gpus(same, {0, 1, 2});
   EXPECT_EQ(shared.most, 2);
-  EXPECT_EQ(shared.text, "ranks 0,1 share GPU-1b of node a");
+  EXPECT_EQ(shared.text, "ranks 0,1 share GPU 1 (GPU-1b) of node a");
 }
