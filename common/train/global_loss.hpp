@@ -20,7 +20,11 @@ namespace scalelab::train {
 double global_loss(double local_mean, comm::Communicator& group);
 /// The same for a loss that lives on a device: the all-reduce runs there (NCCL on a GPU, queued
 /// behind the step's kernels) and the mean stays there, so nothing waits for the GPU until the
-/// loss is read. A host number takes the host path above.
+/// loss is read. A host number takes the host path above. Every rank must pass its loss from
+/// the same place (all host numbers, or all on their devices): on an nccl group a host number
+/// goes over MPI and a CUDA loss over NCCL, and two ranks in different collectives wait for
+/// each other until the watchdog ends the job (its report names each rank's transport). A rank
+/// with nothing to add passes a zero on its device (Scalar(Tensor::zeros({1}, f64, device))).
 Scalar global_loss(const Scalar& local_mean, comm::Communicator& group);
 
 }  // namespace scalelab::train

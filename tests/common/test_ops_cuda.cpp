@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <regex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -304,6 +305,46 @@ TEST_F(CudaOps, RowPiecesAndMaskedIndexing) {
                  ops::logarithm(t[4], t[2]);
                  ops::cross_entropy_backward(t[5], t[0], id, 0.25, lo);
                });
+}
+
+// A loss on the GPU (issue 31: a Scalar, read once a step): sum_into from f32, f64 and bf16
+// values with the bits of sum() / divisor; then the arithmetic a step does with it (+= another
+// loss, + a host number, * and / a number, a host number + it; its square root) with the bits of
+// the same arithmetic on the host (IEEE quotients: / is a division there, not a product by the
+// reciprocal) and no read until value().
+TEST_F(CudaOps, ScalarArithmeticHasTheHostsBits) {
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    const std::string what = dtype_name(dt);
+    const Tensor x = uniform({100003}, 71, dt, -1, 1).to(gpu);
+    Tensor s = Tensor::empty({1}, DType::f64, gpu);
+    ops::sum_into(s, x, 3.0);
+    const double sum = ops::sum(x), mean = sum / 3.0;
+    EXPECT_EQ(s.to(Device::cpu()).item(), mean) << what;
+    const int64_t reads = host_reads();
+    Scalar loss(s);
+    loss += Scalar(s);                           // 2 mean
+    const Scalar a = (loss + 0.25) * 3 / 7;      // ((2 mean + 0.25) * 3) / 7
+    Scalar b = Scalar(0.5);
+    b += a;                                      // a host number + a device one: on the device
+    EXPECT_EQ(host_reads(), reads) << what << ": the arithmetic read a number back";
+    EXPECT_EQ(a.device(), gpu) << what;
+    EXPECT_EQ(b.device(), gpu) << what;
+    const double host_a = (2 * mean + 0.25) * 3 / 7;
+    EXPECT_EQ(a.value(), host_a) << what;
+    EXPECT_EQ(b.value(), 0.5 + host_a) << what;
+    // (its square root reads the number back until the trial kernel norm_on_device is checked)
+    EXPECT_EQ((loss + 1000).sqrt().value(), std::sqrt(2 * mean + 1000)) << what;
+    EXPECT_EQ((loss / 3).value(), 2 * mean / 3) << what;  // 1/3 is not exact: a division
+  }
+}
+
+// Which physical GPU a device is, as nvidia-smi names it (the sharing check compares these).
+TEST_F(CudaOps, DeviceUuidIsNvidiaSmisName) {
+  const std::regex uuid("GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}");
+  for (int d = 0; d < cuda_device_count(); ++d)
+    EXPECT_TRUE(std::regex_match(cuda_device_uuid(d), uuid)) << d << ": " << cuda_device_uuid(d);
+  EXPECT_EQ(cuda_device_uuid(-1), "");
+  EXPECT_EQ(cuda_device_uuid(cuda_device_count()), "");
 }
 
 TEST_F(CudaOps, ReductionsAndOptimizers) {
