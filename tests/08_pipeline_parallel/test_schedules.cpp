@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,42 @@ std::vector<Schedule> all_stages(Kind kind, int p, int m, int v = 1) {
   std::vector<Schedule> out;
   for (int s = 0; s < p; ++s) out.push_back(make_schedule(kind, p, m, v, s));
   return out;
+}
+
+// NCCL pairs the messages between two ranks in the order they were posted (it has no tags; MPI
+// pairs them by tag): for every two stages, the messages one sends to the other must come in the
+// order the other receives them, or over NCCL two same-shaped tensors trade places without an
+// error. A message names its kind, micro-batch and receiving chunk ("A3.1": micro-batch 3's
+// activation for chunk 1). A stage's messages to itself (one stage, several chunks) are copies.
+testing::AssertionResult messages_pair_in_order(const std::vector<Schedule>& all, int v) {
+  const int p = static_cast<int>(all.size());
+  std::map<std::pair<int, int>, std::vector<std::string>> sent, received;  // (from, to)
+  for (int s = 0; s < p; ++s)
+    for (const Action& a : all[s]) {
+      const bool act = a.op == Op::send_activation || a.op == Op::recv_activation;
+      if (a.op == Op::send_activation || a.op == Op::send_gradient) {
+        const Piece to = act ? next_piece(p, v, s, a.chunk) : prev_piece(p, v, s, a.chunk);
+        if (to.stage != s)
+          sent[{s, to.stage}].push_back(fmt::format("{}{}.{}", act ? 'A' : 'G', a.mb, to.chunk));
+      } else if (a.op == Op::recv_activation || a.op == Op::recv_gradient) {
+        const Piece from = act ? prev_piece(p, v, s, a.chunk) : next_piece(p, v, s, a.chunk);
+        if (from.stage != s)
+          received[{from.stage, s}].push_back(
+              fmt::format("{}{}.{}", act ? 'A' : 'G', a.mb, a.chunk));
+      }
+    }
+  for (const auto& [pair, out] : sent) {
+    const std::vector<std::string>& in = received[pair];
+    std::size_t i = 0;
+    while (i < out.size() && i < in.size() && out[i] == in[i]) ++i;
+    if (i < out.size() || i < in.size())
+      return testing::AssertionFailure()
+             << "stage " << pair.first << " sends its message " << i << " to stage "
+             << pair.second << " as " << (i < out.size() ? out[i] : "nothing") << ", which "
+             << "receives " << (i < in.size() ? in[i] : "nothing") << " there: over NCCL "
+             << "(no tags) they would pair up";
+  }
+  return testing::AssertionSuccess();
 }
 
 // The check 1F1B must pass: the simulation finishes and stage s never holds more than
@@ -117,6 +155,8 @@ TEST(Step3_Simulated, EveryGridFinishesWithTheFormulasBubble) {
         ASSERT_TRUE(r.errors.empty()) << kind_name(k) << " p " << p << " m " << m << ": "
                                       << r.errors.front();
         ASSERT_FALSE(r.deadlock) << kind_name(k) << " p " << p << " m " << m << ":\n" << r.report;
+        EXPECT_TRUE(messages_pair_in_order(all_stages(k, p, m), 1))
+            << kind_name(k) << " p " << p << " m " << m;
         EXPECT_EQ(r.makespan, 3.0 * (m + p - 1)) << kind_name(k) << " p " << p << " m " << m;
         for (int s = 0; s < p; ++s)
           EXPECT_NEAR(r.bubble[s], formula, 1e-12)
@@ -141,6 +181,7 @@ TEST(Step3_Simulated, GridsDrawnAtGradingTimeFollowTheRules) {
       ASSERT_TRUE(r.errors.empty()) << what << ": " << r.errors.front();
       ASSERT_FALSE(r.deadlock) << what << ":\n" << r.report;
       EXPECT_EQ(r.makespan, 3.0 * (m + p - 1)) << what << ": ticks (forward 1, backward 2)";
+      EXPECT_TRUE(messages_pair_in_order(all_stages(k, p, m), 1)) << what;
       for (int s = 0; s < p; ++s) {
         EXPECT_NEAR(r.bubble[s], formula, 1e-12) << what << " stage " << s << ": the bubble";
         EXPECT_EQ(r.max_in_flight[s], k == Kind::afab ? m : std::min(p - s, m))
@@ -208,6 +249,26 @@ TEST(Step3_PlantedFault, DeadlockIsFoundAndTheStagesNamed) {
   EXPECT_NE(r.report.find("rA1"), std::string::npos) << r.report;
 }
 
+// The last stage receives micro-batch 1's activation before micro-batch 0's: well formed, and it
+// finishes under the simulator (which pairs messages by tag, as MPI does), but over NCCL (pairs
+// in posted order) the two activations would trade places.
+TEST(Step3_PlantedFault, ReceivesOutOfOrderWouldSwapOverNccl) {
+  const std::vector<Schedule> planted = {
+      {{Op::forward, 0}, {Op::send_activation, 0}, {Op::forward, 1}, {Op::send_activation, 1},
+       {Op::recv_gradient, 0}, {Op::backward, 0}, {Op::recv_gradient, 1}, {Op::backward, 1}},
+      {{Op::recv_activation, 1}, {Op::recv_activation, 0}, {Op::forward, 0}, {Op::backward, 0},
+       {Op::send_gradient, 0}, {Op::forward, 1}, {Op::backward, 1}, {Op::send_gradient, 1}}};
+  const SimResult r = simulate(planted, 2);
+  ASSERT_TRUE(r.errors.empty()) << r.errors.front();
+  ASSERT_FALSE(r.deadlock) << r.report;
+  const testing::AssertionResult ok = messages_pair_in_order(planted, 1);
+  EXPECT_FALSE(ok);
+  EXPECT_NE(std::string(ok.message()).find("stage 0 sends its message 0 to stage 1 as A0.0, "
+                                           "which receives A1.0 there"),
+            std::string::npos)
+      << ok.message();
+}
+
 // ---- Step 6 (the interleaved schedule as data) ---------------------------------------------------
 
 TEST(Step6_Golden, InterleavedOrderP2V2M4) {
@@ -228,6 +289,8 @@ TEST(Step6_Simulated, InterleavedFinishesWithTheSmallerBubble) {
         ASSERT_TRUE(r.errors.empty()) << "p " << p << " v " << v << " m " << m << ": "
                                       << r.errors.front();
         ASSERT_FALSE(r.deadlock) << "p " << p << " v " << v << " m " << m << ":\n" << r.report;
+        EXPECT_TRUE(messages_pair_in_order(all_stages(Kind::interleaved, p, m, v), v))
+            << "p " << p << " v " << v << " m " << m;
         const double formula = static_cast<double>(p - 1) / (v * m + p - 1);
         for (int s = 0; s < p; ++s)
           EXPECT_NEAR(r.bubble[s], formula, 1e-12)
