@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "common/ops/moe.hpp"
 #include "common/ops/ops.hpp"
 #include "common/trace.hpp"
 
@@ -87,6 +88,22 @@ Scalar Scalar::divided(double a) const {
   Tensor out = value_.clone();
   Tensor row = out.view({1, 1});
   ops::divide_rows(row, on(value_.device(), a).value_);
+  return Scalar(out);
+}
+
+Scalar Scalar::product(const Scalar& other, bool divide) const {
+  const auto host = [&](double a, double b) { return divide ? a / b : a * b; };
+  if (!value_.defined() && !other.value_.defined()) return Scalar(host(host_, other.host_));
+  const Device d = value_.defined() ? value_.device() : other.value_.device();
+  if (d.is_cpu() && other.device().is_cpu()) return on(d, host(peek(), other.peek()));
+  // a row of one times (or over) a one-element factor: multiply_rows / divide_rows in f64
+  Tensor out = value_.defined() ? value_.clone() : on(d, host_).value_;
+  const Tensor o = !other.value_.defined()          ? on(d, other.host_).value_
+                   : other.value_.device() == d ? other.value_
+                                                  : other.value_.to(d);
+  Tensor row = out.view({1, 1});
+  if (divide) ops::divide_rows(row, o);
+  else ops::multiply_rows(row, o);
   return Scalar(out);
 }
 

@@ -44,13 +44,22 @@ class Scalar {
   /// this += other, on this Scalar's device (other's moves there if it lives elsewhere).
   Scalar& operator+=(const Scalar& other);
   Scalar operator+(const Scalar& other) const;
-  /// this + a, this * a, this / a: on the device, no read.
+  /// this + a, this - a, this * a, this / a, -this: on the device, no read.
   template <class A, class = std::enable_if_t<std::is_arithmetic_v<A>>>
   Scalar operator+(A a) const { return plus(static_cast<double>(a)); }
+  template <class A, class = std::enable_if_t<std::is_arithmetic_v<A>>>
+  Scalar operator-(A a) const { return plus(-static_cast<double>(a)); }
   template <class A, class = std::enable_if_t<std::is_arithmetic_v<A>>>
   Scalar operator*(A a) const { return times(static_cast<double>(a)); }
   template <class A, class = std::enable_if_t<std::is_arithmetic_v<A>>>
   Scalar operator/(A a) const { return divided(static_cast<double>(a)); }
+  Scalar operator-() const { return times(-1.0); }
+  /// Between two Scalars, on this one's device (the other's moves there): no read. Without
+  /// these, `a * b` would compile by reading both to doubles (the implicit conversion), a
+  /// silent wait for the GPU. Each has the bits of the same double arithmetic on the host.
+  Scalar operator-(const Scalar& other) const { return *this + -other; }
+  Scalar operator*(const Scalar& other) const { return product(other, false); }
+  Scalar operator/(const Scalar& other) const { return product(other, true); }
   /// The square root, on this Scalar's device, no read (a gradient norm from its sum of squares).
   Scalar sqrt() const;
 
@@ -60,6 +69,7 @@ class Scalar {
   Scalar plus(double a) const;
   Scalar times(double a) const;
   Scalar divided(double a) const;
+  Scalar product(const Scalar& other, bool divide) const;  // this * other, or this / other
   double host_ = 0;  ///< the number, when value_ is undefined
   Tensor value_;     ///< the number, when defined: one f64 element on its device
 };
@@ -85,6 +95,17 @@ class HostRead {
   const char* what_;
   double begin_us_ = -1;  // < 0: tracing was off
 };
+
+/// a + s, a - s, a * s, a / s for a number a: on s's device, no read (as s + a, -s + a, s * a,
+/// and a Scalar(a) / s: the bits of the host's a + s, a - s, a * s, a / s).
+template <class A, class = std::enable_if_t<std::is_arithmetic_v<A>>>
+Scalar operator+(A a, const Scalar& s) { return s + a; }
+template <class A, class = std::enable_if_t<std::is_arithmetic_v<A>>>
+Scalar operator-(A a, const Scalar& s) { return -s + a; }
+template <class A, class = std::enable_if_t<std::is_arithmetic_v<A>>>
+Scalar operator*(A a, const Scalar& s) { return s * a; }
+template <class A, class = std::enable_if_t<std::is_arithmetic_v<A>>>
+Scalar operator/(A a, const Scalar& s) { return Scalar(static_cast<double>(a)) / s; }
 
 /// Prints the value (a read): for test failures and logs.
 std::ostream& operator<<(std::ostream& os, const Scalar& s);

@@ -309,9 +309,9 @@ TEST_F(CudaOps, RowPiecesAndMaskedIndexing) {
 
 // A loss on the GPU (issue 31: a Scalar, read once a step): sum_into from f32, f64 and bf16
 // values with the bits of sum() / divisor; then the arithmetic a step does with it (+= another
-// loss, + a host number, * and / a number, a host number + it; its square root) with the bits of
-// the same arithmetic on the host (IEEE quotients: / is a division there, not a product by the
-// reciprocal) and no read until value().
+// loss, + a host number, * and / a number, a host number + it, -, * and / between two; its square
+// root) with the bits of the same arithmetic on the host (IEEE quotients: / is a division there,
+// not a product by the reciprocal) and no read until value().
 TEST_F(CudaOps, ScalarArithmeticHasTheHostsBits) {
   for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
     const std::string what = dtype_name(dt);
@@ -326,12 +326,15 @@ TEST_F(CudaOps, ScalarArithmeticHasTheHostsBits) {
     const Scalar a = (loss + 0.25) * 3 / 7;      // ((2 mean + 0.25) * 3) / 7
     Scalar b = Scalar(0.5);
     b += a;                                      // a host number + a device one: on the device
+    const Scalar c = (1 - loss) * (loss / a) - -a / 3;  // between Scalars, a number on the left
     EXPECT_EQ(host_reads(), reads) << what << ": the arithmetic read a number back";
     EXPECT_EQ(a.device(), gpu) << what;
     EXPECT_EQ(b.device(), gpu) << what;
     const double host_a = (2 * mean + 0.25) * 3 / 7;
     EXPECT_EQ(a.value(), host_a) << what;
     EXPECT_EQ(b.value(), 0.5 + host_a) << what;
+    EXPECT_EQ(c.device(), gpu) << what;
+    EXPECT_EQ(c.value(), (1 - 2 * mean) * (2 * mean / host_a) - -host_a / 3) << what;
     // (its square root reads the number back until the trial kernel norm_on_device is checked)
     EXPECT_EQ((loss + 1000).sqrt().value(), std::sqrt(2 * mean + 1000)) << what;
     EXPECT_EQ((loss / 3).value(), 2 * mean / 3) << what;  // 1/3 is not exact: a division

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "common/comm/communicator.hpp"
@@ -204,4 +205,29 @@ TEST(Loss, MicroBatchLossesAddOnTheDeviceAndTheStepReadsOnce) {
   changed += 1.0;
   EXPECT_EQ(changed.value(), copy.value() + 1.0);
   EXPECT_EQ(copy.value(), each[0].value());
+}
+
+// Every arithmetic a loss can meet stays a Scalar, on its device, without a read, and has the
+// bits of the same double arithmetic: with a number on either side (+, -, *, /), negated, and
+// between two Scalars (+, -, *, /), tensor-held or host numbers. Were one missing, `a * b` would
+// still compile, through the implicit double on both sides: a silent read (a wait on a GPU).
+TEST(Loss, ArithmeticStaysAScalarWithTheBitsOfDoubles) {
+  const double x = 2.0 / 3.0, y = -7.0 / 9.0;
+  for (bool held : {true, false}) {
+    const auto make = [&](double v) {
+      return held ? Scalar(Tensor::from_vector({v}, {1}, DType::f64)) : Scalar(v);
+    };
+    const Scalar a = make(x), b = make(y);
+    const int64_t reads = host_reads();
+    const std::vector<std::pair<Scalar, double>> cases = {
+        {a + 0.1, x + 0.1}, {a - 0.1, x - 0.1}, {a * 3, x * 3},     {a / 3, x / 3},
+        {0.1 + a, 0.1 + x}, {0.1 - a, 0.1 - x}, {3 * a, 3 * x},     {3 / a, 3 / x},
+        {-a, -x},           {a + b, x + y},     {a - b, x - y},     {a * b, x * y},
+        {a / b, x / y},     {(a - b) * (a + b) / 3, (x - y) * (x + y) / 3}};
+    EXPECT_EQ(host_reads(), reads) << (held ? "tensor-held" : "host numbers");
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(cases[i].first.value(), cases[i].second) << "case " << i;
+      EXPECT_EQ(cases[i].first.tensor().defined(), held) << "case " << i;
+    }
+  }
 }
