@@ -80,16 +80,8 @@ Scalar Scalar::times(double a) const {
   return Scalar(out);
 }
 
-Scalar Scalar::divided(double a) const {
-  if (!value_.defined()) return Scalar(host_ / a);
-  if (value_.device().is_cpu()) return on(value_.device(), peek() / a);
-  // on a GPU: a row of one divided by a one-element divisor, the IEEE quotient of the host's
-  // `x / a` (a multiplication by 1 / a would be an ulp off it for most a)
-  Tensor out = value_.clone();
-  Tensor row = out.view({1, 1});
-  ops::divide_rows(row, on(value_.device(), a).value_);
-  return Scalar(out);
-}
+// the IEEE quotient of the host's `x / a` (a multiplication by 1 / a would be an ulp off it)
+Scalar Scalar::divided(double a) const { return product(Scalar(a), true); }
 
 Scalar Scalar::product(const Scalar& other, bool divide) const {
   const auto host = [&](double a, double b) { return divide ? a / b : a * b; };

@@ -60,14 +60,14 @@ class TrialKernels {
   std::string previous_;  // trial_kernel_list() when it was made
 };
 
-/// Every element of `cuda` within tol * max(1, |host|) of `cpu`; same shape and dtype.
+/// Every element of `cuda` within tol * max(1, |host|) + extra of `cpu`; same shape and dtype.
 inline void expect_close(const Tensor& cuda, const Tensor& cpu, double tol,
-                         const std::string& what) {
+                         const std::string& what, double extra = 0) {
   const std::vector<double> c = cuda.to(Device::cpu()).to_vector(), h = cpu.to_vector();
   ASSERT_EQ(cuda.shape(), cpu.shape()) << what;
   ASSERT_EQ(cuda.dtype(), cpu.dtype()) << what;
   for (std::size_t i = 0; i < h.size(); ++i)
-    ASSERT_LE(std::abs(c[i] - h[i]), tol * std::max(1.0, std::abs(h[i])))
+    ASSERT_LE(std::abs(c[i] - h[i]), tol * std::max(1.0, std::abs(h[i])) + extra)
         << what << " element " << i << ": cuda " << c[i] << " cpu " << h[i];
 }
 

@@ -34,8 +34,8 @@ bool nccl_takes_the_world() {
       env ? env : "");
 }
 
-Tensor on_gpu(std::vector<double> v) {
-  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(my_gpu());
+Tensor on_gpu(std::vector<double> v, DType dt = DType::f32) {
+  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, dt).to(my_gpu());
 }
 
 // Runs every collective on CUDA tensors over `c` and checks the results on the host.
@@ -224,29 +224,26 @@ TEST(NcclBackend, EveryTypeAndTheKernelsBeforeIt) {
                                           : world.split(world.rank(), 0, "alone");
   const int r = c.rank(), n = c.size();
   const comm::TransportTraffic before = comm::traffic_by_transport();
-  const auto make = [](std::vector<double> v, DType dt) {
-    return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, dt).to(my_gpu());
-  };
   for (DType dt : {DType::bf16, DType::f64, DType::i32}) {
     const std::string what = dtype_name(dt);
-    Tensor s = make({r + 1.0, 2.0}, dt);
+    Tensor s = on_gpu({r + 1.0, 2.0}, dt);
     c.all_reduce(s);
     EXPECT_EQ(s.to_vector(), (std::vector<double>{n * (n + 1) / 2.0, 2.0 * n})) << what;
     for (ReduceOp op : {ReduceOp::max, ReduceOp::min}) {
-      Tensor m = make({r + 1.0}, dt);
+      Tensor m = on_gpu({r + 1.0}, dt);
       c.all_reduce(m, op);
       EXPECT_EQ(m.to_vector()[0], op == ReduceOp::max ? n : 1.0) << what;
     }
     Tensor g = Tensor::zeros({n}, dt, my_gpu());
-    c.all_gather(make({r * 3.0}, dt), g);
+    c.all_gather(on_gpu({r * 3.0}, dt), g);
     for (int k = 0; k < n; ++k) EXPECT_EQ(g.to_vector()[k], 3.0 * k) << what;
     std::vector<double> chunks(n), a2a(n);
     for (int k = 0; k < n; ++k) chunks[k] = k + r, a2a[k] = 10.0 * r + k;
     Tensor rs = Tensor::zeros({1}, dt, my_gpu());
-    c.reduce_scatter(make(chunks, dt), rs);
+    c.reduce_scatter(on_gpu(chunks, dt), rs);
     EXPECT_EQ(rs.to_vector()[0], n * r + n * (n - 1) / 2.0) << what;
     Tensor out = Tensor::zeros({n}, dt, my_gpu());
-    c.all_to_all(make(a2a, dt), out);  // rank k's chunk r, 10 k + r
+    c.all_to_all(on_gpu(a2a, dt), out);  // rank k's chunk r, 10 k + r
     for (int k = 0; k < n; ++k) EXPECT_EQ(out.to_vector()[k], 10.0 * k + r) << what;
     // per-peer counts: rank r sends k + 1 copies of 10 r + k to rank k
     std::vector<double> v;
@@ -257,7 +254,7 @@ TEST(NcclBackend, EveryTypeAndTheKernelsBeforeIt) {
       v.insert(v.end(), k + 1, 10.0 * r + k);
     }
     Tensor varied = Tensor::zeros({n * (r + 1)}, dt, my_gpu());
-    c.all_to_all(make(v, dt), send_counts, varied, recv_counts);
+    c.all_to_all(on_gpu(v, dt), send_counts, varied, recv_counts);
     const std::vector<double> got = varied.to_vector();
     for (int k = 0; k < n; ++k)
       for (int j = 0; j <= r; ++j) EXPECT_EQ(got[k * (r + 1) + j], 10.0 * k + r) << what;
