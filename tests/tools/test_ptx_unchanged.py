@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Tests of tools/ptx_unchanged (does a change leave the GPU kernels of some .cu files as they
-were, shown on a machine without a GPU by comparing PTX): how it names and normalizes kernels
+were, shown on a machine without a GPU by comparing PTX or, with --sass, the machine code): how
+it names and normalizes kernels
 and what it calls identical, different, gone or new, on PTX written here; and, where this build
 compiles CUDA (CI's does), the tool itself on a file the working tree leaves unchanged."""
 import importlib.machinery
@@ -72,6 +73,26 @@ def ptx(h="1a2b3c4d", line=10, value=1, bb=0):
     return PTX.format(foo=foo(h), smem=smem(h), line=line, value=value, bb=bb)
 
 
+# Two functions as cuobjdump -sass prints them: each instruction its address, text and encoding,
+# then the second word of the encoding (the control bits) on a line of its own.
+SASS = """
+\tcode for sm_90
+\t\tFunction : {foo}
+\t.headerflags\t@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*{a0}*/                   LDC R1, c[0x0][0x28] ;          /* 0x00000a00ff017b82 */
+                                                                    /* 0x000fe20000000800 */
+        /*{a1}*/                   S2R R0, SR_TID.X ;              /* 0x0000000000007919 */
+                                                                    /* {control} */
+\t\tFunction : _Z3barPf
+        /*0000*/                   EXIT ;                          /* 0x000000000000794d */
+                                                                    /* 0x000fea0003800000 */
+"""
+
+
+def sass(h="1a2b3c4d", a0="0000", a1="0010", control="0x000e6e0000002100"):
+    return SASS.format(foo=foo(h), a0=a0, a1=a1, control=control)
+
+
 class PtxUnchangedTest(unittest.TestCase):
     def test_kernels_are_named_without_their_parameters(self):
         names = set(pu.kernels(ptx()))
@@ -114,6 +135,20 @@ class PtxUnchangedTest(unittest.TestCase):
         rows = {v for _, v, _ in pu.compare(base, now, [("foo<64>", "foo<64, 1>")])}
         self.assertEqual(rows, {"identical"})
 
+    def test_sass_kernels_are_named_and_normalized_like_ptx(self):
+        self.assertEqual(set(pu.sass_kernels(sass())), {"scalelab::foo<64>", "bar"})
+        # another file hash, other addresses (the kernel placed elsewhere): identical
+        rows = pu.compare(pu.sass_kernels(sass()),
+                          pu.sass_kernels(sass(h="99ff0011", a0="0100", a1="0110")))
+        self.assertEqual([v for _, v, _ in rows], ["identical", "identical"])
+
+    def test_sass_control_bits_count(self):
+        # planted: the same instruction with another stall count / barrier in its second word:
+        # another schedule, so not the code a GPU checked
+        rows = dict((n, v) for n, v, _ in pu.compare(
+            pu.sass_kernels(sass()), pu.sass_kernels(sass(control="0x000e620000002100"))))
+        self.assertEqual(rows, {"bar": "identical", "scalelab::foo<64>": "DIFFERENT"})
+
     def cuda_build(self):
         db = BUILD / "compile_commands.json"
         if not db.is_file():
@@ -128,6 +163,21 @@ class PtxUnchangedTest(unittest.TestCase):
         if subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", source]).returncode:
             self.skipTest(f"{source} is changed in this working tree")
         proc = subprocess.run([sys.executable, str(TOOL), "--build", str(BUILD), source],
+                              capture_output=True, text=True, cwd=ROOT)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("identical", proc.stdout)
+        self.assertNotIn("DIFFERENT", proc.stdout)
+
+    def test_the_tool_on_an_unchanged_file_in_sass(self):
+        if not self.cuda_build():
+            self.skipTest(f"{BUILD} compiles no CUDA (configure with SCALELAB_CUDA=ON)")
+        command, _ = pu.nvcc_command(str(BUILD), str(ROOT / "common/ops/cuda/optim_cuda.cu"))
+        if not pu.cuobjdump(command):
+            self.skipTest("no cuobjdump beside nvcc or on PATH")
+        source = "common/ops/cuda/optim_cuda.cu"
+        if subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", source]).returncode:
+            self.skipTest(f"{source} is changed in this working tree")
+        proc = subprocess.run([sys.executable, str(TOOL), "--sass", "--build", str(BUILD), source],
                               capture_output=True, text=True, cwd=ROOT)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn("identical", proc.stdout)

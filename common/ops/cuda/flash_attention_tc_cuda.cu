@@ -208,10 +208,10 @@ __global__ void flash_tc_backward_d_kernel(float* D, const bf16* dout_base, cons
 
 // dK and dV. Grid (key tiles, NH, B); warp w owns keys k0 + 16 w .. + 15 and loops over the
 // query tiles (Bq rows) that see them. (The one-kernel backward runs the same pass through
-// load_query_rows, dkdv_tile and store_dkdv, flash_tc.cuh; this kernel keeps its own lines,
-// checked on an H100, until a GPU checks it calling those: its PTX then differs in the order
-// of independent instructions, which tools/ptx_unchanged cannot tell from a change.) Per tile,
-// with the warp's keys as the M side:
+// load_query_rows, dkdv_tile and store_dkdv, flash_tc.cuh. This kernel calls the first and
+// the last, which leave its machine code as an H100 checked it, `tools/ptx_unchanged --sass`;
+// it keeps its own lines for the tile until a GPU checks it calling dkdv_tile, which changes
+// the order ptxas schedules it in.) Per tile, with the warp's keys as the M side:
 //   S^T = K Q^T, P^T = exp(S^T scale - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D),
 //   dV += P^T dO,  dK += dS^T Q   (scaled by `scale` at the end).
 // P^T and dS^T stay in registers as A operands, like P in forward.
@@ -244,20 +244,12 @@ __global__ void __launch_bounds__(kBlock)
   const int i_begin = causal ? k0 : 0;                  // queries before k0 see none of them
   const int n_tiles = (T - i_begin + Bq - 1) / Bq;
 
-  // lse (in log2 units) and D of a query tile; a query past T gets lse = +inf, so p = 0
-  auto load_rows = [&](int buf, int i0) {
-    for (int c = threadIdx.x; c < Bq; c += kBlock) {
-      const int i = i0 + c;
-      lse_s[buf * Bq + c] = i < T ? lse[i] * kLog2e : INFINITY;
-      D_s[buf * Bq + c] = i < T ? D[i] : 0.f;
-    }
-  };
   load_tile<Bk, HS>(Ks, k, k0, T);
   load_tile<Bk, HS>(Vs, v, k0, T);
   load_tile<Bq, HS>(Qs, q, i_begin, T);
   load_tile<Bq, HS>(dOs, dout, i_begin, T);
   cp_async_commit();
-  load_rows(0, i_begin);
+  load_query_rows<Bq>(lse_s, D_s, lse, D, i_begin, T);
 
   float dk_acc[NO][4], dv_acc[NO][4];
   zero(dk_acc);
@@ -269,7 +261,7 @@ __global__ void __launch_bounds__(kBlock)
       load_tile<Bq, HS>(Qs + nb * Bq * L, q, i0 + Bq, T);
       load_tile<Bq, HS>(dOs + nb * Bq * L, dout, i0 + Bq, T);
       cp_async_commit();
-      load_rows(nb, i0 + Bq);
+      load_query_rows<Bq>(lse_s + nb * Bq, D_s + nb * Bq, lse, D, i0 + Bq, T);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -309,19 +301,7 @@ __global__ void __launch_bounds__(kBlock)
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (key[h] >= T) continue;
-    const int col = mma::c_col(ln, 0);
-    bf16* kd = dk.p + (int64_t)key[h] * dk.ld + col;
-    bf16* vd = dv.p + (int64_t)key[h] * dv.ld + col;
-#pragma unroll
-    for (int n = 0; n < NO; ++n) {
-      *reinterpret_cast<uint32_t*>(kd + 8 * n) =
-          pack_bf16(dk_acc[n][2 * h] * scale, dk_acc[n][2 * h + 1] * scale);
-      *reinterpret_cast<uint32_t*>(vd + 8 * n) = pack_bf16(dv_acc[n][2 * h], dv_acc[n][2 * h + 1]);
-    }
-  }
+  store_dkdv<HS>(dk, dv, dk_acc, dv_acc, key, T, scale);
 }
 
 // dQ. Grid (query tiles, NH, B); warp w owns queries q0 + 16 w .. + 15 and loops over key
