@@ -60,7 +60,7 @@ RunOptions run_options(const cxxopts::ParseResult& r) {
   SCALELAB_REQUIRE(precision == "fp32" || precision == "bf16",
                    "--precision must be fp32 or bf16, got '{}'", precision);
   SCALELAB_REQUIRE(precision == "fp32" || g_mixed_precision,
-                   "--precision bf16: {} has no mixed-precision mode (labs 02-10 train in bf16; "
+                   "--precision bf16: {} has no mixed-precision mode (labs 02-12 train in bf16; "
                    "this program's collectives and checks run in fp32)", g_program);
   o.precision = precision == "bf16" ? DType::bf16 : DType::f32;
   // Issue 4 (comm): communicators start the watchdog with --timeout; --trace starts recording,

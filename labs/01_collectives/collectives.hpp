@@ -68,12 +68,10 @@ void add_into(const Tensor& dst, const Tensor& src);
 /// Step 2. Sum of every rank's `x`, in place, on every rank: a ring all-reduce built only from
 /// comm.send / comm.recv (and their _async variants). Rank r sends to (r+1) % n and receives
 /// from (r-1+n) % n. Two phases of n-1 steps each, on the buffer cut into n chunks
-/// (chunk_begin):
-///   reduce-scatter: at step s rank r sends chunk (r - s) mod n and adds the chunk
-///                   (r - s - 1) mod n it receives into its own; afterwards rank r holds the
-///                   complete sum of chunk (r + 1) mod n;
-///   all-gather:     at step s rank r sends chunk (r + 1 - s) mod n (complete) and stores the
-///                   chunk (r - s) mod n it receives.
+/// (chunk_begin): a reduce-scatter (each step passes one partial chunk on and adds the one that
+/// arrives; at the end each rank holds one chunk's complete sum), then an all-gather (the
+/// complete chunks go round). Which chunk moves at which step is the exercise: README step 2
+/// and its hints.
 /// Any contiguous f32/f64 tensor, any shape, numel 0 or smaller than n included; a no-op for n = 1.
 /// With integer-valued floats the result equals comm.all_reduce exactly.
 void ring_all_reduce(Communicator& comm, const Tensor& x);
@@ -86,15 +84,15 @@ void ring_all_reduce(Communicator& comm, const Tensor& x);
 void ring_broadcast(Communicator& comm, const Tensor& x, int root);
 
 /// Step 3b. out = every rank's `in`, in rank order (out has size * in.numel elements), from
-/// send/recv only: copy `in` into chunk `rank` of `out`; then n-1 steps in which rank r sends
-/// chunk (r - s) mod n to the right and receives chunk (r - s - 1) mod n from the left.
+/// send/recv only: copy `in` into chunk `rank` of `out`; then n-1 steps, each passing one chunk
+/// to the right and receiving one from the left (the all-gather phase of step 2's ring).
 void ring_all_gather(Communicator& comm, const Tensor& in, const Tensor& out);
 
 // ---- Step 4: measure it ----------------------------------------------------------------------
 
-/// Step 4a. busbw / algbw for an all-reduce over n ranks (nccl-tests): each rank sends and
-/// receives 2(n-1) chunks of 1/n of the buffer, so the busiest link carries 2(n-1)/n times the
-/// buffer. 0 for n = 1. n < 1 throws std::invalid_argument.
+/// Step 4a. busbw / algbw for an all-reduce over n ranks (nccl-tests' bus bandwidth factor):
+/// how many times the buffer's bytes the busiest link carries in a ring all-reduce (count them
+/// in step 2's ring). 0 for n = 1. n < 1 throws std::invalid_argument.
 double all_reduce_busbw_factor(int n);
 
 /// One row of an nccl-tests style table.
