@@ -1,8 +1,10 @@
-// The mixture-of-experts ops (moe.hpp) on the host: plain loops, rows in order (deterministic).
+// The mixture-of-experts ops (moe.hpp) on the host: rows in order (deterministic), each by the
+// row code the CUDA kernels run too (moe_rows.hpp).
 #include <algorithm>
 #include <vector>
 
 #include "common/ops/cpu/ops_cpu.hpp"
+#include "common/ops/moe_rows.hpp"
 
 namespace scalelab::ops::cpu {
 
@@ -12,11 +14,7 @@ void softmax_backward(Tensor& din, const Tensor& out, const Tensor& dout) {
     const T* y = out.data<T>();
     const T* dy = dout.data<T>();
     T* dx = din.data<T>();
-    for (int64_t n = 0; n < N; ++n) {
-      T dot = 0;
-      for (int64_t e = 0; e < E; ++e) dot += y[n * E + e] * dy[n * E + e];
-      for (int64_t e = 0; e < E; ++e) dx[n * E + e] += y[n * E + e] * (dy[n * E + e] - dot);
-    }
+    for (int64_t n = 0; n < N; ++n) moe_rows::softmax_backward(dx + n * E, y + n * E, dy + n * E, E);
   });
 }
 
@@ -26,19 +24,7 @@ void top_k(Tensor& values, Tensor& indices, const Tensor& x, int64_t k) {
   SCALELAB_FLOAT_TYPES(x.dtype(), {
     const T* p = x.data<T>();
     T* v = values.data<T>();
-    for (int64_t n = 0; n < N; ++n) {
-      // k passes: the largest column not yet taken (ties: the lowest column, by strict >)
-      for (int64_t j = 0; j < k; ++j) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < E; ++e) {
-          bool taken = false;
-          for (int64_t i = 0; i < j; ++i) taken = taken || idx[n * k + i] == e;
-          if (!taken && (best < 0 || p[n * E + e] > p[n * E + best])) best = e;
-        }
-        idx[n * k + j] = static_cast<int32_t>(best);
-        v[n * k + j] = p[n * E + best];
-      }
-    }
+    for (int64_t n = 0; n < N; ++n) moe_rows::top_k(v + n * k, idx + n * k, p + n * E, E, k);
   });
 }
 
@@ -48,8 +34,7 @@ void top_k_backward(Tensor& dx, const Tensor& dvalues, const Tensor& indices) {
   SCALELAB_FLOAT_TYPES(dx.dtype(), {
     T* d = dx.data<T>();
     const T* dv = dvalues.data<T>();
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < k; ++j) d[n * E + idx[n * k + j]] += dv[n * k + j];
+    for (int64_t n = 0; n < N; ++n) moe_rows::top_k_backward(d + n * E, dv + n * k, idx + n * k, k);
   });
 }
 
@@ -58,11 +43,7 @@ void normalize_rows(Tensor& out, const Tensor& in) {
   SCALELAB_FLOAT_TYPES(in.dtype(), {
     const T* x = in.data<T>();
     T* y = out.data<T>();
-    for (int64_t n = 0; n < N; ++n) {
-      T s = 0;
-      for (int64_t j = 0; j < k; ++j) s += x[n * k + j];
-      for (int64_t j = 0; j < k; ++j) y[n * k + j] = x[n * k + j] / s;
-    }
+    for (int64_t n = 0; n < N; ++n) moe_rows::normalize(y + n * k, x + n * k, k);
   });
 }
 
@@ -72,12 +53,8 @@ void normalize_rows_backward(Tensor& din, const Tensor& dout, const Tensor& in) 
     const T* x = in.data<T>();
     const T* dy = dout.data<T>();
     T* dx = din.data<T>();
-    for (int64_t n = 0; n < N; ++n) {
-      T s = 0, dot = 0;
-      for (int64_t j = 0; j < k; ++j) s += x[n * k + j];
-      for (int64_t j = 0; j < k; ++j) dot += dy[n * k + j] * (x[n * k + j] / s);
-      for (int64_t j = 0; j < k; ++j) dx[n * k + j] += (dy[n * k + j] - dot) / s;
-    }
+    for (int64_t n = 0; n < N; ++n)
+      moe_rows::normalize_backward(dx + n * k, dy + n * k, x + n * k, k);
   });
 }
 

@@ -1,8 +1,9 @@
 // The mixture-of-experts ops (moe.hpp) in CUDA. The router's tensors are small ((N, E) with E a
-// few dozen at most): one thread per row, the same loops as the host's, so the results agree
-// exactly. moe_route's queues are sequential by nature (a pair's slot depends on every pair
+// few dozen at most): one thread per row, running the host's own row code (moe_rows.hpp), so
+// the results agree exactly. moe_route's queues are sequential by nature (a pair's slot depends on every pair
 // before it in its group): one thread per group walks them in priority order, as the host does.
 #include "common/ops/cuda/kernels.cuh"
+#include "common/ops/moe_rows.hpp"
 
 namespace scalelab::ops::cuda {
 
@@ -10,55 +11,29 @@ namespace {
 
 template <class T>
 __global__ void softmax_backward_kernel(T* dx, const T* y, const T* dy, int64_t N, int64_t E) {
-  SCALELAB_GRID_STRIDE(n, N) {
-    T dot = 0;
-    for (int64_t e = 0; e < E; ++e) dot += y[n * E + e] * dy[n * E + e];
-    for (int64_t e = 0; e < E; ++e) dx[n * E + e] += y[n * E + e] * (dy[n * E + e] - dot);
-  }
+  SCALELAB_GRID_STRIDE(n, N) moe_rows::softmax_backward(dx + n * E, y + n * E, dy + n * E, E);
 }
 
 template <class T>
 __global__ void top_k_kernel(T* v, int32_t* idx, const T* p, int64_t N, int64_t E, int64_t k) {
-  SCALELAB_GRID_STRIDE(n, N) {
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int64_t i = 0; i < j; ++i) taken = taken || idx[n * k + i] == e;
-        if (!taken && (best < 0 || p[n * E + e] > p[n * E + best])) best = e;
-      }
-      idx[n * k + j] = static_cast<int32_t>(best);
-      v[n * k + j] = p[n * E + best];
-    }
-  }
+  SCALELAB_GRID_STRIDE(n, N) moe_rows::top_k(v + n * k, idx + n * k, p + n * E, E, k);
 }
 
 template <class T>
 __global__ void top_k_backward_kernel(T* dx, const T* dv, const int32_t* idx, int64_t N,
                                       int64_t E, int64_t k) {
-  SCALELAB_GRID_STRIDE(n, N) {
-    for (int64_t j = 0; j < k; ++j) dx[n * E + idx[n * k + j]] += dv[n * k + j];
-  }
+  SCALELAB_GRID_STRIDE(n, N) moe_rows::top_k_backward(dx + n * E, dv + n * k, idx + n * k, k);
 }
 
 template <class T>
 __global__ void normalize_rows_kernel(T* y, const T* x, int64_t N, int64_t k) {
-  SCALELAB_GRID_STRIDE(n, N) {
-    T s = 0;
-    for (int64_t j = 0; j < k; ++j) s += x[n * k + j];
-    for (int64_t j = 0; j < k; ++j) y[n * k + j] = x[n * k + j] / s;
-  }
+  SCALELAB_GRID_STRIDE(n, N) moe_rows::normalize(y + n * k, x + n * k, k);
 }
 
 template <class T>
 __global__ void normalize_rows_backward_kernel(T* dx, const T* dy, const T* x, int64_t N,
                                                int64_t k) {
-  SCALELAB_GRID_STRIDE(n, N) {
-    T s = 0, dot = 0;
-    for (int64_t j = 0; j < k; ++j) s += x[n * k + j];
-    for (int64_t j = 0; j < k; ++j) dot += dy[n * k + j] * (x[n * k + j] / s);
-    for (int64_t j = 0; j < k; ++j) dx[n * k + j] += (dy[n * k + j] - dot) / s;
-  }
+  SCALELAB_GRID_STRIDE(n, N) moe_rows::normalize_backward(dx + n * k, dy + n * k, x + n * k, k);
 }
 
 // One thread per group: each pair's slot in its expert's queue (priority: choice, then token).
