@@ -216,9 +216,9 @@ cxxopts::ParseResult parse(cxxopts::Options& options, int argc, char** argv) {
     for (int i = 2; i < argc; ++i)
       if (argv[i] == stray && std::string(argv[i - 1]).rfind("--", 0) == 0 &&
           std::string(argv[i - 1]).find('=') == std::string::npos && is_flag(options, argv[i - 1]))
-        throw UsageError(fmt::format("unexpected argument '{}' after the flag {}: a flag's value "
-                                     "is joined to it, {}={} (see --help)", stray, argv[i - 1],
-                                     argv[i - 1], stray));
+        throw UsageError(fmt::format("unexpected argument '{}' after the flag {}: a flag takes "
+                                     "no value, or one joined to it: {}=true or {}=false (see "
+                                     "--help)", stray, argv[i - 1], argv[i - 1], argv[i - 1]));
     throw UsageError(fmt::format("unexpected argument '{}' (see --help)", stray));
   }
   return result;

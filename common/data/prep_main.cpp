@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
                          std::filesystem::is_directory(out_dir, ec),
                      "--out {} is a file, not a directory: give the corpus directory (train.bin, "
                      "val.bin and meta.json go there)", out_dir);
-    if (r.count("check")) {
+    if (r["check"].as<bool>()) {
       SCALELAB_REQUIRE(r.count("file") == 0, "--check takes no text file");
       const data::CorpusMeta m = data::check_corpus(r["out"].as<std::string>());
       log::info("{}: {} train + {} val tokens, checksums match meta.json ({})",

@@ -1,5 +1,7 @@
 #include "common/train/session.hpp"
 
+#include <fmt/format.h>
+
 #include "common/errors.hpp"
 #include "common/log.hpp"
 
@@ -19,7 +21,7 @@ const cxxopts::ParseResult& Session::parse(int argc, char** argv, DevicePick pic
   parsed_ = cli::parse(options_, argc, argv);
   run_ = cli::run_options(parsed_);
   opt_ = read_train_options(parsed_);
-  diverge_ = parsed_.count("diverge") > 0;
+  diverge_ = parsed_["diverge"].as<bool>();  // --diverge=false too
   if (diverge_) opt_.steps = 1;  // the report compares one step
   config_ = model_config(opt_.model);
   comm_.emplace(comm::Communicator::world(run_.backend));
@@ -38,6 +40,15 @@ Device Session::device() const {
   SCALELAB_CHECK(device_picked_, "Session::device before the device is picked (parse with "
                                  "DevicePick::by_lab needs pick_device())");
   return device_;
+}
+
+void Session::require_dense(const std::string& why) const {
+  if (!config_.moe.enabled()) return;
+  std::vector<std::string> dense;
+  for (const std::string& name : model_config_names())
+    if (!model_config(name).moe.enabled()) dense.push_back(name);
+  throw UsageError(fmt::format("--model {}: {}; its mixture-of-experts blocks are lab 12's (dense "
+                               "models: {})", opt_.model, why, fmt::join(dense, ", ")));
 }
 
 void Session::set_context(int64_t tokens) {

@@ -93,6 +93,11 @@ class Session {
   /// before sampler() and announce(); `tokens` must be positive (the lab checks its own limits).
   void set_context(int64_t tokens);
 
+  /// For a program (or a configuration of one) whose technique takes dense blocks only: with a
+  /// mixture-of-experts --model (tiny-moe, small-moe), a UsageError naming the model, `why` and
+  /// the dense models (one line, exit 2 on every rank). After parse().
+  void require_dense(const std::string& why) const;
+
   /// The shared run options (--device, --backend, --seed, --timeout, --trace, --precision).
   /// After parse().
   const cli::RunOptions& run() const { return run_; }

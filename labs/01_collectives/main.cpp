@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
     // --device cuda: the buffers on this rank's GPU (local rank % GPUs, as every program).
     const Device device = train::rank_device(run.device);
     auto world = Communicator::world(run.backend);
-    if (!args.count("bench")) return demo(world, device);
+    if (!args["bench"].as<bool>()) return demo(world, device);
 
     BenchConfig config;
     config.device = device;

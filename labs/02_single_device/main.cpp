@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(device.is_cpu() || cuda_device_count() > 0,
                      "--device cuda, but no GPU is visible (built with CUDA: {})",
                      cuda_compiled() ? "yes" : "no");
-    ops::set_allow_tf32(r.count("tf32") > 0);
+    ops::set_allow_tf32(r["tf32"].as<bool>());
     // the one rule of every program (metrics::peak_for): --peak-tflops, a GPU's data sheet, or
     // on a CPU the measured sgemm
     // on a GPU with --precision bf16 the data sheet's dense bf16 tensor-core peak (H100: 989
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
     const metrics::Peak peak_info = metrics::peak_for(
         device, r["peak-tflops"].as<double>(),
         run.bf16() ? metrics::Precision::bf16
-                   : r.count("tf32") ? metrics::Precision::tf32 : metrics::Precision::fp32);
+                   : r["tf32"].as<bool>() ? metrics::Precision::tf32 : metrics::Precision::fp32);
     const double peak = peak_info.tflops;
 
     const Corpus corpus = load_corpus(r["data"].as<std::string>());
@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
     optim::AdamW opt(optim::groups(model.parameters()));
     const std::size_t state_measured = memory_stats(device).current - before_model;
     int64_t start = 0;
-    if (r.count("resume")) {
+    if (r["resume"].as<bool>()) {
       start = lab02::load_checkpoint(ckpt, model, opt);
       model.params().refresh_compute();  // bf16: the checkpoint holds the fp32 master weights
       log::info("resumed from {} at step {}", ckpt, start);

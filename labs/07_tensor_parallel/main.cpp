@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     const auto& parsed = session.parse(argc, argv);
     const int twin_steps = parsed["twin-steps"].as<int>();
     const int reps = parsed["reps"].as<int>();
-    const bool sp = parsed.count("sequence-parallel") > 0;
+    const bool sp = parsed["sequence-parallel"].as<bool>();
     SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
     const auto& run = session.run();

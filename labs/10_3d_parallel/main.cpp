@@ -212,7 +212,7 @@ int plan(const ModelConfig& model, int64_t batch, DType precision,
 // An option of one mode given in the other was silently ignored (./scalelab plan --dp 3 planned
 // every grid; --memory without --plan trained): a usage error names it and what it is for.
 void refuse_options_of_the_other_mode(const cxxopts::ParseResult& parsed) {
-  const bool planning = parsed.count("plan") || parsed.count("check-plan");
+  const bool planning = parsed["plan"].as<bool>() || parsed["check-plan"].as<bool>();
   // what --plan and --check-plan choose themselves, or do not use
   for (const char* name : {"dp", "tp", "pp", "grid-order", "micro-batches", "zero", "checkpoint",
                            "twin-steps", "schedule", "chunks", "cp", "attention"})
@@ -222,10 +222,10 @@ void refuse_options_of_the_other_mode(const cxxopts::ParseResult& parsed) {
   for (const char* name : {"ranks", "memory", "top", "check-steps"})
     SCALELAB_REQUIRE(planning || parsed.count(name) == 0,
                      "--{} is for --plan or --check-plan (this run trains)", name);
-  SCALELAB_REQUIRE(!parsed.count("top") || parsed.count("plan"), "--top is for --plan");
-  SCALELAB_REQUIRE(!parsed.count("context") || parsed.count("plan"),
+  SCALELAB_REQUIRE(!parsed.count("top") || parsed["plan"].as<bool>(), "--top is for --plan");
+  SCALELAB_REQUIRE(!parsed.count("context") || parsed["plan"].as<bool>(),
                    "--context is for --plan (a training run's context is the model's)");
-  SCALELAB_REQUIRE(!parsed.count("check-steps") || parsed.count("check-plan"),
+  SCALELAB_REQUIRE(!parsed.count("check-steps") || parsed["check-plan"].as<bool>(),
                    "--check-steps is for --check-plan");
 }
 
@@ -316,7 +316,7 @@ int check_plan(train::Session& session, const cxxopts::ParseResult& parsed) {
   const double budget_mib = static_cast<double>(budget) / 1048576.0;
   const int steps = parsed["check-steps"].as<int>();
   SCALELAB_REQUIRE(steps >= 1, "--check-steps must be at least 1, got {}", steps);
-  SCALELAB_REQUIRE(!parsed.count("plan"), "--check-plan and --plan: give one of them");
+  SCALELAB_REQUIRE(!parsed["plan"].as<bool>(), "--check-plan and --plan: give one of them");
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() == 0 || parsed["ranks"].as<int>() == world.size(),
                    "--check-plan runs on the ranks started ({}), got --ranks {}", world.size(),
                    parsed["ranks"].as<int>());
@@ -467,13 +467,13 @@ int main(int argc, char** argv) {
     refuse_options_of_the_other_mode(parsed);
 
     comm::Communicator& world = session.comm();
-    if (parsed.count("check-plan")) {
+    if (parsed["check-plan"].as<bool>()) {
       // the planner's machine model (measure_machine) is the CPU's: sgemm, MPI, shared cores
       SCALELAB_REQUIRE(run.device == "cpu", "--check-plan measures the CPU's time model "
                                             "(--device cpu), got --device {}", run.device);
       return check_plan(session, parsed);
     }
-    if (parsed.count("plan")) {
+    if (parsed["plan"].as<bool>()) {
       // the planner measures this machine's CPU, what lab 10 runs on: a GPU is not measured
       SCALELAB_REQUIRE(run.device == "cpu", "--plan measures the CPU (lab 10 runs on the CPU), "
                                             "got --device {}", run.device);
@@ -488,7 +488,7 @@ int main(int argc, char** argv) {
     const lab08::Kind schedule = lab08::parse_kind(parsed["schedule"].as<std::string>());
     const int chunks = parsed["chunks"].as<int>() != 0 ? parsed["chunks"].as<int>()
                        : schedule == lab08::Kind::interleaved ? 2 : 1;
-    const Plan run_plan{shape, m, zero, parsed.count("checkpoint") > 0, schedule, chunks,
+    const Plan run_plan{shape, m, zero, parsed["checkpoint"].as<bool>(), schedule, chunks,
                         attention};
     check_runnable(run_plan);
     if (schedule == lab08::Kind::interleaved)  // the layers must split into pp x v equal pieces

@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
     const ModelConfig& config = session.config();
     session.pick_device();
     const Device device = session.device();
-    if (parsed.count("overlap")) {
+    if (parsed["overlap"].as<bool>()) {
       const int reps = parsed["reps"].as<int>();
       SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
       SCALELAB_REQUIRE(attention == lab11::Attention::ring,

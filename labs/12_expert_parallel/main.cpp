@@ -174,12 +174,12 @@ int main(int argc, char** argv) {
     lab12::check_ep(moe, ep, world.size());
     SCALELAB_REQUIRE(opt.batch % world.size() == 0, "--batch {}: every one of the {} ranks takes "
                      "the same number of rows", opt.batch, world.size());
-    SCALELAB_REQUIRE(!(parsed.count("sweep") && session.diverge()),
+    SCALELAB_REQUIRE(!(parsed["sweep"].as<bool>() && session.diverge()),
                      "--sweep and --diverge: choose one (--diverge compares one training step)");
     session.pick_device();
     const Device device = session.device();
     data::Sampler& sampler = session.sampler();
-    if (parsed.count("sweep"))
+    if (parsed["sweep"].as<bool>())
       return sweep(session, config, ep, opt.steps, parsed["sweep-factors"].as<std::string>());
 
     lab12::EpGroups groups = lab12::make_ep_groups(world, ep);

@@ -87,3 +87,15 @@ foreach(case "lab03_ddp" "lab04_ddp_overlap" "lab05_grad_accumulation;--accum;2"
                        LABELS "reference;${nn}" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}"
                        FIXTURES_REQUIRED bf16_corpus)
 endforeach()
+# A flag given =false is off: `--diverge=false` trains (cxxopts counts the option as given, so a
+# program must read a flag's value, not whether it appears).
+set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+        $<TARGET_FILE:lab03_ddp_solution> ${MPIEXEC_POSTFLAGS} --model tiny --batch 4 --steps 2
+        --verify-steps 0 --peak-tflops 1 --data ${bf16_corpus} --diverge=false)
+list(JOIN cmd "|" cmd)
+add_test(NAME lab03.cli.flag_set_false.np2
+         COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=0 "-DEXPECT_REGEX=step=1 loss="
+                 -P ${CMAKE_CURRENT_LIST_DIR}/expect_exit.cmake)
+set_tests_properties(lab03.cli.flag_set_false.np2 PROPERTIES PROCESSORS 2 TIMEOUT 60
+                     LABELS "reference;lab03" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}"
+                     FAIL_REGULAR_EXPRESSION "divergence" FIXTURES_REQUIRED bf16_corpus)
