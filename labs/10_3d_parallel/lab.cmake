@@ -73,7 +73,7 @@ if(SCALELAB_BUILD_TESTS)
       "2|interleaved_layers_not_divisible|^error: interleaving 2 layers over 2 stages x 2 chunks: the layers must be a multiple of 4|--dp|1|--tp|1|--pp|2|--zero|3|--schedule|interleaved"
       "2|interleaved_micro_batches_not_in_groups|^error: --schedule interleaved runs micro-batches in groups of the 2 stages: --micro-batches 1 is not a multiple of 2|--dp|1|--tp|1|--pp|2|--zero|2|--schedule|interleaved|--micro-batches|1"
       "1|schedule_unknown|^error: unknown schedule 'gpipe'|--schedule|gpipe"
-      "1|flag_given_a_separate_value|^error: unexpected argument 'yes' after the flag --checkpoint: a flag's value is joined to it, --checkpoint=yes|--checkpoint|yes")
+      "1|flag_given_a_separate_value|^error: unexpected argument 'yes' after the flag --checkpoint: a flag takes no value, or one joined to it: --checkpoint=true or --checkpoint=false|--checkpoint|yes")
 endif()
 # The 4th axis (--cp, cp_setup.cpp's check_4d): the zig-zag split needs 2 cp chunks of the
 # sequence, all-to-all attention the heads split over cp x tp, the grid dp x cp x tp x pp the world;
