@@ -1,5 +1,5 @@
 // Starter generated from solutions/00_hello_dist/hello_dist.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash a5d09951925e8d1d (lets make-labs see your edits).
+// step (see README.md). Body hash 9ba91a60ef7511ea (lets make-labs see your edits).
 // Lab 00: hello_dist. Where does each rank run, which device does it use, can all ranks talk?
 #include "hello_dist.hpp"
 
@@ -57,7 +57,6 @@ Placement placement_from_comm(MPI_Comm comm) {
   Placement p;
   // TODO step 1: the MPI fallback (MPI_Comm_split_type + node numbering)
   // HINT: the ranks of one node share memory: MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, ...).
-  // HINT: name each node by its lowest rank in `comm`, all-gather those names, count distinct ones.
   throw scalelab::NotImplemented(
       "lab 00 step 1: the MPI fallback (MPI_Comm_split_type + node numbering) (README.md#step-1)");
   return p;
@@ -86,8 +85,7 @@ std::string choose_device(int local_rank, int gpu_count, bool want_gpu) {
 
 long long all_reduce_rank_ids(comm::Communicator& comm) {
   // TODO step 3: all-reduce (sum) every rank's id
-  // HINT: a one-element f64 tensor holds any id sum exactly: Tensor::from_vector({...}, {1},
-  // HINT: DType::f64); comm.all_reduce sums it in place; item(0) reads it back.
+  // HINT: the sum must be exact for any world size: which dtype holds it? (./scalelab hint 00 3)
   throw scalelab::NotImplemented(
       "lab 00 step 3: all-reduce (sum) every rank's id (README.md#step-3)");
 }

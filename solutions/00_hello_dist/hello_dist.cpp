@@ -69,7 +69,6 @@ Placement placement_from_comm(MPI_Comm comm) {
   Placement p;
   // BEGIN SOLUTION step 1: the MPI fallback (MPI_Comm_split_type + node numbering)
   // HINT: the ranks of one node share memory: MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, ...).
-  // HINT: name each node by its lowest rank in `comm`, all-gather those names, count distinct ones.
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
@@ -115,8 +114,7 @@ std::string choose_device(int local_rank, int gpu_count, bool want_gpu) {
 
 long long all_reduce_rank_ids(comm::Communicator& comm) {
   // BEGIN SOLUTION step 3: all-reduce (sum) every rank's id
-  // HINT: a one-element f64 tensor holds any id sum exactly: Tensor::from_vector({...}, {1},
-  // HINT: DType::f64); comm.all_reduce sums it in place; item(0) reads it back.
+  // HINT: the sum must be exact for any world size: which dtype holds it? (./scalelab hint 00 3)
   Tensor id = Tensor::from_vector({static_cast<double>(comm.rank())}, {1}, DType::f64);
   comm.all_reduce(id, comm::ReduceOp::sum);
   return static_cast<long long>(id.item(0));

@@ -123,7 +123,7 @@ testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& wa
   const train::Diff d = train::compare(got, want);
   testing::AssertionResult mine = testing::AssertionSuccess();
   if (!d.within(rtol, atol))
-    mine = testing::AssertionFailure() << "not within rtol " << rtol << " atol " << atol << ": "
+    mine = testing::AssertionFailure() << fmt::format("not within rtol {:g} atol {:g}: ", rtol, atol)
                                        << d.str();
   return on_every_rank(mine);
 }
@@ -165,7 +165,7 @@ testing::AssertionResult close_on_every_rank(const Tensor& got, const Tensor& wa
   const train::Diff d = train::compare(got, want);
   testing::AssertionResult mine = testing::AssertionSuccess();
   if (!d.within(rtol, atol))
-    mine = testing::AssertionFailure() << "not within rtol " << rtol << " atol " << atol << ": "
+    mine = testing::AssertionFailure() << fmt::format("not within rtol {:g} atol {:g}: ", rtol, atol)
                                        << d.str();
   return on_every_rank(mine, why);
 }
