@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <typeinfo>
+#include <vector>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -131,17 +133,33 @@ void require_writable(const std::string& path, const std::string& what) {
 
 namespace {
 
-// The option whose value is `text` on the command line: "--lr" for "--lr nan" or "--lr=nan",
-// "" when none is found.
-std::string option_with_value(int argc, char** argv, const std::string& text) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("-", 0) != 0) continue;
-    const std::size_t eq = arg.find('=');
-    if (eq != std::string::npos && arg.substr(eq + 1) == text) return arg.substr(0, eq);
-    if (eq == std::string::npos && i + 1 < argc && argv[i + 1] == text) return arg;
+// The option whose value is `text` on the command line, and that value: "--lr" for "--lr nan" or
+// "--lr=nan"; for a list option, whose value cxxopts splits at commas and reports one element of,
+// "--sweep" with "1,abc" for "--sweep 1,abc" and the text "abc". Empty when none is found.
+struct OptionValue {
+  std::string option, value;
+};
+OptionValue option_with_value(int argc, char** argv, const std::string& text) {
+  const auto holds = [&](const std::string& value, bool element) {
+    if (!element) return value == text;
+    std::size_t from = 0;
+    for (std::size_t comma = value.find(','); comma != std::string::npos;
+         from = comma + 1, comma = value.find(',', from))
+      if (value.substr(from, comma - from) == text) return true;
+    return from > 0 && value.substr(from) == text;  // the last element of a list
+  };
+  for (bool element : {false, true}) {  // the whole value first, then one element of a list
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg.rfind("-", 0) != 0) continue;
+      const std::size_t eq = arg.find('=');
+      if (eq != std::string::npos && holds(arg.substr(eq + 1), element))
+        return {arg.substr(0, eq), arg.substr(eq + 1)};
+      if (eq == std::string::npos && i + 1 < argc && holds(argv[i + 1], element))
+        return {arg, argv[i + 1]};
+    }
   }
-  return "";
+  return {};
 }
 
 // Whether `option` takes `probe` as its value: cxxopts parses it again alone (each parse fills a
@@ -163,16 +181,47 @@ bool is_flag(cxxopts::Options& options, const std::string& option) {
   return accepts(options, option, "true") && !accepts(options, option, "1.5");
 }
 
+// Whether `option` takes a list (std::vector<T>: cxxopts splits its value at commas): a scalar
+// double takes "1,2" too (its stream stops at the comma), so ask the parsed value's type.
+bool is_list(cxxopts::Options& options, const std::string& option) {
+  const bool long_name = option.rfind("--", 0) == 0;
+  const std::string joined = option + "=1";
+  const char* args[] = {"probe", long_name ? joined.c_str() : option.c_str(), "1"};
+  try {
+    const cxxopts::ParseResult r = options.parse(long_name ? 2 : 3, args);
+    const cxxopts::OptionValue& v = r[option.substr(option.find_first_not_of('-'))];
+    const auto holds = [&](auto list) {
+      try {
+        list = v.as<decltype(list)>();
+        return true;
+      } catch (const std::bad_cast&) {
+        return false;
+      }
+    };
+    return holds(std::vector<double>{}) || holds(std::vector<float>{}) ||
+           holds(std::vector<int>{}) || holds(std::vector<std::int64_t>{}) ||
+           holds(std::vector<std::uint64_t>{});
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // cxxopts says only "Argument 'X' failed to parse". Which kind of value the option takes is not
 // visible from outside cxxopts, so ask it (accepts) with a few probe values and read the kind and
-// its range off which ones it takes. The error then names the option and what it accepts.
+// its range off which ones it takes. The error then names the option and what it accepts. A list
+// option's `value` ("--sweep 1,abc") is named whole, with `text`, the element that failed.
 std::string describe_bad_value(cxxopts::Options& options, const std::string& option,
-                               const std::string& text) {
+                               const std::string& value, const std::string& text) {
   const auto accepts = [&](const std::string& probe) { return cli::accepts(options, option, probe); };
+  const bool list = is_list(options, option);
+  const std::string given = fmt::format("{} {}:", option, value);
+  const std::string element = value != text ? fmt::format(" ('{}' is not one)", text) : "";
   if (accepts("1.5"))  // a floating-point option: cxxopts reads it with a stream, which takes
                        // neither nan nor inf nor a value beyond the double range
-    return fmt::format("{} {}: expected a finite number such as 0.5 or 3e-4", option, text);
-  if (accepts("true")) return fmt::format("{} {}: expected true or false", option, text);
+    return list ? fmt::format("{} expected finite numbers separated by commas, such as "
+                              "0.25,1,4{}", given, element)
+                : fmt::format("{} expected a finite number such as 0.5 or 3e-4", given);
+  if (accepts("true")) return fmt::format("{} expected true or false", given);
   const bool is_signed = accepts("-1");
   const bool wide = accepts(is_signed ? "2147483648" : "4294967296");  // 64-bit, or 32-bit
   const std::string range =
@@ -182,7 +231,9 @@ std::string describe_bad_value(cxxopts::Options& options, const std::string& opt
                                       std::numeric_limits<std::int32_t>::max()))
                 : (wide ? fmt::format("0 to {}", std::numeric_limits<std::uint64_t>::max())
                         : fmt::format("0 to {}", std::numeric_limits<std::uint32_t>::max()));
-  return fmt::format("{} {}: expected a whole number from {}, in digits", option, text, range);
+  return list ? fmt::format("{} expected whole numbers from {} in digits, separated by "
+                            "commas{}", given, range, element)
+              : fmt::format("{} expected a whole number from {}, in digits", given, range);
 }
 
 }  // namespace
@@ -200,9 +251,10 @@ cxxopts::ParseResult parse(cxxopts::Options& options, int argc, char** argv) {
     const std::string text = open != std::string::npos && close != std::string::npos && close >= from
                                  ? what.substr(from, close - from)
                                  : "";
-    const std::string option = option_with_value(argc, argv, text);
-    if (option.empty()) throw UsageError(fmt::format("{} (see --help)", what));
-    throw UsageError(fmt::format("{} (see --help)", describe_bad_value(options, option, text)));
+    const OptionValue given = option_with_value(argc, argv, text);
+    if (given.option.empty()) throw UsageError(fmt::format("{} (see --help)", what));
+    throw UsageError(fmt::format("{} (see --help)",
+                                 describe_bad_value(options, given.option, given.value, text)));
   } catch (const cxxopts::exceptions::exception& e) {
     throw UsageError(fmt::format("{} (see --help)", e.what()));
   }

@@ -15,7 +15,8 @@ namespace scalelab {
 
 /// The mixture of experts of a model's MoE blocks (Switch Transformer, GShard): E experts, each
 /// an MLP of the dense block's size; a router sends each token to its top-k experts, an expert
-/// takes at most capacity = ceil(capacity_factor * tokens * k / E) of a group's tokens, and the
+/// takes at most capacity = ceil(capacity_factor * tokens * k / E) of a group's tokens (never more
+/// than the group's tokens * k pairs), and the
 /// balancing loss aux_coef * E * sum_e f_e P_e joins the language-model loss.
 struct MoEConfig {
   int64_t n_expert = 0;          ///< E; 0: a dense model (no MoE block)

@@ -18,8 +18,12 @@ std::size_t MoEActivations::nbytes() const {
 }
 
 int64_t expert_capacity(int64_t tokens, const MoEConfig& c) {
-  return static_cast<int64_t>(
-      std::ceil(c.capacity_factor * static_cast<double>(tokens * c.top_k) / c.n_expert));
+  // No queue holds more than the group's (token, choice) pairs: a larger capacity changes nothing,
+  // and clamped there, no finite factor (1e300) overflows the int64 it is cast to.
+  const int64_t pairs = tokens * c.top_k;
+  const double want =
+      std::ceil(c.capacity_factor * static_cast<double>(pairs) / static_cast<double>(c.n_expert));
+  return want < static_cast<double>(pairs) ? static_cast<int64_t>(want) : pairs;
 }
 
 namespace {

@@ -10,7 +10,8 @@
 ///
 /// Routing (ops::moe_route): the N rows form `groups` equal groups (the ranks' rows under expert
 /// parallelism; GShard's groups); in a group every expert takes at most
-/// capacity = ceil(capacity_factor * (N / groups) * k / E) pairs, first choices first. A dropped
+/// capacity = min(ceil(capacity_factor * (N / groups) * k / E), (N / groups) * k) pairs, first
+/// choices first (a capacity above the group's pairs would change nothing). A dropped
 /// pair gets no row, and a token whose every choice is dropped gets y = 0: the block's residual
 /// carries it through unchanged. Gates: k = 1, the chosen probability itself (Switch); k >= 2,
 /// the chosen probabilities renormalised over the k (Mixtral, DeepSeek).
@@ -74,7 +75,8 @@ struct MoEActivations {
   std::size_t nbytes() const;
 };
 
-/// The expert capacity of a group of `tokens` tokens: ceil(capacity_factor * tokens * k / E).
+/// The expert capacity of a group of `tokens` tokens: ceil(capacity_factor * tokens * k / E), at
+/// most the group's tokens * k pairs (so any finite factor gives a capacity, 1e300 too).
 int64_t expert_capacity(int64_t tokens, const MoEConfig& config);
 
 /// The mixture-of-experts sub-layer of an MoE block: the router and this model's experts.

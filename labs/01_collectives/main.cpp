@@ -23,7 +23,11 @@ using namespace scalelab::lab01;
 
 namespace {
 
-// "64M", "4K", "1G" or a plain number of bytes.
+// The bench's largest buffer: 4G.
+constexpr std::size_t kMaxBenchBytes = std::size_t{1} << 32;
+
+// "64M", "4K", "1G" or a plain number of bytes, from one byte to 4G. The unit applies before the
+// bounds (0.5K is 512 bytes); inf and 1e30 are above the limit, not wrapped around to 0.
 std::size_t parse_bytes(const std::string& text, const char* option) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
@@ -33,9 +37,12 @@ std::size_t parse_bytes(const std::string& text, const char* option) {
   else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
   else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
   else if (!unit.empty() && unit != "B") scale = -1;
-  SCALELAB_REQUIRE(end != text.c_str() && scale > 0 && v >= 1,
+  const double bytes = v * scale;
+  SCALELAB_REQUIRE(end != text.c_str() && scale > 0 && bytes >= 1,  // NaN fails bytes >= 1
                    "--{} must be a size like 4, 64K or 16M, got '{}'", option, text);
-  return static_cast<std::size_t>(v * scale);
+  SCALELAB_REQUIRE(bytes <= static_cast<double>(kMaxBenchBytes),
+                   "--{} {}: at most 4G ({} bytes)", option, text, kMaxBenchBytes);
+  return static_cast<std::size_t>(bytes);
 }
 
 std::string values(const std::vector<double>& v) {
@@ -137,10 +144,14 @@ int main(int argc, char** argv) {
         ("warmup", "untimed iterations per size", cxxopts::value<int>()->default_value(std::to_string(d.warmup)));
     auto args = cli::parse(options, argc, argv);
     const auto run = cli::run_options(args);
+    // The bench's options without --bench: a usage error, not silently ignored by the demo.
+    const bool bench_run = args["bench"].as<bool>();
+    for (const char* name : {"min-bytes", "max-bytes", "iters", "warmup"})
+      SCALELAB_REQUIRE(bench_run || args.count(name) == 0, "--{} is for --bench", name);
     // --device cuda: the buffers on this rank's GPU (local rank % GPUs, as every program).
     const Device device = train::rank_device(run.device);
     auto world = Communicator::world(run.backend);
-    if (!args["bench"].as<bool>()) return demo(world, device);
+    if (!bench_run) return demo(world, device);
 
     BenchConfig config;
     config.device = device;
@@ -150,7 +161,6 @@ int main(int argc, char** argv) {
     config.warmup = args["warmup"].as<int>();
     SCALELAB_REQUIRE(config.min_bytes <= config.max_bytes, "--min-bytes {} is above --max-bytes {}",
                      config.min_bytes, config.max_bytes);
-    SCALELAB_REQUIRE(config.max_bytes <= (std::size_t{1} << 32), "--max-bytes is at most 4G");
     SCALELAB_REQUIRE(config.iters >= 1, "--iters must be at least 1, got {}", config.iters);
     SCALELAB_REQUIRE(config.warmup >= 0, "--warmup must be >= 0, got {}", config.warmup);
     return bench(world, config);

@@ -18,6 +18,7 @@
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
 #include "common/train/loop.hpp"
+#include "common/train/sizing.hpp"
 #include "single_device.hpp"
 
 using namespace scalelab;
@@ -158,6 +159,13 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(T <= config.block_size, "--context {} is longer than {}'s context of {}", T,
                      config.name, config.block_size);
     SCALELAB_REQUIRE(tc.max_lr > 0 && tc.min_lr >= 0, "--lr and --min-lr must be positive");
+    // The rules of labs 03+ (train::read_train_options) for the options they share.
+    SCALELAB_REQUIRE(tc.warmup >= 0, "--warmup must not be negative, got {}", tc.warmup);
+    SCALELAB_REQUIRE(tc.clip >= 0, "--clip must not be negative (0: off), got {}", tc.clip);
+    SCALELAB_REQUIRE(r["peak-tflops"].as<double>() >= 0,
+                     "--peak-tflops must not be negative, got {}", r["peak-tflops"].as<double>());
+    const int n_sample = r["sample"].as<int>();
+    SCALELAB_REQUIRE(n_sample >= 0, "--sample must not be negative (0: none), got {}", n_sample);
     const int64_t eval_every = r["eval-every"].as<int64_t>(), log_every = std::max<int64_t>(1, r["log-every"].as<int64_t>());
     const int eval_batches = r["eval-batches"].as<int>();
     SCALELAB_REQUIRE(eval_batches > 0, "--eval-batches must be positive");
@@ -175,6 +183,18 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(device.is_cpu() || cuda_device_count() > 0,
                      "--device cuda, but no GPU is visible (built with CUDA: {})",
                      cuda_compiled() ? "yes" : "no");
+    // A batch too large for this machine: a usage error, before the corpus, the model or a step
+    // (the OOM killer, mid-step, before). A lower bound (common/train/sizing.hpp) of a step of B
+    // rows of T tokens; evaluation holds one batch at a time, and less (no activations kept). On a
+    // GPU the activations are the GPU's, and only the batch is host memory.
+    ModelConfig step_config = config;
+    step_config.block_size = T;
+    train::require_host_memory(
+        train::step_bytes_at_least(step_config,
+                                   {.global_batch = B, .rows = device.is_cpu() ? B : 0,
+                                    .layers = config.n_layer, .attention_probabilities = !flash},
+                                   run.precision),
+        fmt::format("--batch {}", B), "a training step");
     ops::set_allow_tf32(r["tf32"].as<bool>());
     // the one rule of every program (metrics::peak_for): --peak-tflops, a GPU's data sheet, or
     // on a CPU the measured sgemm
@@ -259,7 +279,6 @@ int main(int argc, char** argv) {
                        activations_measured);
     log::info("checkpoint: {} (continue with --resume --steps N)", ckpt);
 
-    const int n_sample = r["sample"].as<int>();
     if (n_sample > 0) {
       auto out = nn::generate(model, {'\n'}, n_sample, 0.8, run.seed);
       log::info("sample:\n{}", data::decode(out));

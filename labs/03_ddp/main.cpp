@@ -11,6 +11,7 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/session.hpp"
+#include "common/train/sizing.hpp"
 #include "common/train/twin.hpp"
 #include "ddp.hpp"
 
@@ -30,6 +31,23 @@ int main(int argc, char** argv) {
     const auto& opt = session.opt();
     const ModelConfig& config = session.config();
     comm::Communicator& comm = session.comm();
+    // Each rank routing only its rows would change an MoE block's capacity and balancing loss.
+    session.require_dense("each DDP rank would route only its rows, but an expert's capacity and "
+                          "the balancing loss depend on all the rows routed together");
+    // A rank's share of the batch through the whole model; the whole batch on rank 0 when it
+    // runs the single-device twin, and on every rank with --diverge (the twin of step 0). On a
+    // GPU the activations are the GPU's, and only the batch is host memory. Too large: a usage
+    // error on every rank, before the batch is drawn.
+    const bool whole = session.diverge() || (comm.rank() == 0 && verify_steps > 0);
+    train::require_host_memory(
+        train::step_bytes_at_least(
+            config, {.global_batch = opt.batch,
+                     .rows = !session.device().is_cpu() ? 0
+                             : whole                   ? opt.batch
+                                                       : opt.batch / comm.size(),
+                     .layers = config.n_layer},
+            run.precision),
+        fmt::format("--batch {}", opt.batch), "a training step");
     // A bad split (more ranks than rows) is a usage error on every rank, before any training.
     const int64_t local_rows = lab03::local_batch(session.sampler().batch(0), comm.rank(), comm.size())
                                    .batch_size();

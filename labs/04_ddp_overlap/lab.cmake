@@ -1,1 +1,20 @@
 scalelab_add_lab(04 ddp_overlap SOURCES ddp_overlap.cpp GIVEN backward_hooks.cpp STEPS 4 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60)
+# Bad input (found by the bad-input audit): one distinct "error: ..." line naming the option, exit 2
+# on every rank, before any training. A --sweep element that is not a number (the shared CLI
+# named only 'abc'); bucket sizes beyond a 64-bit byte count or below a byte, for --bucket-mb and
+# for each --sweep size (they wrapped or rounded to 0 bytes: "the bucket size must be positive
+# (--bucket-mb > 0)", for --sweep after training); a batch too large for this machine; a
+# mixture-of-experts model (each rank routes only its rows: its --diverge twin check failed).
+if(SCALELAB_BUILD_TESTS)
+  set(lab04_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
+  scalelab_expect_usage_errors(lab04.cli lab04_ddp_overlap_solution LABELS reference lab04
+      ARGS --steps 2 --data ${lab04_data}
+      CASES
+      "2|sweep_not_a_number|^error: --sweep 1,abc: expected finite numbers separated by commas.*'abc' is not one|--model|tiny|--sweep|1,abc"
+      "2|bucket_beyond_64_bits|^error: --bucket-mb 1e\\+300: more than a 64-bit byte count holds|--model|tiny|--bucket-mb|1e300"
+      "2|bucket_below_a_byte|^error: --bucket-mb 1e-12: less than one byte|--model|tiny|--bucket-mb|1e-12"
+      "2|sweep_below_a_byte|^error: --sweep 1e-12: less than one byte|--model|tiny|--sweep|1e-12"
+      "2|sweep_beyond_64_bits|^error: --sweep 1e\\+300: more than a 64-bit byte count holds|--model|tiny|--sweep|1,1e300"
+      "2|batch_too_large_for_memory|^error: --batch 100000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--model|tiny|--batch|100000000"
+      "2|moe_model|^error: --model tiny-moe: each DDP rank would route only its rows, .*capacity and the balancing loss.*\\(dense models: tiny, |--model|tiny-moe")
+endif()

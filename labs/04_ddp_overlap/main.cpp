@@ -14,6 +14,7 @@
 #include "common/trace.hpp"
 #include "common/train/global_loss.hpp"
 #include "common/train/session.hpp"
+#include "common/train/sizing.hpp"
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
 
@@ -28,6 +29,20 @@ struct Row {
   std::size_t buckets = 0;
   double step_ms = 0, backward_ms = 0, comm_ms = 0, exposed_ms = 0;
 };
+
+// A bucket size in MiB (--bucket-mb, or one of --sweep's), in bytes: from one byte to what a
+// 64-bit byte count holds. Beyond it the conversion wrapped around to 0 bytes, and below a byte it
+// rounded down to 0: both were refused as "not positive", blaming --bucket-mb after training.
+std::size_t bucket_bytes(const std::string& option, double mb) {
+  SCALELAB_REQUIRE(mb > 0, "{} {:g}: a bucket size must be positive (MiB, e.g. 0.25)", option, mb);
+  const double bytes = mb * kMiB;
+  SCALELAB_REQUIRE(bytes >= 1, "{} {:g}: less than one byte (the sizes are MiB: a byte is "
+                   "{:.3g})", option, mb, 1 / kMiB);
+  constexpr double kMaxBytes = 18446744073709551615.0;  // 2^64: the largest size_t, rounded up
+  SCALELAB_REQUIRE(bytes < kMaxBytes, "{} {:g}: more than a 64-bit byte count holds (16 EiB); "
+                   "any size above the gradients' makes one bucket", option, mb);
+  return static_cast<std::size_t>(bytes);
+}
 
 // The median: on a shared machine a few steps are slowed down by other processes.
 double median(std::vector<double> v) {
@@ -52,7 +67,7 @@ Row measure(nn::GPT& model, comm::Communicator& comm, const data::Batch& mine, d
   const bool overlap = bucket_mb > 0;
   std::vector<lab04::Bucket> buckets =
       overlap ? lab04::assign_buckets(model.params(), lab04::ready_order(model),
-                                      static_cast<std::size_t>(bucket_mb * kMiB))
+                                      bucket_bytes("--sweep", bucket_mb))
               : std::vector<lab04::Bucket>{{0, model.num_parameters(), {}}};
   Row row{overlap ? fmt::format("overlap {:g} MiB", bucket_mb) : "no overlap", buckets.size()};
   std::unique_ptr<lab04::OverlappedDDP> ddp;
@@ -116,13 +131,29 @@ int main(int argc, char** argv) {
     const double bucket_mb = parsed["bucket-mb"].as<double>();
     const auto sweep = parsed["sweep"].as<std::vector<double>>();
     const int reps = parsed["reps"].as<int>();
-    SCALELAB_REQUIRE(bucket_mb > 0, "--bucket-mb must be positive, got {}", bucket_mb);
-    for (double mb : sweep) SCALELAB_REQUIRE(mb > 0, "--sweep sizes must be positive, got {}", mb);
+    const std::size_t bucket = bucket_bytes("--bucket-mb", bucket_mb);
+    for (double mb : sweep) bucket_bytes("--sweep", mb);  // all of them, before any training
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
     const auto& opt = session.opt();
     const ModelConfig& config = session.config();
     comm::Communicator& comm = session.comm();
     const Device device = session.device();
+    // Each rank routing only its rows would change an MoE block's capacity and balancing loss.
+    session.require_dense("each DDP rank would route only its rows, but an expert's capacity and "
+                          "the balancing loss depend on all the rows routed together");
+    // A rank's share of the batch through the whole model (the table's steps too); the whole batch
+    // on every rank with --diverge (the twin of step 0). On a GPU the activations are the GPU's,
+    // and only the batch is host memory. Too large: a usage error on every rank, before the batch
+    // is drawn.
+    train::require_host_memory(
+        train::step_bytes_at_least(
+            config, {.global_batch = opt.batch,
+                     .rows = !device.is_cpu()    ? 0
+                             : session.diverge() ? opt.batch
+                                                 : opt.batch / comm.size(),
+                     .layers = config.n_layer},
+            session.run().precision),
+        fmt::format("--batch {}", opt.batch), "a training step");
     data::Sampler& sampler = session.sampler();
     const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
 
@@ -130,8 +161,7 @@ int main(int argc, char** argv) {
     lab03::broadcast_parameters(model, comm);
     model.params().refresh_compute();  // bf16: the broadcast replaced the fp32 master weights
     optim::AdamW adamw(optim::groups(model.parameters()));
-    const auto buckets = lab04::assign_buckets(model.params(), lab04::ready_order(model),
-                                               static_cast<std::size_t>(bucket_mb * kMiB));
+    const auto buckets = lab04::assign_buckets(model.params(), lab04::ready_order(model), bucket);
     // --diverge: one step, every tensor compared with the single-device twin's rows (watched
     // from here: ready_order ran a step of its own)
     auto diverge = session.watch_divergence(model, {.first_row = comm.rank() * rows});

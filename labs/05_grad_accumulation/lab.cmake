@@ -1,1 +1,16 @@
 scalelab_add_lab(05 grad_accumulation SOURCES grad_accumulation.cpp GIVEN batch_plan.cpp STEPS 4 RANKS 1 2 4 LIBS lab04_ddp_overlap_solution_impl TIMEOUT 60)
+# Bad input (found by the bad-input audit): one distinct "error: ..." line naming the option, exit 2
+# on every rank, before any training. --bucket-mb beyond a 64-bit byte count or below a byte (they
+# wrapped or rounded to 0 bytes: "the bucket size must be positive"); a batch too large for this
+# machine; a mixture-of-experts model (an expert's capacity and the balancing loss depend on the
+# rows routed together: micro-batches gave another gradient, and the program said nothing).
+if(SCALELAB_BUILD_TESTS)
+  set(lab05_data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)  # never read: checks come first
+  scalelab_expect_usage_errors(lab05.cli lab05_grad_accumulation_solution LABELS reference lab05
+      ARGS --steps 2 --data ${lab05_data}
+      CASES
+      "2|bucket_beyond_64_bits|^error: --bucket-mb 1e\\+300: more than a 64-bit byte count holds|--model|tiny|--bucket-mb|1e300"
+      "2|bucket_below_a_byte|^error: --bucket-mb 1e-12: less than one byte|--model|tiny|--bucket-mb|1e-12"
+      "2|batch_too_large_for_memory|^error: --batch 100000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--model|tiny|--batch|100000000"
+      "2|moe_model|^error: --model tiny-moe: its micro-batches would each be routed alone, .*\\(dense models: tiny, |--model|tiny-moe")
+endif()

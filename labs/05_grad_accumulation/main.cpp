@@ -10,11 +10,31 @@
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/session.hpp"
+#include "common/train/sizing.hpp"
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
 #include "grad_accumulation.hpp"
 
 using namespace scalelab;
+
+namespace {
+
+// --bucket-mb in bytes: from one byte to what a 64-bit byte count holds. Beyond it the conversion
+// wrapped around to 0 bytes, and below a byte it rounded down to 0: both were refused as "not
+// positive".
+std::size_t bucket_bytes(double mb) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  SCALELAB_REQUIRE(mb > 0, "--bucket-mb {:g}: a bucket size must be positive (MiB, e.g. 0.25)", mb);
+  const double bytes = mb * kMiB;
+  SCALELAB_REQUIRE(bytes >= 1, "--bucket-mb {:g}: less than one byte (the size is MiB: a byte is "
+                   "{:.3g})", mb, 1 / kMiB);
+  constexpr double kMaxBytes = 18446744073709551615.0;  // 2^64: the largest size_t, rounded up
+  SCALELAB_REQUIRE(bytes < kMaxBytes, "--bucket-mb {:g}: more than a 64-bit byte count holds "
+                   "(16 EiB); any size above the gradients' makes one bucket", mb);
+  return static_cast<std::size_t>(bytes);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
@@ -28,13 +48,30 @@ int main(int argc, char** argv) {
     const auto& parsed = session.parse(argc, argv);
     const int accum = parsed["accum"].as<int>();
     const double bucket_mb = parsed["bucket-mb"].as<double>();
-    SCALELAB_REQUIRE(bucket_mb > 0, "--bucket-mb must be positive, got {}", bucket_mb);
+    const std::size_t bucket = bucket_bytes(bucket_mb);
     const auto& run = session.run();
     const auto& opt = session.opt();
     const ModelConfig& config = session.config();
     comm::Communicator& comm = session.comm();
+    // Micro-batches routed one by one would change an MoE block's capacity and balancing loss.
+    session.require_dense("its micro-batches would each be routed alone, but an expert's capacity "
+                          "and the balancing loss depend on all the rows routed together, so "
+                          "accumulating would not give the whole batch's gradient");
     // A bad plan (accum 0, more ranks than rows, ...) is a usage error on every rank.
     const lab05::BatchPlan plan = lab05::plan_batch(opt.batch, accum, comm.size());
+    // A rank's share of the batch in one forward (the check of accumulation against one batch,
+    // and the table's accum 1); the whole batch on every rank with --diverge (the twin of step
+    // 0). On a GPU the activations are the GPU's, and only the batch is host memory. Too large: a
+    // usage error on every rank, before the batch is drawn.
+    train::require_host_memory(
+        train::step_bytes_at_least(
+            config, {.global_batch = opt.batch,
+                     .rows = !session.device().is_cpu() ? 0
+                             : session.diverge()        ? opt.batch
+                                                        : opt.batch / comm.size(),
+                     .layers = config.n_layer},
+            run.precision),
+        fmt::format("--batch {}", opt.batch), "a training step");
     data::Sampler& sampler = session.sampler();
 
     nn::GPT model(config, session.model_options(run.seed + comm.rank()));
@@ -43,7 +80,7 @@ int main(int argc, char** argv) {
     optim::AdamW adamw(optim::groups(model.parameters()));
     lab04::OverlappedDDP ddp(model, comm,
                              lab04::assign_buckets(model.params(), lab04::ready_order(model),
-                                                   static_cast<std::size_t>(bucket_mb * 1048576)));
+                                                   bucket));
     ddp.attach();
     // --diverge: one step, every micro-batch's tensors compared with the single-device twin's
     auto diverge = session.watch_divergence(

@@ -13,6 +13,7 @@
 #include "common/train/equivalence.hpp"
 #include "common/train/global_loss.hpp"
 #include "common/train/session.hpp"
+#include "common/train/sizing.hpp"
 #include "activation_checkpointing.hpp"
 #include "ddp.hpp"
 
@@ -77,12 +78,26 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
     const auto& opt = session.opt();
     const ModelConfig& config = session.config();
+    session.require_dense("lab 06's forward runs dense blocks (attention, then an MLP) itself");
     const lab06::Policy policy = lab06::parse_policy(parsed["checkpoint"].as<std::string>());
     // A bad policy (an interval larger than the model) is a usage error on every rank.
     const lab06::Plan plan = lab06::make_plan(policy, static_cast<int>(config.n_layer));
 
     comm::Communicator& comm = session.comm();
     const Device device = session.device();
+    // A rank's share of the batch through the whole model: rank 0's table runs it without
+    // checkpointing; the whole batch, not checkpointed, on every rank with --diverge (the twin of
+    // step 0). On a GPU the activations are the GPU's, and only the batch is host memory. Too
+    // large: a usage error on every rank, before the batch is drawn.
+    const bool whole = session.diverge();
+    train::require_host_memory(
+        train::step_bytes_at_least(
+            config, {.global_batch = opt.batch,
+                     .rows = !device.is_cpu() ? 0 : whole ? opt.batch : opt.batch / comm.size(),
+                     .layers = config.n_layer,
+                     .checkpoint = !whole && comm.rank() != 0 && policy.kind != lab06::Policy::none},
+            session.run().precision),
+        fmt::format("--batch {}", opt.batch), "a training step");
     data::Sampler& sampler = session.sampler();
     const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
 

@@ -18,6 +18,13 @@ if(SCALELAB_BUILD_TESTS)
     RANKS 2 LABELS reference lab07
     MATCH "^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has [0-9.]+GiB"
     ARGS --model tiny --batch 1000000000 --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
+  # A mixture-of-experts --model (the library's MoE block has no tensor-parallel cut): one line
+  # naming the model and the dense ones, on 1 rank too, not "check failed" from the model (exit 1).
+  scalelab_expect_usage_errors(lab07.cli lab07_tensor_parallel_solution LABELS reference lab07
+      ARGS --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt
+      CASES
+      "2|moe_model|^error: --model tiny-moe: lab 07's tensor parallelism cuts dense blocks only. its mixture-of-experts blocks are lab 12's \\(dense models: tiny, |--model|tiny-moe|--steps|2|--reps|1|--twin-steps|1"
+      "1|moe_model_one_rank|^error: --model small-moe: lab 07's tensor parallelism cuts dense blocks only|--model|small-moe")
 endif()
 # On a GPU (label gpu; skipped without one): the reference with CUDA tensors against the CPU
 # (tests/07_tensor_parallel/test_gpu.cpp), not a graded step.

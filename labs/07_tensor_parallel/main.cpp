@@ -106,7 +106,10 @@ int main(int argc, char** argv) {
     comm::Communicator& world = session.comm();
     const Device device = session.device();
     const int tp = world.size(), rank = world.rank();
-    lab07::check_tp(config, tp);  // a usage error on every rank, before any collective
+    // a usage error on every rank, before any collective: the library's MoE block has no
+    // tensor-parallel cut (its experts are lab 12's), and tp must divide the model
+    session.require_dense("lab 07's tensor parallelism cuts dense blocks only");
+    lab07::check_tp(config, tp);
     if (sp) lab07::sequence_rows(opt.batch * config.block_size, rank, tp);  // the same
     // Every rank runs the whole batch (its heads and columns of it); rank 0 also runs the
     // single-device twin on it. Too large for this machine: a usage error on every rank.

@@ -29,6 +29,18 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_expect_usage_error(lab08.cli.twin_steps_negative lab08_pipeline_parallel_solution
     LABELS reference lab08 MATCH "^error: --twin-steps must be at least 0, got -1"
     ARGS --model tiny --twin-steps -1 --data ${lab08_data})
+  # --chunks out of range, with or without the interleaved schedule (-5 with 1F1B trained: the
+  # option was read by the interleaved schedule only), several chunks without it, and a
+  # mixture-of-experts --model (the micro-batches route their experts apart from the twin's whole
+  # batch: exit 1 on the twin check).
+  scalelab_expect_usage_errors(lab08.cli lab08_pipeline_parallel_solution LABELS reference lab08
+      ARGS --data ${lab08_data}
+      CASES
+      "2|chunks_negative_without_interleaved|^error: --chunks must be in .1, 8., got -5|--model|tiny|--chunks|-5|--micro-batches|2|--batch|2"
+      "2|chunks_zero_interleaved|^error: --chunks must be in .1, 8., got 0|--model|tiny|--schedule|interleaved|--chunks|0"
+      "1|chunks_above_the_tags|^error: --chunks must be in .1, 8., got 9|--model|tiny|--schedule|interleaved|--chunks|9"
+      "1|chunks_without_interleaved|^error: --chunks 2: several model chunks per rank need --schedule interleaved \\(got afab\\)|--model|tiny|--schedule|afab|--chunks|2"
+      "2|moe_model|^error: --model tiny-moe: lab 08's pipeline trains dense blocks only. its mixture-of-experts blocks are lab 12's|--model|tiny-moe")
 endif()
 # Planted submissions (tests/08_pipeline_parallel/planted/cheats.plant): the reference with one
 # cheat each; the step it cheats must fail, and name the rank where it happened.

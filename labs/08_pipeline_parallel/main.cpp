@@ -97,11 +97,22 @@ int main(int argc, char** argv) {
     const auto& opt = session.opt();
     const Kind kind = parse_kind(parsed["schedule"].as<std::string>());
     const int m = parsed["micro-batches"].as<int>();
-    const int v = kind == Kind::interleaved ? parsed["chunks"].as<int>() : 1;
+    const int chunks = parsed["chunks"].as<int>();
+    // --chunks was read by the interleaved schedule only (--chunks -5 with 1F1B trained): its
+    // range always, and more than one chunk only where the schedule interleaves them (as lab 10)
+    SCALELAB_REQUIRE(chunks >= 1 && chunks <= kMaxChunks, "--chunks must be in [1, {}], got {}",
+                     kMaxChunks, chunks);
+    SCALELAB_REQUIRE(kind == Kind::interleaved || !parsed.count("chunks") || chunks == 1,
+                     "--chunks {}: several model chunks per rank need --schedule interleaved "
+                     "(got {})", chunks, kind_name(kind));
+    const int v = kind == Kind::interleaved ? chunks : 1;
     const int twin_steps = parsed["twin-steps"].as<int>();
     const int reps = parsed["reps"].as<int>();
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
     SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
+    // an MoE block routes each micro-batch as its own group (capacity, balancing loss), the
+    // single-device twin the whole batch: their losses part (exit 1 on the twin check)
+    session.require_dense("lab 08's pipeline trains dense blocks only");
 
     comm::Communicator& comm = session.comm();
     const int p = comm.size(), stage = comm.rank();

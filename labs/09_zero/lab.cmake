@@ -11,6 +11,11 @@ if(SCALELAB_BUILD_TESTS)
     ARGS --model tiny --batch 1000000000 --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
   scalelab_expect_usage_error(lab09.cli.table_not_a_bool lab09_zero_solution LABELS reference lab09
     MATCH "^error: --table maybe: expected true or false" ARGS --table=maybe)
+  # A mixture-of-experts --model: each rank routes its rows as their own group (capacity, the
+  # balancing loss), the twin the whole batch, so the losses parted (exit 1 on the twin check).
+  scalelab_expect_usage_error(lab09.cli.moe_model lab09_zero_solution RANKS 2 LABELS reference lab09
+    MATCH "^error: --model tiny-moe: lab 09's ZeRO trains dense blocks only. its mixture-of-experts blocks are lab 12's"
+    ARGS --model tiny-moe --data ${PROJECT_SOURCE_DIR}/tests/data/gpt_golden.txt)
   # ZeRO-3 in bf16 (2-byte gathers into per-unit compute buffers) on 2 ranks: exit 0 only if the
   # losses are within 1e-3 of the bf16 twin's, the replicas agree and every table row (stages 0-3
   # in bf16) has held == allocator. On tests/common's bf16 corpus (its fixture makes it).

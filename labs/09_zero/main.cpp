@@ -99,6 +99,9 @@ int main(int argc, char** argv) {
     const bool table = parsed["table"].as<bool>();
     SCALELAB_REQUIRE(stage >= 0 && stage <= 3, "--stage must be 0 (DDP), 1, 2 or 3, got {}", stage);
     SCALELAB_REQUIRE(verify_steps >= 0, "--verify-steps must not be negative");
+    // an MoE block routes each rank's rows as their own group (capacity, balancing loss), the
+    // single-device twin the whole batch: their losses part (exit 1 on the twin check)
+    session.require_dense("lab 09's ZeRO trains dense blocks only");
     const auto& run = session.run();
     const auto& opt = session.opt();
     const ModelConfig& config = session.config();

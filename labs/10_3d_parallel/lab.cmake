@@ -60,7 +60,7 @@ if(SCALELAB_BUILD_TESTS)
       "1|plan_memory_below_a_byte|^error: --memory 1e-300: less than one byte per rank|--plan|--memory|1e-300"
       "2|plan_nothing_fits|^error: --memory 0.1: no configuration of model tiny for 2 ranks and --batch 8 fits. the smallest needs [0-9.]+ MiB per rank .*give --memory [0-9]+MiB or more|--plan|--memory|0.1"
       "1|plan_on_gpu|^error: --plan measures the CPU .*got --device cuda|--plan|--device|cuda"
-      "2|plan_ranks_without_a_grid|^error: --ranks 7: no dp x tp x pp grid of 7 ranks runs model tiny with --batch 8|--plan|--ranks|7"
+      "2|plan_ranks_without_a_grid|^error: --ranks 7: no dp x cp x tp x pp grid of 7 ranks runs model tiny with --batch 8|--plan|--ranks|7"
       "2|plan_batch_too_large|^error: --memory 1GiB: no configuration of model tiny for 2 ranks and --batch 1000000000 fits. the smallest needs|--plan|--batch|1000000000"
       "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--dp|2|--batch|1000000000"
       "1|data_is_a_file|^error: --data .*gpt_golden.txt is a file: give a corpus directory|--steps|1"
@@ -86,7 +86,23 @@ if(SCALELAB_BUILD_TESTS)
       "4|cp_heads_not_divisible|^error: --attention all-to-all: the model's 2 heads do not split over cp 2 x tp 2 = 4 ranks|--cp|2|--tp|2|--dp|1|--attention|all-to-all"
       "4|cp_grid_not_world|^error: process grid: dp 2 x tp 2 x pp 1 x cp 2 = 8 ranks, but the world has 4 ranks|--dp|2|--cp|2|--tp|2"
       "2|cp_attention_unknown|^error: --attention star: ring or all-to-all|--cp|2|--attention|star"
-      "1|cp_given_to_plan|^error: --cp is for a training run|--plan|--cp|2")
+      "1|cp_given_to_plan|^error: --cp is for a training run|--plan|--cp|2"
+      # --ranks beyond every grid: the bound counts cp (at most T/2 = 8 for tiny: 8 rows x 8 x 2
+      # heads x 2 layers; it said 32 while --ranks 64 planned), and is said before the machine is
+      # measured (a billion ranks enumerated a throw per grid for minutes); an odd --context has
+      # no zig-zag split at all (it blamed --ranks)
+      "1|plan_ranks_beyond_every_grid|^error: --ranks 1000: no dp x cp x tp x pp grid of 1000 ranks runs model tiny with --batch 8: .*cp must cut its 16 tokens into 2 cp equal chunks.* at most 256 ranks|--plan|--ranks|1000"
+      "1|plan_ranks_a_billion|^error: --ranks 1000000000: no dp x cp x tp x pp grid of 1000000000 ranks .* at most 256 ranks|--plan|--ranks|1000000000|--top|3"
+      "1|plan_context_odd|^error: --context 17: the zig-zag split cuts a sequence into 2 cp equal chunks: give an even number of tokens|--plan|--context|17")
+  # A mixture-of-experts --model (the library's MoE block has no tensor-parallel cut, its routing
+  # under cp failed inside the model, the planner counts dense blocks): one line, every mode.
+  scalelab_expect_usage_errors(lab10.cli lab10_3d_parallel_solution LABELS reference lab10
+      ARGS --data ${lab10_data}
+      CASES
+      "2|moe_model|^error: --model tiny-moe: lab 10's grids and planner take dense blocks only. its mixture-of-experts blocks are lab 12's|--model|tiny-moe|--steps|1|--twin-steps|0"
+      "2|moe_model_cp|^error: --model tiny-moe: lab 10's grids and planner take dense blocks only|--model|tiny-moe|--steps|1|--twin-steps|0|--dp|1|--cp|2"
+      "1|moe_model_plan|^error: --model tiny-moe: lab 10's grids and planner take dense blocks only|--model|tiny-moe|--plan"
+      "1|moe_model_check_plan|^error: --model small-moe: lab 10's grids and planner take dense blocks only|--model|small-moe|--check-plan")
   # The program on a 4D grid of 8 ranks (dp 1 x cp 2 x tp 2 x pp 2, ring): exit 0 only when its
   # losses follow the single-device twin's (fp32, 1e-5 relative). About 2 s on 2 cores.
   scalelab_add_mpi_test(lab10.program.cp_ring_pp2.np8 lab10_3d_parallel_solution RANKS 8

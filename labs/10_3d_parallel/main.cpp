@@ -108,6 +108,33 @@ int64_t measure_rows(const ModelConfig& config, int64_t wanted, DType precision,
   return std::min({wanted, by_tokens, static_cast<int64_t>(fit.item())});
 }
 
+// The most ranks a grid of `config` (its block_size the --context planned for) and `batch` can
+// have, from the limits check_4d sets each axis: dp divides the batch (dp x micro-batches does),
+// cp cuts the T tokens into 2 cp equal chunks (at most T / 2), tp divides the heads, pp is at
+// most the layers. Beyond what an int holds: INT64_MAX (no --ranks is that many).
+int64_t most_ranks(const ModelConfig& config, int64_t batch) {
+  const int64_t cp = config.block_size / 2;  // an odd context: no grid (check_4d), 0
+  long double most = static_cast<long double>(batch) * static_cast<long double>(cp) *
+                     static_cast<long double>(config.n_head) *
+                     static_cast<long double>(config.n_layer);
+  return most > static_cast<long double>(std::numeric_limits<int>::max())
+             ? std::numeric_limits<int64_t>::max()
+             : static_cast<int64_t>(most);
+}
+
+// --ranks that no grid of the model and batch has: why, and the most a grid can have.
+[[noreturn]] void no_grid(const ModelConfig& config, int ranks, int64_t batch) {
+  const int64_t most = most_ranks(config, batch);
+  throw UsageError(fmt::format(
+      "--ranks {}: no dp x cp x tp x pp grid of {} ranks runs model {} with --batch {}: dp x "
+      "micro-batches must divide the {} rows, cp must cut its {} tokens into 2 cp equal chunks, "
+      "tp must divide its {} heads and pp must be at most its {} layers ({})", ranks, ranks,
+      config.name, batch, batch, config.block_size, config.n_head, config.n_layer,
+      most <= std::numeric_limits<int>::max()
+          ? fmt::format("so a grid has at most {} ranks, and not every number below is one", most)
+          : std::string("not every number of ranks is one")));
+}
+
 // --plan found no configuration within --memory: say why, and what would fit (every rank: the
 // predictions are the same everywhere, so is the error).
 [[noreturn]] void explain_nothing_fits(const ModelConfig& config, int ranks, int64_t batch,
@@ -115,13 +142,7 @@ int64_t measure_rows(const ModelConfig& config, int64_t wanted, DType precision,
                                        DType precision) {
   const auto any = plan_all(config, ranks, batch, machine,
                             std::numeric_limits<std::size_t>::max(), precision);
-  if (any.empty())  // no grid at all: the sizes check_3d and check_runnable accept
-    throw UsageError(fmt::format(
-        "--ranks {}: no dp x tp x pp grid of {} ranks runs model {} with --batch {}: tp must "
-        "divide its {} heads, pp must be at most its {} layers and dp x micro-batches must divide "
-        "the {} rows (so a grid has at most {} ranks, and not every number below is one)", ranks,
-        ranks, config.name, batch, config.n_head,
-        config.n_layer, batch, batch * config.n_head * config.n_layer));
+  if (any.empty()) no_grid(config, ranks, batch);  // the sizes check_4d and check_runnable accept
   const auto smallest = std::min_element(any.begin(), any.end(), [](const auto& a, const auto& b) {
     return a.second.total_bytes < b.second.total_bytes;
   });
@@ -161,10 +182,15 @@ int plan(const ModelConfig& model, int64_t batch, DType precision,
   ModelConfig config = model;
   const int64_t context = parsed["context"].as<int64_t>();
   SCALELAB_REQUIRE(context >= 0, "--context must be at least 1, got {}", context);
+  // every grid cuts a sequence into 2 cp zig-zag chunks (cp 1 too: check_4d)
+  SCALELAB_REQUIRE(context % 2 == 0, "--context {}: the zig-zag split cuts a sequence into 2 cp "
+                   "equal chunks: give an even number of tokens", context);
   if (context > 0) config.block_size = context;
   SCALELAB_REQUIRE(parsed["ranks"].as<int>() >= 0, "--ranks must be positive, got {}",
                    parsed["ranks"].as<int>());
   const int ranks = parsed["ranks"].as<int>() > 0 ? parsed["ranks"].as<int>() : world.size();
+  // more ranks than any grid has: said before the machine is measured
+  if (ranks > most_ranks(config, batch)) no_grid(config, ranks, batch);
   const std::size_t budget = parse_memory(parsed["memory"].as<std::string>());
   const double budget_mib = static_cast<double>(budget) / 1048576.0;
   const int top = parsed["top"].as<int>();
@@ -465,6 +491,10 @@ int main(int argc, char** argv) {
     const int zero = parsed["zero"].as<int>();
     const ModelConfig& config = session.config();
     refuse_options_of_the_other_mode(parsed);
+    // the library's MoE block has no tensor-parallel cut, its routing under cp and micro-batches
+    // no twin to match, and the planner's formulas count dense blocks (training, --plan and
+    // --check-plan alike)
+    session.require_dense("lab 10's grids and planner take dense blocks only");
 
     comm::Communicator& world = session.comm();
     if (parsed["check-plan"].as<bool>()) {

@@ -16,7 +16,18 @@ if(SCALELAB_BUILD_TESTS)
       "4|context_not_divisible|^error: --context 100: the zig-zag split cuts the sequence into 2 cp = 8|--context|100"
       "4|heads_not_divisible|^error: --attention all-to-all: the model's 2 heads do not split over cp = 4|--attention|all-to-all"
       "1|attention_unknown|^error: --attention star: ring or all-to-all|--attention|star"
-      "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--batch|1000000000")
+      "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--batch|1000000000"
+      # a sequence too long for this machine names --context (it blamed --batch 2); --reps
+      # outside --overlap (read there only: --reps 0 trained)
+      "2|context_too_large_for_memory|^error: --context 100000000000: a training step of one sequence needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--steps|1|--context|100000000000"
+      "2|reps_not_positive|^error: --reps must be at least 1, got 0|--steps|1|--twin-steps|1|--reps|0"
+      "2|reps_without_overlap|^error: --reps is for --overlap|--steps|1|--reps|5")
+  # A mixture-of-experts --model: each rank routes its zig-zag rows as their own group (capacity,
+  # the balancing loss), the twin whole sequences, so the losses parted (exit 1 on the twin check).
+  scalelab_expect_usage_errors(lab11.cli lab11_context_parallel_solution LABELS reference lab11
+      ARGS --data ${lab11_data}
+      CASES
+      "2|moe_model|^error: --model tiny-moe: lab 11's context parallelism trains dense blocks only. its mixture-of-experts blocks are lab 12's|--model|tiny-moe|--steps|2")
 endif()
 # Planted submissions (tests/11_context_parallel/planted/cheats.plant): one copy of the reference
 # with every wrong technique the graders must stop, each switched on by SCALELAB_PLANT; the step's

@@ -191,6 +191,11 @@ int main(int argc, char** argv) {
     const lab11::Attention attention = lab11::parse_attention(parsed["attention"].as<std::string>());
     const int64_t twin_steps = parsed["twin-steps"].as<int64_t>();
     SCALELAB_REQUIRE(twin_steps >= 0, "--twin-steps must be at least 0, got {}", twin_steps);
+    // --reps was read by --overlap only (--reps 0 trained): its range always, and only there
+    const int reps = parsed["reps"].as<int>();
+    SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
+    SCALELAB_REQUIRE(parsed["overlap"].as<bool>() || !parsed.count("reps"),
+                     "--reps is for --overlap (this run trains)");
 
     const int cp = parsed["cp"].as<int>() == 0 ? comm.size() : parsed["cp"].as<int>();
     const int64_t block_size = session.config().block_size;  // the model's own context
@@ -204,27 +209,34 @@ int main(int argc, char** argv) {
     session.pick_device();
     const Device device = session.device();
     if (parsed["overlap"].as<bool>()) {
-      const int reps = parsed["reps"].as<int>();
-      SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
       SCALELAB_REQUIRE(attention == lab11::Attention::ring,
                        "--overlap measures the ring: drop --attention {}",
                        lab11::attention_name(attention));
       return measure_overlap(comm, config, opt.batch, T, run.precision, device, reps);
     }
+    // Training (--overlap times attention alone): an MoE block routes each rank's zig-zag rows
+    // as their own group (capacity, balancing loss), the single-device twin whole sequences:
+    // their losses part (exit 1 on the twin check).
+    session.require_dense("lab 11's context parallelism trains dense blocks only");
     // Sized before anything is allocated: a rank's forward holds B rows of T/cp tokens (rank 0's
     // twin B rows of T), fused attention keeps no (T, T) probabilities. On a GPU the
     // activations are the GPU's, and only the batch is host memory. Too large: a usage error on
     // every rank.
     ModelConfig rows_config = config;
     rows_config.block_size = comm.rank() == 0 && twin_steps > 0 ? T : T / cp;
-    train::require_host_memory(
-        train::step_bytes_at_least(rows_config,
-                                   {.global_batch = opt.batch,
-                                    .rows = device.is_cpu() ? opt.batch : 0,
-                                    .layers = config.n_layer,
-                                    .attention_probabilities = false},
-                                   run.precision),
-        fmt::format("--batch {}", opt.batch), "a training step");
+    const auto step_bytes = [&](int64_t batch) {
+      return train::step_bytes_at_least(rows_config,
+                                        {.global_batch = batch,
+                                         .rows = device.is_cpu() ? batch : 0,
+                                         .layers = config.n_layer,
+                                         .attention_probabilities = false},
+                                        run.precision);
+    };
+    // a step that cannot hold even one sequence is --context's to shrink, not --batch's
+    train::require_host_memory(step_bytes(1), fmt::format("--context {}", T),
+                               "a training step of one sequence");
+    train::require_host_memory(step_bytes(opt.batch), fmt::format("--batch {}", opt.batch),
+                               "a training step");
     data::Sampler& sampler = session.sampler();
 
     // Every rank holds the whole model (its weights are replicated, like DDP's) and T/cp rows

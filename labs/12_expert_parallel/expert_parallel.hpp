@@ -36,7 +36,7 @@ struct Routing {
   Tensor dest;     ///< (N*k) i32 pair n*k+j's row in the dispatched layout, -1 if dropped
   std::vector<int64_t> assigned;  ///< (E) pairs sent to each expert, before dropping
   std::vector<int64_t> kept;      ///< (E) pairs each expert keeps: min(assigned, capacity)
-  int64_t capacity = 0;           ///< pairs an expert may take: ceil(cf N k / E)
+  int64_t capacity = 0;           ///< pairs an expert may take: ceil(cf N k / E), at most N k
   int64_t dropped = 0;            ///< pairs over the capacity
   double aux = 0;                 ///< the balancing loss aux_coef E sum_e f_e P_e
 };

@@ -17,7 +17,17 @@ if(SCALELAB_BUILD_TESTS)
       CASES
       "2|top_k_above_experts|^error: --top-k 5: choose 1 to the 4 experts|--top-k|5"
       "3|experts_not_divisible|^error: --ep 3: the 4 experts do not split evenly|--ep|3"
-      "2|capacity_not_positive|^error: --capacity-factor 0: must be above 0|--capacity-factor|0"
+      "2|capacity_not_positive|^error: --capacity-factor 0: must be a finite number above 0|--capacity-factor|0"
+      "2|capacity_nan|^error: --capacity-factor nan|--capacity-factor|nan"
+      "2|capacity_inf|^error: --capacity-factor inf|--capacity-factor|inf"
+      # --sweep-factors: each item whole a finite number above 0, every one checked up front
+      # (a bad later factor used to be found after the first factor's runs)
+      "2|sweep_factor_nan|^error: --sweep-factors 'nan': 'nan' is not a capacity factor|--sweep|--sweep-factors|nan"
+      "2|sweep_factor_inf|^error: --sweep-factors 'inf': 'inf' is not a capacity factor|--sweep|--sweep-factors|inf"
+      "2|sweep_factor_late_negative|^error: --sweep-factors '1,-1': '-1' is not a capacity factor|--sweep|--sweep-factors|1,-1"
+      "2|sweep_factor_trailing_text|^error: --sweep-factors '1abc': '1abc' is not a capacity factor|--sweep|--sweep-factors|1abc"
+      "2|sweep_factors_empty|^error: --sweep-factors '': '' is not a capacity factor|--sweep|--sweep-factors="
+      "2|sweep_factors_without_sweep|^error: --sweep-factors is for --sweep|--sweep-factors|abc"
       "4|ep_not_dividing_world|^error: --ep 3: the expert-parallel group must divide the 4 ranks|--ep|3"
       "1|dense_model|^error: --model: lab 12 needs a mixture-of-experts model|--model|tiny"
       "2|sweep_and_diverge|^error: --sweep and --diverge: choose one|--sweep|--diverge")
@@ -50,5 +60,16 @@ if(SCALELAB_BUILD_TESTS)
                                --precision ${precision}
                                --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
     set_tests_properties(lab12.program.${name}.np${ranks} PROPERTIES FIXTURES_REQUIRED bf16_corpus)
+  endforeach()
+  # A capacity factor of 1e300 (finite, so valid) keeps every pair: the capacity is clamped at a
+  # group's (token, choice) pairs instead of overflowing int64 into moe_route's check (exit 1).
+  foreach(case "huge_capacity|--capacity-factor|1e300" "sweep_huge_capacity|--sweep|--sweep-factors|1e300")
+    string(REPLACE "|" ";" case "${case}")
+    list(POP_FRONT case name)
+    scalelab_add_mpi_test(lab12.program.${name}.np2 lab12_expert_parallel_solution
+                          RANKS 2 TIMEOUT 60 LABELS reference lab12
+                          ARGS --model tiny-moe --steps 1 --batch 4 --twin-steps 1 ${case}
+                               --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
+    set_tests_properties(lab12.program.${name}.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
   endforeach()
 endif()

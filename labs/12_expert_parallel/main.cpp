@@ -18,7 +18,9 @@
 #include <cmath>
 #include <memory>
 #include <optional>
-#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "common/allocator.hpp"
 
@@ -41,6 +43,30 @@ namespace {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// --sweep-factors: "0.5,1,1.25,2", every item whole a finite number above 0 (std::stod alone took
+// "1abc" as 1 and "nan", "inf" and "1e300" as factors), all checked before the first run.
+std::vector<double> parse_sweep_factors(const std::string& text) {
+  std::vector<double> factors;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
+    double cf = 0;
+    std::size_t used = 0;
+    try {
+      cf = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    SCALELAB_REQUIRE(used > 0 && used == item.size() && std::isfinite(cf) && cf > 0,
+                     "--sweep-factors '{}': '{}' is not a capacity factor (finite numbers above 0, "
+                     "separated by commas, e.g. 0.5,1,2)", text, item);
+    factors.push_back(cf);
+    if (end == text.size()) return factors;
+    begin = end + 1;
+  }
 }
 
 struct SweepRow {
@@ -98,20 +124,13 @@ SweepRow sweep_run(train::Session& session, const ModelConfig& config, int ep, i
   return {what, mx.item(0), mx.item(1), mx.item(2), sum.item(), mx.item(3) / 1024};
 }
 
+// `factors`: parse_sweep_factors's, checked with lab12::check_ep before the device is picked.
 ExitCode sweep(train::Session& session, const ModelConfig& config, int ep, int64_t steps,
-               const std::string& factors) {
+               const std::vector<double>& factors) {
   std::vector<SweepRow> rows;
-  std::stringstream list(factors);
-  for (std::string item; std::getline(list, item, ',');) {
-    double cf = 0;
-    try {
-      cf = std::stod(item);
-    } catch (const std::exception&) {
-      throw UsageError(fmt::format("--sweep-factors {}: numbers separated by commas", factors));
-    }
+  for (const double cf : factors) {
     ModelConfig c = config;
     c.moe.capacity_factor = cf;
-    lab12::check_ep(c.moe, ep, session.comm().size());
     rows.push_back(sweep_run(session, c, ep, steps, fmt::format("MoE, capacity factor {}", cf)));
   }
   // the dense model of the same ACTIVE parameters as top-1: one MLP per block
@@ -165,8 +184,12 @@ int main(int argc, char** argv) {
     ModelConfig config = session.config();
     MoEConfig& moe = config.moe;
     if (parsed.count("top-k")) moe.top_k = parsed["top-k"].as<int64_t>();
-    if (parsed.count("capacity-factor"))
+    if (parsed.count("capacity-factor")) {
       moe.capacity_factor = parsed["capacity-factor"].as<double>();
+      SCALELAB_REQUIRE(std::isfinite(moe.capacity_factor) && moe.capacity_factor > 0,
+                       "--capacity-factor {}: must be a finite number above 0",
+                       moe.capacity_factor);
+    }
     if (parsed.count("aux-coef")) moe.aux_coef = parsed["aux-coef"].as<double>();
     SCALELAB_REQUIRE(moe.aux_coef >= 0, "--aux-coef {}: must be at least 0", moe.aux_coef);
     const int ep = parsed["ep"].as<int>() == 0 ? world.size() : parsed["ep"].as<int>();
@@ -174,13 +197,24 @@ int main(int argc, char** argv) {
     lab12::check_ep(moe, ep, world.size());
     SCALELAB_REQUIRE(opt.batch % world.size() == 0, "--batch {}: every one of the {} ranks takes "
                      "the same number of rows", opt.batch, world.size());
-    SCALELAB_REQUIRE(!(parsed["sweep"].as<bool>() && session.diverge()),
+    const bool do_sweep = parsed["sweep"].as<bool>();
+    SCALELAB_REQUIRE(!(do_sweep && session.diverge()),
                      "--sweep and --diverge: choose one (--diverge compares one training step)");
+    SCALELAB_REQUIRE(do_sweep || !parsed.count("sweep-factors"),
+                     "--sweep-factors is for --sweep (the capacity factors it times); to train at "
+                     "one, give --capacity-factor");
+    // every factor of the sweep checked before the first run
+    std::vector<double> sweep_factors;
+    if (do_sweep) sweep_factors = parse_sweep_factors(parsed["sweep-factors"].as<std::string>());
+    for (const double cf : sweep_factors) {
+      MoEConfig c = moe;
+      c.capacity_factor = cf;
+      lab12::check_ep(c, ep, world.size());
+    }
     session.pick_device();
     const Device device = session.device();
     data::Sampler& sampler = session.sampler();
-    if (parsed["sweep"].as<bool>())
-      return sweep(session, config, ep, opt.steps, parsed["sweep-factors"].as<std::string>());
+    if (do_sweep) return sweep(session, config, ep, opt.steps, sweep_factors);
 
     lab12::EpGroups groups = lab12::make_ep_groups(world, ep);
     const nn::GPTOptions base = session.model_options(run.seed);

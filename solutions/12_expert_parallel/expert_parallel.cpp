@@ -30,7 +30,7 @@ Routing route(const Tensor& logits, const MoEConfig& c) {
   r.gates = Tensor::empty({N, k}, R, dev);
   if (k == 1) ops::copy(r.gates, r.values);  // Switch: the probability itself
   else ops::normalize_rows(r.gates, r.values);
-  r.capacity = static_cast<int64_t>(std::ceil(c.capacity_factor * static_cast<double>(N * k) / E));
+  r.capacity = nn::expert_capacity(N, c);  // ceil(cf N k / E), at most the N k pairs
   Tensor dest = Tensor::empty({N, k}, DType::i32, dev);
   Tensor assigned = Tensor::empty({1, E}, DType::i32, dev), kept = assigned.clone();
   ops::moe_route(dest, assigned, kept, r.indices, E, 1, r.capacity);
