@@ -50,6 +50,11 @@ void require_writable(const std::string& path, const std::string& what);
 /// can be written. What require_writable runs on rank 0.
 std::string writable_error(const std::string& path, const std::string& what);
 
+/// A size given in MiB (a double, as --bucket-mb 0.25 takes it) in bytes. Throws UsageError naming
+/// `option` when it is not above 0, rounds to less than one byte, or is more than a 64-bit byte
+/// count holds (a cast would wrap it).
+std::size_t mib_to_bytes(const std::string& option, double mib);
+
 /// Parses argv. --help prints the help on rank 0 and exits 0 on every rank; an unknown option, a
 /// malformed value or a stray argument throws UsageError (exit 2 on every rank).
 cxxopts::ParseResult parse(cxxopts::Options& options, int argc, char** argv);

@@ -22,27 +22,11 @@ using namespace scalelab;
 
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
-
 struct Row {
   std::string mode;
   std::size_t buckets = 0;
   double step_ms = 0, backward_ms = 0, comm_ms = 0, exposed_ms = 0;
 };
-
-// A bucket size in MiB (--bucket-mb, or one of --sweep's), in bytes: from one byte to what a
-// 64-bit byte count holds. Beyond it the conversion wrapped around to 0 bytes, and below a byte it
-// rounded down to 0: both were refused as "not positive", blaming --bucket-mb after training.
-std::size_t bucket_bytes(const std::string& option, double mb) {
-  SCALELAB_REQUIRE(mb > 0, "{} {:g}: a bucket size must be positive (MiB, e.g. 0.25)", option, mb);
-  const double bytes = mb * kMiB;
-  SCALELAB_REQUIRE(bytes >= 1, "{} {:g}: less than one byte (the sizes are MiB: a byte is "
-                   "{:.3g})", option, mb, 1 / kMiB);
-  constexpr double kMaxBytes = 18446744073709551615.0;  // 2^64: the largest size_t, rounded up
-  SCALELAB_REQUIRE(bytes < kMaxBytes, "{} {:g}: more than a 64-bit byte count holds (16 EiB); "
-                   "any size above the gradients' makes one bucket", option, mb);
-  return static_cast<std::size_t>(bytes);
-}
 
 // The median: on a shared machine a few steps are slowed down by other processes.
 double median(std::vector<double> v) {
@@ -67,7 +51,7 @@ Row measure(nn::GPT& model, comm::Communicator& comm, const data::Batch& mine, d
   const bool overlap = bucket_mb > 0;
   std::vector<lab04::Bucket> buckets =
       overlap ? lab04::assign_buckets(model.params(), lab04::ready_order(model),
-                                      bucket_bytes("--sweep", bucket_mb))
+                                      cli::mib_to_bytes("--sweep", bucket_mb))
               : std::vector<lab04::Bucket>{{0, model.num_parameters(), {}}};
   Row row{overlap ? fmt::format("overlap {:g} MiB", bucket_mb) : "no overlap", buckets.size()};
   std::unique_ptr<lab04::OverlappedDDP> ddp;
@@ -131,8 +115,8 @@ int main(int argc, char** argv) {
     const double bucket_mb = parsed["bucket-mb"].as<double>();
     const auto sweep = parsed["sweep"].as<std::vector<double>>();
     const int reps = parsed["reps"].as<int>();
-    const std::size_t bucket = bucket_bytes("--bucket-mb", bucket_mb);
-    for (double mb : sweep) bucket_bytes("--sweep", mb);  // all of them, before any training
+    const std::size_t bucket = cli::mib_to_bytes("--bucket-mb", bucket_mb);
+    for (double mb : sweep) cli::mib_to_bytes("--sweep", mb);  // all of them, before any training
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
     const auto& opt = session.opt();
     const ModelConfig& config = session.config();

@@ -17,25 +17,6 @@
 
 using namespace scalelab;
 
-namespace {
-
-// --bucket-mb in bytes: from one byte to what a 64-bit byte count holds. Beyond it the conversion
-// wrapped around to 0 bytes, and below a byte it rounded down to 0: both were refused as "not
-// positive".
-std::size_t bucket_bytes(double mb) {
-  constexpr double kMiB = 1024.0 * 1024.0;
-  SCALELAB_REQUIRE(mb > 0, "--bucket-mb {:g}: a bucket size must be positive (MiB, e.g. 0.25)", mb);
-  const double bytes = mb * kMiB;
-  SCALELAB_REQUIRE(bytes >= 1, "--bucket-mb {:g}: less than one byte (the size is MiB: a byte is "
-                   "{:.3g})", mb, 1 / kMiB);
-  constexpr double kMaxBytes = 18446744073709551615.0;  // 2^64: the largest size_t, rounded up
-  SCALELAB_REQUIRE(bytes < kMaxBytes, "--bucket-mb {:g}: more than a 64-bit byte count holds "
-                   "(16 EiB); any size above the gradients' makes one bucket", mb);
-  return static_cast<std::size_t>(bytes);
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) {
     train::Session session("lab05_grad_accumulation", "Lab 05: DDP with gradient accumulation",
@@ -48,7 +29,7 @@ int main(int argc, char** argv) {
     const auto& parsed = session.parse(argc, argv);
     const int accum = parsed["accum"].as<int>();
     const double bucket_mb = parsed["bucket-mb"].as<double>();
-    const std::size_t bucket = bucket_bytes(bucket_mb);
+    const std::size_t bucket = cli::mib_to_bytes("--bucket-mb", bucket_mb);
     const auto& run = session.run();
     const auto& opt = session.opt();
     const ModelConfig& config = session.config();
