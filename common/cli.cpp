@@ -111,16 +111,20 @@ std::string writable_error(const std::string& path, const std::string& what) {
   return "";
 }
 
+std::size_t bytes_in_range(const std::string& given, double bytes, const std::string& hint) {
+  const std::string more = hint.empty() ? "" : "; " + hint;
+  SCALELAB_REQUIRE(bytes >= 1, "{}: less than one byte{}", given, more);
+  constexpr double kMaxBytes = 18446744073709551615.0;  // 2^64: the largest size_t, rounded up
+  SCALELAB_REQUIRE(bytes < kMaxBytes, "{}: more than a 64-bit byte count holds (16 EiB){}", given,
+                   more);
+  return static_cast<std::size_t>(bytes);
+}
+
 std::size_t mib_to_bytes(const std::string& option, double mib) {
   constexpr double kMiB = 1024.0 * 1024.0;
   SCALELAB_REQUIRE(mib > 0, "{} {:g}: a size must be positive (MiB, e.g. 0.25)", option, mib);
-  const double bytes = mib * kMiB;
-  SCALELAB_REQUIRE(bytes >= 1, "{} {:g}: less than one byte (the size is MiB: a byte is {:.3g})",
-                   option, mib, 1 / kMiB);
-  constexpr double kMaxBytes = 18446744073709551615.0;  // 2^64: the largest size_t, rounded up
-  SCALELAB_REQUIRE(bytes < kMaxBytes, "{} {:g}: more than a 64-bit byte count holds (16 EiB)",
-                   option, mib);
-  return static_cast<std::size_t>(bytes);
+  return bytes_in_range(fmt::format("{} {:g}", option, mib), mib * kMiB,
+                        fmt::format("the size is MiB: a byte is {:.3g}", 1 / kMiB));
 }
 
 void require_writable(const std::string& path, const std::string& what) {

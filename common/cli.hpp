@@ -50,9 +50,14 @@ void require_writable(const std::string& path, const std::string& what);
 /// can be written. What require_writable runs on rank 0.
 std::string writable_error(const std::string& path, const std::string& what);
 
-/// A size given in MiB (a double, as --bucket-mb 0.25 takes it) in bytes. Throws UsageError naming
-/// `option` when it is not above 0, rounds to less than one byte, or is more than a 64-bit byte
-/// count holds (a cast would wrap it).
+/// `bytes` (a size computed in double from what the user gave) as a byte count. Throws UsageError
+/// starting with `given` (the option and its text, "--memory 1e300GiB") when it is less than one
+/// byte (it would round to 0) or more than a 64-bit byte count holds (a cast would wrap it), with
+/// `hint` after the reason. A size is not negative or zero: check that first, in its own words.
+std::size_t bytes_in_range(const std::string& given, double bytes, const std::string& hint = "");
+
+/// A size given in MiB (a double, as --bucket-mb 0.25 takes it) in bytes: above 0, and in range
+/// (bytes_in_range), else UsageError naming `option`.
 std::size_t mib_to_bytes(const std::string& option, double mib);
 
 /// Parses argv. --help prints the help on rank 0 and exits 0 on every rank; an unknown option, a

@@ -27,7 +27,8 @@ Device rank_device(const std::string& device) {
 
 void add_train_options(cxxopts::Options& options, const TrainOptions& d) {
   options.add_options("train")
-      ("model", "model config: " + fmt::format("{}", fmt::join(model_config_names(), ", ")),
+      ("model", "model config: " + fmt::format("{}", fmt::join(model_config_names(), ", ")) +
+                    " (the -moe ones have mixture-of-experts blocks: labs 02 and 12 train them)",
        cxxopts::value<std::string>()->default_value(d.model))
       ("data", "directory holding train.bin (default: ./data, made by ./scalelab data)",
        cxxopts::value<std::string>()->default_value(d.data))

@@ -19,9 +19,14 @@ if(SCALELAB_BUILD_TESTS)
       "1|warmup_without_bench|^error: --warmup is for --bench$|--bench=false|--warmup|1")
   # A fractional size with a unit is a valid size: 0.5K is 512 bytes (refused before the unit
   # was applied).
-  scalelab_add_mpi_test(lab01.program.fractional_size.np1 lab01_collectives_solution RANKS 1
-                        TIMEOUT 60 LABELS reference lab01
-                        ARGS --bench --min-bytes 0.5K --max-bytes 1K --iters 2 --warmup 0)
-  set_tests_properties(lab01.program.fractional_size.np1 PROPERTIES
-                       PASS_REGULAR_EXPRESSION "[ ]512 +128 ")
+  # (through expect_exit.cmake: the row and exit 0, which a PASS_REGULAR_EXPRESSION alone ignores)
+  set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MPIEXEC_PREFLAGS}
+          $<TARGET_FILE:lab01_collectives_solution> ${MPIEXEC_POSTFLAGS} --bench --min-bytes 0.5K
+          --max-bytes 1K --iters 2 --warmup 0)
+  list(JOIN cmd "|" cmd)
+  add_test(NAME lab01.program.fractional_size.np1
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=0 "-DEXPECT_REGEX=[ ]512 +128 "
+                   -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(lab01.program.fractional_size.np1 PROPERTIES TIMEOUT 60
+                       LABELS "reference;lab01" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 endif()

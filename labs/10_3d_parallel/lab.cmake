@@ -57,7 +57,7 @@ if(SCALELAB_BUILD_TESTS)
       "1|micro_batches_beyond_int|^error: --micro-batches 3000000000: expected a whole number from -2147483648 to 2147483647|--micro-batches|3000000000"
       "1|plan_memory_beyond_64_bits|^error: --memory 1e12GiB: more than a 64-bit byte count holds|--plan|--memory|1e12GiB"
       "1|plan_memory_1e300|^error: --memory 1e300GiB: more than a 64-bit byte count holds|--plan|--memory|1e300GiB"
-      "1|plan_memory_below_a_byte|^error: --memory 1e-300: less than one byte per rank|--plan|--memory|1e-300"
+      "1|plan_memory_below_a_byte|^error: --memory 1e-300: less than one byte. give one rank's memory|--plan|--memory|1e-300"
       "2|plan_nothing_fits|^error: --memory 0.1: no configuration of model tiny for 2 ranks and --batch 8 fits. the smallest needs [0-9.]+ MiB per rank .*give --memory [0-9]+MiB or more|--plan|--memory|0.1"
       "1|plan_on_gpu|^error: --plan measures the CPU .*got --device cuda|--plan|--device|cuda"
       "2|plan_ranks_without_a_grid|^error: --ranks 7: no dp x cp x tp x pp grid of 7 ranks runs model tiny with --batch 8|--plan|--ranks|7"

@@ -78,13 +78,9 @@ std::size_t parse_memory(const std::string& text) {
                    "--memory '{}': expected a size such as 512MiB or 80GiB (a plain number is MiB)",
                    text);
   SCALELAB_REQUIRE(value > 0, "--memory must be positive, got '{}'", text);
-  const double bytes = value * scale;
-  SCALELAB_REQUIRE(bytes >= 1, "--memory {}: less than one byte per rank (a plain number is MiB, "
-                   "e.g. --memory 512 or --memory 80GiB)", text);
-  constexpr double kMaxBytes = 18446744073709551615.0;  // 2^64: the largest size_t, rounded up
-  SCALELAB_REQUIRE(bytes < kMaxBytes, "--memory {}: more than a 64-bit byte count holds (16 EiB "
-                   "per rank); give one rank's memory, e.g. 80GiB", text);
-  return static_cast<std::size_t>(bytes);
+  return cli::bytes_in_range("--memory " + text, value * scale,
+                             "give one rank's memory: a plain number is MiB, e.g. --memory 512 or "
+                             "--memory 80GiB");
 }
 
 // The micro-batch rows --plan measures the machine on: about what the plans run (the global
@@ -181,7 +177,8 @@ int plan(const ModelConfig& model, int64_t batch, DType precision,
   // machine is still measured on the model's own context (a block of a long one would not fit)
   ModelConfig config = model;
   const int64_t context = parsed["context"].as<int64_t>();
-  SCALELAB_REQUIRE(context >= 0, "--context must be at least 1, got {}", context);
+  SCALELAB_REQUIRE(context >= 0, "--context must not be negative (0: the model's), got {}",
+                   context);
   // every grid cuts a sequence into 2 cp zig-zag chunks (cp 1 too: check_4d)
   SCALELAB_REQUIRE(context % 2 == 0, "--context {}: the zig-zag split cuts a sequence into 2 cp "
                    "equal chunks: give an even number of tokens", context);

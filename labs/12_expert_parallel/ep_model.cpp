@@ -2,6 +2,8 @@
 // hold E/ep experts each (GPTOptions::moe) with these mappings plugged into the experts' hook
 // (common/nn/mappings.hpp): the rest of the model (attention, LayerNorms, the router, the loss)
 // runs on each rank's own rows unchanged, like data parallelism. One copy, in both builds.
+#include <cmath>
+
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
 #include "common/trace.hpp"
@@ -14,8 +16,8 @@ void check_ep(const MoEConfig& c, int ep, int world) {
                    "small-moe)");
   SCALELAB_REQUIRE(c.top_k >= 1 && c.top_k <= c.n_expert, "--top-k {}: choose 1 to the {} "
                    "experts", c.top_k, c.n_expert);
-  SCALELAB_REQUIRE(c.capacity_factor > 0, "--capacity-factor {}: must be above 0",
-                   c.capacity_factor);
+  SCALELAB_REQUIRE(std::isfinite(c.capacity_factor) && c.capacity_factor > 0,
+                   "--capacity-factor {}: must be a finite number above 0", c.capacity_factor);
   SCALELAB_REQUIRE(ep >= 1 && world % ep == 0, "--ep {}: the expert-parallel group must divide "
                    "the {} ranks", ep, world);
   SCALELAB_REQUIRE(c.n_expert % ep == 0, "--ep {}: the {} experts do not split evenly over {} "

@@ -113,7 +113,7 @@ void reduce_gradients(nn::GPT& model, comm::Communicator& world, comm::Communica
 // ---- given (ep_model.cpp) --------------------------------------------------------------------
 
 /// Given. Refuses (UsageError, one line, every rank) what cannot run: top-k above E or below 1,
-/// E not divisible by ep, capacity factor <= 0, ep not dividing the world, a dense model.
+/// E not divisible by ep, a capacity factor that is not a finite number above 0, ep not dividing the world, a dense model.
 void check_ep(const MoEConfig& config, int ep, int world);
 
 /// Given. The mappings of an expert-parallel GPT: every MoE block's experts through

@@ -18,8 +18,8 @@ if(SCALELAB_BUILD_TESTS)
       "2|top_k_above_experts|^error: --top-k 5: choose 1 to the 4 experts|--top-k|5"
       "3|experts_not_divisible|^error: --ep 3: the 4 experts do not split evenly|--ep|3"
       "2|capacity_not_positive|^error: --capacity-factor 0: must be a finite number above 0|--capacity-factor|0"
-      "2|capacity_nan|^error: --capacity-factor nan|--capacity-factor|nan"
-      "2|capacity_inf|^error: --capacity-factor inf|--capacity-factor|inf"
+      "2|capacity_nan|^error: --capacity-factor nan: expected a finite number|--capacity-factor|nan"
+      "2|capacity_inf|^error: --capacity-factor inf: expected a finite number|--capacity-factor|inf"
       # --sweep-factors: each item whole a finite number above 0, every one checked up front
       # (a bad later factor used to be found after the first factor's runs)
       "2|sweep_factor_nan|^error: --sweep-factors 'nan': 'nan' is not a capacity factor|--sweep|--sweep-factors|nan"

@@ -184,12 +184,8 @@ int main(int argc, char** argv) {
     ModelConfig config = session.config();
     MoEConfig& moe = config.moe;
     if (parsed.count("top-k")) moe.top_k = parsed["top-k"].as<int64_t>();
-    if (parsed.count("capacity-factor")) {
-      moe.capacity_factor = parsed["capacity-factor"].as<double>();
-      SCALELAB_REQUIRE(std::isfinite(moe.capacity_factor) && moe.capacity_factor > 0,
-                       "--capacity-factor {}: must be a finite number above 0",
-                       moe.capacity_factor);
-    }
+    if (parsed.count("capacity-factor"))
+      moe.capacity_factor = parsed["capacity-factor"].as<double>();  // checked by check_ep
     if (parsed.count("aux-coef")) moe.aux_coef = parsed["aux-coef"].as<double>();
     SCALELAB_REQUIRE(moe.aux_coef >= 0, "--aux-coef {}: must be at least 0", moe.aux_coef);
     const int ep = parsed["ep"].as<int>() == 0 ? world.size() : parsed["ep"].as<int>();
@@ -203,14 +199,9 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(do_sweep || !parsed.count("sweep-factors"),
                      "--sweep-factors is for --sweep (the capacity factors it times); to train at "
                      "one, give --capacity-factor");
-    // every factor of the sweep checked before the first run
+    // every factor of the sweep checked (finite, above 0) before the first run
     std::vector<double> sweep_factors;
     if (do_sweep) sweep_factors = parse_sweep_factors(parsed["sweep-factors"].as<std::string>());
-    for (const double cf : sweep_factors) {
-      MoEConfig c = moe;
-      c.capacity_factor = cf;
-      lab12::check_ep(c, ep, world.size());
-    }
     session.pick_device();
     const Device device = session.device();
     data::Sampler& sampler = session.sampler();
