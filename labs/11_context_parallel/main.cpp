@@ -233,7 +233,10 @@ int main(int argc, char** argv) {
                                         run.precision);
     };
     // a step that cannot hold even one sequence is --context's to shrink, not --batch's
-    train::require_host_memory(step_bytes(1), fmt::format("--context {}", T),
+    train::require_host_memory(step_bytes(1),
+                               parsed.count("context") ? fmt::format("--context {}", T)
+                                                       : fmt::format("--context (the default, {} "
+                                                                     "tokens: 4 x the model's)", T),
                                "a training step of one sequence");
     train::require_host_memory(step_bytes(opt.batch), fmt::format("--batch {}", opt.batch),
                                "a training step");

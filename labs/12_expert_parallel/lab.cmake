@@ -28,6 +28,8 @@ if(SCALELAB_BUILD_TESTS)
       "2|sweep_factor_trailing_text|^error: --sweep-factors '1abc': '1abc' is not a capacity factor|--sweep|--sweep-factors|1abc"
       "2|sweep_factors_empty|^error: --sweep-factors '': '' is not a capacity factor|--sweep|--sweep-factors="
       "2|sweep_factors_without_sweep|^error: --sweep-factors is for --sweep|--sweep-factors|abc"
+      # with --sweep a --capacity-factor was silently not used
+      "2|capacity_with_sweep|^error: --capacity-factor and --sweep: |--sweep|--capacity-factor|2"
       "4|ep_not_dividing_world|^error: --ep 3: the expert-parallel group must divide the 4 ranks|--ep|3"
       "1|dense_model|^error: --model: lab 12 needs a mixture-of-experts model|--model|tiny"
       "2|sweep_and_diverge|^error: --sweep and --diverge: choose one|--sweep|--diverge")

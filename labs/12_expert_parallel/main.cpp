@@ -196,6 +196,9 @@ int main(int argc, char** argv) {
     const bool do_sweep = parsed["sweep"].as<bool>();
     SCALELAB_REQUIRE(!(do_sweep && session.diverge()),
                      "--sweep and --diverge: choose one (--diverge compares one training step)");
+    SCALELAB_REQUIRE(!(do_sweep && parsed.count("capacity-factor")),
+                     "--capacity-factor and --sweep: the sweep times each of --sweep-factors "
+                     "instead; give one of them");
     SCALELAB_REQUIRE(do_sweep || !parsed.count("sweep-factors"),
                      "--sweep-factors is for --sweep (the capacity factors it times); to train at "
                      "one, give --capacity-factor");
