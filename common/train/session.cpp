@@ -51,6 +51,14 @@ void Session::require_dense(const std::string& why) const {
                                "models: {})", opt_.model, why, fmt::join(dense, ", ")));
 }
 
+void Session::require_step_memory(int64_t rows, StepShape shape) const {
+  shape.global_batch = opt_.batch;
+  shape.rows = device().is_cpu() ? rows : 0;
+  if (shape.layers == 0) shape.layers = config_.n_layer;
+  require_host_memory(step_bytes_at_least(config_, shape, run_.precision),
+                      fmt::format("--batch {}", opt_.batch), "a training step");
+}
+
 void Session::set_context(int64_t tokens) {
   SCALELAB_CHECK(comm_.has_value(), "Session::set_context before parse()");
   SCALELAB_CHECK(!sampler_ && !reporter_, "Session::set_context after sampler() or announce(): "

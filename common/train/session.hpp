@@ -54,6 +54,7 @@
 #include "common/nn/gpt.hpp"
 #include "common/train/divergence.hpp"
 #include "common/train/loop.hpp"
+#include "common/train/sizing.hpp"
 
 namespace scalelab::train {
 
@@ -97,6 +98,14 @@ class Session {
   /// mixture-of-experts --model (tiny-moe, small-moe), a UsageError naming the model, `why` and
   /// the dense models (one line, exit 2 on every rank). After parse().
   void require_dense(const std::string& why) const;
+
+  /// Refuses a training step this rank's host memory cannot hold (require_host_memory: one line
+  /// naming --batch, exit 2 on every rank), before the batch is drawn. `rows`: the rows one
+  /// forward runs on this rank (its share, or the whole batch where it runs the twin); `shape`
+  /// the rest (checkpointing, tp, ...): its global batch is --batch, its layers default to the
+  /// model's, and on a GPU its rows count 0 (the activations are the GPU's; only the batch is host
+  /// memory). Collective over the world; after the device is picked.
+  void require_step_memory(int64_t rows, StepShape shape = {}) const;
 
   /// The shared run options (--device, --backend, --seed, --timeout, --trace, --precision).
   /// After parse().

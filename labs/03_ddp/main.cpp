@@ -11,7 +11,6 @@
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/session.hpp"
-#include "common/train/sizing.hpp"
 #include "common/train/twin.hpp"
 #include "ddp.hpp"
 
@@ -35,19 +34,9 @@ int main(int argc, char** argv) {
     session.require_dense("each DDP rank would route only its rows, but an expert's capacity and "
                           "the balancing loss depend on all the rows routed together");
     // A rank's share of the batch through the whole model; the whole batch on rank 0 when it
-    // runs the single-device twin, and on every rank with --diverge (the twin of step 0). On a
-    // GPU the activations are the GPU's, and only the batch is host memory. Too large: a usage
-    // error on every rank, before the batch is drawn.
+    // runs the single-device twin, and on every rank with --diverge (the twin of step 0).
     const bool whole = session.diverge() || (comm.rank() == 0 && verify_steps > 0);
-    train::require_host_memory(
-        train::step_bytes_at_least(
-            config, {.global_batch = opt.batch,
-                     .rows = !session.device().is_cpu() ? 0
-                             : whole                   ? opt.batch
-                                                       : opt.batch / comm.size(),
-                     .layers = config.n_layer},
-            run.precision),
-        fmt::format("--batch {}", opt.batch), "a training step");
+    session.require_step_memory(whole ? opt.batch : opt.batch / comm.size());
     // A bad split (more ranks than rows) is a usage error on every rank, before any training.
     const int64_t local_rows = lab03::local_batch(session.sampler().batch(0), comm.rank(), comm.size())
                                    .batch_size();

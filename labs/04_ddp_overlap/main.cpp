@@ -14,7 +14,6 @@
 #include "common/trace.hpp"
 #include "common/train/global_loss.hpp"
 #include "common/train/session.hpp"
-#include "common/train/sizing.hpp"
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
 
@@ -126,18 +125,8 @@ int main(int argc, char** argv) {
     session.require_dense("each DDP rank would route only its rows, but an expert's capacity and "
                           "the balancing loss depend on all the rows routed together");
     // A rank's share of the batch through the whole model (the table's steps too); the whole batch
-    // on every rank with --diverge (the twin of step 0). On a GPU the activations are the GPU's,
-    // and only the batch is host memory. Too large: a usage error on every rank, before the batch
-    // is drawn.
-    train::require_host_memory(
-        train::step_bytes_at_least(
-            config, {.global_batch = opt.batch,
-                     .rows = !device.is_cpu()    ? 0
-                             : session.diverge() ? opt.batch
-                                                 : opt.batch / comm.size(),
-                     .layers = config.n_layer},
-            session.run().precision),
-        fmt::format("--batch {}", opt.batch), "a training step");
+    // on every rank with --diverge (the twin of step 0).
+    session.require_step_memory(session.diverge() ? opt.batch : opt.batch / comm.size());
     data::Sampler& sampler = session.sampler();
     const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
 

@@ -10,7 +10,6 @@
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/session.hpp"
-#include "common/train/sizing.hpp"
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
 #include "grad_accumulation.hpp"
@@ -42,17 +41,8 @@ int main(int argc, char** argv) {
     const lab05::BatchPlan plan = lab05::plan_batch(opt.batch, accum, comm.size());
     // A rank's share of the batch in one forward (the check of accumulation against one batch,
     // and the table's accum 1); the whole batch on every rank with --diverge (the twin of step
-    // 0). On a GPU the activations are the GPU's, and only the batch is host memory. Too large: a
-    // usage error on every rank, before the batch is drawn.
-    train::require_host_memory(
-        train::step_bytes_at_least(
-            config, {.global_batch = opt.batch,
-                     .rows = !session.device().is_cpu() ? 0
-                             : session.diverge()        ? opt.batch
-                                                        : opt.batch / comm.size(),
-                     .layers = config.n_layer},
-            run.precision),
-        fmt::format("--batch {}", opt.batch), "a training step");
+    // 0).
+    session.require_step_memory(session.diverge() ? opt.batch : opt.batch / comm.size());
     data::Sampler& sampler = session.sampler();
 
     nn::GPT model(config, session.model_options(run.seed + comm.rank()));

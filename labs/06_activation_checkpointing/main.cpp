@@ -13,7 +13,6 @@
 #include "common/train/equivalence.hpp"
 #include "common/train/global_loss.hpp"
 #include "common/train/session.hpp"
-#include "common/train/sizing.hpp"
 #include "activation_checkpointing.hpp"
 #include "ddp.hpp"
 
@@ -87,17 +86,11 @@ int main(int argc, char** argv) {
     const Device device = session.device();
     // A rank's share of the batch through the whole model: rank 0's table runs it without
     // checkpointing; the whole batch, not checkpointed, on every rank with --diverge (the twin of
-    // step 0). On a GPU the activations are the GPU's, and only the batch is host memory. Too
-    // large: a usage error on every rank, before the batch is drawn.
+    // step 0).
     const bool whole = session.diverge();
-    train::require_host_memory(
-        train::step_bytes_at_least(
-            config, {.global_batch = opt.batch,
-                     .rows = !device.is_cpu() ? 0 : whole ? opt.batch : opt.batch / comm.size(),
-                     .layers = config.n_layer,
-                     .checkpoint = !whole && comm.rank() != 0 && policy.kind != lab06::Policy::none},
-            session.run().precision),
-        fmt::format("--batch {}", opt.batch), "a training step");
+    session.require_step_memory(
+        whole ? opt.batch : opt.batch / comm.size(),
+        {.checkpoint = !whole && comm.rank() != 0 && policy.kind != lab06::Policy::none});
     data::Sampler& sampler = session.sampler();
     const int64_t rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size()).batch_size();
 

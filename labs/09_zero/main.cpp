@@ -22,7 +22,6 @@
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/session.hpp"
-#include "common/train/sizing.hpp"
 #include "common/train/twin.hpp"
 #include "ddp.hpp"
 #include "zero.hpp"
@@ -108,17 +107,9 @@ int main(int argc, char** argv) {
     comm::Communicator& comm = session.comm();
     const Device device = session.device();
     // A rank's share of the batch through the whole model; the whole batch on rank 0 when it
-    // runs the single-device twin, and on every rank for the table's n = 1 rows. On a GPU the
-    // activations are the GPU's, and only the batch is host memory. Too large: a usage error on
-    // every rank.
+    // runs the single-device twin, and on every rank for the table's n = 1 rows.
     const bool whole = table || (comm.rank() == 0 && verify_steps > 0);
-    train::require_host_memory(
-        train::step_bytes_at_least(
-            config, {.global_batch = opt.batch,
-                     .rows = !device.is_cpu() ? 0 : whole ? opt.batch : opt.batch / comm.size(),
-                     .layers = config.n_layer},
-            run.precision),
-        fmt::format("--batch {}", opt.batch), "a training step");
+    session.require_step_memory(whole ? opt.batch : opt.batch / comm.size());
     data::Sampler& sampler = session.sampler();
     // A bad split (more ranks than rows) is a usage error on every rank, before any training.
     const int64_t local_rows = lab03::local_batch(sampler.batch(0), comm.rank(), comm.size())
