@@ -1,6 +1,6 @@
 # scalelab_add_lab(<NN> <name> SOURCES <impl.cpp...> STEPS <n> RANKS <k...>
 #                  [GIVEN <given.cpp...>] [STEP_RANKS "<step>:<k>,<k>" ...] [LIBS <targets...>]
-#                  [OPTIONAL_STEPS <step...>] [TIMEOUT <s>])
+#                  [OPTIONAL_STEPS <step...>] [STEP_USES "<step>:<step>,<step>" ...] [TIMEOUT <s>])
 #
 # SOURCES are exercises: solutions/NN_name/<file> for the reference, the generated starter
 # labs/NN_name/<file> for the attendee. GIVEN files are not exercises: one copy, in labs/NN_name/,
@@ -15,8 +15,10 @@
 # only the GoogleTest suites named StepK* (--gtest_filter), so one hang cannot mask other steps.
 # Labels: starter or reference, and labNN; the entries of OPTIONAL_STEPS (beyond the lab's
 # 90-minute core, README.md says which) also carry `optional`, which the grader reports apart
-# from the core. Custom targets labNN_starter / labNN_reference build
-# one side, so the grader can build each lab on its own.
+# from the core; STEP_USES "4:3" (step 4's graders run the attendee's step 3, checked by ctest
+# labNN.step_uses: scalelab_add_step_uses_check) labels step 4's entries `uses-step3`, from which
+# the grader says "fix step 3 first" when both fail. Custom targets labNN_starter /
+# labNN_reference build one side, so the grader can build each lab on its own.
 #
 # COMPOSES <NN...> (lab 10): the lab is built from earlier labs' work. Its code compiles against
 # their contracts only (labNN_headers); its graders link their references (each lab is graded on
@@ -27,11 +29,22 @@
 # attendee's program is not in labNN_starter, so grading lab NN does not build the other labs.
 function(scalelab_add_lab nn name)
   cmake_parse_arguments(L "" "STEPS;TIMEOUT"
-                        "SOURCES;GIVEN;RANKS;STEP_RANKS;LIBS;OPTIONAL_STEPS;COMPOSES" ${ARGN})
+                        "SOURCES;GIVEN;RANKS;STEP_RANKS;LIBS;OPTIONAL_STEPS;COMPOSES;STEP_USES" ${ARGN})
   foreach(step IN LISTS L_OPTIONAL_STEPS)
     if(NOT step MATCHES "^[0-9]+$" OR step LESS 1 OR step GREATER L_STEPS)
       message(FATAL_ERROR "lab ${nn}: OPTIONAL_STEPS names step '${step}', not one of 1..${L_STEPS}")
     endif()
+  endforeach()
+  foreach(uses IN LISTS L_STEP_USES)
+    if(NOT uses MATCHES "^([0-9]+):([0-9]+(,[0-9]+)*)$")
+      message(FATAL_ERROR "lab ${nn}: STEP_USES '${uses}' is not <step>:<step>,<step>...")
+    endif()
+    string(REPLACE "," ";" used "${CMAKE_MATCH_2}")
+    foreach(step IN LISTS CMAKE_MATCH_1 used)
+      if(step LESS 1 OR step GREATER L_STEPS)
+        message(FATAL_ERROR "lab ${nn}: STEP_USES '${uses}' names step ${step}, not one of 1..${L_STEPS}")
+      endif()
+    endforeach()
   endforeach()
   set(dir ${nn}_${name})
   set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${dir})
@@ -131,6 +144,15 @@ function(scalelab_add_lab nn name)
         if(step IN_LIST L_OPTIONAL_STEPS)
           list(APPEND step_labels optional)
         endif()
+        foreach(uses IN LISTS L_STEP_USES)  # the grader reads these: "fix step J first"
+          if(uses MATCHES "^${step}:(.*)$")
+            string(REPLACE "," ";" used "${CMAKE_MATCH_1}")
+            list(TRANSFORM used PREPEND uses-step)
+            list(APPEND step_labels ${used})
+          endif()
+        endforeach()
+        list(GET ranks -1 most)
+        list(APPEND step_most_ranks ${step}:${most})
         foreach(k IN LISTS ranks)
           set(timeout_arg)
           if(L_TIMEOUT)
@@ -143,6 +165,12 @@ function(scalelab_add_lab nn name)
       endforeach()
     endif()
   endforeach()
+
+  if(SCALELAB_BUILD_TESTS AND test_sources)
+    list(REMOVE_DUPLICATES step_most_ranks)
+    scalelab_add_step_uses_check(${nn} STEPS ${L_STEPS} STEP_USES ${L_STEP_USES}
+                                 RANKS ${step_most_ranks} LIBS ${composed_solution})
+  endif()
 
   # The attendee's program with the references of some composed labs (every non-empty subset).
   list(LENGTH L_COMPOSES n_composed)
@@ -169,6 +197,50 @@ function(scalelab_add_lab nn name)
       target_link_libraries(${variant} PRIVATE lab${nn}_${name}_starter_impl ${libs})
     endforeach()
   endif()
+endfunction()
+
+# scalelab_add_step_uses_check(<NN> STEPS <n> [STEP_USES "<K>:<J>,<J>"...] RANKS "<K>:<k>"...
+#                              [LIBS <targets...>])
+# STEP_USES says which steps' tests run which other steps' code: "4:3" = step 4's graders call
+# the attendee's step 3 (a step 4 that fails while step 3 does is no news about step 4, and the
+# grader says "fix step 3 first"). This checks the claim: test_labNN_stubbed is the lab's graders
+# linked with its reference, each step's blocks throwing its starter's NotImplemented while
+# SCALELAB_STUB_STEP names that step (cmake/plant_steps.cmake); ctest labNN.step_uses runs every
+# step's graders (on its largest rank count) with every other step stubbed
+# (tools/step_uses) and fails, naming the pairs and the STEP_USES to write, where a step's tests
+# reach a stubbed step the declaration does not name, or never reach one it names.
+function(scalelab_add_step_uses_check nn)
+  cmake_parse_arguments(U "" "STEPS" "STEP_USES;RANKS;LIBS" ${ARGN})
+  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
+  set(all_steps)
+  foreach(step RANGE 1 ${U_STEPS})
+    list(APPEND all_steps ${step})
+  endforeach()
+  list(JOIN all_steps "," all_steps)
+  scalelab_impl_from_reference_copy(${nn} lab${nn}_stubbed_impl stubbed_lab${nn}
+                                    SCRIPT ${PROJECT_SOURCE_DIR}/cmake/plant_steps.cmake
+                                    DEFINES -DLAB=${nn} -DSTEPS=${all_steps} -DSWITCH=SCALELAB_STUB_STEP
+                                    COMMENT "lab ${nn}'s reference with a switch to stub each step")
+  add_executable(test_lab${nn}_stubbed $<TARGET_OBJECTS:test_lab${nn}_objects>)
+  target_link_libraries(test_lab${nn}_stubbed PRIVATE lab${nn}_stubbed_impl ${U_LIBS} scalelab::lab_testing
+                        scalelab::test_main)
+  scalelab_undefined_symbols(test_lab${nn}_stubbed lab${nn}_stubbed_impl ${name}.cpp)
+  add_dependencies(reference test_lab${nn}_stubbed)
+  set(most 1)
+  foreach(r IN LISTS U_RANKS)
+    string(REGEX REPLACE "^[0-9]+:" "" r "${r}")
+    if(r GREATER most)
+      set(most ${r})
+    endif()
+  endforeach()
+  find_package(Python3 REQUIRED COMPONENTS Interpreter)
+  add_test(NAME lab${nn}.step_uses
+           COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/step_uses --lab ${nn} --steps ${U_STEPS}
+                   --ranks ${U_RANKS} --uses ${U_STEP_USES} --
+                   ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} @RANKS@ ${MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:test_lab${nn}_stubbed> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(lab${nn}.step_uses PROPERTIES PROCESSORS ${most} TIMEOUT 600
+                       LABELS "reference;lab${nn}" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 endfunction()
 
 # scalelab_add_lab_gpu_tests(<nn>): ctest lab<nn>.gpu.np1 / .np2 (labels gpu, reference, lab<nn>)
@@ -270,7 +342,7 @@ endfunction()
 
 # scalelab_add_core_only_impl(<NN> STEPS <K...>)
 # labNN_core_only_impl: the lab's reference with its optional steps STEPS throwing their starter's
-# NotImplemented (a copy made at build time by cmake/plant_optional.cmake) and its GIVEN files:
+# NotImplemented (a copy made at build time by cmake/plant_steps.cmake) and its GIVEN files:
 # what an attendee's code is before the optional steps are written. Once per lab.
 function(scalelab_add_core_only_impl nn)
   cmake_parse_arguments(C "" "" "STEPS" ${ARGN})
@@ -279,7 +351,7 @@ function(scalelab_add_core_only_impl nn)
   endif()
   list(JOIN C_STEPS "," steps)
   scalelab_impl_from_reference_copy(${nn} lab${nn}_core_only_impl core_only_lab${nn}
-                                    SCRIPT ${PROJECT_SOURCE_DIR}/cmake/plant_optional.cmake
+                                    SCRIPT ${PROJECT_SOURCE_DIR}/cmake/plant_steps.cmake
                                     DEFINES -DLAB=${nn} -DSTEPS=${steps}
                                     COMMENT "lab ${nn} with its optional steps ${C_STEPS} not written (a copy of the reference)")
 endfunction()

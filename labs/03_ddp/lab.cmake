@@ -1,4 +1,6 @@
-scalelab_add_lab(03 ddp SOURCES ddp.cpp STEPS 4 RANKS 1 2 4 TIMEOUT 60)
+# STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
+scalelab_add_lab(03 ddp SOURCES ddp.cpp STEPS 4 RANKS 1 2 4 TIMEOUT 60
+                 STEP_USES "4:2,3")
 # Bad input (found by the bad-input audit): one distinct "error: ..." line naming the option, exit 2
 # on every rank, before the batch is drawn (never read: the data file). A batch too large for
 # this machine (the sampler's allocation used to fail, "check failed: out of host memory", or

@@ -1,4 +1,6 @@
-scalelab_add_lab(04 ddp_overlap SOURCES ddp_overlap.cpp GIVEN backward_hooks.cpp STEPS 4 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60)
+# STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
+scalelab_add_lab(04 ddp_overlap SOURCES ddp_overlap.cpp GIVEN backward_hooks.cpp STEPS 4 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60
+                 STEP_USES "3:2")
 # Bad input (found by the bad-input audit): one distinct "error: ..." line naming the option, exit 2
 # on every rank, before any training. A --sweep element that is not a number (the shared CLI
 # named only 'abc'); bucket sizes beyond a 64-bit byte count or below a byte, for --bucket-mb and

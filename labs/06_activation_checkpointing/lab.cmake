@@ -1,4 +1,6 @@
-scalelab_add_lab(06 activation_checkpointing SOURCES activation_checkpointing.cpp GIVEN policy_text.cpp held_bytes.cpp STEPS 4 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60)
+# STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
+scalelab_add_lab(06 activation_checkpointing SOURCES activation_checkpointing.cpp GIVEN policy_text.cpp held_bytes.cpp STEPS 4 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60
+                 STEP_USES "3:1,2" "4:1,3")
 # Bad input (found by the bad-input audit): one distinct "error: ..." line naming the option, exit 2
 # on every rank, before any training. A mixture-of-experts model (lab 06's forward runs dense
 # blocks: it stopped after a step on "gelu_forward: undefined tensor"); a batch too large for

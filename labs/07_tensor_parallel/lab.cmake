@@ -1,4 +1,6 @@
+# STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
 scalelab_add_lab(07 tensor_parallel SOURCES tensor_parallel.cpp GIVEN tp_model.cpp STEPS 6 RANKS 1 2 4 TIMEOUT 60
+                 STEP_USES "2:1" "3:1,2" "4:1,2,3" "5:1,2,3,4" "6:1,2,3,4,5"
                  OPTIONAL_STEPS 5 6)  # the core (steps 1-4) fits 90 minutes: README.md
 # tp (= the number of ranks) must divide the heads, the MLP width and the vocabulary: tiny has 2
 # heads, so 4 ranks are a usage error, exit 2 on every rank (checked before any data is read).
@@ -39,7 +41,7 @@ scalelab_add_planted_submissions(07 PLANTS ${PROJECT_SOURCE_DIR}/tests/07_tensor
         "static_logits:4_GPT.TheFull:1:Step4_GPT.TheFullLogitsNeverExistOnOneRank on rank 0: .*static storage"
         # step 3's head shards wrong: step 4's model check names where it shows first
         "wrong_heads:4_GPT.Trains:2:Step4_GPT.TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps on rank [0-9]: .*first divergence: blocks\\.0\\.attn\\.att, forward, ranks 0, 1")
-# The program with only the core written (cmake/plant_optional.cmake: the reference with every
+# The program with only the core written (cmake/plant_steps.cmake: the reference with every
 # function of the optional steps 5 and 6 throwing its starter's NotImplemented): it trains beside
 # its twin, leaves the sequence-parallel rows and the formula columns out of its table with a note
 # naming the step, and exits 0 on the core's twin check. About 1 s on 2 cores.

@@ -3,8 +3,10 @@
 add_library(lab08_schedule STATIC ${CMAKE_CURRENT_LIST_DIR}/schedule.cpp)
 target_include_directories(lab08_schedule PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_link_libraries(lab08_schedule PUBLIC scalelab::common)
+# STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
 scalelab_add_lab(08 pipeline_parallel SOURCES pipeline_parallel.cpp STEPS 6 RANKS 1 2 4
                  STEP_RANKS "2:2,4" "3:1" LIBS lab08_schedule TIMEOUT 60
+                 STEP_USES "4:1,2" "5:1,2,4" "6:1,2,4"
                  OPTIONAL_STEPS 5 6)  # the core (steps 1-4) fits 90 minutes: README.md
 # Bad configurations of the program: exit 2 and one distinct "error: ..." line (mpiexec adds its
 # own notice about the exit code), never a hang. The pipeline has one stage per rank, so "more stages than layers" runs
@@ -50,7 +52,7 @@ scalelab_add_planted_submissions(08 PLANTS ${PROJECT_SOURCE_DIR}/tests/08_pipeli
         "activations_in_vector:5_Memory:2:Step5_Memory.AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage on rank [0-9]: .*held outside the Tensor allocator"
         "sends_deferred:6:1:Step6_Execute.InterleavedEqualsSingleDevice on rank 0: .*log of piece calls and send/recv"
         "sends_deferred:6:2:Step6_Execute.InterleavedEqualsSingleDevice on rank [0-9]: .*log of piece calls and send/recv")
-# The program with only the core written (cmake/plant_optional.cmake: steps 5 and 6 throw their
+# The program with only the core written (cmake/plant_steps.cmake: steps 5 and 6 throw their
 # starter's NotImplemented): it trains beside the twin (1F1B, steps 1-4), and its table stops with
 # a note naming the missing step; exit 0 on the core's twin check. About 1 s on 2 cores.
 scalelab_add_core_only_program(08 STEPS 5 6 RANKS 2 EXPECT_CODE 0

@@ -1,4 +1,6 @@
+# STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
 scalelab_add_lab(09 zero SOURCES zero.cpp GIVEN zero_policies.cpp STEPS 5 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60
+                 STEP_USES "2:1" "3:1,2" "4:1"
                  OPTIONAL_STEPS 4 5)  # the core (steps 1-3) fits 90 minutes: README.md
 # Bad input: one "error:" line and exit 2 (checked before any data is read).
 if(SCALELAB_BUILD_TESTS)
@@ -75,7 +77,7 @@ if(SCALELAB_BUILD_TESTS)
       FILTER Step4_Zero3.TheAllocatorSeesOnlyShards* PLANT factory_lean LAB 09
       REGEX "Step4_Zero3.TheAllocatorSeesOnlyShardsAndASmallWorkingSet on rank [0-9]: .*bytes between steps")
 endif()
-# The program with only the core written (cmake/plant_optional.cmake: ZeRO-3 and the formulas,
+# The program with only the core written (cmake/plant_steps.cmake: ZeRO-3 and the formulas,
 # steps 4 and 5, throw their starter's NotImplemented): ZeRO-1 trains beside the twin, and --table
 # leaves stage 3 and the formula columns out with a note naming the step; exit 0 on the core's
 # checks. About 2 s on 2 cores.

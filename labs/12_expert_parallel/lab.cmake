@@ -1,10 +1,12 @@
 # Lab 12: expert parallelism. Steps 1-2 (the router; dispatch and combine) are one device: one
 # rank. Steps 3-4 exchange tokens over 2 and 4 ranks (step 3 on 1 rank too: ep = 1 is the
 # single device and must give it exactly).
+# STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
 scalelab_add_lab(12 expert_parallel SOURCES expert_parallel.cpp
                  GIVEN ep_model.cpp
                  STEPS 4 RANKS 1 2 4
                  STEP_RANKS "1:1" "2:1" "4:4"
+                 STEP_USES "4:3"
                  OPTIONAL_STEPS 4  # the core (steps 1-3) fits 90 minutes: README.md
                  TIMEOUT 60)
 # The .bss / .data of the attendee's object (step 3's memory check bounds them: 4 KiB).

@@ -428,6 +428,44 @@ class ReportTest(unittest.TestCase):
             error = ET.parse(path).getroot().find(".//testcase[@classname='lab08.step6']/error")
             self.assertTrue(error.get("message").startswith("(optional step) timed out"))
 
+    def test_a_step_that_runs_a_failing_step_says_fix_that_one_first(self):
+        # lab.cmake's STEP_USES "4:2,3" (ctest labNN.step_uses measures it): step 4's graders run
+        # steps 2 and 3's code. Step 3 fails, so step 4's failure is no news about step 4.
+        lab = {"lab": "03", "name": "ddp", "build": "ok",
+               "steps": [self.step(1, "failed"), self.step(2, "passed"), self.step(3, "failed"),
+                         self.step(4, "failed")]}
+        uses = {4: {2, 3}}
+        grade.add_fix_first("03", lab["steps"], uses)
+        self.assertEqual([s["fix_first"] for s in lab["steps"]], [[], [], [], [3]],
+                         "step 1 fails too, but step 4 does not run it")
+        grade.add_points(lab, lab["steps"])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            grade.print_table(lab)
+        self.assertIn("fix step 3 first: step 4's tests run its code, and it does not pass", out.getvalue())
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "g.xml"
+            grade.write_junit({"labs": [lab]}, path)
+            failure = ET.parse(path).getroot().find(".//testcase[@classname='lab03.step4']/failure")
+            self.assertIn("(fix step 3 first:", failure.get("message"))
+        # two failing steps, named together
+        lab["steps"][1] = self.step(2, "crashed")
+        grade.add_fix_first("03", lab["steps"], uses)
+        self.assertEqual(grade.fix_first_text(lab["steps"][3]),
+                         "fix steps 2 and 3 first: step 4's tests run their code, and they do not pass")
+        # nothing to add: step 4 passes; its verdict already names step 3; the build failed
+        for verdict, detail in (("passed", ""), ("not implemented", "lab 03 step 3: all-reduce (README.md#step-3)"),
+                                ("build failed", "error: x")):
+            steps = [self.step(3, "not implemented"), self.step(4, verdict)]
+            steps[1]["detail"] = detail
+            grade.add_fix_first("03", steps, {4: {3}})
+            self.assertEqual(steps[1]["fix_first"], [], verdict)
+        # step 4's own NotImplemented while step 3 fails: fix step 3 first still
+        steps = [self.step(3, "failed"), self.step(4, "not implemented")]
+        steps[1]["detail"] = "lab 03 step 4: zero grads (README.md#step-4)"
+        grade.add_fix_first("03", steps, {4: {3}})
+        self.assertEqual(steps[1]["fix_first"], [3])
+
     def test_skipped_runs_are_junit_skipped(self):
         lab = {"lab": "08", "name": "pipeline_parallel", "steps": [self.step(2, "timed out")]}
         lab["steps"][0]["runs"].append({"ranks": 4, "test": "lab08.step2.np4.starter", "verdict": "skipped",
@@ -509,6 +547,16 @@ class ReportTest(unittest.TestCase):
                     for t in grade.list_tests(build) if "starter" in t["labels"] and "optional" in t["labels"]}
         for lab, steps in (("lab07", {5, 6}), ("lab08", {5, 6}), ("lab09", {4, 5}), ("lab10", {4})):
             self.assertEqual({int(s[4:]) for l, s in optional if l == lab}, steps, lab)
+
+    def test_the_steps_each_step_runs_are_labelled(self):
+        # lab.cmake's STEP_USES reach the grader as the labels uses-stepJ of step K's entries.
+        build = pathlib.Path(os.environ.get("SCALELAB_BUILD_DIR", ROOT / "build"))
+        if not (build / "CTestTestfile.cmake").is_file():
+            self.skipTest(f"no configured build in {build}")
+        labels = {t["name"]: set(t["labels"]) for t in grade.list_tests(build) if "starter" in t["labels"]}
+        self.assertLessEqual({"uses-step2", "uses-step3"}, labels["lab03.step4.np2.starter"])
+        self.assertFalse(any(l.startswith("uses-") for l in labels["lab03.step3.np2.starter"]))
+        self.assertIn("lab03.step_uses", {t["name"] for t in grade.list_tests(build)})
 
 
 class UsageTest(unittest.TestCase):
