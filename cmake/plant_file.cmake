@@ -1,6 +1,6 @@
 # cmake -DIN=<file> -DOUT=<file> -DPLANTS=<file> -P plant_file.cmake
-# plant.cmake for several plants, and for text CMake arguments cannot carry (semicolons, quotes):
-# PLANTS holds blocks
+# A planted fault made from a reference at build time (a test shows that a check catches it, or
+# that a program really runs the code it links). PLANTS holds blocks
 #   @@@ FROM
 #   <text, exactly once in IN>
 #   @@@ TO

@@ -120,15 +120,18 @@ scalelab_add_lab_gpu_tests(10)
 # twin check fails: exit 1 on every rank. (The attendee's program, lab10_3d_parallel, links the
 # attendee's labs 07-09 the same way.)
 if(SCALELAB_BUILD_TESTS)
+  # the plants quote the references: they live beside them (solutions/10_3d_parallel/planted/)
+  set(lab10_planted ${PROJECT_SOURCE_DIR}/solutions/10_3d_parallel/planted)
   set(planted_dir ${CMAKE_CURRENT_BINARY_DIR}/planted_lab07)
   set(planted_src ${planted_dir}/tensor_parallel.cpp)
   set(lab07_reference ${PROJECT_SOURCE_DIR}/solutions/07_tensor_parallel/tensor_parallel.cpp)
   add_custom_command(OUTPUT ${planted_src}
                      COMMAND ${CMAKE_COMMAND} -E make_directory ${planted_dir}
                      COMMAND ${CMAKE_COMMAND} -DIN=${lab07_reference} -DOUT=${planted_src}
-                             "-DFROM=tp.all_reduce(y)" "-DTO=(void)tp, (void)y"
-                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
-                     DEPENDS ${lab07_reference} ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
+                             -DPLANTS=${lab10_planted}/lab07_g_without_all_reduce.plant
+                             -P ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
+                     DEPENDS ${lab07_reference} ${lab10_planted}/lab07_g_without_all_reduce.plant
+                             ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
                      COMMENT "planting a g without its all-reduce into a copy of lab 07's reference"
                      VERBATIM)
   add_library(lab07_planted_impl STATIC ${planted_src} $<TARGET_OBJECTS:lab07_given>)
@@ -168,26 +171,10 @@ if(SCALELAB_BUILD_TESTS)
   add_custom_command(OUTPUT ${planted_dir}/3d_parallel.cpp
                      COMMAND ${CMAKE_COMMAND} -E make_directory ${planted_dir}
                      COMMAND ${CMAKE_COMMAND} -DIN=${lab10_reference}
-                             -DOUT=${planted_dir}/step1_planted.cpp
-                             "-DFROM=c.tp = rank % shape.tp;"
-                             "-DTO=return comm::grid_coord(shape, rank);"
-                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
-                     COMMAND ${CMAKE_COMMAND} -DIN=${planted_dir}/step1_planted.cpp
-                             -DOUT=${planted_dir}/step2_planted.cpp
-                             "-DFROM=model = std::make_unique<nn::GPT>(config, options);"
-                             "-DTO=throw NotImplemented(\"lab 10 step 2: planted, not written\");"
-                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
-                     COMMAND ${CMAKE_COMMAND} -DIN=${planted_dir}/step2_planted.cpp
-                             -DOUT=${planted_dir}/step3_afab.cpp
-                             "-DFROM=lab08::schedule_1f1b(g.shape.pp, micro_batches, g.coord.pp)"
-                             "-DTO=(std::string(std::getenv(\"SCALELAB_PLANT\") ? std::getenv(\"SCALELAB_PLANT\") : \"\") == \"afab_step\" ? lab08::schedule_afab(g.shape.pp, micro_batches, g.coord.pp) : lab08::schedule_1f1b(g.shape.pp, micro_batches, g.coord.pp))"
-                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
-                     COMMAND ${CMAKE_COMMAND} -DIN=${planted_dir}/step3_afab.cpp
-                             -DOUT=${planted_dir}/3d_parallel.cpp
-                             "-DFROM=g.dp.all_reduce(model.params().grads(), comm::ReduceOp::avg);"
-                             "-DTO=g.dp.all_reduce(model.params().grads(), comm::ReduceOp::avg); if (std::string(std::getenv(\"SCALELAB_PLANT\") ? std::getenv(\"SCALELAB_PLANT\") : \"\") == \"gradient_history\") { static std::vector<std::vector<double>> history; history.push_back(model.params().grads().to_vector()); }"
-                             -P ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
-                     DEPENDS ${lab10_reference} ${PROJECT_SOURCE_DIR}/cmake/plant.cmake
+                             -DOUT=${planted_dir}/3d_parallel.cpp -DPLANTS=${lab10_planted}/cheats.plant
+                             -P ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
+                     DEPENDS ${lab10_reference} ${lab10_planted}/cheats.plant
+                             ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
                      COMMENT "planting a step 1 that calls comm::grid_coord and no step 2 into lab 10's reference"
                      VERBATIM)
   add_library(lab10_planted_impl STATIC ${planted_dir}/3d_parallel.cpp

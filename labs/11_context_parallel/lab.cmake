@@ -29,13 +29,13 @@ if(SCALELAB_BUILD_TESTS)
       CASES
       "2|moe_model|^error: --model tiny-moe: lab 11's context parallelism trains dense blocks only. its mixture-of-experts blocks are lab 12's|--model|tiny-moe|--steps|2")
 endif()
-# Planted submissions (tests/11_context_parallel/planted/cheats.plant): one copy of the reference
+# Planted submissions (solutions/11_context_parallel/planted/cheats.plant): one copy of the reference
 # with every wrong technique the graders must stop, each switched on by SCALELAB_PLANT; the step's
 # graders run on it and must fail at the check named (the earlier checks of the step pass: right
 # numbers, wrong technique). The contiguous split runs the balance suite alone (the positions
 # check, which comes first, would catch it too), the all-gather's memory peak at 4 ranks.
-set(lab11_tests ${PROJECT_SOURCE_DIR}/tests/11_context_parallel)
-scalelab_add_planted_submissions(11 PLANTS ${lab11_tests}/planted/cheats.plant
+set(lab11_plants ${PROJECT_SOURCE_DIR}/solutions/11_context_parallel/planted)
+scalelab_add_planted_submissions(11 PLANTS ${lab11_plants}/cheats.plant
   CASES "contiguous_split:1_Balance:1:Step1_Balance.EveryRankComputesTheSameCausalWork on rank 0: .*score blocks per rank"
         "all_gather:2_Ring.Sends:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*and 1 other operations"
         "raw_allgather:2_Ring.Sends:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*MPI_Allgather on raw MPI outside the Communicator"

@@ -36,12 +36,12 @@ if(SCALELAB_BUILD_TESTS)
       "1|dense_model|^error: --model: lab 12 needs a mixture-of-experts model|--model|tiny"
       "2|sweep_and_diverge|^error: --sweep and --diverge: choose one|--sweep|--diverge")
 endif()
-# Planted submissions (tests/12_expert_parallel/planted/cheats.plant): one copy of the reference
+# Planted submissions (solutions/12_expert_parallel/planted/cheats.plant): one copy of the reference
 # with every wrong technique the graders must stop, each switched on by SCALELAB_PLANT; the
 # step's graders run on it and must fail at the check named (right numbers, wrong technique,
 # where the technique is what is wrong).
-set(lab12_tests ${PROJECT_SOURCE_DIR}/tests/12_expert_parallel)
-scalelab_add_planted_submissions(12 PLANTS ${lab12_tests}/planted/cheats.plant
+set(lab12_plants ${PROJECT_SOURCE_DIR}/solutions/12_expert_parallel/planted)
+scalelab_add_planted_submissions(12 PLANTS ${lab12_plants}/cheats.plant
   CASES "capacity_ignored:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*dropped pairs"
         "aux_without_gradient:1_Router.Top2:1:Step1_Router.Top2BackwardAgainstFiniteDifferences on rank 0: .*dlogits"
         "gather_tokens:3_Exchange:2:Step3_Exchange.RowsReachTheirExpertsAndComeBackInTheFormulasBytes on rank [0-9]: .*all_gather"

@@ -9,7 +9,8 @@
 // the library's execution log, common/exec_log.hpp: the GPT pieces' calls and the messages as
 // the library saw them, never the attendee's ExecStats; with interleaved chunks each message is
 // named by its tag, so a chunk's messages sent late, early or to another chunk's neighbour fail
-// even when the numbers are right: planted/cheats.plant's sends_deferred), and the tied copies
+// even when the numbers are right: solutions/08_pipeline_parallel/planted/cheats.plant's
+// sends_deferred), and the tied copies
 // stay equal over optimizer steps. The stage models are built by the
 // test (pp_test.cpp), so this step is graded apart from step 1's build_stage.
 // The planted faults run the test's own one-process pipeline (pp_test.cpp) through the same

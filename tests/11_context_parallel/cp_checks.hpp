@@ -5,7 +5,8 @@
 // single-device GPT twin. The wrong techniques the checks must stop (an all-gather instead of the
 // ring, no causal skip, each block waited for before computing, dK/dV that do not travel, the
 // contiguous split, Ulysses in arrival order) are planted into a copy of the reference at build time
-// (planted/cheats.plant, labs/11_context_parallel/lab.cmake), not written again here.
+// (solutions/11_context_parallel/planted/cheats.plant, labs/11_context_parallel/lab.cmake), not
+// written again here.
 #include <string>
 #include <vector>
 

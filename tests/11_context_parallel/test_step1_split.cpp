@@ -2,7 +2,8 @@
 // the grader's own layout (chunk r then chunk 2cp-1-r), the owner as their inverse, the shard of a
 // tensor (f32 rows and i32 tokens) and its inverse bitwise, and the causal balance: every rank's
 // queries need the same number of score blocks (within one). Planted into a copy of the reference
-// (planted/cheats.plant; labs/11_context_parallel/lab.cmake): the contiguous split (rank r keeps
+// (solutions/11_context_parallel/planted/cheats.plant; labs/11_context_parallel/lab.cmake): the
+// contiguous split (rank r keeps
 // tokens [r T/cp, (r+1) T/cp)) fails the balance check.
 #include <algorithm>
 #include <functional>

@@ -13,7 +13,8 @@
 //    program order): each of the cp-1 K/V receives posted before a block's compute started and
 //    first waited for after it started, i.e. in flight while the block computed. Order, never
 //    durations: the check cannot flake with the machine's load.
-// Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake
+// Planted into a copy of the reference (solutions/11_context_parallel/planted/cheats.plant;
+// labs/11_context_parallel/lab.cmake
 // runs these graders on it and expects each to fail where named): an all-gather of every block
 // (right numbers; the bytes fail, and at 4 ranks the memory), every block parked in a std::vector
 // as it passes (the heap fails), a ring that computes the masked blocks too, by flash attention

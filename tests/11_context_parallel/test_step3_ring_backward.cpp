@@ -15,7 +15,8 @@
 //    against the single-device GPT with the same seed and global batch, loss and every gradient
 //    after the all-reduce: fp32 1e-5 relative (the loss) and kAllReduceRtol / kAllReduceAtol
 //    (gradients); bf16 2e-3 of the loss and 3e-2 of the largest gradient (as labs 07 and 10).
-// Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake):
+// Planted into a copy of the reference (solutions/11_context_parallel/planted/cheats.plant;
+// labs/11_context_parallel/lab.cmake):
 // dK/dV that do not travel (each rank keeps what its queries gave the blocks it saw) fail the
 // gradient check; the masked blocks' scores computed through ops::batched_matmul fail the work;
 // a backward that gathers every K/V block first and parks them in a std::vector fails the memory

@@ -6,7 +6,8 @@
 //    dv out in backward: 4 x the bytes of this rank's q each way; no send, no all-gather.
 //  - The whole model: the context-parallel GPT with all-to-all attention against the single
 //    device (4 heads so that cp = 4 divides them), tolerances as step 3's.
-// Planted into a copy of the reference (planted/cheats.plant; labs/11_context_parallel/lab.cmake):
+// Planted into a copy of the reference (solutions/11_context_parallel/planted/cheats.plant;
+// labs/11_context_parallel/lab.cmake):
 // an all-to-all attention that runs causal attention on the rows in the order they arrive (rank
 // by rank: zig-zag), not in sequence order, fails the output check.
 #include <string>

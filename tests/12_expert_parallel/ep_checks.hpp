@@ -5,7 +5,8 @@
 // single-device twin of one expert-parallel step. The wrong techniques the checks must stop
 // (capacity ignored, the balancing loss without its gradient, a gather of every rank's tokens
 // instead of the all-to-all, every rank running every expert on its own tokens) are planted into
-// a copy of the reference at build time (planted/cheats.plant, labs/12_expert_parallel/lab.cmake).
+// a copy of the reference at build time (solutions/12_expert_parallel/planted/cheats.plant,
+// labs/12_expert_parallel/lab.cmake).
 #include <cstdint>
 #include <random>
 #include <string>

@@ -5,7 +5,8 @@
 //    first, in token order) and the balancing loss (1e-12).
 //  - The backward against central differences (kGradTol, gradcheck.hpp) of L = sum(gates * R) +
 //    aux: the gates' path and the balancing loss's, top-1 and top-2, with drops.
-// Planted (planted/cheats.plant): capacity ignored fails the hand count; the balancing loss
+// Planted (solutions/12_expert_parallel/planted/cheats.plant): capacity ignored fails the hand
+// count; the balancing loss
 // without its gradient fails the finite differences.
 #include <gtest/gtest.h>
 

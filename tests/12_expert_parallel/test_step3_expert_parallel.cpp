@@ -14,7 +14,8 @@
 //    nn::MoE's): one step of the expert-parallel tiny-moe against the single-device GPT, loss
 //    and every gradient this rank holds, fp32 at the all-reduce tolerances, bf16 at 2e-3 of the
 //    loss and 3e-2 of the largest gradient.
-// Planted (planted/cheats.plant): a gather of every rank's tokens instead of the all-to-all
+// Planted (solutions/12_expert_parallel/planted/cheats.plant): a gather of every rank's tokens
+// instead of the all-to-all
 // fails the counters; every rank running every expert on its own tokens (the weights gathered)
 // fails the work counters and the allocator; every expert's weights gathered besides into a
 // std::vector with a raw MPI_Allgather fails the heap.

@@ -42,7 +42,7 @@
 ///    variants never call the attendee's code, so they pass on the starter too; the step's
 ///    other tests report it "not implemented";
 ///  - a fault planted into a copy of the reference solution at build time
-///    (scalelab_add_planted_submissions with a lab's tests/NN_*/planted/*.plant; ctest entries
+///    (scalelab_add_planted_submissions with a lab's solutions/NN_*/planted/*.plant; ctest entries
 ///    labNN.planted.*): the step's own graders run against it and must fail at the check the
 ///    fault is for.
 ///
