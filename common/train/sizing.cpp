@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -96,34 +98,61 @@ HostMemory host_memory() {
 
 void require_host_memory(std::size_t needed, const std::string& option, const std::string& what) {
   const HostMemory mine = host_memory();
-  // Every rank's figures on every rank, so that every rank reaches the same verdict and throws
-  // the same line (exit_all then prints it once and every rank exits 2).
+  // The ranks of one node share its memory: the verdict sums their needs (rank 0 may hold a
+  // single-device twin besides its share, the others not). Every rank's figures go to every
+  // rank, so that every rank reaches the same verdict and throws the same line (exit_all then
+  // prints it once and every rank exits 2). A node is named by its lowest world rank.
   const int n = mpi_running() ? world_size() : 1;
-  std::vector<unsigned long long> all(4 * static_cast<std::size_t>(n));
-  const unsigned long long row[4] = {needed, mine.per_rank(), mine.node_available,
-                                     static_cast<unsigned long long>(mine.ranks_on_node)};
+  unsigned long long node = 0;
+  if (n > 1) {
+    MPI_Comm node_comm;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank(), MPI_INFO_NULL,
+                        &node_comm);
+    const unsigned long long me = static_cast<unsigned long long>(world_rank());
+    MPI_Allreduce(&me, &node, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, node_comm);
+    MPI_Comm_free(&node_comm);
+  }
+  std::vector<unsigned long long> all(3 * static_cast<std::size_t>(n));
+  const unsigned long long row[3] = {needed, mine.node_available, node};
   if (n > 1)
-    MPI_Allgather(row, 4, MPI_UNSIGNED_LONG_LONG, all.data(), 4, MPI_UNSIGNED_LONG_LONG,
+    MPI_Allgather(row, 3, MPI_UNSIGNED_LONG_LONG, all.data(), 3, MPI_UNSIGNED_LONG_LONG,
                   MPI_COMM_WORLD);
   else
-    std::copy(row, row + 4, all.begin());
-  int worst = -1;  // the rank short of the most memory, relative to what it has
-  double worst_ratio = 1.0;
+    std::copy(row, row + 3, all.begin());
+  struct Node {
+    unsigned long long need = 0, available = 0;
+    int ranks = 0, neediest = -1;
+  };
+  std::map<unsigned long long, Node> nodes;
   for (int r = 0; r < n; ++r) {
-    const double need = static_cast<double>(all[4 * r]), have = static_cast<double>(all[4 * r + 1]);
+    const unsigned long long need = all[3 * r], available = all[3 * r + 1];
+    Node& d = nodes[all[3 * r + 2]];
+    d.need = need > ULLONG_MAX - d.need ? ULLONG_MAX : d.need + need;  // saturating
+    if (d.neediest < 0) d.available = available;  // the node's lowest rank read it
+    if (d.neediest < 0 || need > all[3 * d.neediest]) d.neediest = r;
+    ++d.ranks;
+  }
+  const Node* worst = nullptr;  // the node short of the most memory, relative to what it has
+  double worst_ratio = 1.0;
+  for (const auto& [id, d] : nodes) {
+    const double need = static_cast<double>(d.need), have = static_cast<double>(d.available);
     const double ratio = have > 0 ? need / have : std::numeric_limits<double>::infinity();
     if (need > have && ratio > worst_ratio) {
-      worst = r;
+      worst = &d;
       worst_ratio = ratio;
     }
   }
-  if (worst < 0) return;
-  const unsigned long long* w = &all[4 * static_cast<std::size_t>(worst)];
+  if (worst == nullptr) return;
+  const int r = worst->neediest;
+  const std::string together =
+      worst->ranks == 1 ? "" : fmt::format(", {} with the other {} rank{} of its node",
+                                           bytes_text(worst->need), worst->ranks - 1,
+                                           worst->ranks == 2 ? "" : "s");
   throw UsageError(fmt::format(
-      "{}: {} needs at least {} of host memory on rank {}, which has {} ({} available on its "
-      "node, shared by {} rank{}): make it smaller",
-      option, what, bytes_text(w[0]), worst, bytes_text(w[1]),
-      metrics::human_bytes(static_cast<double>(w[2])), w[3], w[3] == 1 ? "" : "s"));
+      "{}: {} needs at least {} of host memory on rank {}{}; the node has {} available: make it "
+      "smaller",
+      option, what, bytes_text(all[3 * r]), r, together,
+      metrics::human_bytes(static_cast<double>(worst->available))));
 }
 
 }  // namespace scalelab::train

@@ -57,11 +57,12 @@ struct HostMemory {
 /// This node's available memory and this job's ranks on it (see HostMemory).
 HostMemory host_memory();
 
-/// Refuses a run that cannot fit, before it allocates: every rank compares `needed` (its own
-/// figure, e.g. step_bytes_at_least) with its share of its node's memory; if it exceeds it on any
-/// rank, every rank throws the same UsageError (exit 2, one line) naming `option` (what the user
-/// should change, e.g. "--batch 1000000000"), the bytes needed on the worst rank and the bytes
-/// available there. `what` says what the bytes are ("a training step", "the single-device twin").
+/// Refuses a run that cannot fit, before it allocates: each rank gives `needed` (its own figure,
+/// e.g. step_bytes_at_least), and the needs of a node's ranks, summed, are compared with that
+/// node's available memory (a rank-0 twin beside lighter ranks fits where the sum does); if any
+/// node is short, every rank throws the same UsageError (exit 2, one line) naming `option` (what
+/// the user should change, e.g. "--batch 1000000000"), the neediest rank of the node short of the
+/// most, its bytes, its node's sum and the bytes available there. `what` says what the bytes are ("a training step", "the single-device twin").
 /// Collective over MPI_COMM_WORLD: call it on every rank at the same point.
 void require_host_memory(std::size_t needed, const std::string& option, const std::string& what);
 

@@ -13,5 +13,5 @@ if(SCALELAB_BUILD_TESTS)
       "1|clip_negative|^error: --clip must not be negative \\(0: off\\), got -1$|--clip|-1"
       "1|peak_tflops_negative|^error: --peak-tflops must not be negative, got -1$|--peak-tflops|-1"
       "1|sample_negative|^error: --sample must not be negative \\(0: none\\), got -1$|--sample|-1"
-      "1|batch_too_large_for_memory|^error: --batch 100000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank 0, which has|--batch|100000000")
+      "1|batch_too_large_for_memory|^error: --batch 100000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank 0.*. the node has|--batch|100000000")
 endif()

@@ -62,7 +62,7 @@ if(SCALELAB_BUILD_TESTS)
       "1|plan_on_gpu|^error: --plan measures the CPU .*got --device cuda|--plan|--device|cuda"
       "2|plan_ranks_without_a_grid|^error: --ranks 7: no dp x cp x tp x pp grid of 7 ranks runs model tiny with --batch 8|--plan|--ranks|7"
       "2|plan_batch_too_large|^error: --memory 1GiB: no configuration of model tiny for 2 ranks and --batch 1000000000 fits. the smallest needs|--plan|--batch|1000000000"
-      "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--dp|2|--batch|1000000000"
+      "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01].*. the node has|--dp|2|--batch|1000000000"
       "1|data_is_a_file|^error: --data .*gpt_golden.txt is a file: give a corpus directory|--steps|1"
       "1|data_missing|^error: --data /nonexistent/corpus: no such directory|--steps|1|--data|/nonexistent/corpus"
       "1|timeout_below_the_watchdog_period|^error: --timeout 1e-300: at least 0.1 seconds|--timeout|1e-300"

@@ -16,10 +16,10 @@ if(SCALELAB_BUILD_TESTS)
       "4|context_not_divisible|^error: --context 100: the zig-zag split cuts the sequence into 2 cp = 8|--context|100"
       "4|heads_not_divisible|^error: --attention all-to-all: the model's 2 heads do not split over cp = 4|--attention|all-to-all"
       "1|attention_unknown|^error: --attention star: ring or all-to-all|--attention|star"
-      "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--batch|1000000000"
+      "2|batch_too_large_for_memory|^error: --batch 1000000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01].*. the node has|--batch|1000000000"
       # a sequence too long for this machine names --context (it blamed --batch 2); --reps
       # outside --overlap (read there only: --reps 0 trained)
-      "2|context_too_large_for_memory|^error: --context 100000000000: a training step of one sequence needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01], which has|--steps|1|--context|100000000000"
+      "2|context_too_large_for_memory|^error: --context 100000000000: a training step of one sequence needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01].*. the node has|--steps|1|--context|100000000000"
       "2|reps_not_positive|^error: --reps must be at least 1, got 0|--steps|1|--twin-steps|1|--reps|0"
       "2|reps_without_overlap|^error: --reps is for --overlap|--steps|1|--reps|5")
   # A mixture-of-experts --model: each rank routes its zig-zag rows as their own group (capacity,

@@ -142,8 +142,32 @@ TEST(Sizing, RequireHostMemoryRefusesOnEveryRank) {
   } catch (const UsageError& e) {
     const std::string what = e.what();
     EXPECT_EQ(what.rfind("--batch 99: a training step needs at least", 0), 0u) << what;
-    EXPECT_NE(what.find(fmt::format("on rank {}, which has", world_size() - 1)), std::string::npos)
-        << what;
+    EXPECT_NE(what.find(fmt::format("on rank {}", world_size() - 1)), std::string::npos) << what;
+    EXPECT_NE(what.find("; the node has "), std::string::npos) << what;
+  }
+}
+
+// The ranks of a node share its memory: rank 0 needing 60% of what the node has and every other
+// rank 10% fits on 2-4 ranks (a per-rank share, 1/n each, refused rank 0); every rank needing
+// 60% does not, and the line gives the node's sum.
+TEST(Sizing, RequireHostMemorySumsTheNodesRanks) {
+  const train::HostMemory node = train::host_memory();
+  const std::size_t have = node.node_available;
+  const int n = world_size();
+  if (node.ranks_on_node != n) GTEST_SKIP() << "the ranks are not all on one node";
+  const std::size_t tenth = have / 10;
+  if (n > 1 && n <= 4) {
+    EXPECT_NO_THROW(train::require_host_memory(world_rank() == 0 ? 6 * tenth : tenth, "--batch 7",
+                                               "a training step"));
+    try {
+      train::require_host_memory(6 * tenth, "--batch 8", "a training step");
+      ADD_FAILURE() << "no error on rank " << world_rank();
+    } catch (const UsageError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("of host memory on rank 0, "), std::string::npos) << what;
+      EXPECT_NE(what.find(fmt::format("with the other {} rank", n - 1)), std::string::npos)
+          << what;
+    }
   }
 }
 
