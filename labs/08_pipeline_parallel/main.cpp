@@ -98,13 +98,9 @@ int main(int argc, char** argv) {
     const Kind kind = parse_kind(parsed["schedule"].as<std::string>());
     const int m = parsed["micro-batches"].as<int>();
     const int chunks = parsed["chunks"].as<int>();
-    // --chunks was read by the interleaved schedule only (--chunks -5 with 1F1B trained): its
-    // range always, and more than one chunk only where the schedule interleaves them (as lab 10)
-    SCALELAB_REQUIRE(chunks >= 1 && chunks <= kMaxChunks, "--chunks must be in [1, {}], got {}",
-                     kMaxChunks, chunks);
-    SCALELAB_REQUIRE(kind == Kind::interleaved || !parsed.count("chunks") || chunks == 1,
-                     "--chunks {}: several model chunks per rank need --schedule interleaved "
-                     "(got {})", chunks, kind_name(kind));
+    // --chunks was read by the interleaved schedule only (--chunks -5 with 1F1B trained): a
+    // given one is checked whatever the schedule (the default, 2, is for interleaved)
+    check_chunks(kind, kind == Kind::interleaved || parsed.count("chunks") ? chunks : 1);
     const int v = kind == Kind::interleaved ? chunks : 1;
     const int twin_steps = parsed["twin-steps"].as<int>();
     const int reps = parsed["reps"].as<int>();

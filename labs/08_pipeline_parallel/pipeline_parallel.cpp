@@ -1,5 +1,5 @@
 // Starter generated from solutions/08_pipeline_parallel/pipeline_parallel.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 6df49479846f09ff (lets make-labs see your edits).
+// step (see README.md). Body hash 034d7b25ae1b98fe (lets make-labs see your edits).
 // Lab 08: pipeline parallelism: stages, activations over send/recv, schedules as data (AFAB,
 // 1F1B, interleaved 1F1B), executed with one GPTActivations per micro-batch in flight.
 #include "pipeline_parallel.hpp"
@@ -216,6 +216,13 @@ const char* kind_name(Kind kind) {
     case Kind::interleaved: return "interleaved";
   }
   return "?";
+}
+
+void check_chunks(Kind kind, int chunks) {
+  SCALELAB_REQUIRE(chunks >= 1 && chunks <= kMaxChunks, "--chunks must be in [1, {}], got {}",
+                   kMaxChunks, chunks);
+  SCALELAB_REQUIRE(kind == Kind::interleaved || chunks == 1, "--chunks {}: several model chunks "
+                   "per rank need --schedule interleaved (got {})", chunks, kind_name(kind));
 }
 
 double bubble_formula(Kind kind, int p, int m, int v) {

@@ -167,6 +167,9 @@ enum class Kind { afab, one_f_one_b, interleaved };
 /// "afab", "1f1b", "interleaved" (the --schedule option); anything else is a UsageError.
 Kind parse_kind(const std::string& name);
 const char* kind_name(Kind kind);
+/// Given. --chunks (v) beside --schedule, in labs 08 and 10: v in [1, kMaxChunks] always, and
+/// more than one chunk per rank only where the schedule interleaves them; a UsageError otherwise.
+void check_chunks(Kind kind, int chunks);
 
 /// Step 5a. The predicted bubble fraction of `kind` with p stages, m micro-batches and v chunks
 /// per rank: what simulate() measures on its timeline (every stage equally fast, messages

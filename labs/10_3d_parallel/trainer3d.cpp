@@ -43,11 +43,8 @@ void Zero1Optimizer::step(double lr) {
 void check_runnable(const Plan& p) {
   SCALELAB_REQUIRE(p.zero_stage >= 0 && p.zero_stage <= 3, "--zero must be 0, 1, 2 or 3, got {}",
                    p.zero_stage);
+  lab08::check_chunks(p.schedule, p.chunks);
   const bool interleaved = p.schedule == lab08::Kind::interleaved;
-  SCALELAB_REQUIRE(p.chunks >= 1 && p.chunks <= lab08::kMaxChunks,
-                   "--chunks must be in [1, {}], got {}", lab08::kMaxChunks, p.chunks);
-  SCALELAB_REQUIRE(interleaved || p.chunks == 1, "--chunks {}: several model chunks per rank "
-                   "need --schedule interleaved (got {})", p.chunks, lab08::kind_name(p.schedule));
   SCALELAB_REQUIRE(!interleaved || p.micro_batches % p.grid.pp == 0, "--schedule interleaved "
                    "runs micro-batches in groups of the {} stages: --micro-batches {} is not a "
                    "multiple of {}", p.grid.pp, p.micro_batches, p.grid.pp);

@@ -345,6 +345,13 @@ const char* kind_name(Kind kind) {
   return "?";
 }
 
+void check_chunks(Kind kind, int chunks) {
+  SCALELAB_REQUIRE(chunks >= 1 && chunks <= kMaxChunks, "--chunks must be in [1, {}], got {}",
+                   kMaxChunks, chunks);
+  SCALELAB_REQUIRE(kind == Kind::interleaved || chunks == 1, "--chunks {}: several model chunks "
+                   "per rank need --schedule interleaved (got {})", chunks, kind_name(kind));
+}
+
 double bubble_formula(Kind kind, int p, int m, int v) {
   double b = 0;
   // BEGIN SOLUTION step 5: the simulator's bubble in closed form (the idle fraction of a stage)
