@@ -46,6 +46,41 @@ bool only_an_echo(const std::string& message) {
   return message.find("another rank") != std::string::npos;
 }
 
+// A failure as the attendee reads it: what is wrong first, where the check is last. GoogleTest's
+// summary of EXPECT_TRUE(check) on an AssertionResult is "Value of: <the test's source>\n
+// Actual: false (<the check's explanation>)\nExpected: true\n<streamed message>". Kept: the
+// explanation, and the message where the test streams one (it names what was compared); else
+// the check's source, when short, since it is then the only name of what was compared
+// ("close_on_every_rank(g.dkv, g.want.dkv, ...)"); dropped: GoogleTest's frame and a long source
+// expression. Other summaries (EXPECT_EQ's "Expected equality of these values", a FAIL()
+// message) are kept whole. The file is named from tests/ on, not by the build's path.
+std::string attendee_message(const char* file, int line, const std::string& summary) {
+  std::string where = file ? file : "?";
+  if (const auto at = where.rfind("tests/"); at != std::string::npos) where = where.substr(at);
+  where = fmt::format("{}:{}", where, line);
+  std::string what = summary;
+  const std::string actual = "\n  Actual: false", expected = "\nExpected: true";
+  const auto a = summary.find(actual), e = summary.find(expected);
+  if (summary.rfind("Value of: ", 0) == 0 && a != std::string::npos && e != std::string::npos &&
+      a < e) {
+    std::string why = summary.substr(a + actual.size(), e - a - actual.size());
+    std::string streamed = summary.substr(e + expected.size());
+    while (!streamed.empty() && (streamed.front() == '\n' || streamed.front() == ' '))
+      streamed.erase(0, 1);
+    std::string source = summary.substr(10, a - 10);
+    if (source.size() > 100 || source.find('\n') != std::string::npos) source = "the check";
+    if (why.size() >= 3 && why.rfind(" (", 0) == 0 && why.back() == ')') {
+      why = why.substr(2, why.size() - 3);  // the check's own explanation
+      what = !streamed.empty() ? fmt::format("{}; {}", why, streamed)
+             : source != "the check" ? fmt::format("{}: {}", source, why)
+                                     : why;
+    } else {  // a plain bool: its source is all there is to say
+      what = fmt::format("{} is false{}", source, streamed.empty() ? "" : "; " + streamed);
+    }
+  }
+  return fmt::format("{} ({})", what, where);
+}
+
 class RankVerdictListener : public testing::EmptyTestEventListener {
  public:
   void OnTestStart(const testing::TestInfo& info) override {
@@ -54,10 +89,8 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
   }
 
   void OnTestPartResult(const testing::TestPartResult& result) override {
-    if (result.failed() && first_message_.empty()) {
-      first_message_ = fmt::format("{}:{}: {}", result.file_name() ? result.file_name() : "?",
-                                   result.line_number(), result.summary());
-    }
+    if (result.failed() && first_message_.empty())
+      first_message_ = attendee_message(result.file_name(), result.line_number(), result.summary());
   }
 
   // Every rank reaches here once per test, in the same order: gather the verdicts to rank 0.

@@ -34,6 +34,17 @@ TEST(SelfTest_EchoOnRank0, Fails) {
 
 TEST(SelfTest_Passes, Passes) { EXPECT_EQ(1 + 1, 2); }
 
+// A check that explains itself (an AssertionResult), with a message streamed after it: the verdict
+// gives the explanation and the message, then where the check is; never the test's source.
+testing::AssertionResult within_planted_tolerance() {
+  return testing::AssertionFailure() << "max |diff| 0.5 at element 3";
+}
+TEST(SelfTest_ExplainedCheck, Fails) {
+  EXPECT_TRUE(within_planted_tolerance()) << "planted message";
+}
+// Without a message, the check's short source names what was compared.
+TEST(SelfTest_UnnamedCheck, Fails) { EXPECT_TRUE(within_planted_tolerance()); }
+
 // A skip written in a test: the per-rank XML report says where (the grader accepts only skips
 // written in the pristine tests).
 TEST(SelfTest_Skips, Skips) { GTEST_SKIP() << "planted skip"; }

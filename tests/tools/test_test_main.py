@@ -53,6 +53,18 @@ class TestMainTest(unittest.TestCase):
         self.assertIn("[scalelab] verdict: not implemented: lab 99 step 1: planted (README.md#step-1)", out)
         self.assertEqual(out.count("[scalelab] verdict:"), 1, "only rank 0 prints the verdict")
 
+    def test_a_failure_reads_what_is_wrong_not_the_tests_source(self):
+        proc, out, _ = run("SelfTest_ExplainedCheck", ranks=1)
+        self.assertEqual(proc.returncode, 1, out)
+        verdict = out.split("[scalelab] verdict: ")[-1].splitlines()[0]
+        self.assertRegex(verdict, r"^failed: SelfTest_ExplainedCheck\.Fails on rank 0: max \|diff\| 0\.5 at "
+                                  r"element 3; planted message \(tests/support/test_main_selftest\.cpp:\d+\)$")
+        self.assertNotIn("Value of", verdict)
+        proc, out, _ = run("SelfTest_UnnamedCheck", ranks=1)
+        verdict = out.split("[scalelab] verdict: ")[-1].splitlines()[0]
+        self.assertRegex(verdict, r"^failed: SelfTest_UnnamedCheck\.Fails on rank 0: within_planted_tolerance\(\): "
+                                  r"max \|diff\| 0\.5 at element 3 \(tests/support/test_main_selftest\.cpp:\d+\)$")
+
     def test_pass(self):
         proc, out, _ = run("SelfTest_Passes", ranks=3)
         self.assertEqual(proc.returncode, 0, out)
