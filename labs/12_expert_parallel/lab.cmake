@@ -19,6 +19,8 @@ if(SCALELAB_BUILD_TESTS)
       CASES
       "2|top_k_above_experts|^error: --top-k 5: choose 1 to the 4 experts|--top-k|5"
       "3|experts_not_divisible|^error: --ep 3: the 4 experts do not split evenly|--ep|3"
+      # no --ep: ep is every rank, and the message says so (it used to name an --ep not given)
+      "3|experts_not_divisible_default_ep|^error: 3 ranks: the 4 experts do not split evenly over them .without --ep, ep is every rank.: give --ep 1"
       "2|capacity_not_positive|^error: --capacity-factor 0: must be a finite number above 0|--capacity-factor|0"
       "2|capacity_nan|^error: --capacity-factor nan: expected a finite number|--capacity-factor|nan"
       "2|capacity_inf|^error: --capacity-factor inf: expected a finite number|--capacity-factor|inf"
