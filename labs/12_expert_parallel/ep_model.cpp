@@ -3,6 +3,7 @@
 // (common/nn/mappings.hpp): the rest of the model (attention, LayerNorms, the router, the loss)
 // runs on each rank's own rows unchanged, like data parallelism. One copy, in both builds.
 #include <cmath>
+#include <numeric>
 
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
@@ -11,7 +12,7 @@
 
 namespace scalelab::lab12 {
 
-void check_ep(const MoEConfig& c, int ep, int world) {
+void check_ep(const MoEConfig& c, int ep, int world, bool ep_given) {
   SCALELAB_REQUIRE(c.enabled(), "--model: lab 12 needs a mixture-of-experts model (tiny-moe or "
                    "small-moe)");
   SCALELAB_REQUIRE(c.top_k >= 1 && c.top_k <= c.n_expert, "--top-k {}: choose 1 to the {} "
@@ -20,6 +21,11 @@ void check_ep(const MoEConfig& c, int ep, int world) {
                    "--capacity-factor {}: must be a finite number above 0", c.capacity_factor);
   SCALELAB_REQUIRE(ep >= 1 && world % ep == 0, "--ep {}: the expert-parallel group must divide "
                    "the {} ranks", ep, world);
+  // without --ep, ep is every rank: say so, and which --ep would do
+  SCALELAB_REQUIRE(ep_given || c.n_expert % ep == 0, "{} ranks: the {} experts do not split "
+                   "evenly over them (without --ep, ep is every rank): give --ep {} (it divides "
+                   "both) or run on a number of ranks that divides {}", world, c.n_expert,
+                   std::gcd(c.n_expert, static_cast<int64_t>(world)), c.n_expert);
   SCALELAB_REQUIRE(c.n_expert % ep == 0, "--ep {}: the {} experts do not split evenly over {} "
                    "ranks", ep, c.n_expert, ep);
 }

@@ -33,7 +33,9 @@ struct Routing {
   Tensor values;   ///< (N, k) the k largest probabilities, largest first
   Tensor indices;  ///< (N, k) i32 their experts
   Tensor gates;    ///< (N, k) the gate weights: k = 1 the probability, k >= 2 renormalised
-  Tensor dest;     ///< (N*k) i32 pair n*k+j's row in the dispatched layout, -1 if dropped
+  /// (N*k) i32: pair n*k+j's row in the dispatched layout, -1 if dropped. ops::moe_route writes
+  /// it as (N, k): make it (N, k) for moe_route, store it as .view({N * k}).
+  Tensor dest;
   std::vector<int64_t> assigned;  ///< (E) pairs sent to each expert, before dropping
   std::vector<int64_t> kept;      ///< (E) pairs each expert keeps: min(assigned, capacity)
   int64_t capacity = 0;           ///< pairs an expert may take: ceil(cf N k / E), at most N k
@@ -113,8 +115,10 @@ void reduce_gradients(nn::GPT& model, comm::Communicator& world, comm::Communica
 // ---- given (ep_model.cpp) --------------------------------------------------------------------
 
 /// Given. Refuses (UsageError, one line, every rank) what cannot run: top-k above E or below 1,
-/// E not divisible by ep, a capacity factor that is not a finite number above 0, ep not dividing the world, a dense model.
-void check_ep(const MoEConfig& config, int ep, int world);
+/// E not divisible by ep, a capacity factor that is not a finite number above 0, ep not dividing
+/// the world, a dense model. `ep_given`: false when ep is the default (every rank), which the
+/// message then says.
+void check_ep(const MoEConfig& config, int ep, int world, bool ep_given = true);
 
 /// Given. The mappings of an expert-parallel GPT: every MoE block's experts through
 /// ep_experts_forward / ep_experts_backward over `ep`.

@@ -7,7 +7,7 @@ scalelab_add_lab(12 expert_parallel SOURCES expert_parallel.cpp
                  STEPS 4 RANKS 1 2 4
                  STEP_RANKS "1:1" "2:1" "4:4"
                  STEP_USES "4:3"
-                 OPTIONAL_STEPS 4  # the core (steps 1-3) fits 90 minutes: README.md
+                 OPTIONAL_STEPS 4  # the core (steps 1-3) fits 80 minutes: README.md
                  TIMEOUT 60)
 # The .bss / .data of the attendee's object (step 3's memory check bounds them: 4 KiB).
 scalelab_attendee_symbols(12 expert_parallel expert_parallel.cpp)
@@ -19,6 +19,8 @@ if(SCALELAB_BUILD_TESTS)
       CASES
       "2|top_k_above_experts|^error: --top-k 5: choose 1 to the 4 experts|--top-k|5"
       "3|experts_not_divisible|^error: --ep 3: the 4 experts do not split evenly|--ep|3"
+      # no --ep: ep is every rank, and the message says so (it used to name an --ep not given)
+      "3|experts_not_divisible_default_ep|^error: 3 ranks: the 4 experts do not split evenly over them .without --ep, ep is every rank.: give --ep 1"
       "2|capacity_not_positive|^error: --capacity-factor 0: must be a finite number above 0|--capacity-factor|0"
       "2|capacity_nan|^error: --capacity-factor nan: expected a finite number|--capacity-factor|nan"
       "2|capacity_inf|^error: --capacity-factor inf: expected a finite number|--capacity-factor|inf"
@@ -43,11 +45,36 @@ endif()
 set(lab12_plants ${PROJECT_SOURCE_DIR}/solutions/12_expert_parallel/planted)
 scalelab_add_planted_submissions(12 PLANTS ${lab12_plants}/cheats.plant
   CASES "capacity_ignored:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*dropped pairs"
+        "capacity_unset:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*Routing::capacity"
+        "dest_unset:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*Routing::dest was left unset"
         "aux_without_gradient:1_Router.Top2:1:Step1_Router.Top2BackwardAgainstFiniteDifferences on rank 0: .*dlogits"
+        "aux_scale_ignored:1:1:Step1_Router.Top1BackwardAgainstFiniteDifferences on rank 0: .*dlogits of sum.gates R. . 0.37 aux"
+        "dye_not_set:2:1:Step2_DispatchCombine.BackwardAgainstFiniteDifferences on rank 0: .*gradients off the finite differences: dye .combine_backward."
         "gather_tokens:3_Exchange:2:Step3_Exchange.RowsReachTheirExpertsAndComeBackInTheFormulasBytes on rank [0-9]: .*all_gather"
+        "rank_major:3_Exchange:2:Step3_Exchange.RowsReachTheirExpertsAndComeBackInTheFormulasBytes on rank [0-9]: .*every row arrived, rank by rank: not grouped by expert"
+        "counts_again:3:2:Step3_Layer.ForwardAndBackwardExchangeTheFormulasBytes on rank [0-9]: .*one more exchange of the counts"
         "every_expert_here:3_Layer.Each:2:Step3_Layer.EachRankComputesOnlyItsExpertsTokens on rank [0-9]: .*FLOPs"
-        "every_expert_here:3_Layer.NoRank:4:Step3_Layer.NoRankHoldsEveryExpert on rank [0-9]: .*other ranks' experts"
-        "experts_in_vector:3:2:Step3_Layer.NoRankHoldsEveryExpert on rank [0-9]: .*bytes of the heap at once, as much as the other ranks' experts")
+        "every_expert_here:3_Memory:4:Step3_Memory.NoRankHoldsEveryExpert on rank [0-9]: .*other ranks' experts"
+        "experts_in_vector:3:2:Step3_Memory.NoRankHoldsEveryExpert on rank [0-9]: .*bytes of the heap at once, as much as the other ranks' experts")
+# The program on the planted submission whose backward exchanges the counts again (counts_again):
+# its all-to-all bytes differ from the formula on every rank, it exits 1, and its last line says
+# what failed.
+if(SCALELAB_BUILD_TESTS)
+  add_executable(lab12_expert_parallel_planted EXCLUDE_FROM_ALL $<TARGET_OBJECTS:lab12_main>)
+  target_link_libraries(lab12_expert_parallel_planted PRIVATE lab12_planted_submission_impl)
+  add_dependencies(lab12_reference lab12_expert_parallel_planted)
+  set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+      $<TARGET_FILE:lab12_expert_parallel_planted> ${MPIEXEC_POSTFLAGS} --model tiny-moe --steps 1
+      --batch 4 --twin-steps 1 --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
+  list(JOIN cmd "|" cmd)
+  add_test(NAME lab12.program.planted_counts_again.np2
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=1
+                   "-DEXPECT_REGEX=rank 0: [0-9]+ bytes, formula [0-9]+  .DIFFERENT.@@FAILED: the all-to-all bytes of rank.s. 0, 1 differ from the formula: step 3's exchange"
+                   -DMAX_SECONDS=60 -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(lab12.program.planted_counts_again.np2 PROPERTIES PROCESSORS 2 TIMEOUT 90
+                       LABELS "reference;lab12" FIXTURES_REQUIRED bf16_corpus
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=counts_again")
+endif()
 # On a GPU (label gpu; skipped without one): the reference's step with CUDA tensors against the
 # CPU (tests/12_expert_parallel/test_gpu.cpp), not a graded step.
 scalelab_add_lab_gpu_tests(12)

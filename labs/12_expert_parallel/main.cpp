@@ -2,11 +2,13 @@
 // small-moe) with its experts split over an ep group (--ep, default every rank) and, beside it,
 // data parallelism over world/ep replicas of the experts. Every rank routes its own rows of the
 // global batch; each MoE block sends every token to the rank holding its expert and back
-// (steps 1-3); with ep < world, expert gradients are summed over the ranks holding the same
-// experts (step 4). Rank 0 also runs the single-device twin (same seed, same global batch, one
-// routing group per rank) for the first --twin-steps steps and prints both losses. Then one
-// measured step: tokens per expert per rank (kept and dropped) and the all-to-all bytes each
-// rank sent, beside the formula. With --diverge: one step, and the first activation or gradient
+// (step 3: the router, dispatch and combine are the library's nn::MoE, so steps 1-2 do not run
+// here: their graders check them); with ep < world, expert gradients are summed over the ranks
+// holding the same experts (step 4). Rank 0 also runs the single-device twin (same seed, same
+// global batch, one routing group per rank) for the first --twin-steps steps and prints both
+// losses. Then one measured step: tokens per expert per rank (kept and dropped) and the
+// all-to-all bytes each rank sent, beside the formula; a last FAILED line where either check
+// failed (exit 1). With --diverge: one step, and the first activation or gradient
 // that left the single-device twin (common/train/divergence.hpp; the experts' gradients against
 // the twin's rows of the rank's experts).
 //
@@ -161,7 +163,8 @@ int main(int argc, char** argv) {
     session.add_options("lab 12")
         ("ep", "expert-parallel ranks: the experts are split over them (default: every rank)",
          cxxopts::value<int>()->default_value("0"))
-        ("top-k", "experts per token, 1 or 2 (default: the model's)",
+        ("top-k", "experts per token, 1 to the model's number of experts (default: the "
+                  "model's)",
          cxxopts::value<int64_t>()->default_value("0"))
         ("capacity-factor", "an expert's capacity relative to an even share (default: the "
                             "model's)", cxxopts::value<double>()->default_value("0"))
@@ -188,9 +191,10 @@ int main(int argc, char** argv) {
       moe.capacity_factor = parsed["capacity-factor"].as<double>();  // checked by check_ep
     if (parsed.count("aux-coef")) moe.aux_coef = parsed["aux-coef"].as<double>();
     SCALELAB_REQUIRE(moe.aux_coef >= 0, "--aux-coef {}: must be at least 0", moe.aux_coef);
-    const int ep = parsed["ep"].as<int>() == 0 ? world.size() : parsed["ep"].as<int>();
+    const bool ep_given = parsed["ep"].as<int>() != 0;
+    const int ep = ep_given ? parsed["ep"].as<int>() : world.size();
     // Bad input is refused on every rank alike, before any data is read.
-    lab12::check_ep(moe, ep, world.size());
+    lab12::check_ep(moe, ep, world.size(), ep_given);
     SCALELAB_REQUIRE(opt.batch % world.size() == 0, "--batch {}: every one of the {} ranks takes "
                      "the same number of rows", opt.batch, world.size());
     const bool do_sweep = parsed["sweep"].as<bool>();
@@ -283,11 +287,16 @@ int main(int argc, char** argv) {
     Tensor all = Tensor::empty({n * width}, DType::f64);
     world.all_gather(row, all);
     bool bytes_ok = true;
+    std::string bytes_off;  // the ranks whose bytes differ from the formula
     if (r == 0) {
       const std::vector<double> v = all.to_vector();
       log::info("");
       log::info("one step: tokens per expert per rank, each MoE block (routed -> kept; capacity "
-                "{} per expert and rank)", nn::expert_capacity(b * xs.size(1), moe));
+                "{} per expert and rank; eN@j: expert N, held by ep index j{})",
+                nn::expert_capacity(b * xs.size(1), moe),
+                ep == n ? std::string(", world rank j")
+                        : fmt::format(" of every ep group: world rank d x {} + j of replica d",
+                                      ep));
       for (int blk = 0; blk < moe_blocks; ++blk) {
         log::info("  MoE block #{}:", blk);
         std::string head = fmt::format("  {:>5}", "rank");
@@ -329,9 +338,22 @@ int main(int argc, char** argv) {
         bytes_ok = bytes_ok && got == want;
         log::info("  rank {}: {:.0f} bytes, formula {:.0f}{}", k, got, want,
                   got == want ? "" : "  (DIFFERENT)");
+        if (got != want) bytes_off += fmt::format("{}{}", bytes_off.empty() ? "" : ", ", k);
       }
     }
     const bool ok = train::on_every_rank(twin_check.ok && bytes_ok, world);
+    // rank 0 knows both verdicts (its twin, the gathered bytes): one last line says which failed
+    if (!ok && r == 0) {
+      std::string failed;
+      if (!twin_check.ok)
+        failed = fmt::format("the loss left the single-device twin's ({})", twin_check.verdict());
+      if (!bytes_ok)
+        failed += fmt::format("{}the all-to-all bytes of rank(s) {} differ from the formula: "
+                              "step 3's exchange sent more or less than the counts once per MoE "
+                              "block and the rows out and back in forward and backward",
+                              failed.empty() ? "" : "; ", bytes_off);
+      log::info("FAILED: {}", failed);
+    }
     return ok ? kExitOk : kExitFailed;
   });
 }

@@ -10,19 +10,28 @@
 namespace eptest {
 
 uint64_t grading_seed() {
-  if (const char* s = std::getenv("SCALELAB_GRADE_SEED")) return std::strtoull(s, nullptr, 10);
-  // the same on every rank: rank 0's clock, broadcast
-  Tensor t = Tensor::from_vector(
-      {static_cast<double>(std::chrono::system_clock::now().time_since_epoch().count() % 1000003)},
-      {1}, DType::f64);
-  labtest::world().broadcast(t, 0);
-  return static_cast<uint64_t>(t.item());
+  static const uint64_t seed = []() -> uint64_t {
+    if (const char* s = std::getenv("SCALELAB_GRADE_SEED")) return std::strtoull(s, nullptr, 10);
+    // the same on every rank: rank 0's clock, broadcast
+    Tensor t = Tensor::from_vector(
+        {static_cast<double>(std::chrono::system_clock::now().time_since_epoch().count() %
+                             1000003)},
+        {1}, DType::f64);
+    labtest::world().broadcast(t, 0);
+    return static_cast<uint64_t>(t.item());
+  }();
+  return seed;
 }
 
-Shape draw_shape(uint64_t seed) {
-  std::mt19937_64 rng(seed);
+std::string rerun_line() {
+  return fmt::format("SCALELAB_GRADE_SEED={} ./scalelab grade 12", grading_seed());
+}
+
+Shape draw_shape(int nth) {
+  std::mt19937_64 rng(grading_seed() + static_cast<uint64_t>(nth));
   Shape s;
-  s.seed = seed;
+  s.seed = grading_seed() + static_cast<uint64_t>(nth);
+  s.drawn = nth;
   s.E = 2 + static_cast<int64_t>(rng() % 5);              // 2..6 experts
   s.k = 1 + static_cast<int64_t>(rng() % 2);              // top-1 or top-2
   s.N = 5 + static_cast<int64_t>(rng() % 28);             // 5..32 tokens
@@ -112,9 +121,10 @@ void model_matches_single_device(DType dt, int ep, int64_t k, double cf) {
   const double want = twin.forward(batch.x, batch.y);
   twin.backward();
   const bool bf16 = dt == DType::bf16;
-  EXPECT_TRUE(labtest::close_on_every_rank(Tensor::from_vector({loss}, {1}, DType::f64),
-                                           Tensor::from_vector({want}, {1}, DType::f64),
-                                           bf16 ? 2e-3 : 1e-5, 0));
+  EP_EXPECT(labtest::close_on_every_rank(Tensor::from_vector({loss}, {1}, DType::f64),
+                                         Tensor::from_vector({want}, {1}, DType::f64),
+                                         bf16 ? 2e-3 : 1e-5, 0),
+            "the loss against the single-device twin's: ");
   // every parameter this rank holds: its gradient against the twin's (its experts' rows)
   std::vector<double> got_all, want_all;
   const std::vector<nn::Parameter*>& mine = model.parameters();
@@ -132,12 +142,14 @@ void model_matches_single_device(DType dt, int ep, int64_t k, double cf) {
   const int64_t total = static_cast<int64_t>(got_all.size());
   const Tensor got_t = Tensor::from_vector(got_all, {total}, DType::f64);
   const Tensor want_t = Tensor::from_vector(want_all, {total}, DType::f64);
+  const char* what = "the gradients this rank holds against the twin's: ";
   if (bf16)
-    EXPECT_TRUE(
-        labtest::close_on_every_rank(got_t, want_t, 0, 3e-2 * labtest::max_abs(want_t), why));
+    EP_EXPECT(labtest::close_on_every_rank(got_t, want_t, 0, 3e-2 * labtest::max_abs(want_t), why),
+              what);
   else
-    EXPECT_TRUE(labtest::close_on_every_rank(got_t, want_t, labtest::kAllReduceRtol,
-                                             labtest::kAllReduceAtol, why));
+    EP_EXPECT(labtest::close_on_every_rank(got_t, want_t, labtest::kAllReduceRtol,
+                                           labtest::kAllReduceAtol, why),
+              what);
 }
 
 }  // namespace eptest

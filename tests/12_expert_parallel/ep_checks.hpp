@@ -2,11 +2,12 @@
 // What lab 12's graders share: a routing built by the LIBRARY's nn::MoE (so step 2 and 3 are
 // graded without the attendee's step 1), the written-out reference (every expert on every
 // token, masked: tests/common/moe_reference.hpp), the shapes drawn at grading time, and the
-// single-device twin of one expert-parallel step. The wrong techniques the checks must stop
-// (capacity ignored, the balancing loss without its gradient, a gather of every rank's tokens
-// instead of the all-to-all, every rank running every expert on its own tokens) are planted into
-// a copy of the reference at build time (solutions/12_expert_parallel/planted/cheats.plant,
-// labs/12_expert_parallel/lab.cmake).
+// single-device twin of one expert-parallel step. The wrong techniques and missing fields the
+// checks must stop (capacity ignored or left 0, dest unset, the balancing loss without its
+// gradient or its loss scale, dye not set, a gather of every rank's tokens instead of the
+// all-to-all, the counts exchanged again in backward, every rank running every expert on its own
+// tokens, every expert's weights in a std::vector) are planted into a copy of the reference at
+// build time (solutions/12_*/planted/cheats.plant, labs/12_expert_parallel/lab.cmake).
 #include <cstdint>
 #include <random>
 #include <string>
@@ -36,24 +37,48 @@ namespace eptest {
 
 using namespace scalelab;
 
-/// A routing shape drawn from `seed`: what a grader tests at a shape nobody saw before grading.
+/// The seed of this grading run, the same on every rank: SCALELAB_GRADE_SEED when set, else drawn
+/// from rank 0's clock and broadcast, once per process (collective on its first call: every rank
+/// calls it first in the same test). Every shape a run draws derives from it, so that seed given
+/// back (rerun_line) draws the same shapes again.
+uint64_t grading_seed();
+/// "SCALELAB_GRADE_SEED=123 ./scalelab grade 12": the run that draws this run's shapes again.
+std::string rerun_line();
+
+/// A routing shape: drawn from the grading seed (draw_shape), or fixed by a test.
 struct Shape {
-  uint64_t seed = 0;
+  uint64_t seed = 0;  ///< what the values (x, the weights) are drawn from
   int64_t N = 0, C = 0, E = 0, k = 1;
   double cf = 1.0;
-  /// "seed 123: N 17, C 6, E 4, top-2, capacity factor 0.75" (printed on failure, never the
-  /// expected values).
+  int drawn = -1;  ///< draw_shape's `nth` (its seed: grading_seed() + nth); -1: a fixed shape
+  /// Printed on failure: the shape, and for a drawn one the grading seed and the line that
+  /// draws it again ("shape 2 drawn from grading seed 370013 (rerun: SCALELAB_GRADE_SEED=370013
+  /// ./scalelab grade 12): N 17, C 6, E 4, top-2, capacity factor 0.75").
   std::string str() const {
-    return fmt::format("seed {}: N {}, C {}, E {}, top-{}, capacity factor {}", seed, N, C, E, k,
-                       cf);
+    const std::string what = fmt::format("N {}, C {}, E {}, top-{}, capacity factor {}", N, C, E,
+                                         k, cf);
+    if (drawn < 0) return fmt::format("a fixed shape (seed {}): {}", seed, what);
+    return fmt::format("shape {} drawn from grading seed {} (rerun: {}): {}", drawn,
+                       grading_seed(), rerun_line(), what);
   }
   MoEConfig config(double aux = 0.05) const {
     return {.n_expert = E, .top_k = k, .every = 1, .capacity_factor = cf, .aux_coef = aux};
   }
 };
-/// The seed of this run (SCALELAB_GRADE_SEED, else drawn from the clock), and a shape from it.
-uint64_t grading_seed();
-Shape draw_shape(uint64_t seed);
+/// The `nth` shape of this grading run (seeded grading_seed() + nth).
+Shape draw_shape(int nth);
+
+/// A failure whose message is only what is streamed into it: ADD_FAILURE() without its "Failed"
+/// line (the verdict line shows the message, not GoogleTest's words).
+#define EP_FAIL() GTEST_NONFATAL_FAILURE_("")
+/// A collective check's verdict reported once, as `what` and its message: EXPECT_TRUE(result)
+/// would print the check's source ("Value of: labtest::on_every_rank(...)") and "Actual: false"
+/// besides.
+#define EP_EXPECT(result, what)                                \
+  do {                                                         \
+    const ::testing::AssertionResult ep_result_ = (result);    \
+    if (!ep_result_) EP_FAIL() << what << ep_result_.message(); \
+  } while (0)
 
 /// One nn::MoE of all E experts, with random f64 (or f32) values (not the usual init, so no zero
 /// bias can hide a bug), and its routing of x as the library computes it (one group).

@@ -1,11 +1,19 @@
 // Lab 12 step 2: dispatch and combine on one device, in f64, graded on the LIBRARY's routing
 // (nn::MoE's: so without step 1), with the library's experts (nn::MoE::run_experts).
-//  - Forward at a shape drawn at grading time (seed and shape printed on failure): the layer's
-//    output against the written-out reference that runs EVERY expert on EVERY token and masks
-//    by the gates (tests/common/moe_reference.hpp), 1e-12 relative + absolute; dropped tokens
-//    give 0 (the residual carries them).
-//  - Backward against central differences (kGradTol): the input's gradient through dispatch,
-//    the experts and combine (routing fixed), the gates' gradient, and the experts' weights.
+//  - Forward at shapes drawn at grading time (a failure prints the grading seed, the shape and
+//    the line that draws them again): the layer's output against the written-out reference
+//    that runs EVERY expert on EVERY token and masks by the gates
+//    (tests/common/moe_reference.hpp), 1e-12 relative + absolute; dropped tokens give 0 (the
+//    residual carries them).
+//  - Backward against central differences (kGradTol), each function's own output first:
+//    combine_backward's dye (w.r.t. the experts' outputs ye) and dgates, then the experts'
+//    weights (the library's backward, from your dye), then dispatch_backward's dx (routing
+//    fixed). A failure names every gradient that is off and the function that set it.
+// Planted (solutions/12_*/planted/cheats.plant): combine_backward that leaves dye zero fails dye.
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/nn/mappings.hpp"
@@ -26,8 +34,8 @@ Tensor layer(const eptest::Layer& l, const Tensor& x, const lab12::Routing& r,
 }  // namespace
 
 TEST(Step2_DispatchCombine, EqualsTheMaskedDenseReferenceAtADrawnShape) {
-  for (uint64_t extra = 0; extra < 3; ++extra) {
-    const eptest::Shape s = eptest::draw_shape(eptest::grading_seed() + 100 + extra);
+  for (int nth = 0; nth < 3; ++nth) {
+    const eptest::Shape s = eptest::draw_shape(100 + nth);
     SCOPED_TRACE(s.str());
     const eptest::Layer l(s.config(), s.C, s.seed);
     const Tensor x = uniform({s.N, s.C}, s.seed + 3);
@@ -64,9 +72,23 @@ TEST(Step2_DispatchCombine, BackwardAgainstFiniteDifferences) {
   const Tensor dxd = l.moe.run_experts_backward(dye, r.kept, kept);
   Tensor dx = Tensor::zeros({s.N, s.C}, DType::f64);
   lab12::dispatch_backward(dx, dxd, r);
-  EXPECT_GRAD_OK(gradcheck(x, dx, loss), "dx");
+  // every gradient checked; the failure lists each one off, and the first one's worst element
+  std::string off, worst;
+  const auto check = [&](const GradCheck& g, const std::string& what) {
+    if (g.checked > 0 && g.max_error < kGradTol) return;
+    off += (off.empty() ? "" : ", ") + what;
+    if (worst.empty())
+      worst = fmt::format("{}: element {} analytic {} numeric {}", what, g.worst, g.analytic,
+                          g.numeric);
+  };
+  // dye against the differences of the loss in ye itself (combine's input)
+  check(gradcheck(ye, dye, [&] { return dot(lab12::combine(ye, r), R); }),
+        "dye (combine_backward)");
   Tensor gates = r.gates.view({s.N * s.k});
-  EXPECT_GRAD_OK(gradcheck(gates, dgates, loss), "dgates");
+  check(gradcheck(gates, dgates, loss), "dgates (combine_backward)");
   for (nn::Parameter* p : l.moe.expert_parameters())
-    EXPECT_GRAD_OK(gradcheck(p->value, p->grad, loss), p->name);
+    check(gradcheck(p->value, p->grad, loss), p->name + " (the library's experts, from your dye)");
+  check(gradcheck(x, dx, loss), "dx (dispatch_backward)");
+  if (!off.empty())
+    EP_FAIL() << "gradients off the finite differences: " << off << "; the first, " << worst;
 }

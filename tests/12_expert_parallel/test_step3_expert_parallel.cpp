@@ -1,26 +1,35 @@
-// Lab 12 step 3: expert parallelism over ep = every rank (1, 2 and 4).
-//  - The exchange alone, on rows that name their rank, expert and index: exchange_counts gives
-//    every rank the rows each rank sends each of its experts; send_to_experts delivers exactly
-//    them, grouped by expert (rank 0's first); return_from_experts brings every row home. The
-//    counters see three all_to_alls on the ep group and nothing else, of exactly 4 E (the
-//    counts) + (M + R) C 4 bytes (M rows out, R back), the formula for that routing.
-//  - One MoE layer under the given mappings (one routing group per rank, capacity drops): its
-//    output against the single-device layer on every rank's rows (groups = ranks), 1e-6
-//    relative; the work counters: the forward's GEMMs were the router on this rank's tokens and
-//    ITS experts on the rows they got (moe_forward_flops), nothing more; the allocator and the
-//    rank's whole heap: no rank held every expert's weights at any moment of the forward and
-//    backward, in tensors or in a std::vector (the memory check runs first in the step's run).
-//  - The whole model (needs steps 1-2 of the library only: the router and dispatch are
-//    nn::MoE's): one step of the expert-parallel tiny-moe against the single-device GPT, loss
-//    and every gradient this rank holds, fp32 at the all-reduce tolerances, bf16 at 2e-3 of the
-//    loss and 3e-2 of the largest gradient.
-// Planted (solutions/12_expert_parallel/planted/cheats.plant): a gather of every rank's tokens
-// instead of the all-to-all
-// fails the counters; every rank running every expert on its own tokens (the weights gathered)
-// fails the work counters and the allocator; every expert's weights gathered besides into a
-// std::vector with a raw MPI_Allgather fails the heap.
+// Lab 12 step 3: expert parallelism over ep = every rank (1, 2 and 4). Suites run in this
+// order: Step3_Memory, Step3_Exchange, Step3_Layer, Step3_Model (the exchange's own check first,
+// so its message is what a broken exchange shows).
+//  - Step3_Memory (first in the step's run: tools.memory_first checks it): the allocator and the
+//    rank's whole heap over one MoE layer's forward and backward: no rank held every expert's
+//    weights at any moment, in tensors or in a std::vector; static storage at most 4 KiB.
+//  - Step3_Exchange: the exchange alone, on rows that name their rank, expert and index:
+//    exchange_counts gives every rank the rows each rank sends each of its experts;
+//    send_to_experts delivers exactly them, grouped by expert (rank 0's first);
+//    return_from_experts brings every row home (a failure decodes the rows: whose row arrived
+//    where). The counters see three all_to_alls on the ep group and nothing else, of exactly
+//    4 E (the counts) + (M + R) C 4 bytes (M rows out, R back), the formula for that routing.
+//  - Step3_Layer: one MoE layer under the given mappings (one routing group per rank, capacity
+//    drops): the counters over its forward AND backward: five all_to_alls on the ep group of
+//    4 E + 2 (M + R) C 4 bytes (the counts once: the backward reuses the forward's plan), the
+//    program's formula; its output against the single-device layer on every rank's rows
+//    (groups = ranks), 1e-6 relative; the work counters: the forward's GEMMs were the router on
+//    this rank's tokens and ITS experts on the rows they got (moe_forward_flops), nothing more.
+//  - Step3_Model (needs steps 1-2 of the library only: the router and dispatch are nn::MoE's):
+//    one step of the expert-parallel tiny-moe against the single-device GPT, loss and every
+//    gradient this rank holds, fp32 at the all-reduce tolerances, bf16 at 2e-3 of the loss and
+//    3e-2 of the largest gradient.
+// Planted (solutions/12_*/planted/cheats.plant): a gather of every rank's tokens instead of
+// the all-to-all fails the exchange's counters; a backward that exchanges the counts again fails the layer's
+// counters; every rank running every expert on its own tokens (the weights gathered) fails the
+// work counters and the allocator; every expert's weights gathered besides into a std::vector
+// with a raw MPI_Allgather fails the heap.
 #include <algorithm>
+#include <string>
+#include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/nn/mappings.hpp"
@@ -36,6 +45,45 @@ int64_t rows_of(int r, int64_t e) { return (r + 2 * e + 1) % 4; }
 double code(int r, int64_t e, int64_t i, int64_t c) {
   return static_cast<double>(r * 1000 + e * 100 + i * 10 + c);
 }
+
+// Row `row` of `t` (kC columns) in words: "rank 1's row 0 for expert 2" when it is one of the
+// coded rows (column c holds code(r, e, i, c)), else its values.
+std::string decode(const std::vector<double>& t, int64_t row) {
+  const double first = t[row * kC];
+  const int64_t v = static_cast<int64_t>(first);
+  bool coded = first == static_cast<double>(v) && v >= 0 && v % 10 == 0;
+  const int r = static_cast<int>(v / 1000);
+  const int64_t e = v / 100 % 10, i = v / 10 % 10;
+  coded = coded && r < 16 && e < kE && i < rows_of(r, e);
+  for (int64_t c = 0; coded && c < kC; ++c) coded = t[row * kC + c] == code(r, e, i, c);
+  if (coded) return fmt::format("rank {}'s row {} for expert {}", r, i, e);
+  std::string values;
+  for (int64_t c = 0; c < kC; ++c) values += fmt::format("{}{}", c ? ", " : "", t[row * kC + c]);
+  return fmt::format("no row that was sent ({})", values);
+}
+
+// "" when got (rows x kC) is `want` row for row, else the first row that differs, decoded; and
+// when every row is there in another order, whether it is the rank-major order (`rank_major`).
+std::string rows_problem(const std::vector<double>& got, const std::vector<double>& want,
+                         const std::vector<double>& rank_major, const char* where) {
+  const int64_t rows = static_cast<int64_t>(want.size()) / kC;
+  for (int64_t q = 0; q < rows; ++q) {
+    bool same = true;
+    for (int64_t c = 0; c < kC; ++c) same = same && got[q * kC + c] == want[q * kC + c];
+    if (same) continue;
+    std::string m = fmt::format("{}: row {} is {}; {} belongs there", where, q, decode(got, q),
+                                decode(want, q));
+    std::vector<double> a(got), b(want);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (got == rank_major && got != want)
+      m += " (every row arrived, rank by rank: not grouped by expert?)";
+    else if (a == b)
+      m += " (every row arrived, in another order)";
+    return m;
+  }
+  return "";
+}
 }  // namespace
 
 namespace {
@@ -44,6 +92,8 @@ struct EpLayer {
   int64_t flops = 0, want_flops = 0;
   std::size_t peak_extra = 0, all_experts_bytes = 0;
   labtest::MemoryUse memory;  // the forward and backward: the allocator and the rank's heap
+  comm::Traffic traffic;      // the forward and backward: the ledger (raw MPI counted)
+  int64_t M = 0, R = 0;       // this rank's kept pairs; the rows its experts got
 };
 
 // One MoE layer (E = 4, top-1, capacity factor 1.0, width C) over ep = every rank: N rows per
@@ -74,11 +124,13 @@ EpLayer ep_layer(comm::Communicator& ep, int64_t N, bool skewed = false, int64_t
   Tensor dx = Tensor::zeros({N, C}, DType::f32);
   const Tensor dy = Tensor::uniform({N, C}, 33, DType::f32);
   ep.barrier();
-  out.memory = labtest::memory_use_of([&] {
-    const ops::WorkCount w0 = ops::work_stats();
-    mine.moe.forward(out.y, x, a, *mappings);
-    out.flops = (ops::work_stats() - w0).matmul_flops;
-    mine.moe.backward(dx, dy, a, *mappings, 1.0);
+  out.traffic = labtest::traffic_of([&] {
+    out.memory = labtest::memory_use_of([&] {
+      const ops::WorkCount w0 = ops::work_stats();
+      mine.moe.forward(out.y, x, a, *mappings);
+      out.flops = (ops::work_stats() - w0).matmul_flops;
+      mine.moe.backward(dx, dy, a, *mappings, 1.0);
+    });
   });
   out.peak_extra = static_cast<std::size_t>(out.memory.tensor_peak);
   // the rows my experts got: every rank's kept pairs for them
@@ -91,6 +143,8 @@ EpLayer ep_layer(comm::Communicator& ep, int64_t N, bool skewed = false, int64_t
   for (int s = 0; s < n; ++s)
     for (int64_t i = 0; i < El; ++i) rows_mine[i] += static_cast<int64_t>(k[s * kE + me * El + i]);
   out.want_flops = lab12::moe_forward_flops(N, C, kE, rows_mine);
+  for (int64_t e = 0; e < kE; ++e) out.M += a.kept_counts[e];
+  for (int64_t rows : rows_mine) out.R += rows;
   // the single device: every expert, one routing group per rank
   eptest::Layer whole(c, C, 31, DType::f32);
   nn::MoE twin("moe", C, 2, {.config = c, .groups = n});
@@ -108,9 +162,10 @@ EpLayer ep_layer(comm::Communicator& ep, int64_t N, bool skewed = false, int64_t
 }
 }  // namespace
 
-// First in the file, so first in step 3's run (tools.memory_first checks it): a buffer the code
-// keeps in a function-local static is allocated inside this window, not by an earlier test.
-TEST(Step3_Layer, NoRankHoldsEveryExpert) {
+// First in the file, its suite first, so first in step 3's run (tools.memory_first checks it): a
+// buffer the code keeps in a function-local static is allocated inside this window, not by an
+// earlier test.
+TEST(Step3_Memory, NoRankHoldsEveryExpert) {
   comm::Communicator ep = labtest::new_world();
   if (ep.size() == 1) GTEST_SKIP() << "one rank holds every expert";
   if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
@@ -122,12 +177,13 @@ TEST(Step3_Layer, NoRankHoldsEveryExpert) {
   // rank's whole heap (a copy in a std::vector too), which holds the tensors' memory as well
   const std::size_t others = l.all_experts_bytes - l.all_experts_bytes / ep.size();
   const auto heap = static_cast<std::size_t>(std::max<int64_t>(0, l.memory.heap.peak));
-  EXPECT_TRUE(labtest::on_every_rank(
-      ::testing::AssertionResult(l.peak_extra < others && heap < others)
-      << "the forward and backward allocated up to " << l.peak_extra
-      << " bytes of tensors and " << heap << " bytes of the heap at once, as much as the other "
-      << "ranks' experts' weights (" << others << ")"));
-  EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 12 step 3"));
+  EP_EXPECT(labtest::on_every_rank(
+                ::testing::AssertionResult(l.peak_extra < others && heap < others)
+                << "the forward and backward allocated up to " << l.peak_extra
+                << " bytes of tensors and " << heap << " bytes of the heap at once, as much as "
+                << "the other ranks' experts' weights (" << others << ")"),
+            "");
+  EP_EXPECT(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 12 step 3"), "");
 }
 
 TEST(Step3_Exchange, RowsReachTheirExpertsAndComeBackInTheFormulasBytes) {
@@ -151,6 +207,13 @@ TEST(Step3_Exchange, RowsReachTheirExpertsAndComeBackInTheFormulasBytes) {
       for (int64_t i = 0; i < rows_of(s, e); ++i)
         for (int64_t c = 0; c < kC; ++c) want.push_back(code(s, e, i, c));
   const int64_t R = static_cast<int64_t>(want.size()) / kC;
+  // the same rows in the order they arrive (rank-major): what a send_to_experts that does not
+  // group them by expert would give
+  std::vector<double> rank_major;
+  for (int s = 0; s < n; ++s)
+    for (int64_t e = me * El; e < (me + 1) * El; ++e)
+      for (int64_t i = 0; i < rows_of(s, e); ++i)
+        for (int64_t c = 0; c < kC; ++c) rank_major.push_back(code(s, e, i, c));
   ep.barrier();
   Tensor mine, back;
   const comm::Traffic did = labtest::traffic_of([&] {
@@ -158,39 +221,64 @@ TEST(Step3_Exchange, RowsReachTheirExpertsAndComeBackInTheFormulasBytes) {
     mine = lab12::send_to_experts(xd, x, ep);
     back = lab12::return_from_experts(mine, x, ep);
   });
-  const bool arrived = mine.defined() && mine.numel() == R * kC;
-  EXPECT_TRUE(labtest::on_every_rank(::testing::AssertionResult(arrived)
-                                     << "rank " << me << ": my experts got "
-                                     << (mine.defined() ? mine.str() : "nothing") << ", want "
-                                     << R << " rows"));
-  if (mine.defined() && mine.numel() == R * kC)
-    EXPECT_TRUE(labtest::close_on_every_rank(mine, Tensor::from_vector(want, {R, kC}), 0, 0));
-  if (back.defined() && back.numel() == xd.numel())
-    EXPECT_TRUE(labtest::close_on_every_rank(back, xd, 0, 0));
+  // what arrived, then what came home: the first wrong row, decoded
+  std::string wrong;
+  if (!mine.defined() || mine.numel() != R * kC)
+    wrong = fmt::format("send_to_experts: my experts got {}, want {} rows of {}",
+                        mine.defined() ? mine.str() : "nothing", R, kC);
   else
-    ADD_FAILURE() << "return_from_experts gave " << (back.defined() ? back.str() : "nothing");
+    wrong = rows_problem(mine.to_vector(), want, rank_major, "send_to_experts, my experts' rows");
+  if (wrong.empty() && (!back.defined() || back.numel() != xd.numel()))
+    wrong = fmt::format("return_from_experts gave {}, want my {} rows of {}",
+                        back.defined() ? back.str() : "nothing", M, kC);
+  else if (wrong.empty())
+    wrong = rows_problem(back.to_vector(), values, values,
+                         "return_from_experts, my dispatched layout");
+  EP_EXPECT(labtest::on_every_rank(::testing::AssertionResult(wrong.empty()) << wrong), "");
   const int64_t bytes = 4 * kE + (M + R) * kC * 4;
   const std::string p = eptest::only_all_to_all(did, ep.name(), 3, bytes);
-  EXPECT_TRUE(labtest::on_every_rank(::testing::AssertionResult(p.empty()) << p));
+  EP_EXPECT(labtest::on_every_rank(::testing::AssertionResult(p.empty()) << p),
+            "the counts, the rows out and back: ");
 }
 
+// Forward and backward of one layer: the counts once (the backward reuses the forward's plan),
+// the rows out and back in each: 5 all_to_alls of 4 E + 2 (M + R) C 4 bytes, the program's
+// formula.
+TEST(Step3_Layer, ForwardAndBackwardExchangeTheFormulasBytes) {
+  comm::Communicator ep = labtest::new_world();
+  if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
+  const int64_t C = 8;
+  const EpLayer l = ep_layer(ep, 6, /*skewed=*/false, C);
+  const int64_t bytes = 4 * kE + 2 * (l.M + l.R) * C * 4;
+  std::string p = eptest::only_all_to_all(l.traffic, ep.name(), 5, bytes);
+  comm::CommCount a2a;
+  for (const auto& [key, count] : l.traffic)
+    if (key.op == "all_to_all") a2a.calls += count.calls, a2a.bytes += count.bytes;
+  if (!p.empty() && a2a.calls == 6 && a2a.bytes == bytes + 4 * kE)
+    p += " (one more exchange of the counts: the backward can reuse the forward's plan, kept)";
+  EP_EXPECT(labtest::on_every_rank(::testing::AssertionResult(p.empty()) << p),
+            "one layer's forward and backward: ");
+}
 
 TEST(Step3_Layer, EqualsTheSingleDeviceLayer) {
   comm::Communicator ep = labtest::new_world();
   if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
   const EpLayer l = ep_layer(ep, 6);
-  EXPECT_TRUE(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7));
+  EP_EXPECT(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7),
+            "the layer's output against the single-device layer's: ");
 }
 
 TEST(Step3_Layer, EachRankComputesOnlyItsExpertsTokens) {
   comm::Communicator ep = labtest::new_world();
   if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
   const EpLayer l = ep_layer(ep, 6, /*skewed=*/true);
-  EXPECT_TRUE(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7));
-  EXPECT_TRUE(labtest::on_every_rank(
-      ::testing::AssertionResult(l.flops == l.want_flops)
-      << "rank " << ep.rank() << ": the MoE forward's GEMMs did " << l.flops << " FLOPs; the "
-      << "router on its tokens and its experts on the rows they received do " << l.want_flops));
+  EP_EXPECT(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7),
+            "the layer's output against the single-device layer's: ");
+  EP_EXPECT(labtest::on_every_rank(
+                ::testing::AssertionResult(l.flops == l.want_flops)
+                << "the MoE forward's GEMMs did " << l.flops << " FLOPs; the router on its "
+                << "tokens and its experts on the rows they received do " << l.want_flops),
+            "");
 }
 
 TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) {

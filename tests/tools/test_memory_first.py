@@ -30,7 +30,7 @@ FIRST = {
     ("10", 3): "Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess",
     ("11", 2): "Step2_Ring.HoldsAtMostTwoRemoteBlocks",
     ("11", 3): "Step3_Ring.HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks",
-    ("12", 3): "Step3_Layer.NoRankHoldsEveryExpert",
+    ("12", 3): "Step3_Memory.NoRankHoldsEveryExpert",
 }
 
 
