@@ -60,7 +60,7 @@ scalelab_add_planted_submissions(12 PLANTS ${lab12_plants}/cheats.plant
 # its all-to-all bytes differ from the formula on every rank, it exits 1, and its last line says
 # what failed.
 if(SCALELAB_BUILD_TESTS)
-  add_executable(lab12_expert_parallel_planted EXCLUDE_FROM_ALL $<TARGET_OBJECTS:lab12_main>)
+  add_executable(lab12_expert_parallel_planted $<TARGET_OBJECTS:lab12_main>)
   target_link_libraries(lab12_expert_parallel_planted PRIVATE lab12_planted_submission_impl)
   add_dependencies(lab12_reference lab12_expert_parallel_planted)
   set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
