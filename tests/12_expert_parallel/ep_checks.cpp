@@ -1,31 +1,14 @@
 #include "tests/12_expert_parallel/ep_checks.hpp"
 
-#include <chrono>
-#include <cstdlib>
-
 #include "common/data/sampler.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/nn/mappings.hpp"
 
 namespace eptest {
 
-uint64_t grading_seed() {
-  static const uint64_t seed = []() -> uint64_t {
-    if (const char* s = std::getenv("SCALELAB_GRADE_SEED")) return std::strtoull(s, nullptr, 10);
-    // the same on every rank: rank 0's clock, broadcast
-    Tensor t = Tensor::from_vector(
-        {static_cast<double>(std::chrono::system_clock::now().time_since_epoch().count() %
-                             1000003)},
-        {1}, DType::f64);
-    labtest::world().broadcast(t, 0);
-    return static_cast<uint64_t>(t.item());
-  }();
-  return seed;
-}
+uint64_t grading_seed() { return labtest::grading_seed(); }
 
-std::string rerun_line() {
-  return fmt::format("SCALELAB_GRADE_SEED={} ./scalelab grade 12", grading_seed());
-}
+std::string rerun_line() { return labtest::grade_rerun_line(); }
 
 Shape draw_shape(int nth) {
   std::mt19937_64 rng(grading_seed() + static_cast<uint64_t>(nth));

@@ -17,6 +17,7 @@
 
 // lab_fixture.hpp first: it names gtest's ::testing, which scalelab::testing (gradcheck.hpp)
 // would hide inside namespace scalelab
+#include "tests/support/drawn.hpp"
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/memory_use.hpp"
 #include "tests/support/own_work.hpp"
@@ -37,10 +38,10 @@ namespace eptest {
 
 using namespace scalelab;
 
-/// The seed of this grading run, the same on every rank: SCALELAB_GRADE_SEED when set, else drawn
-/// from rank 0's clock and broadcast, once per process (collective on its first call: every rank
-/// calls it first in the same test). Every shape a run draws derives from it, so that seed given
-/// back (rerun_line) draws the same shapes again.
+/// The seed of this grading run (labtest::grading_seed, tests/support/drawn.hpp: every lab's
+/// drawn shapes come from it): SCALELAB_GRADE_SEED when set, else rank 0's, broadcast; collective
+/// on its first call. Every shape a run draws derives from it, so that seed given back
+/// (rerun_line) draws the same shapes again.
 uint64_t grading_seed();
 /// "SCALELAB_GRADE_SEED=123 ./scalelab grade 12": the run that draws this run's shapes again.
 std::string rerun_line();

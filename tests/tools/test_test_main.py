@@ -65,6 +65,23 @@ class TestMainTest(unittest.TestCase):
         self.assertRegex(verdict, r"^failed: SelfTest_UnnamedCheck\.Fails on rank 0: within_planted_tolerance\(\): "
                                   r"max \|diff\| 0\.5 at element 3 \(tests/support/test_main_selftest\.cpp:\d+\)$")
 
+    def test_drawn_shapes_name_the_seed_that_draws_them_again(self):
+        import re
+        proc, out, _ = run("SelfTest_Drawn", ranks=2)
+        self.assertEqual(proc.returncode, 0, out)
+        draws = re.findall(r"^draw (\d+) (\d+): drawn from grading seed (\d+) \(draw (\d) of this run; "
+                           r"rerun: SCALELAB_GRADE_SEED=(\d+) \./scalelab grade NN\)$", out, re.M)
+        self.assertEqual(len(draws), 2, out)
+        self.assertEqual([d[3] for d in draws], ["0", "1"])
+        self.assertEqual(draws[0][2], draws[0][4])
+        self.assertNotEqual(draws[0][:2], draws[1][:2], "each draw of a run has its own numbers")
+        try:
+            ENV["SCALELAB_GRADE_SEED"] = draws[0][2]
+            _, again, _ = run("SelfTest_Drawn", ranks=2)
+        finally:
+            del ENV["SCALELAB_GRADE_SEED"]
+        self.assertEqual(re.findall(r"^draw .*$", again, re.M), re.findall(r"^draw .*$", out, re.M))
+
     def test_pass(self):
         proc, out, _ = run("SelfTest_Passes", ranks=3)
         self.assertEqual(proc.returncode, 0, out)
