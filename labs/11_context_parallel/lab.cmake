@@ -58,6 +58,17 @@ if(SCALELAB_BUILD_TESTS)
                         TIMEOUT 60 LABELS reference lab11 ARGS --gtest_filter=Step3*)
   set_tests_properties(lab11.planted.step3_without_step2.np2 PROPERTIES
                        ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=step2_not_written")
+  # A control that must PASS: two dK/dV buffers allocated once (README step 3's design), whose
+  # peak of tensors is held while flash attention's backward runs: the kernel's own host scratch
+  # on top of it is the library's, allowed beside the tensors (cptest::heap_allowance). Failed on
+  # 4 ranks at a fixed 24 KiB of bookkeeping (an attendee's walk-through).
+  foreach(ranks 2 4)
+    scalelab_add_mpi_test(lab11.planted.dkdv_buffers_once.np${ranks} test_lab11_planted
+                          RANKS ${ranks} TIMEOUT 60 LABELS reference lab11
+                          ARGS --gtest_filter=Step3_Ring.*)
+    set_tests_properties(lab11.planted.dkdv_buffers_once.np${ranks} PROPERTIES
+                         ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=dkdv_buffers_once")
+  endforeach()
 endif()
 # On a GPU (label gpu; skipped without one): the reference's step with CUDA tensors against the
 # CPU (tests/11_context_parallel/test_gpu.cpp), not a graded step.

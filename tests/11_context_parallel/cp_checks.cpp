@@ -4,9 +4,36 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
 #include "common/train/global_loss.hpp"
 
 namespace cptest {
+
+int64_t heap_allowance(int64_t bh, int64_t c, int64_t hs, bool backward) {
+  const Tensor q = Tensor::uniform({bh, c, hs}, 7), k = Tensor::uniform({bh, c, hs}, 8),
+               v = Tensor::uniform({bh, c, hs}, 9), dy = Tensor::uniform({bh, c, hs}, 10);
+  Tensor y = Tensor::empty({bh, c, hs}), y_b = Tensor::empty({bh, c, hs});
+  Tensor lse = Tensor::empty({bh, c}, ops::flash_attention_lse_dtype(DType::f32));
+  Tensor lse_b = Tensor::empty({bh, c}, lse.dtype());
+  Tensor dq = Tensor::empty({bh, c, hs}), dk = dq.clone(), dv = dq.clone();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  ops::flash_attention_forward(y, lse, q, k, v, scale, false);
+  int64_t scratch = 0;
+  const auto measure = [&](const std::function<void()>& kernel) {
+    const labtest::MemoryUse m = labtest::memory_use_of(kernel);
+    scratch = std::max(scratch, m.heap.peak - m.tensor_peak);
+  };
+  if (backward) {
+    measure([&] { ops::flash_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scale, false); });
+  } else {
+    measure([&] { ops::flash_attention_forward(y_b, lse_b, q, k, v, scale, false); });
+    measure([&] { ops::attention_merge(y, lse, y_b, lse_b); });
+  }
+  return kHeapBookkeeping + scratch;
+}
 
 std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t kv_bytes) {
   int64_t bytes = 0, messages = 0;

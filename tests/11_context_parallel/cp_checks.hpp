@@ -103,11 +103,19 @@ inline Mine mine(const Full& f, int cp, int rank) {
 /// The memory tests' chunk length: a K/V block of 3 x 2 chunks x 16 x 2 fp32 is 48 KiB, far above
 /// the ring's bookkeeping, so one block more, in a tensor or beside them, stands out.
 inline constexpr int64_t kMemoryChunk = 64;
-/// What the heap may hold beyond a ring's tensors during a call: the CPU flash attention's own
-/// scratch, tensor views' shapes, the communicator's and the execution log's records (measured
-/// at kMemoryChunk: forward 9.0 to 12.8 KiB, backward 4.0 to 4.6 KiB, on 2 and 4 ranks): half a
-/// memory test's K/V block.
+/// What the heap may hold beyond a ring's tensors during a call, besides the library kernels'
+/// own scratch (heap_allowance): tensor views' shapes, the communicator's and the execution log's
+/// records (measured at kMemoryChunk with the kernels' scratch included: forward 9.0 to 12.8
+/// KiB, backward 4.0 to 4.6 KiB, on 2 and 4 ranks): half a memory test's K/V block.
 inline constexpr int64_t kHeapBookkeeping = 24576;
+
+/// kHeapBookkeeping plus what the library's own kernels hold on the heap beside their tensors
+/// when a ring calls them on one (BH, c, hs) chunk: the CPU flash attention's host scratch (the
+/// transposed keys and values, its accumulators) and the merge's, measured here by one call of
+/// each (the backward's flash backward, the forward's flash forward and merge), never guessed. A
+/// ring that keeps its peak of tensors alive while a kernel runs (buffers allocated once, as
+/// README step 3 says) holds that scratch on top of them: it is the library's, not the ring's.
+int64_t heap_allowance(int64_t bh, int64_t c, int64_t hs, bool backward);
 
 inline double rtol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-5; }
 inline double atol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-6; }

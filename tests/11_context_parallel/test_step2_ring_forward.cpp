@@ -42,6 +42,7 @@ struct RingRun {
   ops::WorkCount work;         // the work counters over the call
   labtest::MemoryUse memory;   // the tensors and the rank's whole heap (a std::vector too)
   std::vector<exec_log::Event> log;
+  int64_t heap_allowed = 0;  // bookkeeping and the kernels' own scratch (cptest::heap_allowance)
 };
 
 RingRun run(DType dt, comm::Communicator& cp, int64_t chunk = kC) {
@@ -52,6 +53,7 @@ RingRun run(DType dt, comm::Communicator& cp, int64_t chunk = kC) {
   r.want = cptest::mine(full, n, cp.rank());
   r.kv_bytes = r.want.kv.nbytes();
   r.y = Tensor::empty(r.want.q.shape(), dt);
+  r.heap_allowed = cptest::heap_allowance(kBH, chunk, kHs, /*backward=*/false);
   cp.barrier();  // the communicator lets go of its last operation's tensors
   const ops::WorkCount work = ops::work_stats();
   {
@@ -83,7 +85,7 @@ testing::AssertionResult memory_ok(const RingRun& r, int n) {
            << " bytes and the merge's scratch (" << bound << " in all)";
   // The heap holds the tensors' host memory too: beyond them, only bookkeeping (the execution
   // log's records, the communicator's), never a K/V block parked in a std::vector or a static.
-  return labtest::nothing_beside_tensors(r.memory, cptest::kHeapBookkeeping, "ring forward");
+  return labtest::nothing_beside_tensors(r.memory, r.heap_allowed, "ring forward");
 }
 
 testing::AssertionResult work_ok(const RingRun& r, const comm::Communicator& cp) {

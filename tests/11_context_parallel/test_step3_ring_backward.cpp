@@ -95,7 +95,9 @@ TEST(Step3_Ring, HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks) {
       << "ring backward held up to " << m.tensor_peak << " bytes of tensors beyond its inputs: "
       << "more than " << std::min(2, n - 1) << " remote K/V blocks and 2 dK/dV blocks of "
       << block << " bytes and one block of scratch";
-  EXPECT_TRUE(labtest::nothing_beside_tensors(m, cptest::kHeapBookkeeping, "ring backward"));
+  // beside the tensors: bookkeeping and the flash backward's own scratch, measured at this shape
+  const int64_t allowed = cptest::heap_allowance(kBH, cptest::kMemoryChunk, kHs, true);
+  EXPECT_TRUE(labtest::nothing_beside_tensors(m, allowed, "ring backward"));
   EXPECT_TRUE(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "ring backward"));
 }
 
