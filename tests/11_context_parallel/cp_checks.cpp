@@ -102,6 +102,39 @@ std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm:
                      fmt::format("{}", fmt::join(seen, "; ")));
 }
 
+std::string sends_waited_problem(const std::vector<exec_log::Event>& log,
+                                 const comm::Communicator& cp) {
+  std::vector<std::string> seen;
+  int64_t sends = 0;
+  for (std::size_t i = 0; i < log.size(); ++i) {
+    const exec_log::Event& post = log[i];
+    if (post.what != "send" || post.group != cp.name()) continue;
+    ++sends;
+    std::size_t next = log.size(), waited = log.size();  // the next send of its stream, its wait
+    for (std::size_t j = i + 1; j < log.size(); ++j) {
+      const exec_log::Event& e = log[j];
+      if (next == log.size() && e.what == "send" && e.group == post.group &&
+          e.peer == post.peer && e.tag == post.tag)
+        next = j;
+      if (e.what == "wait" && e.op == "send" && e.group == post.group && e.seq == post.seq) {
+        waited = j;
+        break;
+      }
+    }
+    if (waited == log.size())
+      seen.push_back(fmt::format("send #{} (to rank {}, tag {}) never waited for before the call "
+                                 "returned", post.seq, post.peer, post.tag));
+    else if (next < waited)
+      seen.push_back(fmt::format("send #{} (to rank {}, tag {}) waited for only after the next "
+                                 "send to that rank was posted", post.seq, post.peer, post.tag));
+  }
+  if (seen.empty()) return "";
+  return fmt::format("{} of its {} sends not waited for in time: {}. Until its Work is "
+                     "waited for, a send may still be reading its tensor: wait for the sends of "
+                     "a step as well as its receives before that buffer is used again, and before "
+                     "returning", seen.size(), sends, fmt::join(seen, "; "));
+}
+
 namespace {
 
 // The grader's own ring forward (step 3's model is graded without the attendee's step 2): every

@@ -154,6 +154,15 @@ std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t 
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
                             std::size_t kv_bytes, int64_t blocks);
 
+/// "" when every send this rank posted on cp's group during the call (the log of the call) was
+/// waited for (Work::wait, comm::wait_all) before the call returned and before the next send to
+/// the same rank with the same tag was posted (the next ring step's, when a double-buffered ring
+/// reuses or drops the buffer); else which sends were not. Until its Work is waited for, a send
+/// may still be reading its tensor: a ring that waits only for its receives races with the
+/// transport when it overwrites that buffer or when its caller changes the input after return.
+std::string sends_waited_problem(const std::vector<exec_log::Event>& log,
+                                 const comm::Communicator& cp);
+
 /// Step 2's whole model: the context-parallel GPT's forward with the attendee's ring (the given
 /// mappings) against the single-device GPT on the same global batch: the loss (fp32 1e-5
 /// relative, bf16 2e-3) and this rank's rows of the last block's output (fp32 1e-5, bf16 3e-2 of

@@ -139,6 +139,17 @@ TEST(Step2_Ring, NextBlockInFlightWhileABlockComputes) {
   EXPECT_TRUE(overlap_ok(r, cp));
 }
 
+// Every send waited for before its buffer is used again and before the call returns (the
+// execution log's submissions and waits): a ring that waits only for its receives leaves the
+// transport reading a buffer the ring (or its caller) may change: a data race whose numbers
+// come out wrong only now and then.
+TEST(Step2_Ring, WaitsForEverySend) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(DType::f32, cp);
+  const std::string p = cptest::sends_waited_problem(r.log, cp);
+  if (!p.empty()) ADD_FAILURE() << "ring forward: " << p;
+}
+
 // The program's no-overlap baseline (comm::set_overlap(false): every transfer waited for before
 // the next compute kernel) turns the ring into one that fails the check (right numbers).
 TEST(Step2_PlantedFault, TheLibrarysNoOverlapBaselineFailsTheOverlap) {

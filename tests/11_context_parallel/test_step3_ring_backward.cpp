@@ -126,6 +126,15 @@ TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {
   EXPECT_EQ(p, "") << "ring backward";
 }
 
+// As step 2: every send (K/V blocks and their dK/dV) waited for before its buffer is used again
+// and before the call returns.
+TEST(Step3_Ring, WaitsForEverySend) {
+  comm::Communicator cp = labtest::new_world();
+  const Grads g = run(DType::f32, cp);
+  const std::string p = cptest::sends_waited_problem(g.log, cp);
+  if (!p.empty()) ADD_FAILURE() << "ring backward: " << p;
+}
+
 TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) {
   cptest::model_matches_single_device(DType::f32, lab11::Attention::ring, 0,
                                      /*grader_forward=*/true);
