@@ -102,6 +102,28 @@ std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm:
                      fmt::format("{}", fmt::join(seen, "; ")));
 }
 
+std::string batch_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
+                          std::size_t kv_bytes) {
+  std::vector<std::string> alone;
+  int64_t received = 0;
+  for (const exec_log::Event& post : log) {
+    if (post.what != "recv" || post.group != cp.name() ||
+        post.bytes != static_cast<std::int64_t>(kv_bytes))
+      continue;
+    ++received;
+    const bool with_send = post.batch != 0 && std::any_of(log.begin(), log.end(), [&](const auto& e) {
+      return e.what == "send" && e.group == post.group && e.batch == post.batch;
+    });
+    if (!with_send) alone.push_back(fmt::format("recv #{}", post.seq));
+  }
+  if (alone.empty()) return "";
+  return fmt::format("{} of {} K/V block receives were not posted in one batch with a send ({}): "
+                     "post each ring step's receive and send together "
+                     "(Communicator::send_recv_async); on NCCL a lone recv_async or send_async "
+                     "starts only when it is waited for, so nothing would travel while you compute",
+                     alone.size(), received, fmt::join(alone, ", "));
+}
+
 std::string sends_waited_problem(const std::vector<exec_log::Event>& log,
                                  const comm::Communicator& cp) {
   std::vector<std::string> seen;

@@ -154,6 +154,13 @@ std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t 
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
                             std::size_t kv_bytes, int64_t blocks);
 
+/// "" when each receive of a K/V block (kv_bytes, on cp's group) was posted in one batch with a
+/// send (Communicator::send_recv_async: the execution log's Event::batch), else which were posted
+/// alone. On NCCL a lone recv_async / send_async is held back until it is waited for, so a ring
+/// written that way has nothing in flight while it computes there, though it overlaps on MPI.
+std::string batch_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
+                          std::size_t kv_bytes);
+
 /// "" when every send this rank posted on cp's group during the call (the log of the call) was
 /// waited for (Work::wait, comm::wait_all) before the call returned and before the next send to
 /// the same rank with the same tag was posted (the next ring step's, when a double-buffered ring

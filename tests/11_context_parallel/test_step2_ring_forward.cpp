@@ -139,6 +139,15 @@ TEST(Step2_Ring, NextBlockInFlightWhileABlockComputes) {
   EXPECT_TRUE(overlap_ok(r, cp));
 }
 
+// Each step's K/V receive posted in one batch with its send (send_recv_async; the execution
+// log's batch numbers): the CPU's MPI overlaps lone ops too, NCCL does not.
+TEST(Step2_Ring, PostsEachStepAsOneBatch) {
+  comm::Communicator cp = labtest::new_world();
+  const RingRun r = run(DType::f32, cp);
+  const std::string p = cptest::batch_problem(r.log, cp, r.kv_bytes);
+  if (!p.empty()) ADD_FAILURE() << "ring forward: " << p;
+}
+
 // Every send waited for before its buffer is used again and before the call returns (the
 // execution log's submissions and waits): a ring that waits only for its receives leaves the
 // transport reading a buffer the ring (or its caller) may change: a data race whose numbers

@@ -126,6 +126,14 @@ TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {
   EXPECT_EQ(p, "") << "ring backward";
 }
 
+// As step 2: each K/V receive (and each dK/dV receive: the same size) in one batch with a send.
+TEST(Step3_Ring, PostsEachStepAsOneBatch) {
+  comm::Communicator cp = labtest::new_world();
+  const Grads g = run(DType::f32, cp);
+  const std::string p = cptest::batch_problem(g.log, cp, g.want.kv.nbytes());
+  if (!p.empty()) ADD_FAILURE() << "ring backward: " << p;
+}
+
 // As step 2: every send (K/V blocks and their dK/dV) waited for before its buffer is used again
 // and before the call returns.
 TEST(Step3_Ring, WaitsForEverySend) {
