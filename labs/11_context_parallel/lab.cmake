@@ -45,6 +45,8 @@ scalelab_add_planted_submissions(11 PLANTS ${lab11_plants}/cheats.plant
         "masked_batched_backward:3_Ring.Skips:2:Step3_Ring.SkipsMaskedBlocksAndIsBalanced on rank [0-9]: .*fully masked blocks computed"
         "send_not_waited:2_Ring.Waits:2:Step2_Ring.WaitsForEverySend on rank [0-9]: .*never waited for before the call returned"
         "lone_send_recv:2_Ring.Posts:2:Step2_Ring.PostsEachStepAsOneBatch on rank [0-9]: .*not posted in one batch with a send"
+        "dkdv_posted_early:3_Ring.Next:2:Step3_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*0 of 1 K/V block receives .not counting the dK/dV."
+        "dkdv_posted_early:3_Ring.Next:4:Step3_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*0 of 3 K/V block receives .not counting the dK/dV."
         "waits_first:2:2:Step2_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*waited for before any block computed"
         "parked_blocks:2_Ring.Holds:2:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*held outside the Tensor allocator"
         "cached_blocks:2:2:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*held outside the Tensor allocator"

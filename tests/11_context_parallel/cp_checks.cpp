@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 
 #include "common/train/global_loss.hpp"
 
@@ -66,19 +67,46 @@ std::string work_problem(const ops::WorkCount& did, int64_t bh, int64_t c, int64
                               : "a block the queries see not computed");
 }
 
+namespace {
+// The K/V block receives of one ring call (indices into the log), among its receives of a
+// block's size on cp's group. Forward: all of them. Backward: the dK/dV that follow the blocks
+// are the same size, so they are told apart by tag (the K/V stream is the tag with cp-1
+// receives, the dK/dV one has cp: round the ring and home), or, both on one tag, by order (each
+// step's first, as in README's hint; the last is the dK/dV home).
+std::vector<std::size_t> kv_receives(const std::vector<exec_log::Event>& log,
+                                     const comm::Communicator& cp, std::size_t kv_bytes,
+                                     bool backward) {
+  std::vector<std::size_t> all;
+  for (std::size_t i = 0; i < log.size(); ++i)
+    if (log[i].what == "recv" && log[i].group == cp.name() &&
+        log[i].bytes == static_cast<std::int64_t>(kv_bytes))
+      all.push_back(i);
+  if (!backward) return all;
+  std::map<int, std::vector<std::size_t>> by_tag;
+  for (const std::size_t i : all) by_tag[log[i].tag].push_back(i);
+  const auto n = static_cast<std::size_t>(cp.size());
+  if (by_tag.size() > 1) {
+    for (const auto& [tag, got] : by_tag)
+      if (got.size() == n - 1) return got;
+    return all;  // no stream of cp-1 receives: judged on all of them
+  }
+  std::vector<std::size_t> kv;
+  for (std::size_t k = 0; k + 1 < all.size(); k += 2) kv.push_back(all[k]);
+  return kv;
+}
+}  // namespace
+
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
-                            std::size_t kv_bytes, int64_t blocks) {
+                            std::size_t kv_bytes, int64_t blocks, bool backward) {
   const auto is_compute = [](const exec_log::Event& e) {
     return e.object == nullptr && e.what.rfind("flash_attention", 0) == 0;
   };
-  int64_t received = 0, overlapped = 0;
+  const std::vector<std::size_t> kv = kv_receives(log, cp, kv_bytes, backward);
+  const auto received = static_cast<int64_t>(kv.size());
+  int64_t overlapped = 0;
   std::vector<std::string> seen;
-  for (std::size_t i = 0; i < log.size(); ++i) {
+  for (const std::size_t i : kv) {
     const exec_log::Event& post = log[i];
-    if (post.what != "recv" || post.group != cp.name() ||
-        post.bytes != static_cast<std::int64_t>(kv_bytes))
-      continue;
-    ++received;
     bool computed = false;  // a block's compute started since the post ...
     std::size_t w = i + 1;
     for (; w < log.size(); ++w) {
@@ -95,11 +123,12 @@ std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm:
     }
   }
   if (overlapped >= blocks) return "";
-  return fmt::format("{} of {} K/V block receives were in flight while a block computed (posted "
-                     "before a flash attention, waited for after it started); want at least {}: "
-                     "post the next block's recv (and send this one), compute, then wait{}{}",
-                     overlapped, received, blocks, seen.empty() ? "" : ". Seen: ",
-                     fmt::format("{}", fmt::join(seen, "; ")));
+  return fmt::format("{} of {} K/V block receives{} were in flight while a block computed "
+                     "(posted before a flash attention, waited for after it started); want at "
+                     "least {}: post the next block's recv (and send this one), compute, then "
+                     "wait{}{}",
+                     overlapped, received, backward ? " (not counting the dK/dV)" : "", blocks,
+                     seen.empty() ? "" : ". Seen: ", fmt::format("{}", fmt::join(seen, "; ")));
 }
 
 std::string batch_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,

@@ -151,8 +151,11 @@ std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t 
 /// waits and compute kernels of this process, in program order), never from timings: a receive
 /// that happens to finish early still counts (its wait came after the compute started), and a
 /// ring that waits before it computes never does, however fast its messages. Else what was seen.
+/// `backward`: the dK/dV receives (the same size) are not K/V blocks and are not counted; they are
+/// told apart by tag (the stream of cp-1 receives is the K/V one) or, on one tag, by order (each
+/// step's first receive is its K/V block, the last one is the dK/dV home).
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
-                            std::size_t kv_bytes, int64_t blocks);
+                            std::size_t kv_bytes, int64_t blocks, bool backward = false);
 
 /// "" when each receive of a K/V block (kv_bytes, on cp's group) was posted in one batch with a
 /// send (Communicator::send_recv_async: the execution log's Event::batch), else which were posted

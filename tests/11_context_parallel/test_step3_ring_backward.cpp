@@ -122,7 +122,7 @@ TEST(Step3_Ring, SkipsMaskedBlocksAndIsBalanced) {
 TEST(Step3_Ring, NextBlockInFlightWhileABlockComputes) {
   comm::Communicator cp = labtest::new_world();
   const Grads g = run(DType::f32, cp);
-  const std::string p = cptest::overlap_problem(g.log, cp, g.want.kv.nbytes(), cp.size() - 1);
+  const std::string p = cptest::overlap_problem(g.log, cp, g.want.kv.nbytes(), cp.size() - 1, true);
   EXPECT_EQ(p, "") << "ring backward";
 }
 
@@ -160,5 +160,5 @@ TEST(Step3_PlantedFault, WaitingForEachBlockBeforeComputingFailsTheOverlap) {
     g = run(DType::f32, cp);
   }
   EXPECT_TRUE(labtest::close_on_every_rank(g.dkv, g.want.dkv, 1e-5, 1e-6));  // right numbers
-  EXPECT_NE(cptest::overlap_problem(g.log, cp, g.want.kv.nbytes(), cp.size() - 1), "");
+  EXPECT_NE(cptest::overlap_problem(g.log, cp, g.want.kv.nbytes(), cp.size() - 1, true), "");
 }
