@@ -51,7 +51,7 @@ scalelab_add_planted_submissions(11 PLANTS ${lab11_plants}/cheats.plant
         "parked_blocks:2_Ring.Holds:2:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*held outside the Tensor allocator"
         "cached_blocks:2:2:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*held outside the Tensor allocator"
         "parked_backward:3_Ring.Holds:2:Step3_Ring.HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks on rank [0-9]: .*held outside the Tensor allocator"
-        "dkdv_stay:3:2:Step3_Ring.GradientsEqualFullAttentionF32 on rank [0-9]: .*close_on_every_rank.g.dkv, g.want.dkv"
+        "dkdv_stay:3:2:Step3_Ring.GradientsEqualFullAttentionF32 on rank [0-9]: .*close_chunks.g.dkv, g.want.dkv.*dkv not within.*the worst element is d[KV], key chunk"
         "arrival_order:4:2:Step4_AllToAll.EqualsFullAttentionF32 on rank [0-9]: .*close_on_every_rank.u.y, u.want_y"
         # the model with step 2's ring names the first tensor the reversed ring changes
         "ring_reversed:2_Model:4:Step2_Model.LossEqualsSingleDeviceF32 on rank [0-9]: .*first divergence: blocks\\.0\\.attn\\.y, forward, ranks 1, 2 ")

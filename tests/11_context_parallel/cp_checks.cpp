@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 
+#include "common/train/equivalence.hpp"
 #include "common/train/global_loss.hpp"
 
 namespace cptest {
@@ -34,6 +35,35 @@ int64_t heap_allowance(int64_t bh, int64_t c, int64_t hs, bool backward) {
     measure([&] { ops::attention_merge(y, lse, y_b, lse_b); });
   }
   return kHeapBookkeeping + scratch;
+}
+
+testing::AssertionResult close_chunks(const Tensor& got, const Tensor& want, double rtol,
+                                      double atol, const std::string& what) {
+  const train::Diff d = train::compare(got, want);
+  testing::AssertionResult mine = testing::AssertionSuccess();
+  if (!d.within(rtol, atol)) {
+    const int cp = labtest::world().size(), r = labtest::world().rank();
+    std::vector<int64_t> at(got.dim());  // the worst element's index, dimension by dimension
+    int64_t flat = std::max<int64_t>(d.worst_index, 0);
+    for (int64_t k = got.dim() - 1; k >= 0; --k) {
+      at[k] = flat % got.size(k);
+      flat /= got.size(k);
+    }
+    const bool kv = got.dim() == 5;  // (2 K/V, 2 chunks, BH, c, hs)
+    const int64_t part = kv ? at[0] : 0, i = kv ? at[1] : at[0], h = kv ? at[2] : at[1];
+    const int64_t row = kv ? at[3] : at[2], c = kv ? got.size(3) : got.size(2);
+    const int64_t token = (i == 0 ? r : 2 * cp - 1 - r) * c + row;
+    std::string where = fmt::format("{}{} chunk {} (your {} chunk), head {} (of batch x heads), "
+                                    "row {} (token {} of the sequence)",
+                                    kv ? (part == 0 ? "dK, " : "dV, ") : "",
+                                    kv ? "key" : "query", i, i == 0 ? "early" : "late", h, row,
+                                    token);
+    if (got.dim() >= 4) where += fmt::format(", column {}", at.back());
+    mine = testing::AssertionFailure() << what << fmt::format(" not within rtol {:g} atol {:g}: ",
+                                                              rtol, atol)
+                                       << d.str() << "; the worst element is " << where;
+  }
+  return labtest::on_every_rank(mine);
 }
 
 std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t kv_bytes) {

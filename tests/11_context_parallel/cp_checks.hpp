@@ -139,6 +139,13 @@ inline int64_t zigzag_attention_flops(int64_t bh, int64_t c, int64_t hs, int cp,
 std::string work_problem(const ops::WorkCount& did, int64_t bh, int64_t c, int64_t hs,
                          const comm::Communicator& cp, bool backward);
 
+/// labtest::close_on_every_rank for the ring's chunk-major tensors (collective), the worst element
+/// named where it is: y, dq (2, BH, c, hs) as (query chunk, head, row, column) and the token of
+/// the sequence that row is; lse (2, BH, c) likewise; dK/dV (2, 2, BH, c, hs) as (dK or dV, key
+/// chunk, head, row, column). `what` names the tensor in the message.
+testing::AssertionResult close_chunks(const Tensor& got, const Tensor& want, double rtol,
+                                      double atol, const std::string& what);
+
 /// "" when rank's sends of one call were exactly `blocks` K/V blocks of kv_bytes and nothing but
 /// sends and receives moved, else what did. `did` is the ledger of the call with raw MPI counted
 /// (labtest::traffic_of): a block moved by MPI_Send or gathered by MPI_Allgather past the

@@ -103,8 +103,8 @@ testing::AssertionResult overlap_ok(const RingRun& r, const comm::Communicator& 
 void output_matches(DType dt) {
   comm::Communicator cp = labtest::new_world();
   const RingRun r = run(dt, cp);
-  EXPECT_TRUE(labtest::close_on_every_rank(r.y, r.want.y, cptest::rtol(dt), cptest::atol(dt)));
-  EXPECT_TRUE(labtest::close_on_every_rank(r.lse, r.want.lse, cptest::rtol(dt), cptest::atol(dt)));
+  EXPECT_TRUE(cptest::close_chunks(r.y, r.want.y, cptest::rtol(dt), cptest::atol(dt), "y"));
+  EXPECT_TRUE(cptest::close_chunks(r.lse, r.want.lse, cptest::rtol(dt), cptest::atol(dt), "lse"));
 }
 
 }  // namespace

@@ -66,8 +66,8 @@ Grads run(DType dt, comm::Communicator& cp) {
 void gradients_match(DType dt) {
   comm::Communicator cp = labtest::new_world();
   const Grads g = run(dt, cp);
-  EXPECT_TRUE(labtest::close_on_every_rank(g.dq, g.want.dq, cptest::rtol(dt), cptest::atol(dt)));
-  EXPECT_TRUE(labtest::close_on_every_rank(g.dkv, g.want.dkv, cptest::rtol(dt), cptest::atol(dt)));
+  EXPECT_TRUE(cptest::close_chunks(g.dq, g.want.dq, cptest::rtol(dt), cptest::atol(dt), "dq"));
+  EXPECT_TRUE(cptest::close_chunks(g.dkv, g.want.dkv, cptest::rtol(dt), cptest::atol(dt), "dkv"));
 }
 
 }  // namespace
