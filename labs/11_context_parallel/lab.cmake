@@ -90,6 +90,14 @@ if(SCALELAB_BUILD_TESTS)
                                --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
     set_tests_properties(lab11.program.${name}.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
   endforeach()
+  # cp = 1: a ring of one rank sends nothing, and the printed formula says so (it said 2 MiB)
+  scalelab_add_mpi_test(lab11.program.ring_cp1_sends_nothing.np1 lab11_context_parallel_solution
+                        RANKS 1 TIMEOUT 60 LABELS reference lab11
+                        ARGS --model tiny --steps 1 --batch 2 --twin-steps 1
+                             --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
+  set_tests_properties(lab11.program.ring_cp1_sends_nothing.np1 PROPERTIES
+                       FIXTURES_REQUIRED bf16_corpus
+                       PASS_REGULAR_EXPRESSION "attention sent \\(ring\\): 0\\.000 MiB; formula 0\\.000 MiB")
 endif()
 # The attendee's object's symbols beside the test binaries (cmake/ScalelabOwnWork.cmake): its
 # static storage is bounded by the memory steps (tests/support/own_work.hpp).

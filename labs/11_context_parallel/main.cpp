@@ -303,17 +303,19 @@ int main(int argc, char** argv) {
     const double es = static_cast<double>(dtype_size(model.compute_dtype()));
     const double rows = static_cast<double>(B * T / cp) * C * es;  // B (T/cp) C: one tensor of my rows
     const double kv = 2 * rows;                                     // my K and V: one ring block
-    // ring: (cp-1) blocks forward, (cp-1) again and cp dK/dV blocks backward, per layer;
+    // ring: (cp-1) blocks forward, (cp-1) again and cp dK/dV blocks backward, per layer; at
+    // cp = 1 none (a ring of one rank sends nothing: its dK/dV are home already);
     // all-to-all: q, k, v in and y out forward, dy in and dq, dk, dv out backward, per layer.
-    const double formula = attention == lab11::Attention::ring ? L * (3.0 * cp - 2) * kv
-                                                               : L * 8.0 * rows;
-    const double ring_formula = L * (3.0 * cp - 2) * kv, a2a_formula = L * 8.0 * rows;
+    const double ring_blocks = cp == 1 ? 0.0 : 3.0 * cp - 2;
+    const double ring_formula = L * ring_blocks * kv, a2a_formula = L * 8.0 * rows;
+    const double formula = attention == lab11::Attention::ring ? ring_formula : a2a_formula;
     if (comm.rank() == 0) {
       log::info("");
       log::info("one step, rank 0 (payload bytes, byte counters; B {} x T/cp {} rows x C {}, "
                 "{}-byte activations):", B, T / cp, C, static_cast<int>(es));
-      log::info("  attention sent ({}): {} MiB; formula {} MiB  [ring: L (3cp-2) x 2 B (T/cp) C "
-                "= {} MiB; all-to-all: L x 8 B (T/cp) C = {} MiB]", lab11::attention_name(attention),
+      log::info("  attention sent ({}): {} MiB; formula {} MiB  [ring: L (3cp-2) x 2 B (T/cp) C, "
+                "0 at cp 1, = {} MiB; all-to-all: L x 8 B (T/cp) C = {} MiB]",
+                lab11::attention_name(attention),
                 mib(sent), mib(formula), mib(ring_formula), mib(a2a_formula));
       // Every activation is per row, so a rank holds 1/cp of the single device's; all-to-all
       // also keeps its heads' q, k, v and y over the whole sequence: 4 B (T/cp) C per layer.
