@@ -170,9 +170,11 @@ std::string batch_problem(const std::vector<exec_log::Event>& log, const comm::C
         post.bytes != static_cast<std::int64_t>(kv_bytes))
       continue;
     ++received;
-    const bool with_send = post.batch != 0 && std::any_of(log.begin(), log.end(), [&](const auto& e) {
+    const auto same_batch_send = [&](const exec_log::Event& e) {
       return e.what == "send" && e.group == post.group && e.batch == post.batch;
-    });
+    };
+    const bool with_send =
+        post.batch != 0 && std::any_of(log.begin(), log.end(), same_batch_send);
     if (!with_send) alone.push_back(fmt::format("recv #{}", post.seq));
   }
   if (alone.empty()) return "";

@@ -12,14 +12,17 @@
 //  - overlap (the execution log, exec_log.hpp: submissions, waits and flash attention calls in
 //    program order): each of the cp-1 K/V receives posted before a block's compute started and
 //    first waited for after it started, i.e. in flight while the block computed. Order, never
-//    durations: the check cannot flake with the machine's load.
+//    durations: the check cannot flake with the machine's load;
+//  - sends (the same log): every send waited for before the next send to that rank and before
+//    return; each K/V receive posted in one batch with a send (send_recv_async: Event::batch).
 // Planted into a copy of the reference (solutions/11_context_parallel/planted/cheats.plant;
 // labs/11_context_parallel/lab.cmake
 // runs these graders on it and expects each to fail where named): an all-gather of every block
 // (right numbers; the bytes fail, and at 4 ranks the memory), every block parked in a std::vector
 // as it passes (the heap fails), a ring that computes the masked blocks too, by flash attention
 // or through ops::batched_matmul (the work count fails), a ring that waits for each step's
-// transfers before computing (right numbers, the same bytes: the overlap check fails). Here: the
+// transfers before computing (right numbers, the same bytes: the overlap check fails), a ring that
+// waits only for its receives (the send check), lone recv_async/send_async (the batch). Here: the
 // library's
 // no-overlap baseline (comm::set_overlap(false), what the program's overlap table compares with)
 // on the ring under test must fail the overlap check.

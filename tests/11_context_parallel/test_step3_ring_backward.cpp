@@ -9,7 +9,9 @@
 //    blocks and one block of scratch; nothing held outside the allocator but bookkeeping.
 //  - Overlap (the execution log, as step 2): the cp-1 K/V blocks' receives posted before a
 //    block's compute started and first waited for after it started (the dK/dV that follow a
-//    block need its compute first, so only the K/V blocks are asked to overlap).
+//    block need its compute first, so only the K/V blocks are asked to overlap; told apart from
+//    the dK/dV receives, the same size, by tag or, on one tag, by order).
+//  - Sends, as step 2: every send waited for in time, each receive batched with a send.
 //  - The whole model: the context-parallel GPT (the given mappings with the grader's own ring
 //    forward, so this step is graded without step 2 too; the grader's positions and rows)
 //    against the single-device GPT with the same seed and global batch, loss and every gradient
@@ -20,7 +22,9 @@
 // dK/dV that do not travel (each rank keeps what its queries gave the blocks it saw) fail the
 // gradient check; the masked blocks' scores computed through ops::batched_matmul fail the work;
 // a backward that gathers every K/V block first and parks them in a std::vector fails the memory
-// check. Here: the backward under the library's no-overlap baseline (comm::set_overlap(false):
+// check; a backward that waits for every K/V block before computing but posts the dK/dV receive
+// early fails the overlap check; two dK/dV buffers allocated once must pass (a control). Here: the
+// backward under the library's no-overlap baseline (comm::set_overlap(false):
 // each transfer waited for before the next block computes; right gradients) must fail the
 // overlap check.
 #include <gtest/gtest.h>
