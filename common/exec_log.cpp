@@ -13,6 +13,8 @@ namespace {
 std::atomic<bool> g_on{false};
 std::mutex g_mutex;
 std::vector<Event> g_events;
+std::atomic<std::int64_t> g_batches{0};
+thread_local std::int64_t t_batch = 0;  // the batch this thread is submitting (0: none)
 
 void append(Event e) {
   std::lock_guard lock(g_mutex);
@@ -38,6 +40,9 @@ std::vector<Event> Recording::events() const {
   return g_events;
 }
 
+BatchScope::BatchScope() { t_batch = g_batches.fetch_add(1, std::memory_order_relaxed) + 1; }
+BatchScope::~BatchScope() { t_batch = 0; }
+
 bool recording() { return g_on.load(std::memory_order_relaxed); }
 
 void record_piece(const char* what, const void* object) {
@@ -59,6 +64,7 @@ void record_comm(const char* what, const std::string& group, int peer, int tag,
   e.tag = tag;
   e.bytes = bytes;
   e.seq = seq;
+  e.batch = t_batch;
   append(std::move(e));
 }
 

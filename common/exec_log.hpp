@@ -40,6 +40,10 @@ struct Event {
   /// it); 0 otherwise.
   int tag = 0;
   std::int64_t bytes = 0;        ///< operations: the payload (common/comm/stats.hpp)
+  /// send/recv: the batch it was posted in (Communicator::send_recv_async), numbered from 1 in
+  /// this process; 0 when posted alone (send_async / recv_async). Lab 11 asks a ring step's
+  /// receive and send in one batch (on NCCL a lone send/recv starts only when waited for).
+  std::int64_t batch = 0;
   /// Operations and waits: what moved the bytes, "mpi", "nccl" or "self" (on an nccl group CUDA
   /// tensors go over NCCL and host values over MPI: common/comm/route.hpp); "" otherwise.
   std::string transport;
@@ -70,6 +74,17 @@ void record_piece(const char* what, const void* object);
 /// labs).
 void record_comm(const char* what, const std::string& group, int peer, int tag,
                  std::int64_t bytes, std::int64_t seq, const char* transport);
+/// While alive, the operations this thread submits are one batch: their events carry its number
+/// (Event::batch). Communicator::send_recv_async holds one around its submissions (not labs).
+/// Numbered whether or not a Recording is alive; not nestable.
+class BatchScope {
+ public:
+  BatchScope();
+  ~BatchScope();
+  BatchScope(const BatchScope&) = delete;
+  BatchScope& operator=(const BatchScope&) = delete;
+};
+
 /// Appends a wait on operation `seq` (of kind `op`, moved by `transport`) of `group`, when
 /// recording. Called by Work::wait (not by labs).
 void record_wait(const char* op, const std::string& group, int peer, int tag, std::int64_t seq,

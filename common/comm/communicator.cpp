@@ -628,9 +628,12 @@ std::vector<Work> Communicator::send_recv_async(const std::vector<P2POp>& ops) {
   }
   std::vector<Work> works;
   works.reserve(ops.size());
-  for (const P2POp& p : ops)
-    works.push_back(p.kind == P2POp::Kind::send ? send_async(p.tensor, p.peer, p.tag)
-                                                : recv_async(p.tensor, p.peer, p.tag));
+  {
+    const exec_log::BatchScope batch;  // the execution log marks these ops as one batch
+    for (const P2POp& p : ops)
+      works.push_back(p.kind == P2POp::Kind::send ? send_async(p.tensor, p.peer, p.tag)
+                                                  : recv_async(p.tensor, p.peer, p.tag));
+  }
   // The step is complete: a backend that holds send/recvs back until a wait (nccl, to group a
   // step's halves) launches them now, so they travel while the caller computes. Each op's flush
   // is its backend's (a batch may mix CUDA and host tensors under "auto"); calling it twice is

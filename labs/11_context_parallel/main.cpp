@@ -136,6 +136,10 @@ ExitCode measure_overlap(comm::Communicator& cp, const ModelConfig& config, int6
             "alone: the same messages round the ring with no compute; hidden = 1 - exposed / alone");
   log::info("  no overlap: the same ring, each transfer waited for before the next block computes "
             "(comm::set_overlap(false))");
+  log::info("  on one host's CPU, 'no overlap' can hide as much as 'overlapped' or more: the "
+            "transfers are cheap shared-memory copies, a wait also holds a neighbour's lateness, "
+            "and MPI's progress thread polls while a receive is pending, taking cycles from the "
+            "compute (README, Overlap)");
   log::info("{:>5} {:<9} {:<11} {:>9} {:>9} {:>9} {:>9} {:>7}", "rank", "pass", "mode", "total",
             "compute", "exposed", "alone", "hidden");
   const auto print = [&](const std::string& who, int k, int pass, int mode) {
@@ -171,11 +175,11 @@ int main(int argc, char** argv) {
                            {.batch = 2, .steps = 4});
     session.add_options("lab 11")
         ("cp", "context-parallel ranks: the sequence is cut over them (default: every rank)",
-         cxxopts::value<int>()->default_value("0"))
+         cxxopts::value<int>())
         ("attention", "ring (steps 2-3) or all-to-all (step 4)",
          cxxopts::value<std::string>()->default_value("ring"))
         ("context", "tokens per sequence (default: 4 x the model's block size)",
-         cxxopts::value<int64_t>()->default_value("0"))
+         cxxopts::value<int64_t>())
         ("twin-steps", "rank 0 also runs the single-device model for this many steps and "
                        "prints both losses (0: off)",
          cxxopts::value<int64_t>()->default_value("2"))
@@ -197,10 +201,13 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(parsed["overlap"].as<bool>() || !parsed.count("reps"),
                      "--reps is for --overlap (this run trains)");
 
-    const int cp = parsed["cp"].as<int>() == 0 ? comm.size() : parsed["cp"].as<int>();
+    // --cp 0 and --context 0 mean their defaults too, as before (no cxxopts default: its
+    // "(default: 0)" would sit beside the help's own)
+    const int cp_arg = parsed.count("cp") ? parsed["cp"].as<int>() : 0;
+    const int cp = cp_arg == 0 ? comm.size() : cp_arg;
     const int64_t block_size = session.config().block_size;  // the model's own context
-    const int64_t T = parsed["context"].as<int64_t>() == 0 ? 4 * block_size
-                                                           : parsed["context"].as<int64_t>();
+    const int64_t context_arg = parsed.count("context") ? parsed["context"].as<int64_t>() : 0;
+    const int64_t T = context_arg == 0 ? 4 * block_size : context_arg;
     SCALELAB_REQUIRE(T >= 1, "--context must be at least 1, got {}", T);
     // Bad input is refused on every rank alike, before any data is read.
     lab11::check_cp(cp, comm.size(), T, session.config().n_head, attention);
@@ -303,17 +310,19 @@ int main(int argc, char** argv) {
     const double es = static_cast<double>(dtype_size(model.compute_dtype()));
     const double rows = static_cast<double>(B * T / cp) * C * es;  // B (T/cp) C: one tensor of my rows
     const double kv = 2 * rows;                                     // my K and V: one ring block
-    // ring: (cp-1) blocks forward, (cp-1) again and cp dK/dV blocks backward, per layer;
+    // ring: (cp-1) blocks forward, (cp-1) again and cp dK/dV blocks backward, per layer; at
+    // cp = 1 none (a ring of one rank sends nothing: its dK/dV are home already);
     // all-to-all: q, k, v in and y out forward, dy in and dq, dk, dv out backward, per layer.
-    const double formula = attention == lab11::Attention::ring ? L * (3.0 * cp - 2) * kv
-                                                               : L * 8.0 * rows;
-    const double ring_formula = L * (3.0 * cp - 2) * kv, a2a_formula = L * 8.0 * rows;
+    const double ring_blocks = cp == 1 ? 0.0 : 3.0 * cp - 2;
+    const double ring_formula = L * ring_blocks * kv, a2a_formula = L * 8.0 * rows;
+    const double formula = attention == lab11::Attention::ring ? ring_formula : a2a_formula;
     if (comm.rank() == 0) {
       log::info("");
       log::info("one step, rank 0 (payload bytes, byte counters; B {} x T/cp {} rows x C {}, "
                 "{}-byte activations):", B, T / cp, C, static_cast<int>(es));
-      log::info("  attention sent ({}): {} MiB; formula {} MiB  [ring: L (3cp-2) x 2 B (T/cp) C "
-                "= {} MiB; all-to-all: L x 8 B (T/cp) C = {} MiB]", lab11::attention_name(attention),
+      log::info("  attention sent ({}): {} MiB; formula {} MiB  [ring: L (3cp-2) x 2 B (T/cp) C, "
+                "0 at cp 1, = {} MiB; all-to-all: L x 8 B (T/cp) C = {} MiB]",
+                lab11::attention_name(attention),
                 mib(sent), mib(formula), mib(ring_formula), mib(a2a_formula));
       // Every activation is per row, so a rank holds 1/cp of the single device's; all-to-all
       // also keeps its heads' q, k, v and y over the whole sequence: 4 B (T/cp) C per layer.

@@ -4,9 +4,67 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+
+#include "common/train/equivalence.hpp"
 #include "common/train/global_loss.hpp"
 
 namespace cptest {
+
+int64_t heap_allowance(int64_t bh, int64_t c, int64_t hs, bool backward) {
+  const Tensor q = Tensor::uniform({bh, c, hs}, 7), k = Tensor::uniform({bh, c, hs}, 8),
+               v = Tensor::uniform({bh, c, hs}, 9), dy = Tensor::uniform({bh, c, hs}, 10);
+  Tensor y = Tensor::empty({bh, c, hs}), y_b = Tensor::empty({bh, c, hs});
+  Tensor lse = Tensor::empty({bh, c}, ops::flash_attention_lse_dtype(DType::f32));
+  Tensor lse_b = Tensor::empty({bh, c}, lse.dtype());
+  Tensor dq = Tensor::empty({bh, c, hs}), dk = dq.clone(), dv = dq.clone();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  ops::flash_attention_forward(y, lse, q, k, v, scale, false);
+  int64_t scratch = 0;
+  const auto measure = [&](const std::function<void()>& kernel) {
+    const labtest::MemoryUse m = labtest::memory_use_of(kernel);
+    scratch = std::max(scratch, m.heap.peak - m.tensor_peak);
+  };
+  if (backward) {
+    measure([&] { ops::flash_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scale, false); });
+  } else {
+    measure([&] { ops::flash_attention_forward(y_b, lse_b, q, k, v, scale, false); });
+    measure([&] { ops::attention_merge(y, lse, y_b, lse_b); });
+  }
+  return kHeapBookkeeping + scratch;
+}
+
+testing::AssertionResult close_chunks(const Tensor& got, const Tensor& want, double rtol,
+                                      double atol, const std::string& what) {
+  const train::Diff d = train::compare(got, want);
+  testing::AssertionResult mine = testing::AssertionSuccess();
+  if (!d.within(rtol, atol)) {
+    const int cp = labtest::world().size(), r = labtest::world().rank();
+    std::vector<int64_t> at(got.dim());  // the worst element's index, dimension by dimension
+    int64_t flat = std::max<int64_t>(d.worst_index, 0);
+    for (int64_t k = got.dim() - 1; k >= 0; --k) {
+      at[k] = flat % got.size(k);
+      flat /= got.size(k);
+    }
+    const bool kv = got.dim() == 5;  // (2 K/V, 2 chunks, BH, c, hs)
+    const int64_t part = kv ? at[0] : 0, i = kv ? at[1] : at[0], h = kv ? at[2] : at[1];
+    const int64_t row = kv ? at[3] : at[2], c = kv ? got.size(3) : got.size(2);
+    const int64_t token = (i == 0 ? r : 2 * cp - 1 - r) * c + row;
+    std::string where = fmt::format("{}{} chunk {} (your {} chunk), head {} (of batch x heads), "
+                                    "row {} (token {} of the sequence)",
+                                    kv ? (part == 0 ? "dK, " : "dV, ") : "",
+                                    kv ? "key" : "query", i, i == 0 ? "early" : "late", h, row,
+                                    token);
+    if (got.dim() >= 4) where += fmt::format(", column {}", at.back());
+    mine = testing::AssertionFailure() << what << fmt::format(" not within rtol {:g} atol {:g}: ",
+                                                              rtol, atol)
+                                       << d.str() << "; the worst element is " << where;
+  }
+  return labtest::on_every_rank(mine);
+}
 
 std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t kv_bytes) {
   int64_t bytes = 0, messages = 0;
@@ -39,19 +97,46 @@ std::string work_problem(const ops::WorkCount& did, int64_t bh, int64_t c, int64
                               : "a block the queries see not computed");
 }
 
+namespace {
+// The K/V block receives of one ring call (indices into the log), among its receives of a
+// block's size on cp's group. Forward: all of them. Backward: the dK/dV that follow the blocks
+// are the same size, so they are told apart by tag (the K/V stream is the tag with cp-1
+// receives, the dK/dV one has cp: round the ring and home), or, both on one tag, by order (each
+// step's first, as in README's hint; the last is the dK/dV home).
+std::vector<std::size_t> kv_receives(const std::vector<exec_log::Event>& log,
+                                     const comm::Communicator& cp, std::size_t kv_bytes,
+                                     bool backward) {
+  std::vector<std::size_t> all;
+  for (std::size_t i = 0; i < log.size(); ++i)
+    if (log[i].what == "recv" && log[i].group == cp.name() &&
+        log[i].bytes == static_cast<std::int64_t>(kv_bytes))
+      all.push_back(i);
+  if (!backward) return all;
+  std::map<int, std::vector<std::size_t>> by_tag;
+  for (const std::size_t i : all) by_tag[log[i].tag].push_back(i);
+  const auto n = static_cast<std::size_t>(cp.size());
+  if (by_tag.size() > 1) {
+    for (const auto& [tag, got] : by_tag)
+      if (got.size() == n - 1) return got;
+    return all;  // no stream of cp-1 receives: judged on all of them
+  }
+  std::vector<std::size_t> kv;
+  for (std::size_t k = 0; k + 1 < all.size(); k += 2) kv.push_back(all[k]);
+  return kv;
+}
+}  // namespace
+
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
-                            std::size_t kv_bytes, int64_t blocks) {
+                            std::size_t kv_bytes, int64_t blocks, bool backward) {
   const auto is_compute = [](const exec_log::Event& e) {
     return e.object == nullptr && e.what.rfind("flash_attention", 0) == 0;
   };
-  int64_t received = 0, overlapped = 0;
+  const std::vector<std::size_t> kv = kv_receives(log, cp, kv_bytes, backward);
+  const auto received = static_cast<int64_t>(kv.size());
+  int64_t overlapped = 0;
   std::vector<std::string> seen;
-  for (std::size_t i = 0; i < log.size(); ++i) {
+  for (const std::size_t i : kv) {
     const exec_log::Event& post = log[i];
-    if (post.what != "recv" || post.group != cp.name() ||
-        post.bytes != static_cast<std::int64_t>(kv_bytes))
-      continue;
-    ++received;
     bool computed = false;  // a block's compute started since the post ...
     std::size_t w = i + 1;
     for (; w < log.size(); ++w) {
@@ -68,11 +153,69 @@ std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm:
     }
   }
   if (overlapped >= blocks) return "";
-  return fmt::format("{} of {} K/V block receives were in flight while a block computed (posted "
-                     "before a flash attention, waited for after it started); want at least {}: "
-                     "post the next block's recv (and send this one), compute, then wait{}{}",
-                     overlapped, received, blocks, seen.empty() ? "" : ". Seen: ",
-                     fmt::format("{}", fmt::join(seen, "; ")));
+  return fmt::format("{} of {} K/V block receives{} were in flight while a block computed "
+                     "(posted before a flash attention, waited for after it started); want at "
+                     "least {}: post the next block's recv (and send this one), compute, then "
+                     "wait{}{}",
+                     overlapped, received, backward ? " (not counting the dK/dV)" : "", blocks,
+                     seen.empty() ? "" : ". Seen: ", fmt::format("{}", fmt::join(seen, "; ")));
+}
+
+std::string batch_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
+                          std::size_t kv_bytes) {
+  std::vector<std::string> alone;
+  int64_t received = 0;
+  for (const exec_log::Event& post : log) {
+    if (post.what != "recv" || post.group != cp.name() ||
+        post.bytes != static_cast<std::int64_t>(kv_bytes))
+      continue;
+    ++received;
+    const auto same_batch_send = [&](const exec_log::Event& e) {
+      return e.what == "send" && e.group == post.group && e.batch == post.batch;
+    };
+    const bool with_send =
+        post.batch != 0 && std::any_of(log.begin(), log.end(), same_batch_send);
+    if (!with_send) alone.push_back(fmt::format("recv #{}", post.seq));
+  }
+  if (alone.empty()) return "";
+  return fmt::format("{} of {} K/V block receives were not posted in one batch with a send ({}): "
+                     "post each ring step's receive and send together "
+                     "(Communicator::send_recv_async); on NCCL a lone recv_async or send_async "
+                     "starts only when it is waited for, so nothing would travel while you compute",
+                     alone.size(), received, fmt::join(alone, ", "));
+}
+
+std::string sends_waited_problem(const std::vector<exec_log::Event>& log,
+                                 const comm::Communicator& cp) {
+  std::vector<std::string> seen;
+  int64_t sends = 0;
+  for (std::size_t i = 0; i < log.size(); ++i) {
+    const exec_log::Event& post = log[i];
+    if (post.what != "send" || post.group != cp.name()) continue;
+    ++sends;
+    std::size_t next = log.size(), waited = log.size();  // the next send of its stream, its wait
+    for (std::size_t j = i + 1; j < log.size(); ++j) {
+      const exec_log::Event& e = log[j];
+      if (next == log.size() && e.what == "send" && e.group == post.group &&
+          e.peer == post.peer && e.tag == post.tag)
+        next = j;
+      if (e.what == "wait" && e.op == "send" && e.group == post.group && e.seq == post.seq) {
+        waited = j;
+        break;
+      }
+    }
+    if (waited == log.size())
+      seen.push_back(fmt::format("send #{} (to rank {}, tag {}) never waited for before the call "
+                                 "returned", post.seq, post.peer, post.tag));
+    else if (next < waited)
+      seen.push_back(fmt::format("send #{} (to rank {}, tag {}) waited for only after the next "
+                                 "send to that rank was posted", post.seq, post.peer, post.tag));
+  }
+  if (seen.empty()) return "";
+  return fmt::format("{} of its {} sends not waited for in time: {}. Until its Work is "
+                     "waited for, a send may still be reading its tensor: wait for the sends of "
+                     "a step as well as its receives before that buffer is used again, and before "
+                     "returning", seen.size(), sends, fmt::join(seen, "; "));
 }
 
 namespace {

@@ -103,11 +103,19 @@ inline Mine mine(const Full& f, int cp, int rank) {
 /// The memory tests' chunk length: a K/V block of 3 x 2 chunks x 16 x 2 fp32 is 48 KiB, far above
 /// the ring's bookkeeping, so one block more, in a tensor or beside them, stands out.
 inline constexpr int64_t kMemoryChunk = 64;
-/// What the heap may hold beyond a ring's tensors during a call: the CPU flash attention's own
-/// scratch, tensor views' shapes, the communicator's and the execution log's records (measured
-/// at kMemoryChunk: forward 9.0 to 12.8 KiB, backward 4.0 to 4.6 KiB, on 2 and 4 ranks): half a
-/// memory test's K/V block.
+/// What the heap may hold beyond a ring's tensors during a call, besides the library kernels'
+/// own scratch (heap_allowance): tensor views' shapes, the communicator's and the execution log's
+/// records (measured at kMemoryChunk with the kernels' scratch included: forward 9.0 to 12.8
+/// KiB, backward 4.0 to 4.6 KiB, on 2 and 4 ranks): half a memory test's K/V block.
 inline constexpr int64_t kHeapBookkeeping = 24576;
+
+/// kHeapBookkeeping plus what the library's own kernels hold on the heap beside their tensors
+/// when a ring calls them on one (BH, c, hs) chunk: the CPU flash attention's host scratch (the
+/// transposed keys and values, its accumulators) and the merge's, measured here by one call of
+/// each (the backward's flash backward, the forward's flash forward and merge), never guessed. A
+/// ring that keeps its peak of tensors alive while a kernel runs (buffers allocated once, as
+/// README step 3 says) holds that scratch on top of them: it is the library's, not the ring's.
+int64_t heap_allowance(int64_t bh, int64_t c, int64_t hs, bool backward);
 
 inline double rtol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-5; }
 inline double atol(DType dt) { return dt == DType::bf16 ? 3e-2 : 1e-6; }
@@ -131,6 +139,13 @@ inline int64_t zigzag_attention_flops(int64_t bh, int64_t c, int64_t hs, int cp,
 std::string work_problem(const ops::WorkCount& did, int64_t bh, int64_t c, int64_t hs,
                          const comm::Communicator& cp, bool backward);
 
+/// labtest::close_on_every_rank for the ring's chunk-major tensors (collective), the worst element
+/// named where it is: y, dq (2, BH, c, hs) as (query chunk, head, row, column) and the token of
+/// the sequence that row is; lse (2, BH, c) likewise; dK/dV (2, 2, BH, c, hs) as (dK or dV, key
+/// chunk, head, row, column). `what` names the tensor in the message.
+testing::AssertionResult close_chunks(const Tensor& got, const Tensor& want, double rtol,
+                                      double atol, const std::string& what);
+
 /// "" when rank's sends of one call were exactly `blocks` K/V blocks of kv_bytes and nothing but
 /// sends and receives moved, else what did. `did` is the ledger of the call with raw MPI counted
 /// (labtest::traffic_of): a block moved by MPI_Send or gathered by MPI_Allgather past the
@@ -143,8 +158,27 @@ std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t 
 /// waits and compute kernels of this process, in program order), never from timings: a receive
 /// that happens to finish early still counts (its wait came after the compute started), and a
 /// ring that waits before it computes never does, however fast its messages. Else what was seen.
+/// `backward`: the dK/dV receives (the same size) are not K/V blocks and are not counted; they are
+/// told apart by tag (the stream of cp-1 receives is the K/V one) or, on one tag, by order (each
+/// step's first receive is its K/V block, the last one is the dK/dV home).
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
-                            std::size_t kv_bytes, int64_t blocks);
+                            std::size_t kv_bytes, int64_t blocks, bool backward = false);
+
+/// "" when each receive of a K/V block (kv_bytes, on cp's group) was posted in one batch with a
+/// send (Communicator::send_recv_async: the execution log's Event::batch), else which were posted
+/// alone. On NCCL a lone recv_async / send_async is held back until it is waited for, so a ring
+/// written that way has nothing in flight while it computes there, though it overlaps on MPI.
+std::string batch_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
+                          std::size_t kv_bytes);
+
+/// "" when every send this rank posted on cp's group during the call (the log of the call) was
+/// waited for (Work::wait, comm::wait_all) before the call returned and before the next send to
+/// the same rank with the same tag was posted (the next ring step's, when a double-buffered ring
+/// reuses or drops the buffer); else which sends were not. Until its Work is waited for, a send
+/// may still be reading its tensor: a ring that waits only for its receives races with the
+/// transport when it overwrites that buffer or when its caller changes the input after return.
+std::string sends_waited_problem(const std::vector<exec_log::Event>& log,
+                                 const comm::Communicator& cp);
 
 /// Step 2's whole model: the context-parallel GPT's forward with the attendee's ring (the given
 /// mappings) against the single-device GPT on the same global batch: the loss (fp32 1e-5

@@ -63,6 +63,62 @@ std::string positions_problem(const std::vector<int64_t>& got, int64_t T, int cp
                      T, cp, r, where);
 }
 
+// The values of row t of batch row b of x (B, T, ...): one token's.
+std::vector<double> token_row(const std::vector<double>& x, int64_t T, int64_t w, int64_t b,
+                              int64_t t) {
+  const auto at = x.begin() + (b * T + t) * w;
+  return {at, at + w};
+}
+
+// Which token of batch row b of x holds `values` ("" when none): names what a wrong row copied.
+std::string which_token(const std::vector<double>& x, int64_t T, int64_t w, int64_t b,
+                        const std::vector<double>& values) {
+  for (int64_t t = 0; t < T; ++t)
+    if (token_row(x, T, w, b, t) == values) return fmt::format("token {}'s", t);
+  return "no token's";
+}
+
+// "" when `got` is rank r's zig-zag shard of x, else the first (batch, row) that is not, the token
+// it should hold and the one it holds.
+std::string shard_problem(const Tensor& got, const Tensor& x, int cp, int r) {
+  const int64_t B = x.size(0), T = x.size(1), w = x.numel() / (B * T);
+  if (got.shape() != cptest::zigzag_rows(x, cp, r).shape())
+    return fmt::format("shard_sequence({}, cp {}, rank {}) is {}: want (B, T/cp, ...)", x.str(),
+                       cp, r, got.str());
+  const std::vector<double> g = got.to_vector(), all = x.to_vector();
+  const std::vector<int64_t> p = cptest::zigzag_positions(T, cp, r);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t row = 0; row < T / cp; ++row) {
+      const std::vector<double> have = token_row(g, T / cp, w, b, row);
+      if (have == token_row(all, T, w, b, p[row])) continue;
+      return fmt::format("shard_sequence of {}, cp {}, rank {}: batch {}, row {} holds {} "
+                         "values; it should hold token {} (the rank's rows are chunk r, then "
+                         "chunk 2 cp - 1 - r, of every batch row)",
+                         x.str(), cp, r, b, row,
+                         which_token(all, T, w, b, have), p[row]);
+    }
+  return "";
+}
+
+// "" when `got` is x, put back together from every rank's shard; else the first wrong token.
+std::string unshard_problem(const Tensor& got, const Tensor& x, int cp) {
+  const int64_t B = x.size(0), T = x.size(1), w = x.numel() / (B * T);
+  if (got.shape() != x.shape())
+    return fmt::format("unshard_sequence of cp {} shards of {} is {}", cp, x.str(), got.str());
+  const std::vector<double> g = got.to_vector(), all = x.to_vector();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<double> have = token_row(g, T, w, b, t);
+      if (have == token_row(all, T, w, b, t)) continue;
+      const int64_t c = T / (2 * cp), k = t / c;
+      return fmt::format("unshard_sequence of {}, cp {}: batch {}, token {} holds {} values; "
+                         "token {} is in chunk {}, which rank {} holds",
+                         x.str(), cp, b, t,
+                         which_token(all, T, w, b, have), t, k, k < cp ? k : 2 * cp - 1 - k);
+    }
+  return "";
+}
+
 }  // namespace
 
 TEST(Step1_Split, PositionsAreChunkRThenChunk2cpMinus1MinusR) {
@@ -116,10 +172,11 @@ TEST(Step1_Split, ShardAndUnshardAreExactCopies) {
     std::vector<Tensor> shards;
     for (int r = 0; r < cp; ++r) {
       shards.push_back(lab11::shard_sequence(*t, cp, r));
-      EXPECT_EQ(shards.back().to_vector(), cptest::zigzag_rows(*t, cp, r).to_vector())
-          << dtype_name(t->dtype()) << ", rank " << r;
+      const std::string p = shard_problem(shards.back(), *t, cp, r);
+      if (!p.empty()) ADD_FAILURE() << p;
     }
-    EXPECT_EQ(lab11::unshard_sequence(shards).to_vector(), t->to_vector()) << dtype_name(t->dtype());
+    const std::string p = unshard_problem(lab11::unshard_sequence(shards), *t, cp);
+    if (!p.empty()) ADD_FAILURE() << p;
   }
 }
 

@@ -23,8 +23,9 @@ testing::AssertionResult nothing_beside_tensors(const MemoryUse& m, int64_t book
     return testing::AssertionFailure()
            << what << " on rank " << world_rank() << ": the heap grew by " << heap << " bytes "
            << when << ", its tensors by " << tensors << ": " << heap - tensors
-           << " bytes held outside the Tensor allocator (a std::vector, new[], a cache or a "
-           << "static), more than " << bookkeeping << " of bookkeeping";
+           << " bytes held outside the Tensor allocator, more than the " << bookkeeping
+           << " allowed for the library's own records and scratch (a copy kept in a std::vector,"
+           << " new[], a cache or a static would show here)";
   };
   if (m.heap.peak > m.tensor_peak + bookkeeping)
     return beside("at its peak", m.heap.peak, m.tensor_peak);
