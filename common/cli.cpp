@@ -239,6 +239,16 @@ std::string describe_bad_value(cxxopts::Options& options, const std::string& opt
                 : fmt::format("{} expected a finite number such as 0.5 or 3e-4", given);
   if (accepts("true")) return fmt::format("{} expected true or false", given);
   const bool is_signed = accepts("-1");
+  // The type's range explains a number in digits beyond it ("3000000000", "-1" for a count); for
+  // anything else ("two", "1e21", "2.5") it is noise: "-2147483648 to 2147483647" says nothing
+  // about what to type. Only the sign is worth saying then.
+  const std::size_t from = !text.empty() && (text[0] == '+' || text[0] == '-') ? 1 : 0;
+  if (from == text.size() || text.find_first_not_of("0123456789", from) != std::string::npos) {
+    const char* sign = is_signed ? "" : " of 0 or more";
+    return list ? fmt::format("{} expected whole numbers{} in digits, separated by commas{}",
+                              given, sign, element)
+                : fmt::format("{} expected a whole number{}, in digits", given, sign);
+  }
   const bool wide = accepts(is_signed ? "2147483648" : "4294967296");  // 64-bit, or 32-bit
   const std::string range =
       is_signed ? (wide ? fmt::format("{} to {}", std::numeric_limits<std::int64_t>::min(),
@@ -247,9 +257,9 @@ std::string describe_bad_value(cxxopts::Options& options, const std::string& opt
                                       std::numeric_limits<std::int32_t>::max()))
                 : (wide ? fmt::format("0 to {}", std::numeric_limits<std::uint64_t>::max())
                         : fmt::format("0 to {}", std::numeric_limits<std::uint32_t>::max()));
-  return list ? fmt::format("{} expected whole numbers from {} in digits, separated by "
-                            "commas{}", given, range, element)
-              : fmt::format("{} expected a whole number from {}, in digits", given, range);
+  return list ? fmt::format("{} expected whole numbers from {}, separated by commas{}", given,
+                            range, element)
+              : fmt::format("{} expected a whole number from {}", given, range);
 }
 
 }  // namespace

@@ -91,8 +91,15 @@ int run_main(int argc, char** argv, const std::function<int(int, char**)>& body)
   try {
     code = body(argc, argv);
     // Issue 4 (comm): with --trace, every rank hands its events to rank 0, which writes the
-    // file (collective: every rank's body has returned). Without --trace it does nothing.
-    trace::finish();
+    // file (collective: every rank's body has returned). Without --trace it does nothing. The
+    // last line names the file, so a run says where its trace went.
+    const std::string traced = trace::path();
+    const std::size_t events = trace::finish();
+    if (!traced.empty() && world_rank() == 0) {
+      fmt::print("wrote {}: {} events of {} rank{} (open it in ui.perfetto.dev)\n", traced,
+                 events, world_size(), world_size() == 1 ? "" : "s");
+      std::fflush(stdout);
+    }
   } catch (const UsageError& e) {
     exit_all(kExitUsage, fmt::format("error: {}", e.what()));
   } catch (const NotImplemented& e) {

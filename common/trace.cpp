@@ -96,6 +96,11 @@ Scope::~Scope() {
   if (begin_us_ >= 0) event(name_, category_, begin_us_, now_us(), kCompute);
 }
 
+std::string path() {
+  std::lock_guard lock(g_mutex);
+  return g_enabled ? g_path : std::string();
+}
+
 std::size_t finish() {
   std::vector<Event> events;
   std::string path;

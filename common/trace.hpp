@@ -36,6 +36,9 @@ void enable(const std::string& path);
 /// True between enable() and finish().
 bool enabled();
 
+/// The file enable() named, while enabled ("" otherwise).
+std::string path();
+
 /// Microseconds on the trace clock.
 double now_us();
 

@@ -36,6 +36,30 @@ MPI_Datatype mpi_type(DType t) {
   return MPI_DATATYPE_NULL;
 }
 
+// A receive whose message is not the size of its buffer: both sizes in bytes and in the buffer's
+// dtype, and the dtype whose elements the message's bytes would make (the sender's tensor of the
+// same shape in another dtype: "16384 bf16 elements" where f32 was expected).
+std::string size_mismatch(const std::string& label, const MPI_Status& status, int peer,
+                          const Tensor& out) {
+  int got = 0;
+  MPI_Get_count(&status, MPI_BYTE, &got);
+  const auto bytes = static_cast<std::size_t>(got);
+  const DType want = out.dtype();
+  const std::size_t size = dtype_size(want);
+  const std::string as_elements =
+      bytes % size == 0 ? fmt::format("{} {} elements", bytes / size, dtype_name(want))
+                        : fmt::format("not a whole number of {} elements", dtype_name(want));
+  std::string text = fmt::format("{}: received {} bytes from rank {} ({}), expected {} {} "
+                                 "elements ({} bytes)", label, bytes, peer, as_elements,
+                                 out.numel(), dtype_name(want), out.nbytes());
+  for (DType other : {DType::f32, DType::f64, DType::i32, DType::bf16})
+    if (other != want && static_cast<std::size_t>(out.numel()) * dtype_size(other) == bytes)
+      return text + fmt::format(": the bytes of {} {} elements, the same count in another "
+                                "dtype (do the sender's and the receiver's dtypes differ?)",
+                                out.numel(), dtype_name(other));
+  return text;
+}
+
 // bf16 reductions: MPI knows no bf16, so sum/max/min are user-defined MPI_Ops over the 16-bit
 // words. Each combines two bf16 vectors in float and rounds once per combine, as NCCL's bf16
 // all-reduce does, so a sum over n ranks rounds n - 1 times (relative error up to ~(n-1) 2^-8).
@@ -223,8 +247,7 @@ class MpiBackend final : public Backend {
           int got = 0;
           MPI_Get_count(&status, mpi_type(p.op->out.dtype()), &got);
           if (got != p.op->out.numel())
-            throw CheckFailed(fmt::format("{}: received {} elements from rank {}, expected {}",
-                                          p.op->label(), got, p.op->peer, p.op->out.numel()));
+            throw CheckFailed(size_mismatch(p.op->label(), status, p.op->peer, p.op->out));
           copy_back(p.op->out, p.host);
         }
         p.host = Tensor();  // the message's buffer is released before the op is seen done

@@ -38,9 +38,12 @@ bool Diff::rtol_atol_ok(double rtol, double atol) const {
 
 std::string Diff::str() const {
   if (bitwise) return fmt::format("bitwise equal ({} elements)", n);
-  if (worst_index < 0) return fmt::format("max |diff| {:.3g}, relative to max |want| {:.3g}", max_abs, max_rel);
-  return fmt::format("max |diff| {:.3g} at element {} (got {:.9g}, want {:.9g}), relative to max |want| {:.3g}",
-                     max_abs, worst_index, got_[worst_index], want_[worst_index], max_rel);
+  // max_rel is max |diff| / max |want|: "0.0118 of max |want|", not max |want| itself
+  if (worst_index < 0)
+    return fmt::format("max |diff| {:.3g}, {:.3g} of max |want|", max_abs, max_rel);
+  return fmt::format("max |diff| {:.3g} at element {} (got {:.9g}, want {:.9g}), {:.3g} of max "
+                     "|want|", max_abs, worst_index, got_[worst_index], want_[worst_index],
+                     max_rel);
 }
 
 bool TwinCheck::add(double loss, double twin) {

@@ -32,7 +32,7 @@ struct Diff {
   /// Elementwise |got - want| <= atol + rtol * |want| (numpy's isclose).
   bool within(double rtol, double atol) const { return rtol_atol_ok(rtol, atol); }
   /// One line for a failure message: "max |diff| 2e-07 at element 12 (got ..., want ...),
-  /// relative to max |want| 1e-07", or "bitwise equal (N elements)".
+  /// 1e-07 of max |want|" (max_rel), or "bitwise equal (N elements)".
   std::string str() const;
 
   /// Filled by compare(): the elements of `got` as doubles, so within() can test any tolerance.

@@ -32,9 +32,10 @@ if(SCALELAB_BUILD_TESTS)
     LABELS reference lab08 MATCH "^error: --twin-steps must be at least 0, got -1"
     ARGS --model tiny --twin-steps -1 --data ${lab08_data})
   # --chunks out of range, with or without the interleaved schedule (-5 with 1F1B trained: the
-  # option was read by the interleaved schedule only), several chunks without it, and a
+  # option was read by the interleaved schedule only), several chunks without it, a
   # mixture-of-experts --model (the micro-batches route their experts apart from the twin's whole
-  # batch: exit 1 on the twin check).
+  # batch: exit 1 on the twin check), and a count that is not a number (named as one, without the
+  # int's range).
   scalelab_expect_usage_errors(lab08.cli lab08_pipeline_parallel_solution LABELS reference lab08
       ARGS --data ${lab08_data}
       CASES
@@ -42,7 +43,8 @@ if(SCALELAB_BUILD_TESTS)
       "2|chunks_zero_interleaved|^error: --chunks must be in .1, 8., got 0|--model|tiny|--schedule|interleaved|--chunks|0"
       "1|chunks_above_the_tags|^error: --chunks must be in .1, 8., got 9|--model|tiny|--schedule|interleaved|--chunks|9"
       "1|chunks_without_interleaved|^error: --chunks 2: several model chunks per rank need --schedule interleaved \\(got afab\\)|--model|tiny|--schedule|afab|--chunks|2"
-      "2|moe_model|^error: --model tiny-moe: lab 08's pipeline trains dense blocks only. its mixture-of-experts blocks are lab 12's|--model|tiny-moe")
+      "2|moe_model|^error: --model tiny-moe: lab 08's pipeline trains dense blocks only. its mixture-of-experts blocks are lab 12's|--model|tiny-moe"
+      "1|micro_batches_not_a_number|^error: --micro-batches two: expected a whole number, in digits .see --help.|--model|tiny|--micro-batches|two")
 endif()
 # Planted submissions (solutions/08_pipeline_parallel/planted/cheats.plant): the reference with one
 # cheat each; the step it cheats must fail, and name the rank where it happened.
@@ -51,7 +53,13 @@ scalelab_add_planted_submissions(08 PLANTS ${PROJECT_SOURCE_DIR}/solutions/08_pi
         "rank1_zero_grads:4:2:Step4_Execute.AfabEqualsSingleDevice on rank [0-9]: .*rank 1: gradient of"
         "activations_in_vector:5_Memory:2:Step5_Memory.AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage on rank [0-9]: .*held outside the Tensor allocator"
         "sends_deferred:6:1:Step6_Execute.InterleavedEqualsSingleDevice on rank 0: .*log of piece calls and send/recv"
-        "sends_deferred:6:2:Step6_Execute.InterleavedEqualsSingleDevice on rank [0-9]: .*log of piece calls and send/recv")
+        "sends_deferred:6:2:Step6_Execute.InterleavedEqualsSingleDevice on rank [0-9]: .*log of piece calls and send/recv"
+        "no_peak_reset:5_Memory:2:Step5_Memory.[A-Za-z]+ on rank [0-9]: .*reported [0-9]+ bytes when called after a tensor"
+        "received_kept:4:2:Step4_Memory.[A-Za-z]+ on rank [0-9]: .*1F1B stage [01] of 2, m 32: peak [0-9]+ bytes is not 1 micro"
+        "received_kept:4:4:Step4_Memory.[A-Za-z]+ on rank [0-9]: .*1F1B stage [0-3] of 4, m 32: peak [0-9]+ bytes is not"
+        "recv_dtype_ignored:2:2:Step2_SendRecv.ABfloat16[A-Za-z0-9]+ on rank [0-9]: .*DType::bf16. gave a buffer of f32"
+        "warmup_not_capped:3_Simulated:1:Step3_Simulated.EveryGrid[A-Za-z]+ on rank 0: .*1f1b p 3 m 1: .*out of range"
+        "self_messages_moved:6:1:Step6_Execute.InterleavedEqualsSingleDevice on rank 0: .*run_schedule")
 # The program with only the core written (cmake/plant_steps.cmake: steps 5 and 6 throw their
 # starter's NotImplemented): it trains beside the twin (1F1B, steps 1-4), and its table stops with
 # a note naming the missing step; exit 0 on the core's twin check. About 1 s on 2 cores.

@@ -69,6 +69,11 @@ std::vector<std::vector<Span>> gather_spans(const ExecStats& stats, int max_unit
   return spans;
 }
 
+// "1 stage", "4 stages".
+std::string count(int64_t n, const std::string& one, const std::string& many = "") {
+  return fmt::format("{} {}", n, n == 1 ? one : many.empty() ? one + "s" : many);
+}
+
 std::string list(const std::vector<double>& xs, const char* fmt_spec) {
   std::string s;
   for (double x : xs) s += (s.empty() ? "" : " ") + fmt::format(fmt::runtime(fmt_spec), x);
@@ -140,11 +145,12 @@ int main(int argc, char** argv) {
     auto pieces = build_pieces(config, kind, p, v, stage, model_options);
     const std::vector<nn::GPT*> mine = pointers(pieces);
     optim::AdamW adamw(optim::groups(all_parameters(mine)));
-    session.announce(fmt::format("lab 08 pipeline_parallel: model {} ({} layers), {} stages, schedule "
-                           "{}{}, {} micro-batches of {} rows, {} steps", config.name, L, p,
-                           kind_name(kind),
-                           v > 1 ? fmt::format(" with {} chunks per rank", v) : std::string(), m,
-                           opt.batch / m, opt.steps));
+    session.announce(fmt::format(
+        "lab 08 pipeline_parallel: model {} ({}), {}, schedule {}{}, {} of {}, {}", config.name,
+        count(L, "layer"), count(p, "stage"), kind_name(kind),
+        v > 1 ? fmt::format(" with {} chunks per rank", v) : std::string(),
+        count(m, "micro-batch", "micro-batches"), count(opt.batch / m, "row"),
+        count(opt.steps, "step")));
     for (int r = 0; r < p; ++r) {  // what every stage holds (the same rule on every rank)
       std::string blocks;
       for (int c = 0; c < v; ++c) {
@@ -223,9 +229,9 @@ int main(int argc, char** argv) {
 
     // The table: each schedule and m, the bubble measured on every rank beside the formula and
     // the simulator, and the peak activation memory per stage.
-    log::info("bubble = 1 - compute / step time per rank (fastest of {} steps); compute/wait: "
+    log::info("bubble = 1 - compute / step time per rank (fastest of {}); compute/wait: "
               "time in forwards and backwards / in receives; peak = allocator peak of one step "
-              "above the model, per stage", reps);
+              "above the model, per stage", count(reps, "step"));
     log::info("{:<12} {:>3} {:>7} {:>7}  {:<24} {:<36} {:>8}  {:<12} {}", "schedule", "m",
               "formula", "sim", "measured per rank", "compute/wait ms per rank", "step ms",
               "in flight", "peak activations per rank");

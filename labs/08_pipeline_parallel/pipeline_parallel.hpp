@@ -18,6 +18,7 @@
 /// Core steps 1-4 (about 90 minutes), optional steps 5 and 6: README.md.
 #include <cstddef>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct LayerRange {
   int size() const { return last - first; }
   bool operator==(const LayerRange&) const = default;
 };
+/// Given. "[first, last)": how a failed check (EXPECT_EQ) and a log line show a range.
+inline std::ostream& operator<<(std::ostream& os, const LayerRange& r) {
+  return os << "[" << r.first << ", " << r.last << ")";
+}
 
 /// Step 1a. The blocks of stage `stage` of `p`, balanced by layer count: the stages together
 /// hold every block once, in order (stage 0 the first ones), each a contiguous range; sizes
@@ -134,7 +139,10 @@ struct ExecStats {
 /// actions of chunk c; one piece unless interleaved) over the micro-batches `micro` (every rank
 /// passes all of them; only the first piece reads the tokens and the last the targets). The
 /// messages are (B/m, T, C) tensors of the model's compute dtype (bf16 in mixed precision),
-/// exchanged with the neighbouring pieces (next_piece / prev_piece):
+/// exchanged with the neighbouring pieces (next_piece / prev_piece). Each send and receive
+/// action is one message over `pp` (send_to / recv_from), also when the neighbouring piece is on
+/// this rank (p = 1 with v chunks: the rank sends to itself), so that every rank runs the same
+/// code and what crosses `pp` is exactly what the schedule lists:
 ///   recv_activation  receive the previous piece's output of (mb, chunk), and wait for it
 ///   forward          run this piece on it (the first piece embeds the tokens, the last piece
 ///                    ends with the loss); keep what its backward needs (an nn::GPTActivations)

@@ -233,11 +233,10 @@ std::string ascii_timeline(const std::vector<std::vector<Span>>& spans, double u
       widest = std::max(widest, sp.action.mb);
     }
   if (end <= 0 || unit <= 0) return "";
-  int columns = static_cast<int>(std::ceil(end / unit - 1e-9));
-  if (columns > max_columns) {
-    unit = end / max_columns;
-    columns = max_columns;
-  }
+  // A column is always `unit`: a longer timeline is cut after max_columns whole cells, and says
+  // so (squeezing it into max_columns would drop the actions shorter than a column, unseen).
+  const int all_columns = static_cast<int>(std::ceil(end / unit - 1e-9));
+  const int columns = std::min(all_columns, std::max(max_columns, 1));
   const int width = 1 + static_cast<int>(fmt::format("{}", widest).size()) + (chunks ? 1 : 0) + 1;
   std::string out;
   for (std::size_t s = 0; s < spans.size(); ++s) {
@@ -256,6 +255,7 @@ std::string ascii_timeline(const std::vector<std::vector<Span>>& spans, double u
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";
   }
+  if (columns < all_columns) out += fmt::format("(cut: {} more columns)\n", all_columns - columns);
   return out;
 }
 

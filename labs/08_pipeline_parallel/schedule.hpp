@@ -103,6 +103,8 @@ SimResult simulate(const std::vector<Schedule>& schedules, int m, int v = 1, Cos
 /// The timeline as text, one row per stage, one column per `unit` of time: "F3"/"B3" cells
 /// (micro-batch number, chunk as a letter a, b, ... when chunks > 1), "." idle:
 ///   stage 0 | F0 F1 F2 F3 .  .  B0 B0 F4 ...
+/// At most `max_columns` columns: a longer timeline is cut after that many whole cells and a last
+/// line says how many were left out, "(cut: 75 more columns)".
 std::string ascii_timeline(const std::vector<std::vector<Span>>& spans, double unit,
                            int max_columns = 100);
 

@@ -212,6 +212,25 @@ std::size_t one_micro_batch_bytes(nn::GPT& g, const data::Batch& micro) {
   return acts.nbytes();
 }
 
+testing::AssertionResult MemoryBounds::holds(std::size_t peak, int k,
+                                             const std::string& what) const {
+  const double lo = p1 + (k - 1.5) * a, hi = p1 + (k - 0.5) * a;
+  if (peak < lo || peak > hi)
+    return testing::AssertionFailure()
+           << what << ": peak " << peak << " bytes is not " << k << " micro-batches' worth [" << lo
+           << ", " << hi << "] (one micro-batch: " << a << " bytes, one F+B peak " << p1 << ")";
+  return testing::AssertionSuccess();
+}
+
+MemoryBounds bounds(nn::GPT& stage, const std::vector<data::Batch>& micro) {
+  MemoryBounds b;
+  b.a = static_cast<double>(one_micro_batch_bytes(stage, micro[0]));
+  const lab08::Schedule one = {{lab08::Op::recv_activation, 0}, {lab08::Op::forward, 0},
+                               {lab08::Op::recv_gradient, 0}, {lab08::Op::backward, 0}};
+  b.p1 = static_cast<double>(local_stage_peak(stage, one, {micro[0]}));
+  return b;
+}
+
 namespace {
 
 // A (B/m, T, C) message of the interleaved run, named by its tag as the schedule names the action:

@@ -83,6 +83,22 @@ std::size_t local_stage_peak(nn::GPT& stage_model, const lab08::Schedule& schedu
 /// Bytes of one micro-batch's activations on this stage (a GPTActivations after one forward).
 std::size_t one_micro_batch_bytes(nn::GPT& stage_model, const data::Batch& micro);
 
+/// The activation memory a stage holds, in micro-batches: A = one micro-batch's activations on
+/// this stage (one_micro_batch_bytes), P1 = the peak of one micro-batch's forward + backward (A
+/// plus backward's temporaries). A schedule that holds k micro-batches peaks near P1 + (k - 1) A;
+/// holds() allows half an A either way (messages in flight).
+struct MemoryBounds {
+  double a = 0, p1 = 0;
+  /// `peak` is between (k - 1/2) A + (P1 - A) and (k + 1/2) A + (P1 - A); else what it is.
+  testing::AssertionResult holds(std::size_t peak, int k, const std::string& what) const;
+  /// What the heap holds beside k micro-batches' tensors: each Tensor's shape and storage
+  /// records and the allocator's rounding (measured: 0.09 A to 0.14 A per micro-batch held, on 1,
+  /// 2 and 4 ranks), the execution log's records: a quarter of an A and a fifth per micro-batch.
+  int64_t bookkeeping(int k) const { return static_cast<int64_t>(a / 4 + k * a / 5); }
+};
+/// A and P1 of `stage_model` on micro-batches shaped like micro[0] (run alone, in one process).
+MemoryBounds bounds(nn::GPT& stage_model, const std::vector<data::Batch>& micro);
+
 /// What a run REALLY executed on this rank, read from the library's execution log
 /// (common/exec_log.hpp: the GPT pieces' calls and the communicators' operations, recorded
 /// by the library itself), never from the attendee's ExecStats.

@@ -167,6 +167,46 @@ TEST(Step2_SendRecv, ChunksAreDifferentMessages) {
                                              << in1.t.item(0)));
 }
 
+TEST(Step2_SendRecv, ABfloat16MessageArrivesInBfloat16) {
+  // Mixed precision: run_schedule moves activations and gradients in the model's compute dtype
+  // (bf16) and passes it to recv_from, whose buffer must be of that dtype. Every stage sends one
+  // bf16 message to the next (in a ring) and receives one from the previous.
+  comm::Communicator pp = labtest::new_world();
+  const int p = pp.size(), s = pp.rank();
+  const int next = (s + 1) % p, prev = (s + p - 1) % p;
+  Tensor out = Tensor::empty(kShape, DType::bf16);
+  ops::fill(out, s + 0.5);  // exact in bf16
+  std::vector<comm::Work> sends = {lab08::send_to(pp, out, next, lab08::Flow::activation, 2)};
+  lab08::Incoming in =
+      lab08::recv_from(pp, kShape, prev, lab08::Flow::activation, 2, 0, DType::bf16);
+  std::string failed;  // a buffer of another dtype fails the receive (the sizes differ)
+  try {
+    in.work.wait();
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  comm::wait_all(sends);
+  testing::AssertionResult ok = testing::AssertionSuccess();
+  if (!in.t.defined() || in.t.dtype() != DType::bf16)
+    ok = testing::AssertionFailure()
+         << "recv_from(..., DType::bf16) gave a buffer of "
+         << (in.t.defined() ? dtype_name(in.t.dtype()) : "nothing")
+         << ": a receive is in the dtype it is given (bf16 activations in mixed precision)"
+         << (failed.empty() ? "" : "; the receive then failed: " + failed);
+  else if (!failed.empty())
+    ok = testing::AssertionFailure() << "the bf16 receive failed: " << failed;
+  else if (in.t.shape() != kShape)
+    ok = testing::AssertionFailure() << "the bf16 message arrived as " << in.t.str();
+  if (ok) {
+    Tensor got = Tensor::empty(kShape);
+    ops::cast(got, in.t);
+    if (got.item(0) != prev + 0.5)
+      ok = testing::AssertionFailure() << "the bf16 message from rank " << prev << " holds "
+                                       << got.item(0) << ", not its payload " << prev + 0.5;
+  }
+  EXPECT_TRUE(pptest::on_every_rank(ok));
+}
+
 TEST(Step2_PlantedFault, ReceiveThatIgnoresTheMicroBatchIsCaught) {
   // The fault: every message of a pair of stages under one tag. Messages with the same tag
   // arrive in the order they were sent, so receiving micro-batch 3 first gets micro-batch 0.

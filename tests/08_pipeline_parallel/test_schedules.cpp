@@ -3,6 +3,7 @@
 // (schedule.hpp), which runs every stage's list together and says whether they finish, how many
 // micro-batches each stage holds at once, and the bubble. Exact: the simulator counts ticks
 // (forward 1, backward 2), so the bubble is compared with the formula to 1e-12.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,11 +66,18 @@ testing::AssertionResult messages_pair_in_order(const std::vector<Schedule>& all
   return testing::AssertionSuccess();
 }
 
+// The simulation ran to its end: no malformed schedule (validate) and no deadlock. Only then
+// does it fill the per-stage figures (spans, max_in_flight, bubble).
+testing::AssertionResult finished(const SimResult& r) {
+  if (!r.errors.empty()) return testing::AssertionFailure() << r.errors.front();
+  if (r.deadlock) return testing::AssertionFailure() << "deadlock:\n" << r.report;
+  return testing::AssertionSuccess();
+}
+
 // The check 1F1B must pass: the simulation finishes and stage s never holds more than
 // min(p - s, m) micro-batches.
 testing::AssertionResult one_f_one_b_memory_ok(const SimResult& r, int p, int m) {
-  if (!r.errors.empty()) return testing::AssertionFailure() << r.errors.front();
-  if (r.deadlock) return testing::AssertionFailure() << "deadlock:\n" << r.report;
+  if (auto ok = finished(r); !ok) return ok;
   for (int s = 0; s < p; ++s)
     if (r.max_in_flight[s] > std::min(p - s, m))
       return testing::AssertionFailure()
@@ -105,10 +113,21 @@ testing::AssertionResult golden(const std::string& call, const std::string& got,
              "just before, a send just after)", call, got, where, w.size());
 }
 
+// A failed golden() at the caller's line, as its message alone (ADD_FAILURE_AT without its
+// "Failed" line). Not EXPECT_TRUE(golden(...)): GoogleTest would print the check's source, the
+// golden string with it.
+void expect_golden(const char* file, int line, const std::string& call, const std::string& got,
+                   const std::string& want) {
+  if (const testing::AssertionResult r = golden(call, got, want); !r)
+    GTEST_MESSAGE_AT_(file, line, "", testing::TestPartResult::kNonFatalFailure) << r.message();
+}
+
 }  // namespace
 
-// golden() of a call, named by its source text.
-#define EXPECT_GOLDEN(call, want) EXPECT_TRUE(golden(#call, call, want))
+// golden() of a call, named by its source text (`want` never is).
+#define EXPECT_GOLDEN(call, want) expect_golden(__FILE__, __LINE__, #call, call, want)
+// The same with the call named by `name`.
+#define EXPECT_GOLDEN_AS(name, got, want) expect_golden(__FILE__, __LINE__, name, got, want)
 
 // ---- Step 3 -------------------------------------------------------------------------------------
 
@@ -132,8 +151,8 @@ TEST(Step3_Golden, OneFOneBOrderP4M8) {
       "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7",
       "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"};
   for (int s = 0; s < 4; ++s)
-    EXPECT_TRUE(golden(fmt::format("compute_order(schedule_1f1b(4, 8, {}))", s),
-                       compute_order(schedule_1f1b(4, 8, s)), want[s]));
+    EXPECT_GOLDEN_AS(fmt::format("compute_order(schedule_1f1b(4, 8, {}))", s),
+                     compute_order(schedule_1f1b(4, 8, s)), want[s]);
 }
 
 TEST(Step3_Golden, FewerMicroBatchesThanStages) {
@@ -142,8 +161,8 @@ TEST(Step3_Golden, FewerMicroBatchesThanStages) {
   EXPECT_GOLDEN(compute_order(schedule_1f1b(4, 2, 2)), "F0 F1 B0 B1");
   EXPECT_GOLDEN(compute_order(schedule_1f1b(4, 2, 3)), "F0 B0 F1 B1");
   for (int s = 0; s < 4; ++s)
-    EXPECT_TRUE(golden(fmt::format("compute_order(schedule_1f1b(4, 1, {}))", s),
-                       compute_order(schedule_1f1b(4, 1, s)), "F0 B0"));
+    EXPECT_GOLDEN_AS(fmt::format("compute_order(schedule_1f1b(4, 1, {}))", s),
+                     compute_order(schedule_1f1b(4, 1, s)), "F0 B0");
 }
 
 TEST(Step3_Simulated, EveryGridFinishesWithTheFormulasBubble) {
@@ -192,20 +211,31 @@ TEST(Step3_Simulated, GridsDrawnAtGradingTimeFollowTheRules) {
 }
 
 // A golden check's failure shows what came back and where it first differs, never the golden
-// list itself (an attendee could copy it into a table).
+// list itself (an attendee could copy it into a table). Through EXPECT_GOLDEN, as the golden
+// tests report: what GoogleTest records for the failure (and prints, its source included).
 TEST(Step3_PlantedFault, AWrongOrderIsShownWithoutTheGoldenList) {
-  const testing::AssertionResult r = golden("compute_order(x)", "F0 B0 F1 B1", "F0 F1 B0 B1");
-  EXPECT_FALSE(r);
-  EXPECT_NE(std::string(r.message()).find("action 2 ('B0')"), std::string::npos) << r.message();
-  EXPECT_EQ(std::string(r.message()).find("F0 F1 B0 B1"), std::string::npos) << r.message();
+  testing::TestPartResultArray failures;
+  {
+    const testing::ScopedFakeTestPartResultReporter intercept(
+        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
+    const std::string wrong = "F0 B0 F1 B1";
+    EXPECT_GOLDEN(wrong, "F0 F1 B0 B1");
+  }
+  ASSERT_EQ(failures.size(), 1) << "a wrong order fails the golden check once";
+  const std::string shown = failures.GetTestPartResult(0).summary();
+  EXPECT_NE(shown.find("action 2 ('B0')"), std::string::npos) << shown;
+  EXPECT_EQ(shown.find("F0 F1 B0 B1"), std::string::npos) << "the golden list is shown: " << shown;
 }
 
 TEST(Step3_Simulated, AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage) {
   for (int p : {1, 2, 3, 4})
     for (int m : {1, 2, 3, 4, 8}) {
+      // the per-stage figures exist only for schedules that finish: errors and deadlocks first
       const SimResult afab = simulate(all_stages(Kind::afab, p, m), m);
+      ASSERT_TRUE(finished(afab)) << "AFAB p " << p << " m " << m;
       for (int s = 0; s < p; ++s) EXPECT_EQ(afab.max_in_flight[s], m) << "AFAB p " << p << " s " << s;
       const SimResult r = simulate(all_stages(Kind::one_f_one_b, p, m), m);
+      ASSERT_TRUE(finished(r)) << "1F1B p " << p << " m " << m;
       EXPECT_TRUE(one_f_one_b_memory_ok(r, p, m));
       for (int s = 0; s < p; ++s)
         EXPECT_EQ(r.max_in_flight[s], std::min(p - s, m)) << "1F1B p " << p << " m " << m

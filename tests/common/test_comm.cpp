@@ -400,7 +400,28 @@ TEST(MatchingCheck, RecvOfTheWrongSizeIsAnError) {
       c.recv(Tensor::zeros({5}), 0);
       FAIL() << "no error";
     } catch (const CheckFailed& e) {
-      EXPECT_NE(std::string(e.what()).find("received 3 elements from rank 0, expected 5"),
+      EXPECT_NE(std::string(e.what()).find("received 12 bytes from rank 0 (3 f32 elements), "
+                                           "expected 5 f32 elements (20 bytes)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  c.barrier();
+}
+
+TEST(MatchingCheck, RecvInAnotherDtypeIsNamedAsOne) {
+  // The same shape in bf16 against an f32 buffer: half the bytes, named as such.
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto c = Communicator::world("mpi");
+  if (c.rank() == 0) c.send(Tensor::zeros({4}, DType::bf16), 1);
+  if (c.rank() == 1) {
+    try {
+      c.recv(Tensor::zeros({4}), 0);
+      FAIL() << "no error";
+    } catch (const CheckFailed& e) {
+      EXPECT_NE(std::string(e.what()).find("received 8 bytes from rank 0 (2 f32 elements), "
+                                           "expected 4 f32 elements (16 bytes): the bytes of 4 "
+                                           "bf16 elements"),
                 std::string::npos)
           << e.what();
     }
