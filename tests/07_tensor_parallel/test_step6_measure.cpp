@@ -69,7 +69,7 @@ using CommFormula = std::function<std::size_t(const ModelConfig&, int64_t, int64
       const std::size_t a = act(s.c, s.B, s.T, size(), precision, sp);
       const std::size_t c = comm(s.c, s.B, s.T, precision, sp);
       const Measured m = measure(s, precision, sp);
-      const std::string which = fmt::format("at the shape drawn with {}, {}{}: ", s.str(),
+      const std::string which = fmt::format("at the shape {}, {}{}: ", s.str(),
                                             dtype_name(precision),
                                             sp ? ", sequence parallel" : "");
       if (a != m.act)
@@ -95,7 +95,7 @@ TEST(Step6_Measure, FormulasEqualTheAllocatorAndTheByteCounters) {
 TEST(Step6_Measure, SequenceParallelHoldsLessAndTensorParallelSendsTheSameAtAnyTp) {
   labtest::Drawn draw;
   const DrawnShape s = draw_shape(draw, 4);  // heads, vocabulary and rows split by 1, 2 and 4
-  SCOPED_TRACE("at the shape drawn with " + s.str());
+  SCOPED_TRACE("at the shape " + s.str());
   for (int tp : {2, 4}) {
     EXPECT_LT(lab07::activation_bytes_formula(s.c, s.B, s.T, tp, DType::f32, true),
               lab07::activation_bytes_formula(s.c, s.B, s.T, tp, DType::f32, false))

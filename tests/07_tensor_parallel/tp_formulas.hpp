@@ -52,11 +52,11 @@ struct DrawnShape {
   ModelConfig c;
   int64_t B = 0, T = 0;
   std::string trace;  ///< the seed, to repeat the run (labtest::Drawn::trace)
-  /// "drawn with seed 123 (std::mt19937): L 2, NH 4, C 32, V 260, B 3, T 8": what a failure
-  /// prints.
+  /// "L 2, NH 4, C 32, V 260, B 3, T 8 (drawn from grading seed 123 ...; rerun: ...)": what a
+  /// failure prints.
   std::string str() const {
-    return fmt::format("{}: L {}, NH {}, C {}, V {}, B {}, T {}", trace, c.n_layer, c.n_head,
-                       c.n_embd, c.vocab_size, B, T);
+    return fmt::format("L {}, NH {}, C {}, V {}, B {}, T {} ({})", c.n_layer, c.n_head, c.n_embd,
+                       c.vocab_size, B, T, trace);
   }
 };
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "tests/09_zero/zero_checks.hpp"
+#include "tests/support/drawn.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab09test;
@@ -118,8 +119,8 @@ TEST(Step5_Formulas, DdpMeasuredMatchesItsFormula) {
 // ---- Issue 25, class 6: the formulas at shapes nobody printed ------------------------------------
 // The rows above use Psi = 1200 and 1000 and n = 1, 2, 4, 8, which every failure message shows: a
 // table keyed on them, or a formula that is right only where n divides Psi, passes them. Here Psi
-// and n are drawn at grading time (a seed from std::random_device, printed with every failure so
-// a run can be repeated by hand) and the four stages are checked kind by kind against the
+// and n are drawn at grading time (the grading seed, printed with every failure with the line
+// that repeats the run) and the four stages are checked kind by kind against the
 // README's table (bytes per element times Psi, divided by n where the stage shards that kind,
 // rounded down), in fp32 and bf16, and paper_comm_bytes likewise.
 using PaperMemory = std::function<lab09::Held(int stage, int64_t psi, int n, DType precision)>;
@@ -145,9 +146,9 @@ std::string formula_problems(const PaperMemory& formula, int64_t psi, int n) {
 }
 
 TEST(Step5_Formulas, AtShapesDrawnAtGradingTime) {
-  const uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  SCOPED_TRACE(fmt::format("shapes drawn with seed {} (std::mt19937_64)", seed));
-  std::mt19937_64 rng(seed);
+  const labtest::Drawn draw;  // from the grading seed (tests/support/drawn.hpp)
+  SCOPED_TRACE("shapes " + draw.trace());
+  std::mt19937_64 rng(draw.seed());
   // Psi up to 2^32: the reference divides in double, exact below 2^53 with room for n up to 4096
   std::uniform_int_distribution<int64_t> psi_of(1, int64_t{1} << 32);
   std::uniform_int_distribution<int> n_of(1, 4096);

@@ -2,8 +2,8 @@
 // the memory functions at tiny and small and the time model's structure; a planner keyed on those
 // shapes, one that builds the model to count it, or a time term off by a constant factor passes
 // there. Here, on one rank:
-//   - configs, grids, plans and machines are drawn at grading time (a seed from
-//     std::random_device, printed with every failure: SCOPED_TRACE), with non-powers of two;
+//   - configs, grids, plans and machines are drawn at grading time (the grading seed, printed
+//     with every failure with the line that repeats the run: SCOPED_TRACE), non-powers of two;
 //   - stage_parameters against the built stage, stage_activation_bytes against a stage's
 //     forward, model_state_bytes against lab 09's formulas, at those shapes;
 //   - the memory functions and predict allocate no tensor (the allocator's current and peak
@@ -29,6 +29,7 @@
 #include "common/ops/flash_attention.hpp"
 #include "common/ops/ops.hpp"
 #include "grid3d_checks.hpp"
+#include "tests/support/drawn.hpp"
 #include "tests/support/memory_use.hpp"
 #include "zero.hpp"
 
@@ -37,10 +38,6 @@ namespace {
 using namespace scalelab;
 using namespace scalelab::lab10test;
 
-// The seed of this run's draws: printed by the caller's SCOPED_TRACE.
-uint64_t draw_seed() {
-  return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-}
 
 // A config small enough to build and run in microseconds: heads 1-6 of width 4 or 8, 1-7
 // layers, context 4-24, a vocabulary of 256-300 that tp divides (vocab_range's rows: V / tp on
@@ -253,9 +250,9 @@ std::string time_problems(const PredictFn& predict, std::mt19937_64& rng, int n)
 }  // namespace
 
 TEST(Step4_Planner, MemoryFunctionsAtShapesDrawnAtGradingTime) {
-  const uint64_t seed = draw_seed();
-  SCOPED_TRACE(fmt::format("shapes drawn with seed {} (std::mt19937_64)", seed));
-  std::mt19937_64 rng(seed);
+  const labtest::Drawn draw;  // from the grading seed (tests/support/drawn.hpp)
+  SCOPED_TRACE("shapes " + draw.trace());
+  std::mt19937_64 rng(draw.seed());
   for (int i = 0; i < 12; ++i) {
     const Drawn d = draw_shape(rng);
     const int s = std::uniform_int_distribution<int>(0, d.pp - 1)(rng);
@@ -370,9 +367,9 @@ std::string cp_memory_problems(const MemoryPairFn& f, std::mt19937_64& rng, int 
 }  // namespace
 
 TEST(Step4_Planner, CpMemoryAtShapesDrawnAtGradingTime) {
-  const uint64_t seed = draw_seed();
-  SCOPED_TRACE(fmt::format("shapes drawn with seed {} (std::mt19937_64)", seed));
-  std::mt19937_64 rng(seed);
+  const labtest::Drawn draw;  // from the grading seed (tests/support/drawn.hpp)
+  SCOPED_TRACE("shapes " + draw.trace());
+  std::mt19937_64 rng(draw.seed());
   EXPECT_EQ(cp_memory_problems(
                 [](const CpCase& k) {
                   return std::pair{
@@ -472,16 +469,16 @@ std::string schedule_memory_problems(const PredictFn& predict, std::mt19937_64& 
 }  // namespace
 
 TEST(Step4_Planner, PredictedMemoryOfEveryScheduleAtDrawnPlans) {
-  const uint64_t seed = draw_seed();
-  SCOPED_TRACE(fmt::format("plans drawn with seed {} (std::mt19937_64)", seed));
-  std::mt19937_64 rng(seed);
+  const labtest::Drawn draw;  // from the grading seed (tests/support/drawn.hpp)
+  SCOPED_TRACE("plans " + draw.trace());
+  std::mt19937_64 rng(draw.seed());
   EXPECT_EQ(schedule_memory_problems(lab10::predict, rng, 200), "");
 }
 
 TEST(Step4_Planner, MemoryFunctionsAndPredictAllocateNothing) {
-  const uint64_t seed = draw_seed();
-  SCOPED_TRACE(fmt::format("shapes drawn with seed {} (std::mt19937_64)", seed));
-  std::mt19937_64 rng(seed);
+  const labtest::Drawn draw;  // from the grading seed (tests/support/drawn.hpp)
+  SCOPED_TRACE("shapes " + draw.trace());
+  std::mt19937_64 rng(draw.seed());
   const lab10::Machine mach{.flops = 1e10, .bus_bytes_per_s = 1e9, .latency_s = 1e-5};
   for (int i = 0; i < 6; ++i) {
     const Drawn d = draw_shape(rng);
@@ -504,9 +501,9 @@ TEST(Step4_Planner, MemoryFunctionsAndPredictAllocateNothing) {
 }
 
 TEST(Step4_Planner, TimeTermsAsTheReadmesModelAtDrawnPlans) {
-  const uint64_t seed = draw_seed();
-  SCOPED_TRACE(fmt::format("plans drawn with seed {} (std::mt19937_64)", seed));
-  std::mt19937_64 rng(seed);
+  const labtest::Drawn draw;  // from the grading seed (tests/support/drawn.hpp)
+  SCOPED_TRACE("plans " + draw.trace());
+  std::mt19937_64 rng(draw.seed());
   EXPECT_EQ(time_problems(lab10::predict, rng, 200), "");
 }
 
@@ -552,9 +549,9 @@ TEST(Step4_PlantedFault, TwoTpAllReducesPerBlockInsteadOfFourIsCaught) {
       return p;
     };
   };
-  const uint64_t seed = draw_seed();
-  SCOPED_TRACE(fmt::format("plans drawn with seed {}", seed));
-  std::mt19937_64 a(seed), b(seed);
+  const labtest::Drawn draw;  // from the grading seed (tests/support/drawn.hpp)
+  SCOPED_TRACE("plans " + draw.trace());
+  std::mt19937_64 a(draw.seed()), b(draw.seed());
   EXPECT_EQ(time_problems(with_tp_factor(1.0), a, 200), "");
   EXPECT_NE(time_problems(with_tp_factor(0.5), b, 200), "");
 }
@@ -563,9 +560,9 @@ TEST(Step4_PlantedFault, TwoTpAllReducesPerBlockInsteadOfFourIsCaught) {
 // K/V block, and from cp 3 the received one beside it: what the planner missed before, 7-19%
 // under on 4 ranks): caught at drawn shapes; the README's count itself passes.
 TEST(Step4_PlantedFault, RingWithoutItsTravellingBlocksIsCaught) {
-  const uint64_t seed = draw_seed();
-  SCOPED_TRACE(fmt::format("shapes drawn with seed {}", seed));
-  std::mt19937_64 a(seed), b(seed);
+  const labtest::Drawn draw;  // from the grading seed (tests/support/drawn.hpp)
+  SCOPED_TRACE("shapes " + draw.trace());
+  std::mt19937_64 a(draw.seed()), b(draw.seed());
   EXPECT_EQ(cp_memory_problems([](const CpCase& k) { return cp_memory_reference(k); }, a, 200), "");
   EXPECT_NE(cp_memory_problems([](const CpCase& k) { return cp_memory_reference(k, false); }, b,
                                200),
@@ -586,9 +583,9 @@ TEST(Step4_PlantedFault, EveryScheduleHoldingAsOneFOneBIsCaught) {
       return p;
     };
   };
-  const uint64_t seed = draw_seed();
-  SCOPED_TRACE(fmt::format("plans drawn with seed {}", seed));
-  std::mt19937_64 a(seed), b(seed);
+  const labtest::Drawn draw;  // from the grading seed (tests/support/drawn.hpp)
+  SCOPED_TRACE("plans " + draw.trace());
+  std::mt19937_64 a(draw.seed()), b(draw.seed());
   EXPECT_EQ(schedule_memory_problems(composed(true), a, 200), "");
   EXPECT_NE(schedule_memory_problems(composed(false), b, 200), "");
 }

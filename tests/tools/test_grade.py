@@ -453,13 +453,16 @@ class ReportTest(unittest.TestCase):
         grade.add_fix_first("03", lab["steps"], uses)
         self.assertEqual(grade.fix_first_text(lab["steps"][3]),
                          "fix steps 2 and 3 first: step 4's tests run their code, and they do not pass")
-        # nothing to add: step 4 passes; its verdict already names step 3; the build failed
-        for verdict, detail in (("passed", ""), ("not implemented", "lab 03 step 3: all-reduce (README.md#step-3)"),
-                                ("build failed", "error: x")):
+        # nothing to add: step 4 passes; the build failed
+        for verdict in ("passed", "build failed"):
             steps = [self.step(3, "not implemented"), self.step(4, verdict)]
-            steps[1]["detail"] = detail
             grade.add_fix_first("03", steps, {4: {3}})
             self.assertEqual(steps[1]["fix_first"], [], verdict)
+        # listed even where the verdict already names it (a list without it read as "not needed")
+        steps = [self.step(3, "not implemented"), self.step(4, "not implemented")]
+        steps[1]["detail"] = "lab 03 step 3: all-reduce (README.md#step-3)"
+        grade.add_fix_first("03", steps, {4: {3}})
+        self.assertEqual(steps[1]["fix_first"], [3])
         # step 4's own NotImplemented while step 3 fails: fix step 3 first still
         steps = [self.step(3, "failed"), self.step(4, "not implemented")]
         steps[1]["detail"] = "lab 03 step 4: zero grads (README.md#step-4)"
