@@ -16,9 +16,15 @@
 //   with --gtest_output=xml:DIR/NAME.xml every rank writes DIR/NAME.rank<r>.xml (the grader
 //   picks DIR per run), once all of its tests have run, and the grader requires every expected
 //   test passed in every rank's report (docs/grading.md).
+// - Where SCALELAB_RUN_DIR is set (the grader gives each run its own), every rank keeps the name
+//   of the test it is in, in DIR/running.rank<r> (empty between tests): a rank killed by a
+//   signal leaves the name behind, where rank 0's "[ RUN ]" line may never reach the launcher's
+//   output (Open MPI drops a rank's unforwarded output when another rank dies).
 // - This file is linked into every test binary as an object (tests/support/CMakeLists.txt), not
 //   from a static library, so a second strong `main` (e.g. in a lab's code) is a link error, and
 //   this strong `main` always wins over a weak one.
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -81,11 +87,25 @@ std::string attendee_message(const char* file, int line, const std::string& summ
   return fmt::format("{} ({})", what, where);
 }
 
+// DIR/running.rank<r> holds `name`: written under a temporary name and renamed, so a reader sees
+// one whole name or the one before. Best effort: a run without the file only loses the name.
+void note_running_test(const std::string& name) {
+  const char* dir = std::getenv("SCALELAB_RUN_DIR");
+  if (dir == nullptr || *dir == 0) return;
+  const std::string path = fmt::format("{}/running.rank{}", dir, scalelab::world_rank());
+  const std::string tmp = path + ".tmp";
+  if (std::FILE* f = std::fopen(tmp.c_str(), "w")) {
+    std::fputs(name.c_str(), f);
+    if (std::fclose(f) == 0) std::rename(tmp.c_str(), path.c_str());
+  }
+}
+
 class RankVerdictListener : public testing::EmptyTestEventListener {
  public:
   void OnTestStart(const testing::TestInfo& info) override {
     g_current_test = std::string(info.test_suite_name()) + "." + info.name();
     first_message_.clear();
+    note_running_test(g_current_test);
   }
 
   void OnTestPartResult(const testing::TestPartResult& result) override {
@@ -95,6 +115,7 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
 
   // Every rank reaches here once per test, in the same order: gather the verdicts to rank 0.
   void OnTestEnd(const testing::TestInfo& info) override {
+    note_running_test("");  // this rank is out of the test (the gather below is the harness's)
     const int rank = scalelab::world_rank(), size = scalelab::world_size();
     char mine[kMessageBytes] = {0};
     if (info.result()->Failed()) {

@@ -1,6 +1,7 @@
 // Planted failures for the MPI-aware test main. These suites never run in the normal suite
 // (tests/tools/test_test_main.py runs them one at a time with --gtest_filter and checks what
 // rank 0 reports and how the job ends).
+#include <csignal>
 #include <stdexcept>
 
 #include <gtest/gtest.h>
@@ -31,6 +32,13 @@ TEST(SelfTest_NotImplemented, Throws) {
 TEST(SelfTest_EchoOnRank0, Fails) {
   if (world_rank() == 0) ADD_FAILURE() << "failed on another rank";
   if (world_rank() == 1) ADD_FAILURE() << "planted cause on rank 1";
+}
+
+// Rank 1 is killed by a signal while rank 0 waits: the ranks' running files (SCALELAB_RUN_DIR)
+// must name the test, whatever of rank 0's output the launcher forwards before it ends the job.
+TEST(SelfTest_SignalOnRank1, Dies) {
+  if (world_rank() == 1) std::raise(SIGSEGV);
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST(SelfTest_Passes, Passes) { EXPECT_EQ(1 + 1, 2); }

@@ -498,6 +498,16 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(grade.classify(3, progress + watchdog, 60, ClassifyTest.NO_REPORT),
                          ("timed out", "in Step4_Execute.OneFOneBEqualsSingleDevice: [scalelab] watchdog: "
                                        "rank 1 waits in send #1 (4 KiB, group world, to rank 0) for 45.3 s"))
+        # the ranks' running files name it where the output lost rank 0's "[ RUN ]" line (Open
+        # MPI ends the job before forwarding it), the killed rank's first
+        running = {0: "Step4_Execute.AfabEqualsSingleDevice", 1: "Step4_Execute.OneFOneBEqualsSingleDevice"}
+        self.assertEqual(grade.classify(139, died, 60, ClassifyTest.NO_REPORT, running),
+                         ("crashed", "rank 0 killed by SIGSEGV (signal 11) in Step4_Execute.AfabEqualsSingleDevice"))
+        self.assertEqual(grade.running_test("", {2: "A.b", 1: "C.d"}), "C.d")
+        with tempfile.TemporaryDirectory() as tmp:
+            for r, name in [(0, ""), (1, "Step2_X.Y/3"), (2, "not a test name\n")]:
+                pathlib.Path(tmp, f"running.rank{r}").write_text(name)
+            self.assertEqual(grade.running_tests(pathlib.Path(tmp)), {1: "Step2_X.Y/3"})
         # a test that ended (OK or FAILED, rank 0's or another rank's line) is not the one running
         ended = progress + "[  FAILED  ] Step4_Execute.OneFOneBEqualsSingleDevice on rank 1: x\n"
         self.assertEqual(grade.running_test(ended), "")

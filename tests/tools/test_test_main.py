@@ -87,6 +87,23 @@ class TestMainTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, out)
         self.assertIn("[scalelab] verdict: passed", out)
 
+    def test_a_rank_killed_in_a_test_leaves_its_name(self):
+        # SCALELAB_RUN_DIR/running.rank<r>: the test a rank is in, empty between tests (the
+        # grader names the test a crash interrupted from it, tools/grade running_tests)
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(ENV, SCALELAB_RUN_DIR=tmp)
+            proc = subprocess.run([MPIEXEC, "-n", "2", EXE, "--gtest_filter=SelfTest_SignalOnRank1.*"],
+                                  capture_output=True, text=True, timeout=60, env=env)
+            self.assertNotEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            with open(f"{tmp}/running.rank1") as f:
+                self.assertEqual(f.read(), "SelfTest_SignalOnRank1.Dies")
+            proc = subprocess.run([MPIEXEC, "-n", "2", EXE, "--gtest_filter=SelfTest_Passes.*"],
+                                  capture_output=True, text=True, timeout=60, env=env)
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            for r in range(2):
+                with open(f"{tmp}/running.rank{r}") as f:
+                    self.assertEqual(f.read(), "", f"rank {r} left a test it ended")
+
     def test_every_rank_writes_its_own_report(self):
         with tempfile.TemporaryDirectory() as tmp:
             proc, out, _ = run("SelfTest_Passes.*:SelfTest_Skips", 3, f"--gtest_output=xml:{tmp}/report.xml")
