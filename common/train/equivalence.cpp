@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace scalelab::train {
 
@@ -14,6 +15,7 @@ Diff compare(const Tensor& got, const Tensor& want) {
   d.got_ = got.to_vector();
   d.want_ = want.to_vector();
   d.n = static_cast<int64_t>(d.got_.size());
+  d.shape = want.shape();
   double scale = 0;
   for (int64_t i = 0; i < d.n; ++i) {
     const double g = d.got_[i], w = d.want_[i], a = std::fabs(g - w);
@@ -36,14 +38,33 @@ bool Diff::rtol_atol_ok(double rtol, double atol) const {
   return true;
 }
 
+namespace {
+
+// " = [1, 4] of (2, 8)": a flat (row-major) index as the tensor's index, where a flat index alone
+// leaves the reader to divide (a tensor of one dimension, or a shape that does not hold `flat`,
+// gives "").
+std::string index_in_shape(int64_t flat, const std::vector<int64_t>& shape) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (shape.size() < 2 || flat < 0 || flat >= numel) return "";
+  std::vector<int64_t> index(shape.size());
+  for (size_t i = shape.size(); i-- > 0;) {
+    index[i] = flat % shape[i];
+    flat /= shape[i];
+  }
+  return fmt::format(" = [{}] of ({})", fmt::join(index, ", "), fmt::join(shape, ", "));
+}
+
+}  // namespace
+
 std::string Diff::str() const {
   if (bitwise) return fmt::format("bitwise equal ({} elements)", n);
   // max_rel is max |diff| / max |want|: "0.0118 of max |want|", not max |want| itself
   if (worst_index < 0)
     return fmt::format("max |diff| {:.3g}, {:.3g} of max |want|", max_abs, max_rel);
-  return fmt::format("max |diff| {:.3g} at element {} (got {:.9g}, want {:.9g}), {:.3g} of max "
-                     "|want|", max_abs, worst_index, got_[worst_index], want_[worst_index],
-                     max_rel);
+  return fmt::format("max |diff| {:.3g} at element {}{} (got {:.9g}, want {:.9g}), {:.3g} of max "
+                     "|want|", max_abs, worst_index, index_in_shape(worst_index, shape),
+                     got_[worst_index], want_[worst_index], max_rel);
 }
 
 bool TwinCheck::add(double loss, double twin) {

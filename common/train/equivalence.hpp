@@ -32,8 +32,11 @@ struct Diff {
   /// Elementwise |got - want| <= atol + rtol * |want| (numpy's isclose).
   bool within(double rtol, double atol) const { return rtol_atol_ok(rtol, atol); }
   /// One line for a failure message: "max |diff| 2e-07 at element 12 (got ..., want ...),
-  /// 1e-07 of max |want|" (max_rel), or "bitwise equal (N elements)".
+  /// 1e-07 of max |want|" (max_rel), or "bitwise equal (N elements)". Of a tensor of 2 or more
+  /// dimensions the element is also named by its index: "at element 12 = [1, 4] of (2, 8)".
   std::string str() const;
+  /// `want`'s shape: str() names the worst element by its index in it.
+  std::vector<int64_t> shape;
 
   /// Filled by compare(): the elements of `got` as doubles, so within() can test any tolerance.
   std::vector<double> got_;

@@ -100,6 +100,19 @@ TEST(TwinCheck, ANonFiniteLossFailsAndSaysTrainingDiverged) {
   EXPECT_TRUE(inf.diverged);
 }
 
+// A mismatch names its worst element by the tensor's index as well as its flat one (a reader
+// should not have to divide by the shape), and says max |want| is the scale, not a value.
+TEST(Diff, NamesTheWorstElementByItsIndex) {
+  const Tensor want = Tensor::from_vector({0, 1, 2, 3, 4, 5}, {2, 3}, DType::f32);
+  const Tensor got = Tensor::from_vector({0, 1, 2, 3, 4.5, 5}, {2, 3}, DType::f32);
+  EXPECT_EQ(train::compare(got, want).str(),
+            "max |diff| 0.5 at element 4 = [1, 1] of (2, 3) (got 4.5, want 4), 0.1 of max |want|");
+  const Tensor flat_want = want.view({6}), flat_got = got.view({6});
+  EXPECT_EQ(train::compare(flat_got, flat_want).str(),
+            "max |diff| 0.5 at element 4 (got 4.5, want 4), 0.1 of max |want|");
+  EXPECT_EQ(train::compare(want, want).str(), "bitwise equal (6 elements)");
+}
+
 // The lower bound, by hand for tiny (T 16, C 32, 2 heads, V 256) at 2 rows of 2 blocks with the
 // head, a global batch of 8: the batch's x and y 2 x 4 x 8 x 16 = 1024 bytes; per block 32
 // tokens x (C + 8C + 2 heads x T) = 10240 elements, the head 32 x 256 = 8192; activations
