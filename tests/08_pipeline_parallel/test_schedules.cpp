@@ -18,6 +18,7 @@
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
 #include "tests/support/drawn.hpp"
+#include "tests/support/expect.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab08;
@@ -113,21 +114,13 @@ testing::AssertionResult golden(const std::string& call, const std::string& got,
              "just before, a send just after)", call, got, where, w.size());
 }
 
-// A failed golden() at the caller's line, as its message alone (ADD_FAILURE_AT without its
-// "Failed" line). Not EXPECT_TRUE(golden(...)): GoogleTest would print the check's source, the
-// golden string with it.
-void expect_golden(const char* file, int line, const std::string& call, const std::string& got,
-                   const std::string& want) {
-  if (const testing::AssertionResult r = golden(call, got, want); !r)
-    GTEST_MESSAGE_AT_(file, line, "", testing::TestPartResult::kNonFatalFailure) << r.message();
-}
-
 }  // namespace
 
-// golden() of a call, named by its source text (`want` never is).
-#define EXPECT_GOLDEN(call, want) expect_golden(__FILE__, __LINE__, #call, call, want)
+// golden() of a call, named by its source text, reported as its message alone (LABTEST_EXPECT:
+// not EXPECT_TRUE, whose report would print the check's source and the golden string in it).
+#define EXPECT_GOLDEN(call, want) LABTEST_EXPECT(golden(#call, call, want), "")
 // The same with the call named by `name`.
-#define EXPECT_GOLDEN_AS(name, got, want) expect_golden(__FILE__, __LINE__, name, got, want)
+#define EXPECT_GOLDEN_AS(name, got, want) LABTEST_EXPECT(golden(name, got, want), "")
 
 // ---- Step 3 -------------------------------------------------------------------------------------
 

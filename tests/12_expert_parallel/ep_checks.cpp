@@ -6,14 +6,10 @@
 
 namespace eptest {
 
-uint64_t grading_seed() { return labtest::grading_seed(); }
-
-std::string rerun_line() { return labtest::grade_rerun_line(); }
-
 Shape draw_shape(int nth) {
-  std::mt19937_64 rng(grading_seed() + static_cast<uint64_t>(nth));
   Shape s;
-  s.seed = grading_seed() + static_cast<uint64_t>(nth);
+  s.seed = labtest::grading_seed() + static_cast<uint64_t>(nth);
+  std::mt19937_64 rng(s.seed);
   s.drawn = nth;
   s.E = 2 + static_cast<int64_t>(rng() % 5);              // 2..6 experts
   s.k = 1 + static_cast<int64_t>(rng() % 2);              // top-1 or top-2
@@ -104,10 +100,10 @@ void model_matches_single_device(DType dt, int ep, int64_t k, double cf) {
   const double want = twin.forward(batch.x, batch.y);
   twin.backward();
   const bool bf16 = dt == DType::bf16;
-  EP_EXPECT(labtest::close_on_every_rank(Tensor::from_vector({loss}, {1}, DType::f64),
-                                         Tensor::from_vector({want}, {1}, DType::f64),
-                                         bf16 ? 2e-3 : 1e-5, 0),
-            "the loss against the single-device twin's: ");
+  LABTEST_EXPECT(labtest::close_on_every_rank(Tensor::from_vector({loss}, {1}, DType::f64),
+                                              Tensor::from_vector({want}, {1}, DType::f64),
+                                              bf16 ? 2e-3 : 1e-5, 0),
+                 "the loss against the single-device twin's: ");
   // every parameter this rank holds: its gradient against the twin's (its experts' rows)
   std::vector<double> got_all, want_all;
   const std::vector<nn::Parameter*>& mine = model.parameters();
@@ -127,12 +123,13 @@ void model_matches_single_device(DType dt, int ep, int64_t k, double cf) {
   const Tensor want_t = Tensor::from_vector(want_all, {total}, DType::f64);
   const char* what = "the gradients this rank holds against the twin's: ";
   if (bf16)
-    EP_EXPECT(labtest::close_on_every_rank(got_t, want_t, 0, 3e-2 * labtest::max_abs(want_t), why),
-              what);
+    LABTEST_EXPECT(
+        labtest::close_on_every_rank(got_t, want_t, 0, 3e-2 * labtest::max_abs(want_t), why),
+        what);
   else
-    EP_EXPECT(labtest::close_on_every_rank(got_t, want_t, labtest::kAllReduceRtol,
-                                           labtest::kAllReduceAtol, why),
-              what);
+    LABTEST_EXPECT(labtest::close_on_every_rank(got_t, want_t, labtest::kAllReduceRtol,
+                                                labtest::kAllReduceAtol, why),
+                   what);
 }
 
 }  // namespace eptest

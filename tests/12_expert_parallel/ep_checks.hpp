@@ -18,6 +18,7 @@
 // lab_fixture.hpp first: it names gtest's ::testing, which scalelab::testing (gradcheck.hpp)
 // would hide inside namespace scalelab
 #include "tests/support/drawn.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/memory_use.hpp"
 #include "tests/support/own_work.hpp"
@@ -38,20 +39,12 @@ namespace eptest {
 
 using namespace scalelab;
 
-/// The seed of this grading run (labtest::grading_seed, tests/support/drawn.hpp: every lab's
-/// drawn shapes come from it): SCALELAB_GRADE_SEED when set, else rank 0's, broadcast; collective
-/// on its first call. Every shape a run draws derives from it, so that seed given back
-/// (rerun_line) draws the same shapes again.
-uint64_t grading_seed();
-/// "SCALELAB_GRADE_SEED=123 ./scalelab grade 12": the run that draws this run's shapes again.
-std::string rerun_line();
-
 /// A routing shape: drawn from the grading seed (draw_shape), or fixed by a test.
 struct Shape {
   uint64_t seed = 0;  ///< what the values (x, the weights) are drawn from
   int64_t N = 0, C = 0, E = 0, k = 1;
   double cf = 1.0;
-  int drawn = -1;  ///< draw_shape's `nth` (its seed: grading_seed() + nth); -1: a fixed shape
+  int drawn = -1;  ///< draw_shape's `nth` (seed: labtest::grading_seed() + nth); -1: fixed
   /// Printed on failure: the shape, and for a drawn one the grading seed and the line that
   /// draws it again ("shape 2 drawn from grading seed 370013 (rerun: SCALELAB_GRADE_SEED=370013
   /// ./scalelab grade 12): N 17, C 6, E 4, top-2, capacity factor 0.75").
@@ -60,26 +53,16 @@ struct Shape {
                                          k, cf);
     if (drawn < 0) return fmt::format("a fixed shape (seed {}): {}", seed, what);
     return fmt::format("shape {} drawn from grading seed {} (rerun: {}): {}", drawn,
-                       grading_seed(), rerun_line(), what);
+                       labtest::grading_seed(), labtest::grade_rerun_line(), what);
   }
   MoEConfig config(double aux = 0.05) const {
     return {.n_expert = E, .top_k = k, .every = 1, .capacity_factor = cf, .aux_coef = aux};
   }
 };
-/// The `nth` shape of this grading run (seeded grading_seed() + nth).
+/// The `nth` shape of this grading run (seeded labtest::grading_seed() + nth: every lab's drawn
+/// shapes come from the one grading seed, tests/support/drawn.hpp).
 Shape draw_shape(int nth);
 
-/// A failure whose message is only what is streamed into it: ADD_FAILURE() without its "Failed"
-/// line (the verdict line shows the message, not GoogleTest's words).
-#define EP_FAIL() GTEST_NONFATAL_FAILURE_("")
-/// A collective check's verdict reported once, as `what` and its message: EXPECT_TRUE(result)
-/// would print the check's source ("Value of: labtest::on_every_rank(...)") and "Actual: false"
-/// besides.
-#define EP_EXPECT(result, what)                                \
-  do {                                                         \
-    const ::testing::AssertionResult ep_result_ = (result);    \
-    if (!ep_result_) EP_FAIL() << what << ep_result_.message(); \
-  } while (0)
 
 /// One nn::MoE of all E experts, with random f64 (or f32) values (not the usual init, so no zero
 /// bias can hide a bug), and its routing of x as the library computes it (one group).

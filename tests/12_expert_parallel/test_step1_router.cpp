@@ -105,12 +105,12 @@ TEST(Step1_Router, CountsGatesAndLossAgainstAHandCountAtADrawnShape) {
           shape_problem("indices", r.indices, s.N, s.k, DType::i32),
           shape_problem("gates", r.gates, s.N, s.k, DType::f64),
           shape_problem("dest", r.dest, s.N * s.k, 0, DType::i32)})
-      if (!p.empty()) EP_FAIL() << p;
+      if (!p.empty()) LABTEST_FAIL() << p;
     if (HasFailure()) return;  // the shapes are wrong: nothing below can be read
     const std::vector<double> probs = r.probs.to_vector();
     for (int64_t i = 0; i < s.N * s.E; ++i)
       if (std::abs(probs[i] - w.probs[i]) > 1e-12) {
-        EP_FAIL() << "Routing::probs: token " << i / s.E << " expert " << i % s.E << " is "
+        LABTEST_FAIL() << "Routing::probs: token " << i / s.E << " expert " << i % s.E << " is "
                       << probs[i] << ", not the softmax of its logits";
         break;
       }
@@ -131,14 +131,14 @@ TEST(Step1_Router, CountsGatesAndLossAgainstAHandCountAtADrawnShape) {
         const int got = static_cast<int>(d[p]);
         if (got == w.dest[p]) continue;
         if (w.dest[p] < 0)
-          EP_FAIL() << "Routing::dest: token " << n << " choice " << j << " (expert " << e
+          LABTEST_FAIL() << "Routing::dest: token " << n << " choice " << j << " (expert " << e
                         << ") has row " << got << ", but expert " << e << " is full before it: "
                         << "a dropped pair's dest is -1";
         else if (got < 0)
-          EP_FAIL() << "Routing::dest: token " << n << " choice " << j << " (expert " << e
+          LABTEST_FAIL() << "Routing::dest: token " << n << " choice " << j << " (expert " << e
                         << ") is dropped (-1), but expert " << e << " has room for it";
         else
-          EP_FAIL() << "Routing::dest: token " << n << " choice " << j << " (expert " << e
+          LABTEST_FAIL() << "Routing::dest: token " << n << " choice " << j << " (expert " << e
                         << ") has row " << got << ", not its row of the dispatched layout "
                         << "(expert 0's kept pairs first, each expert's in arrival order: every "
                         << "first choice in token order, then every second)";

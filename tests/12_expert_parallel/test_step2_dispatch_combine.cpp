@@ -90,5 +90,5 @@ TEST(Step2_DispatchCombine, BackwardAgainstFiniteDifferences) {
     check(gradcheck(p->value, p->grad, loss), p->name + " (the library's experts, from your dye)");
   check(gradcheck(x, dx, loss), "dx (dispatch_backward)");
   if (!off.empty())
-    EP_FAIL() << "gradients off the finite differences: " << off << "; the first, " << worst;
+    LABTEST_FAIL() << "gradients off the finite differences: " << off << "; the first, " << worst;
 }

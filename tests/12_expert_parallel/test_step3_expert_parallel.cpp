@@ -177,13 +177,14 @@ TEST(Step3_Memory, NoRankHoldsEveryExpert) {
   // rank's whole heap (a copy in a std::vector too), which holds the tensors' memory as well
   const std::size_t others = l.all_experts_bytes - l.all_experts_bytes / ep.size();
   const auto heap = static_cast<std::size_t>(std::max<int64_t>(0, l.memory.heap.peak));
-  EP_EXPECT(labtest::on_every_rank(
-                ::testing::AssertionResult(l.peak_extra < others && heap < others)
-                << "the forward and backward allocated up to " << l.peak_extra
-                << " bytes of tensors and " << heap << " bytes of the heap at once, as much as "
-                << "the other ranks' experts' weights (" << others << ")"),
-            "");
-  EP_EXPECT(labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 12 step 3"), "");
+  LABTEST_EXPECT(labtest::on_every_rank(
+                     ::testing::AssertionResult(l.peak_extra < others && heap < others)
+                     << "the forward and backward allocated up to " << l.peak_extra
+                     << " bytes of tensors and " << heap << " bytes of the heap at once, as "
+                     << "much as the other ranks' experts' weights (" << others << ")"),
+                 "");
+  LABTEST_EXPECT(
+      labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 12 step 3"), "");
 }
 
 TEST(Step3_Exchange, RowsReachTheirExpertsAndComeBackInTheFormulasBytes) {
@@ -234,11 +235,11 @@ TEST(Step3_Exchange, RowsReachTheirExpertsAndComeBackInTheFormulasBytes) {
   else if (wrong.empty())
     wrong = rows_problem(back.to_vector(), values, values,
                          "return_from_experts, my dispatched layout");
-  EP_EXPECT(labtest::on_every_rank(::testing::AssertionResult(wrong.empty()) << wrong), "");
+  LABTEST_EXPECT(labtest::on_every_rank(::testing::AssertionResult(wrong.empty()) << wrong), "");
   const int64_t bytes = 4 * kE + (M + R) * kC * 4;
   const std::string p = eptest::only_all_to_all(did, ep.name(), 3, bytes);
-  EP_EXPECT(labtest::on_every_rank(::testing::AssertionResult(p.empty()) << p),
-            "the counts, the rows out and back: ");
+  LABTEST_EXPECT(labtest::on_every_rank(::testing::AssertionResult(p.empty()) << p),
+                 "the counts, the rows out and back: ");
 }
 
 // Forward and backward of one layer: the counts once (the backward reuses the forward's plan),
@@ -256,29 +257,29 @@ TEST(Step3_Layer, ForwardAndBackwardExchangeTheFormulasBytes) {
     if (key.op == "all_to_all") a2a.calls += count.calls, a2a.bytes += count.bytes;
   if (!p.empty() && a2a.calls == 6 && a2a.bytes == bytes + 4 * kE)
     p += " (one more exchange of the counts: the backward can reuse the forward's plan, kept)";
-  EP_EXPECT(labtest::on_every_rank(::testing::AssertionResult(p.empty()) << p),
-            "one layer's forward and backward: ");
+  LABTEST_EXPECT(labtest::on_every_rank(::testing::AssertionResult(p.empty()) << p),
+                 "one layer's forward and backward: ");
 }
 
 TEST(Step3_Layer, EqualsTheSingleDeviceLayer) {
   comm::Communicator ep = labtest::new_world();
   if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
   const EpLayer l = ep_layer(ep, 6);
-  EP_EXPECT(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7),
-            "the layer's output against the single-device layer's: ");
+  LABTEST_EXPECT(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7),
+                 "the layer's output against the single-device layer's: ");
 }
 
 TEST(Step3_Layer, EachRankComputesOnlyItsExpertsTokens) {
   comm::Communicator ep = labtest::new_world();
   if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
   const EpLayer l = ep_layer(ep, 6, /*skewed=*/true);
-  EP_EXPECT(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7),
-            "the layer's output against the single-device layer's: ");
-  EP_EXPECT(labtest::on_every_rank(
-                ::testing::AssertionResult(l.flops == l.want_flops)
-                << "the MoE forward's GEMMs did " << l.flops << " FLOPs; the router on its "
-                << "tokens and its experts on the rows they received do " << l.want_flops),
-            "");
+  LABTEST_EXPECT(labtest::close_on_every_rank(l.y, l.want_y, 1e-6, 1e-7),
+                 "the layer's output against the single-device layer's: ");
+  LABTEST_EXPECT(labtest::on_every_rank(
+                     ::testing::AssertionResult(l.flops == l.want_flops)
+                     << "the MoE forward's GEMMs did " << l.flops << " FLOPs; the router on its "
+                     << "tokens and its experts on the rows they received do " << l.want_flops),
+                 "");
 }
 
 TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) {

@@ -36,14 +36,14 @@ TEST(Step4_EpBesideDp, ExpertGradientsReducedOverTheirReplicasOnly) {
     else if (key.op == "all_reduce" && key.group == world.name()) on_world += count.bytes;
     else others += fmt::format("; {}: {} call(s)", comm::traffic_key_str(key), count.calls);
   }
-  EP_EXPECT(labtest::on_every_rank(
-                ::testing::AssertionResult(on_edp == expert_bytes && on_world == other_bytes &&
-                                           all == expert_bytes + other_bytes && others.empty())
-                << "all-reduced " << on_edp << " bytes over " << groups.edp.name()
-                << " (the experts: " << expert_bytes << "), " << on_world << " over "
-                << world.name() << " (the rest: " << other_bytes << "), " << all << " in all"
-                << others),
-            "");
+  LABTEST_EXPECT(labtest::on_every_rank(
+                     ::testing::AssertionResult(on_edp == expert_bytes && on_world == other_bytes &&
+                                                all == expert_bytes + other_bytes && others.empty())
+                     << "all-reduced " << on_edp << " bytes over " << groups.edp.name()
+                     << " (the experts: " << expert_bytes << "), " << on_world << " over "
+                     << world.name() << " (the rest: " << other_bytes << "), " << all << " in all"
+                     << others),
+                 "");
 }
 
 TEST(Step4_EpBesideDp, LossAndGradientsEqualSingleDevice) {
