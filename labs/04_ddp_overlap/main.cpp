@@ -43,16 +43,21 @@ double comm_alone_ms(nn::GPT& model, comm::Communicator& comm,
   return (trace::now_us() - t0) / 1e3;
 }
 
+// A bucket size of the table: as given (MiB, the row's name) and in bytes (checked once).
+struct BucketSize {
+  double mb = 0;
+  std::size_t bytes = 0;
+};
+
 // `reps` measured steps (after one warm-up) of forward + backward + gradient sync on `mine`;
-// the median of each column. bucket_mb <= 0: no overlap (one flat all-reduce after backward).
-Row measure(nn::GPT& model, comm::Communicator& comm, const data::Batch& mine, double bucket_mb,
+// the median of each column. size.mb <= 0: no overlap (one flat all-reduce after backward).
+Row measure(nn::GPT& model, comm::Communicator& comm, const data::Batch& mine, BucketSize size,
             int reps) {
-  const bool overlap = bucket_mb > 0;
+  const bool overlap = size.mb > 0;
   std::vector<lab04::Bucket> buckets =
-      overlap ? lab04::assign_buckets(model.params(), lab04::ready_order(model),
-                                      cli::mib_to_bytes("--sweep", bucket_mb))
+      overlap ? lab04::assign_buckets(model.params(), lab04::ready_order(model), size.bytes)
               : std::vector<lab04::Bucket>{{0, model.num_parameters(), {}}};
-  Row row{overlap ? fmt::format("overlap {:g} MiB", bucket_mb) : "no overlap", buckets.size()};
+  Row row{overlap ? fmt::format("overlap {:g} MiB", size.mb) : "no overlap", buckets.size()};
   std::unique_ptr<lab04::OverlappedDDP> ddp;
   if (overlap) {
     ddp = std::make_unique<lab04::OverlappedDDP>(model, comm, buckets);
@@ -112,10 +117,11 @@ int main(int argc, char** argv) {
         ("reps", "measured steps per row of the table", cxxopts::value<int>()->default_value("7"));
     const auto& parsed = session.parse(argc, argv);
     const double bucket_mb = parsed["bucket-mb"].as<double>();
-    const auto sweep = parsed["sweep"].as<std::vector<double>>();
     const int reps = parsed["reps"].as<int>();
     const std::size_t bucket = cli::mib_to_bytes("--bucket-mb", bucket_mb);
-    for (double mb : sweep) cli::mib_to_bytes("--sweep", mb);  // all of them, before any training
+    std::vector<BucketSize> sweep;  // all of them checked before any training
+    for (double mb : parsed["sweep"].as<std::vector<double>>())
+      sweep.push_back({mb, cli::mib_to_bytes("--sweep", mb)});
     SCALELAB_REQUIRE(reps >= 1, "--reps must be at least 1, got {}", reps);
     const auto& opt = session.opt();
     const ModelConfig& config = session.config();
@@ -182,8 +188,8 @@ int main(int argc, char** argv) {
     // The table (rank 0's times; every rank runs the same steps).
     const data::Batch mine =
         lab03::local_batch(sampler.batch(opt.steps), comm.rank(), comm.size()).to(device);
-    std::vector<Row> table = {measure(model, comm, mine, 0, reps)};
-    for (double mb : sweep) table.push_back(measure(model, comm, mine, mb, reps));
+    std::vector<Row> table = {measure(model, comm, mine, {}, reps)};
+    for (const BucketSize& size : sweep) table.push_back(measure(model, comm, mine, size, reps));
     log::info("");
     log::info("{} ranks, {} rows x {} tokens per rank, median of {} steps (rank 0). all-reduce: the "
               "same all-reduces alone; exposed: backward end to last bucket done, on the rank that waits least", comm.size(),
