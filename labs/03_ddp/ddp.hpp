@@ -47,4 +47,9 @@ double forward_backward(nn::GPT& model, const data::Batch& global, comm::Communi
 /// holds the same parameters. The same value on every rank (collective).
 double parameter_divergence(nn::GPT& model, comm::Communicator& comm);
 
+/// Why DDP (labs 03 and 04) refuses a mixture-of-experts --model (Session::require_dense).
+inline constexpr const char* kDenseOnly =
+    "each DDP rank would route only its rows, but an expert's capacity and the balancing loss "
+    "depend on all the rows routed together";
+
 }  // namespace scalelab::lab03

@@ -30,9 +30,7 @@ int main(int argc, char** argv) {
     const auto& opt = session.opt();
     const ModelConfig& config = session.config();
     comm::Communicator& comm = session.comm();
-    // Each rank routing only its rows would change an MoE block's capacity and balancing loss.
-    session.require_dense("each DDP rank would route only its rows, but an expert's capacity and "
-                          "the balancing loss depend on all the rows routed together");
+    session.require_dense(lab03::kDenseOnly);
     // A rank's share of the batch through the whole model; the whole batch on rank 0 when it
     // runs the single-device twin, and on every rank with --diverge (the twin of step 0).
     const bool whole = session.diverge() || (comm.rank() == 0 && verify_steps > 0);

@@ -127,9 +127,7 @@ int main(int argc, char** argv) {
     const ModelConfig& config = session.config();
     comm::Communicator& comm = session.comm();
     const Device device = session.device();
-    // Each rank routing only its rows would change an MoE block's capacity and balancing loss.
-    session.require_dense("each DDP rank would route only its rows, but an expert's capacity and "
-                          "the balancing loss depend on all the rows routed together");
+    session.require_dense(lab03::kDenseOnly);
     // A rank's share of the batch through the whole model (the table's steps too); the whole batch
     // on every rank with --diverge (the twin of step 0).
     session.require_step_memory(session.diverge() ? opt.batch : opt.batch / comm.size());
