@@ -31,11 +31,13 @@ TEST(Gpu_ExpertParallel, OneStepOnCudaMatchesTheCpu) {
     for (nn::GPT* m : {&host, &dev}) m->set_mappings(lab12::make_ep_mappings(groups.ep));
     const double want = lab12::ep_forward_backward(host, batch.x, batch.y, world, groups);
     const double got = lab12::ep_forward_backward(dev, batch.x, batch.y, world, groups);
-    EXPECT_TRUE(labtest::close_on_every_rank(Tensor::from_vector({got}, {1}, DType::f64),
-                                             Tensor::from_vector({want}, {1}, DType::f64),
-                                             bf16 ? 2e-3 : 1e-5, 0));
+    LABTEST_EXPECT(labtest::close_on_every_rank(Tensor::from_vector({got}, {1}, DType::f64),
+                                                Tensor::from_vector({want}, {1}, DType::f64),
+                                                bf16 ? 2e-3 : 1e-5, 0),
+                   "the GPU step's loss against the CPU step's: ");
     const Tensor want_g = host.params().grads();
-    EXPECT_TRUE(labtest::close_on_every_rank(dev.params().grads().to(Device::cpu()), want_g, 0,
-                                             (bf16 ? 3e-2 : 1e-4) * labtest::max_abs(want_g)));
+    LABTEST_EXPECT(labtest::close_on_every_rank(dev.params().grads().to(Device::cpu()), want_g, 0,
+                                                (bf16 ? 3e-2 : 1e-4) * labtest::max_abs(want_g)),
+                   "the GPU step's gradients against the CPU step's: ");
   }
 }
