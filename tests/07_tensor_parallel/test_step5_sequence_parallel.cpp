@@ -21,6 +21,9 @@
 #include <functional>
 #include <map>
 
+#include <string>
+
+#include <fmt/format.h>
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
@@ -281,6 +284,48 @@ TEST(Step5_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
   nn::GPTOptions o;
   o.dtype = DType::f64;
   o.seed = 29;
+// A block hands its regions' whole tensors over as (B, T, C), and B may be smaller than tp (the
+// GPT tests run B = 2 on 4 ranks): the rows are the flattened tokens. Cutting the first
+// dimension instead gives the same bytes whenever tp divides B (the block check's B = 4), so
+// this runs B = 1: the rows (r + 1) * (i + 1) of every rank, summed to this rank's N/tp.
+TEST(Step5_Operators, ABatchSmallerThanTpIsSplitByTokenRows) {
+  const int tp = size(), r = rank();
+  const int64_t B = 1, T = 2 * tp, C = 3, n = B * T / tp;
+  std::vector<double> part(B * T * C);
+  for (int64_t i = 0; i < B * T * C; ++i) part[i] = (r + 1) * (i + 1);
+  const auto check = [&](const char* name, const std::function<Tensor(const Tensor&)>& fn)
+      -> ::testing::AssertionResult {
+    Tensor rows;
+    std::string threw;
+    try {  // the same shapes on every rank: a library check throws on all of them alike
+      rows = fn(Tensor::from_vector(part, {B, T, C}, DType::f64));
+    } catch (const std::exception& e) {
+      threw = e.what();
+    }
+    const std::string given = fmt::format("{} of a (B, T, C) = ({}, {}, {}) tensor at tp {}", name,
+                                          B, T, C, tp);
+    const std::string rule = fmt::format(
+        ": a rank's rows are its N/tp = {} of the N = B*T = {} tokens (the flattened (N, C)), "
+        "whatever B is; here B < tp", n, B * T);
+    if (!threw.empty())
+      return ::testing::AssertionFailure() << given << " threw \"" << threw << "\"" << rule;
+    if (rows.numel() != n * C)
+      return ::testing::AssertionFailure() << given << " returned " << rows.str() << rule;
+    for (int64_t i = 0; i < n * C; ++i)
+      if (rows.item(i) != (r * n * C + i + 1) * tp * (tp + 1) / 2.0)
+        return ::testing::AssertionFailure()
+               << given << ": element " << i << " of rank " << r << "'s rows is " << rows.item(i)
+               << ", not the sum over ranks of its token row" << rule;
+    return ::testing::AssertionSuccess();
+  };
+  EXPECT_TRUE(
+      check("scatter_sequence", [](const Tensor& t) { return lab07::scatter_sequence(t, group()); }))
+      << "leaving a block's region";
+  EXPECT_TRUE(check("gather_sequence_backward",
+                    [](const Tensor& t) { return lab07::gather_sequence_backward(t, group()); }))
+      << "the gradient of a block's region input";
+}
+
   nn::GPT single(c, o);
   auto part_model =
       lab07::make_tp_gpt(c, group(), {.dtype = DType::f64, .seed = 29, .sequence_parallel = true});
