@@ -318,8 +318,8 @@ TEST(Step5_Operators, ABatchSmallerThanTpIsSplitByTokenRows) {
                << ", not the sum over ranks of its token row" << rule;
     return ::testing::AssertionSuccess();
   };
-  EXPECT_TRUE(
-      check("scatter_sequence", [](const Tensor& t) { return lab07::scatter_sequence(t, group()); }))
+  EXPECT_TRUE(check("scatter_sequence",
+                    [](const Tensor& t) { return lab07::scatter_sequence(t, group()); }))
       << "leaving a block's region";
   EXPECT_TRUE(check("gather_sequence_backward",
                     [](const Tensor& t) { return lab07::gather_sequence_backward(t, group()); }))
