@@ -207,17 +207,24 @@ struct TokenRange {
 /// first.
 TokenRange sequence_rows(int64_t tokens, int rank, int tp);
 
-/// Step 5a. Entering a tensor-parallel region (before a column-parallel layer, in place of f):
-/// forward, all-gather this rank's rows x_sp (N/tp, C) into the whole (N, C), rank 0's rows
-/// first; ...
+/// Step 5a. The shapes: N = B*T token rows of C. A rank's rows are (N/tp, C); a region's whole
+/// tensor comes as (B, T, C) from a block (the library views its gathered rows as the batch) and
+/// as (N, C) from the head. Either way its rows are the N flattened tokens, split by tp into
+/// contiguous pieces of N/tp rows: never by its first dimension (B may be smaller than tp, or
+/// not divide by it). Each function returns (N/tp, C) or (N, C).
+///
+/// Entering a tensor-parallel region (before a column-parallel layer, in place of f): forward,
+/// all-gather this rank's rows x_sp (N/tp, C) into the whole (N, C), rank 0's rows first; ...
 Tensor gather_sequence(const Tensor& x_sp, comm::Communicator& tp);
-/// ... backward, the gradient of the whole (N, C) input is a partial sum on each rank (as in
-/// f's backward), and each rank needs only its rows: one reduce-scatter to (N/tp, C).
+/// ... backward, the gradient of the whole input, dx_full (B, T, C) or (N, C), is a partial sum
+/// on each rank (as in f's backward), and each rank needs only its rows: one reduce-scatter to
+/// (N/tp, C).
 Tensor gather_sequence_backward(const Tensor& dx_full, comm::Communicator& tp);
 /// Step 5a. Leaving a tensor-parallel region (after a row-parallel layer, in place of g):
-/// forward, reduce-scatter the partial (N, C) output: rank r gets the SUM of its rows; ...
+/// forward, reduce-scatter the partial output y_partial (B, T, C): rank r gets the SUM of its
+/// rows, (N/tp, C); ...
 Tensor scatter_sequence(const Tensor& y_partial, comm::Communicator& tp);
-/// ... backward, all-gather the rows' gradients into the whole (N, C) gradient.
+/// ... backward, all-gather the rows' gradients dy_sp (N/tp, C) into the whole (N, C) gradient.
 Tensor scatter_sequence_backward(const Tensor& dy_sp, comm::Communicator& tp);
 
 /// Given. LayerNorm backward on this rank's token rows: din += the input gradient of the rows;
@@ -236,9 +243,10 @@ class SequenceParallel : public TensorParallel {
   explicit SequenceParallel(comm::Communicator& tp) : TensorParallel(tp) {}
   /// Step 5b. What replaces f and g: a block must move 2 all-gathers and 2 reduce-scatters of
   /// N*C forward and no all-reduce of activations. enter: this rank's rows (N/tp, C) -> the
-  /// whole (N, C); enter_backward: the whole input's gradient (a partial sum) -> our rows of the
-  /// sum; leave: a partial (N, C) output -> our rows of the sum; leave_backward: our rows of the
-  /// output's gradient -> the whole gradient.
+  /// whole (N, C); enter_backward: the whole input's gradient (a partial sum; (B, T, C) from a
+  /// block, (N, C) from the head) -> our rows of the sum (N/tp, C); leave: a partial (B, T, C)
+  /// output -> our rows of the sum (N/tp, C); leave_backward: our rows of the output's gradient
+  /// (N/tp, C) -> the whole gradient (N, C).
   Tensor enter(const Tensor& x) const override;
   Tensor enter_backward(const Tensor& dx) const override;
   Tensor leave(const Tensor& y) const override;

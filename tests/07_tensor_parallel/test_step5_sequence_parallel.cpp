@@ -10,23 +10,26 @@
 //    reduce-scatters of N*C and all-reduces of the 4 LayerNorm gradients only (4*C numbers);
 //  - what it COMPUTES: 1/tp of the single-device block's GEMM FLOPs each way and LayerNorms on
 //    this rank's N/tp rows only (the tensor ops' work counters);
-//  - what it HOLDS: the activations' bytes equal the formula, the replicated (B, T, C) tensors
-//    cut to N/tp rows: less than the block of step 3 holds for tp >= 2 (allocator-exact sizes);
-//    and the whole process heap (a counting malloc: std::vector, new[], statics too) keeps after
-//    the forward no more than a correct block does, give or take half an (N, C) tensor;
+//  - what it HOLDS: the activations' bytes equal those of the same block with sequence-parallel
+//    mappings written here (measured, not a formula: step 6 asks for the formula), and the
+//    sequence-parallel GPT holds less than the tensor-parallel one for tp >= 2; the whole
+//    process heap (a counting malloc: std::vector, new[], statics too) keeps after the forward
+//    no more than a correct block does, give or take half an (N, C) tensor;
 //  - the GPT with sequence parallelism (make_tp_gpt) follows the single-device GPT over 5 AdamW
 //    steps (kAdamRel).
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <map>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "common/nn/gpt.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
 #include "tests/support/heap.hpp"
-#include "tp_formulas.hpp"
 #include "tp_test_support.hpp"
 
 using namespace scalelab;
@@ -62,17 +65,13 @@ Tensor rows_of(const Tensor& t, int64_t lo, int64_t hi) {
   return t.view({t.numel() / C, C}).rows(lo, hi).clone();
 }
 
-// Per block with sequence parallelism, in float64: (input, ln1, res2, ln2 and 4 statistics)
-// on N/tp rows; q, k, v, y, h, g and att sharded as in step 3. The input is the caller's.
-std::size_t sp_block_bytes(const ModelConfig& c, int tp) {
-  const int64_t C = c.n_embd, rows = kN / tp;
-  return static_cast<std::size_t>(3 * rows * C + 4 * rows + 4 * kN * C / tp +
-                                  kB * (c.n_head / tp) * kT * kT + 2 * kN * 4 * C / tp) * 8;
-}
-
-// The heap a correct sequence-parallel block keeps after its forward (the yardstick of what
-// check_sp_block allows): the library's block with the planted faults' base mappings, below.
-int64_t heap_held_by_a_correct_forward(const Whole& whole);
+// What a correct sequence-parallel block keeps after its forward (the yardsticks of
+// check_sp_block): the library's block with the planted faults' base mappings, below, measured.
+struct Held {
+  int64_t heap = 0;         // the process heap's growth (counting malloc)
+  std::size_t activations = 0;  // BlockActivations::nbytes
+};
+Held held_by_a_correct_forward(const Whole& whole);
 
 // `part` (its mappings set) on this rank's rows of the whole block's input, forward and backward.
 ::testing::AssertionResult check_sp_block(nn::Block& part, const Whole& whole) {
@@ -82,7 +81,8 @@ int64_t heap_held_by_a_correct_forward(const Whole& whole);
   nn::BlockActivations a;
   Tensor y_sp, dx_sp;
   Verdict v;
-  const int64_t held_by_a_correct_one = heap_held_by_a_correct_forward(whole);
+  const Held correct = held_by_a_correct_forward(whole);
+  const int64_t held_by_a_correct_one = correct.heap;
   Traffic fwd;
   const labtest::HeapGrowth heap =
       labtest::heap_growth_of([&] { fwd = traffic_of([&] { y_sp = part.forward(x_sp, a, kT); }); });
@@ -95,11 +95,11 @@ int64_t heap_held_by_a_correct_forward(const Whole& whole);
           << "before (counting malloc: Tensors, std::vector, new[], statics); a correct "
           << "sequence-parallel block keeps " << held_by_a_correct_one << " (a gathered (N, C) "
           << "input is " << NC8 << " bytes)", "");
-  if (a.nbytes() != sp_block_bytes(whole.c, tp))
+  if (a.nbytes() != correct.activations)
     v(::testing::AssertionFailure()
-          << "the block holds " << a.nbytes() << " bytes of activations, the formula (LayerNorm "
-          << "outputs, statistics and residual on N/tp rows; the gathered inputs not kept) says "
-          << sp_block_bytes(whole.c, tp), "");
+          << "the block holds " << a.nbytes() << " bytes of activations, a sequence-parallel "
+          << "block (LayerNorm outputs, statistics and residual on N/tp rows; the gathered "
+          << "inputs not kept) holds " << correct.activations, "");
   v(exactly(fwd, labtest::TrafficBudget{}.all_gather(group(), 2, 2 * NC8)
                                          .reduce_scatter(group(), 2, 2 * NC8)),
     " (forward: 2 all-gathers and 2 sum reduce-scatters of N x C, nothing else)");
@@ -184,7 +184,7 @@ std::unique_ptr<nn::Block> library_tp_block(const ModelConfig& c) {
   return std::make_unique<nn::Block>(0, c.n_embd, c.n_head, c.n_layer, rank(), size());
 }
 
-int64_t heap_held_by_a_correct_forward(const Whole& whole) {
+Held held_by_a_correct_forward(const Whole& whole) {
   auto part = library_tp_block(whole.c);
   const PlantedSequenceParallel base;
   part->mappings = &base;
@@ -194,7 +194,45 @@ int64_t heap_held_by_a_correct_forward(const Whole& whole) {
   const Tensor x_sp = rows_of(whole.x, rank() * n, (rank() + 1) * n);
   nn::BlockActivations a;
   Tensor y_sp;
-  return labtest::heap_growth_of([&] { y_sp = part->forward(x_sp, a, kT); }).held;
+  Held h;
+  h.heap = labtest::heap_growth_of([&] { y_sp = part->forward(x_sp, a, kT); }).held;
+  h.activations = a.nbytes();
+  return h;
+}
+
+// The whole GPT's sequence parallelism written here: the base's operators in the blocks and
+// around ln_f, this rank's rows of the embedding; the vocabulary ends are the attendee's step 4
+// (TensorParallel's). What a correct sequence-parallel GPT holds is measured with these.
+struct OwnSequenceParallel : lab07::TensorParallel {
+  // the test's tp group (TensorParallel::group() would read the member not yet set)
+  OwnSequenceParallel() : lab07::TensorParallel(lab07test::group()) {}
+  PlantedSequenceParallel base;
+  Tensor enter(const Tensor& x) const override { return base.enter(x); }
+  Tensor enter_backward(const Tensor& dx) const override { return base.enter_backward(dx); }
+  Tensor leave(const Tensor& y) const override { return base.leave(y); }
+  Tensor leave_backward(const Tensor& dy) const override { return base.leave_backward(dy); }
+  Tensor split_rows(const Tensor& x) const override {
+    const int64_t C = x.size(-1), n = x.numel() / C / size();
+    return x.view({n * size(), C}).rows(rank() * n, (rank() + 1) * n).clone();
+  }
+  Tensor split_rows_backward(const Tensor& dx) const override { return planted_gather(dx); }
+  void layernorm_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
+                          const Tensor& mean, const Tensor& rstd) const override {
+    base.layernorm_backward(ln, din, dout, in, mean, rstd);
+  }
+};
+
+// GPTActivations::nbytes after one forward of make_tp_gpt's model on (B, T) with `mappings`
+// (null: the model's own, the attendee's).
+std::size_t gpt_activation_bytes(const ModelConfig& c, int64_t B, int64_t T, bool sp,
+                                 std::shared_ptr<const nn::Mappings> mappings) {
+  auto model = lab07::make_tp_gpt(c, group(), {.dtype = DType::f64, .seed = 31,
+                                               .sequence_parallel = sp});
+  if (mappings) model->set_mappings(std::move(mappings));
+  nn::GPTActivations acts;
+  model->forward(random_tokens(B, T, c.vocab_size, 801), random_tokens(B, T, c.vocab_size, 802),
+                 acts);
+  return acts.nbytes();
 }
 
 }  // namespace
@@ -246,28 +284,64 @@ TEST(Step5_Operators, GatherAndScatterRowsExactly) {
   EXPECT_THROW(lab07::sequence_rows(6, 0, 4), UsageError);
 }
 
+// A block hands its regions' whole tensors over as (B, T, C), and B may be smaller than tp (the
+// GPT tests run B = 2 on 4 ranks): the rows are the flattened tokens. Cutting the first
+// dimension instead gives the same bytes whenever tp divides B (the block check's B = 4), so
+// this runs B = 1: the rows (r + 1) * (i + 1) of every rank, summed to this rank's N/tp.
+TEST(Step5_Operators, ABatchSmallerThanTpIsSplitByTokenRows) {
+  const int tp = size(), r = rank();
+  const int64_t B = 1, T = 2 * tp, C = 3, n = B * T / tp;
+  std::vector<double> part(B * T * C);
+  for (int64_t i = 0; i < B * T * C; ++i) part[i] = (r + 1) * (i + 1);
+  const auto check = [&](const char* name, const std::function<Tensor(const Tensor&)>& fn)
+      -> ::testing::AssertionResult {
+    Tensor rows;
+    std::string threw;
+    try {  // the same shapes on every rank: a library check throws on all of them alike
+      rows = fn(Tensor::from_vector(part, {B, T, C}, DType::f64));
+    } catch (const std::exception& e) {
+      threw = e.what();
+    }
+    const std::string given = fmt::format("{} of a (B, T, C) = ({}, {}, {}) tensor at tp {}", name,
+                                          B, T, C, tp);
+    const std::string rule = fmt::format(
+        ": a rank's rows are its N/tp = {} of the N = B*T = {} tokens (the flattened (N, C)), "
+        "whatever B is; here B < tp", n, B * T);
+    if (!threw.empty())
+      return ::testing::AssertionFailure() << given << " threw \"" << threw << "\"" << rule;
+    if (rows.numel() != n * C)
+      return ::testing::AssertionFailure() << given << " returned " << rows.str() << rule;
+    for (int64_t i = 0; i < n * C; ++i)
+      if (rows.item(i) != (r * n * C + i + 1) * tp * (tp + 1) / 2.0)
+        return ::testing::AssertionFailure()
+               << given << ": element " << i << " of rank " << r << "'s rows is " << rows.item(i)
+               << ", not the sum over ranks of its token row" << rule;
+    return ::testing::AssertionSuccess();
+  };
+  EXPECT_TRUE(check("scatter_sequence",
+                    [](const Tensor& t) { return lab07::scatter_sequence(t, group()); }))
+      << "leaving a block's region";
+  EXPECT_TRUE(check("gather_sequence_backward",
+                    [](const Tensor& t) { return lab07::gather_sequence_backward(t, group()); }))
+      << "the gradient of a block's region input";
+}
+
 TEST(Step5_Block, HoldsLessThanTheTensorParallelBlock) {
   const ModelConfig c = test_config();
-  const int tp = size();
-  // step 3's block keeps input, ln1, res2, ln2 and their statistics whole on every rank
-  const int64_t C = c.n_embd;
-  const std::size_t tp_bytes = static_cast<std::size_t>(
-      4 * kN * C + 4 * kN + 4 * kN * C / tp + kB * (c.n_head / tp) * kT * kT + 8 * kN * C / tp) * 8;
-  const std::size_t sp_bytes = sp_block_bytes(c, tp) + kN / tp * C * 8;  // + its input rows
-  if (tp > 1) EXPECT_LT(sp_bytes, tp_bytes);
-  // the whole sequence-parallel GPT (make_tp_gpt): what its GPTActivations hold, counted here
-  // (tp_formulas.hpp, not your step 6), and less than the tensor-parallel GPT's count
-  auto model = lab07::make_tp_gpt(c, group(), {.dtype = DType::f64, .seed = 31,
-                                               .sequence_parallel = true});
-  nn::GPTActivations acts;
-  model->forward(random_tokens(kB, kT, c.vocab_size, 801), random_tokens(kB, kT, c.vocab_size, 802),
-                 acts);
-  const std::size_t want = own_activation_bytes(c, kB, kT, tp, DType::f64, true);
-  EXPECT_TRUE(acts.nbytes() == want)
-      << "the sequence-parallel GPT's GPTActivations hold " << acts.nbytes() << " bytes after "
-      << "one forward of B " << kB << " x T " << kT << ", not what its blocks, ln_f and logits "
-      << "keep on N/tp rows (" << want << "): nbytes() of each block's activations shows which";
-  if (tp > 1) EXPECT_LT(acts.nbytes(), own_activation_bytes(c, kB, kT, tp, DType::f64, false));
+  // the whole sequence-parallel GPT (make_tp_gpt) with your mappings against the same model
+  // with sequence-parallel mappings written here (measured: not your step 6), and below the
+  // tensor-parallel GPT's (step 3's mappings: every rank keeps the replicated tensors whole)
+  const std::size_t got = gpt_activation_bytes(c, kB, kT, true, nullptr);
+  const std::size_t want =
+      gpt_activation_bytes(c, kB, kT, true, std::make_shared<OwnSequenceParallel>());
+  EXPECT_TRUE(got == want)
+      << "the sequence-parallel GPT's GPTActivations hold " << got << " bytes after one forward "
+      << "of B " << kB << " x T " << kT << ", a sequence-parallel GPT's hold " << want
+      << " (its blocks, ln_f and logits on N/tp rows): nbytes() of each block's activations "
+      << "shows which";
+  if (size() > 1)
+    EXPECT_LT(got, gpt_activation_bytes(c, kB, kT, false, nullptr))
+        << "sequence parallelism keeps less than step 3's tensor parallelism";
 }
 
 // The same in mixed precision: statistics stay fp32 on the rows, the LayerNorm gradients'
@@ -296,7 +370,9 @@ TEST(Step5_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
     part.zero_grad();
     nn::GPTActivations acts;
     const double got = part.forward(x, y, acts);
-    EXPECT_EQ(acts.nbytes(), own_activation_bytes(c, 2, 8, size(), DType::f64, true));
+    if (step == 0)  // rows, not whole tensors, between the regions (measured as above)
+      EXPECT_EQ(acts.nbytes(),
+                gpt_activation_bytes(c, 2, 8, true, std::make_shared<OwnSequenceParallel>()));
     part.backward(acts);
     a2.step(1e-2);
     EXPECT_NEAR(got, want, 1e-10 * std::abs(want)) << "loss of step " << step + 1;

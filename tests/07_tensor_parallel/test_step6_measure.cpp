@@ -5,17 +5,21 @@
 // count) and payload bytes equal the byte counters, both EXACTLY (integers; no tolerance). The
 // model and batch are drawn at grading time (tests/support/drawn.hpp: a seed from
 // std::random_device, printed with every failure so a run can be repeated): a formula right only at the shapes some
-// earlier failure printed (a lookup table) fails. Planted: a count that forgets the LayerNorm
-// statistics, one at two bytes for everything in bf16, one that counts a ring's wire bytes
-// instead of the payload, and a table of the values at the shape the fixed check used to print
-// must all fail. Unlike the other steps' planted faults, these measure that model, so they need
-// steps 1-5 working (on the untouched starter they stop at the first step not implemented).
+// earlier failure printed (a lookup table) fails. The oracle is the measurement itself: no
+// formula is written in the tests (it is the step's answer). Planted, each made from the
+// measurement at the shape asked: a count that forgets the LayerNorm statistics, one at two bytes
+// for everything in bf16, one that counts a ring's wire bytes instead of the payload, and a table
+// of the values at the shape the fixed check used to print must all fail. Like the check, these
+// measure that model, so they need steps 1-5 working (on the untouched starter they stop at the
+// first step not implemented).
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <map>
 #include <string>
 #include <tuple>
+
+#include <fmt/format.h>
 
 #include "common/ops/ops.hpp"
 #include "tensor_parallel.hpp"
@@ -28,26 +32,40 @@ using namespace lab07test;
 namespace {
 
 struct Measured {
-  std::size_t act = 0;
-  int64_t bytes = 0;
+  std::size_t act = 0;    // GPTActivations::nbytes after the forward
+  std::size_t stats = 0;  // the LayerNorm statistics among them (the planted faults use it)
+  int64_t bytes = 0;      // the payload of the forward and backward, every communicator
 };
 
-Measured measure(const DrawnShape& s, DType precision, bool sp) {
-  auto owner = lab07::make_tp_gpt(s.c, group(), {.dtype = DType::f32,
-                                                 .compute_dtype = precision, .seed = 3,
-                                                 .sequence_parallel = sp});
+// make_tp_gpt's model at this run's tp, one forward and backward on (B, T): what it holds and
+// sends. Kept per shape: the check and the planted faults ask for the same ones again.
+Measured measure(const ModelConfig& c, int64_t B, int64_t T, DType precision, bool sp) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, DType, bool>;
+  static std::map<Key, Measured> seen;
+  const Key key{c.n_layer, c.n_head, c.n_embd, c.vocab_size, B, T, precision, sp};
+  if (const auto hit = seen.find(key); hit != seen.end()) return hit->second;
+  auto owner = lab07::make_tp_gpt(c, group(), {.dtype = DType::f32, .compute_dtype = precision,
+                                               .seed = 3, .sequence_parallel = sp});
   nn::GPT& model = *owner;
-  const Tensor x = random_tokens(s.B, s.T, 256, 81), y = random_tokens(s.B, s.T, 256, 82);
+  const Tensor x = random_tokens(B, T, 256, 81), y = random_tokens(B, T, 256, 82);
   Measured m;
   const Traffic t = traffic_of([&] {
     nn::GPTActivations acts;
     model.forward(x, y, acts);
     m.act = acts.nbytes();
+    for (const nn::BlockActivations& b : acts.blocks)
+      for (const Tensor* s : {&b.ln1_mean, &b.ln1_rstd, &b.ln2_mean, &b.ln2_rstd})
+        m.stats += s->nbytes();
+    m.stats += acts.head.lnf_mean.nbytes() + acts.head.lnf_rstd.nbytes();
     model.backward(acts);
   });
   m.bytes = 0;
-  for (const auto& [key, count] : t.moved) m.bytes += count.bytes;  // every communicator
+  for (const auto& [k, count] : t.moved) m.bytes += count.bytes;  // every communicator
+  seen[key] = m;
   return m;
+}
+Measured measure(const DrawnShape& s, DType precision, bool sp) {
+  return measure(s.c, s.B, s.T, precision, sp);
 }
 
 // This run's shape: drawn once per process (every rank the same), printed with every failure.
@@ -104,56 +122,51 @@ TEST(Step6_Measure, SequenceParallelHoldsLessAndTensorParallelSendsTheSameAtAnyT
               lab07::activation_bytes_formula(s.c, s.B, s.T, 1, DType::f32, false))
         << "tp " << tp << ": a tensor-parallel rank holds 1/tp of the heads and the MLP";
   }
-  // the payload of tensor parallelism does not depend on tp: B*T*C per all-reduce
-  EXPECT_TRUE(lab07::comm_bytes_formula(s.c, s.B, s.T, DType::f32, false) ==
-              own_comm_bytes(s.c, s.B, s.T, DType::f32, false))
-      << "the payload formula without sequence parallelism: 4 all-reduces of (B*T, C) per "
-         "block, one each for the embedding and the head, and the cross-entropy's 3 of B*T";
+  // the payload of tensor parallelism does not depend on tp (the formula has no tp): at a
+  // shape drawn for 4 ranks, it equals what this run's tp ranks send
+  const std::size_t formula = lab07::comm_bytes_formula(s.c, s.B, s.T, DType::f32, false);
+  const int64_t sent = measure(s, DType::f32, false).bytes;
+  EXPECT_TRUE(formula == static_cast<std::size_t>(sent))
+      << "the payload formula without sequence parallelism gives " << formula << " bytes, the "
+      << "byte counters saw " << sent << " at tp " << size() << " (every communicator, one "
+      << "forward and backward)";
 }
 
-// ---- planted faults: the step-6 counts written here (tp_formulas.hpp, never the attendee's
-// code), then with one mistake each --------------------------------------------------------
+// ---- planted faults: "formulas" that read the measurement (never the attendee's code, and no
+// formula written here), then with one mistake each ------------------------------------------
 
 namespace {
 
 std::size_t right_act(const ModelConfig& c, int64_t B, int64_t T, int tp, DType d, bool sp) {
-  return own_activation_bytes(c, B, T, tp, d, sp);
+  EXPECT_EQ(tp, size()) << "the planted counts measure at this run's tp";
+  return measure(c, B, T, d, sp).act;
 }
 std::size_t right_comm(const ModelConfig& c, int64_t B, int64_t T, DType d, bool sp) {
-  return own_comm_bytes(c, B, T, d, sp);
+  return static_cast<std::size_t>(measure(c, B, T, d, sp).bytes);
 }
-int64_t elem(DType d) { return elem_bytes(d); }
-int64_t stat(DType d) { return stat_bytes(d); }
+std::size_t no_stats_act(const ModelConfig& c, int64_t B, int64_t T, int tp, DType d, bool sp) {
+  return right_act(c, B, T, tp, d, sp) - measure(c, B, T, d, sp).stats;
+}
 
 }  // namespace
 
 TEST(Step6_PlantedFault, TheFaultsBaseItselfPasses) { EXPECT_TRUE(formulas_match(right_act, right_comm)); }
 
 TEST(Step6_PlantedFault, ForgettingTheLayerNormStatisticsIsCaught) {
-  const ActFormula no_stats = [](const ModelConfig& c, int64_t B, int64_t T, int tp, DType d,
-                                 bool sp) {
-    const int64_t N = B * T, rows = sp ? N / tp : N;
-    // the 4 statistics per block and ln_f's 2, of `rows` numbers each, left out
-    return right_act(c, B, T, tp, d, sp) -
-           static_cast<std::size_t>((4 * c.n_layer + 2) * rows * stat(d));
-  };
-  EXPECT_FALSE(formulas_match(no_stats, right_comm)) << "the check above must fail";
+  EXPECT_FALSE(formulas_match(no_stats_act, right_comm)) << "the check above must fail";
 }
 
 // Mixed precision keeps the statistics, the cross-entropy's per-row numbers and the gradients
 // in fp32: counting everything at the activations' 2 bytes is wrong in bf16 (right in fp32).
+// Everything at 2 bytes is half of the fp32 count, where everything is 4.
 TEST(Step6_PlantedFault, CountingEverythingAtTwoBytesInBf16IsCaught) {
   const ActFormula all_act = [](const ModelConfig& c, int64_t B, int64_t T, int tp, DType d,
                                 bool sp) {
-    const int64_t N = B * T, rows = sp ? N / tp : N;
-    return right_act(c, B, T, tp, d, sp) -
-           static_cast<std::size_t>((4 * c.n_layer + 2) * rows * (stat(d) - elem(d)));
+    return d == DType::bf16 ? right_act(c, B, T, tp, DType::f32, sp) / 2
+                            : right_act(c, B, T, tp, d, sp);
   };
   const CommFormula all_comm = [](const ModelConfig& c, int64_t B, int64_t T, DType d, bool sp) {
-    const int64_t N = B * T, C = c.n_embd;
-    return right_comm(c, B, T, d, sp) -
-           static_cast<std::size_t>((sp ? 4 * c.n_layer * C + 2 * C + 3 * N : 3 * N) *
-                                    (stat(d) - elem(d)));
+    return d == DType::bf16 ? right_comm(c, B, T, DType::f32, sp) / 2 : right_comm(c, B, T, d, sp);
   };
   EXPECT_FALSE(formulas_match(all_act, right_comm)) << "activations: the check above must fail";
   EXPECT_FALSE(formulas_match(right_act, all_comm)) << "payload: the check above must fail";
@@ -189,9 +202,7 @@ TEST(Step6_PlantedFault, ATableOfThePrintedShapeIsCaught) {
                                bool sp) {
     const auto hit = printed.find(key(c, B, T, tp, d, sp));
     if (hit != printed.end()) return hit->second;
-    const int64_t rows = sp ? B * T / tp : B * T;
-    return right_act(c, B, T, tp, d, sp) -
-           static_cast<std::size_t>((4 * c.n_layer + 2) * rows * stat(d));
+    return no_stats_act(c, B, T, tp, d, sp);
   };
   EXPECT_EQ(table(fixed, 2, 16, size(), DType::f32, false),
             right_act(fixed, 2, 16, size(), DType::f32, false)) << "right where it was printed";

@@ -22,7 +22,7 @@ BINARIES = {}
 
 # (lab, step): the test that bounds the step's memory (the rank's heap beside the allocator)
 FIRST = {
-    ("07", 4): "Step4_GPT.TheFullLogitsNeverExistOnOneRank",
+    ("07", 4): "Step4_Memory.TheFullLogitsNeverExistOnOneRank",
     ("07", 5): "Step5_Block.EqualsTheSingleDeviceBlockOnOurRows",
     ("08", 5): "Step5_Memory.AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage",
     ("09", 3): "Step3_Zero2.OneTrainerGivesTheGradientTheMemoryAndTheTraffic",
