@@ -102,7 +102,7 @@ testing::AssertionResult exact_pipeline_traffic(const comm::Traffic& moved, int 
   for (const auto& [key, count] : loss) calls += count.calls, bytes += count.bytes;
   if (calls > 1 || bytes > 8)
     return testing::AssertionFailure() << "rank " << s << ": collectives besides the messages "
-                                       << "(only the mean loss may move, at most 8 bytes):\n"
+                                       << "(only the mean loss may move, at most 8 bytes): "
                                        << labtest::traffic_str(loss);
   return testing::AssertionSuccess();
 }

@@ -10,9 +10,11 @@
 ///   EXPECT_TRUE(labtest::exact_traffic(moved, labtest::TrafficBudget{}
 ///                                                 .all_reduce(tp, 1, N * out * 8)));
 ///
-/// A failure names this rank and every offending row: "(group [members], op(reduce), peer):
-/// got 1 call(s) / 96 bytes, budget 0 / 0". Not collective: call it on every rank and let the
-/// test main report the rank that failed (tests/support/test_main.cpp).
+/// A failure names this rank and every offending row, on one line with "; " between the rows:
+/// "traffic outside the exact budget on rank 1: all_reduce(max) on tp [0 1]: 1 call(s), 96
+/// bytes, outside the budget; all_reduce(sum) on tp [0 1]: 0 call(s), 0 bytes (the budget: 1
+/// call(s), 96 bytes); everything it sent: ...". Not collective: call it on every rank and let
+/// the test main report the rank that failed (tests/support/test_main.cpp).
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -84,7 +86,8 @@ comm::Traffic traffic_of(const std::function<void()>& fn);
 /// other: else every difference, named, with this rank. Not collective.
 testing::AssertionResult exact_traffic(const comm::Traffic& got, const TrafficBudget& budget);
 
-/// The ledger as lines, "all_reduce(sum) on world [0 1]: 1 call(s), 96 bytes".
+/// The ledger on one line, rows separated by "; ": "all_reduce(sum) on world [0 1]: 1 call(s), 96
+/// bytes; ..." ("(no communication)" when empty).
 std::string traffic_str(const comm::Traffic& t);
 
 }  // namespace scalelab::labtest
