@@ -115,14 +115,20 @@ decltype(auto) calling(const std::string& what, F&& call) {
   }
 }
 
+/// t.forward_backward(b) and t.step(kLr), named in a library check's failure (calling).
+inline double forward_backward_of(lab09::Trainer& t, const data::Batch& b) {
+  return calling(trainer_name(t) + "::forward_backward", [&] { return t.forward_backward(b); });
+}
+inline void step_of(lab09::Trainer& t) {
+  calling(trainer_name(t) + "::step", [&] { t.step(kLr); });
+}
+
 /// Runs `steps` forward_backward + step on the global batches 0, 1, ...; returns the losses.
 inline std::vector<double> run_steps(lab09::Trainer& t, int steps) {
-  const std::string name = trainer_name(t);
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
-    losses.push_back(
-        calling(name + "::forward_backward", [&] { return t.forward_backward(kLab.batch(s)); }));
-    calling(name + "::step", [&] { t.step(kLr); });
+    losses.push_back(forward_backward_of(t, kLab.batch(s)));
+    step_of(t);
   }
   return losses;
 }
@@ -183,15 +189,15 @@ inline Footprint footprint(int stage, const nn::GPTOptions& options = f32(),
   std::shared_ptr<lab09::Trainer> t;
   return footprint([&]() {
     t = grader_trainer(stage, config ? *config : kLab.config(), options);
-    return Steps{[t](const data::Batch& b) { t->forward_backward(b); }, [t]() { t->step(kLr); }};
+    return Steps{[t](const data::Batch& b) { forward_backward_of(*t, b); }, [t]() { step_of(*t); }};
   });
 }
 
 /// The ledger of one step (forward_backward + step): every communicator, op, reduction and root.
 inline comm::Traffic one_step_ledger(lab09::Trainer& t, int64_t step = 0) {
   return labtest::traffic_of([&] {
-    t.forward_backward(kLab.batch(step));
-    t.step(kLr);
+    forward_backward_of(t, kLab.batch(step));
+    step_of(t);
   });
 }
 /// The same ledger per (group, operation kind): the counters of comm::comm_stats().
@@ -282,9 +288,9 @@ inline Observed observe_one(int stage, const std::function<void(lab09::Trainer&)
   {
     std::shared_ptr<lab09::Trainer> t = grader_trainer(stage, config, options);
     const comm::Traffic backward =
-        labtest::traffic_of([&] { o.losses.push_back(t->forward_backward(kLab.batch(0))); });
+        labtest::traffic_of([&] { o.losses.push_back(forward_backward_of(*t, kLab.batch(0))); });
     after_backward(*t);
-    o.first_step = labtest::traffic_of([&] { t->step(kLr); });
+    o.first_step = labtest::traffic_of([&] { step_of(*t); });
     for (const auto& [key, count] : backward) {
       o.first_step[key].calls += count.calls;
       o.first_step[key].bytes += count.bytes;
@@ -292,9 +298,9 @@ inline Observed observe_one(int stage, const std::function<void(lab09::Trainer&)
     labtest::world().barrier();  // as footprint(): the communicator lets go of the last tensors
     o.footprint.held = now_bytes() - base;
     reset_peak_memory(Device::cpu());
-    o.losses.push_back(t->forward_backward(kLab.batch(1)));
+    o.losses.push_back(forward_backward_of(*t, kLab.batch(1)));
     o.footprint.peak = memory_stats(Device::cpu()).peak - base;
-    t->step(kLr);
+    step_of(*t);
     o.parameters = t->full_parameters().clone();
   }
   return o;
