@@ -283,18 +283,23 @@ function(scalelab_impl_from_reference_copy nn impl dir)
 endfunction()
 
 # scalelab_add_planted_run(<ctest-name> <test-exe> RANKS <k> FILTER <gtest filter> PLANT <cheat>
-#                          LAB <NN> REGEX <regex>)
+#                          LAB <NN> REGEX <regex> [EXCEPTION])
 # One planted run: <test-exe> (a lab's graders linked with a planted copy of its reference) on k
 # ranks with SCALELAB_PLANT=<cheat>, the GoogleTest filter FILTER; the entry (labels reference,
-# labNN) passes only when the run FAILS (exit 1) with a verdict line "failed: <regex>".
+# labNN) passes only when the run FAILS (exit 1) with a verdict line "failed: <regex>", or with
+# EXCEPTION "error: exception in <regex>" (a library check thrown inside the graded test).
 function(scalelab_add_planted_run name exe)
-  cmake_parse_arguments(P "" "RANKS;FILTER;PLANT;LAB;REGEX" "" ${ARGN})
+  cmake_parse_arguments(P "EXCEPTION" "RANKS;FILTER;PLANT;LAB;REGEX" "" ${ARGN})
+  set(verdict "failed: ")
+  if(P_EXCEPTION)
+    set(verdict "error: exception in ")
+  endif()
   set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${P_RANKS} ${MPIEXEC_PREFLAGS}
       $<TARGET_FILE:${exe}> ${MPIEXEC_POSTFLAGS} --gtest_filter=${P_FILTER})
   list(JOIN cmd "|" cmd)
   add_test(NAME ${name}
            COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=1
-                   "-DEXPECT_REGEX=\\[scalelab\\] verdict: failed: ${P_REGEX}" -DMAX_SECONDS=60
+                   "-DEXPECT_REGEX=\\[scalelab\\] verdict: ${verdict}${P_REGEX}" -DMAX_SECONDS=60
                    -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
   set_tests_properties(${name} PROPERTIES PROCESSORS ${P_RANKS} TIMEOUT 90
                        LABELS "reference;lab${P_LAB}"

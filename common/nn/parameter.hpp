@@ -102,11 +102,11 @@ struct StorageOptions {
   DType compute_dtype = DType::f32;
 };
 
-/// Shard r of n of a flat layout of `numel` elements, padded to a multiple of n: every shard
-/// has size = ceil(numel / n) elements, [lo, lo + size); the real elements of the shard are
-/// [lo, hi) with hi = min(lo + size, numel) (the last shards may be partly or wholly padding).
+/// Shard r of n of a flat layout of `numel` elements padded to a multiple of n: every shard is
+/// the chunk [r * size, (r + 1) * size) of the padded layout, size = ceil(numel / n); its REAL
+/// elements [lo, hi) are clamped to numel (the last shards may be partly or wholly padding).
 struct ShardRange {
-  int64_t lo = 0;    ///< the shard's first element in the padded layout
+  int64_t lo = 0;    ///< min(r * size, numel): its first real element (numel if it has none)
   int64_t hi = 0;    ///< one past its last real element
   int64_t size = 0;  ///< every shard's size, padding included
   /// Its real elements (no padding).

@@ -26,6 +26,20 @@ if(SCALELAB_BUILD_TESTS)
                         ARGS --model tiny --steps 3 --batch 8 --precision bf16 --stage 3
                              --verify-steps 2 --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
   set_tests_properties(lab09.program.stage3_bf16.np2 PROPERTIES FIXTURES_REQUIRED bf16_corpus)
+  # --diverge at stage 3 (tests/common/bf16.cmake runs stage 2): each rank's gradient shard of
+  # every unit is compared with the twin's elements too, not the activations only (it compared
+  # 70 tensors, stage 2 99: a fault in reduce_scatter_unit went unreported). Exit 0, 101 tensors.
+  set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+          $<TARGET_FILE:lab09_zero_solution> ${MPIEXEC_POSTFLAGS} --model tiny --batch 4
+          --peak-tflops 1 --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus --diverge --stage 3)
+  list(JOIN cmd "|" cmd)
+  add_test(NAME lab09.program.diverge_stage3.np2
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=0
+                   "-DEXPECT_REGEX=no divergence: 101 tensors within tolerance" -DMAX_SECONDS=40
+                   -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
+  set_tests_properties(lab09.program.diverge_stage3.np2 PROPERTIES PROCESSORS 2 TIMEOUT 60
+                       LABELS "reference;lab09" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}"
+                       FIXTURES_REQUIRED bf16_corpus)
 endif()
 
 # Issue 25, class 7 (own work): the undefined symbols of the object of zero.cpp, for
@@ -45,7 +59,7 @@ if(SCALELAB_BUILD_TESTS)
                              -DPLANTS=${lab09_plants} -P ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
                      DEPENDS ${lab09_reference} ${lab09_plants}
                              ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
-                     COMMENT "planting a step 1 calling nn::shard_range and a factory-only lean ZeRO-3"
+                     COMMENT "planting lab 09's cheats into a copy of its reference"
                      VERBATIM)
   add_library(lab09_planted_impl STATIC ${planted_src} $<TARGET_OBJECTS:lab09_given>)
   target_include_directories(lab09_planted_impl PUBLIC ${PROJECT_SOURCE_DIR}/labs/09_zero)
@@ -70,6 +84,22 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_add_planted_run(lab09.planted.factory_lean.np2 test_lab09_planted RANKS 2
       FILTER Step4_Zero3.TheAllocatorSeesOnlyShards* PLANT factory_lean LAB 09
       REGEX "Step4_Zero3.TheAllocatorSeesOnlyShardsAndASmallWorkingSet on rank [0-9]: .*bytes between steps")
+  # Padding (the walk-through of 2026-11-28): kLab's units are all multiples of 4, so code that
+  # ignores the padding passed every check at 1, 2 and 4 ranks. The odd-sized test model's
+  # checks fail a gather into values() (step 2) and a reduce-scatter of the unpadded unit (step 4)
+  # at 2 ranks: the collective's shape check throws, and the verdict names the test and the lab's
+  # function (and the unit) before the library's line. And a reduce_scatter_unit
+  # that copies instead of adding (right while each unit is reduced once a step) fails step 4's
+  # accumulation check on any number of ranks.
+  scalelab_add_planted_run(lab09.planted.gather_unpadded.np2 test_lab09_planted RANKS 2
+      FILTER Step2* PLANT gather_unpadded LAB 09 EXCEPTION
+      REGEX "Step2_Zero1.APaddedLayoutStepsBitwiseLikeDdp on rank [0-9]: .*in Zero1::step .zero.cpp., a library check failed")
+  scalelab_add_planted_run(lab09.planted.reduce_scatter_unpadded.np2 test_lab09_planted RANKS 2
+      FILTER Step4* PLANT reduce_scatter_unpadded LAB 09
+      REGEX "Step4_Zero3.PaddedUnitsStepLikeDdp on rank [0-9]: .*in reduce_scatter_unit .zero.cpp., unit embedding of 9009 elements over 2 ranks")
+  scalelab_add_planted_run(lab09.planted.reduce_scatter_copies.np2 test_lab09_planted RANKS 2
+      FILTER Step4* PLANT reduce_scatter_copies LAB 09
+      REGEX "Step4_Zero3.ReductionAddsIntoTheShard on rank [0-9]: .*not within")
 endif()
 # The program with only the core written (cmake/plant_steps.cmake: ZeRO-3 and the formulas,
 # steps 4 and 5, throw their starter's NotImplemented): ZeRO-1 trains beside the twin, and --table

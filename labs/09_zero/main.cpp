@@ -150,11 +150,20 @@ int main(int argc, char** argv) {
       }
     }
     if (diverge) {
-      if (auto* z2 = dynamic_cast<lab09::Zero2*>(trainer.get()))
+      // The gradients this rank holds: the whole buffer (stages 0-1), its shard of the layout
+      // (stage 2), its shard of each unit (stage 3), each against the twin's same elements.
+      if (auto* z2 = dynamic_cast<lab09::Zero2*>(trainer.get())) {
         diverge->record_gradient_shard(trainer->model(), z2->grad_shard(), z2->shard().lo,
                                        z2->shard().hi);
-      else if (stage < 3)  // ZeRO-3's gradient shards are per unit: activations only
+      } else if (auto* z3 = dynamic_cast<lab09::Zero3*>(trainer.get())) {
+        const auto& units = trainer->model().params().units();
+        for (std::size_t u = 0; u < units.size(); ++u)
+          diverge->record_gradient_shard(trainer->model(), z3->unit_grad_shard(u),
+                                         units[u].lo + z3->unit_shard(u).lo,
+                                         units[u].lo + z3->unit_shard(u).hi);
+      } else {
         diverge->record_gradients(trainer->model());
+      }
       return session.divergence_exit(*diverge, model_options);
     }
     const Tensor full = trainer->full_parameters();  // collective on every stage
@@ -187,9 +196,9 @@ int main(int argc, char** argv) {
     log::info("step={} val_loss={:.6f} (one batch of the val split){}", opt.steps - 1, val_loss,
               val_twin);
     const lab09::Held held = trainer->held();
-    log::info("after {} steps: max |p - p on rank 0| over {} ranks = {:.3g} ({}); rank 0 holds "
+    log::info("after {} steps: max |p - p on rank 0| over {} rank{} = {:.3g} ({}); rank 0 holds "
               "{} MiB of parameters, {} MiB of gradients, {} MiB of optimizer state",
-              opt.steps, comm.size(), divergence,
+              opt.steps, comm.size(), comm.size() == 1 ? "" : "s", divergence,
               divergence == 0 ? "identical replicas" : "REPLICAS DIFFER", mib(held.params),
               mib(held.grads), mib(held.optimizer));
     trainer.reset();

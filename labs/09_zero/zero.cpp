@@ -1,5 +1,5 @@
 // Starter generated from solutions/09_zero/zero.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash f9bf065e04982a5d (lets make-labs see your edits).
+// step (see README.md). Body hash 748158db42f36e46 (lets make-labs see your edits).
 // Lab 09: ZeRO stages 1-3: shards, a sharded AdamW, gradients reduced to their owners, parameters
 // gathered unit by unit.
 #include "zero.hpp"
@@ -72,7 +72,6 @@ Held Ddp::held() const {
 std::vector<optim::Group> shard_groups(nn::ParameterSet& params, const nn::ShardRange& s,
                                        const Tensor& shard_grads) {
   // TODO step 2: optimizer groups for the real elements of this rank's shard only
-  // HINT: optim::groups_in_range(params, lo, hi, values, grads): values and grads start at lo.
   throw scalelab::NotImplemented(
       "lab 09 step 2: optimizer groups for the real elements of this rank's shard only (README.md#step-2)");
 }
@@ -81,8 +80,6 @@ void all_gather_parameters(nn::ParameterSet& params, const nn::ShardRange& s,
                            comm::Communicator& comm) {
   trace::Scope scope("all_gather_parameters", "comm");
   // TODO step 2: every rank holds every rank's updated shard again, in one collective
-  // HINT: mixed precision (--precision bf16): the layers compute with params.compute_values(), a
-  // HINT: bf16 copy of the values, which must equal cast(values) again (params.refresh_compute()).
   throw scalelab::NotImplemented(
       "lab 09 step 2: every rank holds every rank's updated shard again, in one collective (README.md#step-2)");
 }
@@ -123,8 +120,6 @@ Held Zero1::held() const {
 void reduce_unit_to_owners(nn::ParameterSet& ps, std::size_t u, const nn::ShardRange& mine,
                            Tensor& grad_shard, comm::Communicator& comm) {
   // TODO step 3: a unit whose gradients are final: each owner adds its summed piece
-  // HINT: ps.units()[u] (its elements [lo, hi) of the flat layout), ps.unit_grads(u),
-  // HINT: comm.reduce_async, ps.release_grads(u).
   throw scalelab::NotImplemented(
       "lab 09 step 3: a unit whose gradients are final: each owner adds its summed piece (README.md#step-3)");
 }

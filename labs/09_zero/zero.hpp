@@ -118,19 +118,19 @@ class Ddp final : public Trainer {
 
 // ---- Step 2: ZeRO-1 ---------------------------------------------------------------------------
 
-/// Step 2a. AdamW groups for this rank's shard `s` of `params` (flat values, padded to n):
-/// optim::groups_in_range over [s.lo, s.hi), with the values of the shard (a view of
-/// params.padded_values() starting at s.lo) and `shard_grads` (element s.lo at index 0: a view of
-/// the flat gradient buffer in stage 1, the rank's own gradient shard in stage 2). An AdamW over
-/// these groups has m and v for s.real() elements only.
+/// Step 2a. AdamW groups for this rank's shard `s` of `params` (flat values, padded to n): they
+/// cover the shard's real elements [s.lo, s.hi) and nothing else, update the model's own values
+/// of those elements in place, and read their gradients from `shard_grads` (element s.lo at
+/// index 0: part of the flat gradient buffer in stage 1, the rank's own gradient shard in stage
+/// 2). An AdamW over these groups has m and v for s.real() elements only.
 std::vector<optim::Group> shard_groups(nn::ParameterSet& params, const nn::ShardRange& s,
                                        const Tensor& shard_grads);
 
-/// Step 2b. After every rank stepped its own shard: the full parameters on every rank again.
-/// ONE all_gather of the shards (s.size elements each) into params.padded_values(). (The input
-/// must not overlap the output: send a copy of the shard.) In mixed precision the gather moves
-/// the fp32 masters; the bf16 compute copy the layers use must then be cast(values) again on
-/// every rank (params.refresh_compute()). Collective.
+/// Step 2b. Before: every rank has stepped its own shard `s` of the values (padded to n; the
+/// other shards it holds are stale). After: every rank holds every rank's updated shard, the
+/// whole padded layout, moved by ONE collective of n equal chunks. In mixed precision what moves
+/// is the fp32 masters, and after it the bf16 compute copy the layers read equals cast(values)
+/// again on every rank. Collective.
 void all_gather_parameters(nn::ParameterSet& params, const nn::ShardRange& s,
                            comm::Communicator& comm);
 
@@ -164,14 +164,14 @@ class Zero1 final : public Trainer {
 /// recast after the gather. Stage 3: see Zero3 (the paper's way: only shards of the fp32 master
 /// are kept, the 2-byte weights are gathered).
 
-/// Step 3a. ZeRO-2's reduction of ONE unit, once its backward is done (its gradients,
-/// ps.unit_grads(u), are final on every rank): reduce them to the OWNERS of their elements (one
-/// comm.reduce per shard shard_range(ps.numel(), q, n) that the unit overlaps, rooted at q),
-/// ADD the summed piece this rank owns into `grad_shard` (this rank's shard `mine`: element
-/// mine.lo at index 0), then release the unit's gradients (ps.release_grads). Adding, not
-/// copying: with micro-batches (accumulation, a pipeline's) a unit is reduced once per
-/// micro-batch and the shard sums them. The sum over the ranks, not the average (the caller
-/// divides the shard by n once). Collective over comm: every rank calls it for the same unit.
+/// Step 3a. ZeRO-2's reduction of ONE unit. Before: its backward is done on every rank (its
+/// gradients, ps.unit_grads(u), are final: this rank's rows' share). After: the sum over the
+/// ranks of each of its elements has reached only that element's OWNER (the rank q whose
+/// shard_range(ps.numel(), q, n) holds it) and been ADDED into the owner's gradient shard
+/// (`grad_shard`, this rank's shard `mine`: element mine.lo at index 0), and the unit's
+/// gradients are released. Adding, not copying: with micro-batches (accumulation, a pipeline's)
+/// a unit is reduced once per micro-batch and the shard sums them. The sum over the ranks, not
+/// the average (the caller divides the shard by n once). Collective: every rank, the same unit.
 void reduce_unit_to_owners(nn::ParameterSet& ps, std::size_t u, const nn::ShardRange& mine,
                            Tensor& grad_shard, comm::Communicator& comm);
 
@@ -246,7 +246,8 @@ class Zero2 final : public Trainer {
 /// backward and released after each; the next unit's gather is started (all_gather_async)
 /// before the current one computes (prefetch); after a unit's backward its gradients are
 /// reduce-scattered into the shard and released. Step 4 writes the four operations on one
-/// unit; the GatherRelease policy (given) calls them at the model's unit hooks.
+/// unit (4a-4d), which the GatherRelease policy (given) calls at the model's unit hooks, and
+/// Zero3::step (4e).
 
 /// An all_gather of one unit in flight.
 struct UnitGather {
@@ -304,6 +305,8 @@ class GatherRelease final : public nn::BlockPolicy {
   /// AdamW groups over every unit's value and gradient shard (m and v for them alone).
   std::vector<optim::Group> optimizer_groups();
   const nn::ShardRange& unit_shard(std::size_t u) const { return shards_.at(u); }
+  /// This rank's gradient shard of unit u (unit_shard(u).size elements, its element lo first).
+  const Tensor& unit_grad_shard(std::size_t u) const { return grads_.at(u); }
   /// Every parameter, flat, in the model's order: the fp32 shards all-gathered. Collective.
   Tensor full_parameters();
   /// This rank's value shards (params) and gradient shards (grads) plus units bound now.
@@ -357,6 +360,8 @@ class Zero3 final : public Trainer {
   Held held() const override;
   /// This rank's shard of unit u (shard_range(unit numel, rank, n)).
   const nn::ShardRange& unit_shard(std::size_t u) const { return policy_->unit_shard(u); }
+  /// This rank's averaged gradient shard of unit u, after forward_backward.
+  const Tensor& unit_grad_shard(std::size_t u) const { return policy_->unit_grad_shard(u); }
   const optim::AdamW& optimizer() const { return *adamw_; }
   /// Peak of the bytes of gathered units held at once during the last forward_backward.
   std::size_t peak_gathered_bytes() const { return policy_->peak_gathered_bytes(); }

@@ -72,7 +72,6 @@ Held Ddp::held() const {
 std::vector<optim::Group> shard_groups(nn::ParameterSet& params, const nn::ShardRange& s,
                                        const Tensor& shard_grads) {
   // BEGIN SOLUTION step 2: optimizer groups for the real elements of this rank's shard only
-  // HINT: optim::groups_in_range(params, lo, hi, values, grads): values and grads start at lo.
   return optim::groups_in_range(params, s.lo, s.hi, params.padded_values().flat(s.lo, s.real()),
                                 shard_grads);
   // END SOLUTION
@@ -82,8 +81,6 @@ void all_gather_parameters(nn::ParameterSet& params, const nn::ShardRange& s,
                            comm::Communicator& comm) {
   trace::Scope scope("all_gather_parameters", "comm");
   // BEGIN SOLUTION step 2: every rank holds every rank's updated shard again, in one collective
-  // HINT: mixed precision (--precision bf16): the layers compute with params.compute_values(), a
-  // HINT: bf16 copy of the values, which must equal cast(values) again (params.refresh_compute()).
   Tensor& all = params.padded_values();
   // Shard r's chunk starts at r * size in the padded layout (s.lo is clamped to numel).
   const Tensor mine = all.flat(comm.rank() * s.size, s.size).clone();  // in and out must not overlap
@@ -135,8 +132,6 @@ Held Zero1::held() const {
 void reduce_unit_to_owners(nn::ParameterSet& ps, std::size_t u, const nn::ShardRange& mine,
                            Tensor& grad_shard, comm::Communicator& comm) {
   // BEGIN SOLUTION step 3: a unit whose gradients are final: each owner adds its summed piece
-  // HINT: ps.units()[u] (its elements [lo, hi) of the flat layout), ps.unit_grads(u),
-  // HINT: comm.reduce_async, ps.release_grads(u).
   const nn::Unit& unit = ps.units()[u];
   const Tensor g = ps.unit_grads(u);
   std::vector<comm::Work> works;

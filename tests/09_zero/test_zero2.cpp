@@ -1,4 +1,4 @@
-// Lab 09 step 3: ZeRO-2. Equal to ZeRO-1 over five AdamW steps (float64, kStageRtol/kStageAtol:
+// Lab 09 step 3: ZeRO-2. Equal to DDP over five AdamW steps (float64, kStageRtol/kStageAtol:
 // reduce-to-owner sums in another order than the all-reduce), the gradient shard equal to the
 // single-device gradient on the shard's elements (1e-5 / 1e-6, as lab 03). The technique: no
 // unit's gradients are left after backward, the allocator's bytes between steps and at the
@@ -283,9 +283,9 @@ TEST(Step3_Zero2, ReductionAddsIntoTheShard) {
                                            labtest::kAllReduceRtol, labtest::kAllReduceAtol));
 }
 
-TEST(Step3_Zero2, FiveAdamWStepsEqualZero1) {
-  // Stage 1 is bitwise lab 03's DDP (step 2's test): compared with the given DDP so that this
-  // step is graded on its own.
+TEST(Step3_Zero2, FiveAdamWStepsEqualDdp) {
+  // Compared with the given DDP (which stage 1 equals bitwise: step 2's test), not with the
+  // attendee's Zero1, so that this step is graded on its own.
   lab09::Ddp one(kLab.config(), f64(), world());
   lab09::Zero2 two(kLab.config(), f64(), world());
   const std::vector<double> want = run_steps(one, 5), got = run_steps(two, 5);

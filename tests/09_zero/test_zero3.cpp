@@ -24,6 +24,7 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "common/train/equivalence.hpp"
+#include "common/train/reference.hpp"
 #include "ddp.hpp"
 #include "tests/09_zero/zero_checks.hpp"
 #include "tests/support/reduce_mappings.hpp"
@@ -196,6 +197,111 @@ TEST(Step4_Zero3, FiveAdamWStepsEqualDdp) {
     EXPECT_NEAR(got[s], want[s], kStageRtol * std::abs(want[s])) << "loss of step " << s;
   EXPECT_TRUE(labtest::close_on_every_rank(three.full_parameters(), ddp.full_parameters(),
                                            kStageRtol, kStageAtol));
+}
+
+// The padding: each unit is padded to n on its own. On kLab's and deep()'s models every unit is
+// a multiple of 4, so at n = 1, 2 and 4 nothing is padded and a reduce-scatter of the unpadded
+// unit passes every check above. odd_model()'s embedding and blocks are odd and its head (ln_f)
+// is not a multiple of 4.
+namespace {
+
+// The four unit operations on each of odd_model()'s units, one unit at a time and outside a step
+// (nothing else in flight): gathered from zero shards, released, its zero gradients
+// reduce-scattered. A library check that throws in one of them (a collective's n chunks that do
+// not fit, a copy of the wrong size) is reported here with the function and the unit, where the
+// run can go on, not from the middle of a step with the next unit's gather in flight. Every rank
+// sees the same shapes, so every rank throws at the same call. Collective; "" when all ran.
+std::string padded_unit_operations_fail() {
+  nn::GPTOptions o = f32();
+  o.storage.values = o.storage.grads = nn::Storage::per_unit;
+  nn::GPT model(odd_model(), o);
+  nn::ParameterSet& ps = model.params();
+  const int n = world().size();
+  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+    const nn::Unit& unit = ps.units()[u];
+    const nn::ShardRange s = nn::shard_range(unit.numel(), world().rank(), n);
+    const std::string where = fmt::format("unit {} of {} elements over {} rank{} (shards of {})",
+                                          unit.name, unit.numel(), n, n == 1 ? "" : "s", s.size);
+    std::string call = "start_unit_gather";
+    try {
+      if (ps.values_bound(u)) ps.release_values(u);
+      lab09::UnitGather g = lab09::start_unit_gather(ps, u, Tensor::zeros({s.size}), world());
+      call = "finish_unit_gather";
+      lab09::finish_unit_gather(ps, g);
+      call = "release_unit";
+      lab09::release_unit(ps, u);
+      call = "reduce_scatter_unit";
+      ps.bind_grads(u);
+      Tensor shard = Tensor::zeros({s.size});
+      lab09::reduce_scatter_unit(ps, u, shard, world());
+    } catch (const CheckFailed& e) {
+      return fmt::format("in {} (zero.cpp), {}, a library check failed: {}", call, where,
+                         e.what());
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+// The DDP step (float64, as above) where a unit's last shard is partly padding; each unit
+// operation tried alone first (padded_unit_operations_fail).
+TEST(Step4_Zero3, PaddedUnitsStepLikeDdp) {
+  const std::string broken = padded_unit_operations_fail();
+  if (!broken.empty()) FAIL() << broken;
+  lab09::Ddp ddp(odd_model(), f64(), world());
+  lab09::Zero3 three(odd_model(), f64(), world());
+  const nn::ParameterSet& ps = three.model().params();
+  int64_t padded_units = 0;
+  for (std::size_t u = 0; u < ps.units().size(); ++u)
+    padded_units += three.unit_shard(u).size * world().size() > ps.units()[u].numel();
+  if (world().size() > 1) ASSERT_GT(padded_units, 0) << "the test model must need padding";
+  const std::vector<double> want = run_steps(ddp, 3), got = run_steps(three, 3);
+  for (std::size_t s = 0; s < want.size(); ++s)
+    EXPECT_NEAR(got[s], want[s], kStageRtol * std::abs(want[s])) << "loss of step " << s;
+  EXPECT_TRUE(labtest::close_on_every_rank(three.full_parameters(), ddp.full_parameters(),
+                                           kStageRtol, kStageAtol))
+      << padded_units << " of " << ps.units().size() << " units padded to " << world().size();
+}
+
+// Accumulation (lab 10 reduce-scatters a unit once per micro-batch into the same shard): two
+// backwards of the same rows, each unit reduce-scattered after each, leave twice the summed
+// gradient in each unit's shard. A reduce_scatter_unit that copies its piece into the shard
+// instead of adding it passes everything else here: lab 09 reduces each unit once a step, into
+// a shard zeroed at the step's start. On odd_model(), so the units are padded too (1e-5 / 1e-6:
+// summed over the ranks in another order than one device sums its rows).
+TEST(Step4_Zero3, ReductionAddsIntoTheShard) {
+  const std::string broken = padded_unit_operations_fail();
+  if (!broken.empty()) FAIL() << broken;
+  nn::GPTOptions o = f32();
+  o.storage.grads = nn::Storage::per_unit;
+  nn::GPT model(odd_model(), o);
+  nn::ParameterSet& ps = model.params();
+  const int n = world().size();
+  std::vector<nn::ShardRange> shards;
+  std::vector<Tensor> grad_shards;
+  for (const nn::Unit& u : ps.units()) {
+    shards.push_back(nn::shard_range(u.numel(), world().rank(), n));
+    grad_shards.push_back(Tensor::zeros({shards.back().size}));
+  }
+  const data::Batch global = kLab.batch(0);
+  const data::Batch mine = labtest::my_rows(global);
+  for (int k = 0; k < 2; ++k) {
+    model.forward(mine.x, mine.y);
+    model.backward();
+    for (std::size_t u = 0; u < ps.units().size(); ++u)
+      lab09::reduce_scatter_unit(ps, u, grad_shards[u], world());
+  }
+  const Tensor reference = train::single_device_step(odd_model(), kLab.seed, global).grads;
+  for (std::size_t u = 0; u < ps.units().size(); ++u) {
+    const nn::ShardRange& s = shards[u];
+    Tensor want = reference.flat(ps.units()[u].lo + s.lo, s.real()).clone();
+    ops::scale(want, 2.0 * n);  // two backwards, summed (not averaged) over the ranks
+    EXPECT_TRUE(labtest::close_on_every_rank(grad_shards[u].flat(0, s.real()), want,
+                                             labtest::kAllReduceRtol, labtest::kAllReduceAtol))
+        << ps.units()[u].name << "'s shard after two backwards: twice the sum over the ranks "
+        << "(reduce_scatter_unit adds into the shard, it does not overwrite it)";
+  }
 }
 
 TEST(Step4_Zero3, NothingGatheredIsLeftBetweenSteps) {
