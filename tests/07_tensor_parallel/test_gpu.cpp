@@ -3,9 +3,8 @@
 // CPU, one forward and backward on the same tokens, with and without sequence parallelism, in
 // fp32 (TF32 off) and bf16 mixed precision. The tp group is the fixture's world (the mpi backend:
 // CUDA tensors are staged through the host, so 2 ranks may share one GPU).
-// Tolerances: fp32 loss 1e-5 relative and gradients 1e-4 of the largest |gradient| (the CUDA
-// kernels sum in another order); bf16 2e-3 and 3e-2 (lab 07's bf16 bounds: each device rounds its
-// own partial sums to bf16).
+// Tolerances: labtest::gpu_step_matches_cpu's (tests/support/lab_fixture.hpp; in bf16 each
+// device rounds its own partial sums to bf16).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "common/ops/ops.hpp"
 #include "common/runtime.hpp"
 #include "tp_test_support.hpp"
+#include "tests/support/expect.hpp"
 
 using namespace scalelab;
 using namespace lab07test;
@@ -45,11 +45,8 @@ TEST(Gpu_TensorParallelGPT, OneStepOnCudaMatchesTheCpu) {
       const double got = dev.forward(x.to(gpu), y.to(gpu), dev_acts);
       host.backward(host_acts);
       dev.backward(dev_acts);
-      const Tensor l = Tensor::from_vector({got}, {1}, DType::f64);
-      const Tensor w = Tensor::from_vector({want}, {1}, DType::f64);
-      EXPECT_TRUE(labtest::close_on_every_rank(l, w, bf16 ? 2e-3 : 1e-5, 0));
-      const Tensor want_g = host.params().grads();
-      EXPECT_TRUE(labtest::close_on_every_rank(dev.params().grads().to(Device::cpu()), want_g, 0,
-                                               (bf16 ? 3e-2 : 1e-4) * labtest::max_abs(want_g)));
+      LABTEST_EXPECT(labtest::gpu_step_matches_cpu(got, want, dev.params().grads(),
+                                                   host.params().grads(), bf16),
+                     "");
     }
 }

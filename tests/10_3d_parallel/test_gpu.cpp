@@ -3,8 +3,7 @@
 // the same step on the CPU, on every grid of the world (1 or 2 ranks: the fixture's mpi world
 // stages CUDA tensors through the host, so 2 ranks may share one GPU), with and without
 // checkpointing, fp32 (TF32 off) and bf16 mixed precision.
-// Tolerances: fp32 loss 1e-5 relative and gradients 1e-4 of the largest |gradient| (the CUDA
-// kernels sum in another order); bf16 2e-3 and 3e-2 (lab 07's bf16 bounds).
+// Tolerances: labtest::gpu_step_matches_cpu's (tests/support/lab_fixture.hpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include "common/ops/ops.hpp"
 #include "common/runtime.hpp"
 #include "grid3d_checks.hpp"
+#include "tests/support/expect.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab10test;
@@ -37,12 +37,8 @@ TEST(Gpu_Step3D, OneStepOnCudaMatchesTheCpu) {
         on_gpu.device = gpu;
         lab10::Trainer3D host(config(), g, plan, on_cpu), dev(config(), g, plan, on_gpu);
         const double want = host.step(global), got = dev.step(global);
-        const Tensor l = Tensor::from_vector({got}, {1}, DType::f64);
-        const Tensor w = Tensor::from_vector({want}, {1}, DType::f64);
-        EXPECT_TRUE(labtest::close_on_every_rank(l, w, bf16 ? 2e-3 : 1e-5, 0));
-        const Tensor want_g = host.model().params().grads();
-        EXPECT_TRUE(labtest::close_on_every_rank(dev.model().params().grads().to(Device::cpu()),
-                                                 want_g, 0,
-                                                 (bf16 ? 3e-2 : 1e-4) * labtest::max_abs(want_g)));
+        LABTEST_EXPECT(labtest::gpu_step_matches_cpu(got, want, dev.model().params().grads(),
+                                                     host.model().params().grads(), bf16),
+                       "");
       }
 }

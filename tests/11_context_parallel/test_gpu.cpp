@@ -2,12 +2,12 @@
 // context-parallel step (the reference's ring and all-to-all attention in the given mappings)
 // with its model on CUDA against the same step on the CPU, cp = the world (1 or 2 ranks; the
 // fixture's mpi world stages CUDA tensors through the host), fp32 (TF32 off) and bf16.
-// Tolerances: fp32 loss 1e-5 relative and gradients 1e-4 of the largest |gradient| (the CUDA
-// kernels sum in another order); bf16 2e-3 and 3e-2 (lab 07's bf16 bounds).
+// Tolerances: labtest::gpu_step_matches_cpu's (tests/support/lab_fixture.hpp).
 #include <gtest/gtest.h>
 
 #include "common/data/sampler.hpp"
 #include "tests/11_context_parallel/cp_checks.hpp"
+#include "tests/support/expect.hpp"
 
 using namespace scalelab;
 
@@ -37,11 +37,8 @@ TEST(Gpu_ContextParallel, OneStepOnCudaMatchesTheCpu) {
                                                 attention, config.n_head));
       const double want = lab11::cp_forward_backward(host, batch.x, batch.y, cp, shard);
       const double got = lab11::cp_forward_backward(dev, batch.x, batch.y, cp, shard);
-      EXPECT_TRUE(labtest::close_on_every_rank(Tensor::from_vector({got}, {1}, DType::f64),
-                                               Tensor::from_vector({want}, {1}, DType::f64),
-                                               bf16 ? 2e-3 : 1e-5, 0));
-      const Tensor want_g = host.params().grads();
-      EXPECT_TRUE(labtest::close_on_every_rank(dev.params().grads().to(Device::cpu()), want_g, 0,
-                                               (bf16 ? 3e-2 : 1e-4) * labtest::max_abs(want_g)));
+      LABTEST_EXPECT(labtest::gpu_step_matches_cpu(got, want, dev.params().grads(),
+                                                   host.params().grads(), bf16),
+                     "");
     }
 }

@@ -189,4 +189,23 @@ std::optional<Device> test_gpu() {
   return Device::cuda(world_rank() % gpus);
 }
 
+testing::AssertionResult gpu_step_matches_cpu(double got_loss, double want_loss,
+                                              const Tensor& got_grads, const Tensor& want_grads,
+                                              bool bf16) {
+  // both checks on every rank, whatever the first gives: each is collective
+  const testing::AssertionResult loss = close_on_every_rank(
+      Tensor::from_vector({got_loss}, {1}, DType::f64),
+      Tensor::from_vector({want_loss}, {1}, DType::f64), bf16 ? 2e-3 : 1e-5, 0);
+  const testing::AssertionResult grads =
+      close_on_every_rank(got_grads.to(Device::cpu()), want_grads, 0,
+                          (bf16 ? 3e-2 : 1e-4) * max_abs(want_grads));
+  if (loss && grads) return testing::AssertionSuccess();
+  testing::AssertionResult failed = testing::AssertionFailure();
+  if (!loss) failed << "the GPU step's loss against the CPU step's: " << loss.message();
+  if (!grads)
+    failed << (loss ? "" : "; ") << "the GPU step's gradients against the CPU step's: "
+           << grads.message();
+  return failed;
+}
+
 }  // namespace scalelab::labtest

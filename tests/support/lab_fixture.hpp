@@ -207,4 +207,12 @@ double max_abs(const Tensor& t);
 /// is visible (the tests labelled gpu then GTEST_SKIP).
 std::optional<Device> test_gpu();
 
+/// One training step on a GPU against the same step on the CPU (every lab's test_gpu.cpp): the
+/// losses within 1e-5 relative and the gradients within 1e-4 of the largest |gradient| in fp32
+/// (the CUDA kernels sum in another order), 2e-3 and 3e-2 in bf16. `got_grads` may be on the
+/// GPU. Collective (close_on_every_rank); a failure names the loss or the gradients.
+testing::AssertionResult gpu_step_matches_cpu(double got_loss, double want_loss,
+                                              const Tensor& got_grads, const Tensor& want_grads,
+                                              bool bf16);
+
 }  // namespace scalelab::labtest
