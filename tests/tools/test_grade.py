@@ -171,6 +171,9 @@ class GraderTest(unittest.TestCase):
             if s["verdict"] != "passed":  # every step that did not pass says where its output is
                 self.assertTrue(pathlib.Path(s["log"]).is_file(), s)
                 self.assertIn(f"full output: {s['log']}", proc.stdout)
+                # named for the step and ranks: "lab00.step3.np2.log", not the ctest entry's
+                # ".starter" (the attendee's own code read as the starter's)
+                self.assertRegex(pathlib.Path(s["log"]).name, r"^lab00\.(step\d+\.np\d+|build)\.log$")
         # nothing of the runs is left: no report or watchdog directory
         reports = self.work / "tree-work" / "tree" / "build" / "grade" / "reports"
         self.assertEqual(list(reports.iterdir()) if reports.exists() else [], [])
@@ -386,7 +389,7 @@ class ClassifyTest(unittest.TestCase):
     def test_junit_is_well_formed_with_escapes_and_control_characters(self):
         run = {"ranks": 2, "test": "lab00.step3.np2.starter", "verdict": "failed", "seconds": 1.0,
                "detail": "\x1b[0;31m[  FAILED  ]\x1b[m A.B on rank 1: \x01\x08 bad <&>",
-               "log": "/x/lab00.step3.np2.starter.log", "output": "\x1b[0;32m[ RUN ]\x1b[m\x00\x0c\ufffe end"}
+               "log": "/x/lab00.step3.np2.log", "output": "\x1b[0;32m[ RUN ]\x1b[m\x00\x0c\ufffe end"}
         report = {"labs": [{"lab": "00", "name": "hello_dist", "steps": [{"step": 3, "runs": [run]}]}]}
         with tempfile.TemporaryDirectory() as tmp:
             path = pathlib.Path(tmp) / "g.xml"
