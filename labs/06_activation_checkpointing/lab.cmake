@@ -13,3 +13,8 @@ if(SCALELAB_BUILD_TESTS)
       "2|batch_too_large_for_memory|^error: --batch 100000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01].*. the node has|--model|tiny|--batch|100000000"
       "2|moe_model|^error: --model tiny-moe: lab 06's forward runs dense blocks.*\\(dense models: tiny, |--model|tiny-moe")
 endif()
+# Planted submissions (solutions/06_*/planted/cheats.plant): a backward that frees each block's
+# activations only at the end (right gradients, nothing held after) fails step 2's peak check.
+set(lab06_plants ${PROJECT_SOURCE_DIR}/solutions/06_activation_checkpointing/planted)
+scalelab_add_planted_submissions(06 PLANTS ${lab06_plants}/cheats.plant
+  CASES "frees_at_the_end:2:1:Step2_Backward.FreesEachBlockAfterItsBackward on rank 0: .*held at once")

@@ -5,11 +5,15 @@
 // estimate of step 4 must equal the measured bytes, and no test measures time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "common/allocator.hpp"
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
 #include "activation_checkpointing.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
 
 using namespace scalelab;
@@ -92,6 +96,45 @@ void faulty_backward(nn::GPT& model, lab06::Saved& saved, Fault fault) {
   model.embed_backward(d, acts);
 }
 
+// A checkpointed backward written here that frees each block's activations (and its input) as
+// soon as its backward has used them: what the attendee's backward's peak is held to.
+void freeing_backward(nn::GPT& model, lab06::Saved& saved) {
+  nn::GPTActivations& acts = saved.acts;
+  Tensor d = model.head_backward(acts);
+  for (int i = kLayers - 1; i >= 0; --i) {
+    nn::Block& block = model.block(i);
+    if (!acts.blocks[i].defined()) block.forward(acts.inputs[i], acts.blocks[i]);
+    d = block.backward(d, acts.inputs[i], acts.blocks[i]);
+    acts.blocks[i].reset();
+    acts.inputs[i] = Tensor();
+  }
+  model.embed_backward(d, acts);
+  acts.reset();
+}
+
+// The allocator's peak during `backward` above what the test's forward (every block of `plan`)
+// left held: the bytes a backward adds at its busiest.
+template <class Backward>
+std::size_t backward_peak(const Plan& plan, const data::Batch& b, Backward backward) {
+  nn::GPT model(config(), {.seed = kSeed});
+  model.zero_grad();
+  lab06::Saved saved;
+  reference_forward(model, b, plan, saved);
+  const std::size_t before = memory_stats(Device::cpu()).current;
+  reset_peak_memory(Device::cpu());
+  backward(model, saved);
+  return memory_stats(Device::cpu()).peak - before;
+}
+
+// What the test's forward leaves held under `plan` (the allocator's bytes, model excluded).
+std::size_t held_after_forward(const Plan& plan, const data::Batch& b) {
+  nn::GPT model(config(), {.seed = kSeed});
+  lab06::Saved saved;
+  const std::size_t before = memory_stats(Device::cpu()).current;
+  reference_forward(model, b, plan, saved);
+  return memory_stats(Device::cpu()).current - before;
+}
+
 }  // namespace
 
 // ---- Step 1: forward ---------------------------------------------------------------------------
@@ -162,6 +205,32 @@ TEST(Step2_Backward, GradientsAccumulateAndMemoryIsReleased) {
     twin.backward();
   }
   EXPECT_TRUE(bitwise(model.params().grads(), twin.params().grads()));
+}
+
+// Memory falls as backward proceeds (the README's goal): with every block checkpointed, a backward
+// that frees each block after its backward holds one block's recomputed activations at a time; one
+// that frees them all at the end holds every block's at once, though its gradients are right and
+// nothing is left after it. The allocator's peak during the attendee's backward, against the
+// freeing backward written above, within half a block's activations (both run the same kernels
+// on the same tensors: measured equal).
+TEST(Step2_Backward, FreesEachBlockAfterItsBackward) {
+  const data::Batch b = batch();
+  const Plan every = full_plan({true, true, true, true});
+  const std::size_t block =
+      (held_after_forward(full_plan({false, false, false, false}), b) -
+       held_after_forward(every, b)) / kLayers;  // one block's activations
+  const std::size_t mine = backward_peak(every, b, [](nn::GPT& m, lab06::Saved& s) {
+    lab06::backward(m, s);
+  });
+  const std::size_t freeing = backward_peak(every, b, freeing_backward);
+  if (mine > freeing + block / 2)
+    LABTEST_FAIL() << "with every block checkpointed, backward's peak was " << mine
+                   << " bytes above what the forward left, "
+                   << (mine - std::min(mine, freeing)) / std::max<std::size_t>(block, 1)
+                   << " block(s) of activations (" << block << " bytes each) more than a backward "
+                   << "that frees each block's activations right after its backward (" << freeing
+                   << "): recomputed activations were held at once; free them as soon as the "
+                   << "block's backward has used them";
 }
 
 TEST(Step2_PlantedFault, BlockNotRecomputedIsCaught) {
