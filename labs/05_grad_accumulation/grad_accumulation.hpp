@@ -28,7 +28,8 @@ namespace scalelab::lab05 {
 /// accum < 1 or the rows do not split into `accum` equal parts.
 std::vector<data::Batch> micro_batches(const data::Batch& batch, int accum);
 
-/// Step 1b. One micro-batch of an accumulation over `accum`: forward, backward with the loss
+/// Step 1b. One micro-batch of an accumulation over `accum` (`micro` is on the host, as the
+/// sampler's batches are; the model may be on a GPU): forward, backward with the loss
 /// scaled by 1/accum (GPT::backward(loss_scale), which consumes the activations: each is freed as
 /// soon as its backward is done), so the next micro-batch does not hold two at once. Gradients
 /// accumulate (+=). Returns the micro-batch's (unscaled) mean loss, where the model computed it

@@ -16,3 +16,8 @@ if(SCALELAB_BUILD_TESTS)
       "2|batch_too_large_for_memory|^error: --batch 100000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01].*. the node has|--model|tiny|--batch|100000000"
       "2|moe_model|^error: --model tiny-moe: its micro-batches would each be routed alone, .*\\(dense models: tiny, |--model|tiny-moe")
 endif()
+# Planted submissions (solutions/05_*/planted/cheats.plant): an accumulation that reads each
+# micro-batch's loss to the host (right numbers) fails step 1's host-read check.
+set(lab05_plants ${PROJECT_SOURCE_DIR}/solutions/05_grad_accumulation/planted)
+scalelab_add_planted_submissions(05 PLANTS ${lab05_plants}/cheats.plant
+  CASES "reads_each_loss:1:1:Step1_Accumulate.ReadsTheLossToTheHostOnce on rank 0: .*read 4 numbers")

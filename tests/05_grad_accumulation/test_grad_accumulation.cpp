@@ -14,12 +14,14 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
+#include "common/scalar.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
 #include "grad_accumulation.hpp"
 #include "tests/04_ddp_overlap/test_buckets.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
 
 using namespace scalelab;
@@ -89,7 +91,25 @@ TEST(Step1_Accumulate, StartsFromZeroGradients) {
   ops::fill(model.params().grads(), 3.0);  // stale gradients of the last step
   lab05::accumulate_gradients(model, b, 2);
   const train::Reference ref = kLab.reference(b);
-  EXPECT_TRUE(train::compare(model.params().grads(), ref.grads).within(kAccumRtol, kAccumAtol));
+  const train::Diff d = train::compare(model.params().grads(), ref.grads);
+  EXPECT_TRUE(d.within(kAccumRtol, kAccumAtol))
+      << "with every gradient 3 before the call: " << d.str()
+      << ": the gradients of an earlier step were counted (a step starts from zero gradients)";
+}
+
+// The micro-batches' losses add where they are (on the GPU, a device number) and the sum is read
+// to the host once, on return: a read per micro-batch would stall a GPU's queue every time. On
+// the CPU the reads are counted all the same (host_reads, common/scalar.hpp).
+TEST(Step1_Accumulate, ReadsTheLossToTheHostOnce) {
+  const data::Batch b = global_batch();
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  const int64_t before = host_reads();
+  lab05::accumulate_gradients(model, b, 4);
+  const int64_t reads = host_reads() - before;
+  if (reads > 1)
+    LABTEST_FAIL() << "accumulate_gradients with accum 4 read " << reads
+                   << " numbers back to the host, want 1: add the micro-batches' losses as "
+                   << "Scalars and let the one read happen on return";
 }
 
 TEST(Step1_PlantedFault, UnscaledMicroBatchLossIsCaught) {
