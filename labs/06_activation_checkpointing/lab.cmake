@@ -14,7 +14,9 @@ if(SCALELAB_BUILD_TESTS)
       "2|moe_model|^error: --model tiny-moe: lab 06's forward runs dense blocks.*\\(dense models: tiny, |--model|tiny-moe")
 endif()
 # Planted submissions (solutions/06_*/planted/cheats.plant): a backward that frees each block's
-# activations only at the end (right gradients, nothing held after) fails step 2's peak check.
+# activations only at the end (right gradients, nothing held after) fails step 2's peak check; a
+# forward that never drops a selective block's pieces fails step 3's forward check.
 set(lab06_plants ${PROJECT_SOURCE_DIR}/solutions/06_activation_checkpointing/planted)
 scalelab_add_planted_submissions(06 PLANTS ${lab06_plants}/cheats.plant
-  CASES "frees_at_the_end:2:1:Step2_Backward.FreesEachBlockAfterItsBackward on rank 0: .*held at once")
+  CASES "frees_at_the_end:2:1:Step2_Backward.FreesEachBlockAfterItsBackward on rank 0: .*held at once"
+        "never_drops:3:1:Step3_Policies.TheForwardDropsTheSelectivePieces on rank 0: block 0 is selective")

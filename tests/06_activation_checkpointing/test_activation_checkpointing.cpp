@@ -148,7 +148,12 @@ TEST(Step1_Forward, KeepsOnlyInputsOfCheckpointedBlocks) {
   ASSERT_EQ(saved.acts.inputs.size(), static_cast<std::size_t>(kLayers));
   ASSERT_EQ(saved.acts.blocks.size(), static_cast<std::size_t>(kLayers));
   for (int i = 0; i < kLayers; ++i)
-    EXPECT_EQ(saved.acts.blocks[i].defined(), !plan.full[i]) << "block " << i;
+    if (saved.acts.blocks[i].defined() == plan.full[i])
+      LABTEST_FAIL() << "block " << i
+                     << (plan.full[i] ? " is checkpointed: after its forward it keeps nothing but "
+                                        "its input (its activations freed)"
+                                      : " is not checkpointed: it keeps its activations for "
+                                        "backward");
   // the saved inputs are the plain forward's block inputs, and the loss is the plain loss
   nn::GPT twin(config(), {.seed = kSeed});
   EXPECT_EQ(loss, twin.forward(b.x, b.y)) << "bitwise the loss of model.forward";
@@ -204,7 +209,9 @@ TEST(Step2_Backward, GradientsAccumulateAndMemoryIsReleased) {
     twin.forward(b->x, b->y);
     twin.backward();
   }
-  EXPECT_TRUE(bitwise(model.params().grads(), twin.params().grads()));
+  EXPECT_TRUE(bitwise(model.params().grads(), twin.params().grads()))
+      << "after two backward passes: the gradients add up (+=), as GPT::backward's do; backward "
+         "must not zero them";
 }
 
 // Memory falls as backward proceeds (the README's goal): with every block checkpointed, a backward
@@ -293,6 +300,28 @@ TEST(Step3_Policies, SelectiveDropsAndRecomputesBitwise) {
   lab06::recompute_selective(acts);
   EXPECT_TRUE(bitwise(acts.attn.att, att));
   EXPECT_TRUE(bitwise(acts.mlp.g, g));
+}
+
+// A plan's selective blocks reach the forward (step 1's loop calls step 3's drop_selective): each
+// keeps its activations but not att and g, which step 4's estimate does not count. Checked here,
+// where the estimate would otherwise be blamed for a forward that never drops them.
+TEST(Step3_Policies, TheForwardDropsTheSelectivePieces) {
+  const data::Batch b = batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  lab06::Saved saved;
+  const Plan plan{std::vector<bool>(kLayers, false), {true, false, true, true}};
+  lab06::forward(model, b, plan, saved);
+  for (int i = 0; i < kLayers; ++i) {
+    const nn::BlockActivations& a = saved.acts.blocks[i];
+    const bool dropped = !a.attn.att.defined() && !a.mlp.g.defined();
+    if (a.defined() && dropped != plan.selective[i])
+      LABTEST_FAIL() << "block " << i
+                     << (plan.selective[i] ? " is selective: after forward it holds no attention "
+                                             "probabilities and no GELU output (drop_selective)"
+                                           : " is not selective: it keeps att and g");
+    else if (!a.defined())
+      LABTEST_FAIL() << "block " << i << " kept no activations: the plan checkpoints no block";
+  }
 }
 
 TEST(Step3_Policies, EveryPolicyGivesBitwiseTheSameGradients) {
