@@ -59,7 +59,8 @@ std::vector<double> OverlappedDDP::finish() {
   std::vector<double> done;
   // BEGIN SOLUTION step 3: wait every bucket, average, reset for the next step
   SCALELAB_CHECK(works_.size() == buckets_.size(),
-                 "{} of {} buckets were launched: backward did not report every gradient",
+                 "{} of {} buckets were launched: backward did not report every gradient "
+                 "(or ran with the hooks detached)",
                  works_.size(), buckets_.size());
   const double inv = 1.0 / comm_.size();
   for (std::size_t j = 0; j < works_.size(); ++j) {

@@ -166,8 +166,9 @@ TEST(Step2_NoSync, HooksAreOffInsideTheScope) {
   }
   model.forward(b.x.rows(0, 2), b.y.rows(0, 2));
   model.backward();
-  EXPECT_EQ(check.launches, static_cast<int>(ddp.buckets().size()))
-      << "after the scope, backward starts every bucket again";
+  // ASSERT: finish() would throw on buckets never launched, and its message names lab 04's code
+  ASSERT_EQ(check.launches, static_cast<int>(ddp.buckets().size()))
+      << "after the scope, backward starts every bucket again (the hooks are attached again)";
   ddp.finish();
 }
 
@@ -244,9 +245,9 @@ TEST(Step2_PlantedFault, SyncInEveryMicroBatchIsCaught) {
 
 TEST(Step3_BatchPlan, GlobalIsMicroTimesAccumTimesDp) {
   const lab05::BatchPlan p = lab05::plan_batch(64, 4, 2);
-  EXPECT_EQ(p.micro, 8);
-  EXPECT_EQ(p.accum, 4);
-  EXPECT_EQ(p.dp, 2);
+  EXPECT_EQ(p.micro, 8) << "plan_batch(64, 4, 2): a global batch of 64 over accum 4 and dp 2";
+  EXPECT_EQ(p.accum, 4) << "plan_batch(64, 4, 2)";
+  EXPECT_EQ(p.dp, 2) << "plan_batch(64, 4, 2)";
   EXPECT_EQ(p.global, 64);
   EXPECT_EQ(p.micro * p.accum * p.dp, p.global);
   EXPECT_EQ(lab05::plan_batch(16, 1, 1).micro, 16);
@@ -306,8 +307,10 @@ TEST(Step4_Memory, AccumulationCutsThePeak) {
   // fixed part is tiny here: temporaries of one layer)
   EXPECT_LT(four, big * 0.40) << "big batch " << big << " B, 4 micro-batches " << four << " B";
   EXPECT_GT(four, big * 0.15) << "big batch " << big << " B, 4 micro-batches " << four << " B";
-  // measured, so repeatable
-  EXPECT_EQ(lab05::measure_step_peak_bytes(model, b, 4), four);
+  // measured, so repeatable (though another model, `probe`, is alive now)
+  EXPECT_EQ(lab05::measure_step_peak_bytes(model, b, 4), four)
+      << "the same step measured again, with another model alive: memory allocated before the "
+         "step was counted (measure above what is held when the step starts)";
 }
 
 TEST(Step4_Memory, MeasuresAboveWhatWasAllocatedBefore) {
