@@ -102,9 +102,10 @@ int main(int argc, char** argv) {
     // the blocks itself, outside the model's hooks: the report sees the head and the gradients)
     auto diverge = session.watch_divergence(model, {.first_row = comm.rank() * rows});
     session.announce(fmt::format(
-        "lab 06 activation_checkpointing: model {} ({} parameters), {} ranks, global batch {} x {} "
+        "lab 06 activation_checkpointing: model {} ({} parameters), {} rank{}, global batch {} x {} "
         "tokens ({} rows per rank), checkpoint policy {}, {} steps", config.name,
-        metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(), opt.batch,
+        metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(),
+        comm.size() == 1 ? "" : "s", opt.batch,
         config.block_size, rows, policy.str(), opt.steps));
     for (int64_t step = 0; step < opt.steps; ++step) {
       metrics::Timer timer(device);
@@ -149,10 +150,14 @@ int main(int argc, char** argv) {
                 metrics::human_bytes(static_cast<double>(r.held)),
                 metrics::human_bytes(static_cast<double>(r.estimate)),
                 metrics::human_bytes(static_cast<double>(r.peak)), r.ms, r.ms / table[0].ms);
-    log::info("lecture formula L*s*b*h*(34 + 5*a*s/h) (16-bit, dropout) for this shape: {}; "
-              "in fp32 without dropout: L*s*b*h*(64 + 4*a*s/h) + 16*L*s*b = {}",
-              metrics::human_bytes(lab06::lecture_activation_bytes(L, s, b, h, a)),
-              metrics::human_bytes(L * s * b * h * (64 + 4 * a * s / h) + 16 * L * s * b));
+    // the model's own count is the `none` row's estimate (step 4 writes it; its mapping from the
+    // lecture's terms is a hint, not printed here)
+    if (!table.empty())
+      log::info("lecture formula L*s*b*h*(34 + 5*a*s/h) (16-bit, dropout) for this shape: {}; "
+                "this model's count ({}, no dropout): {}",
+                metrics::human_bytes(lab06::lecture_activation_bytes(L, s, b, h, a)),
+                dtype_name(model.params().compute_dtype()),
+                metrics::human_bytes(static_cast<double>(table[0].estimate)));
     bool exact = true;
     for (const Row& r : table) exact = exact && r.held == r.estimate;
     log::info("estimate == measured for every policy: {}", exact ? "yes" : "NO");
