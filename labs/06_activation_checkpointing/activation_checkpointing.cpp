@@ -1,5 +1,5 @@
 // Starter generated from solutions/06_activation_checkpointing/activation_checkpointing.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 13f04f16f845cd02 (lets make-labs see your edits).
+// step (see README.md). Body hash 2566b6575d1501b6 (lets make-labs see your edits).
 // Lab 06: activation checkpointing: keep block inputs, recompute in backward, policies.
 #include "activation_checkpointing.hpp"
 
@@ -82,8 +82,8 @@ std::size_t model_activation_bytes(const ModelConfig& config, int64_t batch, int
                                    const Plan& plan) {
   std::size_t total = 0;
   // TODO step 4: this fp32 model's count, block by block
-  // HINT: 16 tensors of (B, T, C) floats (input, ln1, q, k, v, y, res2, ln2, h: 4, g: 4),
-  // HINT: 4 of (B*T) (the LayerNorms' mean and rstd) and the attention probabilities.
+  // HINT: count the tensors a block's activations hold (nn::BlockActivations, common/nn/) and
+  // HINT: its input, by the plan's choice for the block.
   throw scalelab::NotImplemented(
       "lab 06 step 4: this fp32 model's count, block by block (README.md#step-4)");
   return total;

@@ -94,9 +94,9 @@ void recompute_selective(nn::BlockActivations& acts);
 double lecture_activation_bytes(double L, double s, double b, double h, double a);
 
 /// Step 4b. The same count for THIS model (fp32, no dropout) under `plan`: the bytes the blocks
-/// hold after forward(), inputs included (the head and embedding are not counted). For a block
-/// that keeps everything: s*b*h*(64 + 4*a*s/h) + 16*s*b bytes (see README.md for the mapping);
-/// a checkpointed block holds only its input, s*b*h*4; selective drops a*s*s*b*4 + 4*s*b*h*4.
+/// hold after forward(), inputs included (the head and embedding are not counted), block by
+/// block: what a block that keeps everything holds (nn::BlockActivations), what a checkpointed
+/// one and a selective one hold instead (README.md, step 4).
 std::size_t model_activation_bytes(const ModelConfig& config, int64_t batch, int64_t seq,
                                    const Plan& plan);
 

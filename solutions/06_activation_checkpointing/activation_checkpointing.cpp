@@ -125,8 +125,8 @@ std::size_t model_activation_bytes(const ModelConfig& config, int64_t batch, int
                                    const Plan& plan) {
   std::size_t total = 0;
   // BEGIN SOLUTION step 4: this fp32 model's count, block by block
-  // HINT: 16 tensors of (B, T, C) floats (input, ln1, q, k, v, y, res2, ln2, h: 4, g: 4),
-  // HINT: 4 of (B*T) (the LayerNorms' mean and rstd) and the attention probabilities.
+  // HINT: count the tensors a block's activations hold (nn::BlockActivations, common/nn/) and
+  // HINT: its input, by the plan's choice for the block.
   const std::size_t sbh = static_cast<std::size_t>(seq * batch * config.n_embd);
   const std::size_t sb = static_cast<std::size_t>(seq * batch);
   const std::size_t att = static_cast<std::size_t>(config.n_head * seq * seq * batch) * 4;
