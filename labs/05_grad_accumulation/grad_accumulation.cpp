@@ -1,5 +1,5 @@
 // Starter generated from solutions/05_grad_accumulation/grad_accumulation.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 2fc83f84d4ffcb2b (lets make-labs see your edits).
+// step (see README.md). Body hash 6add0dbcfe8a6f88 (lets make-labs see your edits).
 #include "common/runtime.hpp"  // scalelab::not_implemented_in_destructor
 // Lab 05: gradient accumulation: micro-batches, scaled losses, one all-reduce per step.
 #include "grad_accumulation.hpp"
@@ -27,7 +27,7 @@ Scalar micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
   Scalar loss;
   // TODO step 1: forward, then backward with the loss scaled by 1/accum
   // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
-  // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
+  // HINT: those means (GPT::backward takes a loss scale).
   throw scalelab::NotImplemented(
       "lab 05 step 1: forward, then backward with the loss scaled by 1/accum (README.md#step-1)");
   return loss;
@@ -57,7 +57,6 @@ double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
                       comm::Communicator& comm, lab04::OverlappedDDP& ddp) {
   // TODO step 2: accumulate this rank's rows without syncing, sync in the last one
   // HINT: lab03::local_batch(global, comm.rank(), comm.size()) is this rank's share.
-  // HINT: { NoSync scope(ddp); ... } turns the hooks off until the closing brace.
   throw scalelab::NotImplemented(
       "lab 05 step 2: accumulate this rank's rows without syncing, sync in the last one (README.md#step-2)");
 }

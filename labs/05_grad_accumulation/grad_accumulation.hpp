@@ -59,11 +59,11 @@ class NoSync {
 };
 
 /// Step 2b. DDP with accumulation on the GLOBAL batch, with an attached overlapped reducer `ddp`
-/// for `model`: zero the gradients, take this rank's rows (lab03::local_batch), run the first
-/// accum-1 micro-batches inside a NoSync scope, the last one with the hooks on (its backward
-/// starts every bucket's all-reduce, once per step), then ddp.finish() (wait and average).
-/// Returns the loss of the whole global batch (the average over ranks of the local mean losses;
-/// the same on every rank).
+/// for `model`: one optimizer step's gradients from this rank's rows (lab03::local_batch) in
+/// `accum` micro-batches, starting from zero, with each bucket all-reduced once per step (not
+/// once per micro-batch) and overlapped with the last backward; on return the gradients are
+/// the global batch's, averaged, as lab 04's step leaves them. Returns the loss of the whole
+/// global batch (the average over ranks of the local mean losses; the same on every rank).
 double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
                       comm::Communicator& comm, lab04::OverlappedDDP& ddp);
 
@@ -86,9 +86,9 @@ BatchPlan plan_batch(int64_t global_batch, int accum, int dp);
 // ---- Step 4: what it saves ---------------------------------------------------------------------
 
 /// Step 4. The peak bytes that one accumulate_gradients(model, batch, accum) adds on top of what
-/// was allocated before it (parameters, gradients, ...): reset the allocator's peak, note the
-/// current bytes, run it, return peak - current-before. Measured by the allocator's counters
-/// (common/allocator.hpp), so it is exact and repeatable: activations and temporaries.
+/// was allocated before it (parameters, gradients, another model, ...): activations and
+/// temporaries, measured by the allocator's counters (common/allocator.hpp), so it is exact and
+/// repeatable.
 std::size_t measure_step_peak_bytes(nn::GPT& model, const data::Batch& batch, int accum);
 
 }  // namespace scalelab::lab05

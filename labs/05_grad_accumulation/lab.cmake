@@ -17,7 +17,9 @@ if(SCALELAB_BUILD_TESTS)
       "2|moe_model|^error: --model tiny-moe: its micro-batches would each be routed alone, .*\\(dense models: tiny, |--model|tiny-moe")
 endif()
 # Planted submissions (solutions/05_*/planted/cheats.plant): an accumulation that reads each
-# micro-batch's loss to the host (right numbers) fails step 1's host-read check.
+# micro-batch's loss to the host (right numbers) fails step 1's host-read check; a measurement
+# that counts an earlier forward's activations as "before" fails step 4's.
 set(lab05_plants ${PROJECT_SOURCE_DIR}/solutions/05_grad_accumulation/planted)
 scalelab_add_planted_submissions(05 PLANTS ${lab05_plants}/cheats.plant
-  CASES "reads_each_loss:1:1:Step1_Accumulate.ReadsTheLossToTheHostOnce on rank 0: .*read 4 numbers")
+  CASES "reads_each_loss:1:1:Step1_Accumulate.ReadsTheLossToTheHostOnce on rank 0: .*read 4 numbers"
+        "keeps_old_activations:4:1:Step4_Memory.ActivationsAnEarlierForwardLeftAreNotTheSteps on rank 0: .*earlier forward")

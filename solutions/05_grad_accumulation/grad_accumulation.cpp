@@ -29,7 +29,7 @@ Scalar micro_batch_step(nn::GPT& model, const data::Batch& micro, int accum) {
   Scalar loss;
   // BEGIN SOLUTION step 1: forward, then backward with the loss scaled by 1/accum
   // HINT: each micro-batch's loss is a mean over ITS rows; the big batch's loss is the mean of
-  // HINT: those means, so each backward gets loss_scale = 1.0 / accum.
+  // HINT: those means (GPT::backward takes a loss scale).
   const data::Batch on = micro.to(model.device());
   loss = model.forward(on.x, on.y);
   model.backward(1.0 / accum);  // consumes the activations: one micro-batch held at a time
@@ -63,7 +63,6 @@ double ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
                       comm::Communicator& comm, lab04::OverlappedDDP& ddp) {
   // BEGIN SOLUTION step 2: accumulate this rank's rows without syncing, sync in the last one
   // HINT: lab03::local_batch(global, comm.rank(), comm.size()) is this rank's share.
-  // HINT: { NoSync scope(ddp); ... } turns the hooks off until the closing brace.
   model.zero_grad();
   const data::Batch mine = lab03::local_batch(global, comm.rank(), comm.size());
   const std::vector<data::Batch> micro = micro_batches(mine, accum);

@@ -313,6 +313,20 @@ TEST(Step4_Memory, AccumulationCutsThePeak) {
          "step was counted (measure above what is held when the step starts)";
 }
 
+// Activations an earlier forward left in the model are not the step's, nor "allocated before" it:
+// the step's own forward replaces them, so counting them as before would read the step low.
+TEST(Step4_Memory, ActivationsAnEarlierForwardLeftAreNotTheSteps) {
+  const data::Batch b = global_batch();
+  nn::GPT fresh(kLab.config(), {.seed = kSeed}), used(kLab.config(), {.seed = kSeed});
+  const std::size_t want = lab05::measure_step_peak_bytes(fresh, b, 2);
+  used.forward(b.x, b.y);  // its activations stay in the model
+  const std::size_t got = lab05::measure_step_peak_bytes(used, b, 2);
+  if (got != want)
+    LABTEST_FAIL() << "a model that still holds an earlier forward's activations measured " << got
+                   << " bytes, a fresh one " << want
+                   << ": free what the model holds of an earlier forward before measuring";
+}
+
 TEST(Step4_Memory, MeasuresAboveWhatWasAllocatedBefore) {
   const data::Batch b = global_batch();
   nn::GPT model(kLab.config(), {.seed = kSeed});
