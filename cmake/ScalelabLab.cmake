@@ -203,12 +203,12 @@ endfunction()
 #                              [LIBS <targets...>])
 # STEP_USES says which steps' tests run which other steps' code: "4:3" = step 4's graders call
 # the attendee's step 3 (a step 4 that fails while step 3 does is no news about step 4, and the
-# grader says "fix step 3 first"). This checks the claim: test_labNN_stubbed is the lab's graders
-# linked with its reference, each step's blocks throwing its starter's NotImplemented while
-# SCALELAB_STUB_STEP names that step (cmake/plant_steps.cmake); ctest labNN.step_uses runs every
-# step's graders (on its largest rank count) with every other step stubbed
-# (tools/step_uses) and fails, naming the pairs and the STEP_USES to write, where a step's tests
-# reach a stubbed step the declaration does not name, or never reach one it names.
+# grader says "fix step 3 first"). This checks the claim: test_labNN_traced is the lab's graders
+# linked with its reference, each step's blocks noting that they ran in the file
+# SCALELAB_STEP_TRACE names (cmake/plant_steps.cmake); ctest labNN.step_uses runs each step's
+# graders once (on its largest rank count; tools/step_uses) and fails, naming the pairs and the
+# STEP_USES to write, where a step's tests reach a step the declaration does not name, never reach
+# one it names, or never run their own step's code.
 function(scalelab_add_step_uses_check nn)
   cmake_parse_arguments(U "" "STEPS" "STEP_USES;RANKS;LIBS" ${ARGN})
   get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
@@ -217,15 +217,15 @@ function(scalelab_add_step_uses_check nn)
     list(APPEND all_steps ${step})
   endforeach()
   list(JOIN all_steps "," all_steps)
-  scalelab_impl_from_reference_copy(${nn} lab${nn}_stubbed_impl stubbed_lab${nn}
+  scalelab_impl_from_reference_copy(${nn} lab${nn}_traced_impl traced_lab${nn}
                                     SCRIPT ${PROJECT_SOURCE_DIR}/cmake/plant_steps.cmake
-                                    DEFINES -DLAB=${nn} -DSTEPS=${all_steps} -DSWITCH=SCALELAB_STUB_STEP
-                                    COMMENT "lab ${nn}'s reference with a switch to stub each step")
-  add_executable(test_lab${nn}_stubbed $<TARGET_OBJECTS:test_lab${nn}_objects>)
-  target_link_libraries(test_lab${nn}_stubbed PRIVATE lab${nn}_stubbed_impl ${U_LIBS} scalelab::lab_testing
+                                    DEFINES -DLAB=${nn} -DSTEPS=${all_steps} -DTRACE=SCALELAB_STEP_TRACE
+                                    COMMENT "lab ${nn}'s reference, each step noting that it ran")
+  add_executable(test_lab${nn}_traced $<TARGET_OBJECTS:test_lab${nn}_objects>)
+  target_link_libraries(test_lab${nn}_traced PRIVATE lab${nn}_traced_impl ${U_LIBS} scalelab::lab_testing
                         scalelab::test_main)
-  scalelab_undefined_symbols(test_lab${nn}_stubbed lab${nn}_stubbed_impl ${name}.cpp)
-  add_dependencies(reference test_lab${nn}_stubbed)
+  scalelab_undefined_symbols(test_lab${nn}_traced lab${nn}_traced_impl ${name}.cpp)
+  add_dependencies(reference test_lab${nn}_traced)
   set(most 1)
   foreach(r IN LISTS U_RANKS)
     string(REGEX REPLACE "^[0-9]+:" "" r "${r}")
@@ -238,7 +238,7 @@ function(scalelab_add_step_uses_check nn)
            COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/step_uses --lab ${nn} --steps ${U_STEPS}
                    --ranks ${U_RANKS} --uses ${U_STEP_USES} --
                    ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} @RANKS@ ${MPIEXEC_PREFLAGS}
-                   $<TARGET_FILE:test_lab${nn}_stubbed> ${MPIEXEC_POSTFLAGS})
+                   $<TARGET_FILE:test_lab${nn}_traced> ${MPIEXEC_POSTFLAGS})
   set_tests_properties(lab${nn}.step_uses PROPERTIES PROCESSORS ${most} TIMEOUT 600
                        LABELS "reference;lab${nn}" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 endfunction()
