@@ -270,13 +270,9 @@ TEST(Step3_Zero2, ReductionAddsIntoTheShard) {
   const nn::ShardRange s = nn::shard_range(ps.numel(), world().rank(), world().size());
   Tensor shard = Tensor::zeros({s.size});
   const data::Batch global = kLab.batch(0);
-  const data::Batch mine = labtest::my_rows(global);
-  for (int k = 0; k < 2; ++k) {
-    model.forward(mine.x, mine.y);
-    model.backward();
-    for (std::size_t u = 0; u < ps.units().size(); ++u)
-      lab09::reduce_unit_to_owners(ps, u, s, shard, world());
-  }
+  two_backwards_each_reduced(model, global, [&](std::size_t u) {
+    lab09::reduce_unit_to_owners(ps, u, s, shard, world());
+  });
   Tensor want = kLab.reference(global).grads.flat(s.lo, s.real()).clone();
   ops::scale(want, 2.0 * world().size());  // two backwards, summed (not averaged) over the ranks
   EXPECT_TRUE(labtest::close_on_every_rank(shard.flat(0, s.real()), want,

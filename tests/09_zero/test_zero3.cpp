@@ -285,13 +285,9 @@ TEST(Step4_Zero3, ReductionAddsIntoTheShard) {
     grad_shards.push_back(Tensor::zeros({shards.back().size}));
   }
   const data::Batch global = kLab.batch(0);
-  const data::Batch mine = labtest::my_rows(global);
-  for (int k = 0; k < 2; ++k) {
-    model.forward(mine.x, mine.y);
-    model.backward();
-    for (std::size_t u = 0; u < ps.units().size(); ++u)
-      lab09::reduce_scatter_unit(ps, u, grad_shards[u], world());
-  }
+  two_backwards_each_reduced(model, global, [&](std::size_t u) {
+    lab09::reduce_scatter_unit(ps, u, grad_shards[u], world());
+  });
   const Tensor reference = train::single_device_step(odd_model(), kLab.seed, global).grads;
   for (std::size_t u = 0; u < ps.units().size(); ++u) {
     const nn::ShardRange& s = shards[u];

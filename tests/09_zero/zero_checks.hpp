@@ -133,6 +133,19 @@ inline std::vector<double> run_steps(lab09::Trainer& t, int steps) {
   return losses;
 }
 
+/// Two backwards of this rank's rows of `global`, every unit reduced after each by `reduce(u)`:
+/// lab 10's accumulation (one reduction per micro-batch into the same shard). A reduction that
+/// overwrites its shard instead of adding leaves one backward's gradient there, not two.
+template <class Reduce>
+void two_backwards_each_reduced(nn::GPT& model, const data::Batch& global, Reduce reduce) {
+  const data::Batch mine = labtest::my_rows(global);
+  for (int k = 0; k < 2; ++k) {
+    model.forward(mine.x, mine.y);
+    model.backward();
+    for (std::size_t u = 0; u < model.params().units().size(); ++u) reduce(u);
+  }
+}
+
 /// What a trainer costs, from the allocator: `held` the bytes alive after one whole step (what
 /// the rank keeps between steps), `peak` the highest bytes alive during the second step's
 /// forward_backward, both above what was alive before the trainer was built; `heap_held` and
