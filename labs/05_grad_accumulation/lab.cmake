@@ -18,8 +18,10 @@ if(SCALELAB_BUILD_TESTS)
 endif()
 # Planted submissions (solutions/05_*/planted/cheats.plant): an accumulation that reads each
 # micro-batch's loss to the host (right numbers) fails step 1's host-read check; a measurement
-# that counts an earlier forward's activations as "before" fails step 4's.
+# that counts an earlier forward's activations as "before" fails step 4's; a no-sync part written
+# as detach() ... attach() (not a NoSync scope) fails step 2's throwing-micro-batch check.
 set(lab05_plants ${PROJECT_SOURCE_DIR}/solutions/05_grad_accumulation/planted)
 scalelab_add_planted_submissions(05 PLANTS ${lab05_plants}/cheats.plant
   CASES "reads_each_loss:1:1:Step1_Accumulate.ReadsTheLossToTheHostOnce on rank 0: .*read 4 numbers"
-        "keeps_old_activations:4:1:Step4_Memory.ActivationsAnEarlierForwardLeftAreNotTheSteps on rank 0: .*earlier forward")
+        "keeps_old_activations:4:1:Step4_Memory.ActivationsAnEarlierForwardLeftAreNotTheSteps on rank 0: .*earlier forward"
+        "detach_by_hand:2_DdpAccumulate.AMicro:2:Step2_DdpAccumulate.AMicroBatchThatThrowsLeavesTheHooksOn on rank [0-9]: .*the hooks were left off")

@@ -194,6 +194,35 @@ TEST(Step2_DdpAccumulate, EqualsSingleDeviceWithOneSyncPerStep) {
   }
 }
 
+// A micro-batch that throws inside the no-sync part (here a token outside the vocabulary, on
+// every rank, in the first micro-batch's forward) must not leave the reducer's hooks off: the
+// next step would then accumulate without any all-reduce and train each rank on its own rows.
+// A NoSync scope re-attaches however its block ends; a detach() ... attach() pair does not.
+TEST(Step2_DdpAccumulate, AMicroBatchThatThrowsLeavesTheHooksOn) {
+  const data::Batch b = global_batch();
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  LaunchCheck check{local_gradient(b)};
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3), check.launch());
+  ddp.attach();
+  data::Batch bad{b.x.clone(), b.y};
+  ops::fill(bad.x, static_cast<double>(kLab.config().vocab_size));  // every token out of range
+  EXPECT_THROW(lab05::ddp_accumulate(model, bad, 2, world(), ddp), CheckFailed)
+      << "the embedding's check of the first micro-batch";
+  ASSERT_EQ(check.launches, 0) << "nothing to all-reduce: the first micro-batch threw";
+  model.zero_grad();
+  model.forward(b.x.rows(0, 2), b.y.rows(0, 2));
+  model.backward();
+  if (check.launches != static_cast<int>(ddp.buckets().size())) {
+    // no finish(): it would throw on buckets never launched, naming lab 04's code
+    LABTEST_FAIL() << "after ddp_accumulate threw inside its no-sync part, backward started "
+                   << check.launches << " of " << ddp.buckets().size()
+                   << " buckets: the hooks were left off (a detach() whose attach() the exception "
+                      "skipped; a NoSync scope attaches again however its block ends)";
+    return;
+  }
+  ddp.finish();
+}
+
 TEST(Step2_DdpAccumulate, StepAfterStepWithSgd) {
   constexpr double kLr = 0.5;
   nn::GPT model(kLab.config(), {.seed = kSeed}), single(kLab.config(), {.seed = kSeed});
