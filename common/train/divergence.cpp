@@ -430,16 +430,20 @@ Divergence find_divergence(const DivergenceRecorder& mine, const DivergenceRecor
   d.found = K < kNone;
   // 2. how many matched before it, how many were compared, which ranks diverge first there
   const int n = comm.size();
-  std::vector<double> counts(2 + n, 0.0);
+  // [matched, compared, first divergence on rank r (n), tensors rank r compared (n)]
+  std::vector<double> counts(2 + 2 * n, 0.0);
   for (const auto& [e, v] : judged) {
     counts[1] += 1;
     if (static_cast<double>(e->key) < K) counts[0] += 1;
   }
   if (d.found && first && static_cast<double>(first->key) == K) counts[2 + comm.rank()] = 1;
-  Tensor c = Tensor::from_vector(counts, {2 + static_cast<int64_t>(n)}, DType::f64);
+  counts[2 + n + comm.rank()] = static_cast<double>(judged.size());
+  Tensor c = Tensor::from_vector(counts, {static_cast<int64_t>(counts.size())}, DType::f64);
   comm.all_reduce(c, comm::ReduceOp::sum);
   d.matched = static_cast<int64_t>(c.item(0));
   d.compared = static_cast<int64_t>(c.item(1));
+  for (int r = 0; r < n; ++r)
+    d.compared_by_rank.push_back(static_cast<int64_t>(c.item(2 + n + r)));
   for (int r = 0; r < n; ++r)
     if (c.item(2 + r) > 0) d.ranks.push_back(r);
   if (!d.found) return d;
@@ -498,9 +502,21 @@ Divergence find_divergence(const DivergenceRecorder& mine, const DivergenceRecor
 }
 
 std::string Divergence::first_line() const {
-  if (!found)
-    return fmt::format("no divergence: {} tensors within tolerance of the single-device twin",
-                       compared);
+  if (!found) {
+    // every rank records its own share of each tensor: at 2 ranks the count is twice one model's
+    const auto& by = compared_by_rank;
+    std::string per_rank;
+    if (by.size() > 1 && std::all_of(by.begin(), by.end(), [&](int64_t k) { return k == by[0]; }))
+      per_rank = fmt::format(" ({} on each of {} ranks)", by[0], by.size());
+    else if (by.size() > 1) {
+      std::vector<std::string> each;
+      for (std::size_t r = 0; r < by.size(); ++r)
+        each.push_back(fmt::format("{} on rank {}", by[r], r));
+      per_rank = fmt::format(" ({})", fmt::join(each, ", "));
+    }
+    return fmt::format("no divergence: {} tensors{} within tolerance of the single-device twin",
+                       compared, per_rank);
+  }
   std::string where = ranks.size() > 1
                           ? fmt::format("ranks {} (rank {} shown)", fmt::join(ranks, ", "), rank)
                           : fmt::format("rank {}", rank);
