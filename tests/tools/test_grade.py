@@ -237,7 +237,9 @@ class GraderTest(unittest.TestCase):
         self.assertEqual(steps[2]["verdict"], "crashed", proc.stdout)
         self.assertEqual(steps[2]["ranks"], [2, 4])
         for run in steps[2]["runs"][1:]:
-            self.assertRegex(run["detail"], r"^rank 1 killed by SIGSEGV \(signal 11\) in Step2_\w+\.\w+$")
+            # ... and the function it died in, from Open MPI's backtrace (-rdynamic names it)
+            self.assertRegex(run["detail"], r"^rank 1 killed by SIGSEGV \(signal 11\) in Step2_\w+\.\w+, "
+                             r"at scalelab::lab00::choose_device$")
         # step 3: a wrong value on rank 1 is "failed", naming the rank
         self.assertEqual(steps[3]["verdict"], "failed", proc.stdout)
         self.assertIn("on rank 1", steps[3]["detail"])
@@ -325,6 +327,25 @@ class ClassifyTest(unittest.TestCase):
         out = "mpiexec noticed that process rank 3 with PID 0 on node vm exited on signal 11 (Segmentation fault).\n"
         self.assertEqual(grade.classify(139, out, 60, self.NO_REPORT),
                          ("crashed", "rank 3 killed by SIGSEGV (signal 11)"))
+
+    def test_crash_names_the_function_from_the_backtrace(self):
+        # Open MPI's backtrace: system frames skipped; an op of common/ named with the lab's
+        # function that called it; c++filt (binutils) demangles where installed
+        trace = ("[vm:4036] *** Process received signal ***\n"
+                 "[vm:4036] [ 0] /lib/x86_64-linux-gnu/libc.so.6(+0x3c050)[0x7fe36685a050]\n"
+                 "[vm:4036] [ 1] ./labs/test_lab05(_ZN8scalelab3ops6matmulERNS_6TensorE+0x29)[0x5646]\n"
+                 "[vm:4036] [ 2] ./labs/test_lab05(_ZN8scalelab5lab0516micro_batch_stepEi+0x10)[0x5647]\n"
+                 "[vm:4036] [ 3] ./labs/test_lab05(main+0x130)[0x5648]\n"
+                 "mpiexec noticed that process rank 1 with PID 0 on node vm exited on signal 11 "
+                 "(Segmentation fault).\n")
+        verdict, detail = grade.classify(139, trace, 60, self.NO_REPORT)
+        self.assertEqual(verdict, "crashed")
+        if shutil.which("c++filt"):
+            self.assertEqual(detail, "rank 1 killed by SIGSEGV (signal 11), at scalelab::ops::matmul, "
+                                     "called from scalelab::lab05::micro_batch_step")
+        else:
+            self.assertIn(", at _ZN8scalelab3ops6matmulERNS_6TensorE", detail)
+        self.assertEqual(grade.crash_site("no backtrace\n"), "")
 
     def test_printed_verdict_and_exit_0_without_report_is_not_passed(self):
         verdict, detail = grade.classify(0, "[scalelab] verdict: passed\n", 60, self.NO_REPORT)
