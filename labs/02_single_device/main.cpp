@@ -57,9 +57,12 @@ struct StateBytes {
   int64_t total() const { return copy + master + grads + adam; }
 };
 
+// moe: step 5's activation formula counts dense blocks; a mixture-of-experts block keeps more
+// (the router's and the experts' tensors), so its formula column is left out, and the total
+// takes the measured activations.
 void print_memory_table(const lab02::MemoryEstimate& e, bool bf16, int64_t n_params,
                         std::size_t measured_state, std::size_t measured_peak,
-                        std::size_t measured_activations) {
+                        std::size_t measured_activations, bool moe) {
   using metrics::human_bytes;
   const StateBytes per{bf16 ? 2 : 0};
   log::info("memory (formula vs measured by the allocator), precision {}:", bf16 ? "bf16" : "fp32");
@@ -78,12 +81,19 @@ void print_memory_table(const lab02::MemoryEstimate& e, bool bf16, int64_t n_par
             "parameter", "model state", human_bytes(static_cast<double>(per.total() * n_params)),
             human_bytes(static_cast<double>(measured_state)),
             static_cast<double>(measured_state) / static_cast<double>(n_params));
-  log::info("  {:<12} {:>10}   measured after forward: {}", "activations",
-            human_bytes(static_cast<double>(e.activations)),
-            human_bytes(static_cast<double>(measured_activations)));
-  log::info("  {:<12} {:>10}   measured peak: {} (+ backward's temporaries)", "total",
-            human_bytes(static_cast<double>(per.total() * n_params + e.activations)),
-            human_bytes(static_cast<double>(measured_peak)));
+  const int64_t activations = moe ? static_cast<int64_t>(measured_activations) : e.activations;
+  if (moe)
+    log::info("  {:<12} {:>10}   measured after forward: {} (step 5's formula counts dense "
+              "blocks; this model's experts keep more)", "activations", "-",
+              human_bytes(static_cast<double>(measured_activations)));
+  else
+    log::info("  {:<12} {:>10}   measured after forward: {}", "activations",
+              human_bytes(static_cast<double>(e.activations)),
+              human_bytes(static_cast<double>(measured_activations)));
+  log::info("  {:<12} {:>10}   measured peak: {} (+ backward's temporaries){}", "total",
+            human_bytes(static_cast<double>(per.total() * n_params + activations)),
+            human_bytes(static_cast<double>(measured_peak)),
+            moe ? "; the activations as measured" : "");
   (void)e.weights;  // the fp32 formula's weights, gradients and moments: the rows above
 }
 
@@ -119,20 +129,20 @@ int main(int argc, char** argv) {
         ("data", "corpus directory (train.bin, val.bin) or a text file", cxxopts::value<std::string>()->default_value(data::default_data_dir()))
         ("steps", "training steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.steps)))
         ("batch", "batch size (sequences)", cxxopts::value<int64_t>()->default_value("16"))
-        ("context", "context length T (default: the model's)", cxxopts::value<int64_t>()->default_value("-1"))
+        ("context", "context length T (-1: the model's)", cxxopts::value<int64_t>()->default_value("-1"))
         ("lr", "peak learning rate", cxxopts::value<double>()->default_value(fmt::format("{}", d.max_lr)))
         ("min-lr", "final learning rate", cxxopts::value<double>()->default_value(fmt::format("{}", d.min_lr)))
         ("warmup", "warmup steps", cxxopts::value<int64_t>()->default_value(std::to_string(d.warmup)))
         ("clip", "max gradient norm (0: off)", cxxopts::value<double>()->default_value(fmt::format("{}", d.clip)))
         ("eval-every", "evaluate every N steps (0: only at the end)", cxxopts::value<int64_t>()->default_value("100"))
         ("eval-batches", "validation batches per evaluation", cxxopts::value<int>()->default_value("8"))
-        ("log-every", "print a step line every N steps", cxxopts::value<int64_t>()->default_value("10"))
-        ("checkpoint", "checkpoint file (written at the end)", cxxopts::value<std::string>()->default_value(data::default_data_dir() + "/lab02.ckpt"))
+        ("log-every", "print a step line every N steps (and the last step's)", cxxopts::value<int64_t>()->default_value("10"))
+        ("checkpoint", "checkpoint file (written every --checkpoint-every steps and at the end)", cxxopts::value<std::string>()->default_value(data::default_data_dir() + "/lab02.ckpt"))
         ("checkpoint-every", "also write the checkpoint every N steps (0: only at the end)", cxxopts::value<int64_t>()->default_value("100"))
-        ("stop-at", "stop before this step, checkpointing, as if interrupted (try --resume)", cxxopts::value<int64_t>()->default_value("-1"))
+        ("stop-at", "stop before this step, checkpointing, as if interrupted (try --resume); 0: run every step", cxxopts::value<int64_t>()->default_value("0"))
         ("resume", "continue from --checkpoint")
         ("sample", "characters to generate at the end", cxxopts::value<int>()->default_value("300"))
-        ("peak-tflops", "device peak TFLOP/s for MFU (default: the GPU data sheet; on a CPU a measured sgemm)", cxxopts::value<double>()->default_value("0"))
+        ("peak-tflops", "device peak TFLOP/s for MFU (0: the GPU data sheet; on a CPU a measured sgemm)", cxxopts::value<double>()->default_value("0"))
         ("tf32", "allow TF32 tensor cores for fp32 matmuls on CUDA")
         ("attention", "written (two matmuls and a softmax; the T x T probabilities are kept) or flash (one fused op: tiles and an online softmax, no T x T)", cxxopts::value<std::string>()->default_value("written"));
     const auto r = cli::parse(options, argc, argv);
@@ -159,6 +169,9 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(T <= config.block_size, "--context {} is longer than {}'s context of {}", T,
                      config.name, config.block_size);
     SCALELAB_REQUIRE(tc.max_lr > 0 && tc.min_lr >= 0, "--lr and --min-lr must be positive");
+    SCALELAB_REQUIRE(tc.min_lr <= tc.max_lr,
+                     "--min-lr {} is above --lr {}: the schedule would rise after warmup",
+                     tc.min_lr, tc.max_lr);
     // The rules of labs 03+ (train::read_train_options) for the options they share.
     SCALELAB_REQUIRE(tc.warmup >= 0, "--warmup must not be negative, got {}", tc.warmup);
     SCALELAB_REQUIRE(tc.clip >= 0, "--clip must not be negative (0: off), got {}", tc.clip);
@@ -166,7 +179,18 @@ int main(int argc, char** argv) {
                      "--peak-tflops must not be negative, got {}", r["peak-tflops"].as<double>());
     const int n_sample = r["sample"].as<int>();
     SCALELAB_REQUIRE(n_sample >= 0, "--sample must not be negative (0: none), got {}", n_sample);
-    const int64_t eval_every = r["eval-every"].as<int64_t>(), log_every = std::max<int64_t>(1, r["log-every"].as<int64_t>());
+    const int64_t eval_every = r["eval-every"].as<int64_t>();
+    const int64_t log_every = r["log-every"].as<int64_t>();
+    SCALELAB_REQUIRE(log_every > 0, "--log-every must be positive, got {}", log_every);
+    const int64_t stop_at_option = r["stop-at"].as<int64_t>();
+    SCALELAB_REQUIRE(stop_at_option >= 0, "--stop-at must not be negative (0: run every step), "
+                     "got {}", stop_at_option);
+    // The corpus is read after the peak is measured: a --data that names nothing fails here, not
+    // as a missing '<text>/train.bin'.
+    const std::string data_path = r["data"].as<std::string>();
+    SCALELAB_REQUIRE(std::filesystem::exists(data_path),
+                     "--data {}: no such file or directory (a text file, or a directory holding "
+                     "train.bin and val.bin: ./scalelab data)", data_path);
     const int eval_batches = r["eval-batches"].as<int>();
     SCALELAB_REQUIRE(eval_batches > 0, "--eval-batches must be positive");
     SCALELAB_REQUIRE(eval_every >= 0, "--eval-every must not be negative (0: only at the end), "
@@ -206,7 +230,7 @@ int main(int argc, char** argv) {
                    : r["tf32"].as<bool>() ? metrics::Precision::tf32 : metrics::Precision::fp32);
     const double peak = peak_info.tflops;
 
-    const Corpus corpus = load_corpus(r["data"].as<std::string>());
+    const Corpus corpus = load_corpus(data_path);
     const data::Sampler train(corpus.train, B, T, run.seed);
     const data::Sampler val(corpus.val, B, T, run.seed + 1);
 
@@ -230,9 +254,13 @@ int main(int argc, char** argv) {
     log::info("MFU against {}", peak_info.str());
 
     const double fpt = lab02::flops_per_token(config, T);
+    if (config.moe.enabled())  // step 4's count is the dense one: say what the MFU counts
+      log::info("mixture of experts: MFU counts every expert ({:.4g} FLOPs a token, step 4's dense "
+                "count); a token runs through {} of {} experts ({:.4g}, metrics::flops_per_token)",
+                fpt, config.moe.top_k, config.moe.n_expert, metrics::flops_per_token(config, T));
     std::size_t activations_measured = 0;
     reset_peak_memory(device);
-    const int64_t stop_at = r["stop-at"].as<int64_t>() < 0 ? tc.steps : std::min(tc.steps, r["stop-at"].as<int64_t>());
+    const int64_t stop_at = stop_at_option == 0 ? tc.steps : std::min(tc.steps, stop_at_option);
     for (int64_t step = start; step < stop_at; ++step) {
       const data::Batch batch = train.batch(step).to(device);
       const double lr = lab02::learning_rate(step, tc);
@@ -276,7 +304,7 @@ int main(int argc, char** argv) {
     }
     print_memory_table(estimate_for(config, B, T, run.bf16(), flash), run.bf16(),
                        model.num_parameters(), state_measured, memory_stats(device).peak,
-                       activations_measured);
+                       activations_measured, config.moe.enabled());
     log::info("checkpoint: {} (continue with --resume --steps N)", ckpt);
 
     if (n_sample > 0) {

@@ -1,5 +1,5 @@
 // Starter generated from solutions/02_single_device/single_device.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash dd2bcd3e7f261c87 (lets make-labs see your edits).
+// step (see README.md). Body hash a0885325df7c1dfb (lets make-labs see your edits).
 #include "common/errors.hpp"  // scalelab::NotImplemented
 // Lab 02: single_device. The training loop of one device: the baseline of every later lab.
 #include "single_device.hpp"
@@ -32,8 +32,8 @@ double learning_rate(int64_t step, const TrainConfig& c) {
 
 Scalar clip_gradients(nn::GPT& model, double max_norm) {
   // TODO step 2: global gradient norm over every parameter, then scale
-  // HINT: ops::sum_squares and ops::scale; the gradients are also one flat buffer
-  // HINT: (model.params().grads()).
+  // HINT: the gradients are one flat buffer (model.params().grads()); ops::sum_squares_into and
+  // HINT: ops::clip_scale keep the norm on the device (a double norm is a read to the host).
   throw scalelab::NotImplemented(
       "lab 02 step 2: global gradient norm over every parameter, then scale (README.md#step-2)");
 }
@@ -52,9 +52,9 @@ double tokens_per_second(int64_t tokens, double seconds) {
 }
 
 double flops_per_token(const ModelConfig& c, int64_t T) {
-  // TODO step 4: 6N + 12 L H Q T
+  // TODO step 4: training FLOPs of one token, attention included
   throw scalelab::NotImplemented(
-      "lab 02 step 4: 6N + 12 L H Q T (README.md#step-4)");
+      "lab 02 step 4: training FLOPs of one token, attention included (README.md#step-4)");
 }
 
 double mfu(double tokens_per_s, double flops_per_token, double peak_tflops) {

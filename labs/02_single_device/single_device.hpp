@@ -35,17 +35,17 @@ double train_step(nn::GPT& model, optim::AdamW& opt, const data::Batch& batch, d
 
 // ---- Step 2: schedule and clipping --------------------------------------------------------
 
-/// Step 2a. The learning rate of `step` (from 0), nanoGPT's schedule:
-///   step < warmup:           max_lr * (step + 1) / (warmup + 1)
-///   warmup <= step < steps:  min_lr + 0.5 (1 + cos(pi r)) (max_lr - min_lr),
-///                            r = (step - warmup) / (steps - warmup)
-///   step >= steps:           min_lr
+/// Step 2a. The learning rate of `step` (from 0), nanoGPT's schedule: over the first `warmup`
+/// steps it rises linearly towards max_lr (step 0 already trains: its rate is above 0), reaching
+/// max_lr at step `warmup`; from there a half cosine takes it down to min_lr at step `steps`;
+/// min_lr after. (The formulas: README.md#step-2, "Stuck?".)
 double learning_rate(int64_t step, const TrainConfig& config);
 
 /// Step 2b. Global-norm clipping: the norm is sqrt of the sum over ALL gradients of their squared
 /// elements; when it exceeds max_norm, every gradient is multiplied by max_norm / (norm + 1e-6)
-/// (PyTorch's clip_grad_norm_). Returns the norm before clipping (a double converts to the
-/// Scalar: the reference keeps the norm on the gradients' device, README.md#step-2).
+/// (PyTorch's clip_grad_norm_). Returns the norm before clipping. The norm stays on the
+/// gradients' device: a train_step that clips reads no more numbers back to the host than one
+/// that does not (graded; README.md#step-2).
 Scalar clip_gradients(nn::GPT& model, double max_norm);
 
 // ---- Step 3: evaluation -------------------------------------------------------------------
@@ -59,13 +59,17 @@ double evaluate(nn::GPT& model, const data::Sampler& val, int n_batches);
 /// Step 4a. Tokens processed per second: tokens / seconds (0 if seconds <= 0).
 double tokens_per_second(int64_t tokens, double seconds);
 
-/// Step 4b. Training FLOPs per token: 6 N + 12 L H Q T, with N the parameter count without the
-/// position embedding (parameter_count(config) - block_size * n_embd), L layers, H heads of
-/// size Q = n_embd / n_head, and T the context length of the batches.
+/// Step 4b. Training FLOPs per token at context T: the multiply-adds of one token's forward and
+/// backward through every matmul of the model (every parameter but the position embedding, a
+/// lookup), plus attention's two products over the T positions of the context, which no
+/// parameter accounts for (PaLM's estimate, nanoGPT's estimate_mfu; README.md#step-4). The dense
+/// count: with mixture-of-experts blocks it counts every expert, not the top_k a token runs
+/// through (common/metrics.hpp's flops_per_token counts those; the program says which it prints).
 double flops_per_token(const ModelConfig& config, int64_t T);
 
-/// Step 4c. Model FLOPs utilisation: achieved FLOP/s over the peak, in [0, 1];
-/// 0 when peak_tflops <= 0 (unknown).
+/// Step 4c. Model FLOPs utilisation: achieved FLOP/s over the peak, a ratio (not clamped: it can
+/// exceed 1 when the peak given or measured is below what the device really does); 0 when
+/// peak_tflops <= 0 (unknown).
 double mfu(double tokens_per_s, double flops_per_token, double peak_tflops);
 
 // ---- Step 5: memory -----------------------------------------------------------------------
@@ -79,15 +83,14 @@ struct MemoryEstimate {
   int64_t total() const { return weights + gradients + optimizer + activations; }
 };
 
-/// Step 5. The memory of training `config` on batches (B, T) in elements of `bytes_per_element`
-/// bytes. N = parameter_count(config). Activations are what this library's GPT keeps between
-/// forward and backward, in elements:
-///   per block:  16 B T C  +  4 B T  +  B H T^2     (C = n_embd, H = n_head)
-///     (ln1, q, k, v, merged heads, residual, ln2: 7 BTC; the MLP's pre- and post-GELU: 8 BTC;
-///      the block's input: BTC; two LayerNorms' mean and rstd: 4 BT; attention probabilities)
-///   head:  2 B T C  +  2 B T  +  B T V   (its input: the last block's output; ln_f's output,
-///          mean and rstd; the softmax probabilities)
-/// This is what GPT::activation_bytes() measures after a forward, to the element.
+/// Step 5. The memory of training `config` on batches (B, T), every number (weights, gradients,
+/// AdamW's two moments, activations) `bytes_per_element` bytes wide. N = parameter_count(config).
+/// activation_elements: the elements this library's (dense) GPT keeps between forward and
+/// backward: per block, its input, the LayerNorms' outputs and statistics, q, k, v, the merged
+/// heads, the residual, the MLP before and after GELU, the attention probabilities; in the head,
+/// its input, ln_f's output and statistics and the softmax probabilities. Exactly what
+/// GPT::activation_bytes() measures after a forward (README.md#step-5). Mixture-of-experts blocks
+/// keep more (the router's and the experts' tensors): the formula counts dense blocks.
 int64_t activation_elements(const ModelConfig& config, int64_t B, int64_t T);
 MemoryEstimate estimate_memory(const ModelConfig& config, int64_t B, int64_t T,
                                int64_t bytes_per_element = 4);

@@ -39,11 +39,10 @@ double learning_rate(int64_t step, const TrainConfig& c) {
 
 Scalar clip_gradients(nn::GPT& model, double max_norm) {
   // BEGIN SOLUTION step 2: global gradient norm over every parameter, then scale
-  // HINT: ops::sum_squares and ops::scale; the gradients are also one flat buffer
-  // HINT: (model.params().grads()).
-  // The rule, with norm = sqrt(sum_squares(grads)): if norm > max_norm, grads *= max_norm /
-  // (norm + 1e-6). On a GPU a double norm is a copy to the host that waits for the whole
-  // backward, so here the sum, the test and the scaling stay on the device (the same bits).
+  // HINT: the gradients are one flat buffer (model.params().grads()); ops::sum_squares_into and
+  // HINT: ops::clip_scale keep the norm on the device (a double norm is a read to the host).
+  // On a GPU a double norm is a copy to the host that waits for the whole backward, so here the
+  // sum, the test and the scaling stay on the device (the same bits as the rule on the host).
   Tensor& grads = model.params().grads();
   Tensor sum_squares = Tensor::zeros({1}, DType::f64, grads.device());
   ops::sum_squares_into(sum_squares, grads);
@@ -72,7 +71,7 @@ double tokens_per_second(int64_t tokens, double seconds) {
 }
 
 double flops_per_token(const ModelConfig& c, int64_t T) {
-  // BEGIN SOLUTION step 4: 6N + 12 L H Q T
+  // BEGIN SOLUTION step 4: training FLOPs of one token, attention included
   const double N = static_cast<double>(parameter_count(c) - c.block_size * c.n_embd);
   const double Q = static_cast<double>(c.n_embd / c.n_head);
   return 6.0 * N + 12.0 * static_cast<double>(c.n_layer) * static_cast<double>(c.n_head) * Q *

@@ -3,14 +3,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <string>
 
 #include "common/ops/ops.hpp"
 #include "common/scalar.hpp"
+#include "library_training_loop.hpp"
 #include "single_device.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/own_work.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab02;
@@ -60,9 +63,16 @@ TEST(Step1_TrainStep, ZeroesGradientsEveryStep) {
   fresh.zero_grad();
   fresh.forward(s.batch(1).x, s.batch(1).y);
   fresh.backward();
-  for (int64_t i = 0; i < after_two.numel(); i += 97)
-    ASSERT_NEAR(after_two.item(i), fresh.params().grads().item(i), 1e-12)
-        << "gradients must be zeroed before backward (element " << i << ")";
+  for (int64_t i = 0; i < after_two.numel(); i += 97) {
+    const double got = after_two.item(i), alone = fresh.params().grads().item(i);
+    if (!(std::abs(got - alone) <= 1e-12)) {
+      // the words first: the values only say where
+      ADD_FAILURE() << "gradients must be zeroed before backward: after two train_steps the "
+                    << "gradient is not the second batch's alone (element " << i << ": " << got
+                    << ", the second batch's gradient " << alone << ")";
+      return;
+    }
+  }
 }
 
 TEST(Step1_TrainStep, LossGoesDown) {
@@ -124,13 +134,24 @@ TEST(Step2_Schedule, WarmupCosineFloor) {
   c.min_lr = 1e-4;
   c.warmup = 10;
   c.steps = 110;
-  EXPECT_NEAR(learning_rate(0, c), 1e-3 / 11, 1e-15);
-  EXPECT_NEAR(learning_rate(9, c), 1e-3 * 10 / 11, 1e-15);
-  EXPECT_NEAR(learning_rate(10, c), 1e-3, 1e-15);
-  EXPECT_NEAR(learning_rate(60, c), 5.5e-4, 1e-15);  // half way: the mean of max and min
-  EXPECT_NEAR(learning_rate(110, c), 1e-4, 1e-15);
-  EXPECT_NEAR(learning_rate(1000, c), 1e-4, 1e-15);
-  for (int64_t s = 10; s < 110; ++s) EXPECT_LE(learning_rate(s + 1, c), learning_rate(s, c));
+  // each value with what it means first (the expected number alone says nothing)
+  auto rate_is = [&](int64_t step, double expected, const char* meaning) {
+    const double got = learning_rate(step, c);
+    if (!(std::abs(got - expected) <= 1e-15))
+      ADD_FAILURE() << meaning << ": learning_rate(" << step << ") is " << got << ", expected "
+                    << expected << " (max_lr 1e-3, min_lr 1e-4, warmup 10, steps 110)";
+  };
+  rate_is(0, 1e-3 / 11, "warmup: the first step's rate is not 0 (step 0 already trains)");
+  rate_is(9, 1e-3 * 10 / 11, "warmup: the rate rises linearly, the last warmup step just "
+                             "below max_lr");
+  rate_is(10, 1e-3, "the end of warmup: step `warmup` is at max_lr");
+  rate_is(60, 5.5e-4, "cosine: half way through the decay the rate is the mean of max_lr and "
+                      "min_lr");
+  rate_is(110, 1e-4, "the decay ends at min_lr at step `steps`");
+  rate_is(1000, 1e-4, "after `steps` the rate stays at min_lr");
+  for (int64_t s = 10; s < 110; ++s)
+    EXPECT_LE(learning_rate(s + 1, c), learning_rate(s, c))
+        << "the cosine decay never rises: step " << s + 1 << " is above step " << s;
 }
 
 TEST(Step2_Clip, GlobalNormOverAllParameters) {
@@ -147,6 +168,67 @@ TEST(Step2_Clip, GlobalNormOverAllParameters) {
   EXPECT_NEAR(g.item(g.numel() - 1), 0.8, 1e-6);
 }
 
+TEST(Step2_Clip, TrainStepClipsBeforeTheUpdate) {
+  // Three steps with a small clip (every step's norm above it: asserted) against the library's
+  // step (library_training_loop.hpp), float64, parameters within 1e-12. AdamW divides by the
+  // gradient's running RMS, so one step moves almost as far clipped as not: three steps, clipped
+  // by different factors, tell a step that clips before the update from one that does not.
+  nn::GPT model(model_config("tiny"), f64()), lib(model_config("tiny"), f64());
+  optim::AdamW opt(optim::groups(model.parameters())), lib_opt(optim::groups(lib.parameters()));
+  data::Sampler s(corpus(), 4, 16, 9);
+  const double clip = 0.05, lr = 1e-2;
+  for (int step = 0; step < 3; ++step) {
+    // the parameters after each step (not the losses: a step off shows first there)
+    const data::Batch b = s.batch(step);
+    train_step(model, opt, b, lr, clip);
+    double norm = 0;
+    lab02test::library_train_step(lib, lib_opt, b, lr, clip, &norm);
+    ASSERT_GT(norm, clip) << "the test's premise: the gradient norm is above the clip";
+    const Tensor& got = model.params().values();
+    const Tensor& want = lib.params().values();
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      if (!(std::abs(got.item(i) - want.item(i)) <= 1e-12)) {
+        ADD_FAILURE() << "with clip > 0 the update must use the clipped gradients: after "
+                      << step + 1 << " train_step(s) at clip 0.05 (every gradient "
+                      << "norm above it) parameter " << i << " is " << got.item(i)
+                      << ", with the gradients clipped before each AdamW step " << want.item(i)
+                      << " (README.md#step-1)";
+        return;
+      }
+    }
+  }
+}
+
+namespace {
+// How many numbers one train_step copies back to the host (common/scalar.hpp's host_reads()).
+int64_t reads_of_a_step(nn::GPT& model, optim::AdamW& opt, const data::Batch& b, double clip) {
+  const int64_t before = host_reads();
+  train_step(model, opt, b, 1e-3, clip);
+  return host_reads() - before;
+}
+}  // namespace
+
+TEST(Step2_Clip, ClippingReadsNothingBackToTheHost) {
+  // On a GPU each number read back waits for every kernel queued before it: a norm read back
+  // waits for the whole backward. Clipping (the clip of 1e-3 always clips) may add no read.
+  nn::GPT model(model_config("tiny"));
+  optim::AdamW opt(optim::groups(model.parameters()));
+  data::Sampler s(corpus(), 4, 16, 10);
+  const int64_t without = reads_of_a_step(model, opt, s.batch(0), 0.0);
+  const int64_t with = reads_of_a_step(model, opt, s.batch(1), 1e-3);
+  if (with > without)
+    ADD_FAILURE() << "clipping read numbers back to the host: a train_step read " << with
+                  << " number(s) with clip > 0, " << without << " without; keep the norm, its "
+                  << "test and the scaling on the gradients' device (README.md#step-2)";
+}
+
+TEST(Step2_OwnWork, TheScheduleAndClippingAreYourOwn) {
+  // the library's versions are for the later labs (README.md#step-2)
+  EXPECT_TRUE(labtest::calls_none_of({"scalelab::optim::cosine_lr(",
+                                      "scalelab::optim::clip_grad_norm("},
+                                     "step 2 asks for your own schedule and clipping"));
+}
+
 // ---- Step 3 -----------------------------------------------------------------------------------
 
 TEST(Step3_Evaluate, MeanOfBatchLossesWithoutSideEffects) {
@@ -156,7 +238,11 @@ TEST(Step3_Evaluate, MeanOfBatchLossesWithoutSideEffects) {
   for (int i = 0; i < 3; ++i) expected += model.loss(val.batch(i).x, val.batch(i).y) / 3;
   ops::fill(model.params().grads(), 0.5);
   const std::size_t before = memory_stats(Device::cpu()).current;
-  EXPECT_NEAR(evaluate(model, val, 3), expected, 1e-6);
+  const double got = evaluate(model, val, 3);
+  if (!(std::abs(got - expected) <= 1e-6))
+    ADD_FAILURE() << "evaluate(model, val, 3) must be the mean loss over the first 3 validation "
+                  << "batches (0, 1, 2), each weighted equally: got " << got << ", expected "
+                  << expected;
   EXPECT_EQ(model.params().grads().item(0), 0.5) << "evaluation must not touch gradients";
   EXPECT_EQ(memory_stats(Device::cpu()).current, before) << "evaluation keeps no activations";
 }
@@ -212,15 +298,8 @@ TEST(Step3_Evaluate, TrainingLowersValidationLoss) {
   tc.steps = 200;
   tc.warmup = 10;
   const double before = evaluate(model, val, 4);
-  // trained with the library directly, so this step is graded on its own (not through steps 1-2)
-  for (int step = 0; step < tc.steps; ++step) {
-    const data::Batch b = train.batch(step);
-    model.zero_grad();
-    model.forward(b.x, b.y);
-    model.backward();
-    optim::clip_grad_norm(optim::groups(model.parameters()), tc.clip);
-    opt.step(optim::cosine_lr(step, tc.warmup, tc.steps, tc.max_lr, tc.min_lr));
-  }
+  // trained with the library's loop, so this step is graded on its own (not through steps 1-2)
+  lab02test::library_train(model, opt, train, tc);
   const double after = evaluate(model, val, 4);
   EXPECT_NEAR(before, std::log(256.0), 0.2);
   EXPECT_LT(after, 2.0);
@@ -242,6 +321,13 @@ TEST(Step4_Throughput, FlopsPerTokenAndMfu) {
   EXPECT_EQ(mfu(1e6, 1e9, 0.0), 0.0);
 }
 
+TEST(Step4_OwnWork, TheFlopCountAndMfuAreYourOwn) {
+  // the library's versions are for the later labs (README.md#step-4)
+  EXPECT_TRUE(labtest::calls_none_of({"scalelab::metrics::flops_per_token(",
+                                      "scalelab::metrics::mfu("},
+                                     "step 4 asks for your own flops_per_token and mfu"));
+}
+
 // ---- Step 5 -----------------------------------------------------------------------------------
 
 TEST(Step5_Memory, FormulaForWeightsGradsAndAdam) {
@@ -252,7 +338,17 @@ TEST(Step5_Memory, FormulaForWeightsGradsAndAdam) {
   EXPECT_EQ(m.gradients, 4 * N);
   EXPECT_EQ(m.optimizer, 8 * N);
   EXPECT_EQ(m.total(), m.weights + m.gradients + m.optimizer + m.activations);
-  EXPECT_EQ(estimate_memory(c, 16, 64, 2).weights, 2 * N);
+  // 2-byte elements (bf16): every kind is that wide, not only the weights
+  const MemoryEstimate h = estimate_memory(c, 16, 64, 2);
+  auto bytes_are = [](int64_t got, int64_t want, const char* what) {
+    if (got != want)
+      ADD_FAILURE() << "2 bytes per element: " << what << ": got " << got << " bytes, expected "
+                    << want << " (small, B 16, T 64)";
+  };
+  bytes_are(h.weights, 2 * N, "the weights");
+  bytes_are(h.gradients, 2 * N, "one gradient per parameter, as wide");
+  bytes_are(h.optimizer, 4 * N, "AdamW's two moments, as wide");
+  bytes_are(h.activations, 2 * activation_elements(c, 16, 64), "the activations, as wide");
 }
 
 TEST(Step5_Memory, ActivationFormulaMatchesWhatForwardKeeps) {
