@@ -130,11 +130,13 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
     // The verdict names the rank where it happened: a rank whose message only says that another
     // rank failed (a collective check's echo) yields to one that gives its own cause.
     std::string echo;
+    std::vector<int> others;  // ranks other than 0 where the test failed
     for (int r = 0; r < size; ++r) {
       const char* m = all.data() + r * kMessageBytes;
       if (m[0] == 0) continue;
       std::string line = fmt::format("{} on rank {}: {}", g_current_test, r, m);
       if (r != 0) fmt::print("[  FAILED  ] {}\n", line);
+      if (r != 0) others.push_back(r);
       if (!g_first_failure.empty()) continue;
       if (only_an_echo(m)) {
         if (echo.empty()) echo = line;
@@ -143,6 +145,16 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
       }
     }
     if (g_first_failure.empty()) g_first_failure = echo;
+    // Rank 0 prints the job's progress: a test that passed here but failed on another rank is
+    // failed here too, so its line and the closing summary do not read "OK" / "PASSED" (this
+    // listener's OnTestEnd runs before the printer's; the test is still the current one, so the
+    // failure is its).
+    if (!others.empty() && !info.result()->Failed())
+      GTEST_MESSAGE_AT_(info.file(), info.line(),
+                        fmt::format("the test failed on rank{} {} (the line above)",
+                                    others.size() > 1 ? "s" : "", fmt::join(others, ", "))
+                            .c_str(),
+                        testing::TestPartResult::kNonFatalFailure);
   }
 
  private:
@@ -193,6 +205,9 @@ int main(int argc, char** argv) {
   scalelab::labtest::count_threads_started_from_now();
 
   auto& listeners = testing::UnitTest::GetInstance()->listeners();
+  // Rank 0 alone prints gtest's progress. The verdict listener comes after the printer: gtest
+  // calls OnTestEnd in reverse order, so it may fail rank 0's copy of a test another rank
+  // failed before the printer says OK.
   if (scalelab::world_rank() != 0) delete listeners.Release(listeners.default_result_printer());
   listeners.Append(new RankVerdictListener);
 

@@ -34,6 +34,11 @@ class TestMainTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 1, out)
         self.assertIn("[scalelab] verdict: failed: SelfTest_FailOnRank1.Fails on rank 1:", out)
         self.assertIn("planted failure", out)
+        # rank 0 prints the progress: the test is FAILED there too, not "OK" and "PASSED 1 test"
+        self.assertIn("the test failed on rank 1 (the line above)", out)
+        self.assertRegex(out, r"\[  FAILED  \] (\x1b\[m)?SelfTest_FailOnRank1\.Fails \(\d+ ms\)")
+        self.assertNotRegex(out, r"\[       OK \] (\x1b\[m)?SelfTest_FailOnRank1")
+        self.assertNotRegex(out, r"\[  PASSED  \] (\x1b\[m)?1 test")
 
     def test_the_verdict_names_the_rank_with_the_cause_not_an_echo(self):
         proc, out, _ = run("SelfTest_EchoOnRank0", ranks=3)
@@ -121,8 +126,11 @@ class TestMainTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             proc, out, _ = run("SelfTest_FailOnRank1", 2, f"--gtest_output=xml:{tmp}/report.xml")
             self.assertEqual(proc.returncode, 1, out)
-            failed = [r for r in range(2) if ET.parse(f"{tmp}/report.rank{r}.xml").getroot().find(".//failure") is not None]
-            self.assertEqual(failed, [1])
+            failures = {r: ET.parse(f"{tmp}/report.rank{r}.xml").getroot().find(".//failure")
+                        for r in range(2)}
+            self.assertIn("planted failure", failures[1].get("message"))
+            # rank 0's copy is failed too, naming the rank (tools/grade takes rank 1's cause first)
+            self.assertIn("the test failed on rank 1", failures[0].get("message"))
 
 
 if __name__ == "__main__":
