@@ -480,8 +480,8 @@ std::string root_line(const Job& job, int r, const std::vector<int>& waiting) {
                        r, job.beat_age(r), waiters,
                        w ? "in " + describe(*w) : std::string("in no collective (computing)"));
   return fmt::format("rank {} is in no collective and has made no progress for {:.1f} s{} (it "
-                     "skipped a collective, or is stuck computing: an endless loop, a kernel "
-                     "that never returns)",
+                     "skipped a collective, returned early (a failed ASSERT ends its test), or "
+                     "is stuck computing: an endless loop, a kernel that never returns)",
                      r, st.progress > 0 ? job.now - st.progress : 0.0, waiters);
 }
 

@@ -100,6 +100,12 @@ void note_running_test(const std::string& name) {
   }
 }
 
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
 class RankVerdictListener : public testing::EmptyTestEventListener {
  public:
   void OnTestStart(const testing::TestInfo& info) override {
@@ -109,8 +115,14 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
   }
 
   void OnTestPartResult(const testing::TestPartResult& result) override {
-    if (result.failed() && first_message_.empty())
-      first_message_ = attendee_message(result.file_name(), result.line_number(), result.summary());
+    if (!result.failed() || !first_message_.empty() || echoing_) return;
+    first_message_ = attendee_message(result.file_name(), result.line_number(), result.summary());
+    // Said at once, every rank: a rank whose check failed may leave the others waiting in a
+    // collective (a failed ASSERT returns), and the gather at the test's end then never comes;
+    // tools/grade puts this line before the watchdog's report.
+    fmt::print("[scalelab] rank {} failed a check in {}: {}\n", scalelab::world_rank(),
+               g_current_test, one_line(first_message_));
+    std::fflush(stdout);
   }
 
   // Every rank reaches here once per test, in the same order: gather the verdicts to rank 0.
@@ -149,16 +161,20 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
     // failed here too, so its line and the closing summary do not read "OK" / "PASSED" (this
     // listener's OnTestEnd runs before the printer's; the test is still the current one, so the
     // failure is its).
-    if (!others.empty() && !info.result()->Failed())
+    if (!others.empty() && !info.result()->Failed()) {
+      echoing_ = true;  // not this rank's own check: no "failed a check" line for it
       GTEST_MESSAGE_AT_(info.file(), info.line(),
                         fmt::format("the test failed on rank{} {} (the line above)",
                                     others.size() > 1 ? "s" : "", fmt::join(others, ", "))
                             .c_str(),
                         testing::TestPartResult::kNonFatalFailure);
+      echoing_ = false;
+    }
   }
 
  private:
   std::string first_message_;
+  bool echoing_ = false;
 };
 
 // --gtest_output=xml:PATH.xml becomes xml:PATH.rank<r>.xml, so ranks never write one file.
@@ -178,12 +194,6 @@ void per_rank_report_path(int argc, char** argv, std::vector<std::string>& stora
     storage.push_back(fmt::format("{}{}.rank{}.xml", flag, stem, scalelab::world_rank()));
     argv[i] = storage.back().data();
   }
-}
-
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
 }
 
 }  // namespace

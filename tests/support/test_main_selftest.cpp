@@ -8,7 +8,9 @@
 
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
+#include "common/tensor.hpp"
 #include "tests/support/drawn.hpp"
+#include "common/comm/communicator.hpp"
 
 using scalelab::world_rank;
 
@@ -39,6 +41,16 @@ TEST(SelfTest_EchoOnRank0, Fails) {
 TEST(SelfTest_SignalOnRank1, Dies) {
   if (world_rank() == 1) std::raise(SIGSEGV);
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Rank 0's check fails and its test returns (ASSERT) while rank 1 waits in an all-reduce for it:
+// the watchdog ends the job, and rank 0's failure must have been said before (the gather at the
+// test's end never comes), so the grader can put the cause before the hang.
+TEST(SelfTest_FailThenHang, Hangs) {
+  auto world = scalelab::comm::Communicator::world("mpi");  // collective: before the check
+  ASSERT_NE(world_rank(), 0) << "planted failure before a collective";
+  scalelab::Tensor t = scalelab::Tensor::zeros({1});
+  world.all_reduce(t);
 }
 
 TEST(SelfTest_Passes, Passes) { EXPECT_EQ(1 + 1, 2); }

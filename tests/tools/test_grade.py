@@ -328,6 +328,20 @@ class ClassifyTest(unittest.TestCase):
         self.assertEqual(grade.classify(139, out, 60, self.NO_REPORT),
                          ("crashed", "rank 3 killed by SIGSEGV (signal 11)"))
 
+    def test_a_failed_check_before_a_hang_leads_the_detail(self):
+        # rank 0's ASSERT failed and returned; rank 1 waits for it: the cause before the report
+        out = ("[ RUN      ] Step3_Ring.Broadcast\n"
+               "[scalelab] rank 0 failed a check in Step3_Ring.Broadcast: x = {0}, want {-1} (t.cpp:117)\n"
+               "[scalelab] watchdog: rank 0 is in no collective and has made no progress for 45.3 s\n")
+        verdict, detail = grade.classify(3, out, 60, self.NO_REPORT)
+        self.assertEqual(verdict, "timed out")
+        self.assertTrue(detail.startswith("rank 0 failed a check first, in Step3_Ring.Broadcast: x = {0}, "
+                                          "want {-1} (t.cpp:117); then in Step3_Ring.Broadcast: "
+                                          "[scalelab] watchdog: rank 0"), detail)
+        # a check that failed in an earlier test is not this hang's cause
+        earlier = out.replace("failed a check in Step3_Ring.Broadcast", "failed a check in Step2_A.B")
+        self.assertNotIn("failed a check first", grade.classify(3, earlier, 60, self.NO_REPORT)[1])
+
     def test_crash_names_the_function_from_the_backtrace(self):
         # Open MPI's backtrace: system frames skipped; an op of common/ named with the lab's
         # function that called it; c++filt (binutils) demangles where installed

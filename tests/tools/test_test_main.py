@@ -40,6 +40,16 @@ class TestMainTest(unittest.TestCase):
         self.assertNotRegex(out, r"\[       OK \] (\x1b\[m)?SelfTest_FailOnRank1")
         self.assertNotRegex(out, r"\[  PASSED  \] (\x1b\[m)?1 test")
 
+    def test_a_failed_check_is_said_at_once_before_a_hang(self):
+        env = dict(ENV, SCALELAB_TIMEOUT="3")
+        proc = subprocess.run([MPIEXEC, "-n", "2", EXE, "--gtest_filter=SelfTest_FailThenHang.*"],
+                              capture_output=True, text=True, timeout=60, env=env)
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 3, out)  # the watchdog ended it
+        line = "[scalelab] rank 0 failed a check in SelfTest_FailThenHang.Hangs: "
+        self.assertIn(line, out)
+        self.assertIn("planted failure before a collective", out.split(line, 1)[1].splitlines()[0])
+
     def test_the_verdict_names_the_rank_with_the_cause_not_an_echo(self):
         proc, out, _ = run("SelfTest_EchoOnRank0", ranks=3)
         self.assertEqual(proc.returncode, 1, out)
