@@ -1,5 +1,5 @@
 // Starter generated from solutions/01_collectives/collectives.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 3323ed27c6d8039e (lets make-labs see your edits).
+// step (see README.md). Body hash d13b8c6990db3535 (lets make-labs see your edits).
 // Lab 01: collectives. See README.md for the steps and collectives.hpp for the contract.
 #include "collectives.hpp"
 
@@ -94,10 +94,8 @@ void ring_all_reduce(Communicator& comm, const Tensor& x) {
   auto begin = [&](int k) { return chunk_begin(numel, n, k); };
   auto length = [&](int k) { return chunk_begin(numel, n, k + 1) - chunk_begin(numel, n, k); };
   // TODO step 2: reduce-scatter then all-gather around the ring, n-1 steps each
-  // HINT: post the recv first (recv_async), then send, then wait: if every rank sent first, a
-  // HINT: large message would wait for a recv nobody has posted yet. comm.send_recv_async posts
-  // HINT: a step's recv and send together (one NCCL group on a GPU).
-  // HINT: the chunk you receive in the reduce-scatter needs a scratch tensor: add_into it.
+  // HINT: only comm's send/recv and their _async variants, to `right` and from `left`; it must
+  // HINT: not deadlock at any size. Stuck? `./scalelab hint 01 2`, one hint at a time.
   throw scalelab::NotImplemented(
       "lab 01 step 2: reduce-scatter then all-gather around the ring, n-1 steps each (README.md#step-2)");
 }
@@ -107,8 +105,7 @@ void ring_broadcast(Communicator& comm, const Tensor& x, int root) {
   if (root < 0 || root >= n) throw std::invalid_argument("ring_broadcast: root out of range");
   if (n == 1) return;
   // TODO step 3: pass root's buffer along the ring
-  // HINT: every rank but the root receives from its left; every rank whose right neighbour is
-  // HINT: not the root sends to its right.
+  // HINT: only send/recv, along the ring from the root. Stuck? `./scalelab hint 01 3`.
   throw scalelab::NotImplemented(
       "lab 01 step 3: pass root's buffer along the ring (README.md#step-3)");
 }

@@ -66,26 +66,27 @@ int64_t chunk_begin(int64_t numel, int n, int k);
 void add_into(const Tensor& dst, const Tensor& src);
 
 /// Step 2. Sum of every rank's `x`, in place, on every rank: a ring all-reduce built only from
-/// comm.send / comm.recv (and their _async variants). Rank r sends to (r+1) % n and receives
-/// from (r-1+n) % n. Two phases of n-1 steps each, on the buffer cut into n chunks
-/// (chunk_begin): a reduce-scatter (each step passes one partial chunk on and adds the one that
-/// arrives; at the end each rank holds one chunk's complete sum), then an all-gather (the
-/// complete chunks go round). Which chunk moves at which step is the exercise: README step 2
-/// and its hints.
+/// comm.send / comm.recv (and their _async variants), on the buffer cut into n chunks
+/// (chunk_begin): a reduce-scatter (n-1 steps) that leaves each rank with one chunk's complete
+/// sum, then an all-gather (n-1 steps) of the complete chunks. What it may send (graded from the
+/// communicator's ledger): no collective; messages to (r+1) % n only and from (r-1+n) % n only;
+/// one chunk a step each way, 2(n-1) chunks sent and 2(n-1) received in all. Which chunk moves
+/// at which step is the exercise: README step 2 and its hints.
 /// Any contiguous f32/f64 tensor, any shape, numel 0 or smaller than n included; a no-op for n = 1.
 /// With integer-valued floats the result equals comm.all_reduce exactly.
 void ring_all_reduce(Communicator& comm, const Tensor& x);
 
 // ---- Step 3: broadcast and all-gather on the ring ----------------------------------------
 
-/// Step 3a. Root's `x` to every rank, in place, from send/recv only: along the ring, root sends
-/// to root+1, each rank receives from its left neighbour and forwards to its right one, until
-/// the rank before the root.
+/// Step 3a. Root's `x` to every rank, in place, from send/recv only. What it may send: no
+/// collective; every rank but the root receives the buffer once, from its left neighbour; every
+/// rank but the one before the root sends it once, to its right neighbour; nothing else.
+/// A root out of range throws std::invalid_argument.
 void ring_broadcast(Communicator& comm, const Tensor& x, int root);
 
 /// Step 3b. out = every rank's `in`, in rank order (out has size * in.numel elements), from
-/// send/recv only: copy `in` into chunk `rank` of `out`; then n-1 steps, each passing one chunk
-/// to the right and receiving one from the left (the all-gather phase of step 2's ring).
+/// send/recv only. What it may send: no collective; n-1 chunks of `in`'s size to the right
+/// neighbour, one a step, and as many received from the left; nothing else.
 void ring_all_gather(Communicator& comm, const Tensor& in, const Tensor& out);
 
 // ---- Step 4: measure it ----------------------------------------------------------------------

@@ -1,8 +1,9 @@
 scalelab_add_lab(01 collectives SOURCES collectives.cpp STEPS 4 RANKS 1 2 3 4 STEP_RANKS "4:1,2" TIMEOUT 90)
 # Bad bench sizes and bench options: exit 2 and one distinct "error: ..." line on every rank,
 # before any collective. A size is checked after its unit (0.5K is 512 bytes, valid), up to 4G:
-# inf and 1e30 say the limit (they were cast to 0: "--min-bytes 4 is above --max-bytes 0"); the
-# bench's options without --bench are refused, not ignored by the demo. Each as
+# inf and 1e30 say the limit (they were cast to 0: "--min-bytes 4 is above --max-bytes 0"), a
+# number below one f32 (0, 0.4, 3) says the least size (0 was "must be a size like 4, 64K or
+# 16M"); the bench's options without --bench are refused, not ignored by the demo. Each as
 # "ranks|name|regex|args...".
 if(SCALELAB_BUILD_TESTS)
   scalelab_expect_usage_errors(lab01.cli lab01_collectives_solution LABELS reference lab01
@@ -11,7 +12,9 @@ if(SCALELAB_BUILD_TESTS)
       "2|max_bytes_1e30|^error: --max-bytes 1e30: at most 4G \\(4294967296 bytes\\)$|--bench|--max-bytes|1e30"
       "1|max_bytes_8G|^error: --max-bytes 8G: at most 4G|--bench|--max-bytes|8G"
       "1|min_bytes_nan|^error: --min-bytes must be a size like 4, 64K or 16M, got 'nan'|--bench|--min-bytes|nan"
-      "1|min_bytes_below_a_byte|^error: --min-bytes must be a size like 4, 64K or 16M, got '0.4'|--bench|--min-bytes|0.4"
+      "1|min_bytes_below_a_byte|^error: --min-bytes 0.4: at least 4 bytes \\(one f32\\)$|--bench|--min-bytes|0.4"
+      "1|min_bytes_zero|^error: --min-bytes 0: at least 4 bytes \\(one f32\\)$|--bench|--min-bytes|0"
+      "1|max_bytes_below_a_float|^error: --max-bytes 3: at least 4 bytes \\(one f32\\)$|--bench|--max-bytes|3"
       "1|min_bytes_half_k_above_max|^error: --min-bytes 512 is above --max-bytes 256|--bench|--min-bytes|0.5K|--max-bytes|256"
       "2|iters_without_bench|^error: --iters is for --bench$|--iters|0"
       "2|max_bytes_without_bench|^error: --max-bytes is for --bench$|--max-bytes|abc"
@@ -30,3 +33,14 @@ if(SCALELAB_BUILD_TESTS)
   set_tests_properties(lab01.program.fractional_size.np1 PROPERTIES TIMEOUT 60
                        LABELS "reference;lab01" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
 endif()
+# Planted submissions (solutions/01_*/planted/cheats.plant), each with the right numbers: a
+# ring_all_reduce that calls the library's all-reduce, or that passes the whole buffer round the
+# ring n-1 times (no chunks: 3 x the buffer per rank at 4 ranks, where the ring sends 1.5 x; at 2
+# ranks both send 1 x, so the case runs on 4), fails step 2's traffic check; a ring_broadcast or
+# ring_all_gather that calls the library's fails step 3's.
+set(lab01_plants ${PROJECT_SOURCE_DIR}/solutions/01_collectives/planted)
+scalelab_add_planted_submissions(01 PLANTS ${lab01_plants}/cheats.plant
+  CASES "library_all_reduce:2:2:Step2_RingAllReduce.SendsOneChunkAStepToTheRightNeighbourOnly on rank [0-9]: ring_all_reduce called all_reduce on group [a-z0-9_]+: build it from send/recv"
+        "whole_buffer_ring:2:4:Step2_RingAllReduce.SendsOneChunkAStepToTheRightNeighbourOnly on rank [0-9]: ring_all_reduce sent 3 x the buffer .*: a ring sends 2.n-1./n of it, one chunk a step"
+        "library_broadcast:3:2:Step3_RingBroadcast.EachRankReceivesOnceFromTheLeftAndPassesItOn on rank [0-9]: ring_broadcast called broadcast on group [a-z0-9_]+: build it from send/recv"
+        "library_all_gather:3:2:Step3_RingAllGather.PassesNMinusOneChunksToTheRightNeighbourOnly on rank [0-9]: ring_all_gather called all_gather on group [a-z0-9_]+: build it from send/recv")

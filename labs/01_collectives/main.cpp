@@ -5,6 +5,7 @@
 //   ./scalelab run 01 -n 4 -- --bench           # step 4: your ring vs the library's all-reduce
 //   ./scalelab run 01 -n 2 -- --bench --max-bytes 1M --iters 10
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -38,8 +39,10 @@ std::size_t parse_bytes(const std::string& text, const char* option) {
   else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
   else if (!unit.empty() && unit != "B") scale = -1;
   const double bytes = v * scale;
-  SCALELAB_REQUIRE(end != text.c_str() && scale > 0 && bytes >= 1,  // NaN fails bytes >= 1
+  SCALELAB_REQUIRE(end != text.c_str() && scale > 0 && !std::isnan(bytes),
                    "--{} must be a size like 4, 64K or 16M, got '{}'", option, text);
+  // A number, but not one f32 element: the bench's buffers are whole f32s.
+  SCALELAB_REQUIRE(bytes >= 4, "--{} {}: at least 4 bytes (one f32)", option, text);
   SCALELAB_REQUIRE(bytes <= static_cast<double>(kMaxBenchBytes),
                    "--{} {}: at most 4G ({} bytes)", option, text, kMaxBenchBytes);
   return static_cast<std::size_t>(bytes);
@@ -62,13 +65,26 @@ void print_in_rank_order(const std::string& line) {
   for (int r = 0; r < world_size() && world_rank() == 0; ++r) log::info("{}", &all[r * kBytes]);
 }
 
+// "broadcast (root 0)": the rooted collectives of step 1 name their root, as the README does.
+std::string title(const std::string& name) {
+  const bool rooted =
+      name == "broadcast" || name == "reduce" || name == "scatter" || name == "gather";
+  return rooted ? name + " (root 0)" : name;
+}
+
 int demo(Communicator& world, Device device) {
   // Step 1: every collective once, before/after on every rank.
   const auto results = run_each_collective(world, device);
+  // The `before` column as wide as the widest input of any rank (scatter's on the root grows
+  // with the ranks), so every `after` lines up.
+  std::size_t width = 0;
+  for (const std::string& name : step1_collectives())
+    for (int r = 0; r < world.size(); ++r)
+      width = std::max(width, values(step1_input(name, r, world.size())).size());
   for (std::size_t i = 0; i < results.size(); ++i) {
-    log::info("{}:", results[i].name);
-    print_in_rank_order(fmt::format("  rank {}: before {:<16} after {}", world.rank(),
-                                    values(results[i].before), values(results[i].after)));
+    log::info("{}:", title(results[i].name));
+    print_in_rank_order(fmt::format("  rank {}: before {:<{}} after {}", world.rank(),
+                                    values(results[i].before), width, values(results[i].after)));
   }
   // Steps 2 and 3: the ring versions against the library, on a size no rank count divides.
   const int64_t n = 1000003;
@@ -99,14 +115,16 @@ std::string row_text(const BenchRow& r) {
 }
 
 int bench(Communicator& world, const BenchConfig& config) {
+  const std::string ranks = fmt::format("{} rank{}", world.size(), world.size() == 1 ? "" : "s");
   if (config.device.is_cpu())
-    log::info("# all-reduce of f32 on {} ranks, backend {}: {} to {} bytes, {} iterations "
-              "(median), {} warm-up", world.size(), world.backend(), config.min_bytes,
+    log::info("# all-reduce of f32 on {}, backend {}: {} to {} bytes, {} iterations "
+              "(median), {} warm-up", ranks, world.backend(), config.min_bytes,
               config.max_bytes, config.iters, config.warmup);
   else
-    log::info("# all-reduce of f32 on {} ranks, backend {}, device buffers on {}: {} to {} bytes, "
+    log::info("# all-reduce of f32 on {}, backend {}, device buffers on {}: {} to {} bytes, "
               "{} iterations posted back to back (nccl-tests: time / iterations, the slowest "
-              "rank), {} warm-up", world.size(), world.backend(), fmt::format("{} ({})", config.device.str(), cuda_device_name(config.device.index)),
+              "rank), {} warm-up", ranks, world.backend(),
+              fmt::format("{} ({})", config.device.str(), cuda_device_name(config.device.index)),
               config.min_bytes, config.max_bytes, config.iters, config.warmup);
   if (world.size() == 1)
     log::info("# one rank: your ring sends nothing and the library's all-reduce is a local copy "

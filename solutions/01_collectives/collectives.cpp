@@ -118,10 +118,8 @@ void ring_all_reduce(Communicator& comm, const Tensor& x) {
   auto begin = [&](int k) { return chunk_begin(numel, n, k); };
   auto length = [&](int k) { return chunk_begin(numel, n, k + 1) - chunk_begin(numel, n, k); };
   // BEGIN SOLUTION step 2: reduce-scatter then all-gather around the ring, n-1 steps each
-  // HINT: post the recv first (recv_async), then send, then wait: if every rank sent first, a
-  // HINT: large message would wait for a recv nobody has posted yet. comm.send_recv_async posts
-  // HINT: a step's recv and send together (one NCCL group on a GPU).
-  // HINT: the chunk you receive in the reduce-scatter needs a scratch tensor: add_into it.
+  // HINT: only comm's send/recv and their _async variants, to `right` and from `left`; it must
+  // HINT: not deadlock at any size. Stuck? `./scalelab hint 01 2`, one hint at a time.
   if (n == 1 || numel == 0) return;
   // On the host each step moves its chunk in segments of at most 1 MiB: a segment is added right
   // after it arrives, while it is still in cache (NCCL slices its chunks for the same reason). On
@@ -160,8 +158,7 @@ void ring_broadcast(Communicator& comm, const Tensor& x, int root) {
   if (root < 0 || root >= n) throw std::invalid_argument("ring_broadcast: root out of range");
   if (n == 1) return;
   // BEGIN SOLUTION step 3: pass root's buffer along the ring
-  // HINT: every rank but the root receives from its left; every rank whose right neighbour is
-  // HINT: not the root sends to its right.
+  // HINT: only send/recv, along the ring from the root. Stuck? `./scalelab hint 01 3`.
   const int right = (rank + 1) % n, left = (rank - 1 + n) % n;
   if (rank != root) comm.recv(x, left);
   if (right != root) comm.send(x, right);

@@ -5,13 +5,21 @@
 // tests/support/lab_fixture.hpp).
 #include <cmath>
 #include <random>
+#include <set>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "collectives.hpp"
+#include "common/comm/stats.hpp"
 #include "common/runtime.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab01;
@@ -26,6 +34,72 @@ Tensor integers(int64_t n, int rank, DType dtype = DType::f32) {
   std::vector<double> v(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>((i % 113) * (rank + 1) - rank);
   return Tensor::from_vector(v, {n}, dtype);
+}
+
+// The chunk of a buffer of `numel` elements cut into `n` (chunk_begin) that element i falls in.
+int chunk_of(int64_t numel, int n, int64_t i) {
+  int k = 0;
+  while (k + 1 < n && chunk_begin(numel, n, k + 1) <= i) ++k;
+  return k;
+}
+
+// What a ring function may put on the wire (steps 2 and 3), checked on the library's ledger
+// (labtest::traffic_of: every communicator, raw MPI counted): sends only to the right neighbour
+// and receives only from the left one, on the communicator it is given, no collective, and in
+// all one of the byte totals `sent` / `received` lists. The calls are free (segments, empty
+// messages), the bytes are not. `ring_sends` says what the ring sends, for the message.
+struct RingWire {
+  std::string fn;
+  int64_t buffer_bytes = 0;
+  std::set<int64_t> sent, received;
+  std::string ring_sends;
+};
+
+testing::AssertionResult only_the_ring(const comm::Traffic& did, const Communicator& c,
+                                       const RingWire& want) {
+  const int n = c.size(), rank = c.rank();
+  const int right = c.world_ranks()[(rank + 1) % n], left = c.world_ranks()[(rank - 1 + n) % n];
+  int64_t sent = 0, received = 0;
+  for (const auto& [key, count] : did) {
+    const bool p2p = key.op == "send" || key.op == "recv";
+    if (!p2p && key.members.empty())  // labtest::traffic_of's row for MPI called directly
+      return testing::AssertionFailure() << want.fn << " called MPI directly (" << key.op
+                                         << "): build it from the communicator's send/recv";
+    if (!p2p)
+      return testing::AssertionFailure() << want.fn << " called " << key.op << " on group "
+                                         << key.group << ": build it from send/recv";
+    if (key.group != c.name() || key.members != c.world_ranks())
+      return testing::AssertionFailure()
+             << want.fn << ": " << comm::traffic_key_str(key)
+             << ": the ring's messages go over the communicator it is given, " << c.name()
+             << fmt::format(" [{}]", fmt::join(c.world_ranks(), " "));
+    if (key.op == "send" && key.peer != right)
+      return testing::AssertionFailure()
+             << want.fn << " sent to world rank " << key.peer << " (from world rank "
+             << c.world_ranks()[rank] << "): on the ring a rank sends only to its right "
+             << "neighbour, world rank " << right;
+    if (key.op == "recv" && key.peer != left)
+      return testing::AssertionFailure()
+             << want.fn << " received from world rank " << key.peer << " (on world rank "
+             << c.world_ranks()[rank] << "): on the ring a rank receives only from its left "
+             << "neighbour, world rank " << left;
+    (key.op == "send" ? sent : received) += count.bytes;
+  }
+  auto times = [&](int64_t bytes) {
+    return want.buffer_bytes ? fmt::format("{:.3g} x the buffer ({} of {} bytes)",
+                                           static_cast<double>(bytes) / want.buffer_bytes, bytes,
+                                           want.buffer_bytes)
+                             : fmt::format("{} bytes", bytes);
+  };
+  if (!want.sent.count(sent))
+    return testing::AssertionFailure() << want.fn << " sent " << times(sent) << ": "
+                                       << want.ring_sends << fmt::format(
+                                              " ({} bytes here)", fmt::join(want.sent, " or "));
+  if (!want.received.count(received))
+    return testing::AssertionFailure()
+           << want.fn << " received " << times(received) << ": " << want.ring_sends
+           << fmt::format(" ({} bytes here)", fmt::join(want.received, " or "));
+  return testing::AssertionSuccess();
 }
 
 }  // namespace
@@ -51,14 +125,16 @@ TEST(Step1_EachCollective, ResultsOnEveryRank) {
     if (res.name == "broadcast") EXPECT_EQ(res.after, (std::vector<double>{1, 10}));
     if (res.name == "reduce") {
       if (r == 0) EXPECT_EQ(res.after, (std::vector<double>{sum, 10 * sum}));
-      else EXPECT_TRUE(res.after.empty());
+      else EXPECT_TRUE(res.after.empty()) << "off the root (rank 0) reduce gives nothing: "
+                                          << "leave `after` empty there";
     }
     if (res.name == "all_gather") EXPECT_EQ(res.after, ranks);
     if (res.name == "reduce_scatter") EXPECT_EQ(res.after, reduce_scatter_mine);
     if (res.name == "scatter") EXPECT_EQ(res.after, (std::vector<double>{100.0 + r}));
     if (res.name == "gather") {
       if (r == 0) EXPECT_EQ(res.after, ranks);
-      else EXPECT_TRUE(res.after.empty());
+      else EXPECT_TRUE(res.after.empty()) << "off the root (rank 0) gather gives nothing: "
+                                          << "leave `after` empty there";
     }
   }
   for (std::size_t i = 0; i < results.size(); ++i)
@@ -67,19 +143,64 @@ TEST(Step1_EachCollective, ResultsOnEveryRank) {
 
 // ---- Step 2 -----------------------------------------------------------------------------------
 
+// Every size runs on every rank, a rank's first mismatch reported after the last: a rank that
+// stopped at its own mismatch would leave the others waiting in the next size's ring.
 TEST(Step2_RingAllReduce, EqualsLibraryExactlyOnIntegers) {
   Communicator c = labtest::new_world();
+  std::string first_mismatch;
   for (DType dtype : {DType::f32, DType::f64}) {
     for (int64_t n : kSizes) {
       Tensor mine = integers(n, c.rank(), dtype), lib = integers(n, c.rank(), dtype);
       ring_all_reduce(c, mine);
       c.all_reduce(lib);
       const auto a = mine.to_vector(), b = lib.to_vector();
-      for (int64_t i = 0; i < n; ++i)
-        ASSERT_EQ(a[i], b[i]) << "numel " << n << " " << dtype_name(dtype) << ", element " << i
-                              << " (chunk boundaries: chunk_begin)";
+      for (int64_t i = 0; i < n && first_mismatch.empty(); ++i) {
+        if (a[i] == b[i]) continue;
+        const int k = chunk_of(n, c.size(), i);
+        first_mismatch = fmt::format(
+            "numel {} {}, element {}: ring {}, library {}; the element is in chunk {} of {} "
+            "(elements [{}, {})): a wrong chunk moved or added at some step (or the chunk "
+            "boundaries)",
+            n, dtype_name(dtype), i, a[i], b[i], k, c.size(), chunk_begin(n, c.size(), k),
+            chunk_begin(n, c.size(), k + 1));
+      }
     }
   }
+  EXPECT_TRUE(first_mismatch.empty()) << first_mismatch;
+}
+
+// The technique, from the ledger: 2(n-1) steps of one chunk each, to the right neighbour only,
+// no collective. A rank sends every chunk but one in each phase, and the one it skips in the
+// all-gather follows the one it skips in the reduce-scatter, whichever chunk a ring starts
+// with: 2 numel - len(k) - len(k+1) elements for some k, 2(n-1)/n of the buffer when n divides
+// it. Sizes: one (chunks empty), fewer than the ranks, divisible by 1 to 4 (1200), divisible by
+// none, and in f64 more than the reference's 1 MiB segments per chunk.
+TEST(Step2_RingAllReduce, SendsOneChunkAStepToTheRightNeighbourOnly) {
+  Communicator c = labtest::new_world();
+  const int n = c.size();
+  // Every size runs on every rank (a rank that stopped would leave the others in the next ring);
+  // the first problem and its size are reported after the last.
+  testing::AssertionResult first_problem = testing::AssertionSuccess();
+  std::string where;
+  for (const auto& size : std::vector<std::pair<int64_t, DType>>{
+           {1, DType::f32}, {7, DType::f32}, {1200, DType::f32}, {1001, DType::f32},
+           {300007, DType::f64}}) {
+    const int64_t numel = size.first;
+    const DType dtype = size.second;
+    const int64_t e = static_cast<int64_t>(dtype_size(dtype));
+    RingWire want{"ring_all_reduce", numel * e, {}, {},
+                  "a ring sends 2(n-1)/n of it, one chunk a step, and receives as much"};
+    auto len = [&](int k) {
+      return chunk_begin(numel, n, k % n + 1) - chunk_begin(numel, n, k % n);
+    };
+    for (int k = 0; k < n; ++k) want.sent.insert((2 * numel - len(k) - len(k + 1)) * e);
+    want.received = want.sent;
+    Tensor x = integers(numel, c.rank(), dtype);
+    const comm::Traffic did = labtest::traffic_of([&] { ring_all_reduce(c, x); });
+    if (first_problem && !(first_problem = only_the_ring(did, c, want)))
+      where = fmt::format("numel {} {}", numel, dtype_name(dtype));
+  }
+  EXPECT_TRUE(first_problem) << where;
 }
 
 TEST(Step2_RingAllReduce, RandomFloatsWithinTolerance) {
@@ -119,6 +240,28 @@ TEST(Step3_RingBroadcast, EveryRootEverySize) {
   EXPECT_THROW(ring_broadcast(c, integers(1, 0), c.size()), std::invalid_argument);
 }
 
+// From the ledger, every root: each rank but the root receives the buffer once from its left,
+// each rank but the one before the root passes it on once to its right (in one message or in
+// pieces), nothing else.
+TEST(Step3_RingBroadcast, EachRankReceivesOnceFromTheLeftAndPassesItOn) {
+  Communicator c = labtest::new_world();
+  const int n = c.size(), rank = c.rank();
+  const int64_t numel = 1001, bytes = numel * 4;
+  testing::AssertionResult first_problem = testing::AssertionSuccess();  // every root runs
+  std::string where;
+  for (int root = 0; root < n; ++root) {
+    RingWire want{"ring_broadcast", bytes, {(rank + 1) % n != root ? bytes : 0},
+                  {rank != root ? bytes : 0},
+                  "on the ring every rank but the root receives the buffer once, and every rank "
+                  "whose right neighbour is not the root passes it on once"};
+    Tensor x = integers(numel, rank);
+    const comm::Traffic did = labtest::traffic_of([&] { ring_broadcast(c, x, root); });
+    if (first_problem && !(first_problem = only_the_ring(did, c, want)))
+      where = fmt::format("root {}, numel {} f32", root, numel);
+  }
+  EXPECT_TRUE(first_problem) << where;
+}
+
 TEST(Step3_RingAllGather, RankOrderEverySize) {
   Communicator c = labtest::new_world();
   for (int64_t n : kSizes) {
@@ -133,6 +276,20 @@ TEST(Step3_RingAllGather, RankOrderEverySize) {
         ASSERT_EQ(got[r * n + i], want[i]) << "numel " << n << ": chunk of rank " << r;
     }
   }
+}
+
+// From the ledger: n-1 chunks of `in`'s size to the right neighbour, as many from the left, one
+// a step, nothing else.
+TEST(Step3_RingAllGather, PassesNMinusOneChunksToTheRightNeighbourOnly) {
+  Communicator c = labtest::new_world();
+  const int n = c.size();
+  const int64_t numel = 1001, bytes = numel * 4 * (n - 1);
+  RingWire want{"ring_all_gather", numel * 4 * n, {bytes}, {bytes},
+                "a ring all-gather passes on n-1 chunks of `in`'s size, one a step, and receives "
+                "as many"};
+  Tensor in = integers(numel, c.rank()), out = Tensor::zeros({numel * n});
+  const comm::Traffic did = labtest::traffic_of([&] { ring_all_gather(c, in, out); });
+  EXPECT_TRUE(only_the_ring(did, c, want)) << "numel " << numel << " f32 per rank";
 }
 
 // ---- Step 4 -----------------------------------------------------------------------------------
@@ -150,14 +307,15 @@ TEST(Step4_BenchRow, MedianAlgbwBusbw) {
   BenchRow r = make_bench_row(8'000'000, 2'000'000, 4, {0.010, 0.002, 0.001, 0.0021, 0.0019}, 0);
   EXPECT_EQ(r.bytes, 8'000'000u);
   EXPECT_EQ(r.count, 2'000'000);
-  EXPECT_NEAR(r.time_us, 2000, 1e-6);
-  EXPECT_NEAR(r.algbw, 4.0, 1e-9);   // 8e6 B / 2e-3 s = 4e9 B/s = 4 GB/s
+  EXPECT_NEAR(r.time_us, 2000, 1e-6) << "time_us: the median of the sorted times, in microseconds";
+  EXPECT_NEAR(r.algbw, 4.0, 1e-9) << "algbw in GB/s (1e9 bytes/s)";  // 8e6 B / 2e-3 s = 4 GB/s
   EXPECT_NEAR(r.busbw, 6.0, 1e-9);   // x 2(4-1)/4
   EXPECT_EQ(r.wrong, 0);
   // Even count: mean of the two middle ones.
   BenchRow e = make_bench_row(1000, 250, 2, {4e-6, 1e-6, 2e-6, 3e-6}, 7);
-  EXPECT_NEAR(e.time_us, 2.5, 1e-9);
-  EXPECT_NEAR(e.algbw, 1000 / 2.5e-6 / 1e9, 1e-9);
+  EXPECT_NEAR(e.time_us, 2.5, 1e-9)
+      << "time_us: the median of the sorted times (an even count), in microseconds";
+  EXPECT_NEAR(e.algbw, 1000 / 2.5e-6 / 1e9, 1e-9) << "algbw in GB/s (1e9 bytes/s)";
   EXPECT_NEAR(e.busbw, e.algbw, 1e-12);
   EXPECT_EQ(e.wrong, 7);
   EXPECT_THROW(make_bench_row(4, 1, 2, {}, 0), std::invalid_argument);
