@@ -209,6 +209,20 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_add_planted_run(lab10.planted.gradient_history.np4 test_lab10_planted RANKS 4
       FILTER Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess PLANT gradient_history LAB 10
       REGEX "Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess on rank [0-9]: .*step_3d on rank [0-9]: the heap grew by [0-9]+ bytes and kept it")
+  # build_3d_model ignoring `checkpoint` (no block policy): step 2 fails it on the bytes a
+  # forward keeps; step_3d without zero_grad: step 3's equality check, run on a model holding an
+  # earlier step's gradients, fails it (not the given driver's Zero2And3OverDpEqualAdamW).
+  scalelab_add_planted_run(lab10.planted.checkpoint_ignored.np2 test_lab10_planted RANKS 2
+      FILTER Step2_Model.CheckpointTrueKeepsOnlyTheBlocksInputs PLANT checkpoint_ignored LAB 10
+      REGEX "Step2_Model.CheckpointTrueKeepsOnlyTheBlocksInputs on rank [0-9]: .*built with checkpoint = true, a forward of 2 rows leaves [0-9]+ bytes")
+  scalelab_add_planted_run(lab10.planted.no_zero_grad.np2 test_lab10_planted RANKS 2
+      FILTER Step3_Step.EqualsSingleDeviceOnEveryGrid PLANT no_zero_grad LAB 10
+      REGEX "Step3_Step.EqualsSingleDeviceOnEveryGrid on rank [0-9]: .*gradients .the step ran on a model holding an earlier step's gradients")
+  # dp_rows taking the tp index's rows: step 3's first test checks dp_rows alone and names it
+  # (it was an exception from common/tensor.cpp inside the step, and the run ended there).
+  scalelab_add_planted_run(lab10.planted.dp_rows_by_tp.np2 test_lab10_planted RANKS 2
+      FILTER Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess PLANT dp_rows_by_tp LAB 10
+      REGEX "Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess on rank [0-9]: .*checked before any step: .*dp_rows on rank")
 endif()
 
 # The program with only the core written (scalelab_add_core_only_impl: the reference with step 4's
