@@ -161,7 +161,9 @@ endif()
 # to the library's comm::grid_coord (every table right), a build_3d_model that throws (no
 # step 2) and, with SCALELAB_PLANT, a step_3d that runs AFAB instead of 1F1B (afab_step: the same
 # bytes) or keeps every step's gradient in a function-local static std::vector (gradient_history:
-# the same numbers, past the allocator). Its test binary: Step1 fails on the call (exit 1, the
+# the same numbers, past the allocator), skips zero_grad (no_zero_grad), takes dp_rows by the tp
+# index (dp_rows_by_tp) or, with step 2 built, ignores `checkpoint` (checkpoint_ignored). Its
+# test binary: Step1 fails on the call (exit 1, the
 # call named); Step3 passes all the same on 4 and 8 ranks (the 4D grids included): step 3's
 # graders build their own pieces (own_builder), not step 2's; the AFAB step fails step 3 on the
 # order the library logged, the gradient history on the rank's heap.
