@@ -23,9 +23,11 @@
 /// dp().rank() == dp_rank(), pp().rank() == pp_rank(), tp_dp().rank() == dp_rank()*tp + tp_rank().
 ///
 /// Layout: which world rank gets which coordinate (the `order`, its axes from the inside out).
-///   megatron  tp-cp-dp-pp   rank = ((pp_idx*dp + dp_idx)*cp + cp_idx)*tp + tp_idx
-///   picotron  tp-cp-pp-dp   rank = ((dp_idx*pp + pp_idx)*cp + cp_idx)*tp + tp_idx
-/// (with cp = 1: megatron rank = pp_idx*(dp*tp) + dp_idx*tp + tp_idx.)
+///   megatron  tp-cp-dp-pp   tp innermost (the ranks of a tp group are consecutive), pp outermost
+///   picotron  tp-cp-pp-dp   tp innermost, dp outermost
+/// Counting world ranks up, the innermost axis's index changes fastest; an axis's index moves on
+/// once every axis inside it has gone round. grid_rank / grid_coord compute it, grid_table prints
+/// it (lab 10's step 1 writes the same layout: its README shows a grid drawn out).
 /// Why tp goes innermost: ranks r and r+1 are (almost always) on the same node, where GPUs talk
 /// over NVLink (hundreds of GB/s) instead of the network (tens of GB/s). Tensor parallelism talks
 /// the most: an all-reduce of B*T*C activations twice per block in forward and again in backward,

@@ -43,6 +43,10 @@ using comm::GridShape;
 int grid_rank(const GridShape& shape, const GridCoord& c);
 
 /// Step 1b. The coordinate of world rank `rank` (the inverse of grid_rank).
+/// Calling it (or grid_rank) from your own code, write lab10::grid_coord: GridShape is the
+/// library's comm::GridShape, so an unqualified grid_coord(shape, rank) also finds the library's
+/// comm::grid_coord (argument-dependent lookup) and does not compile (ambiguous), and
+/// comm::grid_coord is the library's answer, which step 1 does not accept (Step1_OwnWork).
 GridCoord grid_coord(const GridShape& shape, int rank);
 
 /// The three kinds of group. A rank's group of kind `axis` is the ranks whose coordinates equal

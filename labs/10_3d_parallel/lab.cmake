@@ -161,7 +161,9 @@ endif()
 # to the library's comm::grid_coord (every table right), a build_3d_model that throws (no
 # step 2) and, with SCALELAB_PLANT, a step_3d that runs AFAB instead of 1F1B (afab_step: the same
 # bytes) or keeps every step's gradient in a function-local static std::vector (gradient_history:
-# the same numbers, past the allocator). Its test binary: Step1 fails on the call (exit 1, the
+# the same numbers, past the allocator), skips zero_grad (no_zero_grad), takes dp_rows by the tp
+# index (dp_rows_by_tp) or, with step 2 built, ignores `checkpoint` (checkpoint_ignored). Its
+# test binary: Step1 fails on the call (exit 1, the
 # call named); Step3 passes all the same on 4 and 8 ranks (the 4D grids included): step 3's
 # graders build their own pieces (own_builder), not step 2's; the AFAB step fails step 3 on the
 # order the library logged, the gradient history on the rank's heap.
@@ -209,6 +211,20 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_add_planted_run(lab10.planted.gradient_history.np4 test_lab10_planted RANKS 4
       FILTER Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess PLANT gradient_history LAB 10
       REGEX "Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess on rank [0-9]: .*step_3d on rank [0-9]: the heap grew by [0-9]+ bytes and kept it")
+  # build_3d_model ignoring `checkpoint` (no block policy): step 2 fails it on the bytes a
+  # forward keeps; step_3d without zero_grad: step 3's equality check, run on a model holding an
+  # earlier step's gradients, fails it (not the given driver's Zero2And3OverDpEqualAdamW).
+  scalelab_add_planted_run(lab10.planted.checkpoint_ignored.np2 test_lab10_planted RANKS 2
+      FILTER Step2_Model.CheckpointTrueKeepsOnlyTheBlocksInputs PLANT checkpoint_ignored LAB 10
+      REGEX "Step2_Model.CheckpointTrueKeepsOnlyTheBlocksInputs on rank [0-9]: .*built with checkpoint = true, a forward of 2 rows leaves [0-9]+ bytes")
+  scalelab_add_planted_run(lab10.planted.no_zero_grad.np2 test_lab10_planted RANKS 2
+      FILTER Step3_Step.EqualsSingleDeviceOnEveryGrid PLANT no_zero_grad LAB 10
+      REGEX "Step3_Step.EqualsSingleDeviceOnEveryGrid on rank [0-9]: .*gradients .the step ran on a model holding an earlier step's gradients")
+  # dp_rows taking the tp index's rows: step 3's first test checks dp_rows alone and names it
+  # (it was an exception from common/tensor.cpp inside the step, and the run ended there).
+  scalelab_add_planted_run(lab10.planted.dp_rows_by_tp.np2 test_lab10_planted RANKS 2
+      FILTER Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess PLANT dp_rows_by_tp LAB 10
+      REGEX "Step3_Step.CheckpointedEqualsSingleDeviceAndKeepsLess on rank [0-9]: .*checked before any step: .*dp_rows on rank")
 endif()
 
 # The program with only the core written (scalelab_add_core_only_impl: the reference with step 4's

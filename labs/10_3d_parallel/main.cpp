@@ -590,15 +590,32 @@ int main(int argc, char** argv) {
                 lab11::attention_name(attention), shape.dp * shape.cp,
                 zero > 0 ? ", ZeRO sharded over them" : "");
     log::info("{}", grid.table());
+    log::info("(a group cell such as \"pp1 [1 3]\" is group number 1 of that kind and its world "
+              "ranks in group-rank order, not a coordinate: the coordinates are the dp, tp, pp "
+              "columns)");
     for (int s = 0; s < shape.pp; ++s) {  // what every stage holds (the same rule on every rank)
-      const lab08::LayerRange r = lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, s);
-      log::info("stage {}: blocks [{}, {}){}{}, each block split over tp {}", s, r.first, r.last,
+      // interleaved: v chunks per stage, chunk k the virtual stage k pp + s (lab08::chunk_layers)
+      std::string held;
+      for (int k = 0; k < chunks; ++k) {
+        const lab08::LayerRange r =
+            chunks > 1 ? lab08::chunk_layers(static_cast<int>(config.n_layer), shape.pp, chunks,
+                                             s, k)
+                       : lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, s);
+        held += fmt::format("{}[{}, {})", k == 0 ? "" : k + 1 == chunks ? " and " : ", ",
+                            r.first, r.last);
+      }
+      log::info("stage {}: blocks {}{}{}{}, {}", s, held,
+                chunks > 1 ? fmt::format(" ({} chunks)", chunks) : "",
                 s == 0 ? ", embedding (wte split by vocabulary)" : "",
-                s == shape.pp - 1 ? ", ln_f and head (logits split by vocabulary)" : "", shape.tp);
+                s == shape.pp - 1 ? ", ln_f and head (logits split by vocabulary)" : "",
+                shape.tp > 1 ? fmt::format("each block split over tp {}", shape.tp)
+                             : std::string("blocks whole (tp 1)"));
     }
-    // Parameters per rank: gathered to show that the model is cut, not copied.
-    Tensor mine = Tensor::from_vector({static_cast<double>(model->num_parameters())}, {1},
-                                      DType::f64);
+    // Parameters per rank (every piece it holds: interleaved, its v chunks): gathered to show
+    // that the model is cut, not copied.
+    int64_t held_parameters = 0;
+    for (const nn::GPT* piece : trainer.pieces()) held_parameters += piece->num_parameters();
+    Tensor mine = Tensor::from_vector({static_cast<double>(held_parameters)}, {1}, DType::f64);
     Tensor all = Tensor::zeros({world.size()}, DType::f64);
     world.all_gather(mine, all);
     std::string per_rank;
@@ -622,19 +639,30 @@ int main(int argc, char** argv) {
         const int64_t in_step =
             comm::comm_total(after_step - before_step, g.replicas().name()).bytes;
         const int64_t in_opt = comm::comm_total(first - after_step, g.replicas().name()).bytes;
-        log::info("dp traffic of step 0 on rank 0 (group {}): {} payload bytes in the step ({} "
-                  "per micro-batch over m = {}{}), {} in the optimizer step", g.replicas().name(),
-                  in_step, in_step / m, m,
-                  zero >= 2 ? fmt::format(", {} unit {}", trainer.unit_collectives(),
+        // ZeRO 0/1 average the gradients once, after the last micro-batch: no per-micro-batch
+        // figure there.
+        log::info("dp traffic of step 0 on rank 0 (group {}): {} payload bytes in the step ({}), "
+                  "{} in the optimizer step", g.replicas().name(), in_step,
+                  zero >= 2 ? fmt::format("{} per micro-batch over m = {}, {} unit {}",
+                                          in_step / m, m, trainer.unit_collectives(),
                                           zero == 2 ? "reductions" : "gathers")
-                            : std::string(),
+                            : std::string("the gradients once, after the last micro-batch"),
                   in_opt);
+        // m and v of every parameter this rank holds (all its pieces), in the master dtype
+        const int64_t whole_adamw = 2 * held_parameters *
+                                    static_cast<int64_t>(dtype_size(model->params().dtype()));
         if (zero > 0)
-          log::info("ZeRO-{}: rank 0 keeps {} bytes of AdamW state (a whole AdamW: {})", zero,
-                    trainer.optimizer_state_bytes(), 2 * model->num_parameters() * 4);
+          log::info("ZeRO-{}: rank 0 keeps {} bytes of AdamW state (a whole AdamW of what it "
+                    "holds: {}, {:.0f}% of it)", zero, trainer.optimizer_state_bytes(),
+                    whole_adamw, 100.0 * static_cast<double>(trainer.optimizer_state_bytes()) /
+                                     static_cast<double>(whole_adamw));
         log::info("payload bytes of step 0 on rank 0, per group (tp: the blocks' all-reduces; "
                   "pp: activations and gradients, the tied embedding; dp: the gradients):\n{}",
                   comm::format_comm_stats(first));
+        // the model calls its tp mappings whatever tp is: on a group of 1 they move nothing
+        if (shape.tp == 1)
+          log::info("(tp 1: the tp group is each rank alone; its all-reduces above are the "
+                    "blocks' calls on a group of size 1, which send nothing to another rank)");
       }
       log::info("{}", session.step_line(step, loss, dt));
       if (twin && step < twin_steps) {

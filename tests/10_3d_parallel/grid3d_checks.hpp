@@ -6,8 +6,11 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "3d_parallel.hpp"
 #include "common/comm/stats.hpp"
+#include "common/errors.hpp"
 #include "tests/support/lab_fixture.hpp"
 
 namespace scalelab::lab10test {
@@ -75,5 +78,19 @@ int64_t all_reduce_bytes(const comm::CommStats& before, const std::string& group
 /// recomputed forward); the first stage's embedding 1 of (rows, T, C); the last stage's head f's
 /// backward 1 of (rows, T, C) and the cross-entropy's 3 of (rows*T).
 int64_t tp_bytes(const nn::GPT& model, int64_t rows, bool checkpoint = false);
+
+/// `call()`, a call into the attendee's `what` ("lab10::step_3d"): a library check that fails
+/// inside it (a CheckFailed thrown in common/: rows out of range, a collective's shapes) is
+/// thrown again with the lab's function named first, so the report says which of the
+/// attendee's functions was running and not only which line of common/ checked.
+template <class F>
+decltype(auto) calling(const std::string& what, F&& call) {
+  try {
+    return call();
+  } catch (const CheckFailed& e) {
+    throw CheckFailed(
+        fmt::format("in {} (3d_parallel.cpp), a library check failed: {}", what, e.what()));
+  }
+}
 
 }  // namespace scalelab::lab10test

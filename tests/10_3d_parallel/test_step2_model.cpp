@@ -84,6 +84,58 @@ TEST(Step2_PlantedFault, WholeVocabularyOnEveryTpRankFails) {
   }));
 }
 
+// What one micro-batch's forward leaves on a rank of `model`'s stage (GPTActivations::nbytes;
+// the head is not run: it keeps the same with or without checkpointing). Collective over g.tp.
+std::size_t forward_keeps(const nn::GPT& model, int64_t rows) {
+  const data::Batch mb = kLab.batch(0).rows(0, rows);
+  nn::GPTActivations acts;
+  Tensor x = model.has_embedding()
+                 ? model.embed(mb.x, acts)
+                 : Tensor::zeros({rows, mb.x.size(1), config().n_embd}, DType::f64);
+  model.forward_blocks(x, acts);
+  return acts.nbytes();
+}
+
+// build_3d_model(..., checkpoint = true): every block recomputes, so after a forward the stage
+// keeps only its blocks' inputs: the bytes of the test's own checkpointed stage (FullCheckpoint),
+// less than the same stage without checkpointing. A model that ignores `checkpoint` keeps every
+// block's activations (and the program would still say "every block checkpointed").
+testing::AssertionResult checkpoints_its_blocks(const BuildFn& build_checkpointed) {
+  for (const lab10::GridShape& shape : grids_for(world().size())) {
+    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+    lab10::Groups g = lab10::groups_of(grid);
+    auto model = build_checkpointed(g);
+    const std::size_t got = forward_keeps(*model, 2);
+    const std::size_t want = forward_keeps(*own_model(g, 1, true), 2);
+    const std::size_t whole = forward_keeps(*own_model(g, 1, false), 2);
+    std::string why;
+    if (got != want)
+      why = fmt::format(
+          "built with checkpoint = true, a forward of 2 rows leaves {} bytes of activations on "
+          "this stage; a stage whose blocks are checkpointed keeps {} (only each block's input), "
+          "one that keeps everything {}", got, want, whole);
+    Tensor bad = Tensor::from_vector({why.empty() ? 0.0 : 1.0}, {1}, DType::f64);
+    world().all_reduce(bad, comm::ReduceOp::max);
+    if (bad.item() != 0)
+      return testing::AssertionFailure() << name(shape) << ": "
+                                         << (why.empty() ? "another rank failed" : why);
+  }
+  return testing::AssertionSuccess();
+}
+
+TEST(Step2_Model, CheckpointTrueKeepsOnlyTheBlocksInputs) {
+  EXPECT_TRUE(checkpoints_its_blocks([](lab10::Groups& g) {
+    return lab10::build_3d_model(config(), g, f64(), /*checkpoint=*/true);
+  }));
+}
+
+// A stage built without its block policy when asked to checkpoint: caught on every grid.
+TEST(Step2_PlantedFault, CheckpointIgnoredFails) {
+  EXPECT_FALSE(checkpoints_its_blocks([](lab10::Groups& g) {
+    return own_stage(config(), own_options(g), g.tp, /*checkpoint=*/false);
+  }));
+}
+
 TEST(Step2_Model, PipelineStepEqualsSingleDeviceOnItsRows) {
   const data::Batch global = kLab.batch(0);
   for (const lab10::GridShape& shape : grids_for(world().size())) {

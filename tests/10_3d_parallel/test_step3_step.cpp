@@ -62,6 +62,10 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
   const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
   lab10::Groups g = lab10::groups_of(grid);
   auto model = own_model(g, 1, checkpoint, p.options);
+  // The gradients an earlier step would leave (a step the trainer runs after another): the step
+  // must give the global batch's gradients all the same, not add its own to them.
+  Tensor& grads = model->params().grads();
+  grads.copy_from(Tensor::uniform(grads.shape(), 1010, grads.dtype()));
   auto ref = reference_model(global, p.options);
   // a failure names the first tensor off the twin (this replica's rows, its stage and tp share)
   labtest::Explain why(*model, p.options,
@@ -87,7 +91,9 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
   auto grads_ok = labtest::close_on_every_rank(model->params().grads(), want_g, p.grad_rtol,
                                                grad_atol, why);
   if (!grads_ok)
-    return testing::AssertionFailure() << name(shape) << ": gradients: " << grads_ok.message();
+    return testing::AssertionFailure()
+           << name(shape) << ": gradients (the step ran on a model holding an earlier step's "
+           << "gradients: a step's gradients are the global batch's alone): " << grads_ok.message();
   // tp: exactly the blocks' operators and the vocabulary-parallel ends on B/dp rows (nothing
   // else belongs to the tp group).
   const int64_t tp_want = tp_bytes(*model, global.batch_size() / shape.dp, checkpoint);
@@ -129,9 +135,42 @@ testing::AssertionResult step_matches(const StepFn& step, const lab10::GridShape
 // activations but its input, less one block's (recomputed during the backward) and that block's
 // dropped output. The bytes a forward keeps are measured on the test's own stages
 // (GPTActivations::nbytes after one micro-batch's forward).
+// dp_rows alone on every grid of this world size (no step run): "" when each rank gets its
+// replica's rows, else the first thing wrong on this rank. Every rank goes through every grid
+// (making a grid's communicators is collective), whatever it found.
+std::string dp_rows_problem() {
+  const data::Batch global = kLab.batch(0);
+  std::string first;
+  for (const lab10::GridShape& shape : grids_for(world().size())) {
+    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+    const lab10::Groups g = lab10::groups_of(grid);
+    const int64_t b = global.batch_size() / shape.dp;
+    const data::Batch want = global.rows(g.coord.dp * b, (g.coord.dp + 1) * b);
+    if (!first.empty()) continue;
+    try {
+      const data::Batch got = lab10::dp_rows(global, g);
+      if (!labtest::bitwise(got.x, want.x) || !labtest::bitwise(got.y, want.y))
+        first = fmt::format("{}: dp_rows on rank (dp {}, tp {}, pp {}) is not rows [{}, {}) of "
+                           "the global batch, its replica's contiguous share", name(shape),
+                           g.coord.dp, g.coord.tp, g.coord.pp, g.coord.dp * b,
+                           (g.coord.dp + 1) * b);
+    } catch (const CheckFailed& e) {
+      first = fmt::format("{}: lab10::dp_rows on rank (dp {}, tp {}, pp {}) threw a library "
+                          "check: {}", name(shape), g.coord.dp, g.coord.tp, g.coord.pp, e.what());
+    }
+  }
+  return first;
+}
+
 TEST(Step3_Step, CheckpointedEqualsSingleDeviceAndKeepsLess) {
+  // dp_rows first, alone (every step calls it): a wrong share is reported as such rather than
+  // as a library check thrown deep in a step. (DpRowsAreThisReplicasShare, the same check,
+  // runs after this test: the memory check must come first in step 3's run.)
+  const std::string rows = dp_rows_problem();
+  ASSERT_TRUE(on_every_rank(rows.empty()))
+      << "checked before any step: " << (rows.empty() ? "another rank's dp_rows failed" : rows);
   const StepFn attendee = [](nn::GPT& m, lab10::Groups& g, const data::Batch& b) {
-    return lab10::step_3d(m, g, b, kMicro);
+    return calling("lab10::step_3d", [&] { return lab10::step_3d(m, g, b, kMicro); });
   };
   const data::Batch global = kLab.batch(0);
   for (const lab10::GridShape& shape : grids_for(world().size())) {
@@ -154,7 +193,9 @@ TEST(Step3_Step, CheckpointedEqualsSingleDeviceAndKeepsLess) {
       }
       world().barrier();
       const labtest::MemoryUse m =
-          labtest::memory_use_of([&] { lab10::step_3d(*model, g, global, kMicro); });
+          labtest::memory_use_of([&] {
+            calling("lab10::step_3d", [&] { lab10::step_3d(*model, g, global, kMicro); });
+          });
       peak[ckpt] = static_cast<std::size_t>(m.tensor_peak);
       EXPECT_TRUE(labtest::nothing_beside_tensors(
           m, kStepBookkeeping, ckpt ? "a checkpointed step_3d" : "step_3d"));
@@ -177,21 +218,14 @@ TEST(Step3_Step, CheckpointedEqualsSingleDeviceAndKeepsLess) {
 }
 
 TEST(Step3_Step, DpRowsAreThisReplicasShare) {
-  const data::Batch global = kLab.batch(0);
-  for (const lab10::GridShape& shape : grids_for(world().size())) {
-    const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
-    const lab10::Groups g = lab10::groups_of(grid);
-    const data::Batch got = lab10::dp_rows(global, g);
-    const int64_t b = global.batch_size() / shape.dp;
-    const data::Batch want = global.rows(g.coord.dp * b, (g.coord.dp + 1) * b);
-    EXPECT_TRUE(labtest::bitwise(got.x, want.x)) << name(shape);
-    EXPECT_TRUE(labtest::bitwise(got.y, want.y)) << name(shape);
-  }
+  const std::string rows = dp_rows_problem();
+  EXPECT_TRUE(on_every_rank(rows.empty())) << (rows.empty() ? "another rank's dp_rows failed"
+                                                             : rows);
 }
 
 TEST(Step3_Step, EqualsSingleDeviceOnEveryGrid) {
   const StepFn attendee = [](nn::GPT& m, lab10::Groups& g, const data::Batch& b) {
-    return lab10::step_3d(m, g, b, kMicro);
+    return calling("lab10::step_3d", [&] { return lab10::step_3d(m, g, b, kMicro); });
   };
   for (const lab10::GridShape& shape : grids_for(world().size()))
     EXPECT_TRUE(step_matches(attendee, shape));
@@ -203,7 +237,7 @@ TEST(Step3_Step, EqualsSingleDeviceOnEveryGrid) {
 // group averages fp32 gradients.
 TEST(Step3_Step, MixedPrecisionFollowsTheBf16SingleDevice) {
   const StepFn attendee = [](nn::GPT& m, lab10::Groups& g, const data::Batch& b) {
-    return lab10::step_3d(m, g, b, kMicro);
+    return calling("lab10::step_3d", [&] { return lab10::step_3d(m, g, b, kMicro); });
   };
   for (const lab10::GridShape& shape : grids_for(world().size()))
     EXPECT_TRUE(step_matches(attendee, shape, false, kMixed));

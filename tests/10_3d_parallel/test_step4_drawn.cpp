@@ -241,8 +241,9 @@ std::string time_problems(const PredictFn& predict, std::mt19937_64& rng, int n)
         {"step_s", {got.step_s, want.step_s}}};
     for (const auto& [name, v] : terms)
       if (std::abs(v.first - v.second) > 1e-9 * std::abs(v.second) + 1e-300)
-        return fmt::format("{}: {} {:.12g}, the README's model {:.12g}", where, name, v.first,
-                           v.second);
+        return fmt::format("{}: your predict's {} {:.12g}, the README's time model {:.12g} "
+                           "(every term is the slowest stage's: the one with the largest "
+                           "step_s)", where, name, v.first, v.second);
   }
   return "";
 }
@@ -459,7 +460,9 @@ std::string schedule_memory_problems(const PredictFn& predict, std::mt19937_64& 
     const auto [want, want_acts] = memory_reference(d.c, batch, plan, precision);
     const lab10::Prediction got = predict(d.c, batch, plan, mach, precision);
     if (got.total_bytes != want || got.activation_bytes != want_acts)
-      return fmt::format("{}, {} batch {} {}: total {} bytes (activations {}), the README's {} ({})",
+      return fmt::format("{}, {} batch {} {}: your predict's total_bytes {} (activation_bytes "
+                         "{}); the README's composition gives total {} (activations {}), both "
+                         "of the stage with the largest total",
                          str(d), str(plan), batch, dtype_name(precision), got.total_bytes,
                          got.activation_bytes, want, want_acts);
   }

@@ -45,6 +45,13 @@ exec sleep 60
 """
 
 
+# A lab 10 program whose lab 08 is not written yet: the runtime's line on rank 0's stderr.
+FAKE_NOT_IMPLEMENTED_MPIRUN = r"""#!/bin/sh
+echo "not implemented: lab 08 step 1: stage_layers (README.md#step-1)" >&2
+exit 1
+"""
+
+
 def fake_mpirun(tmp, script):
     fake = pathlib.Path(tmp) / "mpirun"
     fake.write_text(script)
@@ -133,6 +140,26 @@ class LauncherTest(unittest.TestCase):
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+
+    def test_not_implemented_in_another_lab_names_its_readme_and_reference(self):
+        # lab 10's program runs labs 07-09 and 11 too: a "not implemented" of lab 08 gets one
+        # more line naming labs/08_*/README.md and --reference 08; lab 10's own gets none
+        launch("build", "lab10_3d_parallel")
+        with tempfile.TemporaryDirectory() as tmp:
+            # (--plan: no corpus to prepare; the fake job ignores its arguments)
+            proc = launch("run", "10", "-n", "2", "--", "--plan",
+                          env=fake_mpirun(tmp, FAKE_NOT_IMPLEMENTED_MPIRUN))
+            self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+            lines = proc.stderr.splitlines()
+            self.assertIn("not implemented: lab 08 step 1: stage_layers (README.md#step-1)", lines)
+            pointer = [l for l in lines if l.startswith("scalelab: that is lab 08's step 1")]
+            self.assertEqual(len(pointer), 1, proc.stderr)
+            self.assertIn("labs/08_pipeline_parallel/README.md", pointer[0])
+            self.assertIn("--reference 08", pointer[0])
+            own = FAKE_NOT_IMPLEMENTED_MPIRUN.replace("lab 08", "lab 10")
+            proc = launch("run", "10", "-n", "2", "--", "--plan", env=fake_mpirun(tmp, own))
+            self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+            self.assertNotIn("scalelab: that is lab", proc.stderr)
 
     def test_ctrl_c_ends_the_job_with_130_and_says_what_was_stopped(self):
         # Ctrl-C: SIGINT to the whole foreground process group (the launcher sees it too)
