@@ -5,7 +5,7 @@
 // bucket must have been reported ready by backward. The planted fault (a bucket launched at its
 // FIRST ready gradient) must fail both checks. Step 4 is graded through pure functions. Planted
 // submissions (solutions/04_ddp_overlap/planted/cheats.plant, labs/04_ddp_overlap/lab.cmake)
-// show the step 1, 2 and 4 checks below catching the mistakes that used to score full marks.
+// show the checks below catching mistakes that used to pass them (lab04.planted.*).
 #include <algorithm>
 #include <numeric>
 #include <random>
