@@ -1,5 +1,5 @@
 // Starter generated from solutions/04_ddp_overlap/ddp_overlap.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 4bd688b8ca8821e9 (lets make-labs see your edits).
+// step (see README.md). Body hash 64098664c5a03d39 (lets make-labs see your edits).
 // Lab 04: DDP with overlap: gradient buckets all-reduced from backward hooks.
 #include "ddp_overlap.hpp"
 
@@ -43,9 +43,9 @@ std::vector<double> OverlappedDDP::finish() {
 }
 
 double exposed_time(double backward_end, const std::vector<double>& bucket_done) {
-  // TODO step 4: from backward's end to the last bucket done, never negative
+  // TODO step 4: from backward's end to the latest bucket done, never negative
   throw scalelab::NotImplemented(
-      "lab 04 step 4: from backward's end to the last bucket done, never negative (README.md#step-4)");
+      "lab 04 step 4: from backward's end to the latest bucket done, never negative (README.md#step-4)");
 }
 
 double hidden_fraction(double exposed, double total) {

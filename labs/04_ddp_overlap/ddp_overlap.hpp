@@ -93,8 +93,10 @@ class OverlappedDDP {
 
 // ---- Step 4: measuring the overlap -------------------------------------------------------------
 
-/// Step 4a. Exposed communication time: from the end of backward to the moment the last bucket
-/// is done; 0 when every bucket finished before backward ended (times in any one unit).
+/// Step 4a. Exposed communication time: from the end of backward to the moment the bucket that
+/// finishes latest is done (the largest time in bucket_done, which is in launch order, not
+/// sorted: not its last entry); 0 when every bucket finished before backward ended (times in any
+/// one unit).
 double exposed_time(double backward_end, const std::vector<double>& bucket_done);
 
 /// Step 4b. The share of the communication hidden under backward: 1 - exposed / total, where

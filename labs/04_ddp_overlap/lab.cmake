@@ -20,3 +20,20 @@ if(SCALELAB_BUILD_TESTS)
       "2|batch_too_large_for_memory|^error: --batch 100000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01].*. the node has|--model|tiny|--batch|100000000"
       "2|moe_model|^error: --model tiny-moe: each DDP rank would route only its rows, .*capacity and the balancing loss.*\\(dense models: tiny, |--model|tiny-moe")
 endif()
+# Planted submissions (solutions/04_*/planted/cheats.plant), each a mistake that once scored full
+# marks: step 1's buckets joined with no adjacency check (right in the ready order only) fail the
+# any-order check; a cap compared with `<` fails the exact-cap check; step 2's all-reduce started
+# beside launch_ fails the launch count, naming launch_; a count that launches one gradient early
+# fails the launch check at 3 per bucket; a finish() that never averages is named by its first
+# gradient off the twin (not the forward: the grader's own backward is not recorded); step 4's
+# exposed time to the last entry (not the latest) and hidden_fraction without its total guard
+# fail step 4's value checks.
+set(lab04_plants ${PROJECT_SOURCE_DIR}/solutions/04_ddp_overlap/planted)
+scalelab_add_planted_submissions(04 PLANTS ${lab04_plants}/cheats.plant
+  CASES "no_adjacency_check:1_Buckets.AnyOrder:1:Step1_Buckets.AnyOrderKeepsEachBucketOneRange on rank 0: .*not next to the bucket's range"
+        "cap_exclusive:1_Buckets.ABucketMay:1:Step1_Buckets.ABucketMayHoldExactlyItsCap on rank 0: .*both fit in the first bucket"
+        "launch_bypassed:2:1:Step2_Launch.EachBucketStartsOnceWhenItsLastGradientIsReady on rank 0: .*0 of [0-9]+ buckets went through the Launch given to the reducer .launch_."
+        "pending_off_by_one:2:1:Step2_Launch.EachBucketStartsOnceWhenItsLastGradientIsReady on rank 0: .*3 parameter.s. per bucket: bucket [0-9]+ launched before .* was ready"
+        "no_average:3_Finish.Gradients:2:Step3_Finish.GradientsEqualSingleDeviceForEveryBucketSize on rank [01]: first divergence: ln_f.bias gradient, backward"
+        "last_entry:4:1:Step4_Measure.ExposedTime on rank 0: .*finishes latest"
+        "no_total_guard:4:1:Step4_Measure.HiddenFraction on rank 0: .*nothing to hide")

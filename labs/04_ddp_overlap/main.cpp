@@ -27,6 +27,11 @@ struct Row {
   double step_ms = 0, backward_ms = 0, comm_ms = 0, exposed_ms = 0;
 };
 
+// "1 rank", "2 ranks": the program's lines read as sentences at any count.
+std::string count_of(std::size_t n, const char* word) {
+  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
+}
+
 // The median: on a shared machine a few steps are slowed down by other processes.
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -143,11 +148,12 @@ int main(int argc, char** argv) {
     // from here: ready_order ran a step of its own)
     auto diverge = session.watch_divergence(model, {.first_row = comm.rank() * rows});
     session.announce(fmt::format(
-        "lab 04 ddp_overlap: model {} ({} parameters, {} of gradients), {} ranks, global batch {} "
-        "x {} tokens ({} rows per rank), {} buckets of <= {:g} MiB, {} steps", config.name,
+        "lab 04 ddp_overlap: model {} ({} parameters, {} of gradients), {}, global batch {} "
+        "x {} tokens ({} rows per rank), {} of <= {:g} MiB, {} steps", config.name,
         metrics::human_count(static_cast<double>(model.num_parameters())),
-        metrics::human_bytes(static_cast<double>(model.params().grads().nbytes())), comm.size(),
-        opt.batch, config.block_size, rows, buckets.size(), bucket_mb, opt.steps));
+        metrics::human_bytes(static_cast<double>(model.params().grads().nbytes())),
+        count_of(comm.size(), "rank"), opt.batch, config.block_size, rows,
+        count_of(buckets.size(), "bucket"), bucket_mb, opt.steps));
     {
       lab04::OverlappedDDP ddp(model, comm, buckets);
       ddp.attach();
@@ -180,8 +186,8 @@ int main(int argc, char** argv) {
       return session.divergence_exit(*diverge, session.model_options(session.run().seed));
     }
     const double divergence = lab03::parameter_divergence(model, comm);
-    log::info("after {} steps: max |p - p on rank 0| over {} ranks = {:.3g}", opt.steps,
-              comm.size(), divergence);
+    log::info("after {} steps: max |p - p on rank 0| over {} = {:.3g}", opt.steps,
+              count_of(comm.size(), "rank"), divergence);
 
     // The table (rank 0's times; every rank runs the same steps).
     const data::Batch mine =
@@ -189,15 +195,22 @@ int main(int argc, char** argv) {
     std::vector<Row> table = {measure(model, comm, mine, {}, reps)};
     for (const BucketSize& size : sweep) table.push_back(measure(model, comm, mine, size, reps));
     log::info("");
-    log::info("{} ranks, {} rows x {} tokens per rank, median of {} steps (rank 0). all-reduce: the "
-              "same all-reduces alone; exposed: backward end to last bucket done, on the rank that waits least", comm.size(),
-              mine.batch_size(), config.block_size, reps);
+    log::info("{}, {} rows x {} tokens per rank, median of {} steps (rank 0). all-reduce: the "
+              "same all-reduces alone; exposed: backward end to latest bucket done, on the rank "
+              "that waits least; hidden: - where nothing can be (one bucket, or one rank)",
+              count_of(comm.size(), "rank"), mine.batch_size(), config.block_size, reps);
     log::info("{:<18} {:>7} {:>9} {:>12} {:>14} {:>11} {:>7}", "mode", "buckets", "step ms",
               "backward ms", "all-reduce ms", "exposed ms", "hidden");
-    for (const Row& r : table)
-      log::info("{:<18} {:>7} {:>9.1f} {:>12.1f} {:>14.2f} {:>11.2f} {:>6.0f}%", r.mode,
-                r.buckets, r.step_ms, r.backward_ms, r.comm_ms, r.exposed_ms,
-                100 * lab04::hidden_fraction(r.exposed_ms, r.comm_ms));
+    for (const Row& r : table) {
+      // One bucket starts only when backward has ended, and one rank has nothing to send: no
+      // overlap by construction, so a percentage there would only measure timer noise.
+      const std::string hidden =
+          r.buckets == 1 || comm.size() == 1
+              ? std::string("-")
+              : fmt::format("{:.0f}%", 100 * lab04::hidden_fraction(r.exposed_ms, r.comm_ms));
+      log::info("{:<18} {:>7} {:>9.1f} {:>12.1f} {:>14.2f} {:>11.2f} {:>7}", r.mode, r.buckets,
+                r.step_ms, r.backward_ms, r.comm_ms, r.exposed_ms, hidden);
+    }
     return divergence == 0 ? kExitOk : kExitFailed;
   });
 }

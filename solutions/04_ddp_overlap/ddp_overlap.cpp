@@ -79,7 +79,7 @@ std::vector<double> OverlappedDDP::finish() {
 }
 
 double exposed_time(double backward_end, const std::vector<double>& bucket_done) {
-  // BEGIN SOLUTION step 4: from backward's end to the last bucket done, never negative
+  // BEGIN SOLUTION step 4: from backward's end to the latest bucket done, never negative
   double last = backward_end;
   for (double t : bucket_done) last = std::max(last, t);
   return last - backward_end;

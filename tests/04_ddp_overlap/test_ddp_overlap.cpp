@@ -3,7 +3,12 @@
 // in another order; bucket boundaries may change the MPI algorithm too). When each bucket starts
 // is checked through the Launch the reducer is given: at launch time, every gradient of the
 // bucket must have been reported ready by backward. The planted fault (a bucket launched at its
-// FIRST ready gradient) must fail both checks. Step 4 is graded through pure functions.
+// FIRST ready gradient) must fail both checks. Step 4 is graded through pure functions. Planted
+// submissions (solutions/04_ddp_overlap/planted/cheats.plant, labs/04_ddp_overlap/lab.cmake)
+// show the checks below catching mistakes that used to pass them (lab04.planted.*).
+#include <algorithm>
+#include <numeric>
+#include <random>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -132,39 +137,90 @@ TEST(Step1_Buckets, ReadyOrderIsReverseFlatOrderWithTheEmbeddingLast) {
   EXPECT_EQ(model.parameters()[order.back()]->name, "wte.weight") << "the tied weight is ready last";
 }
 
+namespace {
+
+// Every bucket one range with no gaps, within the cap unless alone, greedy, the buckets'
+// parameters concatenated the order walked. `what` names the order in messages.
+void expect_partition(const nn::ParameterSet& ps, const std::vector<int>& order, std::size_t cap,
+                      const std::string& what) {
+  const std::vector<Bucket> buckets = lab04::assign_buckets(ps, order, cap);
+  const auto end = [&](int i) { return ps.offset(i) + ps.list()[i]->numel(); };
+  std::vector<int> concatenated;
+  for (std::size_t k = 0; k < buckets.size(); ++k) {
+    const Bucket& b = buckets[k];
+    const std::string at = fmt::format("{}, cap {} bytes, bucket {}", what, cap, k);
+    ASSERT_FALSE(b.params.empty()) << at;
+    int64_t lo = INT64_MAX, hi = 0, total = 0;
+    for (std::size_t j = 0; j < b.params.size(); ++j) {
+      const int i = b.params[j];
+      // Each parameter that joined must touch the range of those before it in the bucket: the
+      // all-reduce is one collective on one view, so a gap would reduce a neighbour's gradient.
+      if (j > 0 && end(i) != lo && ps.offset(i) != hi)
+        ADD_FAILURE() << at << " took " << ps.list()[i]->name << " (elements [" << ps.offset(i)
+                      << ", " << end(i) << ")), not next to the bucket's range [" << lo << ", "
+                      << hi << "): a parameter that is not adjacent opens a new bucket";
+      lo = std::min(lo, ps.offset(i));
+      hi = std::max(hi, end(i));
+      total += ps.list()[i]->numel();
+      concatenated.push_back(i);
+    }
+    EXPECT_EQ(b.offset, lo) << at << ": offset is the lowest element of its parameters";
+    EXPECT_EQ(b.count, hi - lo) << at << ": one range";
+    EXPECT_EQ(b.count, total) << at << ": no gaps";
+    EXPECT_TRUE(b.count * 4 <= static_cast<int64_t>(cap) || b.params.size() == 1)
+        << at << " holds " << b.count * 4 << " bytes";
+    if (k + 1 < buckets.size()) {  // greedy: the next parameter did not fit
+      const int next = buckets[k + 1].params.front();
+      const bool adjacent = end(next) == b.offset || ps.offset(next) == b.offset + b.count;
+      EXPECT_TRUE(!adjacent || (b.count + ps.list()[next]->numel()) * 4 > static_cast<int64_t>(cap))
+          << at << " could have taken " << ps.list()[next]->name << " (a bucket may hold "
+          << "exactly its cap)";
+    }
+  }
+  EXPECT_EQ(concatenated, order) << what << ", cap " << cap << ": every parameter once, in order";
+}
+
+}  // namespace
+
 TEST(Step1_Buckets, PartitionOfAdjacentGradientsWithinTheCap) {
   nn::GPT model(kLab.config(), {.seed = kSeed});
   const std::vector<int> order = lab04::ready_order(model);
-  const nn::ParameterSet& ps = model.params();
   for (std::size_t cap : {std::size_t{1}, std::size_t{512}, std::size_t{4096},
-                          std::size_t{64 << 10}, std::size_t{1} << 30}) {
-    const std::vector<Bucket> buckets = lab04::assign_buckets(ps, order, cap);
-    std::vector<int> concatenated;
-    for (std::size_t k = 0; k < buckets.size(); ++k) {
-      const Bucket& b = buckets[k];
-      ASSERT_FALSE(b.params.empty()) << "cap " << cap << ", bucket " << k;
-      int64_t lo = INT64_MAX, hi = 0, total = 0;
-      for (int i : b.params) {
-        lo = std::min(lo, ps.offset(i));
-        hi = std::max(hi, ps.offset(i) + ps.list()[i]->numel());
-        total += ps.list()[i]->numel();
-        concatenated.push_back(i);
-      }
-      EXPECT_EQ(b.offset, lo) << "cap " << cap << ", bucket " << k;
-      EXPECT_EQ(b.count, hi - lo) << "cap " << cap << ", bucket " << k << ": one range";
-      EXPECT_EQ(b.count, total) << "cap " << cap << ", bucket " << k << ": no gaps";
-      EXPECT_TRUE(b.count * 4 <= static_cast<int64_t>(cap) || b.params.size() == 1)
-          << "cap " << cap << ", bucket " << k << " holds " << b.count * 4 << " bytes";
-      if (k + 1 < buckets.size()) {  // greedy: the next parameter did not fit
-        const int next = buckets[k + 1].params.front();
-        const bool adjacent = ps.offset(next) + ps.list()[next]->numel() == b.offset ||
-                              ps.offset(next) == b.offset + b.count;
-        EXPECT_TRUE(!adjacent || (b.count + ps.list()[next]->numel()) * 4 > static_cast<int64_t>(cap))
-            << "cap " << cap << ": bucket " << k << " could have taken " << ps.list()[next]->name;
-      }
-    }
-    EXPECT_EQ(concatenated, order) << "cap " << cap << ": every parameter once, in ready order";
+                          std::size_t{64 << 10}, std::size_t{1} << 30})
+    expect_partition(model.params(), order, cap, "ready order");
+}
+
+// The ready order of a GPT is the reverse of the flat buffer, where every next parameter is
+// adjacent. assign_buckets takes any order (another model's backward may skip around): walked
+// forward, each next parameter lies right AFTER the bucket; shuffled, most are not adjacent.
+TEST(Step1_Buckets, AnyOrderKeepsEachBucketOneRange) {
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  std::vector<int> forward(model.parameters().size());
+  std::iota(forward.begin(), forward.end(), 0);
+  std::vector<int> shuffled = forward;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(404));  // fixed: same on every rank
+  for (std::size_t cap : {std::size_t{512}, std::size_t{4096}, std::size_t{64 << 10},
+                          std::size_t{1} << 30}) {
+    expect_partition(model.params(), shuffled, cap, "shuffled order");
+    expect_partition(model.params(), forward, cap, "flat-buffer order");
   }
+}
+
+// A cap of exactly ln_f's two parameters: a bucket may be filled to its cap, so they share one.
+TEST(Step1_Buckets, ABucketMayHoldExactlyItsCap) {
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  const nn::ParameterSet& ps = model.params();
+  const std::vector<int> order = lab04::ready_order(model);
+  const int64_t two = ps.list()[order[0]]->numel() + ps.list()[order[1]]->numel();
+  const std::size_t cap = static_cast<std::size_t>(two) * 4;
+  const std::vector<Bucket> buckets = lab04::assign_buckets(ps, order, cap);
+  ASSERT_FALSE(buckets.empty());
+  EXPECT_EQ(buckets[0].params, (std::vector<int>{order[0], order[1]}))
+      << "cap " << cap << " bytes = " << ps.list()[order[0]]->name << " + "
+      << ps.list()[order[1]]->name << " exactly: both fit in the first bucket (a bucket stays "
+      << "within the cap when it holds no more than the cap)";
+  EXPECT_EQ(buckets[0].count, two);
+  expect_partition(ps, order, cap, "ready order");
 }
 
 TEST(Step1_Buckets, SizesAndTheTiedEmbedding) {
@@ -188,25 +244,33 @@ TEST(Step1_Buckets, ZeroSizeIsAUsageError) {
 // ---- Step 2: launch from the hook --------------------------------------------------------------
 
 TEST(Step2_Launch, EachBucketStartsOnceWhenItsLastGradientIsReady) {
-  for (std::size_t cap : kPer) {  // `cap` here: parameters per bucket
+  // 3 per bucket first: a count that launches one gradient early shows there as a launch before
+  // a gradient was ready; at 1 per bucket the same mistake launches nothing at all.
+  for (std::size_t per : {std::size_t{3}, std::size_t{1}, std::size_t{1000}}) {
+    const std::string at = fmt::format("{} parameter(s) per bucket", per);
     nn::GPT model(kLab.config(), {.seed = kSeed});
-    Watch watch{&model, test_buckets(model, cap)};
+    Watch watch{&model, test_buckets(model, per)};
     lab04::OverlappedDDP ddp(model, world(), watch.buckets, watch.launch());
     watch.backward(my_rows(global_batch()), [&](const auto& done) { ddp.on_ready(done); });
     comm::wait_all(watch.works);
-    EXPECT_TRUE(watch.violations.empty()) << "cap " << cap << ": " << watch.violations.front();
-    ASSERT_EQ(watch.launched.size(), watch.buckets.size())
-        << "cap " << cap << ": every bucket starts during backward";
+    EXPECT_TRUE(watch.violations.empty()) << at << ": " << watch.violations.front();
+    if (watch.launched.size() != watch.buckets.size()) {  // go on to the next bucket size
+      ADD_FAILURE() << at << ": " << watch.launched.size() << " of " << watch.buckets.size()
+                    << " buckets went through the Launch given to the reducer (launch_) during "
+                    << "backward: each bucket's all-reduce starts through launch_, once, when "
+                    << "its last gradient is ready";
+      continue;
+    }
     std::vector<int> sorted = watch.launched;
     std::sort(sorted.begin(), sorted.end());
     for (std::size_t k = 0; k < sorted.size(); ++k)
-      EXPECT_EQ(sorted[k], static_cast<int>(k)) << "cap " << cap << ": each bucket once";
+      EXPECT_EQ(sorted[k], static_cast<int>(k)) << at << ": each bucket once";
     // Collectives match by order: every rank must start the buckets in the same order.
     std::vector<double> order(watch.launched.begin(), watch.launched.end());
     EXPECT_EQ(train::max_divergence_from_rank0(
                   Tensor::from_vector(order, {static_cast<int64_t>(order.size())}), world()),
               0.0)
-        << "cap " << cap << ": the same launch order on every rank";
+        << at << ": the same launch order on every rank";
   }
 }
 
@@ -260,18 +324,21 @@ TEST(Step3_Finish, ABucketNeverLaunchedIsAnError) {
 TEST(Step3_Finish, GradientsEqualSingleDeviceForEveryBucketSize) {
   const data::Batch global = global_batch();
   const train::Reference ref = kLab.reference(global);
-  for (std::size_t cap : kPer) {  // `cap` here: parameters per bucket
+  for (std::size_t per : kPer) {
+    const std::string at = fmt::format("{} parameter(s) per bucket", per);
     nn::GPT model(kLab.config(), {.seed = kSeed});
+    // The buckets first: test_buckets runs a forward + backward of its own (ready_order), which
+    // the explainer would record as the step's and then blame the forward for any mistake.
+    lab04::OverlappedDDP ddp(model, world(), test_buckets(model, per));
     labtest::Explain why(model, {.seed = kSeed}, my_layout());  // a failure names where
-    lab04::OverlappedDDP ddp(model, world(), test_buckets(model, cap));
     ddp.attach();
     model.zero_grad();
     model.forward(my_rows(global).x, my_rows(global).y);
     model.backward();
     const std::vector<double> done = ddp.finish();
     why.step_done(global);
-    EXPECT_EQ(done.size(), ddp.buckets().size()) << "cap " << cap << ": one time per bucket";
-    EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, why)) << "cap " << cap;
+    EXPECT_EQ(done.size(), ddp.buckets().size()) << at << ": one time per bucket";
+    EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, why)) << at;
   }
 }
 
@@ -302,7 +369,9 @@ TEST(Step3_Finish, EqualsLab03AndKeepsWorkingStepAfterStep) {
 
 TEST(Step4_Measure, ExposedTime) {
   EXPECT_DOUBLE_EQ(lab04::exposed_time(10, {5, 8, 9}), 0) << "all done under backward";
-  EXPECT_DOUBLE_EQ(lab04::exposed_time(10, {12, 15, 11}), 5) << "the LAST bucket counts";
+  EXPECT_DOUBLE_EQ(lab04::exposed_time(10, {12, 15, 11}), 5)
+      << "the bucket that finishes latest (the largest time) counts, not the last entry: "
+      << "the times are in launch order, not sorted";
   EXPECT_DOUBLE_EQ(lab04::exposed_time(10, {3, 10.5}), 0.5);
   EXPECT_DOUBLE_EQ(lab04::exposed_time(10, {}), 0);
 }
@@ -313,4 +382,8 @@ TEST(Step4_Measure, HiddenFraction) {
   EXPECT_DOUBLE_EQ(lab04::hidden_fraction(1.25, 5), 0.75);
   EXPECT_DOUBLE_EQ(lab04::hidden_fraction(7, 5), 0) << "clamped: waiting longer than the comm";
   EXPECT_DOUBLE_EQ(lab04::hidden_fraction(1, 0), 0) << "no communication: nothing to hide";
+  EXPECT_DOUBLE_EQ(lab04::hidden_fraction(0, 0), 0)
+      << "no communication: nothing to hide (0 / 0 is not a number)";
+  EXPECT_DOUBLE_EQ(lab04::hidden_fraction(1, -1), 0)
+      << "a total that is not positive: nothing to hide";
 }

@@ -177,11 +177,13 @@ TEST(Step2_DdpAccumulate, EqualsSingleDeviceWithOneSyncPerStep) {
   const train::Reference ref = kLab.reference(b);
   for (int accum : {1, 2, 4}) {
     nn::GPT model(kLab.config(), {.seed = kSeed});
+    LaunchCheck check{local_gradient(b)};
+    // The buckets before the explainer: test_buckets runs a forward + backward of its own
+    // (ready_order), which the explainer would record as micro-batch 0 and blame the forward.
+    lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3), check.launch());
     // a failure names the first tensor off the twin (this rank's rows, micro-batch by micro-batch)
     labtest::Explain why(model, {.seed = kSeed},
                          {.first_row = world().rank() * (kGlobalBatch / world().size())});
-    LaunchCheck check{local_gradient(b)};
-    lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3), check.launch());
     ddp.attach();
     const double loss = lab05::ddp_accumulate(model, b, accum, world(), ddp);
     why.step_done(b);
