@@ -1,6 +1,6 @@
 // Step 2: the 3D model. On every grid of this world size: what each rank holds (its stage's
-// blocks, 1/tp of each, V/tp rows of the embedding and the head, the single-device values), and that one pipeline step of the attendee's
-// model through lab 08's executor gives the single-device loss and gradients of its replica's
+// blocks, 1/tp of each, V/tp rows of the embedding and the head, the single-device values), and
+// that one pipeline step of the attendee's model through lab 08's executor gives the single-device loss and gradients of its replica's
 // rows, with the tp all-reduces the blocks must make (byte counters).
 #include <functional>
 #include <string>
@@ -17,6 +17,14 @@ using namespace scalelab::lab10test;
 using labtest::world;
 
 using BuildFn = std::function<std::unique_ptr<nn::GPT>(lab10::Groups&)>;
+
+// `why` ("" where this rank holds what it should) agreed over every rank: the next grid's
+// communicators are collective, so every rank stops at the same grid, each failing one with its
+// own cause (labtest::on_every_rank).
+testing::AssertionResult agreed(const lab10::GridShape& shape, const std::string& why) {
+  if (why.empty()) return labtest::on_every_rank(testing::AssertionSuccess());
+  return labtest::on_every_rank(testing::AssertionFailure() << name(shape) << ": " << why);
+}
 
 // What every rank of every grid holds: its stage's blocks, 1/tp of each, V/tp rows of wte and of
 // the head's copy, the single-device values cut by each parameter's shard, the blocks' hooks.
@@ -57,11 +65,7 @@ testing::AssertionResult holds_its_share(const BuildFn& build) {
       if (model->block(i).mappings != &model->mappings())
         why = fmt::format("block {} does not talk through the model's mappings", i);
     // every rank must agree (the next grid's communicators are collective)
-    Tensor bad = Tensor::from_vector({why.empty() ? 0.0 : 1.0}, {1}, DType::f64);
-    world().all_reduce(bad, comm::ReduceOp::max);
-    if (bad.item() != 0)
-      return testing::AssertionFailure() << name(shape) << ": "
-                                         << (why.empty() ? "another rank failed" : why);
+    if (testing::AssertionResult all = agreed(shape, why); !all) return all;
   }
   return testing::AssertionSuccess();
 }
@@ -114,11 +118,7 @@ testing::AssertionResult checkpoints_its_blocks(const BuildFn& build_checkpointe
           "built with checkpoint = true, a forward of 2 rows leaves {} bytes of activations on "
           "this stage; a stage whose blocks are checkpointed keeps {} (only each block's input), "
           "one that keeps everything {}", got, want, whole);
-    Tensor bad = Tensor::from_vector({why.empty() ? 0.0 : 1.0}, {1}, DType::f64);
-    world().all_reduce(bad, comm::ReduceOp::max);
-    if (bad.item() != 0)
-      return testing::AssertionFailure() << name(shape) << ": "
-                                         << (why.empty() ? "another rank failed" : why);
+    if (testing::AssertionResult all = agreed(shape, why); !all) return all;
   }
   return testing::AssertionSuccess();
 }
