@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include "common/comm/stats.hpp"
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
 #include "hello_dist.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab00;
@@ -19,6 +21,40 @@ EnvLookup env_of(std::map<std::string, std::string> vars) {
     if (it == vars.end()) return std::nullopt;
     return it->second;
   };
+}
+
+// Step 3's technique, from the ledger (labtest::traffic_of): the ranks talk. A closed-form
+// answer gives every value check the right sum without a byte sent, so the test also holds the
+// step to one all-reduce (sum) on the communicator it is given, of one 64-bit number, and nothing
+// else on any communicator.
+testing::AssertionResult one_all_reduce_on(const comm::Traffic& did, const comm::Communicator& c) {
+  int64_t calls = 0, bytes = 0;
+  for (const auto& [key, count] : did) {
+    if (key.op == "all_reduce" && key.reduce == "sum" && key.group == c.name() &&
+        key.members == c.world_ranks()) {
+      calls = count.calls;
+      bytes = count.bytes;
+      continue;
+    }
+    return testing::AssertionFailure()
+           << "all_reduce_rank_ids sent " << comm::traffic_key_str(key) << " (" << count.calls
+           << " call(s)): the sum needs one all-reduce (sum) on the communicator it is given, "
+           << c.name() << ", and nothing else";
+  }
+  if (calls == 0)
+    return testing::AssertionFailure()
+           << "all_reduce_rank_ids sent nothing on " << c.name()
+           << ": every rank must contribute its id through one all-reduce (sum) on the "
+           << "communicator it is given, not compute the sum alone";
+  if (calls != 1)
+    return testing::AssertionFailure() << "all_reduce_rank_ids ran " << calls
+                                       << " all-reduces on " << c.name() << ": one is enough";
+  if (bytes != 8)
+    return testing::AssertionFailure()
+           << "all_reduce_rank_ids all-reduced " << bytes << " bytes on " << c.name()
+           << ": the sum is one 64-bit number, 8 bytes (an i32/f32 sum is not exact for large "
+           << "worlds)";
+  return testing::AssertionSuccess();
 }
 }  // namespace
 
@@ -145,15 +181,23 @@ TEST(Step3_AllReduce, ExpectedSum) {
 
 TEST(Step3_AllReduce, EveryRankGetsTheSum) {
   auto world = labtest::new_world();
-  EXPECT_EQ(all_reduce_rank_ids(world), expected_rank_id_sum(world_size()));
+  long long sum = -1;
+  const comm::Traffic did = labtest::traffic_of([&] { sum = all_reduce_rank_ids(world); });
+  EXPECT_EQ(sum, expected_rank_id_sum(world_size()));
+  EXPECT_TRUE(one_all_reduce_on(did, world)) << "all_reduce_rank_ids(world)";
 }
 
 TEST(Step3_AllReduce, WorksOnASubCommunicator) {
   // Even and odd ranks: each group sums its own ranks (0,1,.. within the group).
   auto world = labtest::new_world();
   auto half = world.split(world.rank() % 2, world.rank(), "half");
-  EXPECT_EQ(all_reduce_rank_ids(half), expected_rank_id_sum(half.size()));
+  long long sum = -1;
+  comm::Traffic did = labtest::traffic_of([&] { sum = all_reduce_rank_ids(half); });
+  EXPECT_EQ(sum, expected_rank_id_sum(half.size())) << "the sum of the ids within the half";
+  EXPECT_TRUE(one_all_reduce_on(did, half)) << "all_reduce_rank_ids(half of the world)";
   // A world of one (the self backend) sums just its own id, 0.
   auto self = comm::Communicator::world("self");
-  EXPECT_EQ(all_reduce_rank_ids(self), 0);
+  did = labtest::traffic_of([&] { sum = all_reduce_rank_ids(self); });
+  EXPECT_EQ(sum, 0);
+  EXPECT_TRUE(one_all_reduce_on(did, self)) << "all_reduce_rank_ids(a self world of one)";
 }
