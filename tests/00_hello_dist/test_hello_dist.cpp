@@ -23,6 +23,25 @@ EnvLookup env_of(std::map<std::string, std::string> vars) {
   };
 }
 
+// A bad value must be a UsageError that names its variable: the job script's typo is then found
+// by name (a silent 0 would put every rank on slot 0).
+testing::AssertionResult usage_error_naming(std::map<std::string, std::string> vars,
+                                            const std::string& name) {
+  try {
+    placement_from_env(env_of(vars));
+  } catch (const UsageError& e) {
+    if (std::string(e.what()).find(name) != std::string::npos) return testing::AssertionSuccess();
+    return testing::AssertionFailure() << "the UsageError for " << name << "='" << vars[name]
+                                       << "' does not name " << name << ": '" << e.what() << "'";
+  } catch (const std::exception& e) {
+    return testing::AssertionFailure() << name << "='" << vars[name] << "' threw '" << e.what()
+                                       << "', not a scalelab::UsageError";
+  }
+  return testing::AssertionFailure() << name << "='" << vars[name]
+                                     << "' was accepted: a value that is not a non-negative "
+                                     << "integer is a UsageError naming the variable";
+}
+
 // Step 3's technique, from the ledger (labtest::traffic_of): the ranks talk. A closed-form
 // answer gives every value check the right sum without a byte sent, so the test also holds the
 // step to one all-reduce (sum) on the communicator it is given, of one 64-bit number, and nothing
@@ -84,15 +103,29 @@ TEST(Step1_PlacementFromEnv, HydraAndOthers) {
   EXPECT_EQ(hydra.local_rank, 2);
   EXPECT_EQ(hydra.local_size, 4);
   EXPECT_EQ(hydra.source, "MPI_LOCALRANKID");
-  EXPECT_EQ(placement_from_env(env_of({{"PMI_LOCAL_RANK", "6"}})).local_rank, 6);
-  EXPECT_EQ(placement_from_env(env_of({{"MV2_COMM_WORLD_LOCAL_RANK", "7"}})).local_rank, 7);
+  auto pmi = placement_from_env(env_of({{"PMI_LOCAL_RANK", "6"}}));
+  EXPECT_EQ(pmi.local_rank, 6);
+  EXPECT_EQ(pmi.source, "PMI_LOCAL_RANK") << "source: the variable the local rank came from";
+  auto mv2 = placement_from_env(env_of({{"MV2_COMM_WORLD_LOCAL_RANK", "7"}}));
+  EXPECT_EQ(mv2.local_rank, 7);
+  EXPECT_EQ(mv2.source, "MV2_COMM_WORLD_LOCAL_RANK")
+      << "source: the variable the local rank came from";
 }
 
 TEST(Step1_PlacementFromEnv, OpenMpiWinsOverSlurm) {
   // Open MPI started by srun sets both: the contract's order decides.
-  auto p = placement_from_env(env_of({{"SLURM_LOCALID", "0"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}));
+  auto p =
+      placement_from_env(env_of({{"SLURM_LOCALID", "0"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}));
   EXPECT_EQ(p.local_rank, 2);
   EXPECT_EQ(p.source, "OMPI_COMM_WORLD_LOCAL_RANK");
+}
+
+TEST(Step1_PlacementFromEnv, SlurmWinsOverHydra) {
+  // srun starting an MPICH or Intel MPI program can leave both set: the contract's order decides.
+  auto p = placement_from_env(env_of({{"MPI_LOCALRANKID", "1"}, {"SLURM_LOCALID", "3"}}));
+  EXPECT_EQ(p.local_rank, 3) << "SLURM_LOCALID and MPI_LOCALRANKID both set: read the variables "
+                             << "in the contract's order";
+  EXPECT_EQ(p.source, "SLURM_LOCALID");
 }
 
 TEST(Step1_PlacementFromEnv, NothingKnown) {
@@ -103,9 +136,16 @@ TEST(Step1_PlacementFromEnv, NothingKnown) {
 }
 
 TEST(Step1_PlacementFromEnv, GarbageIsAUsageError) {
-  EXPECT_THROW(placement_from_env(env_of({{"SLURM_LOCALID", "abc"}})), UsageError);
-  EXPECT_THROW(placement_from_env(env_of({{"OMPI_COMM_WORLD_LOCAL_RANK", "-1"}})), UsageError);
-  EXPECT_THROW(placement_from_env(env_of({{"SLURM_NODEID", "3x"}})), UsageError);
+  EXPECT_TRUE(usage_error_naming({{"SLURM_LOCALID", "abc"}}, "SLURM_LOCALID"));
+  EXPECT_TRUE(usage_error_naming({{"OMPI_COMM_WORLD_LOCAL_RANK", "-1"}},
+                                 "OMPI_COMM_WORLD_LOCAL_RANK"));
+  EXPECT_TRUE(usage_error_naming({{"SLURM_NODEID", "3x"}}, "SLURM_NODEID"));
+  // The local size's variables are held to the same rule as the local rank's.
+  EXPECT_TRUE(usage_error_naming(
+      {{"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "abc"}},
+      "OMPI_COMM_WORLD_LOCAL_SIZE"));
+  EXPECT_TRUE(usage_error_naming({{"MPI_LOCALRANKID", "0"}, {"MPI_LOCALNRANKS", "-2"}},
+                                 "MPI_LOCALNRANKS"));
 }
 
 TEST(Step1_PlacementFromComm, OneNodeHoldsEveryRank) {
@@ -126,8 +166,10 @@ TEST(Step1_PlacementFromComm, WorksOnASubCommunicator) {
   int pair_rank = 0, pair_size = 0;
   MPI_Comm_rank(pair, &pair_rank);
   MPI_Comm_size(pair, &pair_size);
-  EXPECT_EQ(p.local_rank, pair_rank);
-  EXPECT_EQ(p.local_size, pair_size);
+  EXPECT_EQ(p.local_rank, pair_rank)
+      << "the placement is relative to the communicator passed in, not MPI_COMM_WORLD";
+  EXPECT_EQ(p.local_size, pair_size)
+      << "the placement is relative to the communicator passed in, not MPI_COMM_WORLD";
   EXPECT_EQ(p.node, 0);
   MPI_Comm_free(&pair);
 }
@@ -193,7 +235,7 @@ TEST(Step3_AllReduce, WorksOnASubCommunicator) {
   auto half = world.split(world.rank() % 2, world.rank(), "half");
   long long sum = -1;
   comm::Traffic did = labtest::traffic_of([&] { sum = all_reduce_rank_ids(half); });
-  EXPECT_EQ(sum, expected_rank_id_sum(half.size())) << "the sum of the ids within the half";
+  EXPECT_EQ(sum, expected_rank_id_sum(half.size())) << "comm.rank(): this group's rank, not the world's";
   EXPECT_TRUE(one_all_reduce_on(did, half)) << "all_reduce_rank_ids(half of the world)";
   // A world of one (the self backend) sums just its own id, 0.
   auto self = comm::Communicator::world("self");
