@@ -11,3 +11,15 @@ scalelab_add_planted_submissions(00 PLANTS ${lab00_plants}/cheats.plant
         "hydra_before_slurm:1_PlacementFromEnv:1:Step1_PlacementFromEnv.SlurmWinsOverHydra on rank 0: .*SLURM_LOCALID and MPI_LOCALRANKID both set: read the variables in the contract's order"
         "no_late_source:1_PlacementFromEnv:1:Step1_PlacementFromEnv.HydraAndOthers on rank 0: .*source: the variable the local rank came from"
         "size_unchecked:1_PlacementFromEnv:1:Step1_PlacementFromEnv.GarbageIsAUsageError on rank 0: OMPI_COMM_WORLD_LOCAL_SIZE='abc' was accepted: a value that is not a non-negative integer is a UsageError naming the variable")
+# The driver's usage errors: exit 2 and one "error: ..." line, before the table. The self
+# backend on more than one rank is refused (each rank alone would sum its own id and print OK);
+# --backend nccl in a build without NCCL is said before the table is printed.
+if(SCALELAB_BUILD_TESTS)
+  scalelab_expect_usage_errors(lab00.cli lab00_hello_dist_solution LABELS reference lab00
+      CASES
+      "2|self_on_two_ranks|^error: --backend self is a world of one rank: run it with -n 1, not -n 2$|--backend|self")
+  if(NOT SCALELAB_WITH_NCCL)
+    scalelab_expect_usage_errors(lab00.cli lab00_hello_dist_solution LABELS reference lab00
+        CASES "1|nccl_without_nccl|^error: backend nccl: this build has no NCCL|--backend|nccl")
+  endif()
+endif()

@@ -46,6 +46,14 @@ int main(int argc, char** argv) {
                                      "Lab 00: print where every rank runs and all-reduce the rank ids");
     cli::add_run_options(options);
     const auto run = cli::run_options(cli::parse(options, argc, argv));
+    // The self backend is a world of one: on more ranks each would sum its own id alone and the
+    // check below would compare it with a world of one, an "OK" that says nothing.
+    SCALELAB_REQUIRE(run.backend != "self" || world_size() == 1,
+                     "--backend self is a world of one rank: run it with -n 1, not -n {}",
+                     world_size());
+    // The communicator first: a backend this build lacks (nccl without NCCL) is a usage error
+    // before the table, not after it.
+    auto world = comm::Communicator::world(run.backend);
 
     const auto env = lab00::process_env();
     const lab00::Placement where = lab00::find_placement(env, MPI_COMM_WORLD);
@@ -64,7 +72,6 @@ int main(int argc, char** argv) {
 
     // The ids live in a host tensor: on an nccl group it travels over the group's MPI
     // communicator (CUDA tensors would go over NCCL).
-    auto world = comm::Communicator::world(run.backend);
     const long long sum = lab00::all_reduce_rank_ids(world);
     const long long expected = lab00::expected_rank_id_sum(world.size());
     int wrong = sum != expected, ranks_wrong = 0;

@@ -235,7 +235,8 @@ TEST(Step3_AllReduce, WorksOnASubCommunicator) {
   auto half = world.split(world.rank() % 2, world.rank(), "half");
   long long sum = -1;
   comm::Traffic did = labtest::traffic_of([&] { sum = all_reduce_rank_ids(half); });
-  EXPECT_EQ(sum, expected_rank_id_sum(half.size())) << "comm.rank(): this group's rank, not the world's";
+  EXPECT_EQ(sum, expected_rank_id_sum(half.size()))
+      << "comm.rank(): this group's rank, not the world's";
   EXPECT_TRUE(one_all_reduce_on(did, half)) << "all_reduce_rank_ids(half of the world)";
   // A world of one (the self backend) sums just its own id, 0.
   auto self = comm::Communicator::world("self");
