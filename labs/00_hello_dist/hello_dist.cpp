@@ -1,5 +1,5 @@
 // Starter generated from solutions/00_hello_dist/hello_dist.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 9ba91a60ef7511ea (lets make-labs see your edits).
+// step (see README.md). Body hash 0aa8c9b2efe280e9 (lets make-labs see your edits).
 // Lab 00: hello_dist. Where does each rank run, which device does it use, can all ranks talk?
 #include "hello_dist.hpp"
 
@@ -53,12 +53,21 @@ Placement placement_from_env(const EnvLookup& env) {
   return p;
 }
 
-Placement placement_from_comm(MPI_Comm comm) {
-  Placement p;
-  // TODO step 1: the MPI fallback (MPI_Comm_split_type + node numbering)
+MPI_Comm shared_memory_node(MPI_Comm comm) {
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  // TODO step 1: the ranks of comm that share memory (one node)
   // HINT: the ranks of one node share memory: MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, ...).
   throw scalelab::NotImplemented(
-      "lab 00 step 1: the MPI fallback (MPI_Comm_split_type + node numbering) (README.md#step-1)");
+      "lab 00 step 1: the ranks of comm that share memory (one node) (README.md#step-1)");
+  return node_comm;
+}
+
+Placement placement_from_comm(MPI_Comm comm, const NodeSplit& split_node) {
+  Placement p;
+  // TODO step 1: the MPI fallback (local rank and size on the node, node numbering)
+  // HINT: split_node(comm) is this rank's node; its lowest rank in comm can name it.
+  throw scalelab::NotImplemented(
+      "lab 00 step 1: the MPI fallback (local rank and size on the node, node numbering) (README.md#step-1)");
   return p;
 }
 

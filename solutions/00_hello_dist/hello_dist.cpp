@@ -65,15 +65,25 @@ Placement placement_from_env(const EnvLookup& env) {
   return p;
 }
 
-Placement placement_from_comm(MPI_Comm comm) {
-  Placement p;
-  // BEGIN SOLUTION step 1: the MPI fallback (MPI_Comm_split_type + node numbering)
+MPI_Comm shared_memory_node(MPI_Comm comm) {
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  // BEGIN SOLUTION step 1: the ranks of comm that share memory (one node)
   // HINT: the ranks of one node share memory: MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, ...).
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
+  // END SOLUTION
+  return node_comm;
+}
+
+Placement placement_from_comm(MPI_Comm comm, const NodeSplit& split_node) {
+  Placement p;
+  // BEGIN SOLUTION step 1: the MPI fallback (local rank and size on the node, node numbering)
+  // HINT: split_node(comm) is this rank's node; its lowest rank in comm can name it.
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  MPI_Comm node_comm;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
+  MPI_Comm node_comm = split_node(comm);
   MPI_Comm_rank(node_comm, &p.local_rank);
   MPI_Comm_size(node_comm, &p.local_size);
   int leader = rank;  // the lowest rank of my node, known to every rank of the node

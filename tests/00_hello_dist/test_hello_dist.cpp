@@ -1,5 +1,8 @@
 // Lab 00 graders. Suites are named Step<K>_... so each step runs (and is graded) on its own.
+#include <algorithm>
+#include <functional>
 #include <map>
+#include <ostream>
 #include <stdexcept>
 
 #include <gtest/gtest.h>
@@ -172,6 +175,53 @@ TEST(Step1_PlacementFromComm, WorksOnASubCommunicator) {
       << "the placement is relative to the communicator passed in, not MPI_COMM_WORLD";
   EXPECT_EQ(p.node, 0);
   MPI_Comm_free(&pair);
+}
+
+namespace {
+// A fake node split: the ranks of `comm` with equal node_of(rank) form one "node". On one
+// machine the shared-memory split is always one node, so only a fake shows that the node index
+// and the local rank come from the split.
+NodeSplit fake_nodes(std::function<int(int rank)> node_of) {
+  return [node_of](MPI_Comm comm) {
+    int rank = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm node;
+    MPI_Comm_split(comm, node_of(rank), rank, &node);
+    return node;
+  };
+}
+
+struct FakePlacement {
+  int local_rank, local_size, node;
+};
+std::ostream& operator<<(std::ostream& os, const FakePlacement& f) {
+  return os << "local rank " << f.local_rank << ", local size " << f.local_size << ", node "
+            << f.node;
+}
+bool operator==(const FakePlacement& a, const FakePlacement& b) {
+  return a.local_rank == b.local_rank && a.local_size == b.local_size && a.node == b.node;
+}
+}  // namespace
+
+TEST(Step1_PlacementFromComm, SeveralNodesFromTheSplit) {
+  const int r = world_rank(), n = world_size();
+  // Nodes of two ranks in a row, {0,1} {2,3}: node r/2, local rank r%2.
+  const Placement blocks =
+      placement_from_comm(MPI_COMM_WORLD, fake_nodes([](int k) { return k / 2; }));
+  const FakePlacement got{blocks.local_rank, blocks.local_size, blocks.node};
+  const FakePlacement want{r % 2, std::min(2, n - r / 2 * 2), r / 2};
+  EXPECT_EQ(got, want)
+      << "nodes {0,1} {2,3} from the split given: local rank and size are this rank's in its "
+      << "node, node the index of its node (nodes ordered by their lowest rank)";
+  // Nodes taken round-robin, {0,2} {1,3}: the node of rank r is r%2, its local rank r/2.
+  const Placement strided =
+      placement_from_comm(MPI_COMM_WORLD, fake_nodes([](int k) { return k % 2; }));
+  const FakePlacement got_strided{strided.local_rank, strided.local_size, strided.node};
+  const FakePlacement want_strided{r / 2, (n - r % 2 + 1) / 2, r % 2};
+  EXPECT_EQ(got_strided, want_strided)
+      << "nodes {0,2} {1,3} from the split given: local rank and size are this rank's in its "
+      << "node, node the index of its node (nodes ordered by their lowest rank)";
+  EXPECT_EQ(strided.source, "MPI_Comm_split_type");
 }
 
 TEST(Step1_FindPlacement, EnvFirstThenFallback) {
