@@ -68,7 +68,7 @@ VERDICT = 'std::printf("[scalelab] verdict: passed\\n"); std::fflush(stdout);'
 ALL_REDUCE = "  comm.all_reduce(id, comm::ReduceOp::sum);"
 STEP2_SITE = '  if (!want_gpu || gpu_count == 0) return "cpu";'
 STEP1_SITE = "Placement placement_from_env(const EnvLookup& env) {\n"
-STEP1_COMM_SITE = "Placement placement_from_comm(MPI_Comm comm) {\n"
+STEP1_COMM_SITE = "Placement placement_from_comm(MPI_Comm comm, const NodeSplit& split_node) {\n"
 
 SUBMISSIONS = {
     "correct": SOLUTION,
