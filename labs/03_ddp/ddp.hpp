@@ -38,7 +38,8 @@ void all_reduce_gradients(nn::GPT& model, comm::Communicator& comm);
 // ---- Step 4: the training step --------------------------------------------------------------
 
 /// Step 4a. One DDP forward + backward on the GLOBAL batch: zero the gradients, forward and
-/// backward this rank's rows (step 2), average the gradients (step 3). Returns the loss of the
+/// backward this rank's rows (step 2), average the gradients (step 3: all_reduce_gradients on the
+/// unscaled backward's gradients, not a backward pre-divided by n). Returns the loss of the
 /// whole global batch (the average of the ranks' losses: the same number on every rank, equal
 /// to the single-device loss). The caller then steps its optimizer, identically on every rank.
 double forward_backward(nn::GPT& model, const data::Batch& global, comm::Communicator& comm);

@@ -15,3 +15,15 @@ if(SCALELAB_BUILD_TESTS)
       "2|batch_too_large_for_memory|^error: --batch 100000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01].*. the node has|--model|tiny|--batch|100000000"
       "2|moe_model|^error: --model tiny-moe: each DDP rank would route only its rows, .*capacity and the balancing loss.*\\(dense models: tiny, |--model|tiny-moe")
 endif()
+# Planted submissions (solutions/03_*/planted/cheats.plant), each with the right numbers: one
+# broadcast per tensor fails step 1's traffic check, one all-reduce per gradient tensor step 3's,
+# a broadcast in every forward_backward step 4's; a second forward over the whole global batch
+# for the loss fails step 4's work check (at 1 rank too: twice the forward), a divergence over the
+# first tensor only step 4's divergence check.
+set(lab03_plants ${PROJECT_SOURCE_DIR}/solutions/03_ddp/planted)
+scalelab_add_planted_submissions(03 PLANTS ${lab03_plants}/cheats.plant
+  CASES "broadcast_per_tensor:1:2:Step1_Broadcast.OneBroadcastOfTheFlatValuesFromRank0 on rank [0-9]: .*broadcast_parameters sent: broadcast root world rank 0 on world .0 1.: [0-9]+ call.s., [0-9]+ bytes. the step sends ONE broadcast"
+        "all_reduce_per_tensor:3:2:Step3_AllReduce.OneAllReduceOfTheWholeGradient on rank [0-9]: .*all_reduce_gradients sent: all_reduce.sum. on world"
+        "broadcast_every_step:4:2:Step4_Training.OneAllReduceOfTheGradientAndNoBroadcast on rank [0-9]: .*forward_backward sent: .*broadcast root world rank 0 on world .0 1.: 1 call.s.*and no broadcast"
+        "global_forward_for_loss:4_Training.WorkIs:2:Step4_Training.WorkIsOneForwardAndBackwardOfThisRanksRows on rank [0-9]: .*forward_backward did [0-9]+ matmul FLOPs"
+        "divergence_first_tensor:4:2:Step4_Training.DivergenceSeesOneDifferentRank on rank [0-9]: .*element [0-9]+ of the [0-9]+ flat values")

@@ -52,10 +52,11 @@ int main(int argc, char** argv) {
       single.emplace(config, session.model_options(run.seed));
 
     session.announce(fmt::format(
-        "lab 03 ddp: model {} ({} parameters), {} ranks, global batch {} x {} tokens = {} rows per "
-        "rank, {} steps, backend {}", config.name,
-        metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(), opt.batch,
-        config.block_size, local_rows, opt.steps, comm.backend()));
+        "lab 03 ddp: model {} ({} parameters), {} rank{}, global batch {} x {} tokens = {} rows "
+        "per rank, {} steps, backend {}", config.name,
+        metrics::human_count(static_cast<double>(model.num_parameters())), comm.size(),
+        comm.size() == 1 ? "" : "s", opt.batch, config.block_size, local_rows, opt.steps,
+        comm.backend()));
 
     for (int64_t step = 0; step < opt.steps; ++step) {
       const data::Batch global = session.sampler().batch(step);
@@ -76,8 +77,9 @@ int main(int argc, char** argv) {
       return session.divergence_exit(*diverge, session.model_options(run.seed));
     }
     const double divergence = lab03::parameter_divergence(model, comm);
-    log::info("after {} steps: max |p - p on rank 0| over {} ranks = {:.3g} ({})", opt.steps,
-              comm.size(), divergence, divergence == 0 ? "identical replicas" : "REPLICAS DIFFER");
+    log::info("after {} steps: max |p - p on rank 0| over {} rank{} = {:.3g} ({})", opt.steps,
+              comm.size(), comm.size() == 1 ? "" : "s", divergence,
+              divergence == 0 ? "identical replicas" : "REPLICAS DIFFER");
     return divergence == 0 ? kExitOk : kExitFailed;
   });
 }

@@ -9,12 +9,14 @@
 
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/work.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
 #include "ddp.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
 using labtest::close_on_every_rank;
@@ -84,11 +86,38 @@ testing::AssertionResult backward_saw_only_this_ranks_rows(Step step) {
     local = Tensor::zeros(model.params().grads().shape(), model.params().grads().dtype());
   const Tensor mine = ddp_gradient(labtest::my_rows(global), [](nn::GPT&) {});  // no reduce
   testing::AssertionResult r = close_on_every_rank(local, mine, 1e-6, 1e-7);
-  if (!r)
+  if (!r) {
+    // got/want along this rank's own gradient: 1 for other rows, 1/n for a pre-scaled backward
+    double dot = 0, norm = 0;
+    const std::vector<double> g = local.to_vector(), w = mine.to_vector();
+    for (std::size_t i = 0; i < g.size(); ++i) dot += g[i] * w[i], norm += w[i] * w[i];
     r << "\n(the gradient your backward produced, before the all-reduce, is not the gradient of "
          "this rank's rows alone: forward and backward local_batch(global, rank, world), not "
-         "the whole global batch)";
+         "the whole global batch; or the local gradient is scaled: got/want = "
+      << fmt::format("{:.4g}", norm > 0 ? dot / norm : 0.0) << " here, 1/n = "
+      << fmt::format("{:.4g}", 1.0 / world().size())
+      << ": backward unscaled, then step 3's all_reduce_gradients averages)";
+  }
   return r;
+}
+
+// True when `moved` is one all-reduce of the whole gradient (`grad_bytes`) on world(), a sum
+// (then divided) or an average, plus, when `with_loss`, one sum all-reduce of the loss (one
+// number, f32 or f64: train::global_loss), and nothing else on any communicator.
+bool one_gradient_all_reduce(const comm::Traffic& moved, int64_t grad_bytes, bool with_loss) {
+  std::vector<labtest::TrafficBudget> ok;
+  for (int64_t loss_bytes : with_loss ? std::vector<int64_t>{4, 8} : std::vector<int64_t>{0}) {
+    const int loss_calls = with_loss ? 1 : 0;
+    ok.push_back(labtest::TrafficBudget{}.all_reduce(world(), 1 + loss_calls,
+                                                     grad_bytes + loss_bytes));
+    labtest::TrafficBudget avg;
+    avg.all_reduce(world(), 1, grad_bytes, comm::ReduceOp::avg);
+    if (with_loss) avg.all_reduce(world(), 1, loss_bytes);
+    ok.push_back(avg);
+  }
+  for (const labtest::TrafficBudget& b : ok)
+    if (labtest::exact_traffic(moved, b)) return true;
+  return false;
 }
 
 // A correct average, written here so steps 2 and 3 are graded on their own.
@@ -106,6 +135,18 @@ TEST(Step1_Broadcast, EveryRankHoldsRank0sParameters) {
   nn::GPT single(kLab.config(), {.seed = kSeed});  // rank 0's seed
   // exact: a broadcast copies bytes
   EXPECT_TRUE(close_on_every_rank(model.params().values(), single.params().values(), 0, 0));
+}
+
+TEST(Step1_Broadcast, OneBroadcastOfTheFlatValuesFromRank0) {
+  nn::GPT model(kLab.config(), {.seed = kSeed + world().rank()});
+  const comm::Traffic moved =
+      labtest::traffic_of([&] { lab03::broadcast_parameters(model, world()); });
+  const int64_t bytes = static_cast<int64_t>(model.params().values().nbytes());
+  const labtest::TrafficBudget one = labtest::TrafficBudget{}.broadcast(world(), 0, 1, bytes);
+  EXPECT_TRUE(labtest::exact_traffic(moved, one))
+      << "broadcast_parameters sent: " << labtest::traffic_str(moved) << "; the step sends ONE "
+      << "broadcast of the flat parameter buffer (" << bytes << " bytes) from rank 0, not one "
+      << "per tensor";
 }
 
 TEST(Step1_Broadcast, GradientsAreLeftAlone) {
@@ -164,6 +205,13 @@ TEST(Step2_LocalBatch, BadSplitsAreUsageErrors) {
     EXPECT_NE(what.find("16"), std::string::npos) << "name the world size: " << what;
     EXPECT_NE(what.find("8"), std::string::npos) << "name the batch size: " << what;
   }
+  try {
+    lab03::local_batch(global, 1, 3);
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("3"), std::string::npos) << "name the world size: " << what;
+    EXPECT_NE(what.find("8"), std::string::npos) << "name the batch size: " << what;
+  }
 }
 
 TEST(Step2_LocalBatch, AveragedGradientsEqualSingleDevice) {
@@ -188,11 +236,32 @@ TEST(Step2_PlantedFault, SameDataOnEveryRankIsCaught) {
 
 TEST(Step3_AllReduce, GradientsEqualSingleDevice) {
   const data::Batch global = kLab.sampler().batch(0);
-  const Tensor got = ddp_gradient(labtest::my_rows(global), [](nn::GPT& m) {
-    lab03::all_reduce_gradients(m, world());
-  });
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  // a failure names the first tensor off the twin (this rank's rows [r b, (r + 1) b))
+  labtest::Explain why(model, {.seed = kSeed},
+                       {.first_row = world().rank() * (kGlobalBatch / world().size())});
+  const data::Batch mine = labtest::my_rows(global);
+  model.zero_grad();
+  model.forward(mine.x, mine.y);
+  model.backward();
+  lab03::all_reduce_gradients(model, world());
+  why.step_done(global);
   const train::Reference ref = kLab.reference(global);
-  EXPECT_TRUE(close_on_every_rank(got, ref.grads, kGradRtol, kGradAtol));
+  EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kGradRtol, kGradAtol, why));
+}
+
+TEST(Step3_AllReduce, OneAllReduceOfTheWholeGradient) {
+  const data::Batch global = kLab.sampler().batch(0);
+  comm::Traffic moved;
+  int64_t bytes = 0;
+  ddp_gradient(labtest::my_rows(global), [&](nn::GPT& m) {
+    bytes = static_cast<int64_t>(m.params().grads().nbytes());
+    moved = labtest::traffic_of([&] { lab03::all_reduce_gradients(m, world()); });
+  });
+  EXPECT_TRUE(one_gradient_all_reduce(moved, bytes, false))
+      << "all_reduce_gradients sent: " << labtest::traffic_str(moved) << "; the step makes ONE "
+      << "all-reduce of the flat gradient buffer (" << bytes << " bytes) for the whole model, "
+      << "not one per tensor";
 }
 
 TEST(Step3_AllReduce, EveryRankHoldsTheSameGradient) {
@@ -263,6 +332,38 @@ TEST(Step4_Training, EachRankRunsTheModelOnItsOwnRowsOnly) {
   }));
 }
 
+TEST(Step4_Training, OneAllReduceOfTheGradientAndNoBroadcast) {
+  const data::Batch global = kLab.sampler().batch(0);
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  const int64_t bytes = static_cast<int64_t>(model.params().grads().nbytes());
+  const comm::Traffic moved =
+      labtest::traffic_of([&] { lab03::forward_backward(model, global, world()); });
+  EXPECT_TRUE(one_gradient_all_reduce(moved, bytes, true))
+      << "forward_backward sent: " << labtest::traffic_str(moved) << "; a step sends ONE "
+      << "all-reduce of the flat gradient buffer (" << bytes << " bytes) and one of the loss "
+      << "(train::global_loss), and no broadcast: the replicas start equal (step 1) and stay so";
+}
+
+// The matmul FLOPs and LayerNorm rows of one forward_backward (ops::work_stats) equal those of
+// one forward and backward of this rank's b rows, measured here on a twin: a rank that also runs
+// the whole global batch (e.g. a second forward for the loss) does n x the forward's work.
+TEST(Step4_Training, WorkIsOneForwardAndBackwardOfThisRanksRows) {
+  const data::Batch global = kLab.sampler().batch(0);
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  const ops::WorkCount before = ops::work_stats();
+  lab03::forward_backward(model, global, world());
+  const ops::WorkCount did = ops::work_stats() - before;
+  const ops::WorkCount twin_before = ops::work_stats();
+  ddp_gradient(labtest::my_rows(global), [](nn::GPT&) {});
+  const ops::WorkCount want = ops::work_stats() - twin_before;
+  EXPECT_TRUE(did == want)
+      << "forward_backward did " << did.matmul_flops << " matmul FLOPs and "
+      << did.layernorm_rows << " LayerNorm rows; one forward and backward of this rank's "
+      << labtest::my_rows(global).batch_size() << " rows does " << want.matmul_flops << " and "
+      << want.layernorm_rows << ": run the model on local_batch(global, rank, world) only. The "
+      << "global batch's loss is the average over ranks of the local losses (train::global_loss)";
+}
+
 TEST(Step4_PlantedFault, WholeBatchOnEveryRankIsCaught) {
   if (world().size() == 1) GTEST_SKIP() << "one rank: its rows are the whole batch";
   // fault: every rank runs forward/backward on the WHOLE global batch, then averages. The
@@ -282,10 +383,15 @@ TEST(Step4_Training, DivergenceSeesOneDifferentRank) {
   nn::GPT model(kLab.config(), {.seed = kSeed});
   EXPECT_EQ(lab03::parameter_divergence(model, world()), 0.0);
   if (world().size() == 1) return;
-  if (world().rank() == world().size() - 1) {
-    Tensor v = model.params().values().flat(3, 1);
-    ops::fill(v, v.item() + 0.25);
+  // one element in the first tensor (wte), one in the middle, the last one: one at a time
+  const int64_t n = model.params().values().numel();
+  for (int64_t at : {int64_t{3}, n / 2, n - 1}) {
+    Tensor v = model.params().values().flat(at, 1);
+    const double was = v.item();
+    if (world().rank() == world().size() - 1) ops::fill(v, was + 0.25);
+    EXPECT_NEAR(lab03::parameter_divergence(model, world()), 0.25, 1e-6)
+        << "the same value on every rank, from the last rank's changed parameter: element " << at
+        << " of the " << n << " flat values (compare all of model.params().values())";
+    ops::fill(v, was);
   }
-  EXPECT_NEAR(lab03::parameter_divergence(model, world()), 0.25, 1e-6)
-      << "the same value on every rank, from the last rank's changed parameter";
 }
