@@ -44,9 +44,9 @@ scalelab_add_gpu_program(02 lab02_single_device_solution "step=2 val_loss=[0-9]"
   RUNS "1|nccl" "1|auto" "1|mpi"
   ARGS ${tiny} --eval-every 1 --checkpoint ${CMAKE_CURRENT_BINARY_DIR}/lab02_gpu_@BACKEND@.ckpt)
 scalelab_add_gpu_program(03 lab03_ddp_solution
-  "\\|ddp - single\\|=@@over [0-9] ranks = 0 \\(identical replicas\\)" ARGS ${tiny} --verify-steps 2)
+  "\\|ddp - single\\|=@@over [0-9]+ ranks? = 0 \\(identical replicas\\)" ARGS ${tiny} --verify-steps 2)
 scalelab_add_gpu_program(04 lab04_ddp_overlap_solution
-  "max \\|p - p on rank 0\\| over [0-9] ranks = 0$" ARGS ${tiny} --reps 1 --sweep 0.0625)
+  "max \\|p - p on rank 0\\| over [0-9]+ ranks? = 0$" ARGS ${tiny} --reps 1 --sweep 0.0625)
 scalelab_add_gpu_program(05 lab05_grad_accumulation_solution
   "as 1 batch vs 4 micro-batches of [0-9]+: gradients max \\|diff\\|" ARGS ${tiny} --accum 4 --batch 32)
 scalelab_add_gpu_program(06 lab06_activation_checkpointing_solution
