@@ -413,9 +413,9 @@ void sum_into(Tensor& out, const Tensor& x, double divisor) {
   d.is_cpu() ? cpu::sum_into(out, x, divisor) : cuda::sum_into(out, x, divisor);
 }
 
-// The norm's kernels on a GPU (sum_squares_into, clip_scale, sqrt_into) are the trial kernel
-// "norm_on_device" until checked there (trial_kernels.hpp); until then a GPU takes the way
-// through the host: the same arithmetic on numbers read back (each read counted).
+// The norm's kernels on a GPU (sum_squares_into, clip_scale, sqrt_into) are "norm_on_device"
+// (trial_kernels.hpp: checked on an H200); turned off, a GPU takes the way through the host: the
+// same arithmetic on numbers read back (each read counted).
 namespace {
 bool norm_on_device(Device d) { return d.is_cpu() || trial_kernel("norm_on_device"); }
 // a one-element f64 tensor's value, read back from its GPU

@@ -12,30 +12,45 @@
 namespace scalelab::ops {
 
 namespace {
+bool in(const char* name, const char* const* begin, const char* const* end) {
+  return std::any_of(begin, end, [&](const char* k) { return std::string(name) == k; });
+}
+bool checked(const std::string& name) {
+  return in(name.c_str(), std::begin(kCheckedKernels), std::end(kCheckedKernels));
+}
 bool known(const std::string& name) {
-  return std::any_of(std::begin(kTrialKernels), std::end(kTrialKernels),
-                     [&](const char* k) { return name == k; });
+  return checked(name) || in(name.c_str(), std::begin(kTrialKernels), std::end(kTrialKernels));
 }
 
-// The names in `list`, checked; `where` names the list's origin in the error.
+// The kernels on after `list` is applied to the default; `where` names the list's origin in the
+// error.
 std::set<std::string> parse(const std::string& list, const std::string& where) {
-  std::set<std::string> names;
-  std::istringstream in(list);
-  std::string name;
-  while (std::getline(in, name, ',')) {
-    if (name.empty()) continue;
-    if (name == "all") {
-      names.insert(std::begin(kTrialKernels), std::end(kTrialKernels));
+  std::set<std::string> on(std::begin(kCheckedKernels), std::end(kCheckedKernels));
+  std::istringstream items(list);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty()) continue;
+    if (item == "all" || item == "none") {
+      on.clear();
+      if (item == "all") {
+        on.insert(std::begin(kCheckedKernels), std::end(kCheckedKernels));
+        on.insert(std::begin(kTrialKernels), std::end(kTrialKernels));
+      }
       continue;
     }
+    const bool off = item[0] == '-';
+    const std::string name = off ? item.substr(1) : item;
     if (!known(name)) {
-      std::string all;
-      for (const char* k : kTrialKernels) all += std::string(all.empty() ? "" : ", ") + k;
-      throw UsageError(where + ": no trial kernel '" + name + "' (all, " + all + ")");
+      std::string every;
+      for (const char* k : kTrialKernels) every += std::string(", ") + k;
+      for (const char* k : kCheckedKernels) every += std::string(", ") + k;
+      throw UsageError(where + ": no GPU kernel '" + name + "' (all, none" + every +
+                       "; -name turns one off)");
     }
-    names.insert(name);
+    if (off) on.erase(name);
+    else on.insert(name);
   }
-  return names;
+  return on;
 }
 
 std::optional<std::set<std::string>> g_names;  // read from the environment at the first call
@@ -51,7 +66,8 @@ const std::set<std::string>& names() {
 }  // namespace
 
 bool trial_kernel(const char* name) {
-  SCALELAB_CHECK(known(name), "trial_kernel: '{}' is not in kTrialKernels", name);
+  SCALELAB_CHECK(known(name), "trial_kernel: '{}' is in neither kTrialKernels nor kCheckedKernels",
+                 name);
   return names().count(name) > 0;
 }
 
@@ -61,8 +77,11 @@ void set_trial_kernels(const std::string& list) {
 
 std::string trial_kernel_list() {
   std::string list;
+  auto add = [&](const std::string& item) { list += (list.empty() ? "" : ",") + item; };
+  for (const char* k : kCheckedKernels)
+    if (!names().count(k)) add(std::string("-") + k);
   for (const char* k : kTrialKernels)
-    if (names().count(k)) list += std::string(list.empty() ? "" : ",") + k;
+    if (names().count(k)) add(k);
   return list;
 }
 

@@ -61,7 +61,7 @@ MPI_Comm shared_memory_node(MPI_Comm comm);
 /// `comm`.
 Placement placement_from_comm(MPI_Comm comm, const NodeSplit& split_node = shared_memory_node);
 
-/// Given (not a step: the starter implements it, on top of steps 1a and 1b). The environment
+/// Given (not a step: the starter implements it, on top of steps 1a to 1c). The environment
 /// first; every field it left at -1 comes from placement_from_comm.
 /// Collective over `comm` (every rank calls placement_from_comm, so no rank waits alone).
 Placement find_placement(const EnvLookup& env, MPI_Comm comm);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,28 +30,25 @@ class CudaTest : public ::testing::Test {
   }
 };
 
-/// Turns the named trial kernels (common/ops/trial_kernels.hpp: "all", or names separated by
-/// commas) on (kOn), or off (kOff), while it lives, the others as they were; then gives back the
-/// list it found. Under SCALELAB_TRY_GPU_KERNELS=all a test's guard thus leaves every kernel on
-/// for the tests after it; kOff makes a test's reference path (the kernel that a trial kernel
-/// would replace) whatever the environment says.
+/// Turns the named kernels (common/ops/trial_kernels.hpp: "all", or names separated by commas)
+/// on (kOn), or off (kOff), while it lives, the others as they were; then gives back the list it
+/// found. Under SCALELAB_TRY_GPU_KERNELS=all a test's guard thus leaves every kernel on for the
+/// tests after it; kOff makes a test's reference path (the version 1 that a kernel replaces)
+/// whatever the environment says.
 class TrialKernels {
  public:
   enum Mode { kOn, kOff };
   explicit TrialKernels(const std::string& names, Mode mode = kOn)
       : previous_(ops::trial_kernel_list()) {
-    if (mode == kOn) {
-      ops::set_trial_kernels(previous_ + "," + names);  // empty names are skipped
-      return;
+    std::string change = names;  // kOn: the names, applied after the list it found
+    if (mode == kOff) {  // "all" -> "none", "a,b" -> "-a,-b"
+      change.clear();
+      std::istringstream items(names);
+      std::string item;
+      while (std::getline(items, item, ','))
+        if (!item.empty()) change += "," + (item == "all" ? "none" : "-" + item);
     }
-    std::vector<bool> was_on;
-    for (const char* k : ops::kTrialKernels) was_on.push_back(ops::trial_kernel(k));
-    ops::set_trial_kernels(names);  // checks the names; now on: the ones to turn off
-    std::string keep;
-    for (std::size_t i = 0; i < was_on.size(); ++i)
-      if (was_on[i] && !ops::trial_kernel(ops::kTrialKernels[i]))
-        keep += std::string(keep.empty() ? "" : ",") + ops::kTrialKernels[i];
-    ops::set_trial_kernels(keep);
+    ops::set_trial_kernels(previous_ + "," + change);  // empty names are skipped
   }
   ~TrialKernels() { ops::set_trial_kernels(previous_); }
   TrialKernels(const TrialKernels&) = delete;

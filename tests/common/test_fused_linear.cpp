@@ -94,55 +94,72 @@ TEST(FusedLinear, ParameterBackwardIsMatmulThenBiasBackward) {
   EXPECT_NO_THROW(ops::linear_parameter_backward(dw, db, dout, x));
 }
 
-TEST(TrialKernels, RunOnlyWhenNamed) {
+// By default the checked kernels run and the trial ones do not; a list changes that in order.
+TEST(TrialKernels, CheckedOnTrialOffUnlessNamed) {
   ops::set_trial_kernels("");
   for (const char* k : ops::kTrialKernels) EXPECT_FALSE(ops::trial_kernel(k)) << k;
-  ops::set_trial_kernels("dgelu_epilogue");
-  EXPECT_TRUE(ops::trial_kernel("dgelu_epilogue"));
-  EXPECT_FALSE(ops::trial_kernel("layernorm_backward_v2"));
+  for (const char* k : ops::kCheckedKernels) EXPECT_TRUE(ops::trial_kernel(k)) << k;
+  ops::set_trial_kernels("layernorm_backward_v2,-dgelu_epilogue");
+  EXPECT_TRUE(ops::trial_kernel("layernorm_backward_v2"));
+  EXPECT_FALSE(ops::trial_kernel("flash_backward_one_kernel"));
+  EXPECT_FALSE(ops::trial_kernel("dgelu_epilogue"));  // version 1 instead
+  EXPECT_TRUE(ops::trial_kernel("norm_on_device"));
   ops::set_trial_kernels("all");
   for (const char* k : ops::kTrialKernels) EXPECT_TRUE(ops::trial_kernel(k)) << k;
+  for (const char* k : ops::kCheckedKernels) EXPECT_TRUE(ops::trial_kernel(k)) << k;
+  ops::set_trial_kernels("none,adamw_one_launch");  // every op's version 1 but one
+  for (const char* k : ops::kTrialKernels) EXPECT_FALSE(ops::trial_kernel(k)) << k;
+  for (const char* k : ops::kCheckedKernels)
+    EXPECT_EQ(ops::trial_kernel(k), std::string(k) == "adamw_one_launch") << k;
   EXPECT_THROW(ops::set_trial_kernels("dgelu_epilogue,flash_v3"), UsageError);  // a typo says so
+  EXPECT_THROW(ops::set_trial_kernels("-flash_v3"), UsageError);
   EXPECT_THROW(ops::trial_kernel("not_a_kernel"), CheckFailed);
   ops::set_trial_kernels("");
 }
 
-// The list comes back as set_trial_kernels takes it, and a test's TrialKernels guard
-// (tests/common/cuda_checks.hpp) gives back the list it found: under
+// The list comes back as set_trial_kernels takes it (what differs from the default), and a
+// test's TrialKernels guard (tests/common/cuda_checks.hpp) gives back the list it found: under
 // SCALELAB_TRY_GPU_KERNELS=all, a guarded GPU test leaves every kernel on for the tests after it.
 TEST(TrialKernels, TheListComesBackAndGuardsRestoreIt) {
-  ops::set_trial_kernels("norm_on_device,dgelu_epilogue");
-  EXPECT_EQ(ops::trial_kernel_list(), "dgelu_epilogue,norm_on_device");  // kTrialKernels' order
+  ops::set_trial_kernels("");
+  EXPECT_EQ(ops::trial_kernel_list(), "");
+  ops::set_trial_kernels("layernorm_backward_v2,-norm_on_device,-dgelu_epilogue");
+  // the lists' order: checked kernels turned off, then trial kernels turned on
+  EXPECT_EQ(ops::trial_kernel_list(), "-dgelu_epilogue,-norm_on_device,layernorm_backward_v2");
   ops::set_trial_kernels(ops::trial_kernel_list());
-  EXPECT_EQ(ops::trial_kernel_list(), "dgelu_epilogue,norm_on_device");
-  std::string every;
-  for (const char* k : ops::kTrialKernels) every += std::string(every.empty() ? "" : ",") + k;
+  EXPECT_EQ(ops::trial_kernel_list(), "-dgelu_epilogue,-norm_on_device,layernorm_backward_v2");
+  std::string every_trial, every_checked_off;
+  for (const char* k : ops::kTrialKernels)
+    every_trial += std::string(every_trial.empty() ? "" : ",") + k;
+  for (const char* k : ops::kCheckedKernels)
+    every_checked_off += std::string(every_checked_off.empty() ? "-" : ",-") + k;
   ops::set_trial_kernels("all");
-  EXPECT_EQ(ops::trial_kernel_list(), every);
+  EXPECT_EQ(ops::trial_kernel_list(), every_trial);
   {
-    const TrialKernels on("dgelu_epilogue");  // on already
-    EXPECT_EQ(ops::trial_kernel_list(), every);
+    const TrialKernels on("layernorm_backward_v2");  // on already
+    EXPECT_EQ(ops::trial_kernel_list(), every_trial);
     {
-      const TrialKernels off("dgelu_epilogue,norm_on_device", TrialKernels::kOff);
+      const TrialKernels off("dgelu_epilogue,layernorm_backward_v2", TrialKernels::kOff);
       EXPECT_FALSE(ops::trial_kernel("dgelu_epilogue"));
-      EXPECT_FALSE(ops::trial_kernel("norm_on_device"));
+      EXPECT_FALSE(ops::trial_kernel("layernorm_backward_v2"));
       EXPECT_TRUE(ops::trial_kernel("adamw_one_launch"));  // the others as they were
+      EXPECT_TRUE(ops::trial_kernel("flash_backward_one_kernel"));
     }
-    EXPECT_EQ(ops::trial_kernel_list(), every);
+    EXPECT_EQ(ops::trial_kernel_list(), every_trial);
   }
-  EXPECT_EQ(ops::trial_kernel_list(), every);  // still all, not none
+  EXPECT_EQ(ops::trial_kernel_list(), every_trial);  // still all, not the default
   ops::set_trial_kernels("");
   {
     const TrialKernels on("layernorm_backward_v2");
     EXPECT_EQ(ops::trial_kernel_list(), "layernorm_backward_v2");
     {
-      const TrialKernels more("dgelu_epilogue");  // added to the ones on
-      EXPECT_EQ(ops::trial_kernel_list(), "dgelu_epilogue,layernorm_backward_v2");
+      const TrialKernels fewer("dgelu_epilogue", TrialKernels::kOff);  // taken from the ones on
+      EXPECT_EQ(ops::trial_kernel_list(), "-dgelu_epilogue,layernorm_backward_v2");
       EXPECT_THROW(TrialKernels("flash_v3"), UsageError);
       EXPECT_THROW(TrialKernels("flash_v3", TrialKernels::kOff), UsageError);
-      EXPECT_EQ(ops::trial_kernel_list(), "dgelu_epilogue,layernorm_backward_v2");  // untouched
+      EXPECT_EQ(ops::trial_kernel_list(), "-dgelu_epilogue,layernorm_backward_v2");  // untouched
       const TrialKernels none("all", TrialKernels::kOff);
-      EXPECT_EQ(ops::trial_kernel_list(), "");
+      EXPECT_EQ(ops::trial_kernel_list(), every_checked_off);
     }
     EXPECT_EQ(ops::trial_kernel_list(), "layernorm_backward_v2");
   }

@@ -72,16 +72,19 @@ class GpuChecksTest(unittest.TestCase):
     def timed_trials(script):
         """The trial kernels issue33.sh's per-trial loop times alone (none and all aside)."""
         loop = re.search(r"for k in ((?:[\w ]|\\\n)+); do", script)
-        return set(loop.group(1).replace("\\\n", " ").split()) - {"none", "all"} if loop else set()
+        return (set(loop.group(1).replace("\\\n", " ").split()) - {"none", "default", "all"}
+                if loop else set())
 
     def test_each_trial_kernel_is_timed_alone(self):
-        # issue33.sh's per-trial loop names every trial kernel (trial_kernels.hpp's kTrialKernels)
-        # and no other: a misspelt name would stop that step on the GPU with a usage error, a
-        # missing one would leave a trial kernel unmeasured
+        # issue33.sh's per-trial loop names every kernel of trial_kernels.hpp (kTrialKernels and
+        # kCheckedKernels) and no other: a misspelt name would stop that step on the GPU with a
+        # usage error, a missing one would leave a kernel unmeasured
         header = (ROOT / "common" / "ops" / "trial_kernels.hpp").read_text()
-        listed = re.search(r"kTrialKernels\[\]\s*=\s*\{([^}]*)\}", header)
-        self.assertIsNotNone(listed)
-        trials = set(re.findall(r'"(\w+)"', listed.group(1)))
+        trials = set()
+        for name in ("kTrialKernels", "kCheckedKernels"):
+            listed = re.search(name + r"\[\]\s*=\s*\{([^}]*)\}", header)
+            self.assertIsNotNone(listed, name)
+            trials |= set(re.findall(r'"(\w+)"', listed.group(1)))
         self.assertGreaterEqual(len(trials), 5)
         script = (CHECKS / "issue33.sh").read_text()
         self.assertEqual(self.timed_trials(script), trials)

@@ -194,6 +194,10 @@ int main(int argc, char** argv) {
     Tensor y = Tensor::empty({B, T, C}, dt, device), dy = y.clone();
     ops::fill(dy, 0.01);
     const int default_version = ops::flash_attention_version();
+    // the "flash v2" rows are version 2's plain kernels (16 query rows a warp, two backward
+    // kernels); the rows after them, the kernels that replace them
+    const char* env = std::getenv("SCALELAB_TRY_GPU_KERNELS");
+    ops::set_trial_kernels("-flash_forward_two_row_tiles,-flash_backward_one_kernel");
     for (int version : {1, 2}) {
       ops::set_flash_attention_version(version);
       const std::string v_name = "flash v" + std::to_string(version);
@@ -211,11 +215,11 @@ int main(int argc, char** argv) {
       report((v_name + " qkv backward").c_str(), bwd_flops,
              [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
     }
-    // version 2's trial kernels beside the default: the forward with two row tiles a warp
-    // ("flash_forward_two_row_tiles", head size 64) and the backward as one kernel
-    // ("flash_backward_one_kernel": dQ's shares added in a fixed order in the dK/dV pass)
+    // beside version 2's plain kernels: the forward with two row tiles a warp
+    // ("flash_forward_two_row_tiles", head size 64: the default) and the backward as one kernel
+    // ("flash_backward_one_kernel", on trial: dQ's shares added in a fixed order in the dK/dV
+    // pass)
     if (ops::cuda::last_flash_attention_version() == 2) {
-      const char* env = std::getenv("SCALELAB_TRY_GPU_KERNELS");
       ops::set_trial_kernels("flash_forward_two_row_tiles");
       report("v2 2-row-tile forward", fwd_flops,
              [&] { ops::flash_attention_forward(out, lse, q, k, v, scale, causal); });
@@ -230,8 +234,8 @@ int main(int argc, char** argv) {
       });
       report("v2 1-kernel qkv bwd", bwd_flops,
              [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
-      ops::set_trial_kernels(env ? env : "");
     }
+    ops::set_trial_kernels(env ? env : "");
     ops::set_flash_attention_version(default_version);
 
     torch_rows();

@@ -40,11 +40,9 @@ TAILN=12 run trial_flash_forward_test 90 "$B/tests/common/test_ops_cuda_flash" \
 TAILN=12 run trial_flash_backward_test 90 "$B/tests/common/test_ops_cuda_flash" \
   --gtest_filter='*OneKernelBackward*'
 # 2. the side-by-side table (the issue's target: >= 1.0x PyTorch-compiled, memory <= its), as the
-# default path runs and with every trial kernel on
+# default path runs (every op's version 1 and the trial kernels: lab02_trial_none and _all, 4.)
 TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
   --steps 10 --warmup 3 --data "$DATA"
-TAILN=12 run side_by_side_trial_kernels 150 env SCALELAB_TRY_GPU_KERNELS=all \
-  python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 --steps 10 --warmup 3 --data "$DATA"
 # 3. the kernel pairs side by side, each checked against the host: attention (the one-kernel
 # backward beside the two-kernel one and PyTorch's; cuDNN's took 2.7 ms a step), then
 # LayerNorm's backward, the MLP's DGELU epilogue, the bias gradients' BGRADB epilogue, the
@@ -59,39 +57,26 @@ TAILN=16 run flash_unmasked 90 "$B/common/scalelab_bench_attention" --device cud
   --batch 16 --heads 12 --context 1024 --head-size 64 --repeats 10 --warmup 3 --mask none \
   --torch-python python3
 TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
-# 4. each trial kernel alone in lab 02's step, then none and all: which one buys what, end to end
-# (lab 02's row of the side-by-side table, measured the same way, without PyTorch's)
+# 4. each newer kernel alone in lab 02's step (on top of every op's version 1), then none, the
+# default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
+# side-by-side table, measured the same way, without PyTorch's)
 for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
-  flash_forward_two_row_tiles grouped_rows_in_chunks layernorm_backward_v2 norm_on_device all; do
-  list=$k; [[ $k == none ]] && list=
+  flash_forward_two_row_tiles grouped_rows_in_chunks layernorm_backward_v2 norm_on_device \
+  default all; do
+  case $k in none | all) list=$k ;; default) list= ;; *) list=none,$k ;; esac
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
     tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \
     --data "$DATA"
 done
 TAILN=16 run trial_table 10 python3 tools/gpu_checks/trial_table.py "$out/full.log"
 # 5. item 6, shown in a trace: every step's "host read" events (common/scalar.hpp, HostRead)
-# with all trial kernels on (norm_on_device keeps clipping's norm on the GPU): one a step, its
+# on the default path (norm_on_device keeps clipping's norm on the GPU): one a step, its
 # printed loss, waiting for the step's kernels (tools/trace_reads prints each read's wait)
 TAILN=14 run trace_host_reads 90 sh -c '"$@" --steps 6 --trace "'"$out"'/lab02_trace.json" \
   > /dev/null && python3 tools/trace_reads "'"$out"'/lab02_trace.json" --expect 1' \
-  sh env SCALELAB_TRY_GPU_KERNELS=all "${lab02[@]}"
-# 6. what limits flash attention's backward (the largest gap left): occupancy, registers, stall
-# reasons and throughput of one launch of each tensor-core backward kernel at gpt-85m's shape
-if [[ -n $ncu ]]; then
-  TAILN=5 run ncu_flash_backward 120 sh -c '"$0" --kernel-name regex:"flash_tc_(dkdv|dq)_kernel" \
-    --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward.txt"' \
-    "$ncu" "$B/common/scalelab_bench_attention" "$out"
-  # the same sections for the one-kernel backward (its first launch: the bench's (BH, T, hs) row)
-  TAILN=5 run ncu_flash_backward_one_kernel 120 sh -c '"$0" --kernel-name regex:"flash_tc_backward_kernel" \
-    --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward_one_kernel.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward_one_kernel.txt"' \
-    "$ncu" "$B/common/scalelab_bench_attention" "$out"
-fi
-# 7. one step's kernels by kind, scalelab beside PyTorch (the deck's table): ncu at 1 and 2 steps
-# (their difference is one step), PyTorch profiled
+  sh "${lab02[@]}"
+# 6. one step's kernels by kind, scalelab beside PyTorch (the deck's table): ncu at 1 and 2 steps
+# (their difference is one step), PyTorch profiled; lab 02's default path
 if [[ -n $ncu ]]; then
   for s in 1 2; do
     # --clock-control none: the GPU's own clocks, as in a training run and PyTorch's profile
@@ -108,9 +93,24 @@ run torch_kernels 150 python3 tools/bench_gpt_torch.py --device cuda --model gpt
   --steps 5 --warmup 3 --kernel-table "$out/torch_kernels.csv"
 TAILN=60 run kernel_table 30 sh -c 'python3 tools/kernel_table.py --ncu "$0/ncu_steps1.csv" \
   "$0/ncu_steps2.csv" --step-diff 1 --torch "$0/torch_kernels.csv" | tee "$0/kernel_table.md"' "$out"
+# 7. what limits flash attention's backward (the largest gap left): occupancy, registers, stall
+# reasons and throughput of one launch of each tensor-core backward kernel at gpt-85m's shape
+if [[ -n $ncu ]]; then
+  TAILN=5 run ncu_flash_backward 120 sh -c '"$0" --kernel-name regex:"flash_tc_(dkdv|dq)_kernel" \
+    --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward.txt"' \
+    "$ncu" "$B/common/scalelab_bench_attention" "$out"
+  # the same sections for the one-kernel backward (its first launch: the bench's (BH, T, hs) row)
+  TAILN=5 run ncu_flash_backward_one_kernel 120 sh -c '"$0" --kernel-name regex:"flash_tc_backward_kernel" \
+    --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward_one_kernel.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward_one_kernel.txt"' \
+    "$ncu" "$B/common/scalelab_bench_attention" "$out"
+fi
 # 8. AdamW alone: one launch per parameter against one launch over the flat buffers
-TAILN=4 run adamw_per_parameter 60 "$B/common/scalelab_bench_adamw" --device cuda
-TAILN=4 run adamw_one_launch 60 env SCALELAB_TRY_GPU_KERNELS=adamw_one_launch \
+TAILN=4 run adamw_per_parameter 60 env SCALELAB_TRY_GPU_KERNELS=-adamw_one_launch \
   "$B/common/scalelab_bench_adamw" --device cuda
+TAILN=4 run adamw_one_launch 60 "$B/common/scalelab_bench_adamw" --device cuda
 echo "issue33.sh: $failed step(s) failed" | tee -a "$out/summary.txt"
 exit "$failed"

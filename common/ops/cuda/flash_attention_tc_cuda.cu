@@ -48,8 +48,8 @@ using namespace flash_tc;
 
 // ---- forward ----------------------------------------------------------------------------------
 // Grid (query tiles, NH, B); 4 warps, warp w owns query rows q0 + 16 MT w .. + 16 MT - 1: MT row
-// tiles of 16 (the M of m16n8k16). Bc keys a tile. MT = 1 is version 2 as it runs by default.
-// MT = 2 (the trial kernel "flash_forward_two_row_tiles", head size 64) gives each warp 32 rows:
+// tiles of 16 (the M of m16n8k16). Bc keys a tile. MT = 1 is version 2 as first written.
+// MT = 2 ("flash_forward_two_row_tiles", the default at head size 64) gives each warp 32 rows:
 // each K or V fragment loaded from shared memory then feeds two products instead of one, for
 // twice the registers of S and O (ldmatrix traffic, not the tensor cores, may set the pace at
 // one row tile: 32 ldmatrix.x4 of 512 bytes per 64 products a tile).
@@ -207,11 +207,8 @@ __global__ void flash_tc_backward_d_kernel(float* D, const bf16* dout_base, cons
 }
 
 // dK and dV. Grid (key tiles, NH, B); warp w owns keys k0 + 16 w .. + 15 and loops over the
-// query tiles (Bq rows) that see them. (The one-kernel backward runs the same pass through
-// load_query_rows, dkdv_tile and store_dkdv, flash_tc.cuh. This kernel calls the first and
-// the last, which leave its machine code as an H100 checked it, `tools/ptx_unchanged --sass`;
-// it keeps its own lines for the tile until a GPU checks it calling dkdv_tile, which changes
-// the order ptxas schedules it in.) Per tile, with the warp's keys as the M side:
+// query tiles (Bq rows) that see them; each tile is dkdv_tile (flash_tc.cuh), as in the
+// one-kernel backward:
 //   S^T = K Q^T, P^T = exp(S^T scale - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D),
 //   dV += P^T dO,  dK += dS^T Q   (scaled by `scale` at the end).
 // P^T and dS^T stay in registers as A operands, like P in forward.
@@ -222,7 +219,6 @@ __global__ void __launch_bounds__(kBlock)
                          const float* D, Heads qh, Heads kh, Heads vh, Heads oh, int T,
                          float scale, float scale_log2, bool causal) {
   constexpr int Bk = kTileRows, Bq = HS == 64 ? 64 : 32, L = HS + 8;
-  constexpr int KC = HS / 16;  // k-chunks over the head dimension
   constexpr int NQ = Bq / 8;   // n-tiles of S^T (over the queries)
   constexpr int NO = HS / 8;   // n-tiles of dK, dV
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -273,31 +269,10 @@ __global__ void __launch_bounds__(kBlock)
     const float* D_t = D_s + (t % 2) * Bq;
     // causal: a query tile wholly before this warp's keys adds nothing
     if (!causal || i0 + Bq - 1 >= w0) {
-      uint32_t af[KC][4];  // the warp's K rows, then its V rows, as A fragments
-      load_a<KC>(af, Ks + warp * kRowsPerWarp * L, L);
-      float p[NQ][4];  // S^T, then P^T
-      zero(p);
-      mma_tile<BIs::NK, KC, NQ>(p, af, Qt, L);
-      load_a<KC>(af, Vs + warp * kRowsPerWarp * L, L);
-      float ds[NQ][4];  // dP^T, then dS^T
-      zero(ds);
-      mma_tile<BIs::NK, KC, NQ>(ds, af, dOt, L);
-      const bool edge = causal && i0 < w0 + kRowsPerWarp - 1;  // some query before some key
-#pragma unroll
-      for (int n = 0; n < NQ; ++n)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int c = 8 * n + mma::c_col(ln, r);  // the query, within the tile
-          const bool masked = edge && i0 + c < key[r / 2];
-          const float pr = masked ? 0.f : exp2f(p[n][r] * scale_log2 - lse_t[c]);
-          p[n][r] = pr;
-          ds[n][r] = pr * (ds[n][r] - D_t[c]);
-        }
-      uint32_t pf[NQ / 2][4];
-      acc_to_a<NQ / 2>(pf, p);
-      mma_tile<BIs::KN, NQ / 2, NO>(dv_acc, pf, dOt, L);
-      acc_to_a<NQ / 2>(pf, ds);
-      mma_tile<BIs::KN, NQ / 2, NO>(dk_acc, pf, Qt, L);
+      float ds[NQ][4];  // dS^T (read again only by the one-kernel backward)
+      dkdv_tile<HS, Bq, false>(dk_acc, dv_acc, ds, Ks + warp * kRowsPerWarp * L,
+                               Vs + warp * kRowsPerWarp * L, Qt, dOt, lse_t, D_t, i0, w0, key,
+                               causal, T, scale_log2);
     }
     __syncthreads();
   }
@@ -441,7 +416,8 @@ bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const
            cdata(v), in_heads(l, l.q_off), in_heads(l, l.k_off), in_heads(l, l.v_off),
            out_heads(l), static_cast<int>(l.T), static_cast<float>(scale) * kLog2e, causal);
   };
-  // on trial: two row tiles a warp (above); head size 128 would need twice O's 64 registers
+  // two row tiles a warp (above: checked on an H200, as fast causal and 7% faster unmasked);
+  // head size 128 would need twice O's 64 registers
   const bool two_row_tiles = l.hs == 64 && trial_kernel("flash_forward_two_row_tiles");
   if (two_row_tiles)
     run(flash_tc_forward_kernel<64, 2>, 2 * kTileRows);
@@ -468,7 +444,8 @@ bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tenso
     flash_tc_backward_d_kernel<HS><<<blocks_for_rows(rows), kThreads>>>(
         D.data<float>(), cdata(dout), cdata(out), out_heads(l), static_cast<int>(l.NH), T, rows);
     CUDA_CHECK_LAUNCH();
-    // on trial: dK, dV and dQ in one kernel (flash_attention_tc_backward_cuda.cu)
+    // on trial: dK, dV and dQ in one kernel (flash_attention_tc_backward_cuda.cu; slower on an
+    // H200 than the two below)
     if (trial_kernel("flash_backward_one_kernel")) {
       flash_tc_backward_one_kernel(dq, dk, dv, dout, q, k, v, lse, D, l, s, causal);
       g_last_kernels.backward_kernels = 1;

@@ -70,7 +70,8 @@ void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tenso
                         const Tensor& in, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
   use_device(din);
-  // version 2 (layernorm_backward_v2_cuda.cu): one read of x and dout, on trial until checked
+  // version 2 (layernorm_backward_v2_cuda.cu): one read of x and dout, on trial (checked on an
+  // H200, but 3x slower than version 1 there: scalelab_bench_kernels)
   if (trial_kernel("layernorm_backward_v2") &&
       layernorm_backward_v2(din, dweight, dbias, dout, in, weight, mean, rstd))
     return;
