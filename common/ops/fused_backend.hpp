@@ -76,11 +76,16 @@ bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const
 int last_flash_attention_version();
 /// Which of version 2's kernels its last calls ran ({0, 0} before any): the forward's query rows
 /// a warp (16, or 32 under the trial kernel "flash_forward_two_row_tiles", head size 64 only)
-/// and the backward's kernels after D (2: dK/dV, then dQ; 1 under "flash_backward_one_kernel").
+/// and the backward's kernels after D (2: dK/dV, then dQ; 1 under "flash_backward_one_kernel"),
+/// and the dK/dV kernel's register bound (below).
 /// Tests and benches check with it that the kernel they switched on ran, not the one beside it.
 struct FlashV2Kernels {
   int forward_rows_per_warp = 0;  ///< 16 or 32; 0 before any version-2 forward
   int backward_kernels = 0;       ///< 2 or 1; 0 before any version-2 backward
+  /// The blocks per SM the two-kernel backward's dK/dV kernel was compiled to fit (its
+  /// __launch_bounds__): 1 (no bound: its registers allow 2), or 3 under the trial kernel
+  /// "flash_dkdv_three_blocks" (head size 64); 0 when no two-kernel backward ran yet.
+  int dkdv_min_blocks = 0;
 };
 /// The version-2 kernels the last version-2 forward and backward ran (see FlashV2Kernels).
 FlashV2Kernels last_flash_v2_kernels();

@@ -27,7 +27,11 @@ namespace scalelab::ops {
 ///  - layernorm_backward_v2: LayerNorm's dx, dweight and dbias from one read of x and dout
 ///    (norm_cuda.cu) instead of a dx kernel and two column-sum passes. Slower on an H200: 0.34 ms
 ///    against 0.10 ms at gpt-85m's shape (scalelab_bench_kernels).
+///  - flash_dkdv_three_blocks: flash attention's dK/dV kernel (version 2, head size 64) compiled
+///    to fit 3 blocks an SM (168 registers a thread) instead of 2 (175 registers): 12 warps an SM
+///    to hide latency instead of 8 (flash_attention_tc_cuda.cu). Not yet run on a GPU.
 inline constexpr const char* kTrialKernels[] = {"flash_backward_one_kernel",
+                                                "flash_dkdv_three_blocks",
                                                 "layernorm_backward_v2"};
 
 /// The kernels that passed their trial (checked against the host on an H200 and no slower in

@@ -247,6 +247,30 @@ TEST_F(CudaFlash, TwoRowTileForwardMatchesTheHost) {
   check_trial_kernel("flash_forward_two_row_tiles", 32, 2);
 }
 
+// The dK/dV kernel held to 3 blocks an SM (trial kernel "flash_dkdv_three_blocks", head size 64):
+// the same instructions as the default's, only registers allocated under a bound, so the same
+// bits as the default kernels on every long shape (head size 128 runs the default: checked too).
+TEST_F(CudaFlash, DkdvKernelAtThreeBlocksHasTheDefaultsBits) {
+  ops::set_flash_attention_version(2);
+  for (const Shape& s : kLongShapes) {
+    const int64_t BH = s.B * s.NH;
+    const Tensor q = rnd({BH, s.T, s.hs}, 11, DType::bf16),
+                 k = rnd({BH, s.T, s.hs}, 12, DType::bf16),
+                 v = rnd({BH, s.T, s.hs}, 13, DType::bf16),
+                 dout = rnd({BH, s.T, s.hs}, 14, DType::bf16);
+    const std::string what = "flash_dkdv_three_blocks " + s.str();
+    const TrialKernels none("all", TrialKernels::kOff);
+    const Result want = packed(q, k, v, dout, s, gpu);
+    EXPECT_EQ(ops::cuda::last_flash_v2_kernels().dkdv_min_blocks, 1) << what;
+    const TrialKernels on("flash_dkdv_three_blocks");
+    const Result got = packed(q, k, v, dout, s, gpu);
+    EXPECT_EQ(ops::cuda::last_flash_v2_kernels().dkdv_min_blocks, s.hs == 64 ? 3 : 1) << what;
+    expect_same_bits(got.dk, want.dk, what + " dk");
+    expect_same_bits(got.dv, want.dv, what + " dv");
+    expect_same_bits(got.dq, want.dq, what + " dq");
+  }
+}
+
 // The one-kernel backward (trial kernel "flash_backward_one_kernel",
 // flash_attention_tc_backward_cuda.cu): every shape and both layouts at version 2's tolerances,
 // then the long shapes against the host and version 2's two kernels, and twice for the same

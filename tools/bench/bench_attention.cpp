@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
     // the "flash v2" rows are version 2's plain kernels (16 query rows a warp, two backward
     // kernels); the rows after them, the kernels that replace them
     const char* env = std::getenv("SCALELAB_TRY_GPU_KERNELS");
-    ops::set_trial_kernels("-flash_forward_two_row_tiles,-flash_backward_one_kernel");
+    ops::set_trial_kernels("none");
     for (int version : {1, 2}) {
       ops::set_flash_attention_version(version);
       const std::string v_name = "flash v" + std::to_string(version);
@@ -216,7 +216,8 @@ int main(int argc, char** argv) {
              [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
     }
     // beside version 2's plain kernels: the forward with two row tiles a warp
-    // ("flash_forward_two_row_tiles", head size 64: the default) and the backward as one kernel
+    // ("flash_forward_two_row_tiles", head size 64: the default), the dK/dV kernel held to 3
+    // blocks an SM ("flash_dkdv_three_blocks", on trial) and the backward as one kernel
     // ("flash_backward_one_kernel", on trial: dQ's shares added in a fixed order in the dK/dV
     // pass)
     if (ops::cuda::last_flash_attention_version() == 2) {
@@ -228,6 +229,13 @@ int main(int argc, char** argv) {
       if (ops::cuda::last_flash_v2_kernels().forward_rows_per_warp != 32)
         fmt::print("  (the two-row-tile forward takes head size 64 only: at {} the default "
                    "ran)\n", hs);
+      ops::set_trial_kernels("flash_dkdv_three_blocks");
+      report("v2 dkdv 3 blocks bwd", bwd_flops, [&] {
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
+      });
+      if (ops::cuda::last_flash_v2_kernels().dkdv_min_blocks != 3)
+        fmt::print("  (the dK/dV kernel at 3 blocks an SM takes head size 64 only: at {} the "
+                   "default ran)\n", hs);
       ops::set_trial_kernels("flash_backward_one_kernel");
       report("v2 1-kernel backward", bwd_flops, [&] {
         ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);

@@ -39,6 +39,8 @@ TAILN=12 run trial_flash_forward_test 90 "$B/tests/common/test_ops_cuda_flash" \
   --gtest_filter='*TwoRowTileForward*'
 TAILN=12 run trial_flash_backward_test 90 "$B/tests/common/test_ops_cuda_flash" \
   --gtest_filter='*OneKernelBackward*'
+TAILN=12 run trial_flash_dkdv_test 90 "$B/tests/common/test_ops_cuda_flash" \
+  --gtest_filter='*DkdvKernelAtThreeBlocks*'
 # 2. the side-by-side table (the issue's target: >= 1.0x PyTorch-compiled, memory <= its), as the
 # default path runs (every op's version 1 and the trial kernels: lab02_trial_none and _all, 4.)
 TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
@@ -61,8 +63,8 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
 # side-by-side table, measured the same way, without PyTorch's)
 for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
-  flash_forward_two_row_tiles grouped_rows_in_chunks layernorm_backward_v2 norm_on_device \
-  default all; do
+  flash_dkdv_three_blocks flash_forward_two_row_tiles grouped_rows_in_chunks \
+  layernorm_backward_v2 norm_on_device default all; do
   case $k in none | all) list=$k ;; default) list= ;; *) list=none,$k ;; esac
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
     tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \

@@ -212,8 +212,14 @@ __global__ void flash_tc_backward_d_kernel(float* D, const bf16* dout_base, cons
 //   S^T = K Q^T, P^T = exp(S^T scale - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D),
 //   dV += P^T dO,  dK += dS^T Q   (scaled by `scale` at the end).
 // P^T and dS^T stay in registers as A operands, like P in forward.
-template <int HS>
-__global__ void __launch_bounds__(kBlock)
+// kMinBlocks > 0 asks ptxas to fit that many blocks on an SM: at most 65536 / (128 kMinBlocks)
+// registers a thread, 168 for 3. Unbounded (0, the default: the machine code an H200 checked;
+// a bound of 1 already allocates registers otherwise) it takes 175, so an SM holds 2 blocks, 8
+// warps (on an H200 Nsight Compute saw 12% occupancy, its busiest pipe 22% busy, the warps
+// stalled on latency that more of them would hide). 3 is the trial kernel
+// "flash_dkdv_three_blocks"; its launch also asks for the most shared memory (3 blocks of 56 KiB).
+template <int HS, int kMinBlocks>
+__global__ void __launch_bounds__(kBlock, kMinBlocks)
     flash_tc_dkdv_kernel(bf16* dk_base, bf16* dv_base, const bf16* q_base, const bf16* k_base,
                          const bf16* v_base, const bf16* dout_base, const float* lse,
                          const float* D, Heads qh, Heads kh, Heads vh, Heads oh, int T,
@@ -454,10 +460,21 @@ bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tenso
     g_last_kernels.backward_kernels = 2;
     constexpr int L = HS + 8, Bq = HS == 64 ? 64 : 32;
     const size_t smem_kv = (2 * kTileRows + 4 * Bq) * L * sizeof(bf16) + 4 * Bq * sizeof(float);
-    launch(flash_tc_dkdv_kernel<HS>, grid_for(l, kTileRows), smem_kv, mdata(dk), mdata(dv),
-           cdata(q), cdata(k), cdata(v), cdata(dout), lse.data<float>(), D.data<float>(),
-           in_heads(l, l.q_off), in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), T, s,
-           s2, causal);
+    // on trial: the dK/dV kernel held to 168 registers, for 3 blocks an SM (above)
+    const bool three_blocks = HS == 64 && trial_kernel("flash_dkdv_three_blocks");
+    g_last_kernels.dkdv_min_blocks = three_blocks ? 3 : 1;
+    auto dkdv = [&](auto kernel) {
+      launch(kernel, grid_for(l, kTileRows), smem_kv, mdata(dk), mdata(dv), cdata(q), cdata(k),
+             cdata(v), cdata(dout), lse.data<float>(), D.data<float>(), in_heads(l, l.q_off),
+             in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), T, s, s2, causal);
+    };
+    if (three_blocks) {
+      CUDA_CHECK(cudaFuncSetAttribute(flash_tc_dkdv_kernel<HS, 3>,
+                                      cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared));
+      dkdv(flash_tc_dkdv_kernel<HS, 3>);
+    } else
+      dkdv(flash_tc_dkdv_kernel<HS, 0>);
     const size_t smem_q = (2 * kTileRows + 4 * Bq) * L * sizeof(bf16);  // Bc = Bq
     launch(flash_tc_dq_kernel<HS>, grid_for(l, kTileRows), smem_q, mdata(dq), cdata(q), cdata(k),
            cdata(v), cdata(dout), lse.data<float>(), D.data<float>(), in_heads(l, l.q_off),
