@@ -19,9 +19,31 @@ endif()
 # Planted submissions (solutions/05_*/planted/cheats.plant): an accumulation that reads each
 # micro-batch's loss to the host (right numbers) fails step 1's host-read check; a measurement
 # that counts an earlier forward's activations as "before" fails step 4's; a no-sync part written
-# as detach() ... attach() (not a NoSync scope) fails step 2's throwing-micro-batch check.
+# as detach() ... attach() (not a NoSync scope) fails step 2's throwing-micro-batch check. The
+# audit's plants, each right in its numbers: step 1's one whole-batch pass and every-forward-first
+# fail the execution log's order (and the peak), a second forward for the loss the work count, a
+# scaled loss returned the forward's-loss check; step 2's second all-reduce fails the ledger, a
+# read per micro-batch the host reads, no finish() the waits, buckets launched after the backward
+# the overlap; step 3's missing minimum and separate divisibility checks the bad plans; step 4's
+# estimates (one forward's activations, a big batch's peak / accum) the test's own measurement and
+# the log of the step run while measuring.
 set(lab05_plants ${PROJECT_SOURCE_DIR}/solutions/05_grad_accumulation/planted)
 scalelab_add_planted_submissions(05 PLANTS ${lab05_plants}/cheats.plant
   CASES "reads_each_loss:1:1:Step1_Accumulate.ReadsTheLossToTheHostOnce on rank 0: .*read 4 numbers"
         "keeps_old_activations:4:1:Step4_Memory.ActivationsAnEarlierForwardLeftAreNotTheSteps on rank 0: .*earlier forward"
-        "detach_by_hand:2_DdpAccumulate.AMicro:2:Step2_DdpAccumulate.AMicroBatchThatThrowsLeavesTheHooksOn on rank [0-9]: .*the hooks were left off")
+        "detach_by_hand:2_DdpAccumulate.AMicro:2:Step2_DdpAccumulate.AMicroBatchThatThrowsLeavesTheHooksOn on rank [0-9]: .*the hooks were left off"
+        "whole_batch_once:1:1:Step1_Accumulate.EachMicroBatchForwardThenBackward on rank 0: .*ran 1 forward.s. and 1 backward"
+        "all_forwards_first:1:2:Step1_Accumulate.EachMicroBatchForwardThenBackward on rank [01]: .*in the order FFBB"
+        "all_forwards_first:1_Accumulate.ThePeak:1:Step1_Accumulate.ThePeakIsOneMicroBatch on rank 0: .*hold one micro-batch"
+        "extra_forward_for_loss:1:4:Step1_Accumulate.DoesTheWorkOfTheWholeBatchOnce on rank [0-3]: .*matmul FLOPs"
+        "returns_scaled_loss:1:1:Step1_Accumulate.MicroBatchStepReturnsTheForwardsLoss on rank 0: .*unscaled"
+        "extra_all_reduce:2:2:Step2_DdpAccumulate.SendsEachBucketAndTheLossOnceAndReadsOnce on rank [01]: .*outside the exact budget"
+        "reads_loss_each_micro_batch:2:4:Step2_DdpAccumulate.SendsEachBucketAndTheLossOnceAndReadsOnce on rank [0-3]: .*read [2-9] numbers"
+        "no_finish:2_DdpAccumulate.Equals:1:Step2_DdpAccumulate.EqualsSingleDeviceWithOneSyncPerStep on rank 0: .*never waited for"
+        "no_overlap:2:2:Step2_DdpAccumulate.TheFirstBucketStartsDuringTheLastBackward on rank [01]: .*after the last backward"
+        "no_minimum_check:3:1:Step3_BatchPlan.BadPlansAreUsageErrors on rank 0: .*0 rows"
+        "separate_divisibility:3:4:Step3_BatchPlan.BadPlansAreUsageErrors on rank [0-3]: .*6 rows"
+        "computed_not_measured:4_Memory.Runs:1:Step4_Memory.RunsTheStepItMeasures on rank 0: .*ran 1 forward.s. and 0 backward"
+        "computed_not_measured:4_Memory.Measured:4:Step4_Memory.MeasuredAroundTheStep on rank [0-3]: .*measure it, do not estimate"
+        "divide_by_accum:4_Memory.Measured:2:Step4_Memory.MeasuredAroundTheStep on rank [01]: .*measure it, do not estimate"
+        "divide_by_accum:4_Memory.Runs:1:Step4_Memory.RunsTheStepItMeasures on rank 0: .*ran 1 forward.s. and 1 backward")

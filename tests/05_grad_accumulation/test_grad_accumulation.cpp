@@ -8,10 +8,20 @@
 // sees every bucket start and checks that the bucket then holds this rank's FULLY accumulated
 // gradient (so it started in the last micro-batch, after the no-sync ones).
 // Memory is measured by the allocator's counters, which are exact: no timing anywhere.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
+#include "common/allocator.hpp"
 #include "common/errors.hpp"
+#include "common/exec_log.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/work.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
 #include "common/scalar.hpp"
@@ -23,6 +33,7 @@
 #include "tests/04_ddp_overlap/test_buckets.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
 using labtest::close_on_every_rank;
@@ -48,6 +59,31 @@ double unscaled_accumulation(nn::GPT& model, const data::Batch& batch, int accum
     model.backward();  // fault: loss_scale 1 instead of 1/accum
   }
   return sum / accum;
+}
+
+// The training passes of `model` in the execution log (exec_log.hpp), in order: 'F' for each
+// forward (its head_forward, where the loss is computed), 'B' for each backward (its
+// embed_backward, the backward's last piece). Evaluation (model.loss()) records no piece.
+std::string passes(const std::vector<exec_log::Event>& log, const nn::GPT& model) {
+  std::string out;
+  for (const exec_log::Event& e : log) {
+    if (e.object != &model) continue;
+    if (e.what == "head_forward") out += 'F';
+    if (e.what == "embed_backward") out += 'B';
+  }
+  return out;
+}
+
+int64_t count_of(const std::string& s, char c) { return std::count(s.begin(), s.end(), c); }
+
+// The allocator's peak above what was held at the start, around one accumulate_gradients: the
+// test's own measurement, on the model it is given (a fresh one: no activations held).
+std::size_t peak_around_accumulation(nn::GPT& model, const data::Batch& batch, int accum) {
+  const Device dev = model.device();
+  reset_peak_memory(dev);
+  const std::size_t before = memory_stats(dev).current;
+  lab05::accumulate_gradients(model, batch, accum);
+  return memory_stats(dev).peak - before;
 }
 
 }  // namespace
@@ -112,6 +148,85 @@ TEST(Step1_Accumulate, ReadsTheLossToTheHostOnce) {
                    << "Scalars and let the one read happen on return";
 }
 
+// Accumulation runs each micro-batch's forward and then its backward before the next one's
+// forward (the execution log: the model's pieces as they were called): a single pass over the
+// whole batch, or every forward first, gives the same gradient and holds more than one
+// micro-batch's activations.
+TEST(Step1_Accumulate, EachMicroBatchForwardThenBackward) {
+  const data::Batch b = global_batch();
+  for (int accum : {2, 4}) {
+    nn::GPT model(kLab.config(), {.seed = kSeed});
+    std::string ran;
+    {
+      exec_log::Recording rec;
+      lab05::accumulate_gradients(model, b, accum);
+      ran = passes(rec.events(), model);
+    }
+    std::string want;
+    for (int i = 0; i < accum; ++i) want += "FB";
+    if (ran != want)
+      LABTEST_FAIL() << "accumulate_gradients with accum " << accum << " ran "
+                     << count_of(ran, 'F') << " forward(s) and " << count_of(ran, 'B')
+                     << " backward(s), in the order " << ran << " (F forward, B backward): "
+                     << "each of the " << accum << " micro-batches runs its forward, then its "
+                     << "backward, before the next micro-batch's forward";
+  }
+}
+
+// The work (ops::work_stats: matmul FLOPs, LayerNorm rows, attention score pairs) of one
+// accumulation is that of one forward and backward of the whole batch, done here by the test:
+// accumulation cuts the batch, it adds no work. A second forward for the loss (model.loss())
+// is more.
+TEST(Step1_Accumulate, DoesTheWorkOfTheWholeBatchOnce) {
+  const data::Batch b = global_batch();
+  nn::GPT model(kLab.config(), {.seed = kSeed}), twin(kLab.config(), {.seed = kSeed});
+  const ops::WorkCount before = ops::work_stats();
+  lab05::accumulate_gradients(model, b, 4);
+  const ops::WorkCount did = ops::work_stats() - before;
+  const ops::WorkCount twin_before = ops::work_stats();
+  twin.zero_grad();
+  twin.forward(b.x, b.y);
+  twin.backward();
+  const ops::WorkCount want = ops::work_stats() - twin_before;
+  if (did.matmul_flops != want.matmul_flops || did.layernorm_rows != want.layernorm_rows ||
+      did.attention_pairs != want.attention_pairs)
+    LABTEST_FAIL() << "accumulate_gradients with accum 4 did " << did.matmul_flops
+                   << " matmul FLOPs and " << did.layernorm_rows << " LayerNorm rows; one "
+                   << "forward and backward of the whole batch's " << b.batch_size()
+                   << " rows does " << want.matmul_flops << " and " << want.layernorm_rows
+                   << ": each row runs forward and backward once, and the micro-batch's loss is "
+                   << "the one its forward computed";
+}
+
+// What accumulation is for: the allocator's peak during accumulate_gradients (measured here by
+// the test) is one micro-batch's, not the whole batch's, nor every micro-batch's at once.
+TEST(Step1_Accumulate, ThePeakIsOneMicroBatch) {
+  const data::Batch b = global_batch();
+  nn::GPT one(kLab.config(), {.seed = kSeed}), four(kLab.config(), {.seed = kSeed});
+  const std::size_t big = peak_around_accumulation(one, b, 1);
+  const std::size_t small = peak_around_accumulation(four, b, 4);
+  if (static_cast<double>(small) >= 0.40 * static_cast<double>(big))
+    LABTEST_FAIL() << "during accumulate_gradients the memory held rose by " << small
+                   << " bytes at most with accum 4, " << big << " with accum 1: a quarter of the "
+                   << "rows at a time should hold about a quarter (under 40% here): hold one "
+                   << "micro-batch's activations at a time";
+}
+
+// The micro-batch's loss as the contract says: unscaled, the mean over its rows, as the model's
+// forward computes it (the 1/accum scale belongs to the backward only).
+TEST(Step1_Accumulate, MicroBatchStepReturnsTheForwardsLoss) {
+  const data::Batch b = global_batch();
+  const data::Batch micro = b.rows(0, kGlobalBatch / 4);
+  nn::GPT model(kLab.config(), {.seed = kSeed}), twin(kLab.config(), {.seed = kSeed});
+  model.zero_grad();
+  const double got = lab05::micro_batch_step(model, micro, 4).value();
+  const double want = twin.forward(micro.x, micro.y).value();
+  if (std::abs(got - want) > 1e-9 * std::abs(want))  // the same rows and kernels: the same loss
+    LABTEST_FAIL() << "micro_batch_step of a micro-batch of accum 4 returned " << got
+                   << ", the model's forward gives " << want << " on the same rows: return the "
+                   << "micro-batch's own mean loss, unscaled";
+}
+
 TEST(Step1_PlantedFault, UnscaledMicroBatchLossIsCaught) {
   const data::Batch b = global_batch();
   nn::GPT model(kLab.config(), {.seed = kSeed});
@@ -147,6 +262,46 @@ struct LaunchCheck {
 // This rank's gradient before any all-reduce: the single-device run on its rows.
 Tensor local_gradient(const data::Batch& global) {
   return kLab.reference(labtest::my_rows(global)).grads;
+}
+
+// The communication operations in `log` that were submitted and never waited for.
+int unwaited(const std::vector<exec_log::Event>& log, int* submitted) {
+  int missing = 0;
+  *submitted = 0;
+  for (const exec_log::Event& e : log) {
+    if (e.group.empty() || e.what == "wait") continue;
+    ++*submitted;
+    const bool waited = std::any_of(log.begin(), log.end(), [&](const exec_log::Event& w) {
+      return w.what == "wait" && w.group == e.group && w.seq == e.seq;
+    });
+    if (!waited) ++missing;
+  }
+  return missing;
+}
+
+// ddp_accumulate, checked to leave the reducer finished, as lab 04's step does: every
+// all-reduce it started was waited for before it returned (an unfinished reducer also keeps
+// this step's bookkeeping, and the next step's backward then fails inside lab 04's code). The
+// execution log of the call goes to `log` when given.
+double checked_ddp_accumulate(nn::GPT& model, const data::Batch& global, int accum,
+                              lab04::OverlappedDDP& ddp,
+                              std::vector<exec_log::Event>* log = nullptr) {
+  double loss = 0;
+  std::vector<exec_log::Event> events;
+  {
+    exec_log::Recording rec;
+    loss = lab05::ddp_accumulate(model, global, accum, world(), ddp);
+    events = rec.events();
+  }
+  int submitted = 0;
+  const int missing = unwaited(events, &submitted);
+  if (missing > 0)
+    LABTEST_FAIL() << "ddp_accumulate with accum " << accum << " returned with " << missing
+                   << " of the " << submitted << " operations it started never waited for: "
+                   << "the step ends with the reducer finished (every bucket waited for and "
+                   << "averaged, ready for the next step)";
+  if (log) *log = std::move(events);
+  return loss;
 }
 
 }  // namespace
@@ -185,7 +340,7 @@ TEST(Step2_DdpAccumulate, EqualsSingleDeviceWithOneSyncPerStep) {
     labtest::Explain why(model, {.seed = kSeed},
                          {.first_row = world().rank() * (kGlobalBatch / world().size())});
     ddp.attach();
-    const double loss = lab05::ddp_accumulate(model, b, accum, world(), ddp);
+    const double loss = checked_ddp_accumulate(model, b, accum, ddp);
     why.step_done(b);
     EXPECT_EQ(check.launches, static_cast<int>(ddp.buckets().size()))
         << "accum " << accum << ": each bucket all-reduced once per step, not per micro-batch";
@@ -233,7 +388,7 @@ TEST(Step2_DdpAccumulate, StepAfterStepWithSgd) {
   optim::SGD sgd(optim::groups(model.parameters())), sgd1(optim::groups(single.parameters()));
   for (int step = 0; step < 3; ++step) {
     const data::Batch b = global_batch(step);
-    lab05::ddp_accumulate(model, b, 2, world(), ddp);
+    checked_ddp_accumulate(model, b, 2, ddp);
     sgd.step(kLr);
     single.zero_grad();
     single.forward(b.x, b.y);
@@ -242,6 +397,64 @@ TEST(Step2_DdpAccumulate, StepAfterStepWithSgd) {
   }
   EXPECT_TRUE(close_on_every_rank(model.params().values(), single.params().values(), kDdpRtol,
                                   kDdpAtol));
+}
+
+// What one step sends and reads (the library's ledger, comm::traffic(), and host_reads()): each
+// bucket's all-reduce once and the loss's once, nothing else (no second all-reduce of the
+// gradients, no broadcast, no loss all-reduced per micro-batch), and one number read back to the
+// host, the loss on return.
+TEST(Step2_DdpAccumulate, SendsEachBucketAndTheLossOnceAndReadsOnce) {
+  const data::Batch b = global_batch();
+  const int accum = 2;
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3));
+  ddp.attach();
+  const int64_t grad_bytes = static_cast<int64_t>(model.params().grads().nbytes());
+  const int64_t buckets = static_cast<int64_t>(ddp.buckets().size());
+  int64_t reads = 0;
+  const comm::Traffic moved = labtest::traffic_of([&] {
+    const int64_t before = host_reads();
+    checked_ddp_accumulate(model, b, accum, ddp);
+    reads = host_reads() - before;
+  });
+  EXPECT_TRUE(labtest::exact_traffic(
+      moved, labtest::TrafficBudget{}.all_reduce(world(), buckets + 1, grad_bytes + 8)))
+      << "ddp_accumulate with accum " << accum << " sent: " << labtest::traffic_str(moved)
+      << "; a step sends one all-reduce of each of the " << buckets << " buckets (" << grad_bytes
+      << " bytes of gradients in all) and one of the loss (8 bytes), and nothing else";
+  if (reads != 1)
+    LABTEST_FAIL() << "ddp_accumulate with accum " << accum << " read " << reads
+                   << " numbers back to the host, want 1: add the micro-batches' losses where "
+                   << "they are and let the one read happen on return";
+}
+
+// The contract's "overlapped with the last backward" (the execution log): the first bucket's
+// all-reduce starts after the last micro-batch's forward and before that micro-batch's backward
+// ends (its last piece, the embedding's backward), so the all-reduces run under the rest of it.
+TEST(Step2_DdpAccumulate, TheFirstBucketStartsDuringTheLastBackward) {
+  const data::Batch b = global_batch();
+  for (int accum : {1, 2}) {
+    nn::GPT model(kLab.config(), {.seed = kSeed});
+    lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3));
+    ddp.attach();
+    std::vector<exec_log::Event> log;
+    checked_ddp_accumulate(model, b, accum, ddp, &log);
+    int64_t last_forward = -1, last_backward_end = -1, first_all_reduce = -1;
+    for (int64_t i = 0; i < static_cast<int64_t>(log.size()); ++i) {
+      const exec_log::Event& e = log[static_cast<std::size_t>(i)];
+      if (e.object == &model && e.what == "head_forward") last_forward = i;
+      if (e.object == &model && e.what == "embed_backward") last_backward_end = i;
+      if (e.what == "all_reduce" && e.group == world().name() && first_all_reduce < 0)
+        first_all_reduce = i;
+    }
+    ASSERT_GE(first_all_reduce, 0) << "accum " << accum << ": no all-reduce on the world";
+    if (first_all_reduce < last_forward || first_all_reduce > last_backward_end)
+      LABTEST_FAIL() << "accum " << accum << ": the first all-reduce started "
+                     << (first_all_reduce < last_forward ? "before the last micro-batch's forward"
+                                                         : "after the last backward had ended")
+                     << ": the buckets start from the last micro-batch's backward, each as soon "
+                     << "as its gradients are ready, to overlap with the rest of that backward";
+  }
 }
 
 TEST(Step2_DdpAccumulate, BadSplitsAreUsageErrors) {
@@ -294,6 +507,10 @@ TEST(Step3_BatchPlan, BadPlansAreUsageErrors) {
   EXPECT_THROW(lab05::plan_batch(16, 3, 2), UsageError) << "16 rows into 3 x 2";
   EXPECT_THROW(lab05::plan_batch(4, 1, 8), UsageError) << "more ranks than rows";
   EXPECT_THROW(lab05::plan_batch(8, 4, 4), UsageError) << "micro-batch of half a row";
+  EXPECT_THROW(lab05::plan_batch(0, 1, 1), UsageError) << "a global batch of 0 rows";
+  EXPECT_THROW(lab05::plan_batch(-8, 2, 2), UsageError) << "a global batch of -8 rows";
+  EXPECT_THROW(lab05::plan_batch(6, 2, 2), UsageError)
+      << "6 rows over accum 2 x dp 2 (each of 2 and 2 divides 6, their product does not)";
   try {
     lab05::plan_batch(16, 3, 2);
   } catch (const UsageError& e) {
@@ -342,6 +559,42 @@ TEST(Step4_Memory, AccumulationCutsThePeak) {
   EXPECT_EQ(lab05::measure_step_peak_bytes(model, b, 4), four)
       << "the same step measured again, with another model alive: memory allocated before the "
          "step was counted (measure above what is held when the step starts)";
+}
+
+// The figure is measured around the step itself: the same bytes as the test's own measurement
+// (the allocator's peak above the start, around one accumulate_gradients on a fresh model), not
+// an estimate (the activations of one forward, one big batch's peak divided by accum).
+TEST(Step4_Memory, MeasuredAroundTheStep) {
+  const data::Batch b = global_batch();
+  for (int accum : {1, 2, 4}) {
+    nn::GPT mine(kLab.config(), {.seed = kSeed}), theirs(kLab.config(), {.seed = kSeed});
+    const std::size_t want = peak_around_accumulation(mine, b, accum);
+    const std::size_t got = lab05::measure_step_peak_bytes(theirs, b, accum);
+    if (got != want)
+      LABTEST_FAIL() << "measure_step_peak_bytes with accum " << accum << " gave " << got
+                     << " bytes; the allocator's peak above the start around one "
+                     << "accumulate_gradients on a fresh model is " << want
+                     << " bytes: measure it, do not estimate it";
+  }
+}
+
+// The sturdier sign of a measurement: while measure_step_peak_bytes runs, the execution log
+// shows the step it measures, accum forwards and accum backwards.
+TEST(Step4_Memory, RunsTheStepItMeasures) {
+  const data::Batch b = global_batch();
+  for (int accum : {1, 2, 4}) {
+    nn::GPT model(kLab.config(), {.seed = kSeed});
+    std::string ran;
+    {
+      exec_log::Recording rec;
+      lab05::measure_step_peak_bytes(model, b, accum);
+      ran = passes(rec.events(), model);
+    }
+    if (count_of(ran, 'F') != accum || count_of(ran, 'B') != accum)
+      LABTEST_FAIL() << "measure_step_peak_bytes with accum " << accum << " ran "
+                     << count_of(ran, 'F') << " forward(s) and " << count_of(ran, 'B')
+                     << " backward(s): measure the step itself, run while the allocator watches";
+  }
 }
 
 // Activations an earlier forward left in the model are not the step's, nor "allocated before" it:
