@@ -1,8 +1,9 @@
 // Lab 06 graders. The heart: under every policy the gradients are BITWISE those of plain
 // forward + backward (recomputation runs the same deterministic CPU kernels on the same inputs,
 // so nothing may change), checked here against the model's own forward/backward.
-// Memory is counted by the allocator and the blocks' activation sizes, which are exact: the
-// estimate of step 4 must equal the measured bytes, and no test measures time.
+// Memory is seen two ways, both exact: held_activation_bytes (what saved.acts's blocks hold: step
+// 4's estimate must equal it) and the allocator (every live tensor and the peak: what the process
+// really holds, so activations freed late or parked outside Saved show). No test measures time.
 #include <gtest/gtest.h>
 
 #include <algorithm>
