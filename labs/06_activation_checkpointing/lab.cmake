@@ -13,10 +13,25 @@ if(SCALELAB_BUILD_TESTS)
       "2|batch_too_large_for_memory|^error: --batch 100000000: a training step needs at least [0-9.]+GiB \\([0-9]+ bytes\\) of host memory on rank [01].*. the node has|--model|tiny|--batch|100000000"
       "2|moe_model|^error: --model tiny-moe: lab 06's forward runs dense blocks.*\\(dense models: tiny, |--model|tiny-moe")
 endif()
-# Planted submissions (solutions/06_*/planted/cheats.plant): a backward that frees each block's
-# activations only at the end (right gradients, nothing held after) fails step 2's peak check; a
-# forward that never drops a selective block's pieces fails step 3's forward check.
+# Planted submissions (solutions/06_*/planted/cheats.plant), each with the right gradients and
+# the right Saved, caught by what the allocator, the plans or a changed activation show: memory
+# freed late or parked outside Saved (steps 1-3), kept activations recomputed, a selective block
+# recomputed whole, every:K plans with selective blocks, the recomputed pieces' dtype in bf16,
+# and step 4's count at another sequence length, at a GPT-3 size, and by building a model.
 set(lab06_plants ${PROJECT_SOURCE_DIR}/solutions/06_activation_checkpointing/planted)
 scalelab_add_planted_submissions(06 PLANTS ${lab06_plants}/cheats.plant
   CASES "frees_at_the_end:2:1:Step2_Backward.FreesEachBlockAfterItsBackward on rank 0: .*held at once"
-        "never_drops:3:1:Step3_Policies.TheForwardDropsTheSelectivePieces on rank 0: block 0 is selective")
+        "never_drops:3:1:Step3_Policies.TheForwardDropsTheSelectivePieces on rank 0: block 0 is selective"
+        "free_after_loop:1:1:Step1_Forward.FreesEachCheckpointedBlockRightAfterItsForward on rank 0: .*your forward's peak"
+        "library_forward:1:1:Step1_Forward.FreesEachCheckpointedBlockRightAfterItsForward on rank 0: .*your forward's peak"
+        "stash_full_blocks:1:1:Step1_Forward.FreesEachCheckpointedBlockRightAfterItsForward on rank 0: .*still alive"
+        "recompute_all:2:1:Step2_Backward.UsesKeptActivationsWithoutRecomputingThem on rank 0: blocks 1 and 3"
+        "free_only_recomputed:2:1:Step2_Backward.FreesEachBlockAfterItsBackward on rank 0: with blocks .1,0,1,0.*held at once"
+        "selective_recomputed_whole:3:1:Step3_Policies.SelectiveBlocksAreNotRecomputedWhole on rank 0: blocks 1 and 3 are selective"
+        "everyk_others_selective:3:1:Step3_Policies.Plans on rank 0: every:2 on 4 layers"
+        "stash_selective:3:1:Step3_Policies.SelectiveDropFreesAndRecomputeAllocates on rank 0: drop_selective"
+        "default_dtype:3:1:Step3_Policies.SelectiveRecomputesInTheBlocksDtype on rank 0: in a bf16 model"
+        "lecture_trunc:4:1:Step4_Estimate.LectureFormula on rank 0: L=1, s=100"
+        "block_size_not_seq:4:1:Step4_Estimate.CountUsesTheSequenceAndAllocatesNothing on rank 0: none, batches of"
+        "int32:4:1:Step4_Estimate.CountsAGpt3SizeModelWithoutOverflow on rank 0: 96 layers"
+        "measure:4_Estimate.CountUses:1:Step4_Estimate.CountUsesTheSequenceAndAllocatesNothing on rank 0: none: model_activation_bytes allocated")

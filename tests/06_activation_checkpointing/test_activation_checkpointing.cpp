@@ -1,14 +1,19 @@
 // Lab 06 graders. The heart: under every policy the gradients are BITWISE those of plain
 // forward + backward (recomputation runs the same deterministic CPU kernels on the same inputs,
 // so nothing may change), checked here against the model's own forward/backward.
-// Memory is counted by the allocator and the blocks' activation sizes, which are exact: the
-// estimate of step 4 must equal the measured bytes, and no test measures time.
+// Memory is seen two ways, both exact: held_activation_bytes (what saved.acts's blocks hold: step
+// 4's estimate must equal it) and the allocator (every live tensor and the peak: what the process
+// really holds, so activations freed late or parked outside Saved show). No test measures time.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
 
 #include "common/allocator.hpp"
 #include "common/errors.hpp"
+#include "common/ops/ops.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
@@ -130,6 +135,34 @@ std::size_t held_after_forward(const Plan& plan, const data::Batch& b) {
   return memory_stats(Device::cpu()).current - before;
 }
 
+// One block's activations (what checkpointing it saves), in bytes: the unit of the peak checks.
+std::size_t one_block_bytes(const data::Batch& b) {
+  return (held_after_forward(full_plan({false, false, false, false}), b) -
+          held_after_forward(full_plan({true, true, true, true}), b)) / kLayers;
+}
+
+// The allocator around a call: its peak above the bytes held before the call, and the bytes the
+// call leaves held (negative when it frees more than it keeps).
+struct AllocatorUse {
+  std::size_t peak;
+  std::ptrdiff_t held;
+};
+template <class F>
+AllocatorUse allocator_use(F call) {
+  const std::size_t before = memory_stats(Device::cpu()).current;
+  reset_peak_memory(Device::cpu());
+  call();
+  const MemoryStats after = memory_stats(Device::cpu());
+  return {after.peak - before,
+          static_cast<std::ptrdiff_t>(after.current) - static_cast<std::ptrdiff_t>(before)};
+}
+
+std::string plan_text(const std::vector<bool>& full) {
+  std::string text = "{";
+  for (std::size_t i = 0; i < full.size(); ++i) text += (i ? "," : "") + std::to_string(full[i]);
+  return text + "}";
+}
+
 }  // namespace
 
 // ---- Step 1: forward ---------------------------------------------------------------------------
@@ -169,6 +202,35 @@ TEST(Step1_Forward, CheckpointingHoldsLess) {
   EXPECT_EQ(held_ckpt, static_cast<std::size_t>(kLayers * kBatch * config().block_size *
                                                 config().n_embd * 4));
   EXPECT_LT(held_ckpt * 5, held_keep) << "inputs only: a small part of the activations";
+}
+
+// What checkpointing is for: the memory of forward. A checkpointed block's activations are freed
+// right after its own forward (one block's are alive at a time) and kept nowhere else. Saved alone
+// cannot show it (a forward that frees them after the loop, or parks them in a store of its own,
+// leaves Saved the same), so the allocator is read around the attendee's forward and the test's,
+// every block checkpointed: the bytes left held must be equal, and the peak within half a block
+// (both run the same kernels on the same tensors: measured equal).
+TEST(Step1_Forward, FreesEachCheckpointedBlockRightAfterItsForward) {
+  const data::Batch b = batch();
+  const Plan every = full_plan({true, true, true, true});
+  const std::size_t block = one_block_bytes(b);
+  nn::GPT r(config(), {.seed = kSeed}), m(config(), {.seed = kSeed});
+  lab06::Saved rs, ms;
+  const AllocatorUse ref = allocator_use([&] { reference_forward(r, b, every, rs); });
+  const AllocatorUse mine = allocator_use([&] { lab06::forward(m, b, every, ms); });
+  if (mine.held != ref.held)
+    LABTEST_FAIL() << "with every block checkpointed, the allocator holds " << mine.held
+                   << " bytes after your forward, where a forward that keeps only the blocks' "
+                   << "inputs (and the head's activations) holds " << ref.held
+                   << ": a checkpointed block's activations are still alive somewhere (a copy "
+                   << "or a container outside saved.acts); free them";
+  if (mine.peak > ref.peak + block / 2)
+    LABTEST_FAIL() << "with every block checkpointed, your forward's peak was " << mine.peak
+                   << " bytes above the start, "
+                   << (mine.peak - ref.peak) / std::max<std::size_t>(block, 1)
+                   << " block(s) of activations (" << block << " bytes each) more than a forward "
+                   << "that frees each checkpointed block's activations right after its forward ("
+                   << ref.peak << "): free them before the next block runs";
 }
 
 // ---- Step 2: backward ------------------------------------------------------------------------
@@ -213,30 +275,57 @@ TEST(Step2_Backward, GradientsAccumulateAndMemoryIsReleased) {
          "must not zero them";
 }
 
-// Memory falls as backward proceeds (the README's goal): with every block checkpointed, a backward
-// that frees each block after its backward holds one block's recomputed activations at a time; one
-// that frees them all at the end holds every block's at once, though its gradients are right and
-// nothing is left after it. The allocator's peak during the attendee's backward, against the
-// freeing backward written above, within half a block's activations (both run the same kernels
-// on the same tensors: measured equal).
+// Memory falls as backward proceeds (the README's goal): every block's activations, checkpointed
+// or not, are freed right after its backward. A backward that frees them all at the end (or only
+// the recomputed ones) has the right gradients and leaves nothing after it, but holds several
+// blocks' activations at once. The allocator's peak during the attendee's backward, against the
+// freeing backward written above, for no block, every other block and every block checkpointed:
+// no higher (both run the same kernels on the same tensors: measured equal, to the byte).
 TEST(Step2_Backward, FreesEachBlockAfterItsBackward) {
   const data::Batch b = batch();
-  const Plan every = full_plan({true, true, true, true});
-  const std::size_t block =
-      (held_after_forward(full_plan({false, false, false, false}), b) -
-       held_after_forward(every, b)) / kLayers;  // one block's activations
-  const std::size_t mine = backward_peak(every, b, [](nn::GPT& m, lab06::Saved& s) {
-    lab06::backward(m, s);
-  });
-  const std::size_t freeing = backward_peak(every, b, freeing_backward);
-  if (mine > freeing + block / 2)
-    LABTEST_FAIL() << "with every block checkpointed, backward's peak was " << mine
-                   << " bytes above what the forward left, "
-                   << (mine - std::min(mine, freeing)) / std::max<std::size_t>(block, 1)
-                   << " block(s) of activations (" << block << " bytes each) more than a backward "
-                   << "that frees each block's activations right after its backward (" << freeing
-                   << "): recomputed activations were held at once; free them as soon as the "
-                   << "block's backward has used them";
+  const std::size_t block = one_block_bytes(b);
+  for (const auto& full : std::vector<std::vector<bool>>{{false, false, false, false},
+                                                         {true, false, true, false},
+                                                         {true, true, true, true}}) {
+    const std::size_t mine = backward_peak(full_plan(full), b, [](nn::GPT& m, lab06::Saved& s) {
+      lab06::backward(m, s);
+    });
+    const std::size_t freeing = backward_peak(full_plan(full), b, freeing_backward);
+    if (mine > freeing)
+      LABTEST_FAIL() << "with blocks " << plan_text(full) << " checkpointed, backward's peak was "
+                     << mine << " bytes above what the forward left, " << mine - freeing
+                     << " bytes (" << (mine - freeing) / std::max<std::size_t>(block, 1)
+                     << " block(s) of activations of " << block << " bytes) more than a backward "
+                     << "that frees each block's activations right after its backward ("
+                     << freeing << "): activations were held at once; free each block's, "
+                     << "checkpointed or not, as soon as its backward has used them";
+  }
+}
+
+// A block that kept its activations is not run again: its backward uses what forward kept. A
+// recomputation gives the same bits, so the gradients cannot tell; a changed activation can. After
+// the test's forward with blocks {1,0,1,0} checkpointed, the GELU output g of the kept blocks 1
+// and 3 is doubled: the attendee's gradients must be bitwise those of the test's backward on the
+// same changed activations (a backward that recomputes blocks 1 and 3 restores the true g).
+TEST(Step2_Backward, UsesKeptActivationsWithoutRecomputingThem) {
+  const data::Batch b = batch();
+  auto gradients = [&](bool mine) {
+    nn::GPT m(config(), {.seed = kSeed});
+    m.zero_grad();
+    lab06::Saved s;
+    reference_forward(m, b, full_plan({true, false, true, false}), s);
+    for (int i : {1, 3}) ops::scale(s.acts.blocks[i].mlp.g, 2.0);
+    if (mine)
+      lab06::backward(m, s);
+    else
+      freeing_backward(m, s);
+    return m.params().grads().clone();
+  };
+  if (!bitwise(gradients(true), gradients(false)))
+    LABTEST_FAIL() << "blocks 1 and 3 are not checkpointed (plan {1,0,1,0}): their backward must "
+                   << "use the activations forward kept (the test changed them after forward, and "
+                   << "your gradients do not follow the change): a block that kept its "
+                   << "activations was run again; recompute only the blocks that kept nothing";
 }
 
 TEST(Step2_PlantedFault, BlockNotRecomputedIsCaught) {
@@ -274,6 +363,11 @@ TEST(Step3_Policies, Plans) {
   const Plan sel = lab06::make_plan(lab06::parse_policy("selective"), 4);
   EXPECT_EQ(sel.full, V(4, false));
   EXPECT_EQ(sel.selective, V(4, true));
+  for (const char* name : {"every", "every:1", "every:2", "every:3", "every:4"})
+    if (lab06::make_plan(lab06::parse_policy(name), 4).selective != V(4, false))
+      LABTEST_FAIL() << name << " on 4 layers: a plan with selective blocks; under " << name
+                     << " a block is checkpointed whole or keeps all its activations (only the "
+                     << "policy selective drops pieces)";
 }
 
 TEST(Step3_Policies, IntervalLargerThanTheModelIsAUsageError) {
@@ -299,6 +393,87 @@ TEST(Step3_Policies, SelectiveDropsAndRecomputesBitwise) {
   lab06::recompute_selective(acts);
   EXPECT_TRUE(bitwise(acts.attn.att, att));
   EXPECT_TRUE(bitwise(acts.mlp.g, g));
+}
+
+// Dropping frees memory and recomputing allocates it: the allocator's bytes fall by att's and g's
+// across drop_selective and rise by as much across recompute_selective (a drop that hands the two
+// tensors to a store of its own, and a recompute that hands them back, pass the bitwise check).
+TEST(Step3_Policies, SelectiveDropFreesAndRecomputeAllocates) {
+  const data::Batch b = batch();
+  nn::GPT model(config(), {.seed = kSeed});
+  model.forward(b.x, b.y);
+  nn::BlockActivations& acts = model.activations().blocks[1];
+  const auto pieces = static_cast<std::ptrdiff_t>(acts.attn.att.nbytes() + acts.mlp.g.nbytes());
+  const AllocatorUse drop = allocator_use([&] { lab06::drop_selective(acts); });
+  if (drop.held != -pieces)
+    LABTEST_FAIL() << "drop_selective changed the allocator's bytes by " << drop.held
+                   << ", not by -" << pieces << " (att and g): the two tensors must be freed, "
+                   << "not kept elsewhere";
+  const AllocatorUse recompute = allocator_use([&] { lab06::recompute_selective(acts); });
+  if (recompute.held != pieces)
+    LABTEST_FAIL() << "recompute_selective changed the allocator's bytes by " << recompute.held
+                   << ", not by " << pieces << " (new att and g): compute them again into new "
+                   << "tensors, and keep no temporary";
+}
+
+// A selective block gets back only its dropped pieces, not a whole forward (that would undo what
+// selective recomputation saves in compute). After the test's forward, blocks 1 and 3 are made
+// selective by hand (att and g dropped) and their GELU input h is doubled: the attendee's gradients
+// must be bitwise those of the test's backward after recompute_selective on the same changed
+// activations (a whole forward recomputes h from the block's input).
+TEST(Step3_Policies, SelectiveBlocksAreNotRecomputedWhole) {
+  const data::Batch b = batch();
+  auto gradients = [&](bool mine) {
+    nn::GPT m(config(), {.seed = kSeed});
+    m.zero_grad();
+    lab06::Saved s;
+    reference_forward(m, b, full_plan({false, false, false, false}), s);
+    s.plan.selective = {false, true, false, true};
+    for (int i : {1, 3}) {
+      s.acts.blocks[i].attn.att = Tensor();
+      s.acts.blocks[i].mlp.g = Tensor();
+      ops::scale(s.acts.blocks[i].mlp.h, 2.0);
+    }
+    if (mine) {
+      lab06::backward(m, s);
+    } else {
+      for (int i : {1, 3}) lab06::recompute_selective(s.acts.blocks[i]);
+      freeing_backward(m, s);
+    }
+    return m.params().grads().clone();
+  };
+  if (!bitwise(gradients(true), gradients(false)))
+    LABTEST_FAIL() << "blocks 1 and 3 are selective: their backward must use what forward kept "
+                   << "and only att and g recomputed (the test changed the kept GELU input after "
+                   << "forward, and your gradients do not follow the change): a selective block "
+                   << "was recomputed by more than recompute_selective";
+}
+
+// Mixed precision: the recomputed pieces are of the block's dtype (q's, and its device), bitwise
+// the forward's, in a bf16 model too.
+TEST(Step3_Policies, SelectiveRecomputesInTheBlocksDtype) {
+  const data::Batch b = batch();
+  nn::GPT model(config(), {.seed = kSeed, .compute_dtype = DType::bf16});
+  model.forward(b.x, b.y);
+  nn::BlockActivations& acts = model.activations().blocks[1];
+  const Tensor att = acts.attn.att.clone(), g = acts.mlp.g.clone();
+  lab06::drop_selective(acts);
+  try {
+    lab06::recompute_selective(acts);
+  } catch (const CheckFailed& e) {  // e.g. an f32 output given to a kernel with a bf16 input
+    LABTEST_FAIL() << "in a bf16 model, recompute_selective stopped: " << e.what()
+                   << ": new tensors take q's dtype and device";
+    return;
+  }
+  if (acts.attn.att.dtype() != att.dtype() || acts.mlp.g.dtype() != g.dtype()) {
+    LABTEST_FAIL() << "in a bf16 model, recompute_selective made att of "
+                   << dtype_name(acts.attn.att.dtype()) << " and g of "
+                   << dtype_name(acts.mlp.g.dtype()) << ", the forward's are "
+                   << dtype_name(att.dtype()) << ": new tensors take q's dtype and device";
+    return;
+  }
+  EXPECT_TRUE(bitwise(acts.attn.att, att)) << "bf16 model: att recomputed";
+  EXPECT_TRUE(bitwise(acts.mlp.g, g)) << "bf16 model: g recomputed";
 }
 
 // A plan's selective blocks reach the forward (step 1's loop calls step 3's drop_selective): each
@@ -345,6 +520,56 @@ TEST(Step4_Estimate, LectureFormula) {
   EXPECT_DOUBLE_EQ(lab06::lecture_activation_bytes(96, 2048, 1, 12288, 96), 96 * per_layer);
   EXPECT_DOUBLE_EQ(lab06::lecture_activation_bytes(1, 1, 1, 1, 0), 34);
   EXPECT_DOUBLE_EQ(lab06::lecture_activation_bytes(2, 64, 8, 128, 4), 2.0 * 64 * 8 * 128 * (34 + 5.0 * 4 * 64 / 128));
+  // a·s/h = 12·100/768 is no whole number: the formula is real-valued
+  const double gpt2_like = lab06::lecture_activation_bytes(1, 100, 1, 768, 12);
+  if (gpt2_like != 3211200.0)
+    LABTEST_FAIL() << "L=1, s=100, b=1, h=768, a=12 gave " << gpt2_like << " bytes, not 3211200: "
+                   << "a·s/h = 1.5625 here, and the formula takes it as it is (doubles throughout)";
+}
+
+// The count is arithmetic on the shapes, for the sequence it is given (a batch may be shorter
+// than the model's context): it allocates nothing (it builds and runs no model), and at half the
+// context it equals the bytes the blocks hold after a forward of that many tokens.
+TEST(Step4_Estimate, CountUsesTheSequenceAndAllocatesNothing) {
+  const int64_t T = config().block_size / 2;
+  for (const char* name : {"none", "every:2", "selective"}) {
+    const Plan plan = lab06::make_plan(lab06::parse_policy(name), kLayers);
+    std::size_t estimate = 0;
+    const AllocatorUse count = allocator_use(
+        [&] { estimate = lab06::model_activation_bytes(config(), kBatch, T, plan); });
+    if (count.peak != 0) {
+      LABTEST_FAIL() << name << ": model_activation_bytes allocated " << count.peak
+                     << " bytes: the count is arithmetic on the shapes, it builds and runs nothing";
+      return;
+    }
+    nn::GPT model(config(), {.seed = kSeed});
+    lab06::Saved saved;
+    const data::Batch half{Tensor::zeros({kBatch, T}, DType::i32),
+                           Tensor::zeros({kBatch, T}, DType::i32)};
+    lab06::forward(model, half, plan, saved);
+    const std::size_t held = lab06::held_activation_bytes(saved);
+    if (estimate != held)
+      LABTEST_FAIL() << name << ", batches of " << T << " tokens (half the model's context of "
+                     << config().block_size << "): your count is " << estimate
+                     << " bytes, the blocks hold " << held << ": count with the sequence length "
+                     << "you are given";
+  }
+}
+
+// A GPT-3-size model (96 layers, 96 heads, h = 12288, s = 2048, batch 8, no checkpointing) holds
+// about 2.5 TB of activations: the count must not wrap around (32-bit products overflow).
+TEST(Step4_Estimate, CountsAGpt3SizeModelWithoutOverflow) {
+  ModelConfig c = config();
+  c.n_layer = 96;
+  c.n_head = 96;
+  c.n_embd = 12288;
+  c.block_size = 2048;
+  const Plan none = lab06::make_plan({Policy::none}, 96);
+  const double count = static_cast<double>(lab06::model_activation_bytes(c, 8, 2048, none));
+  if (count != 2473926328320.0)
+    LABTEST_FAIL() << "96 layers, 96 heads, h = 12288, s = 2048, batch 8, no checkpointing: your "
+                   << "count is " << count << " bytes, not 2473926328320 (about 2.5 TB): a "
+                   << "product of the shapes overflowed; compute in 64 bits";
 }
 
 TEST(Step4_Estimate, ModelCountEqualsMeasuredBytesForEveryPolicy) {
