@@ -25,8 +25,9 @@ namespace scalelab::ops {
 ///    on an H200, but slower: 0.92 ms against 0.72 ms causal, 1.82 against 1.10 unmasked
 ///    (lab 02's README, "Flash attention on tensor cores").
 ///  - layernorm_backward_v2: LayerNorm's dx, dweight and dbias from one read of x and dout
-///    (norm_cuda.cu) instead of a dx kernel and two column-sum passes. Slower on an H200: 0.34 ms
-///    against 0.10 ms at gpt-85m's shape (scalelab_bench_kernels).
+///    (layernorm_backward_v2_cuda.cu) instead of a dx kernel and two column-sum passes
+///    (norm_cuda.cu). Slower on an H200: 0.34 ms against 0.10 ms at gpt-85m's shape
+///    (scalelab_bench_kernels).
 ///  - flash_dkdv_three_blocks: flash attention's dK/dV kernel (version 2, head size 64) compiled
 ///    to fit 3 blocks an SM (168 registers a thread) instead of 2 (175 registers): 12 warps an SM
 ///    to hide latency instead of 8 (flash_attention_tc_cuda.cu). Not yet run on a GPU.
