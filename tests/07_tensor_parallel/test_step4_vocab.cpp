@@ -4,9 +4,9 @@
 //    bf16 activations), nothing backward; the forward allocates its output only, the backward
 //    nothing (the gradient goes into the shard it is given, never a whole-vocabulary buffer);
 //  - cross-entropy: loss, probabilities and dlogits within kRel (the softmax's sums run in
-//    another order), also with one row of logits near 800 (exp overflows without the max
-//    shift); exactly three all-reduces of N numbers (a max, two sums) on the tp group
-//    and nothing else on any communicator; besides its input, it allocates O(N) (the
+//    another order), also with one row of logits near 800 (near 100 in bf16: exp overflows
+//    without the max shift); exactly three all-reduces of N numbers (a max, two sums) on the
+//    tp group and nothing else on any communicator; besides its input, it allocates O(N) (the
 //    allocator's peak) and the process heap grows by O(N) (a counting malloc: std::vector,
 //    new[], statics), never the (N, V) logits;
 //  - the GPT of make_tp_gpt (tied head on the vocabulary shard) follows the single-device GPT over 5 AdamW
@@ -267,6 +267,23 @@ TEST(Step4_CrossEntropy, EqualsTheFullCrossEntropyWithoutTheFullLogits) {
 // a double (above 709), must give the single device's loss, not inf or NaN.
 TEST(Step4_CrossEntropy, LargeLogitsGiveAFiniteLoss) {
   EXPECT_TRUE(check_ce(lab07::vocab_parallel_cross_entropy, 800)) << "row 0's logits + 800";
+}
+
+// The same with bf16 logits and fp32 per-row numbers: one row near 100, where exp overflows a
+// float (above 88); the loss within kBf16Loss of the single device's on the same bf16 logits.
+TEST(Step4_CrossEntropy, LargeBf16LogitsGiveAFiniteLoss) {
+  const Tensor wide = ce_logits(100), targets = ce_targets();
+  Tensor full = Tensor::empty({kN, kV}, DType::bf16);
+  ops::cast(full, wide);
+  Tensor losses = Tensor::empty({kN}, DType::f32), probs = Tensor::empty({kN, kV}, DType::bf16);
+  ops::cross_entropy_forward(losses, probs, full, targets);
+  const double want = ops::sum(losses) / kN;
+  const int64_t n = kV / size(), lo = rank() * n;
+  Tensor mine = columns(full, lo, lo + n);
+  const double got = lab07::vocab_parallel_cross_entropy(mine, targets, lo, group()).value();
+  EXPECT_TRUE(std::isfinite(got)) << "the mean loss is " << got << " where one row's bf16 logits "
+                                  << "are near 100 (the single device's loss is " << want << ")";
+  EXPECT_NEAR(got, want, kBf16Loss * std::abs(want)) << "mean loss, row 0's logits + 100";
 }
 
 TEST(Step4_CrossEntropy, BackwardIsProbsMinusOneHotOnOurColumns) {
