@@ -3,11 +3,13 @@
 // sum over tp ranks is (i + 1) * tp (tp + 1) / 2. The byte counters check what is sent: f's
 // forward and g's backward send nothing; f's backward and g's forward one SUM all-reduce of the
 // tensor on the tp group (also with one rank, as the contract says), and nothing on any other
-// communicator (the library's traffic ledger, tests/support/traffic_budget.hpp).
+// communicator (the library's traffic ledger, tests/support/traffic_budget.hpp). All four work in
+// place: the allocator's peak does not rise during the call and the tensor keeps its storage.
 #include <gtest/gtest.h>
 
 #include <functional>
 
+#include "common/allocator.hpp"
 #include "tensor_parallel.hpp"
 #include "tp_test_support.hpp"
 
@@ -25,26 +27,58 @@ Tensor contribution() {
   return Tensor::from_vector(v, {3, 5}, DType::f64);
 }
 
-// The check for the two reducing operators: the exact sum over ranks, one all-reduce.
+// What an operator held besides its tensor: the allocator's peak above the start of the call,
+// and whether the tensor handed back is still the one handed in (f and g work in place: a copy
+// is a second activation-sized tensor at every region's edge).
+struct Held {
+  std::size_t extra_peak = 0;
+  bool same_storage = true;
+};
+::testing::AssertionResult holds_nothing(const Held& h) {
+  if (h.extra_peak != 0)
+    return ::testing::AssertionFailure()
+           << "the operator allocated " << h.extra_peak << " bytes at its peak (the allocator's "
+           << "statistics); f and g work on the tensor they are given, in place";
+  if (!h.same_storage)
+    return ::testing::AssertionFailure()
+           << "the tensor came back on other storage than it went in with: the operator works "
+           << "in place on the tensor it is given";
+  return ::testing::AssertionSuccess();
+}
+Traffic run_op(const Op& op, Tensor& t, Held& held) {
+  const void* before = t.data_ptr();
+  reset_peak_memory(Device::cpu());
+  const std::size_t start = memory_stats(Device::cpu()).current;
+  const Traffic moved = traffic_of([&] { op(t, group()); });
+  held.extra_peak = memory_stats(Device::cpu()).peak - start;
+  held.same_storage = t.data_ptr() == before;
+  return moved;
+}
+
+// The check for the two reducing operators: the exact sum over ranks, one all-reduce, in place.
 ::testing::AssertionResult sums_over_ranks(const Op& op) {
   Tensor t = contribution();
-  const Traffic moved = traffic_of([&] { op(t, group()); });
+  Held held;
+  const Traffic moved = run_op(op, t, held);
   const double n = size();
   for (int i = 0; i < 15; ++i)
     if (t.item(i) != (i + 1) * n * (n + 1) / 2)
       return ::testing::AssertionFailure() << "element " << i << " is " << t.item(i)
                                            << ", the sum over ranks is " << (i + 1) * n * (n + 1) / 2;
-  return only_all_reduces(moved, 1, static_cast<int64_t>(t.nbytes()));
+  if (auto ok = only_all_reduces(moved, 1, static_cast<int64_t>(t.nbytes())); !ok) return ok;
+  return holds_nothing(held);
 }
 
-// The check for the two identities: nothing changes, nothing is sent.
+// The check for the two identities: nothing changes, nothing is sent, nothing is allocated.
 ::testing::AssertionResult is_identity(const Op& op) {
   Tensor t = contribution();
   const Tensor before = t.clone();
-  const Traffic moved = traffic_of([&] { op(t, group()); });
+  Held held;
+  const Traffic moved = run_op(op, t, held);
   const ::testing::AssertionResult same = labtest::bitwise(t, before);
   if (!same) return same;
-  return only_all_reduces(moved, 0, 0);
+  if (auto ok = only_all_reduces(moved, 0, 0); !ok) return ok;
+  return holds_nothing(held);
 }
 
 }  // namespace
@@ -92,4 +126,11 @@ TEST(Step1_PlantedFault, SumOnAPrivateCommunicatorBehindAMaxAllReduceIsCaught) {
     c.all_reduce(t, comm::ReduceOp::max);  // equal on every rank: changes nothing
   };
   EXPECT_FALSE(sums_over_ranks(hidden)) << "the check of FBackwardSums... must fail";
+}
+
+// g's backward hands on a copy of the gradient: the numbers are right and nothing is sent; the
+// allocator sees the copy and the tensor comes back on other storage.
+TEST(Step1_PlantedFault, ACopyInAnIdentityIsCaught) {
+  const Op copies = [](Tensor& t, comm::Communicator&) { t = t.clone(); };
+  EXPECT_FALSE(is_identity(copies)) << "the check of GBackwardIsTheIdentity must fail";
 }

@@ -8,13 +8,16 @@
 //    one sum all-reduce of dx (N x in) backward; row: one sum all-reduce of y (N x out) forward,
 //    nothing backward;
 //  - what it WORKS (the tensor ops' counters): exactly 1/tp of the single-device layer's GEMM
-//    FLOPs each way.
+//    FLOPs each way;
+//  - what it ALLOCATES (the allocator's peak above the start of the call): the tensor it returns
+//    and nothing else (y forward, dx backward).
 #include <gtest/gtest.h>
 
 #include <functional>
 
 #include <fmt/format.h>
 
+#include "common/allocator.hpp"
 #include "common/nn/linear.hpp"
 #include "common/ops/ops.hpp"
 #include "tensor_parallel.hpp"
@@ -74,6 +77,24 @@ Impl planted_row_base() {
           }};
 }
 
+// Runs `fn` and returns what it computed and sent, and the allocator's peak above its start.
+Traffic measured(const std::function<void()>& fn, std::size_t& extra_peak) {
+  reset_peak_memory(Device::cpu());
+  const std::size_t start = memory_stats(Device::cpu()).current;
+  const Traffic t = traffic_of(fn);
+  extra_peak = memory_stats(Device::cpu()).peak - start;
+  return t;
+}
+
+// The allocator's peak during a call is the tensor it returns and nothing besides.
+::testing::AssertionResult allocates_only(std::size_t extra_peak, int64_t bytes,
+                                          const std::string& returned) {
+  if (extra_peak <= static_cast<std::size_t>(bytes)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "allocated " << extra_peak << " bytes at its peak (the allocator's statistics); "
+         << returned << " it returns is " << bytes << " bytes, and it needs nothing besides";
+}
+
 // The single-device layer with random values, and its forward/backward on x, dy.
 struct Whole {
   nn::Linear layer{"fc", kIn, kOut};
@@ -120,9 +141,12 @@ struct Part {
            << ") of the weight: a (" << n << ", " << kIn
            << ") column-parallel shard (on every rank)";
   Tensor y;
-  const Traffic fwd = traffic_of([&] { y = impl.forward(part.layer, whole.x, group()); });
+  std::size_t fwd_peak = 0, bwd_peak = 0;
+  const Traffic fwd =
+      measured([&] { y = impl.forward(part.layer, whole.x, group()); }, fwd_peak);
   Verdict v;
   v(only_all_reduces(fwd, 0, 0), " (column-parallel forward)");
+  v(allocates_only(fwd_peak, kN * n * 8, "the (N, out/tp) y_local"), " (column-parallel forward)");
   v(a_share_of_the_work(fwd, whole.forward_work, tp), " (column-parallel forward)");
   if (!on_every_rank(y.shape() == std::vector<int64_t>{kB, kT, n}))
     return ::testing::AssertionFailure() << "y_local is " << y.str() << ", want (2, 3, " << n
@@ -131,9 +155,10 @@ struct Part {
     fmt::format(" (y_local: output features [{}, {}))", lo, lo + n));
   const Tensor dy_local = columns(whole.dy.view({kN, kOut}), lo, lo + n).view({kB, kT, n});
   Tensor dx;
-  const Traffic bwd =
-      traffic_of([&] { dx = impl.backward(part.layer, dy_local, whole.x, group()); });
+  const Traffic bwd = measured(
+      [&] { dx = impl.backward(part.layer, dy_local, whole.x, group()); }, bwd_peak);
   v(only_all_reduces(bwd, 1, kN * kIn * 8), " (column-parallel backward: f's all-reduce of dx)");
+  v(allocates_only(bwd_peak, kN * kIn * 8, "the (N, in) dx"), " (column-parallel backward)");
   v(a_share_of_the_work(bwd, whole.backward_work, tp), " (column-parallel backward)");
   v(near(dx, whole.dx), " (dx, the whole input gradient)");
   v(near(part.layer.weight.grad, cut(whole.layer.weight.grad, shard)), " (dW rows)");
@@ -155,15 +180,18 @@ struct Part {
            << ") row-parallel shard (on every rank)";
   const Tensor x_local = columns(whole.x.view({kN, kIn}), lo, lo + n).view({kB, kT, n});
   Tensor y;
-  const Traffic fwd = traffic_of([&] { y = impl.forward(part.layer, x_local, group()); });
+  std::size_t fwd_peak = 0, bwd_peak = 0;
+  const Traffic fwd = measured([&] { y = impl.forward(part.layer, x_local, group()); }, fwd_peak);
   Verdict v;
   v(only_all_reduces(fwd, 1, kN * kOut * 8), " (row-parallel forward: g's all-reduce of y)");
+  v(allocates_only(fwd_peak, kN * kOut * 8, "the (N, out) y"), " (row-parallel forward)");
   v(a_share_of_the_work(fwd, whole.forward_work, tp), " (row-parallel forward)");
   v(near(y, whole.y), " (y: the bias must count once)");
   Tensor dx;
-  const Traffic bwd =
-      traffic_of([&] { dx = impl.backward(part.layer, whole.dy, x_local, group()); });
+  const Traffic bwd = measured(
+      [&] { dx = impl.backward(part.layer, whole.dy, x_local, group()); }, bwd_peak);
   v(only_all_reduces(bwd, 0, 0), " (row-parallel backward)");
+  v(allocates_only(bwd_peak, kN * n * 8, "the (N, in/tp) dx_local"), " (row-parallel backward)");
   v(a_share_of_the_work(bwd, whole.backward_work, tp), " (row-parallel backward)");
   v(near(dx, cut(whole.dx.view({kN, kIn}), nn::Shard{1, {{lo, lo + n}}})),
     fmt::format(" (dx_local: input features [{}, {}))", lo, lo + n));
@@ -265,6 +293,19 @@ TEST(Step2_PlantedFault, EveryRankComputingTheWholeLayerIsCaught) {
     layer.forward(y, x);
     const int64_t n = kOut / c.size();
     return columns(y, c.rank() * n, (c.rank() + 1) * n).view({kB, kT, n});
+  };
+  EXPECT_FALSE(check_column(wrong)) << "the check of Step2_ColumnParallel must fail";
+}
+
+// The column-parallel forward also allocates a full-width (N, out) output beside its own
+// (N, out/tp): right numbers, traffic and work; the allocator's peak shows the second tensor.
+TEST(Step2_PlantedFault, AFullWidthBufferInTheColumnForwardIsCaught) {
+  Impl wrong = planted_column_base();
+  wrong.forward = [](const nn::Linear& layer, const Tensor& x, comm::Communicator& c) {
+    const Tensor full = Tensor::empty({kB, kT, layer.out_features() * c.size()}, DType::f64);
+    Tensor y = Tensor::empty({kB, kT, layer.out_features()}, DType::f64);
+    layer.forward(y, x);
+    return y;
   };
   EXPECT_FALSE(check_column(wrong)) << "the check of Step2_ColumnParallel must fail";
 }

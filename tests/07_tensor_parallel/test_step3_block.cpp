@@ -6,6 +6,8 @@
 //  - COMPUTES: output, dx and every gradient shard within kRel = 1e-12 of the largest value;
 //  - SENDS: exactly 2 all-reduces of B*T*C forward (attention, MLP) and 2 backward;
 //  - WORKS: exactly 1/tp of the single-device block's GEMM FLOPs each way (ops' work counters);
+//  - the four hooks (enter, leave and their backwards) allocate nothing and hand back the
+//    tensor's own storage: step 1's operators work in place;
 //  - a GPT of TP blocks (nn::GPT with tp_rank/tp_size, these mappings on its blocks; embedding and
 //    head whole on every rank) follows the single-device
 //    GPT over 5 AdamW steps, every parameter shard within kAdamRel = 1e-9 of its largest value.
@@ -14,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "common/allocator.hpp"
 #include "common/nn/gpt.hpp"
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
@@ -117,6 +120,33 @@ nn::GPTOptions f64(int tp_rank = 0, int tp_size = 1) {
 
 }  // namespace
 
+// Each of the four hooks on a (B, T, C) tensor: the allocator's peak above the start of the call
+// and the storage handed back. A copy at a region's edge is one more activation-sized tensor per
+// region and step (the numbers and the traffic stay right).
+::testing::AssertionResult hooks_allocate_nothing(const nn::Mappings& m) {
+  using Hook = Tensor (nn::Mappings::*)(const Tensor&) const;
+  const std::pair<const char*, Hook> hooks[] = {{"enter", &nn::Mappings::enter},
+                                                {"enter_backward", &nn::Mappings::enter_backward},
+                                                {"leave", &nn::Mappings::leave},
+                                                {"leave_backward", &nn::Mappings::leave_backward}};
+  Verdict v;
+  for (const auto& [name, hook] : hooks) {
+    const Tensor t = random_tensor({kB, kT, 16}, 31);
+    reset_peak_memory(Device::cpu());
+    const std::size_t start = memory_stats(Device::cpu()).current;
+    const Tensor out = (m.*hook)(t);
+    const std::size_t peak = memory_stats(Device::cpu()).peak - start;
+    if (peak != 0)
+      v(::testing::AssertionFailure() << name << " allocated " << peak << " bytes at its peak "
+                                      << "(the allocator's statistics)",
+        "; the hooks hand on the tensor they are given");
+    else if (out.data_ptr() != t.data_ptr())
+      v(::testing::AssertionFailure() << name << " returned a tensor on other storage",
+        "; the hooks hand on the tensor they are given");
+  }
+  return v.first;
+}
+
 // What is wrong with head_shards' answer for rank r of tp (C features, NH heads), said as the
 // rule it breaks and what it returned, never as the right ranges ("" when nothing).
 std::string head_shards_problem(const lab07::HeadShards& s, int64_t C, int64_t NH, int r, int tp) {
@@ -176,6 +206,10 @@ TEST(Step3_Block, EqualsTheSingleDeviceBlock) {
   nn::ParameterSet set;
   take_shard(*part, set, whole);
   EXPECT_TRUE(check_block(*part, whole));
+}
+
+TEST(Step3_Block, TheMappingsAllocateNothing) {
+  EXPECT_TRUE(hooks_allocate_nothing(lab07::TensorParallel(group())));
 }
 
 TEST(Step3_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
@@ -259,4 +293,20 @@ TEST(Step3_PlantedFault, BlockWithoutFsBackwardIsCaught) {
   nn::ParameterSet set;
   take_shard(*part, set, whole);
   EXPECT_FALSE(check_block(*part, whole)) << "the check of Step3_Block must fail";
+}
+
+// enter_backward all-reduces a copy of the gradient: right numbers and traffic, and one more
+// (B, T, C) tensor per region; the allocator sees it.
+TEST(Step3_PlantedFault, ACopyInEnterBackwardIsCaught) {
+  struct Copies : scalelab::labtest::ReduceMappings {
+    Copies() : ReduceMappings(all_reduce, all_reduce) {}
+    Tensor enter_backward(const Tensor& dx) const override {
+      Tensor t = dx.clone();
+      group().all_reduce(t);
+      return t;
+    }
+  };
+  EXPECT_TRUE(hooks_allocate_nothing(kFAndG)) << "the faults' base passes";
+  EXPECT_FALSE(hooks_allocate_nothing(Copies()))
+      << "the check of Step3_Block.TheMappingsAllocateNothing must fail";
 }

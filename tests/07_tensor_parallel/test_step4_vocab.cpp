@@ -1,9 +1,12 @@
 // Lab 07 step 4: vocabulary parallel, float64, against the library's single-device ops.
 //  - embedding: bitwise the single-device lookup (each row comes from one rank, the others add
-//    exact zeros); gradients within kRel; one all-reduce of B*T*C forward, nothing backward;
+//    exact zeros); gradients within kRel; one all-reduce of B*T*C forward (bf16 numbers with
+//    bf16 activations), nothing backward; the forward allocates its output only, the backward
+//    nothing (the gradient goes into the shard it is given, never a whole-vocabulary buffer);
 //  - cross-entropy: loss, probabilities and dlogits within kRel (the softmax's sums run in
-//    another order); exactly three all-reduces of N numbers (a max, two sums) on the tp group
-//    and nothing else on any communicator; besides its input, it allocates O(N) (the
+//    another order), also with one row of logits near 800 (near 100 in bf16: exp overflows
+//    without the max shift); exactly three all-reduces of N numbers (a max, two sums) on the
+//    tp group and nothing else on any communicator; besides its input, it allocates O(N) (the
 //    allocator's peak) and the process heap grows by O(N) (a counting malloc: std::vector,
 //    new[], statics), never the (N, V) logits;
 //  - the GPT of make_tp_gpt (tied head on the vocabulary shard) follows the single-device GPT over 5 AdamW
@@ -65,11 +68,17 @@ CEResult run_ce(const CrossEntropy& ce, const Tensor& full, const Tensor& target
   return r;
 }
 
-Tensor ce_logits() { return random_tensor({kN, kV}, 41).view({kN, kV}); }
+// The test's logits in [-1, 1), `offset` added to row 0 (a row whose exp overflows unless the
+// softmax shifts by the row's max first).
+Tensor ce_logits(double offset = 0) {
+  std::vector<double> v = random_tensor({kN, kV}, 41).to_vector();
+  for (int64_t i = 0; i < kV; ++i) v[i] += offset;
+  return Tensor::from_vector(v, {kN, kV}, DType::f64);
+}
 Tensor ce_targets() { return random_tokens(kN, 1, kV, 42).view({kN}); }
 
-::testing::AssertionResult check_ce(const CrossEntropy& ce) {
-  const Tensor full = ce_logits(), targets = ce_targets();
+::testing::AssertionResult check_ce(const CrossEntropy& ce, double offset = 0) {
+  const Tensor full = ce_logits(offset), targets = ce_targets();
   Tensor losses = Tensor::empty({kN}, DType::f64), probs = Tensor::empty({kN, kV}, DType::f64);
   ops::cross_entropy_forward(losses, probs, full, targets);
   const double want = ops::sum(losses) / kN;
@@ -97,6 +106,10 @@ Tensor ce_targets() { return random_tokens(kN, 1, kV, 42).view({kN}); }
     return ::testing::AssertionFailure()
            << "the cross-entropy read " << r.reads << " number(s) back to the host (ops::sum "
            << "does); keep the mean loss on the logits' device: ops::sum_into, returned as a Scalar";
+  if (!std::isfinite(r.loss.value()))
+    return ::testing::AssertionFailure()
+           << "the mean loss is " << r.loss.value() << " where one row's logits are near "
+           << offset << " (the single device's loss is " << want << ")";
   if (auto ok = near({r.loss.value()}, {want}); !ok) return ok << " (mean loss)";
   const int64_t n = kV / size(), lo = rank() * n;
   if (auto ok = near(r.probs, cut(probs, nn::Shard{1, {{lo, lo + n}}})); !ok)
@@ -195,9 +208,17 @@ TEST(Step4_Embedding, EqualsTheSingleDeviceEmbedding) {
   const Tensor wte_local =
       Tensor::from_vector(cut(wte, nn::Shard{0, {{lo, lo + n}}}), {n, kC}, DType::f64);
   Tensor out;
+  reset_peak_memory(Device::cpu());
+  std::size_t start = memory_stats(Device::cpu()).current;
   const Traffic fwd = traffic_of(
       [&] { out = lab07::vocab_parallel_embedding_forward(wte_local, lo, wpe, tokens, group()); });
+  const std::size_t fwd_peak = memory_stats(Device::cpu()).peak - start;
   EXPECT_TRUE(only_all_reduces(fwd, 1, kB * kT * kC * 8)) << "g: one all-reduce of (B, T, C)";
+  // The lookup and g's sum land in the returned (B, T, C) itself: a scratch of the same size
+  // and a copy would double what the embedding holds at B*T tokens.
+  EXPECT_LE(fwd_peak, static_cast<std::size_t>(kB * kT * kC * 8))
+      << "the embedding's forward allocated " << fwd_peak << " bytes at its peak; the output it "
+      << "returns is " << kB * kT * kC * 8 << " and it needs nothing besides";
   EXPECT_TRUE(labtest::bitwise(out, want)) << "one rank adds the row, the others exact zeros";
 
   const Tensor dout = random_tensor({kB, kT, kC}, 54);
@@ -205,16 +226,64 @@ TEST(Step4_Embedding, EqualsTheSingleDeviceEmbedding) {
   ops::embedding_backward(dwte, dwpe, dout, tokens);
   Tensor dwte_local = Tensor::zeros({n, kC}, DType::f64),
          dwpe_got = Tensor::zeros({kT, kC}, DType::f64);
+  reset_peak_memory(Device::cpu());
+  start = memory_stats(Device::cpu()).current;
   const Traffic bwd = traffic_of([&] {
     lab07::vocab_parallel_embedding_backward(dwte_local, lo, dwpe_got, dout, tokens);
   });
+  const std::size_t bwd_peak = memory_stats(Device::cpu()).peak - start;
   EXPECT_TRUE(only_all_reduces(bwd, 0, 0));
+  // Step 4 shards the vocabulary so that no rank holds a (V, C) matrix, its gradient included:
+  // the rows' gradients accumulate into the given (V/tp, C) shard (the reference allocates
+  // nothing here, measured on 1, 2 and 4 ranks).
+  EXPECT_EQ(bwd_peak, 0u) << "the embedding's backward allocated " << bwd_peak << " bytes at "
+                          << "its peak; this rank's gradient shard is " << n * kC * 8
+                          << " bytes, the whole vocabulary's " << kV * kC * 8;
   EXPECT_TRUE(near(dwte_local, cut(dwte, nn::Shard{0, {{lo, lo + n}}}))) << "dwte rows";
   EXPECT_TRUE(near(dwpe_got, dwpe)) << "dwpe";
 }
 
+// With bf16 activations the embedding's all-reduce moves bf16: 2 bytes a number, the budget
+// step 6's formulas count (the sum is exact whatever the width: one rank adds each row).
+TEST(Step4_Embedding, Bf16ActivationsSendBf16) {
+  const int64_t n = kV / size(), lo = rank() * n;
+  const Tensor wte = random_tensor({kV, kC}, 51), wpe = random_tensor({kT, kC}, 52, DType::bf16);
+  const Tensor tokens = random_tokens(kB, kT, kV, 53);
+  const Tensor wte_local =
+      Tensor::from_vector(cut(wte, nn::Shard{0, {{lo, lo + n}}}), {n, kC}, DType::bf16);
+  Tensor out;
+  const Traffic fwd = traffic_of(
+      [&] { out = lab07::vocab_parallel_embedding_forward(wte_local, lo, wpe, tokens, group()); });
+  EXPECT_EQ(out.dtype(), DType::bf16);
+  EXPECT_TRUE(only_all_reduces(fwd, 1, kB * kT * kC * 2))
+      << "g: one all-reduce of the (B, T, C) bf16 output";
+}
+
 TEST(Step4_CrossEntropy, EqualsTheFullCrossEntropyWithoutTheFullLogits) {
   EXPECT_TRUE(check_ce(lab07::vocab_parallel_cross_entropy));
+}
+
+// Logits of a trained model are not confined to [-1, 1]: one row near 800, where exp overflows
+// a double (above 709), must give the single device's loss, not inf or NaN.
+TEST(Step4_CrossEntropy, LargeLogitsGiveAFiniteLoss) {
+  EXPECT_TRUE(check_ce(lab07::vocab_parallel_cross_entropy, 800)) << "row 0's logits + 800";
+}
+
+// The same with bf16 logits and fp32 per-row numbers: one row near 100, where exp overflows a
+// float (above 88); the loss within kBf16Loss of the single device's on the same bf16 logits.
+TEST(Step4_CrossEntropy, LargeBf16LogitsGiveAFiniteLoss) {
+  const Tensor wide = ce_logits(100), targets = ce_targets();
+  Tensor full = Tensor::empty({kN, kV}, DType::bf16);
+  ops::cast(full, wide);
+  Tensor losses = Tensor::empty({kN}, DType::f32), probs = Tensor::empty({kN, kV}, DType::bf16);
+  ops::cross_entropy_forward(losses, probs, full, targets);
+  const double want = ops::sum(losses) / kN;
+  const int64_t n = kV / size(), lo = rank() * n;
+  Tensor mine = columns(full, lo, lo + n);
+  const double got = lab07::vocab_parallel_cross_entropy(mine, targets, lo, group()).value();
+  EXPECT_TRUE(std::isfinite(got)) << "the mean loss is " << got << " where one row's bf16 logits "
+                                  << "are near 100 (the single device's loss is " << want << ")";
+  EXPECT_NEAR(got, want, kBf16Loss * std::abs(want)) << "mean loss, row 0's logits + 100";
 }
 
 TEST(Step4_CrossEntropy, BackwardIsProbsMinusOneHotOnOurColumns) {
@@ -304,9 +373,10 @@ double planted_base(Tensor& z, const Tensor& targets, int64_t lo, comm::Communic
 }  // namespace
 
 TEST(Step4_PlantedFault, TheFaultsBaseItselfPasses) {
-  EXPECT_TRUE(check_ce([](Tensor& z, const Tensor& t, int64_t lo, comm::Communicator& c) {
-    return planted_base(z, t, lo, c, true);
-  }));
+  for (double offset : {0.0, 800.0})
+    EXPECT_TRUE(check_ce([](Tensor& z, const Tensor& t, int64_t lo, comm::Communicator& c) {
+      return planted_base(z, t, lo, c, true);
+    }, offset)) << "offset " << offset;
 }
 
 // Each rank's softmax over its own columns only (no all-reduce): a different loss on each rank
