@@ -275,6 +275,7 @@ Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn:
     // as lab08::to_string writes an action: "F3", and "F3.1" for chunks other than 0
     return chunk > 0 ? fmt::format("{}{}.{}", op, mb, chunk) : fmt::format("{}{}", op, mb);
   };
+  bool send_waited = false;  // a wait on a send of pp since the last forward or backward
   for (const exec_log::Event& ev : log) {
     if (ev.object != nullptr) {  // a model piece
       const int c = chunk_of(ev.object);
@@ -291,9 +292,15 @@ Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn:
         actions.push_back(compute.back());
         --in_flight;
       }
+      if ((ev.what == "forward_blocks" || ev.what == "backward_blocks") && send_waited &&
+          e.after_send_wait.empty())
+        e.after_send_wait = compute.back();
       continue;
     }
-    if (ev.what == "wait") continue;  // the caller waiting on a message, not a message
+    if (ev.what == "wait") {  // the caller waiting on a message, not a message
+      send_waited = send_waited || (ev.op == "send" && ev.group == pp.name());
+      continue;
+    }
     if (ev.group != pp.name() || ev.bytes != message_bytes) continue;
     if (!tags.empty()) {
       if (ev.what != "send" && ev.what != "recv") {  // a collective of a message's size
@@ -333,6 +340,12 @@ testing::AssertionResult ran(const Executed& e, const lab08::Schedule& schedule,
            << "rank " << rank << " executed (the library's log of piece calls and "
            << "send/recv):\n  " << e.actions << "\nits schedule says:\n  "
            << lab08::to_string(schedule);
+  if (with_messages && !e.after_send_wait.empty())
+    return testing::AssertionFailure()
+           << "rank " << rank << " waited for a send to complete and then computed "
+           << e.after_send_wait << " (the library's log of waits and piece calls): a stage "
+           << "waits only for its receives; its sends travel while it computes, and are waited "
+           << "for once the schedule is done";
   return testing::AssertionSuccess();
 }
 

@@ -123,6 +123,10 @@ struct Executed {
   int max_in_flight = 0;
   /// Piece calls on a model that is not one of `chunks` (the run computed elsewhere).
   int stray_calls = 0;
+  /// The first forward or backward (as in `compute`) that came after a wait on a send over `pp`
+  /// (the library logs each Work::wait, never a test()): "" when every send was waited for only
+  /// after the last compute. A stage that waits for its sends before computing has no overlap.
+  std::string after_send_wait;
 };
 /// What a message's tag stands for (the caller builds the table from lab 08's message_tag, for
 /// every flow, micro-batch and chunk of the run): the RECEIVING piece's chunk.
@@ -136,8 +140,8 @@ Executed executed(const std::vector<exec_log::Event>& log, const std::vector<nn:
                   const comm::Communicator& pp, int64_t message_bytes, const TagTable& tags = {});
 
 /// The run executed `schedule`: its compute order, and `with_messages` its every action (with
-/// more than one chunk: from a log read with tags), in the schedule's order; a failure shows
-/// both, this rank named.
+/// more than one chunk: from a log read with tags), in the schedule's order, and no wait on a
+/// send before a compute; a failure shows both, this rank named.
 testing::AssertionResult ran(const Executed& e, const lab08::Schedule& schedule, bool with_messages);
 
 }  // namespace scalelab::pptest

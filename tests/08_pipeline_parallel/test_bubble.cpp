@@ -124,13 +124,16 @@ TEST(Step5_Formula, BubbleFractions) {
 
 TEST(Step5_Measure, ComputeAndWaitFromTheTimeline) {
   ExecStats st;
+  // The sends take time too (starting one is not free): they are neither compute nor waiting for
+  // a neighbour, so wait_s is the receives' time alone (planted: sends_counted_as_wait).
   st.actions = {{{Op::recv_activation, 0}, 0.0, 0.5}, {{Op::forward, 0}, 0.5, 1.5},
-                {{Op::send_activation, 0}, 1.5, 1.5}, {{Op::recv_gradient, 0}, 1.5, 3.0},
-                {{Op::backward, 0}, 3.0, 5.0},        {{Op::send_gradient, 0}, 5.0, 5.0}};
+                {{Op::send_activation, 0}, 1.5, 1.75}, {{Op::recv_gradient, 0}, 1.75, 3.25},
+                {{Op::backward, 0}, 3.25, 5.25},      {{Op::send_gradient, 0}, 5.25, 5.5}};
   st.step_s = 6.0;
   const StageTime t = measure_stage_time(st);
   EXPECT_DOUBLE_EQ(t.compute_s, 3.0);
-  EXPECT_DOUBLE_EQ(t.wait_s, 2.0);
+  EXPECT_DOUBLE_EQ(t.wait_s, 2.0) << "the time waiting for a neighbour: the receives' (0.5 s and "
+                                     "1.5 s), not the sends' (0.25 s each)";
   EXPECT_DOUBLE_EQ(t.step_s, 6.0);
   EXPECT_DOUBLE_EQ(t.bubble, 0.5);
 }

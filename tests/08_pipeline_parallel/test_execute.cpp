@@ -21,6 +21,7 @@
 #include "common/comm/stats.hpp"
 #include "common/exec_log.hpp"
 #include "common/errors.hpp"
+#include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
@@ -32,16 +33,17 @@ using pptest::kLab;
 
 namespace {
 
-struct Run {
+struct PipelineRun {
   double loss = 0;
   comm::Traffic moved;       // the library's ledger: every communicator
   pptest::Executed executed;  // the library's execution log, never the attendee's ExecStats
 };
 
-// One (B/m, T, C) float32 tensor per micro-batch and direction.
-int64_t message_bytes(int m) {
+// One (B/m, T, C) tensor per micro-batch and direction, in the compute dtype (`elem` bytes an
+// element: 4 for float32, 2 for bf16 activations in mixed precision).
+int64_t message_bytes(int m, int64_t elem = 4) {
   const ModelConfig& c = kLab.config();
-  return kLab.global_batch / m * c.block_size * c.n_embd * 4;
+  return kLab.global_batch / m * c.block_size * c.n_embd * elem;
 }
 
 // What each tag of the run stands for, from the attendee's message_tag (step 2 graded it; a tag
@@ -59,14 +61,14 @@ pptest::TagTable tag_table(int m, int v) {
   return tags;
 }
 
-Run run_pipeline(const std::vector<nn::GPT*>& pieces, const Schedule& schedule, int m,
-                 const data::Batch& batch) {
+PipelineRun run_pipeline(const std::vector<nn::GPT*>& pieces, const Schedule& schedule, int m,
+                         const data::Batch& batch, int64_t elem = 4) {
   comm::Communicator& pp = labtest::world();
   const int v = static_cast<int>(pieces.size());
-  Run r;
+  PipelineRun r;
   exec_log::Recording recording;
   r.moved = labtest::traffic_of([&] { r.loss = pipeline_step(pieces, schedule, batch, m, pp); });
-  r.executed = pptest::executed(recording.events(), pieces, pp, message_bytes(m),
+  r.executed = pptest::executed(recording.events(), pieces, pp, message_bytes(m, elem),
                                 v > 1 ? tag_table(m, v) : pptest::TagTable{});
   return r;
 }
@@ -74,12 +76,13 @@ Run run_pipeline(const std::vector<nn::GPT*>& pieces, const Schedule& schedule, 
 // Per piece of this rank: m activations to the next piece and m gradients from it, m activations
 // from the previous piece and m gradients to it (a piece on this same rank too: interleaving on
 // one rank sends to itself); the two ends also exchange one copy of wte (p > 1). Besides these,
-// only the mean loss (one collective of at most 8 bytes) may move.
+// only the mean loss (one collective of at most 8 bytes) may move. Messages carry `elem` bytes an
+// element (the compute dtype's); the tied gradients are float32 whatever it is.
 testing::AssertionResult exact_pipeline_traffic(const comm::Traffic& moved, int p, int s, int m,
-                                                int v) {
+                                                int v, int64_t elem = 4) {
   comm::Communicator& pp = labtest::world();
   const ModelConfig& c = kLab.config();
-  const int64_t msg = message_bytes(m), wte = c.vocab_size * c.n_embd * 4;
+  const int64_t msg = message_bytes(m, elem), wte = c.vocab_size * c.n_embd * 4;
   labtest::TrafficBudget budget;
   for (int chunk = 0; chunk < v; ++chunk) {
     const Piece n = next_piece(p, v, s, chunk), q = prev_piece(p, v, s, chunk);
@@ -101,9 +104,10 @@ testing::AssertionResult exact_pipeline_traffic(const comm::Traffic& moved, int 
   int64_t calls = 0, bytes = 0;
   for (const auto& [key, count] : loss) calls += count.calls, bytes += count.bytes;
   if (calls > 1 || bytes > 8)
-    return testing::AssertionFailure() << "rank " << s << ": collectives besides the messages "
-                                       << "(only the mean loss may move, at most 8 bytes): "
-                                       << labtest::traffic_str(loss);
+    return testing::AssertionFailure()
+           << "rank " << s << ": " << calls << " collective call(s) of " << bytes << " bytes "
+           << "besides the messages, where only the mean loss moves (one call, at most 8 bytes); "
+           << "the collectives: " << labtest::traffic_str(loss);
   return testing::AssertionSuccess();
 }
 
@@ -123,13 +127,17 @@ void check_against_single_device(Kind kind, int m, int v) {
                                      : pptest::test_schedule(kind == Kind::afab, p, m, stage);
   };
   const Schedule schedule = schedule_of(s);
-  const Run r = run_pipeline(mine, schedule, m, batch);
+  // Gradients left over from an earlier step in every piece: pipeline_step starts from zero in
+  // every chunk it is given, not only the first (fresh pieces would hide a chunk never zeroed:
+  // planted zero_grad_first_chunk_only, which trains wrong from the second step on).
+  for (nn::GPT* piece : mine) ops::fill(piece->params().grads(), 1.0);
+  const PipelineRun r = run_pipeline(mine, schedule, m, batch);
   why.step_done(batch);  // the tied copies summed
   const std::string what = fmt::format("{} p {} m {} v {}", kind_name(kind), p, m, v);
   EXPECT_NEAR(r.loss, want_loss, 1e-6 * want_loss) << what << ": the loss, on every rank";
   EXPECT_TRUE(labtest::on_every_rank(pptest::grads_match(mine, *ref, m == 1), why)) << what;
   EXPECT_TRUE(exact_pipeline_traffic(r.moved, p, s, m, v))
-      << what << ", stage " << s << ": one activation and one gradient per micro-batch";
+      << what << ", stage " << s << " (the library's traffic ledger)";
   // What ran, from the library's own log: the schedule's actions, messages included, in its
   // order (with chunks: each message named by its tag and its peer, the chunk's neighbour), and
   // as many micro-batches in flight as the simulator says for it.
@@ -155,6 +163,31 @@ TEST(Step4_Execute, AfabEqualsSingleDevice) {
 
 TEST(Step4_Execute, OneFOneBEqualsSingleDevice) {
   for (int m : {1, 2, 8}) check_against_single_device(Kind::one_f_one_b, m, 1);
+}
+
+// Mixed precision (bf16 compute, f32 master weights and gradients): the activations and their
+// gradients are bf16, so each message is the compute dtype's, half an f32 one's bytes, and a
+// receive of another dtype fails on the message's size (planted: receives_f32; the program's
+// bf16 run, tests/common/bf16.cmake, runs the reference only). The loss against the bf16 twin
+// on the whole batch: bf16 rounding in another grouping of the rows, within 1e-3 relative.
+TEST(Step4_Execute, Bf16ComputeSendsBf16Messages) {
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  constexpr int kM = 2;
+  const data::Batch batch = kLab.batch(0);
+  nn::GPT twin(kLab.config(), {.seed = kLab.seed, .compute_dtype = DType::bf16});
+  nn::GPTActivations acts;
+  const double want_loss = twin.forward(batch.x, batch.y, acts);
+  const auto [first, last] = pptest::blocks_of(static_cast<int>(kLab.config().n_layer), p, s);
+  nn::GPT piece(kLab.config(), {.seed = kLab.seed, .first_block = first, .last_block = last,
+                                .compute_dtype = DType::bf16});
+  const Schedule schedule = pptest::test_schedule(false, p, kM, s);
+  const PipelineRun r = run_pipeline({&piece}, schedule, kM, batch, /*elem=*/2);
+  const std::string what = fmt::format("1f1b, bf16 compute, p {} m {}", p, kM);
+  EXPECT_NEAR(r.loss, want_loss, 1e-3 * want_loss) << what << ": the loss, on every rank";
+  EXPECT_TRUE(exact_pipeline_traffic(r.moved, p, s, kM, 1, 2))
+      << what << ", stage " << s << " (the library's traffic ledger): a message is in the "
+      << "dtype the pieces compute in";
 }
 
 TEST(Step4_Execute, SgdStepsKeepTheTiedCopiesEqualAndFollowTheTwin) {

@@ -3,7 +3,9 @@
 // (each message carries its sender, flow and micro-batch in its values) and on the byte
 // counters. Every test gets its own communicator (labtest::new_world), so a message a wrong
 // answer leaves behind cannot reach the next test.
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -165,6 +167,45 @@ TEST(Step2_SendRecv, ChunksAreDifferentMessages) {
                                        : testing::AssertionFailure()
                                              << "chunk 0 got " << in0.t.item(0) << ", chunk 1 got "
                                              << in1.t.item(0)));
+}
+
+TEST(Step2_SendRecv, AReceivePostedBeforeItsSendReturnsAtOnce) {
+  // Rank 0 calls recv_from for a message rank 1 sends only once rank 0 says its receive is
+  // posted (or after kPatience seconds, so a receive that blocks is named, not a hang): the
+  // receive must return before its message exists (planted: blocking_recv). A pipeline stage
+  // posts its receive, computes or sends, and only then waits.
+  comm::Communicator pp = labtest::new_world();
+  const int s = pp.rank();
+  constexpr int kPosted = 2 * lab08::kMaxChunks * lab08::kMaxMicroBatches + 1;  // no lab08 tag
+  constexpr double kPatience = 3.0;
+  testing::AssertionResult ok = testing::AssertionSuccess();
+  pp.barrier();
+  if (s == 0) {
+    lab08::Incoming in = lab08::recv_from(pp, kShape, 1, lab08::Flow::gradient, 1);
+    const Tensor posted = filled(1.0);
+    comm::Work said = pp.send_async(posted, 1, kPosted);
+    in.work.wait();
+    said.wait();
+    if (in.t.item(0) != 7.5) ok = testing::AssertionFailure() << "wrong payload";
+  } else if (s == 1) {
+    Tensor heard_buf = Tensor::empty(kShape);
+    comm::Work heard = pp.recv_async(heard_buf, 0, kPosted);
+    const auto t0 = std::chrono::steady_clock::now();
+    bool posted = false;
+    while (!(posted = heard.test()) &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < kPatience)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const Tensor out = filled(7.5);
+    comm::Work sent = lab08::send_to(pp, out, 0, lab08::Flow::gradient, 1);
+    sent.wait();
+    heard.wait();
+    if (!posted)
+      ok = testing::AssertionFailure()
+           << "rank 0's recv_from, called before rank 1 sent its message, had not returned "
+           << kPatience << " s later: a receive is started and returned at once (the caller "
+           << "waits on its Work later), so a stage can post it before its neighbour sends";
+  }
+  EXPECT_TRUE(pptest::on_every_rank(ok));
 }
 
 TEST(Step2_SendRecv, ABfloat16MessageArrivesInBfloat16) {

@@ -2,10 +2,14 @@
 // A stage must hold exactly its blocks with the single-device values (bitwise: every parameter
 // is drawn from (seed, name)); the tied copies' gradients are checked after the exchange
 // (a + b on both ends: bitwise equal to each other), with the bytes the exchange moved.
+#include <chrono>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "common/comm/stats.hpp"
 #include "common/errors.hpp"
+#include "common/exec_log.hpp"
 #include "common/ops/ops.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
@@ -121,6 +125,82 @@ TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
     budget.send(pp, other, 1, wte_bytes()).recv(pp, other, 1, wte_bytes());
   }
   EXPECT_TRUE(labtest::exact_traffic(moved, budget)) << "stage " << s << " of " << p;
+}
+
+// A send reads its buffer until it is done: an end that adds the other's copy into its own
+// gradient before its own send has completed sends the sum (or part of it) instead of its own.
+// The race shows only when the message leaves after the add: the test plays one end itself, with
+// a wte of 256 KiB (above MPI's eager limit: the bytes stay in the sender's buffer until the
+// receive is posted), sends its copy at once and posts its receive 300 ms after its send is
+// done; the attendee's end must send its own gradient. The test's end uses the tags the
+// attendee's exchange used (learned from the library's log of a first exchange). An end that
+// sends before it receives (blocking, ordered) is right too: the test's end then receives after
+// 1 s instead (planted: tied_add_before_send_done).
+TEST(Step1_TiedEmbedding, EachEndSendsItsOwnGradientNotTheSum) {
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  if (p == 1) return;  // one model: nothing to exchange
+  ModelConfig big = kLab.config();
+  big.vocab_size = 2048;  // wte (2048, 32) floats: 256 KiB
+  const auto [first, last] = pptest::blocks_of(static_cast<int>(big.n_layer), p, s);
+  nn::GPT piece(big, {.seed = kLab.seed, .first_block = first, .last_block = last});
+  const bool end = s == 0 || s == p - 1;
+  const int other = s == 0 ? p - 1 : 0;
+  const char* name = s == 0 ? "wte.weight" : "lm_head.weight";
+  const double own = s == 0 ? 1.0 : 2.0;  // the two ends' gradients; their sum is 3
+  const auto set_own = [&] {
+    piece.zero_grad();
+    if (end) ops::fill(piece.params().get(name).grad, own);
+  };
+  // The attendee's tags, both ways (this end's send and receive), from a first exchange.
+  set_own();
+  int send_tag = -1, recv_tag = -1;
+  {
+    exec_log::Recording recording;
+    lab08::sync_tied_gradients({&piece}, pp);
+    for (const exec_log::Event& ev : recording.events()) {
+      if (ev.group != pp.name() || ev.object != nullptr) continue;
+      if (ev.what == "send") send_tag = ev.tag;
+      if (ev.what == "recv") recv_tag = ev.tag;
+    }
+  }
+  testing::AssertionResult ok = testing::AssertionSuccess();
+  if (end && (send_tag < 0 || recv_tag < 0))
+    ok = testing::AssertionFailure() << "stage " << s << " did not both send and receive its "
+                                     << "copy of the tied embedding's gradient";
+  const int tags_ok = pptest::on_every_rank(ok) ? 1 : 0;
+  for (const int played : {p - 1, 0}) {  // the end the test plays; the other is the attendee's
+    if (!tags_ok) break;
+    set_own();
+    if (s == played) {
+      const Tensor mine = piece.params().get(name).grad.clone();
+      Tensor theirs = Tensor::empty(mine.shape());
+      comm::Work sent = pp.send_async(mine, other, send_tag);
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!sent.test() &&
+             std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      pp.recv(theirs, other, recv_tag);
+      sent.wait();
+      Tensor want = Tensor::empty(mine.shape());
+      ops::fill(want, other == 0 ? 1.0 : 2.0);
+      testing::AssertionResult got = labtest::bitwise(theirs, want);
+      if (!got && ok)
+        ok = testing::AssertionFailure()
+             << "stage " << other << " sent a copy of its tied gradient that is not its own ("
+             << got.message() << "): it changed the tensor it was sending before that send was "
+             << "done (the receiving end posted its receive late); a send reads its buffer "
+             << "until its Work completes";
+    } else if (end) {
+      lab08::sync_tied_gradients({&piece}, pp);
+      Tensor want = Tensor::empty(piece.params().get(name).grad.shape());
+      ops::fill(want, 3.0);
+      testing::AssertionResult got = labtest::bitwise(piece.params().get(name).grad, want);
+      if (!got && ok) ok = got << " (" << name << " on stage " << s << ": the sum of both uses)";
+    }
+  }
+  EXPECT_TRUE(pptest::on_every_rank(ok));
 }
 
 TEST(Step1_TiedEmbedding, OneRankHoldingBothEndsSumsThemWithoutMessages) {
