@@ -100,6 +100,11 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_add_planted_run(lab09.planted.reduce_scatter_copies.np2 test_lab09_planted RANKS 2
       FILTER Step4* PLANT reduce_scatter_copies LAB 09
       REGEX "Step4_Zero3.ReductionAddsIntoTheShard on rank [0-9]: .*not within")
+  # Audit 09, finding 1: a copy of each unit's gradient reduced in its place (the right shard,
+  # gone by the hook's end): the peak read around each hook's reduce_unit_to_owners names it.
+  scalelab_add_planted_run(lab09.planted.clone_unit_grad.np2 test_lab09_planted RANKS 2
+      FILTER Step3* PLANT clone_unit_grad LAB 09
+      REGEX "Step3_Zero2.ReducingAUnitAllocatesNoCopyOfItsGradient on rank [0-9]: .*peak by [1-9]")
 endif()
 # The program with only the core written (cmake/plant_steps.cmake: ZeRO-3 and the formulas,
 # steps 4 and 5, throw their starter's NotImplemented): ZeRO-1 trains beside the twin, and --table
