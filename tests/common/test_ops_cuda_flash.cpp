@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <initializer_list>
 #include <string>
@@ -195,6 +196,13 @@ const Shape kLongShapes[] = {{1, 2, 300, 64, true},   {1, 2, 300, 64, false},
                              {1, 2, 1030, 64, true},  {1, 2, 1030, 64, false},
                              {1, 2, 300, 128, false}, {2, 3, 300, 128, true}};
 
+// q, k, v and dout of a long shape (seeds 11 to 14), as the trial kernels' checks take them.
+std::array<Tensor, 4> long_inputs(const Shape& s) {
+  const int64_t BH = s.B * s.NH;
+  return {rnd({BH, s.T, s.hs}, 11, DType::bf16), rnd({BH, s.T, s.hs}, 12, DType::bf16),
+          rnd({BH, s.T, s.hs}, 13, DType::bf16), rnd({BH, s.T, s.hs}, 14, DType::bf16)};
+}
+
 // The trial kernel `trial` on the long shapes: against the host at version 2's tolerances, then
 // against version 2's default kernels on the GPU (checked on an H100) within two bf16 steps of
 // the largest element (2^-7). Both round P and dS to bf16 alike and differ only in the order of
@@ -205,11 +213,7 @@ void check_trial_kernel(const char* trial, int rows_per_warp, int backward_kerne
   ops::set_flash_attention_version(2);
   const double two_steps = 1.0 / 128;
   for (const Shape& s : kLongShapes) {
-    const int64_t BH = s.B * s.NH;
-    const Tensor q = rnd({BH, s.T, s.hs}, 11, DType::bf16),
-                 k = rnd({BH, s.T, s.hs}, 12, DType::bf16),
-                 v = rnd({BH, s.T, s.hs}, 13, DType::bf16),
-                 dout = rnd({BH, s.T, s.hs}, 14, DType::bf16);
+    const auto [q, k, v, dout] = long_inputs(s);
     const std::string what = std::string(trial) + " " + s.str();
     // every other trial kernel off, whatever SCALELAB_TRY_GPU_KERNELS says: one on trial here
     const TrialKernels none("all", TrialKernels::kOff);
@@ -253,11 +257,7 @@ TEST_F(CudaFlash, TwoRowTileForwardMatchesTheHost) {
 TEST_F(CudaFlash, DkdvKernelAtThreeBlocksHasTheDefaultsBits) {
   ops::set_flash_attention_version(2);
   for (const Shape& s : kLongShapes) {
-    const int64_t BH = s.B * s.NH;
-    const Tensor q = rnd({BH, s.T, s.hs}, 11, DType::bf16),
-                 k = rnd({BH, s.T, s.hs}, 12, DType::bf16),
-                 v = rnd({BH, s.T, s.hs}, 13, DType::bf16),
-                 dout = rnd({BH, s.T, s.hs}, 14, DType::bf16);
+    const auto [q, k, v, dout] = long_inputs(s);
     const std::string what = "flash_dkdv_three_blocks " + s.str();
     const TrialKernels none("all", TrialKernels::kOff);
     const Result want = packed(q, k, v, dout, s, gpu);
