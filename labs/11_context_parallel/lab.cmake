@@ -1,9 +1,11 @@
 # Lab 11: context parallelism. Step 1 (the zig-zag split) is pure index math and copies: one rank
-# checks the layouts of cp = 1..8. Steps 2-4 run real rings and all-to-alls on 2 and 4 ranks (cp = world).
+# checks the layouts of cp = 1..8. Steps 2-4 run real rings and all-to-alls on 2 and 4 ranks (cp =
+# world); the rings of steps 2-3 also on 1 rank (nothing travels) and 3 (a ring that is not a
+# power of two: its Step*_Model tests skip there, the test model's context does not cut in 6).
 scalelab_add_lab(11 context_parallel SOURCES context_parallel.cpp
                  GIVEN layout.cpp cp_model.cpp
                  STEPS 4 RANKS 2 4
-                 STEP_RANKS "1:1"
+                 STEP_RANKS "1:1" "2:1,2,3,4" "3:1,2,3,4"
                  OPTIONAL_STEPS 4  # the core (steps 1-3) fits 90 minutes: README.md
                  TIMEOUT 60)
 # Bad input: one "error:" line and exit 2 on every rank, before any data is read.
@@ -54,7 +56,36 @@ scalelab_add_planted_submissions(11 PLANTS ${lab11_plants}/cheats.plant
         "dkdv_stay:3:2:Step3_Ring.GradientsEqualFullAttentionF32 on rank [0-9]: .*close_chunks.g.dkv, g.want.dkv.*dkv not within.*the worst element is d[KV], key chunk"
         "arrival_order:4:2:Step4_AllToAll.EqualsFullAttentionF32 on rank [0-9]: .*close_on_every_rank.u.y, u.want_y"
         # the model with step 2's ring names the first tensor the reversed ring changes
-        "ring_reversed:2_Model:4:Step2_Model.LossEqualsSingleDeviceF32 on rank [0-9]: .*first divergence: blocks\\.0\\.attn\\.y, forward, ranks 1, 2 ")
+        "ring_reversed:2_Model:4:Step2_Model.LossEqualsSingleDeviceF32 on rank [0-9]: .*first divergence: blocks\\.0\\.attn\\.y, forward, ranks 1, 2 "
+        "partial_overlap:2_Ring.Next:2:Step2_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*waited for while a block was still computing"
+        # bf16 K/V widened to f32 on the wire: the bf16 run's bytes
+        "upcast_kv:2_Ring.Sends:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: ring forward: sent [0-9]+ bytes.*bf16 K/V blocks"
+        # cp = 1: the last hop home sent to itself; a ring of one rank sends nothing
+        "cp1_self_send:3_Ring.Sends:1:Step3_Ring.SendsEachBlockAndItsGradient on rank 0: .*a ring of one rank sends nothing"
+        # the K/V stream is the tag of the call's first send, not "a tag with cp-1 receives"
+        "tags_kv_waited:3_Ring.Next:2:Step3_Ring.NextBlockInFlightWhileABlockComputes on rank [0-9]: .*0 of 1 K/V block receives .not counting the dK/dV."
+        # the whole step: said by the batch test, not a hang in Step3_PlantedFault's baseline
+        "dkdv_in_kv_batch:3:2:Step3_Ring.PostsEachStepAsOneBatch on rank [0-9]: .*ring backward: 1 of 2 dK/dV receives posted before"
+        "written_attention:4_AllToAll.Flash:2:Step4_AllToAll.FlashAttentionOnItsHeadsOnly on rank [0-9]: .*forward: [0-9]+ FLOPs of matrix multiplies")
+# Messages between the wrong ranks stop the ring at its next compute (cptest::RingWatch ends the
+# job with the failed verdict). star: each rank's own block sent straight to rank
+# r+s+1 (a ring only at 2 ranks: 3); pow2_ring: neighbours by a power-of-two mask, which at 3
+# ranks would hang (rank 2 sends to itself); stopped in the step's first test, the memory check.
+if(SCALELAB_BUILD_TESTS)
+  foreach(case "star|2|Step2_Ring.Sends*|Step2_Ring.SendsCpMinusOneBlocks"
+               "star|3|Step3_Ring.Holds*|Step3_Ring.HoldsAtMostTwoRemoteBlocksAndTwoGradientBlocks"
+               "pow2_ring|2|Step2_Ring.Holds*|Step2_Ring.HoldsAtMostTwoRemoteBlocks")
+    string(REPLACE "|" ";" case "${case}")
+    list(POP_FRONT case plant step filter test)
+    scalelab_add_planted_run(lab11.planted.${plant}.step${step}.np3 test_lab11_planted RANKS 3
+        FILTER ${filter} PLANT ${plant} LAB 11
+        REGEX "${test} on rank [0-9]: ring [a-z]+: .*not between ring neighbours")
+  endforeach()
+  # upcast_kv in step 3 (step 2's entry is a CASE above): the backward's bf16 bytes
+  scalelab_add_planted_run(lab11.planted.upcast_kv.step3.np2 test_lab11_planted RANKS 2
+      FILTER Step3_Ring.Sends* PLANT upcast_kv LAB 11
+      REGEX "Step3_Ring.SendsEachBlockAndItsGradient on rank [0-9]: .*ring backward .bf16.")
+endif()
 # A control that must PASS: step 3's graders on the planted copy with step 2 not written
 # (SCALELAB_PLANT=step2_not_written): they use the grader's own forward, not the attendee's.
 if(SCALELAB_BUILD_TESTS)
@@ -66,6 +97,13 @@ if(SCALELAB_BUILD_TESTS)
   # peak of tensors is held while flash attention's backward runs: the kernel's own host scratch
   # on top of it is the library's, allowed beside the tensors (cptest::heap_allowance). Failed on
   # 4 ranks at a fixed 24 KiB of bookkeeping (an attendee's walk-through).
+  # A control that must PASS: the reference ring with other tags (K/V 1, dK/dV 0, home 2),
+  # overlapped: the K/V stream is told by the call's first send's tag (it failed when the stream
+  # was "the tag with cp-1 receives": the dK/dV's has as many when home goes on its own tag).
+  scalelab_add_mpi_test(lab11.planted.tags_other_ok.np2 test_lab11_planted RANKS 2
+                        TIMEOUT 60 LABELS reference lab11 ARGS --gtest_filter=Step3_Ring.*)
+  set_tests_properties(lab11.planted.tags_other_ok.np2 PROPERTIES
+                       ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=tags_other_ok")
   foreach(ranks 2 4)
     scalelab_add_mpi_test(lab11.planted.dkdv_buffers_once.np${ranks} test_lab11_planted
                           RANKS ${ranks} TIMEOUT 60 LABELS reference lab11

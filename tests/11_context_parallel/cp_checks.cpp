@@ -7,8 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
 
+#include "common/errors.hpp"
+#include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/global_loss.hpp"
 
@@ -101,61 +102,132 @@ std::string work_problem(const ops::WorkCount& did, int64_t bh, int64_t c, int64
 namespace {
 // The K/V block receives of one ring call (indices into the log), among its receives of a
 // block's size on cp's group. Forward: all of them. Backward: the dK/dV that follow the blocks
-// are the same size, so they are told apart by tag (the K/V stream is the tag with cp-1
-// receives, the dK/dV one has cp: round the ring and home), or, both on one tag, by order (each
-// step's first, as in README's hint; the last is the dK/dV home).
+// are the same size, so they are told apart by tag: the K/V blocks' is the tag of the call's
+// first block-sized send on cp (a ring's first message is its own K/V block; whatever tags the
+// dK/dV and the last hop home use); or, all on that one tag, by order (each step's first, as in
+// README's hint; the last is the dK/dV home).
 std::vector<std::size_t> kv_receives(const std::vector<exec_log::Event>& log,
                                      const comm::Communicator& cp, std::size_t kv_bytes,
                                      bool backward) {
+  const auto block_sized = [&](const exec_log::Event& e, const char* what) {
+    return e.what == what && e.group == cp.name() &&
+           e.bytes == static_cast<std::int64_t>(kv_bytes);
+  };
   std::vector<std::size_t> all;
   for (std::size_t i = 0; i < log.size(); ++i)
-    if (log[i].what == "recv" && log[i].group == cp.name() &&
-        log[i].bytes == static_cast<std::int64_t>(kv_bytes))
-      all.push_back(i);
+    if (block_sized(log[i], "recv")) all.push_back(i);
   if (!backward) return all;
-  std::map<int, std::vector<std::size_t>> by_tag;
-  for (const std::size_t i : all) by_tag[log[i].tag].push_back(i);
-  const auto n = static_cast<std::size_t>(cp.size());
-  if (by_tag.size() > 1) {
-    for (const auto& [tag, got] : by_tag)
-      if (got.size() == n - 1) return got;
-    return all;  // no stream of cp-1 receives: judged on all of them
-  }
+  const auto first_send = std::find_if(
+      log.begin(), log.end(), [&](const exec_log::Event& e) { return block_sized(e, "send"); });
+  if (first_send == log.end()) return all;  // nothing sent: judged on every receive
   std::vector<std::size_t> kv;
+  for (const std::size_t i : all)
+    if (log[i].tag == first_send->tag) kv.push_back(i);
+  if (kv.size() < all.size()) return kv;
+  kv.clear();
   for (std::size_t k = 0; k + 1 < all.size(); k += 2) kv.push_back(all[k]);
   return kv;
 }
+
+bool is_compute(const exec_log::Event& e) {
+  return e.object == nullptr && e.what.rfind("flash_attention", 0) == 0;
+}
 }  // namespace
+
+std::string direction_problem(const std::vector<exec_log::Event>& log,
+                              const comm::Communicator& cp, const std::string& what) {
+  const int n = cp.size(), r = cp.rank();
+  const int next = cp.world_ranks()[(r + 1) % n], prev = cp.world_ranks()[(r - 1 + n) % n];
+  std::vector<std::string> wrong;
+  for (const exec_log::Event& e : log) {
+    if (e.group != cp.name() || (e.what != "send" && e.what != "recv")) continue;
+    const bool send = e.what == "send";
+    if (e.peer == (send ? next : prev)) continue;
+    wrong.push_back(fmt::format("{} #{} {} rank {}{}", e.what, e.seq, send ? "to" : "from",
+                                e.peer, e.peer == cp.world_ranks()[r] ? " (itself)" : ""));
+  }
+  if (wrong.empty()) return "";
+  return fmt::format("{}: {} not between ring neighbours: {}; on a ring a rank sends only to the "
+                     "next rank, {} here, and receives only from the previous one, {} here: a "
+                     "block reaches the others by being passed on, one hop per step",
+                     what,
+                     wrong.size() == 1 ? "a message" : fmt::format("{} messages", wrong.size()),
+                     fmt::join(wrong, ", "), next, prev);
+}
+
+RingWatch::RingWatch(const exec_log::Recording& rec, const comm::Communicator& cp,
+                     std::string what) {
+  if (!comm::overlap()) return;  // the no-overlap baseline holds the compute hook
+  armed_ = true;
+  exec_log::set_compute_hook([&rec, &cp, what = std::move(what)] {
+    const std::string p = direction_problem(rec.events(), cp, what);
+    if (p.empty()) return;
+    // Ended here, not thrown: unwinding would destroy the test's communicator, which waits for
+    // the unmatched operation. exit_all prints the verdict the test main would (every rank
+    // alike when all of them stop here; else this rank's, after a few seconds, and aborts).
+    const testing::TestInfo* test = testing::UnitTest::GetInstance()->current_test_info();
+    const std::string name = test == nullptr ? std::string("?")
+                                             : fmt::format("{}.{}", test->test_suite_name(),
+                                                           test->name());
+    exit_all(kExitFailed, fmt::format("[scalelab] verdict: failed: {} on rank {}: {} (stopped at "
+                                      "its next compute: a message to or from the wrong rank may "
+                                      "never be matched, and the ring would hang)",
+                                      name, world_rank(), p));
+  });
+}
+
+RingWatch::~RingWatch() {
+  if (armed_) exec_log::set_compute_hook({});
+}
 
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
                             std::size_t kv_bytes, int64_t blocks, bool backward) {
-  const auto is_compute = [](const exec_log::Event& e) {
-    return e.object == nullptr && e.what.rfind("flash_attention", 0) == 0;
-  };
   const std::vector<std::size_t> kv = kv_receives(log, cp, kv_bytes, backward);
   const auto received = static_cast<int64_t>(kv.size());
   int64_t overlapped = 0;
   std::vector<std::string> seen;
-  for (const std::size_t i : kv) {
-    const exec_log::Event& post = log[i];
-    bool computed = false;  // a block's compute started since the post ...
-    std::size_t w = i + 1;
+  const auto flash_calls = [&](std::size_t from, std::size_t to) {
+    return std::count_if(log.begin() + static_cast<std::ptrdiff_t>(from),
+                         log.begin() + static_cast<std::ptrdiff_t>(to), is_compute);
+  };
+  for (std::size_t k = 0; k < kv.size(); ++k) {
+    const exec_log::Event& post = log[kv[k]];
+    std::size_t w = kv[k] + 1;  // its first wait
     for (; w < log.size(); ++w) {
       const exec_log::Event& e = log[w];
       if (e.what == "wait" && e.op == "recv" && e.group == post.group && e.seq == post.seq) break;
-      computed = computed || is_compute(e);
     }
     if (w == log.size()) {
       seen.push_back(fmt::format("recv #{} never waited for", post.seq));
-    } else if (computed) {  // ... before the first wait for it
-      ++overlapped;
-    } else {
+      continue;
+    }
+    // In flight for a whole block: compute between the post and the wait, and none between the
+    // wait and the next block's post (a wait after the first of a block's flash calls leaves
+    // the rest of that block's compute, and the next receive's post, behind it). After the last
+    // receive's wait comes the last block, computed in no more calls than the one before it.
+    const auto during = flash_calls(kv[k] + 1, w);
+    const bool last = k + 1 == kv.size();
+    const auto after = flash_calls(w, last ? log.size() : kv[k + 1]);
+    if (during == 0) {
       seen.push_back(fmt::format("recv #{} waited for before any block computed", post.seq));
+    } else if (last ? after > during : after > 0) {
+      seen.push_back(fmt::format("recv #{} waited for while a block was still computing ({} flash "
+                                 "attention calls before the wait, {} after it{})",
+                                 post.seq, during, after,
+                                 last ? "" : " before the next block's receive was posted"));
+    } else {
+      ++overlapped;
     }
   }
   if (overlapped >= blocks) return "";
+  if (received == 0)
+    return fmt::format("no receive of one K/V block's size ({} bytes: this rank's K and V, packed "
+                       "as kv) on the ring's communicator; want at least {} in flight while a "
+                       "block computes: receive each block as one message, into a tensor shaped "
+                       "like kv",
+                       kv_bytes, blocks);
   return fmt::format("{} of {} K/V block receives{} were in flight while a block computed "
-                     "(posted before a flash attention, waited for after it started); want at "
+                     "(posted before its flash attention, waited for after all of it); want at "
                      "least {}: post the next block's recv (and send this one), compute, then "
                      "wait{}{}",
                      overlapped, received, backward ? " (not counting the dK/dV)" : "", blocks,
@@ -184,6 +256,32 @@ std::string batch_problem(const std::vector<exec_log::Event>& log, const comm::C
                      "(Communicator::send_recv_async); on NCCL a lone recv_async or send_async "
                      "starts only when it is waited for, so nothing would travel while you compute",
                      alone.size(), received, fmt::join(alone, ", "));
+}
+
+std::string dkdv_posted_problem(const std::vector<exec_log::Event>& log,
+                                const comm::Communicator& cp, std::size_t kv_bytes) {
+  const std::vector<std::size_t> kv = kv_receives(log, cp, kv_bytes, /*backward=*/true);
+  std::vector<std::string> early;
+  int64_t dkdv = 0;
+  bool computed = false;  // a block's compute since the previous dK/dV receive (or the start)
+  for (std::size_t i = 0; i < log.size(); ++i) {
+    const exec_log::Event& e = log[i];
+    if (is_compute(e)) computed = true;
+    if (e.what != "recv" || e.group != cp.name() ||
+        e.bytes != static_cast<std::int64_t>(kv_bytes) ||
+        std::find(kv.begin(), kv.end(), i) != kv.end())
+      continue;
+    ++dkdv;
+    if (!computed) early.push_back(fmt::format("recv #{} (tag {})", e.seq, e.tag));
+    computed = false;
+  }
+  if (early.empty()) return "";
+  return fmt::format("{} of {} dK/dV receives posted before the block they belong to was computed "
+                     "here ({}): a block's dK/dV leave the previous rank only after it computed "
+                     "on that block, so post their receive after your compute (with the send of "
+                     "yours, one batch); posted before it, under comm::set_overlap(false) and on "
+                     "NCCL every rank waits for it before computing, and the ring deadlocks",
+                     early.size(), dkdv, fmt::join(early, ", "));
 }
 
 std::string sends_waited_problem(const std::vector<exec_log::Event>& log,

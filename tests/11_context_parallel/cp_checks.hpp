@@ -154,15 +154,45 @@ std::string sends_problem(const comm::Traffic& did, int64_t blocks, std::size_t 
 
 /// "" when at least `blocks` receives of a K/V block (kv_bytes, on cp's group) were in flight
 /// while this rank computed a block: posted before a block's flash attention started, and first
-/// waited for after it started. From the library's execution log (exec_log.hpp: submissions,
-/// waits and compute kernels of this process, in program order), never from timings: a receive
-/// that happens to finish early still counts (its wait came after the compute started), and a
+/// waited for after all of that block's flash attention calls (none between the wait and the
+/// next K/V receive's post; after the last receive's wait, no more calls than before it: the
+/// last block's), whatever the number of calls a block takes. From the library's execution log
+/// (exec_log.hpp: submissions, waits and compute kernels of this process, in program order),
+/// never from timings: a receive that happens to finish early still counts (its wait came after
+/// the compute), and a
 /// ring that waits before it computes never does, however fast its messages. Else what was seen.
 /// `backward`: the dK/dV receives (the same size) are not K/V blocks and are not counted; they are
-/// told apart by tag (the stream of cp-1 receives is the K/V one) or, on one tag, by order (each
-/// step's first receive is its K/V block, the last one is the dK/dV home).
+/// told apart by tag (the K/V blocks' tag is the one of the call's first send: a ring sends its
+/// own block first) or, on one tag, by order (each step's first receive is its K/V block, the
+/// last one is the dK/dV home).
 std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
                             std::size_t kv_bytes, int64_t blocks, bool backward = false);
+
+/// "" when every send this rank posted on cp's group in `log` went to the next rank of the ring,
+/// (rank + 1) mod cp, and every receive came from the previous one, (rank - 1) mod cp (forward:
+/// the K/V blocks; backward: the K/V blocks, their dK/dV and the last hop home), else which did
+/// not. A "ring" that sends its own block straight to the rank that needs it (rank + s + 1 at
+/// step s) moves the same bytes; one whose peers are right only when cp is a power of two
+/// deadlocks at cp = 3. `what` names the call ("ring forward").
+std::string direction_problem(const std::vector<exec_log::Event>& log,
+                              const comm::Communicator& cp, const std::string& what);
+
+/// While alive (and only when comm::overlap() is on: comm::set_overlap(false) owns the same
+/// hook), checks direction_problem on the execution log at every compute kernel the code under
+/// test starts (exec_log's compute hook) and, when it fails, ends the job at once with the test
+/// main's verdict line naming the wrong peer ("failed: <test> on rank R: ..."): a send or
+/// receive to the wrong rank may never be matched, and the ranks would wait for each other until
+/// the watchdog. `rec` is the test's Recording.
+class RingWatch {
+ public:
+  RingWatch(const exec_log::Recording& rec, const comm::Communicator& cp, std::string what);
+  ~RingWatch();
+  RingWatch(const RingWatch&) = delete;
+  RingWatch& operator=(const RingWatch&) = delete;
+
+ private:
+  bool armed_ = false;
+};
 
 /// "" when each receive of a K/V block (kv_bytes, on cp's group) was posted in one batch with a
 /// send (Communicator::send_recv_async: the execution log's Event::batch), else which were posted
@@ -170,6 +200,16 @@ std::string overlap_problem(const std::vector<exec_log::Event>& log, const comm:
 /// written that way has nothing in flight while it computes there, though it overlaps on MPI.
 std::string batch_problem(const std::vector<exec_log::Event>& log, const comm::Communicator& cp,
                           std::size_t kv_bytes);
+
+/// "" when each dK/dV receive of a ring backward (a block-sized receive on cp's group that is not
+/// a K/V block's, kv_receives' rule) was posted after a block's compute (a flash attention call
+/// since the previous dK/dV receive was posted, or since the call began), else which were posted
+/// before it. The dK/dV of a block leave its sender only after the sender computed on it: a
+/// receive posted earlier is waited for, under comm::set_overlap(false), before this rank's
+/// compute, and on NCCL it sits in a group launched before that compute, while the sender is
+/// itself waiting for its own: the ring deadlocks.
+std::string dkdv_posted_problem(const std::vector<exec_log::Event>& log,
+                                const comm::Communicator& cp, std::size_t kv_bytes);
 
 /// "" when every send this rank posted on cp's group during the call (the log of the call) was
 /// waited for (Work::wait, comm::wait_all) before the call returned and before the next send to

@@ -4,12 +4,15 @@
 //    call, so in practice exact; bf16 3e-2 as the ring's).
 //  - Bytes (the ledger, raw MPI counted): by all-to-all alone, q, k, v in and y out in forward, dy in and dq, dk,
 //    dv out in backward: 4 x the bytes of this rank's q each way; no send, no all-gather.
+//  - Work (ops::work_stats, over each call): one causal flash attention over this rank's heads
+//    and the whole sequence, its pairs and FLOPs; no attention written out with (T, T) scores.
 //  - The whole model: the context-parallel GPT with all-to-all attention against the single
 //    device (4 heads so that cp = 4 divides them), tolerances as step 3's.
 // Planted into a copy of the reference (solutions/11_context_parallel/planted/cheats.plant;
 // labs/11_context_parallel/lab.cmake):
 // an all-to-all attention that runs causal attention on the rows in the order they arrive (rank
-// by rank: zig-zag), not in sequence order, fails the output check.
+// by rank: zig-zag), not in sequence order, fails the output check; attention on the heads written
+// out (batched_matmul scores, a softmax, the probabilities kept) fails the work check.
 #include <string>
 #include <vector>
 
@@ -30,6 +33,7 @@ struct Ulysses {
   Tensor y, dq, dk, dv;      // what the attendee's code gave
   Tensor want_y, want_dq, want_dk, want_dv;
   comm::Traffic fwd, bwd;  // the ledger of each, raw MPI counted
+  ops::WorkCount work_fwd, work_bwd;  // the work counters over each
   std::size_t q_bytes = 0;
 };
 
@@ -48,12 +52,16 @@ Ulysses run(DType dt, comm::Communicator& cp) {
   std::vector<Tensor> kept;
   cp.barrier();
   Tensor lse;
+  const ops::WorkCount before = ops::work_stats();
   u.fwd = labtest::traffic_of(
       [&] { lse = lab11::all_to_all_attention_forward(u.y, q, k, v, kNH, full.scale, cp, kept); });
+  const ops::WorkCount between = ops::work_stats();
+  u.work_fwd = between - before;
   u.dq = Tensor::empty(q.shape(), dt), u.dk = u.dq.clone(), u.dv = u.dq.clone();
   u.bwd = labtest::traffic_of([&] {
     lab11::all_to_all_attention_backward(u.dq, u.dk, u.dv, dy, lse, kept, kNH, full.scale, cp);
   });
+  u.work_bwd = ops::work_stats() - between;
   return u;
 }
 
@@ -71,6 +79,23 @@ std::string bytes_problem(const comm::Traffic& did, std::size_t q_bytes, const c
                      "all-to-alls of this rank's q-sized tensors ({} bytes each) and nothing else",
                      what, a2a.calls, a2a.bytes, others.size(), others.empty() ? "" : ": ",
                      fmt::join(others, ", "), q_bytes);
+}
+
+// The work counters of one call against one causal flash attention over this rank's heads and
+// the whole sequence: its (query, key) pairs and every matmul's FLOPs, fused or not (forward: 2
+// GEMMs per pair, backward 5, of 2 hs FLOPs each: common/ops/work.hpp). Attention written out
+// with (T, T) score matrices (ops::batched_matmul and a softmax) computes every pair of them.
+std::string work_problem(const ops::WorkCount& did, int n, bool backward) {
+  const int64_t heads = kB * kNH / n, T = 2 * n * kC;
+  const int64_t pairs = heads * T * (T + 1) / 2, flops = pairs * (backward ? 10 : 4) * kHs;
+  if (did.matmul_flops == flops && (backward || did.attention_pairs == pairs)) return "";
+  return fmt::format("{}: {} FLOPs of matrix multiplies in {} calls and {} fused attention score "
+                     "pairs; one causal flash attention over this rank's {} heads of the whole "
+                     "sequence ({} tokens) does {} FLOPs{}: attention on the heads written out "
+                     "(score matrices through ops::batched_matmul) or run more than once?",
+                     backward ? "backward" : "forward", did.matmul_flops, did.matmul_calls,
+                     did.attention_pairs, heads, T, flops,
+                     backward ? "" : fmt::format(" over {} pairs", pairs));
 }
 
 void attention_matches(DType dt) {
@@ -93,6 +118,14 @@ TEST(Step4_AllToAll, FourAllToAllsEachWay) {
   const Ulysses u = run(DType::f32, cp);
   EXPECT_EQ(bytes_problem(u.fwd, u.q_bytes, "forward"), "");
   EXPECT_EQ(bytes_problem(u.bwd, u.q_bytes, "backward"), "");
+}
+
+// What ran on this rank's heads: one fused causal attention each way (the work counters).
+TEST(Step4_AllToAll, FlashAttentionOnItsHeadsOnly) {
+  comm::Communicator cp = labtest::new_world();
+  const Ulysses u = run(DType::f32, cp);
+  EXPECT_EQ(work_problem(u.work_fwd, cp.size(), false), "");
+  EXPECT_EQ(work_problem(u.work_bwd, cp.size(), true), "");
 }
 
 TEST(Step4_Model, LossAndGradientsEqualSingleDeviceF32) {
