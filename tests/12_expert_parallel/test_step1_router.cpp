@@ -148,10 +148,16 @@ TEST(Step1_Router, CountsGatesAndLossAgainstAHandCountAtADrawnShape) {
       for (int64_t j = 0; j < s.k; ++j) {
         const int64_t p = n * s.k + j;
         const int e = want.chosen[p];
-        EXPECT_EQ(static_cast<int>(idx[p]), e)
-            << "Routing::indices: token " << n << " choice " << j;
-        EXPECT_NEAR(v[p], w.probs[n * s.E + e], 1e-12)
-            << "Routing::values: token " << n << " choice " << j << " (its probability)";
+        if (static_cast<int>(idx[p]) != e) {
+          LABTEST_FAIL() << "Routing::indices: token " << n << " choice " << j << " is expert "
+                         << idx[p] << ", not " << e << " (choice j: the j-th most probable)";
+          return;
+        }
+        if (!(std::abs(v[p] - w.probs[n * s.E + e]) <= 1e-12)) {
+          LABTEST_FAIL() << "Routing::values: token " << n << " choice " << j << " is " << v[p]
+                         << ", not its probability " << w.probs[n * s.E + e];
+          return;
+        }
         // every pair's gate, dropped ones too: its probability (top-1), or its share of the
         // token's k chosen probabilities
         double chosen = 0;
