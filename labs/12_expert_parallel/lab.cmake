@@ -55,7 +55,20 @@ scalelab_add_planted_submissions(12 PLANTS ${lab12_plants}/cheats.plant
         "counts_again:3:2:Step3_Layer.ForwardAndBackwardExchangeTheFormulasBytes on rank [0-9]: .*one more exchange of the counts"
         "every_expert_here:3_Layer.Each:2:Step3_Layer.EachRankComputesOnlyItsExpertsTokens on rank [0-9]: .*FLOPs"
         "every_expert_here:3_Memory:4:Step3_Memory.NoRankHoldsEveryExpert on rank [0-9]: .*other ranks' experts"
-        "experts_in_vector:3:2:Step3_Memory.NoRankHoldsEveryExpert on rank [0-9]: .*bytes of the heap at once, as much as the other ranks' experts")
+        "experts_in_vector:3:2:Step3_Memory.NoRankHoldsEveryExpert on rank [0-9]: .*bytes of the heap at once, as much as the other ranks' experts"
+        # the planting audit's (each on the fewest ranks that show it: CI time)
+        "library_route:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: route.. did [0-9]+ matrix multiply FLOPs"
+        "top1_renormalised:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*Routing::gates: token [0-9]+ choice 0 is 1, not"
+        "aux_per_token:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*Routing::aux, the balancing loss"
+        "capacity_unclamped:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*Routing::capacity: [0-9]+, but an expert may take"
+        "dlogits_accumulated:1_Router.Top1:1:Step1_Router.Top1BackwardAgainstFiniteDifferences on rank 0: .*dlogits came in holding 1.0: it is set"
+        "one_hot_dispatch:2_DispatchCombine.Equals:1:Step2_DispatchCombine.EqualsTheMaskedDenseReferenceAtADrawnShape on rank 0: dispatch did [0-9]+ matrix multiply FLOPs"
+        "dx_overwritten:2_DispatchCombine.Backward:1:Step2_DispatchCombine.BackwardAgainstFiniteDifferences on rank 0: gradients off the finite differences: dx .dispatch_backward"
+        "top1_no_dgates:2_DispatchCombine.Top1:1:Step2_DispatchCombine.Top1BackwardAgainstFiniteDifferences on rank 0: gradients off the finite differences: dgates .combine_backward."
+        "exchange_f32:3_Exchange:1:Step3_Exchange.RowsReachTheirExpertsAndComeBackInTheFormulasBytes on rank 0: the same exchange of bf16 rows: .*bf16 rows sent as 4-byte numbers"
+        "recompute_experts:3_Layer.Each:1:Step3_Layer.EachRankComputesOnlyItsExpertsTokens on rank 0: .*the MoE backward's GEMMs did"
+        "kept_clones:3_Memory:1:Step3_Memory.NoRankHoldsEveryExpert on rank 0: .*not copies of the rows"
+        "global_plan:3_Layer.Two:1:Step3_Layer.TwoForwardsThenTwoBackwardsKeepTheirOwnPlans on rank 0: forward A, forward B, backward A, backward B: A's dx")
 # The program on the planted submission whose backward exchanges the counts again (counts_again):
 # its all-to-all bytes differ from the formula on every rank, it exits 1, and its last line says
 # what failed.

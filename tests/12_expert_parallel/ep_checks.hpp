@@ -6,8 +6,11 @@
 // checks must stop (capacity ignored or left 0, dest unset, the balancing loss without its
 // gradient or its loss scale, dye not set, a gather of every rank's tokens instead of the
 // all-to-all, the counts exchanged again in backward, every rank running every expert on its own
-// tokens, every expert's weights in a std::vector) are planted into a copy of the reference at
-// build time (solutions/12_*/planted/cheats.plant, labs/12_expert_parallel/lab.cmake).
+// tokens, every expert's weights in a std::vector; and the planting audit's: the library doing
+// route(), top-1 gates renormalised, f per token, the capacity unclamped, dlogits added to, a
+// one-hot dispatch matmul, dx set, top-1 dgates left 0, bf16 rows sent as f32, the experts'
+// forward recomputed, copies kept, the plan outside `kept`) are planted into a copy of the
+// reference at build time (solutions/12_*/planted/cheats.plant, labs/12_expert_parallel/lab.cmake).
 #include <cstdint>
 #include <random>
 #include <string>

@@ -3,19 +3,26 @@
 //    the line that draws them again): every field of the Routing against the test's own count:
 //    the routed, kept and dropped counts (tests/common/moe_reference.hpp's hand count: per
 //    expert, first choices first, in token order), the balancing loss (1e-12), the capacity,
-//    the probabilities, the top-k values and experts and the gates (1e-12), and each pair's row
-//    in the dispatched layout (dest: expert-major, then arrival; -1 where dropped).
+//    the probabilities, the top-k values and experts and every pair's gate, dropped ones too
+//    (1e-12), and each pair's row in the dispatched layout (dest: expert-major, then arrival;
+//    -1 where dropped). Shape 0 drops for certain, shape 1 is top-1 and shape 2 top-2 whatever
+//    the seed, shape 3's capacity factor is above E (the capacity stops at the N k pairs). And
+//    route() does no matrix multiply (work_stats): routing given logits is not a layer's GEMM.
 //  - The backward against central differences (kGradTol, gradcheck.hpp) of L = sum(gates * R) +
-//    0.37 aux, route_backward called with aux_scale 0.37: the gates' path and the balancing
-//    loss's, scaled, top-1 and top-2, with drops.
+//    0.37 aux, route_backward called with aux_scale 0.37 on a dlogits that holds 1.0 (it is
+//    set): the gates' path and the balancing loss's, scaled, top-1 and top-2, with drops; top-1's
+//    gates are its values.
 // Planted (solutions/12_*/planted/cheats.plant): capacity ignored fails the hand count;
-// capacity left 0 fails the capacity; dest left unset fails dest; the balancing loss without its gradient, or its
-// gradient not scaled by aux_scale, fails the finite differences.
+// capacity left 0, or not clamped at N k, fails the capacity; dest left unset fails dest; the
+// balancing loss without its gradient, or not scaled by aux_scale, or dlogits added to, fails
+// the finite differences; top-1 gates renormalised fail the gates and f per token the balancing
+// loss (on every seed); the library's nn::MoE doing the routing fails the FLOPs.
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "tests/12_expert_parallel/ep_checks.hpp"
@@ -84,21 +91,42 @@ TEST(Step1_Router, CountsGatesAndLossAgainstAHandCountAtADrawnShape) {
   for (int nth = 0; nth < 4; ++nth) {
     eptest::Shape s = eptest::draw_shape(nth);
     if (nth == 0) s.cf = 0.5, s.N = std::max<int64_t>(s.N, 16);  // drops for certain
+    // top-1 and top-2 on every seed (a mistake of one k alone shows whatever the seed draws)
+    if (nth == 1) s.k = 1;
+    if (nth == 2) s.k = 2;
+    // more than E: ceil(cf N k / E) is above the N k pairs, and the capacity stops at N k
+    if (nth == 3) s.cf = static_cast<double>(s.E) + 0.5;
     SCOPED_TRACE(s.str());
     const Router in(s);
     const MoEConfig c = s.config();
+    const ops::WorkCount w0 = ops::work_stats();
     const lab12::Routing r = lab12::route(in.logits, c);
+    // the router's GEMM (x W_r^T) is the layer's; routing its logits is softmax, top-k, counts
+    const int64_t flops = (ops::work_stats() - w0).matmul_flops;
+    if (flops != 0)
+      LABTEST_FAIL() << "route() did " << flops << " matrix multiply FLOPs: routing the given "
+                     << "logits needs none (the layer computed them); route them yourself";
     const MoEReference want = moe_reference(
         in.x, in.w, Tensor::zeros({s.E, 1, s.C}, DType::f64), Tensor::zeros({s.E, 1}, DType::f64),
         Tensor::zeros({s.E, s.C, 1}, DType::f64), Tensor::zeros({s.E, s.C}, DType::f64), c, 1);
     const Expected w = expected(in.logits, want, s);
-    EXPECT_EQ(r.dropped, want.dropped) << "dropped pairs";
-    EXPECT_EQ(r.assigned, want.assigned) << "pairs routed to each expert";
-    EXPECT_EQ(r.kept, want.kept) << "pairs each expert keeps";
-    EXPECT_NEAR(r.aux, want.aux, 1e-12) << "the balancing loss";
-    EXPECT_EQ(r.capacity, w.capacity)
-        << "Routing::capacity: the pairs an expert may take (ceil(capacity_factor N k / E), at "
-        << "most N k)";
+    const auto list = [](const std::vector<int64_t>& v) { return fmt::format("{}", v); };
+    if (r.dropped != want.dropped)
+      LABTEST_FAIL() << "Routing::dropped: " << r.dropped << " dropped pairs, the hand count "
+                     << want.dropped;
+    if (r.assigned != want.assigned)
+      LABTEST_FAIL() << "Routing::assigned (pairs routed to each expert): " << list(r.assigned)
+                     << ", the hand count " << list(want.assigned);
+    if (r.kept != want.kept)
+      LABTEST_FAIL() << "Routing::kept (pairs each expert keeps): " << list(r.kept)
+                     << ", the hand count " << list(want.kept);
+    if (!(std::abs(r.aux - want.aux) <= 1e-12))
+      LABTEST_FAIL() << "Routing::aux, the balancing loss: " << r.aux << ", the hand count "
+                     << want.aux << " (1e-12)";
+    if (r.capacity != w.capacity)
+      LABTEST_FAIL() << "Routing::capacity: " << r.capacity << ", but an expert may take "
+                     << w.capacity << " pairs at this shape (the capacity factor's share of the "
+                     << "N k pairs, at most all of them)";
     for (const std::string& p :
          {shape_problem("probs", r.probs, s.N, s.E, DType::f64),
           shape_problem("values", r.values, s.N, s.k, DType::f64),
@@ -120,14 +148,27 @@ TEST(Step1_Router, CountsGatesAndLossAgainstAHandCountAtADrawnShape) {
       for (int64_t j = 0; j < s.k; ++j) {
         const int64_t p = n * s.k + j;
         const int e = want.chosen[p];
-        EXPECT_EQ(static_cast<int>(idx[p]), e)
-            << "Routing::indices: token " << n << " choice " << j;
-        EXPECT_NEAR(v[p], w.probs[n * s.E + e], 1e-12)
-            << "Routing::values: token " << n << " choice " << j << " (its probability)";
-        // the gate, where the pair was kept (the reference masks dropped ones)
-        if (want.gate[n * s.E + e] != 0)
-          EXPECT_NEAR(g[p], want.gate[n * s.E + e], 1e-12)
-              << "Routing::gates: token " << n << " choice " << j;
+        if (static_cast<int>(idx[p]) != e) {
+          LABTEST_FAIL() << "Routing::indices: token " << n << " choice " << j << " is expert "
+                         << idx[p] << ", not " << e << " (choice j: the j-th most probable)";
+          return;
+        }
+        if (!(std::abs(v[p] - w.probs[n * s.E + e]) <= 1e-12)) {
+          LABTEST_FAIL() << "Routing::values: token " << n << " choice " << j << " is " << v[p]
+                         << ", not its probability " << w.probs[n * s.E + e];
+          return;
+        }
+        // every pair's gate, dropped ones too: its probability (top-1), or its share of the
+        // token's k chosen probabilities
+        double chosen = 0;
+        for (int64_t i = 0; i < s.k; ++i) chosen += w.probs[n * s.E + want.chosen[n * s.k + i]];
+        const double gate = s.k == 1 ? w.probs[n * s.E + e] : w.probs[n * s.E + e] / chosen;
+        if (std::abs(g[p] - gate) > 1e-12) {
+          LABTEST_FAIL() << "Routing::gates: token " << n << " choice " << j << " is " << g[p]
+                         << ", not " << gate << (want.gate[n * s.E + e] == 0 ? " (dropped)" : "")
+                         << " (top-" << s.k << ")";
+          return;
+        }
         const int got = static_cast<int>(d[p]);
         if (got == w.dest[p]) continue;
         if (w.dest[p] < 0)
@@ -162,10 +203,16 @@ void backward_passes(int64_t k, double cf) {
   };
   const lab12::Routing r = lab12::route(in.logits, c);
   if (cf < 1) EXPECT_GT(r.dropped, 0) << "the shape must drop some pairs";
-  Tensor dlogits = Tensor::zeros({s.N, s.E}, DType::f64);
+  if (k == 1 && r.gates.to_vector() != r.values.to_vector())
+    LABTEST_FAIL() << "top-1: Routing::gates are not Routing::values (a token's one gate is its "
+                   << "probability, not renormalised)";
+  // dlogits comes in holding 1.0 everywhere: route_backward sets it, whatever it held
+  Tensor dlogits = Tensor::empty({s.N, s.E}, DType::f64);
+  ops::fill(dlogits, 1.0);
   lab12::route_backward(dlogits, R, r, c, kAuxScale);
   EXPECT_GRAD_OK(gradcheck(in.logits, dlogits, loss),
-                 "dlogits of sum(gates R) + 0.37 aux, route_backward(..., aux_scale 0.37)");
+                 "dlogits of sum(gates R) + 0.37 aux, route_backward(..., aux_scale 0.37; "
+                 "dlogits came in holding 1.0: it is set, not added to)");
 }
 }  // namespace
 

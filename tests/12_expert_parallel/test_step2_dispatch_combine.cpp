@@ -4,12 +4,16 @@
 //    the line that draws them again): the layer's output against the written-out reference
 //    that runs EVERY expert on EVERY token and masks by the gates
 //    (tests/common/moe_reference.hpp), 1e-12 relative + absolute; dropped tokens give 0 (the
-//    residual carries them).
-//  - Backward against central differences (kGradTol), each function's own output first:
-//    combine_backward's dye (w.r.t. the experts' outputs ye) and dgates, then the experts'
-//    weights (the library's backward, from your dye), then dispatch_backward's dx (routing
-//    fixed). A failure names every gradient that is off and the function that set it.
-// Planted (solutions/12_*/planted/cheats.plant): combine_backward that leaves dye zero fails dye.
+//    residual carries them). Dispatch and combine do no matrix multiply (work_stats).
+//  - Backward against central differences (kGradTol), top-2 and top-1, each function's own
+//    output first: combine_backward's dye (w.r.t. the experts' outputs ye) and dgates, then the
+//    experts' weights (the library's backward, from your dye), then dispatch_backward's dx
+//    (routing fixed; dx comes in holding other values: what it added). A failure names every
+//    gradient that is off and the function that set it. No matrix multiply in either backward.
+// Planted (solutions/12_*/planted/cheats.plant): combine_backward that leaves dye zero fails dye;
+// dgates left 0 at top-1 fails dgates; dispatch_backward setting dx fails dx; a one-hot matrix
+// times x for dispatch fails the FLOPs. Not caught: a loop over tokens on the host (to_vector,
+// from_vector; the library counts no such reads).
 #include <string>
 #include <vector>
 
@@ -23,13 +27,33 @@ using namespace scalelab;
 using namespace scalelab::testing;
 
 namespace {
-// The layer with the attendee's dispatch and combine around the library's experts.
+// The matrix multiply FLOPs of `f`: dispatch, combine and their backwards move and scale rows
+// (gathers and index adds); a one-hot (M, N) matrix times x gives the same rows for M N C
+// multiply-adds of zeros.
+template <class F>
+int64_t matmul_flops_of(F&& f) {
+  const ops::WorkCount w0 = ops::work_stats();
+  f();
+  return (ops::work_stats() - w0).matmul_flops;
+}
+std::string no_flops(const char* what, int64_t flops) {
+  if (flops == 0) return "";
+  return fmt::format("{} did {} matrix multiply FLOPs: moving rows to their place needs none "
+                     "(a one-hot matrix times the rows?): gather and add them by index", what,
+                     flops);
+}
+
+// The layer with the attendee's dispatch and combine around the library's experts; `flops`
+// (when given): dispatch's and combine's own matrix multiply problems, "" if none.
 Tensor layer(const eptest::Layer& l, const Tensor& x, const lab12::Routing& r,
-             std::vector<Tensor>& kept, Tensor* ye_out = nullptr) {
-  const Tensor xd = lab12::dispatch(x, r);
+             std::vector<Tensor>& kept, Tensor* ye_out = nullptr, std::string* flops = nullptr) {
+  Tensor xd, y;
+  const int64_t fd = matmul_flops_of([&] { xd = lab12::dispatch(x, r); });
   const Tensor ye = l.moe.run_experts(xd, r.kept, kept);
   if (ye_out) *ye_out = ye;
-  return lab12::combine(ye, r);
+  const int64_t fc = matmul_flops_of([&] { y = lab12::combine(ye, r); });
+  if (flops) *flops = no_flops("dispatch", fd) + no_flops("combine", fc);
+  return y;
 }
 }  // namespace
 
@@ -41,7 +65,9 @@ TEST(Step2_DispatchCombine, EqualsTheMaskedDenseReferenceAtADrawnShape) {
     const Tensor x = uniform({s.N, s.C}, s.seed + 3);
     const lab12::Routing r = l.library_routing(x);
     std::vector<Tensor> kept;
-    const Tensor y = layer(l, x, r, kept);
+    std::string flops;
+    const Tensor y = layer(l, x, r, kept, nullptr, &flops);
+    if (!flops.empty()) LABTEST_FAIL() << flops;
     ASSERT_EQ(y.shape(), x.shape());
     const MoEReference want = l.reference(x);
     const std::vector<double> got = y.to_vector();
@@ -51,11 +77,13 @@ TEST(Step2_DispatchCombine, EqualsTheMaskedDenseReferenceAtADrawnShape) {
   }
 }
 
-TEST(Step2_DispatchCombine, BackwardAgainstFiniteDifferences) {
-  const eptest::Shape s{.seed = 21, .N = 10, .C = 4, .E = 3, .k = 2, .cf = 0.7};
+namespace {
+void backward_passes(int64_t k) {
+  const eptest::Shape s{.seed = 19 + static_cast<uint64_t>(k), .N = 10, .C = 4, .E = 3, .k = k,
+                        .cf = 0.7};
   SCOPED_TRACE(s.str());
   eptest::Layer l(s.config(), s.C, s.seed);
-  Tensor x = uniform({s.N, s.C}, 22), R = uniform({s.N, s.C}, 23);
+  Tensor x = uniform({s.N, s.C}, 20 + k), R = uniform({s.N, s.C}, 21 + k);
   lab12::Routing r = l.library_routing(x);  // fixed: the routing's own gradient is step 1's
   ASSERT_GT(r.dropped, 0) << "the shape must drop some pairs";
   auto loss = [&] {
@@ -68,10 +96,18 @@ TEST(Step2_DispatchCombine, BackwardAgainstFiniteDifferences) {
   l.set.zero_grad();
   Tensor dye = Tensor::empty(ye.shape(), DType::f64);
   Tensor dgates = Tensor::empty({s.N * s.k}, DType::f64);
-  lab12::combine_backward(dye, dgates, R, ye, r);
+  std::string flops = no_flops("combine_backward", matmul_flops_of([&] {
+    lab12::combine_backward(dye, dgates, R, ye, r);
+  }));
   const Tensor dxd = l.moe.run_experts_backward(dye, r.kept, kept);
-  Tensor dx = Tensor::zeros({s.N, s.C}, DType::f64);
-  lab12::dispatch_backward(dx, dxd, r);
+  // dx comes in holding D0 (another path's gradient): dispatch_backward adds to it
+  const Tensor d0 = uniform({s.N, s.C}, 24);
+  Tensor dx = d0.clone();
+  flops += no_flops("dispatch_backward", matmul_flops_of([&] {
+    lab12::dispatch_backward(dx, dxd, r);
+  }));
+  if (!flops.empty()) LABTEST_FAIL() << flops;
+  ops::axpy(dx, -1.0, d0);  // what dispatch_backward added
   // every gradient checked; the failure lists each one off, and the first one's worst element
   std::string off, worst;
   const auto check = [&](const GradCheck& g, const std::string& what) {
@@ -88,7 +124,13 @@ TEST(Step2_DispatchCombine, BackwardAgainstFiniteDifferences) {
   check(gradcheck(gates, dgates, loss), "dgates (combine_backward)");
   for (nn::Parameter* p : l.moe.expert_parameters())
     check(gradcheck(p->value, p->grad, loss), p->name + " (the library's experts, from your dye)");
-  check(gradcheck(x, dx, loss), "dx (dispatch_backward)");
+  check(gradcheck(x, dx, loss),
+        "dx (dispatch_backward: what it added to the dx it was given; it accumulates)");
   if (!off.empty())
     LABTEST_FAIL() << "gradients off the finite differences: " << off << "; the first, " << worst;
 }
+}  // namespace
+
+TEST(Step2_DispatchCombine, BackwardAgainstFiniteDifferences) { backward_passes(2); }
+// top-1: the gate is the token's one probability, and its gradient still reaches the router
+TEST(Step2_DispatchCombine, Top1BackwardAgainstFiniteDifferences) { backward_passes(1); }

@@ -3,28 +3,36 @@
 // so its message is what a broken exchange shows).
 //  - Step3_Memory (first in the step's run: tools.memory_first checks it): the allocator and the
 //    rank's whole heap over one MoE layer's forward and backward: no rank held every expert's
-//    weights at any moment, in tensors or in a std::vector; static storage at most 4 KiB.
+//    weights at any moment, in tensors or in a std::vector; static storage at most 4 KiB; what
+//    the forward kept for the backward is the experts' activations (what run_experts keeps on
+//    the rows they got) and the exchange plan, nothing more (on one rank too).
 //  - Step3_Exchange: the exchange alone, on rows that name their rank, expert and index:
 //    exchange_counts gives every rank the rows each rank sends each of its experts;
 //    send_to_experts delivers exactly them, grouped by expert (rank 0's first);
 //    return_from_experts brings every row home (a failure decodes the rows: whose row arrived
 //    where). The counters see three all_to_alls on the ep group and nothing else, of exactly
-//    4 E (the counts) + (M + R) C 4 bytes (M rows out, R back), the formula for that routing.
+//    4 E (the counts) + (M + R) C 4 bytes (M rows out, R back), the formula for that routing;
+//    the same rows in bf16: (M + R) C 2 bytes (rows travel in their dtype).
 //  - Step3_Layer: one MoE layer under the given mappings (one routing group per rank, capacity
 //    drops): the counters over its forward AND backward: five all_to_alls on the ep group of
 //    4 E + 2 (M + R) C 4 bytes (the counts once: the backward reuses the forward's plan), the
 //    program's formula; its output against the single-device layer on every rank's rows
 //    (groups = ranks), 1e-6 relative; the work counters: the forward's GEMMs were the router on
-//    this rank's tokens and ITS experts on the rows they got (moe_forward_flops), nothing more.
+//    this rank's tokens and ITS experts on the rows they got (moe_forward_flops), nothing more,
+//    and the backward's twice that (two gradients a GEMM: nothing recomputed); two forwards
+//    then their two backwards give each the gradients it gives alone (each keeps its plan).
 //  - Step3_Model (needs steps 1-2 of the library only: the router and dispatch are nn::MoE's):
 //    one step of the expert-parallel tiny-moe against the single-device GPT, loss and every
 //    gradient this rank holds, fp32 at the all-reduce tolerances, bf16 at 2e-3 of the loss and
 //    3e-2 of the largest gradient.
 // Planted (solutions/12_*/planted/cheats.plant): a gather of every rank's tokens instead of
-// the all-to-all fails the exchange's counters; a backward that exchanges the counts again fails the layer's
-// counters; every rank running every expert on its own tokens (the weights gathered) fails the
-// work counters and the allocator; every expert's weights gathered besides into a std::vector
-// with a raw MPI_Allgather fails the heap.
+// the all-to-all fails the exchange's counters, bf16 rows sent as f32 its bf16 bytes; a
+// backward that exchanges the counts again fails the layer's counters, one that runs the
+// experts' forward again its backward FLOPs; every rank running every expert on its own tokens
+// (the weights gathered) fails the work counters and the allocator; every expert's weights
+// gathered besides into a std::vector with a raw MPI_Allgather fails the heap; copies of the
+// rows kept for the backward fail what the forward kept; the plan kept outside `kept` fails
+// the two forwards' gradients.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -89,11 +97,15 @@ std::string rows_problem(const std::vector<double>& got, const std::vector<doubl
 namespace {
 struct EpLayer {
   Tensor y, want_y;
-  int64_t flops = 0, want_flops = 0;
+  int64_t flops = 0, want_flops = 0;  // the forward's matmul FLOPs; the formula's
+  int64_t backward_flops = 0;         // the backward's
   std::size_t peak_extra = 0, all_experts_bytes = 0;
   labtest::MemoryUse memory;  // the forward and backward: the allocator and the rank's heap
   comm::Traffic traffic;      // the forward and backward: the ledger (raw MPI counted)
   int64_t M = 0, R = 0;       // this rank's kept pairs; the rows its experts got
+  // what the forward kept for the backward (MoEActivations::kept), and what the library's
+  // run_experts keeps on the R rows my experts got: the activations the backward needs
+  std::size_t kept_bytes = 0, experts_kept_bytes = 0;
 };
 
 // One MoE layer (E = 4, top-1, capacity factor 1.0, width C) over ep = every rank: N rows per
@@ -129,7 +141,9 @@ EpLayer ep_layer(comm::Communicator& ep, int64_t N, bool skewed = false, int64_t
       const ops::WorkCount w0 = ops::work_stats();
       mine.moe.forward(out.y, x, a, *mappings);
       out.flops = (ops::work_stats() - w0).matmul_flops;
+      const ops::WorkCount w1 = ops::work_stats();
       mine.moe.backward(dx, dy, a, *mappings, 1.0);
+      out.backward_flops = (ops::work_stats() - w1).matmul_flops;
     });
   });
   out.peak_extra = static_cast<std::size_t>(out.memory.tensor_peak);
@@ -145,6 +159,10 @@ EpLayer ep_layer(comm::Communicator& ep, int64_t N, bool skewed = false, int64_t
   out.want_flops = lab12::moe_forward_flops(N, C, kE, rows_mine);
   for (int64_t e = 0; e < kE; ++e) out.M += a.kept_counts[e];
   for (int64_t rows : rows_mine) out.R += rows;
+  for (const Tensor& t : a.kept) out.kept_bytes += t.nbytes();
+  std::vector<Tensor> experts_kept;
+  mine.moe.run_experts(Tensor::zeros({out.R, C}, DType::f32), rows_mine, experts_kept);
+  for (const Tensor& t : experts_kept) out.experts_kept_bytes += t.nbytes();
   // the single device: every expert, one routing group per rank
   eptest::Layer whole(c, C, 31, DType::f32);
   nn::MoE twin("moe", C, 2, {.config = c, .groups = n});
@@ -167,7 +185,6 @@ EpLayer ep_layer(comm::Communicator& ep, int64_t N, bool skewed = false, int64_t
 // earlier test.
 TEST(Step3_Memory, NoRankHoldsEveryExpert) {
   comm::Communicator ep = labtest::new_world();
-  if (ep.size() == 1) GTEST_SKIP() << "one rank holds every expert";
   if (kE % ep.size() != 0) GTEST_SKIP() << "E = 4 over " << ep.size() << " ranks";
   // C = 64: an expert's weights (8 C^2 + 5 C numbers, 132 KB) far above the few KB of records a
   // forward and backward keep on the heap beside their tensors
@@ -175,16 +192,32 @@ TEST(Step3_Memory, NoRankHoldsEveryExpert) {
   // beyond what it held before the forward, a rank needs its activations (a few rows here),
   // far less than the other ranks' experts: (E - E/ep) experts' weights; in tensors, and on the
   // rank's whole heap (a copy in a std::vector too), which holds the tensors' memory as well
+  // (one rank holds every expert: no bound but what it keeps, below)
   const std::size_t others = l.all_experts_bytes - l.all_experts_bytes / ep.size();
   const auto heap = static_cast<std::size_t>(std::max<int64_t>(0, l.memory.heap.peak));
+  const bool one = ep.size() == 1;
   LABTEST_EXPECT(labtest::on_every_rank(
-                     ::testing::AssertionResult(l.peak_extra < others && heap < others)
+                     ::testing::AssertionResult(one || (l.peak_extra < others && heap < others))
                      << "the forward and backward allocated up to " << l.peak_extra
                      << " bytes of tensors and " << heap << " bytes of the heap at once, as "
                      << "much as the other ranks' experts' weights (" << others << ")"),
                  "");
   LABTEST_EXPECT(
       labtest::static_storage_at_most(labtest::kStaticStorageBytes, "lab 12 step 3"), "");
+  // what the forward keeps until the backward: the experts' activations (run_experts') and the
+  // exchange plan, a few numbers (2 ep + E of them; 8 bytes each at most, and some room); a
+  // copy of the rows (C = 64: 256 bytes a row) is more than the room
+  const int64_t plan_room = 8 * (2 * ep.size() + kE) + 128;
+  const int64_t extra = static_cast<int64_t>(l.kept_bytes) -
+                        static_cast<int64_t>(l.experts_kept_bytes);
+  LABTEST_EXPECT(labtest::on_every_rank(
+                     ::testing::AssertionResult(extra <= plan_room)
+                     << "the forward kept " << l.kept_bytes << " bytes of tensors for the "
+                     << "backward; the experts' activations on the " << l.R << " rows they got "
+                     << "are " << l.experts_kept_bytes << ", and the exchange plan needs at most "
+                     << plan_room << " more: keep what the backward reads, not copies of the "
+                     << "rows (or anything else)"),
+                 "");
 }
 
 TEST(Step3_Exchange, RowsReachTheirExpertsAndComeBackInTheFormulasBytes) {
@@ -240,6 +273,20 @@ TEST(Step3_Exchange, RowsReachTheirExpertsAndComeBackInTheFormulasBytes) {
   const std::string p = eptest::only_all_to_all(did, ep.name(), 3, bytes);
   LABTEST_EXPECT(labtest::on_every_rank(::testing::AssertionResult(p.empty()) << p),
                  "the counts, the rows out and back: ");
+  // the same rows in bf16: 2 bytes a number on the wire, the dtype the tensors hold
+  Tensor xh = Tensor::empty({M, kC}, DType::bf16);
+  ops::cast(xh, xd);
+  ep.barrier();
+  const comm::Traffic did_bf16 = labtest::traffic_of([&] {
+    const lab12::Exchange x = lab12::exchange_counts(rows, ep);
+    lab12::return_from_experts(lab12::send_to_experts(xh, x, ep), x, ep);
+  });
+  const int64_t bf16_bytes = 4 * kE + (M + R) * kC * 2;
+  std::string q = eptest::only_all_to_all(did_bf16, ep.name(), 3, bf16_bytes);
+  if (!q.empty() && eptest::only_all_to_all(did_bf16, ep.name(), 3, bytes).empty())
+    q += " (bf16 rows sent as 4-byte numbers: send them in the dtype they are in)";
+  LABTEST_EXPECT(labtest::on_every_rank(::testing::AssertionResult(q.empty()) << q),
+                 "the same exchange of bf16 rows: ");
 }
 
 // Forward and backward of one layer: the counts once (the backward reuses the forward's plan),
@@ -280,6 +327,76 @@ TEST(Step3_Layer, EachRankComputesOnlyItsExpertsTokens) {
                      << "the MoE forward's GEMMs did " << l.flops << " FLOPs; the router on its "
                      << "tokens and its experts on the rows they received do " << l.want_flops),
                  "");
+  // the backward: each GEMM's two gradients (input and weight), on the same rows, once
+  LABTEST_EXPECT(labtest::on_every_rank(
+                     ::testing::AssertionResult(l.backward_flops == 2 * l.want_flops)
+                     << "the MoE backward's GEMMs did " << l.backward_flops << " FLOPs; the "
+                     << "gradients of the router on its tokens and of its experts on the rows "
+                     << "they received do " << 2 * l.want_flops << " (the forward kept what "
+                     << "they need: nothing is computed again)"),
+                 "");
+}
+
+// Two forwards, then their backwards (as a model with two MoE blocks, or activation
+// checkpointing, runs them): each backward exchanges its own forward's rows. The routing is
+// set so that both forwards send the same number of rows to each rank and each expert, from
+// different ranks: a plan kept anywhere but in the forward's `kept` gives the second's
+// plan to the first's backward, and wrong gradients (no error, no hang).
+TEST(Step3_Layer, TwoForwardsThenTwoBackwardsKeepTheirOwnPlans) {
+  comm::Communicator ep = labtest::new_world();
+  const int n = ep.size(), me = ep.rank();
+  if (kE % n != 0) GTEST_SKIP() << "E = 4 over " << n << " ranks";
+  const int64_t C = 8, N = 6;  // a rank's rows: 1 or 2 for each expert, 6 in all
+  const MoEConfig c{.n_expert = kE, .top_k = 1, .every = 1,
+                    .capacity_factor = static_cast<double>(kE), .aux_coef = 0.01};
+  eptest::Layer l(c, C, 41, DType::f64, me, n);
+  // the router reads column e for expert e (x 8): a token goes where its row holds its 1
+  std::vector<double> w(kE * C, 0.0);
+  for (int64_t e = 0; e < kE; ++e) w[e * C + e] = 8;
+  l.moe.router.value.copy_from(Tensor::from_vector(w, {kE, C}, DType::f64));
+  const auto mappings = lab12::make_ep_mappings(ep);
+  struct Pass {
+    Tensor x, y, dy, dx;
+    nn::MoEActivations a;
+  };
+  // forward `shift`: rank s sends 1 + (s + shift + e) % 2 rows to expert e
+  const auto pass = [&](int shift) {
+    Pass p;
+    std::vector<double> x = scalelab::testing::uniform({N, C}, 50 + me * 2 + shift).to_vector();
+    int64_t t = 0;
+    for (int64_t e = 0; e < kE; ++e)
+      for (int64_t i = 0; i < 1 + (me + shift + e) % 2; ++i) x[t++ * C + e] += 2;
+    p.x = Tensor::from_vector(x, {N, C}, DType::f64);
+    p.y = Tensor::empty({N, C}, DType::f64);
+    p.dy = scalelab::testing::uniform({N, C}, 60 + me * 2 + shift);
+    p.dx = Tensor::zeros({N, C}, DType::f64);
+    return p;
+  };
+  const auto forward = [&](Pass& p) { l.moe.forward(p.y, p.x, p.a, *mappings); };
+  const auto backward = [&](Pass& p) { l.moe.backward(p.dx, p.dy, p.a, *mappings, 1.0); };
+  const auto grads = [&] {
+    std::vector<double> g;
+    for (nn::Parameter* q : l.moe.parameters()) {
+      const std::vector<double> v = q->grad.to_vector();
+      g.insert(g.end(), v.begin(), v.end());
+    }
+    return Tensor::from_vector(g, {static_cast<int64_t>(g.size())}, DType::f64);
+  };
+  // each forward followed by its backward: the gradients to match
+  Pass a1 = pass(0), b1 = pass(1);
+  l.set.zero_grad();
+  forward(a1), backward(a1), forward(b1), backward(b1);
+  const Tensor want = grads();
+  Pass a2 = pass(0), b2 = pass(1);
+  l.set.zero_grad();
+  forward(a2), forward(b2), backward(a2), backward(b2);
+  const char* what = "forward A, forward B, backward A, backward B: ";
+  LABTEST_EXPECT(labtest::close_on_every_rank(a2.dx, a1.dx, 1e-12, 1e-12),
+                 fmt::format("{}A's dx against A's own forward and backward (B's exchange plan "
+                             "in A's backward? each forward keeps its plan in its `kept`): ",
+                             what));
+  LABTEST_EXPECT(labtest::close_on_every_rank(grads(), want, 1e-12, 1e-12),
+                 fmt::format("{}the weights' gradients: ", what));
 }
 
 TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) {
