@@ -267,6 +267,13 @@ class GraderTest(unittest.TestCase):
         self.assert_no_step_passes(proc, steps)
         # the test main ran (not the weak main) and its verdict stands
         self.assertEqual({s["verdict"] for s in steps.values()}, {"not implemented"}, proc.stdout)
+        # a step stopped in its stub at the fewest ranks is not started again at more (it cannot
+        # pass): one run a step, the others skipped, saying why
+        for s in steps.values():
+            self.assertEqual([(r["ranks"], r["verdict"]) for r in s["runs"]],
+                             [(1, "not implemented"), (2, "skipped"), (4, "skipped")], s)
+            self.assertEqual(s["runs"][1]["detail"], "skipped: step not implemented on 1 rank(s)")
+            self.assertEqual(s["ranks"], [1])
 
     def test_cheat_own_main_is_build_failed(self):
         proc, steps, _ = self.grade("cheat_main")
