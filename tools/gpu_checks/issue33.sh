@@ -109,6 +109,14 @@ if [[ -n $ncu ]]; then
     --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward_one_kernel.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward_one_kernel.txt"' \
     "$ncu" "$B/common/scalelab_bench_attention" "$out"
+  # why LayerNorm's one-read backward (on trial) is 3.3x slower than version 1's three kernels:
+  # its blocks of 32 rows zero and add 2C sums a warp (as much as the rows' own work?), then two
+  # column sums over the blocks' partials; every LayerNorm-backward kernel of one bench call
+  TAILN=5 run ncu_layernorm_backward 120 sh -c '"$0" --kernel-name regex:"layernorm|column_(partial|total)" \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --launch-count 16 "$1" --repeats 1 --warmup 0 \
+    > "$2/ncu_layernorm_backward.txt" && grep -c "Section: GPU Speed Of Light" "$2/ncu_layernorm_backward.txt"' \
+    "$ncu" "$B/common/scalelab_bench_kernels" "$out"
 fi
 # 8. AdamW alone: one launch per parameter against one launch over the flat buffers
 TAILN=4 run adamw_per_parameter 60 env SCALELAB_TRY_GPU_KERNELS=-adamw_one_launch \
