@@ -22,4 +22,9 @@ std::string cuda_device_name(int device);
 /// device 0, and only the UUID says whether two ranks share one.
 std::string cuda_device_uuid(int device);
 
+/// The device's compute capability as 10 major + minor (90 for an H100 or H200, 80 for an A100),
+/// or 0 if there is no such device: kernels compiled for one architecture only (Hopper's wgmma)
+/// run where this says so.
+int cuda_compute_capability(int device);
+
 }  // namespace scalelab

@@ -38,4 +38,15 @@ std::string cuda_device_uuid(int device) {
   }
   return out;
 }
+
+int cuda_compute_capability(int device) {
+  // two attributes, not cudaGetDeviceProperties (which fills every field: slow enough to matter
+  // when a kernel launch asks)
+  int major = 0, minor = 0;
+  if (device < 0 || device >= cuda_device_count()) return 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return 0;
+  return 10 * major + minor;
+}
 }  // namespace scalelab

@@ -64,6 +64,20 @@ if(SCALELAB_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_tc_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_tc_backward_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/fused_norm_cuda.cu)
+  # Flash attention on Hopper's warpgroup MMA: wgmma exists only in sm_90a code (the "a": features
+  # of one architecture, not carried forward), so this file is compiled for that architecture
+  # alone, whatever CMAKE_CUDA_ARCHITECTURES says, and its kernels are launched only on compute
+  # capability 9.0 devices. It takes the library's include paths and definitions, not its
+  # dependencies' targets (the library is what it is linked into).
+  add_library(scalelab_flash_wgmma OBJECT
+              ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/flash_attention_wgmma_cuda.cu)
+  set_target_properties(scalelab_flash_wgmma PROPERTIES CUDA_ARCHITECTURES 90a
+                                                        POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(scalelab_flash_wgmma PRIVATE
+    $<TARGET_PROPERTY:scalelab_common,INTERFACE_INCLUDE_DIRECTORIES>)
+  target_compile_definitions(scalelab_flash_wgmma PRIVATE
+    $<TARGET_PROPERTY:scalelab_common,INTERFACE_COMPILE_DEFINITIONS>)
+  target_sources(scalelab_common PRIVATE $<TARGET_OBJECTS:scalelab_flash_wgmma>)
 else()
   target_sources(scalelab_common PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/allocator_nocuda.cpp

@@ -31,8 +31,15 @@ namespace scalelab::ops {
 ///  - flash_dkdv_three_blocks: flash attention's dK/dV kernel (version 2, head size 64) compiled
 ///    to fit 3 blocks an SM (168 registers a thread) instead of 2 (175 registers): 12 warps an SM
 ///    to hide latency instead of 8 (flash_attention_tc_cuda.cu). Not yet run on a GPU.
+///  - flash_forward_wgmma, flash_backward_wgmma: flash attention's forward, and its backward's
+///    dK/dV and dQ kernels, on Hopper's warpgroup MMA (wgmma: 64 x 64 tiles of four warps, B
+///    read from shared memory once for all four) instead of each warp's mma.sync and ldmatrix
+///    (flash_attention_wgmma_cuda.cu; head size 64 on compute capability 9.0, elsewhere version
+///    2 runs). Not yet run on a GPU.
 inline constexpr const char* kTrialKernels[] = {"flash_backward_one_kernel",
+                                                "flash_backward_wgmma",
                                                 "flash_dkdv_three_blocks",
+                                                "flash_forward_wgmma",
                                                 "layernorm_backward_v2"};
 
 /// The kernels that passed their trial (checked against the host on an H200 and no slower in

@@ -6,9 +6,11 @@ scalelab_add_test(NAME test_gpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt.cpp R
 # flash attention and the fused residual + LayerNorm against the unfused ops (host)
 scalelab_add_test(NAME test_flash_attention
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_attention.cpp RANKS 1)
-# the tensor-core flash attention's fragment index math, replayed on the host (no GPU needed)
+# the tensor-core flash attention's fragment index math, and the wgmma kernels' swizzled tiles and
+# descriptors, replayed on the host (no GPU needed)
 scalelab_add_test(NAME test_mma_fragments
-                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_mma_fragments.cpp RANKS 1)
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_mma_fragments.cpp
+                          ${CMAKE_CURRENT_LIST_DIR}/test_wgmma_layout.cpp RANKS 1)
 # the one-kernel flash backward's turns on dQ, whole grids replayed on the host (no GPU needed)
 scalelab_add_test(NAME test_flash_turns
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_turns.cpp RANKS 1)

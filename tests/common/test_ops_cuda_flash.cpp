@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/device.hpp"
 #include "common/ops/flash_attention.hpp"
 #include "common/ops/fused_backend.hpp"
 #include "common/ops/ops.hpp"
@@ -208,8 +209,9 @@ std::array<Tensor, 4> long_inputs(const Shape& s) {
 // the largest element (2^-7). Both round P and dS to bf16 alike and differ only in the order of
 // float sums, so an output moves by one bf16 step at most; the host's 2e-2 (its sums are not
 // rounded to bf16) could hide a part of one key block's share of dQ lost, this cannot. Then the
-// trial's own bits twice.
-void check_trial_kernel(const char* trial, int rows_per_warp, int backward_kernels) {
+// trial's own bits twice. wgmma: the trial runs on Hopper's warpgroup MMA (head size 64).
+void check_trial_kernel(const char* trial, int rows_per_warp, int backward_kernels,
+                        bool wgmma = false) {
   ops::set_flash_attention_version(2);
   const double two_steps = 1.0 / 128;
   for (const Shape& s : kLongShapes) {
@@ -228,6 +230,8 @@ void check_trial_kernel(const char* trial, int rows_per_warp, int backward_kerne
       // the two-row-tile forward takes head size 64 only; 128 keeps 16 rows a warp
       EXPECT_EQ(ran.forward_rows_per_warp, s.hs == 64 ? rows_per_warp : 16) << what;
       EXPECT_EQ(ran.backward_kernels, backward_kernels) << what;
+      EXPECT_EQ(ran.forward_wgmma, wgmma && s.hs == 64) << what;
+      EXPECT_EQ(ran.backward_wgmma, wgmma && s.hs == 64) << what;
       expect_close(got, packed(q, k, v, dout, s, Device::cpu()), 2e-2, 1e-3, what + " vs host");
       expect_same_bits_twice(s);
     }
@@ -276,6 +280,8 @@ TEST_F(CudaFlash, DkdvKernelAtThreeBlocksHasTheDefaultsBits) {
 // then the long shapes against the host and version 2's two kernels, and twice for the same
 // bits: its dQ shares are added in a fixed order, not by atomics. Last in this file: a turn that
 // never comes ends in a trap (its watchdog), which takes the process's CUDA context with it.
+// (Only the wgmma kernels' test, written without a GPU, comes after it: the newest kernels'
+// faults would take the context too.)
 TEST_F(CudaFlash, OneKernelBackwardMatchesTheHostAndItsOwnBits) {
   {
     const TrialKernels trial("flash_backward_one_kernel");
@@ -283,4 +289,24 @@ TEST_F(CudaFlash, OneKernelBackwardMatchesTheHostAndItsOwnBits) {
     check_qkv({2});
   }
   check_trial_kernel("flash_backward_one_kernel", 16, 1);
+}
+
+// Flash attention on Hopper's warpgroup MMA (trial kernels "flash_forward_wgmma" and
+// "flash_backward_wgmma", flash_attention_wgmma_cuda.cu; head size 64 on compute capability 9.0,
+// version 2 elsewhere): every shape and both layouts at version 2's tolerances (head size 128
+// runs version 2's kernels: checked too), then the long shapes against the host and version 2's
+// mma.sync kernels within two bf16 steps (the same bf16 roundings of P and dS, float sums in
+// another order), and twice for the same bits.
+TEST_F(CudaFlash, WgmmaKernelsMatchTheHostAndVersion2) {
+  if (cuda_compute_capability(0) != 90)
+    GTEST_SKIP() << "wgmma runs on compute capability 9.0 only";
+  const char* both = "flash_forward_wgmma,flash_backward_wgmma";
+  {
+    const TrialKernels trial(both);
+    check_packed(2, DType::bf16, 2e-2, 1e-3, 2);
+    // the last shape has head size 128: version 2's kernels ran (head size 64: below)
+    EXPECT_FALSE(ops::cuda::last_flash_v2_kernels().forward_wgmma);
+    check_qkv({2});
+  }
+  check_trial_kernel(both, 16, 2, /*wgmma=*/true);
 }

@@ -242,6 +242,21 @@ int main(int argc, char** argv) {
       });
       report("v2 1-kernel qkv bwd", bwd_flops,
              [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
+      // Hopper's warpgroup MMA ("flash_forward_wgmma", "flash_backward_wgmma", on trial: head
+      // size 64 on compute capability 9.0)
+      ops::set_trial_kernels("flash_forward_wgmma,flash_backward_wgmma");
+      report("wgmma forward", fwd_flops,
+             [&] { ops::flash_attention_forward(out, lse, q, k, v, scale, causal); });
+      report("wgmma backward", bwd_flops, [&] {
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
+      });
+      report("wgmma qkv forward", fwd_flops,
+             [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale, causal); });
+      report("wgmma qkv backward", bwd_flops,
+             [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
+      if (!ops::cuda::last_flash_v2_kernels().backward_wgmma)
+        fmt::print("  (wgmma takes head size 64 on compute capability 9.0 only: here version "
+                   "2's kernels ran)\n");
     }
     ops::set_trial_kernels(env ? env : "");
     ops::set_flash_attention_version(default_version);

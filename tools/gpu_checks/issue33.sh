@@ -41,6 +41,15 @@ TAILN=12 run trial_flash_backward_test 90 "$B/tests/common/test_ops_cuda_flash" 
   --gtest_filter='*OneKernelBackward*'
 TAILN=12 run trial_flash_dkdv_test 90 "$B/tests/common/test_ops_cuda_flash" \
   --gtest_filter='*DkdvKernelAtThreeBlocks*'
+# flash attention on Hopper's warpgroup MMA (written without a GPU): against the host and version
+# 2, then under compute-sanitizer's memcheck (out-of-bounds or misaligned shared and global
+# accesses of the swizzled tiles)
+TAILN=12 run trial_flash_wgmma_test 90 "$B/tests/common/test_ops_cuda_flash" \
+  --gtest_filter='*WgmmaKernels*'
+if command -v compute-sanitizer > /dev/null; then
+  TAILN=12 run trial_flash_wgmma_memcheck 150 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 "$B/tests/common/test_ops_cuda_flash" --gtest_filter='*WgmmaKernels*'
+fi
 # 2. the side-by-side table (the issue's target: >= 1.0x PyTorch-compiled, memory <= its), as the
 # default path runs (every op's version 1 and the trial kernels: lab02_trial_none and _all, 4.)
 TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
@@ -62,10 +71,16 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # 4. each newer kernel alone in lab 02's step (on top of every op's version 1), then none, the
 # default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
 # side-by-side table, measured the same way, without PyTorch's)
+# (default_wgmma: the default with both wgmma kernels, the candidate default if their test passed)
 for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
-  flash_dkdv_three_blocks flash_forward_two_row_tiles grouped_rows_in_chunks \
-  layernorm_backward_v2 norm_on_device default all; do
-  case $k in none | all) list=$k ;; default) list= ;; *) list=none,$k ;; esac
+  flash_backward_wgmma flash_dkdv_three_blocks flash_forward_two_row_tiles flash_forward_wgmma \
+  grouped_rows_in_chunks layernorm_backward_v2 norm_on_device default default_wgmma all; do
+  case $k in
+    none | all) list=$k ;;
+    default) list= ;;
+    default_wgmma) list=flash_forward_wgmma,flash_backward_wgmma ;;
+    *) list=none,$k ;;
+  esac
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
     tools/bench_gpt_vs_torch --scalelab-only --model gpt-85m --batch 16 --steps 5 --warmup 3 \
     --data "$DATA"
@@ -102,6 +117,12 @@ if [[ -n $ncu ]]; then
     --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_backward.txt" && grep -c "flash_tc_" "$2/ncu_flash_backward.txt"' \
+    "$ncu" "$B/common/scalelab_bench_attention" "$out"
+  # the same sections for the wgmma kernels (first launches: the bench's (BH, T, hs) rows)
+  TAILN=5 run ncu_flash_wgmma 120 sh -c '"$0" --kernel-name regex:"flash_wgmma_" \
+    --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    "$1" --repeats 1 --warmup 0 > "$2/ncu_flash_wgmma.txt" && grep -c "flash_wgmma_" "$2/ncu_flash_wgmma.txt"' \
     "$ncu" "$B/common/scalelab_bench_attention" "$out"
   # the same sections for the one-kernel backward (its first launch: the bench's (BH, T, hs) row)
   TAILN=5 run ncu_flash_backward_one_kernel 120 sh -c '"$0" --kernel-name regex:"flash_tc_backward_kernel" \

@@ -121,47 +121,11 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) zero(s[mt]);
       mma_tiles<BIs::NK, KC, NS, MT>(s, qf, Kt, L);
-      // mask (only tiles crossing the diagonal or the end pay for it) and scale into log2 units
+      // mask (only tiles crossing the diagonal or the end pay for it), scale into log2 units,
+      // then the online softmax (flash_tc.cuh): S becomes P
       const bool edge = (causal && k0 + Bc - 1 > w0) || k0 + Bc > T;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int key = k0 + 8 * n + mma::c_col(ln, r), qi = row[mt][r / 2];
-            const bool masked = edge && (key >= T || (causal && key > qi));
-            s[mt][n][r] = masked ? -INFINITY : s[mt][n][r] * scale_log2;
-          }
-      // the online softmax, per row: new max over the quad, rescale, exponentiate
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // h = 0: row[mt][0] (registers 0, 1); h = 1: row[mt][1]
-          float mx = m[mt][h];
-#pragma unroll
-          for (int n = 0; n < NS; ++n)
-            mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          // a row that has seen no key yet (m = -inf) and none in this tile would give
-          // exp2(-inf - -inf) = NaN: the guard keeps it out (every row sees key 0 in tile 0,
-          // never skipped, so the rows of a real sequence have a finite max from then on)
-          const float base = mx == -INFINITY ? 0.f : mx;
-          const float corr = exp2f(m[mt][h] - base);  // 0 on the first tile (m = -inf)
-          m[mt][h] = mx;
-          l[mt][h] *= corr;
-#pragma unroll
-          for (int n = 0; n < NO; ++n) o[mt][n][2 * h] *= corr, o[mt][n][2 * h + 1] *= corr;
-#pragma unroll
-          for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float p = exp2f(s[mt][n][2 * h + e] - base);  // masked: exp2(-inf) = 0
-              s[mt][n][2 * h + e] = p;
-              l[mt][h] += p;
-            }
-        }
+      scale_and_mask<MT, NS>(s, row, k0, edge, causal, T, scale_log2);
+      online_softmax<MT, NS, NO>(s, o, m, l);
       // O += P V with P straight from the registers
       uint32_t pf[MT][NS / 2][4];
 #pragma unroll
@@ -171,22 +135,7 @@ __global__ void __launch_bounds__(kBlock)
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
 
-  // the quad's partial sums make the row's l; normalise once, store y and lse
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 1);
-      l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 2);
-      if (row[mt][h] >= T) continue;
-      const float inv = 1.f / l[mt][h];
-      bf16* dst = out.p + (int64_t)row[mt][h] * out.ld + mma::c_col(ln, 0);
-#pragma unroll
-      for (int n = 0; n < NO; ++n)
-        *reinterpret_cast<uint32_t*>(dst + 8 * n) =
-            pack_bf16(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
-      if (ln % 4 == 0) lse[row[mt][h]] = (m[mt][h] + log2f(l[mt][h])) * kLn2;
-    }
+  store_out_lse<MT, NO>(out, lse, o, m, l, row, T);
 }
 
 // ---- backward ---------------------------------------------------------------------------------
@@ -353,30 +302,14 @@ __global__ void __launch_bounds__(kBlock)
       mma_tile<BIs::NK, KC, NS>(p, qf, Kt, L);
       mma_tile<BIs::NK, KC, NS>(ds, dof, Vt, L);
       const bool edge = (causal && k0 + Bc - 1 > w0) || k0 + Bc > T;
-#pragma unroll
-      for (int n = 0; n < NS; ++n)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int kj = k0 + 8 * n + mma::c_col(ln, r), h = r / 2;
-          const bool masked = edge && (kj >= T || (causal && kj > row[h]));
-          const float pr = masked ? 0.f : exp2f(p[n][r] * scale_log2 - lse_row[h]);
-          ds[n][r] = pr * (ds[n][r] - D_row[h]);
-        }
+      dq_probabilities<NS>(p, ds, row, lse_row, D_row, k0, edge, causal, T, scale_log2);
       uint32_t dsf[NS / 2][4];
       acc_to_a<NS / 2>(dsf, ds);
       mma_tile<BIs::KN, NS / 2, NO>(dq_acc, dsf, Kt, L);
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (row[h] >= T) continue;
-    bf16* dst = dq.p + (int64_t)row[h] * dq.ld + mma::c_col(ln, 0);
-#pragma unroll
-    for (int n = 0; n < NO; ++n)
-      *reinterpret_cast<uint32_t*>(dst + 8 * n) =
-          pack_bf16(dq_acc[n][2 * h] * scale, dq_acc[n][2 * h + 1] * scale);
-  }
+  store_rows<NO>(dq, dq_acc, row, T, scale);
 }
 
 // ---- host side ---------------------------------------------------------------------------------
@@ -422,6 +355,13 @@ bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const
            cdata(v), in_heads(l, l.q_off), in_heads(l, l.k_off), in_heads(l, l.v_off),
            out_heads(l), static_cast<int>(l.T), static_cast<float>(scale) * kLog2e, causal);
   };
+  // on trial: Hopper's warpgroup MMA (flash_attention_wgmma_cuda.cu), head size 64 on sm_90
+  g_last_kernels.forward_wgmma = trial_kernel("flash_forward_wgmma") && flash_wgmma_runs_here(l);
+  if (g_last_kernels.forward_wgmma) {
+    flash_wgmma_forward(out, lse, q, k, v, l, static_cast<float>(scale), causal);
+    g_last_kernels.forward_rows_per_warp = 16;
+    return true;
+  }
   // two row tiles a warp (above: checked on an H200, as fast causal and 7% faster unmasked);
   // head size 128 would need twice O's 64 registers
   const bool two_row_tiles = l.hs == 64 && trial_kernel("flash_forward_two_row_tiles");
@@ -450,6 +390,15 @@ bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tenso
     flash_tc_backward_d_kernel<HS><<<blocks_for_rows(rows), kThreads>>>(
         D.data<float>(), cdata(dout), cdata(out), out_heads(l), static_cast<int>(l.NH), T, rows);
     CUDA_CHECK_LAUNCH();
+    // on trial: the two kernels below on Hopper's warpgroup MMA (flash_attention_wgmma_cuda.cu)
+    g_last_kernels.backward_wgmma =
+        trial_kernel("flash_backward_wgmma") && flash_wgmma_runs_here(l);
+    if (g_last_kernels.backward_wgmma) {
+      flash_wgmma_backward(dq, dk, dv, dout, q, k, v, lse, D, l, s, causal);
+      g_last_kernels.backward_kernels = 2;
+      g_last_kernels.dkdv_min_blocks = 1;
+      return;
+    }
     // on trial: dK, dV and dQ in one kernel (flash_attention_tc_backward_cuda.cu; slower on an
     // H200 than the two below)
     if (trial_kernel("flash_backward_one_kernel")) {

@@ -160,6 +160,83 @@ __device__ inline void load_tile(bf16* tile, Rows m, int r0, int T) {
   }
 }
 
+// ---- the forward's online softmax, on accumulator fragments (versions 2 and 3) ----------------
+// S of MT row tiles (this lane's rows row[mt][0], row[mt][1]) and NS n-tiles of keys from k0,
+// scaled into log2 units (scores * scale * log2 e); -inf where masked. Only tiles crossing the
+// diagonal or the end of the sequence (`edge`) pay for the mask.
+template <int MT, int NS>
+__device__ inline void scale_and_mask(float (&s)[MT][NS][4], const int (&row)[MT][2], int k0,
+                                      bool edge, bool causal, int T, float scale_log2) {
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = k0 + 8 * n + mma::c_col(ln, r), qi = row[mt][r / 2];
+        const bool masked = edge && (key >= T || (causal && key > qi));
+        s[mt][n][r] = masked ? -INFINITY : s[mt][n][r] * scale_log2;
+      }
+}
+
+// The online softmax, per row: the new max over the quad, O and this lane's share of the sum l
+// rescaled, S turned into P = exp2(S - max) in place (m: running max in log2 units).
+template <int MT, int NS, int NO>
+__device__ inline void online_softmax(float (&s)[MT][NS][4], float (&o)[MT][NO][4],
+                                      float (&m)[MT][2], float (&l)[MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // h = 0: row[mt][0] (registers 0, 1); h = 1: row[mt][1]
+      float mx = m[mt][h];
+#pragma unroll
+      for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // a row that has seen no key yet (m = -inf) and none in this tile would give
+      // exp2(-inf - -inf) = NaN: the guard keeps it out (every row sees key 0 in tile 0,
+      // never skipped, so the rows of a real sequence have a finite max from then on)
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float corr = exp2f(m[mt][h] - base);  // 0 on the first tile (m = -inf)
+      m[mt][h] = mx;
+      l[mt][h] *= corr;
+#pragma unroll
+      for (int n = 0; n < NO; ++n) o[mt][n][2 * h] *= corr, o[mt][n][2 * h + 1] *= corr;
+#pragma unroll
+      for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = exp2f(s[mt][n][2 * h + e] - base);  // masked: exp2(-inf) = 0
+          s[mt][n][2 * h + e] = p;
+          l[mt][h] += p;
+        }
+    }
+}
+
+// The quad's partial sums make the row's l; normalise once, store y and lse (rows before T).
+template <int MT, int NO>
+__device__ inline void store_out_lse(OutRows out, float* lse, const float (&o)[MT][NO][4],
+                                     const float (&m)[MT][2], float (&l)[MT][2],
+                                     const int (&row)[MT][2], int T) {
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 1);
+      l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 2);
+      if (row[mt][h] >= T) continue;
+      const float inv = 1.f / l[mt][h];
+      bf16* dst = out.p + (int64_t)row[mt][h] * out.ld + mma::c_col(ln, 0);
+#pragma unroll
+      for (int n = 0; n < NO; ++n)
+        *reinterpret_cast<uint32_t*>(dst + 8 * n) =
+            pack_bf16(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+      if (ln % 4 == 0) lse[row[mt][h]] = (m[mt][h] + log2f(l[mt][h])) * kLn2;
+    }
+}
+
 // ---- the dK/dV pass of the backward (version 2's dK/dV kernel and the one-kernel backward) -----
 // lse (in log2 units) and D of the Bq queries from row i0; a query past T gets lse = +inf, so
 // its p is 0.
@@ -171,6 +248,31 @@ __device__ inline void load_query_rows(float* lse_s, float* D_s, const float* ls
     lse_s[c] = i < T ? lse[i] * kLog2e : INFINITY;
     D_s[c] = i < T ? D[i] : 0.f;
   }
+}
+
+// The elementwise part of a dK/dV tile (one query tile of Bq rows from i0, a warp's 16 keys from
+// w0 as the M side; this lane's two keys `key`): S^T in p becomes P^T = exp2(S^T scale - lse),
+// dP^T in ds becomes dS^T = P^T (dP^T - D). Masking as dkdv_tile says.
+template <int Bq, bool kKeysPastT>
+__device__ inline void dkdv_probabilities(float (&p)[Bq / 8][4], float (&ds)[Bq / 8][4],
+                                          const float* lse_t, const float* D_t, int i0, int w0,
+                                          const int (&key)[2], bool causal, int T,
+                                          float scale_log2) {
+  constexpr int NQ = Bq / 8;
+  const int ln = threadIdx.x % kWarp;
+  const bool before = causal && i0 < w0 + kRowsPerWarp - 1;  // some query before some key
+  const bool edge = kKeysPastT ? before || w0 + kRowsPerWarp > T : before;
+#pragma unroll
+  for (int n = 0; n < NQ; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int c = 8 * n + mma::c_col(ln, r), kr = key[r / 2];  // the query within the tile
+      const bool masked =
+          edge && ((kKeysPastT && kr >= T) || ((!kKeysPastT || causal) && i0 + c < kr));
+      const float pr = masked ? 0.f : exp2f(p[n][r] * scale_log2 - lse_t[c]);
+      p[n][r] = pr;
+      ds[n][r] = pr * (ds[n][r] - D_t[c]);
+    }
 }
 
 // One query tile (Bq rows from i0: Qt, dOt, lse_t, D_t) for a warp's 16 keys (their K and V
@@ -189,7 +291,6 @@ __device__ inline void dkdv_tile(float (&dk_acc)[HS / 8][4], float (&dv_acc)[HS 
                                  const float* D_t, int i0, int w0, const int (&key)[2],
                                  bool causal, int T, float scale_log2) {
   constexpr int L = HS + 8, KC = HS / 16, NQ = Bq / 8, NO = HS / 8;
-  const int ln = threadIdx.x % kWarp;
   uint32_t af[KC][4];  // the warp's K rows, then its V rows, as A fragments
   load_a<KC>(af, Kw, L);
   float p[NQ][4];  // S^T, then P^T
@@ -198,19 +299,7 @@ __device__ inline void dkdv_tile(float (&dk_acc)[HS / 8][4], float (&dv_acc)[HS 
   load_a<KC>(af, Vw, L);
   zero(ds);  // dP^T, then dS^T
   mma_tile<BIs::NK, KC, NQ>(ds, af, dOt, L);
-  const bool before = causal && i0 < w0 + kRowsPerWarp - 1;  // some query before some key
-  const bool edge = kKeysPastT ? before || w0 + kRowsPerWarp > T : before;
-#pragma unroll
-  for (int n = 0; n < NQ; ++n)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int c = 8 * n + mma::c_col(ln, r), kr = key[r / 2];  // the query within the tile
-      const bool masked =
-          edge && ((kKeysPastT && kr >= T) || ((!kKeysPastT || causal) && i0 + c < kr));
-      const float pr = masked ? 0.f : exp2f(p[n][r] * scale_log2 - lse_t[c]);
-      p[n][r] = pr;
-      ds[n][r] = pr * (ds[n][r] - D_t[c]);
-    }
+  dkdv_probabilities<Bq, kKeysPastT>(p, ds, lse_t, D_t, i0, w0, key, causal, T, scale_log2);
   uint32_t pf[NQ / 2][4];
   acc_to_a<NQ / 2>(pf, p);
   mma_tile<BIs::KN, NQ / 2, NO>(dv_acc, pf, dOt, L);
@@ -236,6 +325,45 @@ __device__ inline void store_dkdv(OutRows dk, OutRows dv, const float (&dk_acc)[
           pack_bf16(dk_acc[n][2 * h] * scale, dk_acc[n][2 * h + 1] * scale);
       *reinterpret_cast<uint32_t*>(vd + 8 * n) = pack_bf16(dv_acc[n][2 * h], dv_acc[n][2 * h + 1]);
     }
+  }
+}
+
+// ---- the dQ pass of the backward (versions 2 and 3) ---------------------------------------------
+// The elementwise part of a dQ tile (a warp's 16 queries, this lane's rows row[0], row[1] with
+// their lse in log2 units and D; NS n-tiles of keys from k0): S in s gives P = exp2(S scale -
+// lse), dP in ds becomes dS = P (dP - D). Masked to zero: a key past T, a key after its query
+// (causal); only tiles where some element may be masked (`edge`) pay for the test.
+template <int NS>
+__device__ inline void dq_probabilities(const float (&s)[NS][4], float (&ds)[NS][4],
+                                        const int (&row)[2], const float (&lse_row)[2],
+                                        const float (&D_row)[2], int k0, bool edge, bool causal,
+                                        int T, float scale_log2) {
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int n = 0; n < NS; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int kj = k0 + 8 * n + mma::c_col(ln, r), h = r / 2;
+      const bool masked = edge && (kj >= T || (causal && kj > row[h]));
+      const float pr = masked ? 0.f : exp2f(s[n][r] * scale_log2 - lse_row[h]);
+      ds[n][r] = pr * (ds[n][r] - D_row[h]);
+    }
+}
+
+// Stores a warp's rows of acc (16 x 8 NO: this lane's rows row[0], row[1], those before T),
+// times scale, in bf16.
+template <int NO>
+__device__ inline void store_rows(OutRows dst_rows, const float (&acc)[NO][4], const int (&row)[2],
+                                  int T, float scale) {
+  const int ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (row[h] >= T) continue;
+    bf16* dst = dst_rows.p + (int64_t)row[h] * dst_rows.ld + mma::c_col(ln, 0);
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+      *reinterpret_cast<uint32_t*>(dst + 8 * n) =
+          pack_bf16(acc[n][2 * h] * scale, acc[n][2 * h + 1] * scale);
   }
 }
 
@@ -271,4 +399,15 @@ void flash_tc_backward_one_kernel(Tensor& dq, Tensor& dk, Tensor& dv, const Tens
                                   const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& lse, const Tensor& D, const AttentionLayout& l,
                                   float scale, bool causal);
+
+/// Flash attention on Hopper's warpgroup MMA (flash_attention_wgmma_cuda.cu, compiled for sm_90a
+/// only; the trial kernels "flash_forward_wgmma" and "flash_backward_wgmma"): whether it can run
+/// here (head size 64 on a compute capability 9.0 device), version 2's forward, and its
+/// backward's dK, dV and dQ from D = rowsum(dO O). Same layouts and tensors as version 2.
+bool flash_wgmma_runs_here(const AttentionLayout& l);
+void flash_wgmma_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const AttentionLayout& l, float scale, bool causal);
+void flash_wgmma_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                          const Tensor& D, const AttentionLayout& l, float scale, bool causal);
 }  // namespace scalelab::ops::cuda
