@@ -53,6 +53,13 @@ bool linear_epilogue(Tensor& out, Tensor* pre_gelu, const Tensor& in, const Tens
 bool layernorm_backward_v2(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                            const Tensor& in, const Tensor& weight, const Tensor& mean,
                            const Tensor& rstd);
+/// CUDA only (layernorm_backward_v3_cuda.cu): layernorm_backward from one read, each lane's column
+/// sums in registers (its version 3; the trial kernel "layernorm_backward_v3"). Returns false,
+/// having done nothing, unless the data is bf16 with C a multiple of 256 up to 1024 and 16-byte
+/// aligned rows: version 1 then runs.
+bool layernorm_backward_v3(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                           const Tensor& in, const Tensor& weight, const Tensor& mean,
+                           const Tensor& rstd);
 /// CUDA only (matmul_cuda.cu): dpre = (dout @ weight) * GELU'(pre) in one cuBLASLt call
 /// (CUBLASLT_EPILOGUE_DGELU, pre as aux). 2-d tensors, bf16. Returns false, having done
 /// nothing, where it does not apply (as linear_epilogue).

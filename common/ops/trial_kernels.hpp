@@ -36,11 +36,16 @@ namespace scalelab::ops {
 ///    read from shared memory once for all four) instead of each warp's mma.sync and ldmatrix
 ///    (flash_attention_wgmma_cuda.cu; head size 64 on compute capability 9.0, elsewhere version
 ///    2 runs). Not yet run on a GPU.
+///  - layernorm_backward_v3: LayerNorm's backward from one read with each lane's column sums in
+///    registers over all its rows, 16-byte loads (layernorm_backward_v3_cuda.cu; bf16, C a
+///    multiple of 256 up to 1024) instead of version 1's dx kernel and two column-sum passes (and
+///    of version 2's per-element sums in shared memory). Not yet run on a GPU.
 inline constexpr const char* kTrialKernels[] = {"flash_backward_one_kernel",
                                                 "flash_backward_wgmma",
                                                 "flash_dkdv_three_blocks",
                                                 "flash_forward_wgmma",
-                                                "layernorm_backward_v2"};
+                                                "layernorm_backward_v2",
+                                                "layernorm_backward_v3"};
 
 /// The kernels that passed their trial (checked against the host on an H200 and no slower in
 /// lab 02's step, lab 02's README), on by default, and what each replaces (its version 1):

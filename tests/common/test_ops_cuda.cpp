@@ -73,6 +73,25 @@ LayerNormGrads layernorm_grads(int64_t N, int64_t C, DType dt, Device d, bool* v
   return g;
 }
 
+// The same for bf16 data as lab 02 runs it: f32 statistics, parameter gradients of grad_dt. With
+// `v3` the backward is version 3 itself (ops::cuda::layernorm_backward_v3) and *v3 says whether
+// it took the rows.
+LayerNormGrads layernorm_grads_bf16(int64_t N, int64_t C, DType grad_dt, Device d,
+                                    bool* v3 = nullptr) {
+  const auto draw = [&](std::vector<int64_t> shape, uint64_t seed, DType dt, double lo = -1,
+                        double hi = 1) { return uniform(std::move(shape), seed, dt, lo, hi).to(d); };
+  const DType bf = DType::bf16;
+  const Tensor x = draw({N, C}, 14, bf, -2, 2), w = draw({C}, 15, bf), b = draw({C}, 16, bf),
+               dout = draw({N, C}, 17, bf);
+  Tensor out = Tensor::empty({N, C}, bf, d), mean = Tensor::empty({N}, DType::f32, d),
+         rstd = Tensor::empty({N}, DType::f32, d);
+  ops::layernorm_forward(out, mean, rstd, x, w, b);
+  LayerNormGrads g{draw({N, C}, 18, bf), draw({C}, 19, grad_dt), draw({C}, 20, grad_dt)};
+  if (!v3) ops::layernorm_backward(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd);
+  else *v3 = ops::cuda::layernorm_backward_v3(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd);
+  return g;
+}
+
 }  // namespace
 
 TEST_F(CudaOps, Matmul) {
@@ -151,6 +170,47 @@ TEST_F(CudaOps, LayerNormBackwardVersion2) {
     expect_same_bits(dev.din, v2.din, what + " dx, dispatcher and version 2");
     expect_same_bits(dev.dweight, v2.dweight, what + " dweight, dispatcher and version 2");
     expect_same_bits(dev.dbias, v2.dbias, what + " dbias, dispatcher and version 2");
+  }
+}
+
+// LayerNorm's backward version 3 (one read, each lane's column sums in registers; a trial kernel
+// written without a GPU): bf16 data only, C a multiple of 256 up to 1024. gpt-85m's 16384 x 768
+// (128 blocks of 128 rows, 3 chunks of 256 columns) and 700 x 768 (6 blocks of 116 or 117 rows:
+// warps see 14 or 15), 33 x 512 (one block) with bf16 parameter gradients, 300 x 256 and
+// 300 x 1024 (1 and 4 chunks); 100 x 770 and 100 x 1280 it declines (version 1 runs). Against the
+// host: dx within 2 bf16 steps (both round once; the row's two means are float sums in another
+// order), f32 dweight and dbias at 1e-4 relative plus 2e-7 N (version 2's test says why), bf16
+// ones within 2 bf16 steps. Called directly it must say whether it takes the shape and give the
+// dispatcher's bits (no atomics: the same bits every run), which shows that the dispatcher ran it.
+TEST_F(CudaOps, LayerNormBackwardVersion3) {
+  const TrialKernels trial("layernorm_backward_v3");
+  struct Case {
+    int64_t N, C;
+    DType grad;
+    bool takes;
+  };
+  const Case cases[] = {{16384, 768, DType::f32, true}, {700, 768, DType::f32, true},
+                        {33, 512, DType::bf16, true},   {300, 256, DType::f32, true},
+                        {300, 1024, DType::f32, true},  {100, 770, DType::f32, false},
+                        {100, 1280, DType::f32, false}};
+  const double two_steps = 1.0 / 128;
+  for (const Case& k : cases) {
+    const std::string what = "layernorm v3 " + std::to_string(k.N) + " x " + std::to_string(k.C) +
+                             " " + dtype_name(k.grad) + " gradients";
+    const LayerNormGrads host = layernorm_grads_bf16(k.N, k.C, k.grad, Device::cpu());
+    const LayerNormGrads dev = layernorm_grads_bf16(k.N, k.C, k.grad, gpu);
+    bool ran = false;
+    const LayerNormGrads v3 = layernorm_grads_bf16(k.N, k.C, k.grad, gpu, &ran);
+    EXPECT_EQ(ran, k.takes) << what;
+    const double tol = k.grad == DType::f32 ? 1e-4 : two_steps;
+    const double drift = k.grad == DType::f32 ? 2e-7 * k.N : 0;
+    expect_close(dev.din, host.din, two_steps, what + " dx");
+    expect_close(dev.dweight, host.dweight, tol, what + " dweight", drift);
+    expect_close(dev.dbias, host.dbias, tol, what + " dbias", drift);
+    if (!ran) continue;
+    expect_same_bits(dev.din, v3.din, what + " dx, dispatcher and version 3");
+    expect_same_bits(dev.dweight, v3.dweight, what + " dweight, dispatcher and version 3");
+    expect_same_bits(dev.dbias, v3.dbias, what + " dbias, dispatcher and version 3");
   }
 }
 

@@ -74,7 +74,7 @@ class GpuChecksTest(unittest.TestCase):
         default with some trial kernels on, and all aside)."""
         loop = re.search(r"for k in ((?:[\w ]|\\\n)+); do", script)
         return (set(loop.group(1).replace("\\\n", " ").split()) -
-                {"none", "default", "default_wgmma", "all"}
+                {"none", "default", "default_new", "all"}
                 if loop else set())
 
     def test_each_trial_kernel_is_timed_alone(self):

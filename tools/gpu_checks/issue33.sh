@@ -29,7 +29,7 @@ ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 # 1. the trial kernels' tests (common/ops/trial_kernels.hpp: written without a GPU, off by default
 # until checked on one). A trial kernel leaves the list once its test passed and it is no slower.
 TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/common/test_ops_cuda" \
-  --gtest_filter='*LayerNormBackwardVersion2*:*ReductionsAndOptimizers*:*GroupedRowsInChunks*:*EmbeddingBackwardVersion1*'
+  --gtest_filter='*LayerNormBackwardVersion*:*ReductionsAndOptimizers*:*GroupedRowsInChunks*:*EmbeddingBackwardVersion1*'
 TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
   --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*TrialKernels*'
 # flash attention's forward with two row tiles a warp and its backward in one kernel (dQ's shares
@@ -71,14 +71,16 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # 4. each newer kernel alone in lab 02's step (on top of every op's version 1), then none, the
 # default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
 # side-by-side table, measured the same way, without PyTorch's)
-# (default_wgmma: the default with both wgmma kernels, the candidate default if their test passed)
+# (default_new: the default with the wgmma kernels and LayerNorm's version 3 on: the candidate
+# default if their tests passed)
 for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
   flash_backward_wgmma flash_dkdv_three_blocks flash_forward_two_row_tiles flash_forward_wgmma \
-  grouped_rows_in_chunks layernorm_backward_v2 norm_on_device default default_wgmma all; do
+  grouped_rows_in_chunks layernorm_backward_v2 layernorm_backward_v3 norm_on_device default \
+  default_new all; do
   case $k in
     none | all) list=$k ;;
     default) list= ;;
-    default_wgmma) list=flash_forward_wgmma,flash_backward_wgmma ;;
+    default_new) list=flash_forward_wgmma,flash_backward_wgmma,layernorm_backward_v3 ;;
     *) list=none,$k ;;
   esac
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
@@ -135,7 +137,7 @@ if [[ -n $ncu ]]; then
   # column sums over the blocks' partials; every LayerNorm-backward kernel of one bench call
   TAILN=5 run ncu_layernorm_backward 120 sh -c '"$0" --kernel-name regex:"layernorm|column_(partial|total)" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section MemoryWorkloadAnalysis --launch-count 16 "$1" --repeats 1 --warmup 0 \
+    --section MemoryWorkloadAnalysis --launch-count 30 "$1" --repeats 1 --warmup 0 \
     > "$2/ncu_layernorm_backward.txt" && grep -c "Section: GPU Speed Of Light" "$2/ncu_layernorm_backward.txt"' \
     "$ncu" "$B/common/scalelab_bench_kernels" "$out"
 fi

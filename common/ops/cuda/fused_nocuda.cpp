@@ -16,6 +16,8 @@ void residual_layernorm_forward(Tensor&, Tensor&, Tensor&, Tensor&, const Tensor
                                 const Tensor&, const Tensor&, double) { no_cuda(); }
 bool layernorm_backward_v2(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
                            const Tensor&, const Tensor&) { no_cuda(); }
+bool layernorm_backward_v3(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const Tensor&, const Tensor&) { no_cuda(); }
 int last_flash_attention_version() { return 0; }  // no CUDA: no CUDA call ran
 FlashV2Kernels last_flash_v2_kernels() { return {}; }  // none ran
 bool linear_epilogue(Tensor&, Tensor*, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }

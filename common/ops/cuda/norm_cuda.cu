@@ -70,6 +70,11 @@ void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tenso
                         const Tensor& in, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
   use_device(din);
+  // version 3 (layernorm_backward_v3_cuda.cu): one read, the column sums in registers, on trial
+  // (written without a GPU)
+  if (trial_kernel("layernorm_backward_v3") &&
+      layernorm_backward_v3(din, dweight, dbias, dout, in, weight, mean, rstd))
+    return;
   // version 2 (layernorm_backward_v2_cuda.cu): one read of x and dout, on trial (checked on an
   // H200, but 3x slower than version 1 there: scalelab_bench_kernels)
   if (trial_kernel("layernorm_backward_v2") &&
