@@ -249,7 +249,10 @@ function(scalelab_lab10_core_only)
     string(REPLACE "|" ";" case "${case}")
     list(POP_FRONT case name ranks code)
     if(name STREQUAL "train")
-      set(regex "single-device twin step=1 loss=")
+      # and the grid's table with its formula: step 1 (the reference's) lays the grid out as the
+      # library does (main.cpp's grid_lines; a step 1 not written or wrong shows neither)
+      string(CONCAT regex "single-device twin step=1 loss=@@process grid: dp 1 x tp 2 x pp 2 = "
+                   "4 ranks, order megatron \\(rank = pp.2 \\+ dp.2 \\+ tp\\)@@rank  dp  tp  pp")
     elseif(name STREQUAL "plan")
       set(regex "not implemented: lab 10 step 4: .*\\(README.md#step-4\\)")
     else()
