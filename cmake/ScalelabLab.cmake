@@ -18,7 +18,10 @@
 # from the core; STEP_USES "4:3" (step 4's graders run the attendee's step 3, checked by ctest
 # labNN.step_uses: scalelab_add_step_uses_check) labels step 4's entries `uses-step3`, from which
 # the grader says "fix step 3 first" when both fail. Custom targets labNN_starter /
-# labNN_reference build one side, so the grader can build each lab on its own.
+# labNN_reference build one side, so the grader can build each lab on its own. labNN_reference
+# also builds the programs this file adds for the lab's other entries (its planted submissions,
+# its traced and core-only copies): built alone, it runs `ctest -R labNN.planted`; `reference`
+# (./scalelab test) builds every lab's.
 #
 # COMPOSES <NN...> (lab 10): the lab is built from earlier labs' work. Its code compiles against
 # their contracts only (labNN_headers); its graders link their references (each lab is graded on
@@ -225,7 +228,7 @@ function(scalelab_add_step_uses_check nn)
   target_link_libraries(test_lab${nn}_traced PRIVATE lab${nn}_traced_impl ${U_LIBS} scalelab::lab_testing
                         scalelab::test_main)
   scalelab_undefined_symbols(test_lab${nn}_traced lab${nn}_traced_impl ${name}.cpp)
-  add_dependencies(reference test_lab${nn}_traced)
+  add_dependencies(lab${nn}_reference test_lab${nn}_traced)
   set(most 1)
   foreach(r IN LISTS U_RANKS)
     string(REGEX REPLACE "^[0-9]+:" "" r "${r}")
@@ -331,7 +334,7 @@ function(scalelab_add_planted_submissions nn)
                         scalelab::test_main)
   get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)  # its symbols, as an attendee's
   scalelab_undefined_symbols(test_lab${nn}_planted lab${nn}_planted_submission_impl ${name}.cpp)
-  add_dependencies(reference test_lab${nn}_planted)
+  add_dependencies(lab${nn}_reference test_lab${nn}_planted)
   foreach(case IN LISTS P_CASES)
     if(NOT case MATCHES "^([a-z0-9_]+):([0-9]+[A-Za-z0-9_.]*):([0-9]+):(.+)$")
       message(FATAL_ERROR "lab ${nn}: planted case '${case}' is not <cheat>:<step>:<ranks>:<regex>")
@@ -376,7 +379,7 @@ function(scalelab_add_core_only_program nn)
   scalelab_add_core_only_impl(${nn} STEPS ${C_STEPS})
   add_executable(lab${nn}_${name}_core_only $<TARGET_OBJECTS:lab${nn}_main>)
   target_link_libraries(lab${nn}_${name}_core_only PRIVATE lab${nn}_core_only_impl)
-  add_dependencies(reference lab${nn}_${name}_core_only)
+  add_dependencies(lab${nn}_reference lab${nn}_${name}_core_only)
   set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${C_RANKS} ${MPIEXEC_PREFLAGS}
       $<TARGET_FILE:lab${nn}_${name}_core_only> ${MPIEXEC_POSTFLAGS} ${C_ARGS}
       --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)
