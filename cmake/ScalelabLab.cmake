@@ -309,9 +309,11 @@ function(scalelab_add_planted_run name exe)
                        ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=${P_PLANT}")
 endfunction()
 
-# scalelab_add_planted_submissions(<NN> PLANTS <file.plant> CASES "<cheat>:<step>:<ranks>:<regex>" ...)
+# scalelab_add_planted_submissions(<NN> [PLANTS <file.plant>]
+#                                  CASES "<cheat>:<step>:<ranks>:<regex>" ...)
 # Planted submissions: a copy of the lab's reference (solutions/NN_name/<name>.cpp) with the
-# cheats of PLANTS planted (cmake/plant_file.cmake: each switched on at run time by
+# cheats of PLANTS (default: solutions/NN_name/planted/cheats.plant, beside the reference it
+# quotes) planted (cmake/plant_file.cmake: each switched on at run time by
 # SCALELAB_PLANT=<cheat>), linked with the lab's GIVEN files and graders (the objects of
 # test_labNN, compiled once) into test_labNN_planted. Each CASE is one ctest entry
 # labNN.planted.<cheat>.np<ranks> (labels reference, labNN): the step's graders run on the
@@ -325,6 +327,10 @@ function(scalelab_add_planted_submissions nn)
   if(NOT SCALELAB_BUILD_TESTS)
     return()
   endif()
+  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
+  if(NOT P_PLANTS)
+    set(P_PLANTS ${PROJECT_SOURCE_DIR}/solutions/${nn}_${name}/planted/cheats.plant)
+  endif()
   scalelab_impl_from_reference_copy(${nn} lab${nn}_planted_submission_impl planted_submissions_lab${nn}
                                     SCRIPT ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
                                     DEFINES -DPLANTS=${P_PLANTS} DEPENDS ${P_PLANTS}
@@ -332,7 +338,7 @@ function(scalelab_add_planted_submissions nn)
   add_executable(test_lab${nn}_planted $<TARGET_OBJECTS:test_lab${nn}_objects>)
   target_link_libraries(test_lab${nn}_planted PRIVATE lab${nn}_planted_submission_impl scalelab::lab_testing
                         scalelab::test_main)
-  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)  # its symbols, as an attendee's
+  # its symbols, as an attendee's
   scalelab_undefined_symbols(test_lab${nn}_planted lab${nn}_planted_submission_impl ${name}.cpp)
   add_dependencies(lab${nn}_reference test_lab${nn}_planted)
   foreach(case IN LISTS P_CASES)
