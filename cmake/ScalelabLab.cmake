@@ -18,7 +18,10 @@
 # from the core; STEP_USES "4:3" (step 4's graders run the attendee's step 3, checked by ctest
 # labNN.step_uses: scalelab_add_step_uses_check) labels step 4's entries `uses-step3`, from which
 # the grader says "fix step 3 first" when both fail. Custom targets labNN_starter /
-# labNN_reference build one side, so the grader can build each lab on its own.
+# labNN_reference build one side, so the grader can build each lab on its own. labNN_reference
+# also builds the programs this file adds for the lab's other entries (its planted submissions,
+# its traced and core-only copies): built alone, it runs `ctest -R labNN.planted`; `reference`
+# (./scalelab test) builds every lab's.
 #
 # COMPOSES <NN...> (lab 10): the lab is built from earlier labs' work. Its code compiles against
 # their contracts only (labNN_headers); its graders link their references (each lab is graded on
@@ -225,7 +228,7 @@ function(scalelab_add_step_uses_check nn)
   target_link_libraries(test_lab${nn}_traced PRIVATE lab${nn}_traced_impl ${U_LIBS} scalelab::lab_testing
                         scalelab::test_main)
   scalelab_undefined_symbols(test_lab${nn}_traced lab${nn}_traced_impl ${name}.cpp)
-  add_dependencies(reference test_lab${nn}_traced)
+  add_dependencies(lab${nn}_reference test_lab${nn}_traced)
   set(most 1)
   foreach(r IN LISTS U_RANKS)
     string(REGEX REPLACE "^[0-9]+:" "" r "${r}")
@@ -306,9 +309,11 @@ function(scalelab_add_planted_run name exe)
                        ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=${P_PLANT}")
 endfunction()
 
-# scalelab_add_planted_submissions(<NN> PLANTS <file.plant> CASES "<cheat>:<step>:<ranks>:<regex>" ...)
+# scalelab_add_planted_submissions(<NN> [PLANTS <file.plant>]
+#                                  CASES "<cheat>:<step>:<ranks>:<regex>" ...)
 # Planted submissions: a copy of the lab's reference (solutions/NN_name/<name>.cpp) with the
-# cheats of PLANTS planted (cmake/plant_file.cmake: each switched on at run time by
+# cheats of PLANTS (default: solutions/NN_name/planted/cheats.plant, beside the reference it
+# quotes) planted (cmake/plant_file.cmake: each switched on at run time by
 # SCALELAB_PLANT=<cheat>), linked with the lab's GIVEN files and graders (the objects of
 # test_labNN, compiled once) into test_labNN_planted. Each CASE is one ctest entry
 # labNN.planted.<cheat>.np<ranks> (labels reference, labNN): the step's graders run on the
@@ -322,6 +327,10 @@ function(scalelab_add_planted_submissions nn)
   if(NOT SCALELAB_BUILD_TESTS)
     return()
   endif()
+  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)
+  if(NOT P_PLANTS)
+    set(P_PLANTS ${PROJECT_SOURCE_DIR}/solutions/${nn}_${name}/planted/cheats.plant)
+  endif()
   scalelab_impl_from_reference_copy(${nn} lab${nn}_planted_submission_impl planted_submissions_lab${nn}
                                     SCRIPT ${PROJECT_SOURCE_DIR}/cmake/plant_file.cmake
                                     DEFINES -DPLANTS=${P_PLANTS} DEPENDS ${P_PLANTS}
@@ -329,9 +338,9 @@ function(scalelab_add_planted_submissions nn)
   add_executable(test_lab${nn}_planted $<TARGET_OBJECTS:test_lab${nn}_objects>)
   target_link_libraries(test_lab${nn}_planted PRIVATE lab${nn}_planted_submission_impl scalelab::lab_testing
                         scalelab::test_main)
-  get_property(name GLOBAL PROPERTY SCALELAB_LAB_${nn}_NAME)  # its symbols, as an attendee's
+  # its symbols, as an attendee's
   scalelab_undefined_symbols(test_lab${nn}_planted lab${nn}_planted_submission_impl ${name}.cpp)
-  add_dependencies(reference test_lab${nn}_planted)
+  add_dependencies(lab${nn}_reference test_lab${nn}_planted)
   foreach(case IN LISTS P_CASES)
     if(NOT case MATCHES "^([a-z0-9_]+):([0-9]+[A-Za-z0-9_.]*):([0-9]+):(.+)$")
       message(FATAL_ERROR "lab ${nn}: planted case '${case}' is not <cheat>:<step>:<ranks>:<regex>")
@@ -376,7 +385,7 @@ function(scalelab_add_core_only_program nn)
   scalelab_add_core_only_impl(${nn} STEPS ${C_STEPS})
   add_executable(lab${nn}_${name}_core_only $<TARGET_OBJECTS:lab${nn}_main>)
   target_link_libraries(lab${nn}_${name}_core_only PRIVATE lab${nn}_core_only_impl)
-  add_dependencies(reference lab${nn}_${name}_core_only)
+  add_dependencies(lab${nn}_reference lab${nn}_${name}_core_only)
   set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${C_RANKS} ${MPIEXEC_PREFLAGS}
       $<TARGET_FILE:lab${nn}_${name}_core_only> ${MPIEXEC_POSTFLAGS} ${C_ARGS}
       --data ${PROJECT_BINARY_DIR}/tests/common/bf16_corpus)

@@ -6,8 +6,7 @@ scalelab_add_lab(00 hello_dist SOURCES hello_dist.cpp STEPS 3 RANKS 1 2 4 TIMEOU
 # last two launchers, or takes a local size of abc or -2 without a usage error fails step 1, and
 # a placement_from_comm that ignores the node split (node 0, local rank = rank in comm: right on
 # one machine) fails step 1's faked two-node splits (4 ranks: two nodes of two).
-set(lab00_plants ${PROJECT_SOURCE_DIR}/solutions/00_hello_dist/planted)
-scalelab_add_planted_submissions(00 PLANTS ${lab00_plants}/cheats.plant
+scalelab_add_planted_submissions(00
   CASES "no_all_reduce:3:2:Step3_AllReduce.EveryRankGetsTheSum on rank [0-9]: all_reduce_rank_ids sent nothing on [a-z0-9_]+: every rank must contribute its id"
         "i32_sum:3:2:Step3_AllReduce.EveryRankGetsTheSum on rank [0-9]: all_reduce_rank_ids all-reduced 4 bytes on [a-z0-9_]+: .*an i32/f32 sum is not exact for large worlds"
         "hydra_before_slurm:1_PlacementFromEnv:1:Step1_PlacementFromEnv.SlurmWinsOverHydra on rank 0: .*SLURM_LOCALID and MPI_LOCALRANKID both set: read the variables in the contract's order"

@@ -20,8 +20,7 @@ endif()
 # a broadcast in every forward_backward step 4's; a second forward over the whole global batch
 # for the loss fails step 4's work check (at 1 rank too: twice the forward), a divergence over the
 # first tensor only step 4's divergence check.
-set(lab03_plants ${PROJECT_SOURCE_DIR}/solutions/03_ddp/planted)
-scalelab_add_planted_submissions(03 PLANTS ${lab03_plants}/cheats.plant
+scalelab_add_planted_submissions(03
   CASES "broadcast_per_tensor:1:2:Step1_Broadcast.OneBroadcastOfTheFlatValuesFromRank0 on rank [0-9]: .*broadcast_parameters sent: broadcast root world rank 0 on world .0 1.: [0-9]+ call.s., [0-9]+ bytes. the step sends ONE broadcast"
         "all_reduce_per_tensor:3:2:Step3_AllReduce.OneAllReduceOfTheWholeGradient on rank [0-9]: .*all_reduce_gradients sent: all_reduce.sum. on world"
         "broadcast_every_step:4:2:Step4_Training.OneAllReduceOfTheGradientAndNoBroadcast on rank [0-9]: .*forward_backward sent: .*broadcast root world rank 0 on world .0 1.: 1 call.s.*and no broadcast"

@@ -28,8 +28,7 @@ endif()
 # gradient off the twin (not the forward: the grader's own backward is not recorded); step 4's
 # exposed time to the last entry (not the latest) and hidden_fraction without its total guard
 # fail step 4's value checks.
-set(lab04_plants ${PROJECT_SOURCE_DIR}/solutions/04_ddp_overlap/planted)
-scalelab_add_planted_submissions(04 PLANTS ${lab04_plants}/cheats.plant
+scalelab_add_planted_submissions(04
   CASES "no_adjacency_check:1_Buckets.AnyOrder:1:Step1_Buckets.AnyOrderKeepsEachBucketOneRange on rank 0: .*not next to the bucket's range"
         "cap_exclusive:1_Buckets.ABucketMay:1:Step1_Buckets.ABucketMayHoldExactlyItsCap on rank 0: .*both fit in the first bucket"
         "launch_bypassed:2:1:Step2_Launch.EachBucketStartsOnceWhenItsLastGradientIsReady on rank 0: .*0 of [0-9]+ buckets went through the Launch given to the reducer .launch_."

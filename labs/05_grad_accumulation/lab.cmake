@@ -27,8 +27,7 @@ endif()
 # the overlap; step 3's missing minimum and separate divisibility checks the bad plans; step 4's
 # estimates (one forward's activations, a big batch's peak / accum) the test's own measurement and
 # the log of the step run while measuring.
-set(lab05_plants ${PROJECT_SOURCE_DIR}/solutions/05_grad_accumulation/planted)
-scalelab_add_planted_submissions(05 PLANTS ${lab05_plants}/cheats.plant
+scalelab_add_planted_submissions(05
   CASES "reads_each_loss:1:1:Step1_Accumulate.ReadsTheLossToTheHostOnce on rank 0: .*read 4 numbers"
         "keeps_old_activations:4:1:Step4_Memory.ActivationsAnEarlierForwardLeftAreNotTheSteps on rank 0: .*earlier forward"
         "detach_by_hand:2_DdpAccumulate.AMicro:2:Step2_DdpAccumulate.AMicroBatchThatThrowsLeavesTheHooksOn on rank [0-9]: .*the hooks were left off"

@@ -18,8 +18,7 @@ endif()
 # freed late or parked outside Saved (steps 1-3), kept activations recomputed, a selective block
 # recomputed whole, every:K plans with selective blocks, the recomputed pieces' dtype in bf16,
 # and step 4's count at another sequence length, at a GPT-3 size, and by building a model.
-set(lab06_plants ${PROJECT_SOURCE_DIR}/solutions/06_activation_checkpointing/planted)
-scalelab_add_planted_submissions(06 PLANTS ${lab06_plants}/cheats.plant
+scalelab_add_planted_submissions(06
   CASES "frees_at_the_end:2:1:Step2_Backward.FreesEachBlockAfterItsBackward on rank 0: .*held at once"
         "never_drops:3:1:Step3_Policies.TheForwardDropsTheSelectivePieces on rank 0: block 0 is selective"
         "free_after_loop:1:1:Step1_Forward.FreesEachCheckpointedBlockRightAfterItsForward on rank 0: .*your forward's peak"

@@ -33,7 +33,7 @@ endif()
 scalelab_add_lab_gpu_tests(07)
 # Planted submissions (solutions/07_tensor_parallel/planted/cheats.plant): the reference with one
 # cheat each that gives the right numbers by the wrong technique; the step it cheats must fail.
-scalelab_add_planted_submissions(07 PLANTS ${PROJECT_SOURCE_DIR}/solutions/07_tensor_parallel/planted/cheats.plant
+scalelab_add_planted_submissions(07
   CASES "private_sum:1:2:Step1_Operators.GForwardSumsThePartialOutputsOverRanks on rank [0-9]: .*traffic outside the exact budget.*all_reduce\\(max\\)"
         "twice:2:2:Step2_ColumnParallel.EqualsTheSingleDeviceLinear on rank [0-9]: .*matmuls did"
         "vector_logits:4_CrossEntropy:2:Step4_CrossEntropy.EqualsTheFullCrossEntropyWithoutTheFullLogits on rank [0-9]: .*process heap grew"

@@ -48,7 +48,7 @@ if(SCALELAB_BUILD_TESTS)
 endif()
 # Planted submissions (solutions/08_pipeline_parallel/planted/cheats.plant): the reference with one
 # cheat each; the step it cheats must fail, and name the rank where it happened.
-scalelab_add_planted_submissions(08 PLANTS ${PROJECT_SOURCE_DIR}/solutions/08_pipeline_parallel/planted/cheats.plant
+scalelab_add_planted_submissions(08
   CASES "afab_always:4:2:Step4_Execute.OneFOneBEqualsSingleDevice on rank [0-9]: .*(executed|in flight)"
         "rank1_zero_grads:4:2:Step4_Execute.AfabEqualsSingleDevice on rank [0-9]: .*rank 1: gradient of"
         "activations_in_vector:5_Memory:2:Step5_Memory.AfabHoldsEveryMicroBatchOneFOneBAtMostPMinusStage on rank [0-9]: .*held outside the Tensor allocator"

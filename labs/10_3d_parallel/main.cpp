@@ -1,6 +1,7 @@
 // Lab 10 driver (not edited by attendees): trains one GPT on a dp x tp x pp grid of ranks (your
-// step 2 model, your step 3 step), prints the grid's group table, this rank layout's stages and
-// the single-device twin's losses beside its own for the first steps.
+// step 2 model, your step 3 step), prints the grid's group table (once your step 1 lays the
+// ranks out as it does), this rank layout's stages and the single-device twin's losses beside its
+// own for the first steps.
 //
 //   ./scalelab run 10 --solution -n 8 -- --dp 2 --tp 2 --pp 2
 //   ./scalelab run 10 -n 4 -- --dp 1 --tp 2 --pp 2 --grid-order picotron --steps 5
@@ -434,6 +435,48 @@ int check_plan(train::Session& session, const cxxopts::ParseResult& parsed) {
   return 0;
 }
 
+// Step 1, seen. The grid's table (comm::grid_table: the layout the program's communicators
+// follow, with its formula "rank = pp*4 + dp*2 + tp") is step 1's answer for this grid: it is
+// printed only once your step 1 lays these ranks out the same way (every rank's coordinate,
+// its way back, its three groups), so it shows your own work and hands over nothing before step
+// 1 is done. Until then the title line (no formula) and why. With cp > 1 (lab 11's axis, not
+// step 1's) step 1 is compared on the grid's dp x tp x pp. Pure index math: every rank alike.
+std::string grid_lines(const comm::ProcessGrid& grid) {
+  const GridShape& shape = grid.shape();
+  GridShape three = shape;
+  three.cp = 1;
+  std::string why;
+  try {
+    // every coordinate first: the groups are made of them
+    for (int r = 0; r < three.world_size() && why.empty(); ++r) {
+      const GridCoord c = lab10::grid_coord(three, r);
+      if (!(c == comm::grid_coord(three, r)) || lab10::grid_rank(three, c) != r)
+        why = fmt::format("your grid_coord or grid_rank places rank {} elsewhere", r);
+    }
+    for (int r = 0; r < three.world_size() && why.empty(); ++r)
+      if (lab10::group_ranks(three, r, Axis::tp) != comm::tp_group_ranks(three, r) ||
+          lab10::group_ranks(three, r, Axis::dp) != comm::dp_group_ranks(three, r) ||
+          lab10::group_ranks(three, r, Axis::pp) != comm::pp_group_ranks(three, r))
+        why = fmt::format("your group_ranks gives rank {} other groups", r);
+  } catch (const NotImplemented&) {
+    why = "your step 1 is not written yet";
+  } catch (const std::exception& e) {
+    why = fmt::format("your step 1 stopped: {}", e.what());
+  }
+  if (why.empty())
+    return grid.table() +
+           "(a group cell such as \"pp1 [1 3]\" is group number 1 of that kind and its world "
+           "ranks in group-rank order, not a coordinate: the coordinates are the dp, tp, pp "
+           "columns)\n";  // a blank line before the stages
+  return fmt::format(
+      "process grid: dp {} x tp {} x pp {}{} = {} ranks, order {}\n(each rank's coordinates "
+      "and groups are shown here once your step 1 lays these ranks out as the library's "
+      "comm::ProcessGrid does, whose communicators this program uses; {}: ./scalelab grade 10 "
+      "tests it)\n",
+      shape.dp, shape.tp, shape.pp, shape.cp > 1 ? fmt::format(" x cp {}", shape.cp) : "",
+      shape.world_size(), comm::grid_order_name(shape.order), why);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -546,6 +589,39 @@ int main(int argc, char** argv) {
     train::require_host_memory(train::step_bytes_at_least(rows_config, step_shape, run.precision),
                                fmt::format("--batch {}", opt.batch), "a training step");
     data::Sampler& sampler = session.sampler();
+    // Said before the model is built: the grid (step 1) shows while step 2 is still a stub.
+    session.announce(fmt::format(
+        "lab 10 3d_parallel: model {} ({} layers, {} heads), global batch {} = dp {} x {} "
+        "micro-batches of {} rows, {} steps, {}{}, schedule {}{}", config.name, config.n_layer,
+        config.n_head, opt.batch, shape.dp, m, opt.batch / shape.dp / m, opt.steps,
+        zero == 0 ? "AdamW whole on every rank" : fmt::format("ZeRO-{} over dp", zero),
+        run_plan.checkpoint ? ", every block checkpointed" : "", lab08::kind_name(schedule),
+        chunks > 1 ? fmt::format(" with {} chunks per rank", chunks) : ""), /*mfu_note=*/false);
+    if (shape.cp > 1)
+      log::info("cp {}: each rank keeps {} of the {} tokens of every sequence (lab 11's zig-zag "
+                "chunks), attention by {} over its cp group; gradients and loss averaged over dp "
+                "x cp = {} ranks{}", shape.cp, config.block_size / shape.cp, config.block_size,
+                lab11::attention_name(attention), shape.dp * shape.cp,
+                zero > 0 ? ", ZeRO sharded over them" : "");
+    log::info("{}", grid_lines(grid));
+    for (int s = 0; s < shape.pp; ++s) {  // what every stage holds (the same rule on every rank)
+      // interleaved: v chunks per stage, chunk k the virtual stage k pp + s (lab08::chunk_layers)
+      std::string held;
+      for (int k = 0; k < chunks; ++k) {
+        const lab08::LayerRange r =
+            chunks > 1 ? lab08::chunk_layers(static_cast<int>(config.n_layer), shape.pp, chunks,
+                                             s, k)
+                       : lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, s);
+        held += fmt::format("{}[{}, {})", k == 0 ? "" : k + 1 == chunks ? " and " : ", ",
+                            r.first, r.last);
+      }
+      log::info("stage {}: blocks {}{}{}{}, {}", s, held,
+                chunks > 1 ? fmt::format(" ({} chunks)", chunks) : "",
+                s == 0 ? ", embedding (wte split by vocabulary)" : "",
+                s == shape.pp - 1 ? ", ln_f and head (logits split by vocabulary)" : "",
+                shape.tp > 1 ? fmt::format("each block split over tp {}", shape.tp)
+                             : std::string("blocks whole (tp 1)"));
+    }
     // bf16: mixed precision (fp32 master, gradients and AdamW state; bf16 compute copy and
     // activations, sent through the pipeline and all-reduced over tp in bf16)
     const nn::GPTOptions model_options = session.model_options(run.seed);
@@ -576,41 +652,6 @@ int main(int argc, char** argv) {
       twin_opt = std::make_unique<optim::AdamW>(optim::groups(twin->parameters()));
     }
 
-    session.announce(fmt::format(
-        "lab 10 3d_parallel: model {} ({} layers, {} heads), global batch {} = dp {} x {} "
-        "micro-batches of {} rows, {} steps, {}{}, schedule {}{}", config.name, config.n_layer,
-        config.n_head, opt.batch, shape.dp, m, opt.batch / shape.dp / m, opt.steps,
-        zero == 0 ? "AdamW whole on every rank" : fmt::format("ZeRO-{} over dp", zero),
-        run_plan.checkpoint ? ", every block checkpointed" : "", lab08::kind_name(schedule),
-        chunks > 1 ? fmt::format(" with {} chunks per rank", chunks) : ""), /*mfu_note=*/false);
-    if (shape.cp > 1)
-      log::info("cp {}: each rank keeps {} of the {} tokens of every sequence (lab 11's zig-zag "
-                "chunks), attention by {} over its cp group; gradients and loss averaged over dp "
-                "x cp = {} ranks{}", shape.cp, config.block_size / shape.cp, config.block_size,
-                lab11::attention_name(attention), shape.dp * shape.cp,
-                zero > 0 ? ", ZeRO sharded over them" : "");
-    log::info("{}", grid.table());
-    log::info("(a group cell such as \"pp1 [1 3]\" is group number 1 of that kind and its world "
-              "ranks in group-rank order, not a coordinate: the coordinates are the dp, tp, pp "
-              "columns)");
-    for (int s = 0; s < shape.pp; ++s) {  // what every stage holds (the same rule on every rank)
-      // interleaved: v chunks per stage, chunk k the virtual stage k pp + s (lab08::chunk_layers)
-      std::string held;
-      for (int k = 0; k < chunks; ++k) {
-        const lab08::LayerRange r =
-            chunks > 1 ? lab08::chunk_layers(static_cast<int>(config.n_layer), shape.pp, chunks,
-                                             s, k)
-                       : lab08::stage_layers(static_cast<int>(config.n_layer), shape.pp, s);
-        held += fmt::format("{}[{}, {})", k == 0 ? "" : k + 1 == chunks ? " and " : ", ",
-                            r.first, r.last);
-      }
-      log::info("stage {}: blocks {}{}{}{}, {}", s, held,
-                chunks > 1 ? fmt::format(" ({} chunks)", chunks) : "",
-                s == 0 ? ", embedding (wte split by vocabulary)" : "",
-                s == shape.pp - 1 ? ", ln_f and head (logits split by vocabulary)" : "",
-                shape.tp > 1 ? fmt::format("each block split over tp {}", shape.tp)
-                             : std::string("blocks whole (tp 1)"));
-    }
     // Parameters per rank (every piece it holds: interleaved, its v chunks): gathered to show
     // that the model is cut, not copied.
     int64_t held_parameters = 0;

@@ -36,8 +36,7 @@ endif()
 # graders run on it and must fail at the check named (the earlier checks of the step pass: right
 # numbers, wrong technique). The contiguous split runs the balance suite alone (the positions
 # check, which comes first, would catch it too), the all-gather's memory peak at 4 ranks.
-set(lab11_plants ${PROJECT_SOURCE_DIR}/solutions/11_context_parallel/planted)
-scalelab_add_planted_submissions(11 PLANTS ${lab11_plants}/cheats.plant
+scalelab_add_planted_submissions(11
   CASES "contiguous_split:1_Balance:1:Step1_Balance.EveryRankComputesTheSameCausalWork on rank 0: .*score blocks per rank"
         "all_gather:2_Ring.Sends:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*and 1 other operations"
         "raw_allgather:2_Ring.Sends:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*MPI_Allgather on raw MPI outside the Communicator"

@@ -42,8 +42,7 @@ endif()
 # with every wrong technique the graders must stop, each switched on by SCALELAB_PLANT; the
 # step's graders run on it and must fail at the check named (right numbers, wrong technique,
 # where the technique is what is wrong).
-set(lab12_plants ${PROJECT_SOURCE_DIR}/solutions/12_expert_parallel/planted)
-scalelab_add_planted_submissions(12 PLANTS ${lab12_plants}/cheats.plant
+scalelab_add_planted_submissions(12
   CASES "capacity_ignored:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*dropped pairs"
         "capacity_unset:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*Routing::capacity"
         "dest_unset:1_Router.Counts:1:Step1_Router.CountsGatesAndLossAgainstAHandCountAtADrawnShape on rank 0: .*Routing::dest was left unset"
