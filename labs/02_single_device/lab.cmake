@@ -31,8 +31,7 @@ endif()
 # forwards to optim::cosine_lr, an mfu that forwards to metrics::mfu, fail steps 2 and 4's
 # own-work checks (the attendee object's calls: cmake/ScalelabOwnWork.cmake). Those calls sit in
 # the planted object whichever plant is on, so the step-2 cases run one suite each.
-set(lab02_plants ${PROJECT_SOURCE_DIR}/solutions/02_single_device/planted)
-scalelab_add_planted_submissions(02 PLANTS ${lab02_plants}/cheats.plant
+scalelab_add_planted_submissions(02
   CASES "skip_clip:2_Clip:1:Step2_Clip.TrainStepClipsBeforeTheUpdate on rank 0: .*with clip > 0 the update must use the clipped gradients"
         "clip_after_step:2_Clip:1:Step2_Clip.TrainStepClipsBeforeTheUpdate on rank 0: .*with clip > 0 the update must use the clipped gradients"
         "norm_to_host:2_Clip:1:Step2_Clip.ClippingReadsNothingBackToTheHost on rank 0: .*clipping read numbers back to the host: a train_step read 2 number.s. with clip > 0, 1 without"
