@@ -79,7 +79,9 @@ LayerNormGrads layernorm_grads(int64_t N, int64_t C, DType dt, Device d, bool* v
 LayerNormGrads layernorm_grads_bf16(int64_t N, int64_t C, DType grad_dt, Device d,
                                     bool* v3 = nullptr) {
   const auto draw = [&](std::vector<int64_t> shape, uint64_t seed, DType dt, double lo = -1,
-                        double hi = 1) { return uniform(std::move(shape), seed, dt, lo, hi).to(d); };
+                        double hi = 1) {
+    return uniform(std::move(shape), seed, dt, lo, hi).to(d);
+  };
   const DType bf = DType::bf16;
   const Tensor x = draw({N, C}, 14, bf, -2, 2), w = draw({C}, 15, bf), b = draw({C}, 16, bf),
                dout = draw({N, C}, 17, bf);
