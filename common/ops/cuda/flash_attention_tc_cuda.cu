@@ -260,12 +260,8 @@ __global__ void __launch_bounds__(kBlock)
   const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
   const int w0 = q0 + warp * kRowsPerWarp;
   const int row[2] = {w0 + ln / 4, w0 + ln / 4 + 8};
-  float lse_row[2], D_row[2];  // past T: lse = +inf makes p = 0
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    lse_row[h] = row[h] < T ? lse[head_row + row[h]] * kLog2e : INFINITY;
-    D_row[h] = row[h] < T ? D[head_row + row[h]] : 0.f;
-  }
+  float lse_row[2], D_row[2];
+  load_row_stats(lse_row, D_row, lse, D, head_row, row, T);
   const int n_tiles = ((causal ? min(q0 + Br, T) : T) + Bc - 1) / Bc;
 
   load_tile<Br, HS>(Qs, q, q0, T);

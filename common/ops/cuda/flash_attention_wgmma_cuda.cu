@@ -58,6 +58,21 @@ __device__ inline void tiles_landed() {
   __syncthreads();
 }
 
+// The copy of key tile t + 1 (K and V) into the other buffer starts, then key tile t's is
+// waited for (the forward's and the dQ kernel's loops).
+__device__ inline void next_kv_tile(unsigned char* Ks, unsigned char* Vs, Rows k, Rows v,
+                                    int t, int n_tiles, int T) {
+  if (t + 1 < n_tiles) {  // the next tile's copy runs while this one is multiplied
+    const int nb = (t + 1) % 2;
+    wg::load_tile(Ks + nb * kTileBytes, k, (t + 1) * kN, T);
+    wg::load_tile(Vs + nb * kTileBytes, v, (t + 1) * kN, T);
+    cp_async_commit();
+    tiles_landed<1>();
+  } else {
+    tiles_landed<0>();
+  }
+}
+
 // ---- forward ----------------------------------------------------------------------------------
 // Grid (query tiles, NH, B); the warpgroup owns 64 query rows from q0 (warp w: 16 w .. + 15),
 // loops over key tiles of 64 like version 2.
@@ -88,15 +103,7 @@ __global__ void __launch_bounds__(kBlock)
   float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
   zero(o[0]);
   for (int t = 0; t < n_tiles; ++t) {
-    if (t + 1 < n_tiles) {  // the next tile's copy runs while this one is multiplied
-      const int nb = (t + 1) % 2;
-      wg::load_tile(Ks + nb * kTileBytes, k, (t + 1) * kN, T);
-      wg::load_tile(Vs + nb * kTileBytes, v, (t + 1) * kN, T);
-      cp_async_commit();
-      tiles_landed<1>();
-    } else {
-      tiles_landed<0>();
-    }
+    next_kv_tile(Ks, Vs, k, v, t, n_tiles, T);
     const uint32_t Kt = smem_u32(Ks + (t % 2) * kTileBytes);
     const uint32_t Vt = smem_u32(Vs + (t % 2) * kTileBytes);
     const int k0 = t * kN;
@@ -212,12 +219,8 @@ __global__ void __launch_bounds__(kBlock)
   const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
   const int w0 = q0 + warp * kRowsPerWarp;
   const int row[2] = {w0 + ln / 4, w0 + ln / 4 + 8};
-  float lse_row[2], D_row[2];  // past T: lse = +inf makes p = 0
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    lse_row[h] = row[h] < T ? lse[head_row + row[h]] * kLog2e : INFINITY;
-    D_row[h] = row[h] < T ? D[head_row + row[h]] : 0.f;
-  }
+  float lse_row[2], D_row[2];
+  load_row_stats(lse_row, D_row, lse, D, head_row, row, T);
   const int n_tiles = ((causal ? min(q0 + kN, T) : T) + kN - 1) / kN;
 
   wg::load_tile(Qs, q, q0, T);
@@ -229,15 +232,7 @@ __global__ void __launch_bounds__(kBlock)
   float dq_acc[kNT][4];
   zero(dq_acc);
   for (int t = 0; t < n_tiles; ++t) {
-    if (t + 1 < n_tiles) {
-      const int nb = (t + 1) % 2;
-      wg::load_tile(Ks + nb * kTileBytes, k, (t + 1) * kN, T);
-      wg::load_tile(Vs + nb * kTileBytes, v, (t + 1) * kN, T);
-      cp_async_commit();
-      tiles_landed<1>();
-    } else {
-      tiles_landed<0>();
-    }
+    next_kv_tile(Ks, Vs, k, v, t, n_tiles, T);
     const uint32_t Kt = smem_u32(Ks + (t % 2) * kTileBytes);
     const uint32_t Vt = smem_u32(Vs + (t % 2) * kTileBytes);
     const int k0 = t * kN;

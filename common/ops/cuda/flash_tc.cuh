@@ -329,6 +329,18 @@ __device__ inline void store_dkdv(OutRows dk, OutRows dv, const float (&dk_acc)[
 }
 
 // ---- the dQ pass of the backward (versions 2 and 3) ---------------------------------------------
+// lse (in log2 units) and D of this lane's two query rows of the head at head_row; a row past
+// T gets lse = +inf (its p is 0) and D = 0.
+__device__ inline void load_row_stats(float (&lse_row)[2], float (&D_row)[2], const float* lse,
+                                      const float* D, int64_t head_row, const int (&row)[2],
+                                      int T) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    lse_row[h] = row[h] < T ? lse[head_row + row[h]] * kLog2e : INFINITY;
+    D_row[h] = row[h] < T ? D[head_row + row[h]] : 0.f;
+  }
+}
+
 // The elementwise part of a dQ tile (a warp's 16 queries, this lane's rows row[0], row[1] with
 // their lse in log2 units and D; NS n-tiles of keys from k0): S in s gives P = exp2(S scale -
 // lse), dP in ds becomes dS = P (dP - D). Masked to zero: a key past T, a key after its query
