@@ -23,6 +23,10 @@
 // It takes bf16 data with C a multiple of 256 up to 1024 (gpt-85m: 768) and 16-byte aligned rows;
 // elsewhere it returns false and the caller runs version 1.
 //
+// The pointers are __restrict__ (din is written, x, dout, w only read; no two alias): the
+// compiler may then issue a row's din loads with its x and dout loads, and the next row's before
+// this row's stores.
+//
 // Deterministic and the same on any GPU: the grid depends on N only; a lane adds its rows in
 // order, a block its warps in order, add_column_sums the blocks in order. The bits differ from
 // version 1's in the order of float sums (dx: the row's two means are summed over other column
@@ -49,9 +53,11 @@ struct alignas(16) Pack8 {
 
 template <int CH>  // CH = C / 256 chunks a row
 __global__ void __launch_bounds__(kWarps * kWarp)
-    layernorm_backward_v3_kernel(bf16* din, float* partial_dw, float* partial_db,
-                                 const bf16* dout, const bf16* in, const bf16* w,
-                                 const float* mean, const float* rstd, int64_t N) {
+    layernorm_backward_v3_kernel(bf16* __restrict__ din, float* __restrict__ partial_dw,
+                                 float* __restrict__ partial_db, const bf16* __restrict__ dout,
+                                 const bf16* __restrict__ in, const bf16* __restrict__ w,
+                                 const float* __restrict__ mean, const float* __restrict__ rstd,
+                                 int64_t N) {
   constexpr int64_t C = int64_t{CH} * kChunk;
   __shared__ float sums[kWarps][C];  // each warp's dweight (then dbias) sums, for the block's add
   const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
