@@ -17,15 +17,15 @@
 //    the block's rows are done;
 //  - a block takes 128 rows (8 warps, 16 rows each), so the partial sums are N / 128 rows, added
 //    into dweight and dbias by add_column_sums as version 2's are. The sums and a row's values
-//    take ~170 registers a thread at C = 768 (ptxas), so an SM holds one block of 8 warps:
+//    take ~195 registers a thread at C = 768 (ptxas), so an SM holds one block of 8 warps:
 //    gpt-85m's 16384 rows make 128 blocks, one wave on an H100's or H200's 132 SMs. (Held to
 //    2 blocks an SM, 128 registers, it spills.)
 // It takes bf16 data with C a multiple of 256 up to 1024 (gpt-85m: 768) and 16-byte aligned rows;
 // elsewhere it returns false and the caller runs version 1.
 //
-// The pointers are __restrict__ (din is written, x, dout, w only read; no two alias): the
-// compiler may then issue a row's din loads with its x and dout loads, and the next row's before
-// this row's stores.
+// A row's x, dout and din are loaded together (one round trip to memory a row, not two: ptxas
+// does not move the din loads above the row's two warp sums by itself), and the pointers are
+// __restrict__ (din is written, x, dout, w only read; no two alias).
 //
 // Deterministic and the same on any GPU: the grid depends on N only; a lane adds its rows in
 // order, a block its warps in order, add_column_sums the blocks in order. The bits differ from
@@ -69,11 +69,12 @@ __global__ void __launch_bounds__(kWarps * kWarp)
   for (int64_t row = lo + warp; row < hi; row += kWarps) {
     const float m = mean[row], r = rstd[row];
     const int64_t at = row * C + 8 * ln;
-    Pack8 xv[CH], gv[CH];
+    Pack8 xv[CH], gv[CH], dv[CH];  // the row's three reads go out together: one round trip
 #pragma unroll
     for (int j = 0; j < CH; ++j) {
       xv[j] = *reinterpret_cast<const Pack8*>(in + at + kChunk * j);
       gv[j] = *reinterpret_cast<const Pack8*>(dout + at + kChunk * j);
+      dv[j] = *reinterpret_cast<const Pack8*>(din + at + kChunk * j);
     }
     // the row's two means, as version 1's warp_layernorm_backward_means
     float a = 0.f, b = 0.f;
@@ -90,17 +91,15 @@ __global__ void __launch_bounds__(kWarps * kWarp)
     b = warp_sum(b) / C;
 #pragma unroll
     for (int j = 0; j < CH; ++j) {
-      Pack8* dst = reinterpret_cast<Pack8*>(din + at + kChunk * j);
-      Pack8 dv = *dst;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float g = float(gv[j].e[e]), norm = (float(xv[j].e[e]) - m) * r,
                     dnorm = float(wv[j].e[e]) * g;
-        dv.e[e] = bf16(float(dv.e[e]) + r * (dnorm - a - norm * b));
+        dv[j].e[e] = bf16(float(dv[j].e[e]) + r * (dnorm - a - norm * b));
         dw[j][e] += norm * g;
         db[j][e] += g;
       }
-      *dst = dv;
+      *reinterpret_cast<Pack8*>(din + at + kChunk * j) = dv[j];
     }
   }
   // the block's sums, dweight's then dbias's: each warp's in shared memory, then added in warp
