@@ -93,10 +93,10 @@ struct FlashV2Kernels {
   /// __launch_bounds__): 1 (no bound: its registers allow 2), or 3 under the trial kernel
   /// "flash_dkdv_three_blocks" (head size 64); 0 when no two-kernel backward ran yet.
   int dkdv_min_blocks = 0;
-  /// Whether the forward, and the backward's two kernels, ran on Hopper's warpgroup MMA
-  /// (flash_attention_wgmma_cuda.cu: the trial kernels "flash_forward_wgmma" and
-  /// "flash_backward_wgmma", head size 64 on a compute capability 9.0 GPU).
+  /// Whether the last forward ran on Hopper's warpgroup MMA (flash_attention_wgmma_cuda.cu: the
+  /// trial kernel "flash_forward_wgmma", head size 64 on a compute capability 9.0 GPU).
   bool forward_wgmma = false;
+  /// Whether the last backward's two kernels ran on it ("flash_backward_wgmma", the same shapes).
   bool backward_wgmma = false;
 };
 /// The version-2 kernels the last version-2 forward and backward ran (see FlashV2Kernels).
