@@ -6,8 +6,9 @@
 // scalelab_bench_attention has timed them beside version 2. Compiled for sm_90a only (this file
 // is its own object library, common/tensor.cmake): they run on compute capability 9.0 devices.
 //
-// Why. On an H200 version 2's backward reached about 100 TFLOP/s and its forward about 150, where
-// cuDNN's (PyTorch's SDPA) reaches about 300 (lab 02's README). mma.sync multiplies 16 x 8 x 16
+// Why. On an H100 version 2 reached 145 TFLOP/s forward and 94 backward, cuDNN's (PyTorch's SDPA)
+// 229 and 152; in lab 02's step on an H200 attention took 10.5 ms a step against cuDNN's 3.7
+// (lab 02's README and deck), the largest gap left to PyTorch. mma.sync multiplies 16 x 8 x 16
 // per warp: each warp loads its own copy of every B fragment from shared memory with ldmatrix,
 // and with 16 rows a warp each fragment feeds one or two products, so shared-memory traffic, not
 // the tensor cores, sets the pace (version 2's dK/dV kernel: 72 ldmatrix.x4 per 128 mma.sync a
