@@ -94,6 +94,21 @@ LayerNormGrads layernorm_grads_bf16(int64_t N, int64_t C, DType grad_dt, Device 
   return g;
 }
 
+// The dispatcher's gradients (dev) against the host's: dx within dx_tol, dweight and dbias
+// within tol plus `drift` (sums over the rows in another order); then, where the version called
+// directly took the shape (ran), the dispatcher's bits are its bits.
+void expect_layernorm_grads(const LayerNormGrads& dev, const LayerNormGrads& host,
+                            const LayerNormGrads& direct, bool ran, double dx_tol, double tol,
+                            double drift, const std::string& what) {
+  expect_close(dev.din, host.din, dx_tol, what + " dx");
+  expect_close(dev.dweight, host.dweight, tol, what + " dweight", drift);
+  expect_close(dev.dbias, host.dbias, tol, what + " dbias", drift);
+  if (!ran) return;
+  expect_same_bits(dev.din, direct.din, what + " dx, dispatcher and the version itself");
+  expect_same_bits(dev.dweight, direct.dweight, what + " dweight, dispatcher and the version");
+  expect_same_bits(dev.dbias, direct.dbias, what + " dbias, dispatcher and the version");
+}
+
 }  // namespace
 
 TEST_F(CudaOps, Matmul) {
@@ -165,13 +180,7 @@ TEST_F(CudaOps, LayerNormBackwardVersion2) {
     const int64_t sum_bytes = dt == DType::f64 ? 8 : 4;  // its column sums' type
     EXPECT_EQ(ran, 2 * C * sum_bytes <= (48 << 10)) << what;
     const double tol = dt == DType::f64 ? 1e-10 : 1e-4, drift = dt == DType::f64 ? 0 : 2e-7 * N;
-    expect_close(dev.din, host.din, tol, what + " dx");
-    expect_close(dev.dweight, host.dweight, tol, what + " dweight", drift);
-    expect_close(dev.dbias, host.dbias, tol, what + " dbias", drift);
-    if (!ran) continue;
-    expect_same_bits(dev.din, v2.din, what + " dx, dispatcher and version 2");
-    expect_same_bits(dev.dweight, v2.dweight, what + " dweight, dispatcher and version 2");
-    expect_same_bits(dev.dbias, v2.dbias, what + " dbias, dispatcher and version 2");
+    expect_layernorm_grads(dev, host, v2, ran, tol, tol, drift, what + " (version 2)");
   }
 }
 
@@ -206,13 +215,7 @@ TEST_F(CudaOps, LayerNormBackwardVersion3) {
     EXPECT_EQ(ran, k.takes) << what;
     const double tol = k.grad == DType::f32 ? 1e-4 : two_steps;
     const double drift = k.grad == DType::f32 ? 2e-7 * k.N : 0;
-    expect_close(dev.din, host.din, two_steps, what + " dx");
-    expect_close(dev.dweight, host.dweight, tol, what + " dweight", drift);
-    expect_close(dev.dbias, host.dbias, tol, what + " dbias", drift);
-    if (!ran) continue;
-    expect_same_bits(dev.din, v3.din, what + " dx, dispatcher and version 3");
-    expect_same_bits(dev.dweight, v3.dweight, what + " dweight, dispatcher and version 3");
-    expect_same_bits(dev.dbias, v3.dbias, what + " dbias, dispatcher and version 3");
+    expect_layernorm_grads(dev, host, v3, ran, two_steps, tol, drift, what + " (version 3)");
   }
 }
 
