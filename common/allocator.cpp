@@ -82,9 +82,13 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
 }
 
 void device_zero(void* ptr, std::size_t nbytes, Device device) {
+  device_fill_bytes(ptr, nbytes, 0, device);
+}
+
+void device_fill_bytes(void* ptr, std::size_t nbytes, unsigned char byte, Device device) {
   if (nbytes == 0) return;
-  if (device.is_cpu()) std::memset(ptr, 0, nbytes);
-  else detail::cuda_zero(ptr, nbytes, device.index);
+  if (device.is_cpu()) std::memset(ptr, byte, nbytes);
+  else detail::cuda_fill_bytes(ptr, nbytes, byte, device.index);
 }
 
 void device_synchronize(Device device) {

@@ -76,6 +76,10 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
 /// Sets `nbytes` at `ptr` to zero on `device`.
 void device_zero(void* ptr, std::size_t nbytes, Device device);
 
+/// Sets every one of `nbytes` at `ptr` to `byte` on `device` (0xFF: NaN in every float dtype,
+/// what Tensor::empty's poisoning writes).
+void device_fill_bytes(void* ptr, std::size_t nbytes, unsigned char byte, Device device);
+
 /// Waits for the work queued on a CUDA device (no-op for the host).
 void device_synchronize(Device device);
 
@@ -86,7 +90,7 @@ void cuda_free(void* ptr, int index);
 void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device,
                std::size_t nbytes);
 void cuda_synchronize(int index);
-void cuda_zero(void* ptr, std::size_t nbytes, int index);
+void cuda_fill_bytes(void* ptr, std::size_t nbytes, unsigned char byte, int index);
 }  // namespace detail
 
 }  // namespace scalelab

@@ -128,10 +128,10 @@ void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device,
   CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }
 
-void cuda_zero(void* ptr, std::size_t nbytes, int index) {
+void cuda_fill_bytes(void* ptr, std::size_t nbytes, unsigned char byte, int index) {
   CUDA_CHECK(cudaSetDevice(index));
   // on the compute stream, ordered with the kernels and with the allocation of `ptr`
-  CUDA_CHECK(cudaMemsetAsync(ptr, 0, nbytes, kComputeStream));
+  CUDA_CHECK(cudaMemsetAsync(ptr, byte, nbytes, kComputeStream));
 }
 
 void cuda_synchronize(int index) {

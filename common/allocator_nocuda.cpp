@@ -13,5 +13,5 @@ void* cuda_malloc(std::size_t, int) { no_cuda(); }
 void cuda_free(void*, int) { no_cuda(); }
 void cuda_copy(void*, Device, const void*, Device, std::size_t) { no_cuda(); }
 void cuda_synchronize(int) { no_cuda(); }
-void cuda_zero(void*, std::size_t, int) { no_cuda(); }
+void cuda_fill_bytes(void*, std::size_t, unsigned char, int) { no_cuda(); }
 }  // namespace scalelab::detail

@@ -1,7 +1,9 @@
 #include "common/tensor.hpp"
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string_view>
 
 namespace scalelab {
 
@@ -50,6 +52,17 @@ int64_t product(const std::vector<int64_t>& shape) {
 std::string shape_str(const std::vector<int64_t>& shape) {
   return fmt::format("({})", fmt::join(shape, ", "));
 }
+
+// SCALELAB_POISON_EMPTY=1: empty() fills its memory with 0xFF bytes (NaN in every float dtype,
+// -1 as an index), so code that reads a tensor before writing it (an accumulation into a buffer
+// nobody zeroed) turns its result into NaN instead of passing on whatever the memory held.
+bool poison_empty() {
+  static const bool on = [] {
+    const char* v = std::getenv("SCALELAB_POISON_EMPTY");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  return on;
+}
 }  // namespace
 
 Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
@@ -60,6 +73,7 @@ Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
   t.shape_ = std::move(shape);
   t.storage_ = std::make_shared<Storage>(static_cast<std::size_t>(product(t.shape_)) *
                                              dtype_size(dtype), device);
+  if (poison_empty()) device_fill_bytes(t.data_ptr(), t.nbytes(), 0xFF, device);
   return t;
 }
 

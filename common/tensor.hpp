@@ -56,7 +56,9 @@ class Tensor {
  public:
   Tensor() = default;  ///< undefined: defined() is false
 
-  /// Uninitialised memory.
+  /// Uninitialised memory. With SCALELAB_POISON_EMPTY=1 in the environment it holds 0xFF bytes
+  /// (NaN in every float dtype): a debugging and test aid that makes a read before the first
+  /// write show.
   static Tensor empty(std::vector<int64_t> shape, DType dtype = DType::f32,
                       Device device = Device::cpu());
   /// Zero-filled.
