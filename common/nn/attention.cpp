@@ -83,18 +83,18 @@ void CausalSelfAttention::forward(Tensor& out, const Tensor& x, AttentionActivat
 
 void CausalSelfAttention::backward(Tensor& dx, const Tensor& dout, const Tensor& x,
                                    const AttentionActivations& a, const BackwardHook* hook,
-                                   const Mappings* m) {
+                                   const Mappings* m, InputGrad into) {
   const int64_t B = x.size(0), T = x.size(1), NH = n_head_, hs = head_size_, C = NH * hs;
   const DType dt = x.dtype();
   const Device dev = x.device();
-  Tensor dy = Tensor::zeros({B, T, C}, dt, dev);
-  proj.backward(dy, dout, a.y);
+  Tensor dy = Tensor::empty({B, T, C}, dt, dev);
+  proj.backward(dy, dout, a.y, InputGrad::set);
   if (hook && *hook) (*hook)(proj.parameters());
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   if (a.qkv.defined()) {  // the fused path: gradients straight into dqkv's q, k, v columns
     Tensor dqkv = Tensor::empty({B, T, 3 * C}, dt, dev);
     ops::flash_attention_qkv_backward(dqkv, dy, a.qkv, a.y, a.lse, NH, scale);
-    qkv.backward(dx, dqkv, x);
+    qkv.backward(dx, dqkv, x, into);
     if (hook && *hook) (*hook)(qkv.parameters());
     return;
   }
@@ -125,7 +125,7 @@ void CausalSelfAttention::backward(Tensor& dx, const Tensor& dout, const Tensor&
   }
   Tensor dqkv = Tensor::empty({B, T, 3 * C}, dt, dev);
   ops::split_heads_backward(dqkv, dq, dk, dv);
-  qkv.backward(dx, dqkv, x);
+  qkv.backward(dx, dqkv, x, into);
   if (hook && *hook) (*hook)(qkv.parameters());
 }
 

@@ -54,10 +54,11 @@ class CausalSelfAttention {
   /// (Mappings::attention_forward; null: one device), used when `flash` is set or m replaces it.
   void forward(Tensor& out, const Tensor& x, AttentionActivations& acts,
                const Mappings* m = nullptr) const;
-  /// dx (B, T, C) += from dout (B, T, C); parameter gradients +=. Calls `hook` (if set) after
-  /// each projection's backward.
+  /// dx (B, T, C) += from dout (B, T, C) (`into` set: dx =); parameter gradients +=. Calls
+  /// `hook` (if set) after each projection's backward.
   void backward(Tensor& dx, const Tensor& dout, const Tensor& x, const AttentionActivations& acts,
-                const BackwardHook* hook = nullptr, const Mappings* m = nullptr);
+                const BackwardHook* hook = nullptr, const Mappings* m = nullptr,
+                InputGrad into = InputGrad::add);
   /// qkv's, then proj's.
   std::vector<Parameter*> parameters();
 

@@ -94,12 +94,14 @@ Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivatio
   {
     const Tensor dmlp = as_batch(m.leave_backward(dout), seq_len);  // g's backward: the same
     const Tensor in = as_batch(m.enter(a.ln2), seq_len);  // sequence parallel: gathered again
-    Tensor dln2 = Tensor::zeros(in.shape(), dt, dev);
+    Tensor dln2;  // the MLP sets it (no zero-fill); the MoE's experts add into it
     if (moe) {
+      dln2 = Tensor::zeros(in.shape(), dt, dev);
       moe->backward(dln2, dmlp, a.moe, m, loss_scale);
       if (hook && *hook) (*hook)(moe->parameters());
     } else {
-      mlp.backward(dln2, dmlp, in, a.mlp, hook);
+      dln2 = Tensor::empty(in.shape(), dt, dev);
+      mlp.backward(dln2, dmlp, in, a.mlp, hook, InputGrad::set);
     }
     const Tensor dln2_rows = m.enter_backward(dln2).view(x.shape());  // f's backward: the sum
     m.layernorm_backward(ln2, dres2, dln2_rows, a.res2, a.ln2_mean, a.ln2_rstd);
@@ -110,8 +112,8 @@ Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivatio
   {
     const Tensor dattn = as_batch(m.leave_backward(dres2), seq_len);
     const Tensor in = as_batch(m.enter(a.ln1), seq_len);
-    Tensor dln1 = Tensor::zeros(in.shape(), dt, dev);
-    attn.backward(dln1, dattn, in, a.attn, hook, &m);
+    Tensor dln1 = Tensor::empty(in.shape(), dt, dev);  // set by attention's backward
+    attn.backward(dln1, dattn, in, a.attn, hook, &m, InputGrad::set);
     const Tensor dln1_rows = m.enter_backward(dln1).view(x.shape());
     m.layernorm_backward(ln1, dx, dln1_rows, x, a.ln1_mean, a.ln1_rstd);
     if (hook && *hook) (*hook)(ln1.parameters());

@@ -228,7 +228,7 @@ Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
   // the probabilities become the logits' gradient (N, V): in place, or a new tensor
   mappings().cross_entropy_backward(h.probs, h.targets.view({N}), vocab_lo_, loss_scale);
   const bool parallel = mappings().splits_vocabulary();
-  Tensor dlnf = Tensor::zeros({N, C}, dt, dev);
+  Tensor dlnf = Tensor::empty({N, C}, dt, dev);  // set by the matmul below (beta 0)
   {
     // sequence parallel: gathered again
     const Tensor in = (parallel ? mappings().enter(h.lnf) : h.lnf).view({N, C});

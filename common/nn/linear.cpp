@@ -54,12 +54,13 @@ void Linear::add_bias(Tensor& out) const {
   ops::add_bias(y, bias.compute_value());
 }
 
-void Linear::backward(Tensor& din, const Tensor& dout, const Tensor& in) {
+void Linear::backward(Tensor& din, const Tensor& dout, const Tensor& in, InputGrad into) {
   const Tensor x = in.view({-1, in_features()});     // (N, in)
   const Tensor dy = dout.view({-1, out_features()});  // (N, out)
   if (din.defined()) {
     Tensor dx = din.view({-1, in_features()});
-    ops::matmul(dx, dy, weight.compute_value(), false, false, 1.0, 1.0);  // dx += dy @ W
+    const double beta = into == InputGrad::add ? 1.0 : 0.0;  // beta 0: dx is never read
+    ops::matmul(dx, dy, weight.compute_value(), false, false, 1.0, beta);  // dx (+)= dy @ W
   }
   parameter_backward(dy, x);
 }

@@ -13,6 +13,12 @@
 
 namespace scalelab::nn {
 
+/// How a backward writes an input's gradient. `add`: din += its share (the ops' convention, so
+/// the gradients of a tensor read by two layers sum). `set`: din = its share, din's old contents
+/// never read, so din may come from Tensor::empty: no zero-fill before it, and the GEMM does not
+/// read it back (on a GPU each is a pass over the activation's bytes).
+enum class InputGrad { add, set };
+
 /// A fully connected layer, possibly holding only a slice of its weight (Shard): the column-
 /// and row-parallel Linear of tensor parallelism are this class with a shard.
 class Linear {
@@ -29,9 +35,10 @@ class Linear {
   void forward_gelu(Tensor& out, Tensor& pre, const Tensor& in) const;
   /// out (N, out) += b: for a row-parallel layer, after its partial sums are reduced.
   void add_bias(Tensor& out) const;
-  /// din (N, in_local) += dout @ W (skipped if din is undefined); dW += dout^T @ in;
-  /// db += column sums of dout.
-  void backward(Tensor& din, const Tensor& dout, const Tensor& in);
+  /// din (N, in_local) += dout @ W (`into` set: din = dout @ W; skipped if din is undefined);
+  /// dW += dout^T @ in; db += column sums of dout.
+  void backward(Tensor& din, const Tensor& dout, const Tensor& in,
+                InputGrad into = InputGrad::add);
   /// The backward of a layer whose input was in = GELU(pre) (the MLP's proj after its fc):
   /// dpre (N, in_local) = (dout @ W) * GELU'(pre), set, not accumulated, the gradient carried
   /// through the GELU in one op where the device can (ops::linear_dgelu_backward); dW and db as

@@ -32,13 +32,13 @@ void MLP::forward(Tensor& out, const Tensor& x, MLPActivations& a) const {
 }
 
 void MLP::backward(Tensor& dx, const Tensor& dout, const Tensor& x, const MLPActivations& a,
-                   const BackwardHook* hook) {
+                   const BackwardHook* hook, InputGrad into) {
   // dh = (dout @ W_proj) * GELU'(h): the gradient of g = GELU(h) is never stored on a GPU
   // (cuBLASLt's DGELU epilogue), a matmul then gelu_backward elsewhere
   Tensor dh = Tensor::empty(a.h.shape(), x.dtype(), x.device());
   proj.backward_through_gelu(dh, dout, a.g, a.h);
   if (hook && *hook) (*hook)(proj.parameters());
-  fc.backward(dx, dh, x);
+  fc.backward(dx, dh, x, into);
   if (hook && *hook) (*hook)(fc.parameters());
 }
 

@@ -27,9 +27,10 @@ class MLP {
   /// out (B, T, C) from x (B, T, C); fills `acts`. Under tensor parallelism out is a partial sum
   /// without proj's bias.
   void forward(Tensor& out, const Tensor& x, MLPActivations& acts) const;
-  /// dx += ...; parameter gradients +=; `hook` after each Linear's backward.
+  /// dx += ... (`into` set: dx = ...); parameter gradients +=; `hook` after each Linear's
+  /// backward.
   void backward(Tensor& dx, const Tensor& dout, const Tensor& x, const MLPActivations& acts,
-                const BackwardHook* hook = nullptr);
+                const BackwardHook* hook = nullptr, InputGrad into = InputGrad::add);
   /// fc's, then proj's.
   std::vector<Parameter*> parameters();
   Linear fc;    ///< C -> 4C (column parallel under tp)

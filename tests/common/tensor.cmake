@@ -3,6 +3,13 @@ scalelab_add_test(NAME test_tensor SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tensor
 scalelab_add_test(NAME test_gradcheck_layers
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gradcheck_layers.cpp RANKS 1)
 scalelab_add_test(NAME test_gpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt.cpp RANKS 1)
+# the same checks with every Tensor::empty starting as NaN (SCALELAB_POISON_EMPTY): a backward
+# that reads a temporary it never wrote (a gradient "set" into uninitialised memory read back, an
+# accumulation into a buffer nobody zeroed) fails them
+foreach(t test_gradcheck_layers test_gpt)
+  scalelab_add_mpi_test(common.${t}.poisoned ${t} RANKS 1 LABELS reference common)
+  set_property(TEST common.${t}.poisoned APPEND PROPERTY ENVIRONMENT SCALELAB_POISON_EMPTY=1)
+endforeach()
 # flash attention and the fused residual + LayerNorm against the unfused ops (host)
 scalelab_add_test(NAME test_flash_attention
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_attention.cpp RANKS 1)

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "common/nn/attention.hpp"
 #include "common/nn/block.hpp"
@@ -33,7 +35,25 @@ nn::ParameterSet bind_random(std::vector<nn::Parameter*> params, uint64_t seed) 
 void check_params(const std::vector<nn::Parameter*>& params, const std::function<double()>& loss) {
   for (nn::Parameter* p : params) EXPECT_GRAD_OK(gradcheck(p->value, p->grad, loss), p->name);
 }
+
+// An input gradient for a backward that sets it (nn::InputGrad::set): NaN everywhere, so a
+// backward that reads it (adds to it) anywhere leaves NaN there and fails the check.
+Tensor nan_filled(std::vector<int64_t> shape) {
+  Tensor t = Tensor::empty(std::move(shape), f64);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = std::nan("");
+  return t;
+}
 }  // namespace
+
+// The ctest entries named `.poisoned` run this binary with SCALELAB_POISON_EMPTY=1: every
+// Tensor::empty starts as NaN, so every check below also fails if a backward reads a temporary
+// before writing it. This makes sure the poison is really on there (skipped elsewhere).
+TEST(GradCheck, PoisonedRunsStartEveryEmptyTensorAsNaN) {
+  const char* v = std::getenv("SCALELAB_POISON_EMPTY");
+  if (!v || !*v || std::string(v) == "0") GTEST_SKIP() << "SCALELAB_POISON_EMPTY is not set";
+  const Tensor t = Tensor::empty({3, 5}, f64);
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_TRUE(std::isnan(t.item(i))) << i;
+}
 
 TEST(GradCheck, CatchesAWrongGradient) {
   // The checker itself must fail on a wrong gradient: d/dx sum(x^2) is 2x, not 2.1x.
@@ -60,6 +80,25 @@ TEST(GradCheck, Linear) {
   lin.backward(dx, R, x);
   EXPECT_GRAD_OK(gradcheck(x, dx, loss), "dx");
   check_params(lin.parameters(), loss);
+}
+
+TEST(GradCheck, LinearSetsOrAddsItsInputGradient) {
+  // InputGrad::set never reads din (a block's backward hands it uninitialised memory: no
+  // zero-fill); the default adds to what din holds
+  nn::Linear lin("lin", 5, 3);
+  auto set = bind_random(lin.parameters(), 40);
+  const Tensor x = uniform({4, 5}, 41), R = uniform({4, 3}, 42);
+  Tensor from_zero = Tensor::zeros({4, 5}, f64);
+  lin.backward(from_zero, R, x);
+  Tensor din = nan_filled({4, 5});
+  lin.backward(din, R, x, nn::InputGrad::set);
+  Tensor added = uniform({4, 5}, 43);
+  const Tensor before = added.clone();
+  lin.backward(added, R, x);
+  for (int64_t i = 0; i < din.numel(); ++i) {
+    EXPECT_EQ(din.item(i), from_zero.item(i)) << i;
+    EXPECT_NEAR(added.item(i), before.item(i) + from_zero.item(i), 1e-15) << i;
+  }
 }
 
 TEST(GradCheck, LinearWithoutBiasAndSharded) {
@@ -194,6 +233,9 @@ TEST(GradCheck, CausalSelfAttention) {
   attn.backward(dx, R, x, acts);
   EXPECT_GRAD_OK(gradcheck(x, dx, loss), "dx");
   check_params(attn.parameters(), loss);
+  Tensor set_dx = nan_filled({2, 5, 8});  // set: the same gradient, din never read
+  attn.backward(set_dx, R, x, acts, nullptr, nullptr, nn::InputGrad::set);
+  EXPECT_GRAD_OK(gradcheck(x, set_dx, loss), "dx (InputGrad::set)");
 }
 
 TEST(GradCheck, AttentionIsCausal) {
@@ -225,6 +267,9 @@ TEST(GradCheck, MLP) {
   mlp.backward(dx, R, x, acts);
   EXPECT_GRAD_OK(gradcheck(x, dx, loss), "dx");
   check_params(mlp.parameters(), loss);
+  Tensor set_dx = nan_filled({2, 3, 4});  // set: the same gradient, din never read
+  mlp.backward(set_dx, R, x, acts, nullptr, nn::InputGrad::set);
+  EXPECT_GRAD_OK(gradcheck(x, set_dx, loss), "dx (InputGrad::set)");
 }
 
 TEST(GradCheck, Block) {

@@ -10,6 +10,9 @@
 // the reduction, 0..15) lies before swizzling at
 //   K-major:  start + (i % 8) * 128 + (i / 8) * SBO + 2 k                (k within one row)
 //   MN-major: start + 2 i + (k % 8) * 128 + (k / 8) * SBO                (i within one row)
+// (MN-major's SBO as the step between 8-row groups of k: CUTLASS's make_gmma_desc<Major::MN>
+// reads it so; its LBO, the step to the next 64-element atom of i, is never needed at N = 64,
+// so this model does not decode LBO and cannot catch the two swapped)
 // and the swizzle then XORs address bits 4-6 with bits 7-9. The loader writes element (row, col)
 // at swizzled_offset(row, col). Each k-step of each product must read exactly what the loader
 // wrote for the element the product needs: K-major, row i, column 16 kk + k; MN-major, row

@@ -59,8 +59,9 @@ void matmul_bf16(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb
       to_float(fc, out.data<bf16>() + i * M * N, M * N);
       c = fc.data();
     }
-    if (K == 0) {
-      for (int64_t j = 0; j < M * N; ++j) c[j] *= static_cast<float>(beta);
+    if (K == 0) {  // out = beta * out; beta 0 never reads out (it may be uninitialised)
+      for (int64_t j = 0; j < M * N; ++j)
+        c[j] = beta == 0.0 ? 0.0f : c[j] * static_cast<float>(beta);
     } else {
       gemm(ta, tb, M, N, K, static_cast<float>(alpha), fa.data(), fb.data(),
            static_cast<float>(beta), c);
@@ -83,8 +84,9 @@ void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, dou
     const T* pb = b.data<T>();
     T* pc = out.data<T>();
     for (int64_t i = 0; i < batch; ++i) {
-      if (K == 0) {  // BLAS may not touch C when K = 0; beta still applies
-        for (int64_t j = 0; j < M * N; ++j) pc[i * M * N + j] *= static_cast<T>(beta);
+      if (K == 0) {  // BLAS may not touch C when K = 0; beta still applies (0: never read)
+        for (int64_t j = 0; j < M * N; ++j)
+          pc[i * M * N + j] = beta == 0.0 ? T(0) : pc[i * M * N + j] * static_cast<T>(beta);
         continue;
       }
       gemm(ta, tb, M, N, K, static_cast<T>(alpha), pa + i * M * K, pb + i * K * N,

@@ -42,8 +42,9 @@ SCALELAB_HD constexpr int swizzled_offset(int row, int col) {
 
 /// The matrix descriptor of a tile at shared address `addr` (1024-byte aligned, or advanced by
 /// whole k-steps from such an address): bits 0-13 the address / 16, 16-29 the leading byte
-/// offset / 16 (not read with the 128-byte swizzle when a k-step stays in one row, as here; set
-/// to 1 as CUTLASS does), 32-45 the stride byte offset / 16 (1024: the next 8-row group), 49-51
+/// offset / 16 (K-major with the swizzle: unused, 1 as CUTLASS sets it; MN-major: the step to
+/// the next 64-element N atom, unused here because N = 64 is one atom), 32-45 the stride byte
+/// offset / 16 (1024: the next 8-row group, of M/N rows K-major, of K rows MN-major), 49-51
 /// the base offset (0: atom-aligned), 62-63 the swizzle mode (1 = 128 bytes).
 SCALELAB_HD constexpr uint64_t descriptor(uint32_t addr) {
   return (uint64_t{(addr & 0x3FFFF) >> 4}) | (uint64_t{1} << 16) |
