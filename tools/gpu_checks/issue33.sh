@@ -50,6 +50,14 @@ if command -v compute-sanitizer > /dev/null; then
   TAILN=12 run trial_flash_wgmma_memcheck 150 compute-sanitizer --tool memcheck \
     --error-exitcode 1 "$B/tests/common/test_ops_cuda_flash" --gtest_filter='*WgmmaKernels*'
 fi
+# Block::backward sets its temporaries' gradients into uninitialised memory (nn::InputGrad::set,
+# cuBLAS beta 0): the same losses with every new tensor starting as NaN (SCALELAB_POISON_EMPTY)
+# as without; a kernel that reads what it never wrote would make them NaN or different
+TAILN=8 run poisoned_empty_same_losses 120 sh -c '"$@" --steps 3 --log-every 1 | grep -o "loss=[^ ]*" \
+  > "'"$out"'/losses_plain.txt" && SCALELAB_POISON_EMPTY=1 "$@" --steps 3 --log-every 1 \
+  | grep -o "loss=[^ ]*" > "'"$out"'/losses_poisoned.txt" && cat "'"$out"'/losses_plain.txt" \
+  && cmp "'"$out"'/losses_plain.txt" "'"$out"'/losses_poisoned.txt" && echo same losses' \
+  sh "${lab02[@]}"
 # 2. the side-by-side table (the issue's target: >= 1.0x PyTorch-compiled, memory <= its), as the
 # default path runs (every op's version 1 and the trial kernels: lab02_trial_none and _all, 4.)
 TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
