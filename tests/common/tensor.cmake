@@ -43,6 +43,24 @@ scalelab_add_test(NAME test_ops_cuda_bf16 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test
 # issue 32: flash attention versions 1 and 2 (tensor cores) against the host, both layouts
 scalelab_add_test(NAME test_ops_cuda_flash SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ops_cuda_flash.cpp
                   RANKS 1 LABELS gpu TIMEOUT 120)
+# one wgmma product of each kind the flash kernels issue, alone, against the host: where their
+# test fails, these tell the descriptors and layouts from the flash logic. Its kernels are sm_90a
+# code, an object library like the flash kernels' own (common/tensor.cmake); without CUDA the
+# test skips and a stub stands in for them.
+if(SCALELAB_WITH_CUDA)
+  add_library(wgmma_products_cuda OBJECT ${CMAKE_CURRENT_LIST_DIR}/wgmma_products_cuda.cu)
+  set_target_properties(wgmma_products_cuda PROPERTIES CUDA_ARCHITECTURES 90a)
+  target_include_directories(wgmma_products_cuda PRIVATE
+    $<TARGET_PROPERTY:scalelab_common,INTERFACE_INCLUDE_DIRECTORIES>)
+  target_compile_definitions(wgmma_products_cuda PRIVATE
+    $<TARGET_PROPERTY:scalelab_common,INTERFACE_COMPILE_DEFINITIONS>)
+  set(wgmma_products $<TARGET_OBJECTS:wgmma_products_cuda>)
+else()
+  set(wgmma_products ${CMAKE_CURRENT_LIST_DIR}/wgmma_products_nocuda.cpp)
+endif()
+scalelab_add_test(NAME test_wgmma_products
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_wgmma_products.cpp ${wgmma_products}
+                  RANKS 1 LABELS gpu)
 # the golden file is written by tools/torch_golden.py (PyTorch, not needed to run the test)
 scalelab_add_test(NAME test_gpt_golden SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt_golden.cpp RANKS 1)
 target_compile_definitions(test_gpt_golden PRIVATE

@@ -13,7 +13,7 @@
 set -uo pipefail
 if [[ ${1:-} == --targets ]]; then
   echo lab02_single_device_solution test_ops_cuda test_ops_cuda_bf16 test_ops_cuda_flash \
-    scalelab_bench_kernels scalelab_bench_adamw scalelab_bench_attention
+    test_wgmma_products scalelab_bench_kernels scalelab_bench_adamw scalelab_bench_attention
   exit 0
 fi
 source build/gpu-pack/env.sh || exit 1
@@ -44,6 +44,10 @@ TAILN=12 run trial_flash_dkdv_test 90 "$B/tests/common/test_ops_cuda_flash" \
 # flash attention on Hopper's warpgroup MMA (written without a GPU): against the host and version
 # 2, then under compute-sanitizer's memcheck (out-of-bounds or misaligned shared and global
 # accesses of the swizzled tiles)
+# first each kind of product alone (S = Q K^T from two K-major tiles; O += P V from register
+# fragments and an MN-major tile): if the kernels' test fails, these say whether the descriptors
+# and layouts are wrong or the flash logic
+TAILN=12 run wgmma_products_test 60 "$B/tests/common/test_wgmma_products"
 TAILN=12 run trial_flash_wgmma_test 90 "$B/tests/common/test_ops_cuda_flash" \
   --gtest_filter='*WgmmaKernels*'
 if command -v compute-sanitizer > /dev/null; then
