@@ -56,6 +56,7 @@ if(SCALELAB_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/norm_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/layernorm_backward_v2_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/layernorm_backward_v3_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/bias_backward_v2_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/attention_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/embedding_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/ops/cuda/rows_cuda.cu

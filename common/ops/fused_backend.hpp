@@ -60,6 +60,11 @@ bool layernorm_backward_v2(Tensor& din, Tensor& dweight, Tensor& dbias, const Te
 bool layernorm_backward_v3(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                            const Tensor& in, const Tensor& weight, const Tensor& mean,
                            const Tensor& rstd);
+/// CUDA only (bias_backward_v2_cuda.cu): dbias += the column sums of dout with 16-byte loads and
+/// each lane's sums in registers (bias_backward's version 2; the trial kernel
+/// "bias_backward_v2"). Returns false, having done nothing, unless dout is contiguous bf16 with C
+/// a multiple of 256 and 16-byte aligned: version 1 then runs.
+bool bias_backward_v2(Tensor& dbias, const Tensor& dout);
 /// CUDA only (matmul_cuda.cu): dpre = (dout @ weight) * GELU'(pre) in one cuBLASLt call
 /// (CUBLASLT_EPILOGUE_DGELU, pre as aux). 2-d tensors, bf16. Returns false, having done
 /// nothing, where it does not apply (as linear_epilogue).

@@ -106,7 +106,10 @@ void linear_parameter_backward(Tensor& dweight, Tensor& dbias, const Tensor& dou
   check_alike("linear_parameter_backward", {&dout, &in});
   check_alike("linear_parameter_backward", {&dweight, &dbias});
   const Tensor dy = dout.view({N, OC}), x = in.view({N, C});
-  if (dout.device().is_cuda() && trial_kernel("bias_grad_epilogue")) {
+  // the BGRADB epilogue unless the bias gradient's version 2 (a column-sum pass, on trial) is on:
+  // then the plain GEMM and bias_backward, as version 1
+  if (dout.device().is_cuda() && trial_kernel("bias_grad_epilogue") &&
+      !trial_kernel("bias_backward_v2")) {
     Tensor sums = Tensor::empty({OC}, dbias.dtype(), dbias.device());
     if (cuda::linear_bgrad_epilogue(dweight, sums, dy, x)) {
       count_matmul(1, OC, C, N);  // the fused GEMM's work

@@ -19,6 +19,11 @@
 namespace scalelab::ops {
 
 /// The kernels on trial (off unless named), and what each replaces.
+///  - bias_backward_v2: a bias gradient's column sums with 16-byte loads, each lane's 8 sums in
+///    registers over its rows (bias_backward_v2_cuda.cu; bf16, C a multiple of 256) instead of
+///    version 1's one element a thread a row (column_sums.cuh); on, it also replaces the BGRADB
+///    epilogue (ops::linear_parameter_backward: the plain GEMM, then this pass). Not yet run on a
+///    GPU.
 ///  - flash_backward_one_kernel: flash attention's backward (version 2) as one kernel that adds
 ///    dQ's shares in a fixed order (flash_attention_tc_backward_cuda.cu) instead of a dK/dV
 ///    kernel and a dQ kernel that both compute the scores (flash_attention_tc_cuda.cu). Checked
@@ -40,7 +45,8 @@ namespace scalelab::ops {
 ///    registers over all its rows, 16-byte loads (layernorm_backward_v3_cuda.cu; bf16, C a
 ///    multiple of 256 up to 1024) instead of version 1's dx kernel and two column-sum passes (and
 ///    of version 2's per-element sums in shared memory). Not yet run on a GPU.
-inline constexpr const char* kTrialKernels[] = {"flash_backward_one_kernel",
+inline constexpr const char* kTrialKernels[] = {"bias_backward_v2",
+                                                "flash_backward_one_kernel",
                                                 "flash_backward_wgmma",
                                                 "flash_dkdv_three_blocks",
                                                 "flash_forward_wgmma",

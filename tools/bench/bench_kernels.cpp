@@ -8,6 +8,8 @@
 //                            v2: one cuBLASLt call, GELU' in its epilogue (dgelu_epilogue)
 //   Linear dweight + dbias   v1: dW += dout^T x, then dbias by column-sum passes over dout
 //                            v2: one cuBLASLt call, dbias summed in its epilogue (bias_grad_epilogue)
+//   bias gradient alone      v1: column sums, one element a thread a row (column_sums.cuh)
+//                            v2: 16-byte loads, each lane's sums in registers (bias_backward_v2)
 //   embedding backward (wte) v1: every vocabulary row scans all N tokens (O(V N C))
 //                            v2: the tokens grouped by id first, each row sums its own (O(N C))
 //                            v3: v2's groups cut into chunks of 64, two passes (grouped_rows_in_chunks)
@@ -180,6 +182,27 @@ int main(int argc, char** argv) {
         Tensor sums = on(Tensor::empty({H}, gt));
         if (version == 2 && !ops::cuda::linear_bgrad_epilogue(dw_d, sums, dout_d, x_d))
           fmt::print("  (cuBLASLt has no BGRADB algorithm for this GEMM: v2's row ran v1)\n");
+      }
+    }
+    // ---- a bias gradient alone: the column sums of the MLP fc's dout (N, 4C) -------------------
+    {
+      const Tensor dout = Tensor::uniform({N, H}, 11, dt);
+      const Tensor dout_c = dout.flat(0, check * H).view({check, H});
+      Tensor db = Tensor::zeros({H}, gt);
+      ops::bias_backward(db, dout_c);  // the host's, on the checked rows
+      const Tensor dout_d = on(dout), dout_cd = on(dout_c);
+      const double bytes = static_cast<double>(dtype_size(dt)) * N * H;  // dout, read once
+      for (int version : {1, 2}) {
+        if (version == 2 && device.is_cpu()) break;  // the host has one path
+        ops::set_trial_kernels(version == 2 ? "bias_backward_v2" : "none");
+        Tensor db_c = on(Tensor::zeros({H}, gt));
+        ops::bias_backward(db_c, dout_cd);
+        const double diff = max_rel_diff(db_c, db, H);
+        Tensor db_d = on(Tensor::zeros({H}, gt));
+        const auto ms = time_ms(device, warmup, repeats, [&] { ops::bias_backward(db_d, dout_d); });
+        print_row("bias grad (column sums)", version == 1 ? "v1: an element a thread a row"
+                                                          : "v2: 16-byte loads, sums in registers",
+                  ms, bytes, diff);
       }
     }
     // ---- the token embedding's gradient (a byte-level vocabulary: 256 rows) ----------------------

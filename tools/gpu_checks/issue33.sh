@@ -31,7 +31,7 @@ ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/common/test_ops_cuda" \
   --gtest_filter='*LayerNormBackwardVersion*:*ReductionsAndOptimizers*:*GroupedRowsInChunks*:*EmbeddingBackwardVersion1*'
 TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
-  --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*TrialKernels*'
+  --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*BiasBackwardVersion2*:*TrialKernels*'
 # flash attention's forward with two row tiles a warp and its backward in one kernel (dQ's shares
 # added in a fixed order): against the host and version 2's default kernels, their own bits
 # twice; one process each, as a turn that never comes traps and takes the CUDA context with it
@@ -83,16 +83,16 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # 4. each newer kernel alone in lab 02's step (on top of every op's version 1), then none, the
 # default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
 # side-by-side table, measured the same way, without PyTorch's)
-# (default_new: the default with the wgmma kernels and LayerNorm's version 3 on: the candidate
-# default if their tests passed)
-for k in none adamw_one_launch bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
+# (default_new: the default with the wgmma kernels, LayerNorm's version 3 and the bias
+# gradient's version 2 on: the candidate default if their tests passed)
+for k in none adamw_one_launch bias_backward_v2 bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
   flash_backward_wgmma flash_dkdv_three_blocks flash_forward_two_row_tiles flash_forward_wgmma \
   grouped_rows_in_chunks layernorm_backward_v2 layernorm_backward_v3 norm_on_device default \
   default_new all; do
   case $k in
     none | all) list=$k ;;
     default) list= ;;
-    default_new) list=flash_forward_wgmma,flash_backward_wgmma,layernorm_backward_v3 ;;
+    default_new) list=flash_forward_wgmma,flash_backward_wgmma,layernorm_backward_v3,bias_backward_v2 ;;
     *) list=none,$k ;;
   esac
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \

@@ -317,7 +317,7 @@ bool applies(const AttentionLayout& l, std::initializer_list<const Tensor*> all)
   if (l.B > 65535 || l.NH > 65535 || l.T > (1 << 30)) return false;
   for (const Tensor* t : all) {
     if (t->dtype() != DType::bf16) return false;
-    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return false;
+    if (!aligned16(t->data_ptr())) return false;
   }
   for (int64_t e : {l.in_batch, l.in_head, l.in_ld, l.q_off, l.k_off, l.v_off, l.out_batch,
                     l.out_head, l.out_ld})

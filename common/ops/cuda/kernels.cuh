@@ -1,6 +1,7 @@
 #pragma once
 // Shared pieces of the CUDA kernels: launch geometry, warp reductions, the cuBLAS handle.
 #include <cmath>
+#include <cstdint>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -107,6 +108,15 @@ void with_grad_type(DType grad_dtype, F f) {
   else if (grad_dtype == DType::f32) f(float{});
   else SCALELAB_CHECK(false, "gradient dtype {} for {} data", dtype_name(grad_dtype), dtype_name(dtype_of<S>()));
 }
+
+/// Eight bf16 loaded or stored in one 16-byte access (a warp moves 512 bytes an instruction): the
+/// one-read kernels' unit (LayerNorm backward version 3, the bias gradient's version 2).
+struct alignas(16) Pack8 {
+  bf16 e[8];  ///< 8 consecutive columns
+};
+
+/// Whether p may be read as Pack8 (16-byte aligned).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 /// The cuBLAS handle of the current device (created on first use, math mode applied).
 cublasHandle_t cublas_handle();

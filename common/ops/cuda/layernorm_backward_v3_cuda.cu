@@ -46,11 +46,6 @@ constexpr int64_t kRowsPerBlock = 128;       // 16 rows a warp
 constexpr int64_t kMaxBlocks = 1024;         // beyond N = 131072 a block takes more rows
 constexpr int kChunk = 8 * kWarp;            // columns a warp covers with one 16-byte load a lane
 
-// Eight bf16 loaded or stored in one 16-byte access.
-struct alignas(16) Pack8 {
-  bf16 e[8];
-};
-
 template <int CH>  // CH = C / 256 chunks a row
 __global__ void __launch_bounds__(kWarps * kWarp)
     layernorm_backward_v3_kernel(bf16* __restrict__ din, float* __restrict__ partial_dw,
@@ -121,7 +116,6 @@ __global__ void __launch_bounds__(kWarps * kWarp)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 }  // namespace
 
 bool layernorm_backward_v3(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,

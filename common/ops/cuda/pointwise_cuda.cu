@@ -4,6 +4,8 @@
 // R6, R7 of ops.hpp), as the host kernels do.
 #include "common/ops/cuda/column_sums.cuh"
 #include "common/ops/cuda/kernels.cuh"
+#include "common/ops/fused_backend.hpp"
+#include "common/ops/trial_kernels.hpp"
 
 namespace scalelab::ops::cuda {
 
@@ -124,6 +126,8 @@ void add_bias(Tensor& out, const Tensor& bias) {
 }
 
 void bias_backward(Tensor& dbias, const Tensor& dout) {
+  // version 2 (bias_backward_v2_cuda.cu): 16-byte loads, the sums in registers; on trial
+  if (trial_kernel("bias_backward_v2") && bias_backward_v2(dbias, dout)) return;
   use_device(dbias);
   const int64_t C = dbias.numel(), N = dout.numel() / C;
   // column sums in a fixed order: deterministic. G: the gradient's type (T, or float for bf16).
