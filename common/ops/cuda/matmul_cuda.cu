@@ -170,7 +170,8 @@ bool lt_matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, 
 
 void matmul_bf16(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha,
                  double beta, int64_t batch, int64_t M, int64_t N, int64_t K) {
-  if (K == 0) return scale(out, beta);  // an empty sum: out = beta * out
+  // an empty sum: out = beta * out (beta 0: out never read, it may be uninitialised)
+  if (K == 0) return beta == 0.0 ? fill(out, 0.0) : scale(out, beta);
   SCALELAB_CHECK(lt_matmul(out, a, b, ta, tb, alpha, beta, batch, M, N, K),
                  "cuBLASLt found no bf16 algorithm for batch {} M {} N {} K {}", batch, M, N, K);
 }
