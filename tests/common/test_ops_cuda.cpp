@@ -188,7 +188,8 @@ TEST_F(CudaOps, LayerNormBackwardVersion2) {
 // written without a GPU): bf16 data only, C a multiple of 256 up to 1024. gpt-85m's 16384 x 768
 // (128 blocks of 128 rows, 3 chunks of 256 columns) and 700 x 768 (6 blocks of 116 or 117 rows:
 // warps see 14 or 15), 33 x 512 (one block) with bf16 parameter gradients, 300 x 256 and
-// 300 x 1024 (1 and 4 chunks); 100 x 770 and 100 x 1280 it declines (version 1 runs). Against the
+// 300 x 1024 (1 and 4 chunks); 100 x 770 and 100 x 1280 it declines (version 1 runs); 5 x 256 (warps
+// with no row) and 140000 x 256 (the grid capped at 1024 blocks of ~137 rows). Against the
 // host: dx within 2 bf16 steps (both round once; the row's two means are float sums in another
 // order), f32 dweight and dbias at 1e-4 relative plus 2e-7 N (version 2's test says why), bf16
 // ones within 2 bf16 steps. Called directly it must say whether it takes the shape and give the
@@ -203,7 +204,8 @@ TEST_F(CudaOps, LayerNormBackwardVersion3) {
   const Case cases[] = {{16384, 768, DType::f32, true}, {700, 768, DType::f32, true},
                         {33, 512, DType::bf16, true},   {300, 256, DType::f32, true},
                         {300, 1024, DType::f32, true},  {100, 770, DType::f32, false},
-                        {100, 1280, DType::f32, false}};
+                        {100, 1280, DType::f32, false}, {5, 256, DType::bf16, true},
+                        {140000, 256, DType::f32, true}};
   const double two_steps = 1.0 / 128;
   for (const Case& k : cases) {
     const std::string what = "layernorm v3 " + std::to_string(k.N) + " x " + std::to_string(k.C) +

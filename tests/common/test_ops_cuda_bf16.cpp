@@ -453,12 +453,13 @@ TEST_F(CudaBf16, BiasGradEpilogueAtGpt85mMatchesTheUnfusedPath) {
 // loads, each lane's 8 column sums in registers; bias_backward_v2_cuda.cu): bf16 dout, C a
 // multiple of 256. gpt-85m's three widths at 16384 rows (128 slices of 128 rows, 3, 9 and 12
 // column blocks), 700 x 2304 (6 slices of 116 or 117 rows: a warp's last rows outside the 4-row
-// loop), 33 x 256 and 1 x 512 (one slice; most warps see no row), a 3-d dout (4, 33, 256); 100 x 770
-// and 100 x 200 it declines (version 1 runs). dbias holds earlier values (the sums are added),
-// f32 and bf16. Against the host: f32 at 1e-4 relative plus 2e-7 N (float sums of N values in
-// another order: LayerNormBackwardVersion2 says why), bf16 within 2 bf16 steps of the host's
-// sum. Called directly it must say whether it takes the shape and give the dispatcher's bits (no
-// atomics: the same bits every run), which shows that the dispatcher ran it.
+// loop), 33 x 256 and 1 x 512 (one slice; most warps see no row), a 3-d dout (4, 33, 256),
+// 140000 x 256 (the slices capped at 1024, ~137 rows each); 100 x 770 and 100 x 200 it declines
+// (version 1 runs). dbias holds earlier values (the sums are added), f32 and bf16. Against the
+// host: f32 at 1e-4 relative plus 2e-7 N (float sums of N values in another order:
+// LayerNormBackwardVersion2 says why), bf16 within 2 bf16 steps of the host's sum. Called
+// directly it must say whether it takes the shape and give the dispatcher's bits (no atomics:
+// the same bits every run), which shows that the dispatcher ran it.
 TEST_F(CudaBf16, BiasBackwardVersion2) {
   struct Case {
     std::vector<int64_t> shape;  // dout's; the last is C
@@ -469,7 +470,7 @@ TEST_F(CudaBf16, BiasBackwardVersion2) {
                         {{16384, 3072}, DType::f32, true}, {{700, 2304}, DType::f32, true},
                         {{33, 256}, DType::bf16, true},    {{1, 512}, DType::f32, true},
                         {{4, 33, 256}, DType::f32, true},  {{100, 770}, DType::f32, false},
-                        {{100, 200}, DType::f32, false}};
+                        {{100, 200}, DType::f32, false},  {{140000, 256}, DType::f32, true}};
   uint64_t seed = 200;
   for (const Case& k : cases) {
     const int64_t C = k.shape.back();

@@ -184,24 +184,25 @@ int main(int argc, char** argv) {
           fmt::print("  (cuBLASLt has no BGRADB algorithm for this GEMM: v2's row ran v1)\n");
       }
     }
-    // ---- a bias gradient alone: the column sums of the MLP fc's dout (N, 4C) -------------------
-    {
-      const Tensor dout = Tensor::uniform({N, H}, 11, dt);
-      const Tensor dout_c = dout.flat(0, check * H).view({check, H});
-      Tensor db = Tensor::zeros({H}, gt);
+    // ---- a bias gradient alone: the column sums of the MLP fc's dout (N, 4C), then of a
+    // projection's (N, C), where the second pass weighs most against the first ----------------
+    for (const int64_t W : {H, C}) {
+      const Tensor dout = Tensor::uniform({N, W}, 11, dt);
+      const Tensor dout_c = dout.flat(0, check * W).view({check, W});
+      Tensor db = Tensor::zeros({W}, gt);
       ops::bias_backward(db, dout_c);  // the host's, on the checked rows
       const Tensor dout_d = on(dout), dout_cd = on(dout_c);
-      const double bytes = static_cast<double>(dtype_size(dt)) * N * H;  // dout, read once
+      const double bytes = static_cast<double>(dtype_size(dt)) * N * W;  // dout, read once
       for (int version : {1, 2}) {
         if (version == 2 && device.is_cpu()) break;  // the host has one path
         ops::set_trial_kernels(version == 2 ? "bias_backward_v2" : "none");
-        Tensor db_c = on(Tensor::zeros({H}, gt));
+        Tensor db_c = on(Tensor::zeros({W}, gt));
         ops::bias_backward(db_c, dout_cd);
-        const double diff = max_rel_diff(db_c, db, H);
-        Tensor db_d = on(Tensor::zeros({H}, gt));
+        const double diff = max_rel_diff(db_c, db, W);
+        Tensor db_d = on(Tensor::zeros({W}, gt));
         const auto ms = time_ms(device, warmup, repeats, [&] { ops::bias_backward(db_d, dout_d); });
-        print_row("bias grad (column sums)", version == 1 ? "v1: an element a thread a row"
-                                                          : "v2: 16-byte loads, sums in registers",
+        print_row(fmt::format("bias grad, {} columns", W),
+                  version == 1 ? "v1: an element a thread a row" : "v2: 16-byte loads, sums in registers",
                   ms, bytes, diff);
       }
     }

@@ -56,6 +56,41 @@ __global__ void column_total_kernel(G* out, const A* partial, int64_t slices, in
   }
 }
 
+/// out[c] (G) += the sum over p < slices of partial[p, c] (an (slices, C) matrix of A): the second
+/// pass of the one-read kernels (bias_backward_v2, layernorm_backward_v3), whose first pass leaves
+/// 128 or more rows of partial sums. column_total_kernel gives each column one thread that adds
+/// its slices one after another (a chain of dependent loads: ~5 us at 128 slices, as long as the
+/// first pass at C = 768); here the 8 warps of a block of 32 columns each add every 8th slice in
+/// order, then warp 0 adds the 8 warps' sums in order: the bits depend on (slices, C) only.
+/// Grid (C + 31) / 32 blocks of 256 threads.
+template <class G, class A>
+__global__ void __launch_bounds__(8 * kWarp)
+    column_total_grouped_kernel(G* out, const A* partial, int64_t slices, int64_t C) {
+  __shared__ A part[8][kWarp];
+  const int g = threadIdx.x / kWarp, l = threadIdx.x % kWarp;
+  const int64_t c = blockIdx.x * int64_t{kWarp} + l;
+  A s = 0;
+  if (c < C)
+    for (int64_t p = g; p < slices; p += 8) s += partial[p * C + c];
+  part[g][l] = s;
+  __syncthreads();
+  if (g == 0 && c < C) {
+    A t = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) t += part[k][l];
+    out[c] = G(A(out[c]) + t);
+  }
+}
+
+/// out[c] += the column sums of partial (slices, C) by column_total_grouped_kernel.
+template <class G, class A>
+void add_partial_rows(G* out, const A* partial, int64_t slices, int64_t C) {
+  if (C == 0) return;
+  column_total_grouped_kernel<G, A><<<static_cast<unsigned>((C + kWarp - 1) / kWarp), 8 * kWarp>>>(
+      out, partial, slices, C);
+  CUDA_CHECK_LAUNCH();
+}
+
 /// A summand of add_column_sums: the element (n, c) of a row-major (N, C) matrix of storage type
 /// S, loaded into the compute type A (A = S unless S is bf16).
 template <class S, class A = S>

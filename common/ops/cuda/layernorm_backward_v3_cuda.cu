@@ -16,7 +16,7 @@
 //    its registers (2 x 8 C / 256 floats) across all its rows: nothing in shared memory until
 //    the block's rows are done;
 //  - a block takes 128 rows (8 warps, 16 rows each), so the partial sums are N / 128 rows, added
-//    into dweight and dbias by add_column_sums as version 2's are. The sums and a row's values
+//    into dweight and dbias by add_partial_rows (column_sums.cuh: one launch each). The sums and a row's values
 //    take ~195 registers a thread at C = 768 (ptxas), so an SM holds one block of 8 warps:
 //    gpt-85m's 16384 rows make 128 blocks, one wave on an H100's or H200's 132 SMs. (Held to
 //    2 blocks an SM, 128 registers, it spills.)
@@ -28,7 +28,7 @@
 // __restrict__ (din is written, x, dout, w only read; no two alias).
 //
 // Deterministic and the same on any GPU: the grid depends on N only; a lane adds its rows in
-// order, a block its warps in order, add_column_sums the blocks in order. The bits differ from
+// order, a block its warps in order, add_partial_rows the blocks in a fixed order. The bits differ from
 // version 1's in the order of float sums (dx: the row's two means are summed over other column
 // sets per lane), within the tolerances of version 2's test.
 #include <algorithm>
@@ -146,9 +146,8 @@ bool layernorm_backward_v3(Tensor& din, Tensor& dweight, Tensor& dbias, const Te
   }
   with_grad_type<bf16>(dweight.dtype(), [&](auto g_tag) {
     using G = decltype(g_tag);
-    add_column_sums<G, float>(dweight.data<G>(), blocks, C, Element<float>{pdw, C},
-                              dweight.device());
-    add_column_sums<G, float>(dbias.data<G>(), blocks, C, Element<float>{pdb, C}, dbias.device());
+    add_partial_rows<G, float>(dweight.data<G>(), pdw, blocks, C);
+    add_partial_rows<G, float>(dbias.data<G>(), pdb, blocks, C);
   });
   return true;
 }
