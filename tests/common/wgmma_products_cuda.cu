@@ -41,9 +41,7 @@ __device__ void load_tiles(unsigned char* first, const bf16* a, unsigned char* s
   wg::load_tile(first, tc::Rows{a, wg::kN}, 0, wg::kN);
   if (second) wg::load_tile(second, tc::Rows{b, wg::kN}, 0, wg::kN);
   tc::cp_async_commit();
-  tc::cp_async_wait<0>();
-  wg::fence_smem_for_mma();
-  __syncthreads();
+  wg::tiles_landed<0>();  // the kernels' own wait, proxy fence and barrier
 }
 
 __global__ void __launch_bounds__(tc::kBlock) ss_kernel(float* out, const bf16* a, const bf16* b) {

@@ -50,15 +50,6 @@ constexpr size_t kSmemForward = 5 * kTileBytes + wgmma::kAtomBytes;
 constexpr size_t kSmemDkdv = 6 * kTileBytes + wgmma::kAtomBytes + 4 * kN * sizeof(float);
 constexpr size_t kSmemDq = 6 * kTileBytes + wgmma::kAtomBytes;
 
-// Waits for this thread's copies (all but the newest `pending` groups), makes them visible to
-// the tensor cores, then to the whole block.
-template <int pending>
-__device__ inline void tiles_landed() {
-  cp_async_wait<pending>();
-  wg::fence_smem_for_mma();
-  __syncthreads();
-}
-
 // The copy of key tile t + 1 (K and V) into the other buffer starts, then key tile t's is
 // waited for (the forward's and the dQ kernel's loops).
 __device__ inline void next_kv_tile(unsigned char* Ks, unsigned char* Vs, Rows k, Rows v,
@@ -68,9 +59,9 @@ __device__ inline void next_kv_tile(unsigned char* Ks, unsigned char* Vs, Rows k
     wg::load_tile(Ks + nb * kTileBytes, k, (t + 1) * kN, T);
     wg::load_tile(Vs + nb * kTileBytes, v, (t + 1) * kN, T);
     cp_async_commit();
-    tiles_landed<1>();
+    wg::tiles_landed<1>();
   } else {
-    tiles_landed<0>();
+    wg::tiles_landed<0>();
   }
 }
 
@@ -172,9 +163,9 @@ __global__ void __launch_bounds__(kBlock)
       wg::load_tile(dOs + nb * kTileBytes, dout, i0 + kN, T);
       cp_async_commit();
       load_query_rows<kN>(lse_s + nb * kN, D_s + nb * kN, lse, D, i0 + kN, T);
-      tiles_landed<1>();
+      wg::tiles_landed<1>();
     } else {
-      tiles_landed<0>();
+      wg::tiles_landed<0>();
     }
     const uint32_t Qt = smem_u32(Qs + (t % 2) * kTileBytes);
     const uint32_t dOt = smem_u32(dOs + (t % 2) * kTileBytes);

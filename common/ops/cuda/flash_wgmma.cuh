@@ -50,6 +50,15 @@ __device__ inline void fence_smem_for_mma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Waits for this thread's copies (all but the newest `pending` groups), makes them visible to
+// the tensor cores, then to the whole block.
+template <int pending>
+__device__ inline void tiles_landed() {
+  flash_tc::cp_async_wait<pending>();
+  fence_smem_for_mma();
+  __syncthreads();
+}
+
 // Pins each register of d after wait_all (see above).
 __device__ inline void pin(Acc& d) {
 #pragma unroll
