@@ -103,6 +103,9 @@ struct FlashV2Kernels {
   bool forward_wgmma = false;
   /// Whether the last backward's two kernels ran on it ("flash_backward_wgmma", the same shapes).
   bool backward_wgmma = false;
+  /// Whether the last backward's dK/dV kernel kept dS^T for its dQ kernel to read back instead
+  /// of computing it again (the trial kernel "flash_dq_from_kept_ds", head size 64).
+  bool dq_from_kept_ds = false;
 };
 /// The version-2 kernels the last version-2 forward and backward ran (see FlashV2Kernels).
 FlashV2Kernels last_flash_v2_kernels();

@@ -36,6 +36,11 @@ namespace scalelab::ops {
 ///  - flash_dkdv_three_blocks: flash attention's dK/dV kernel (version 2, head size 64) compiled
 ///    to fit 3 blocks an SM (168 registers a thread) instead of 2 (175 registers): 12 warps an SM
 ///    to hide latency instead of 8 (flash_attention_tc_cuda.cu). Not yet run on a GPU.
+///  - flash_dq_from_kept_ds: flash attention's backward (head size 64) with S and dP computed
+///    once: the dK/dV kernel keeps each dS^T tile (bf16, 2 bytes a score; kept_ds.hpp) and the dQ
+///    kernel reads it back, one product a tile (dQ += dS K), instead of computing S, dP and dS a
+///    second time (flash_attention_tc_cuda.cu; with flash_backward_wgmma, wgmma's dK/dV kernel
+///    keeps them). Not yet run on a GPU.
 ///  - flash_forward_wgmma, flash_backward_wgmma: flash attention's forward, and its backward's
 ///    dK/dV and dQ kernels, on Hopper's warpgroup MMA (wgmma: 64 x 64 tiles of four warps, B
 ///    read from shared memory once for all four) instead of each warp's mma.sync and ldmatrix
@@ -49,6 +54,7 @@ inline constexpr const char* kTrialKernels[] = {"bias_backward_v2",
                                                 "flash_backward_one_kernel",
                                                 "flash_backward_wgmma",
                                                 "flash_dkdv_three_blocks",
+                                                "flash_dq_from_kept_ds",
                                                 "flash_forward_wgmma",
                                                 "layernorm_backward_v2",
                                                 "layernorm_backward_v3"};

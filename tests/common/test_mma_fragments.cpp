@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "common/ops/cuda/kept_ds.hpp"
 #include "common/ops/cuda/mma_fragments.hpp"
 
 namespace {
@@ -229,5 +230,76 @@ TEST(MmaFragments, OneKernelBackwardDqShareMatchesPlainLoops) {
                 << "hs " << HS << " warp " << w << " lane " << t << " reg " << r << " tile " << n;
           }
     }
+  }
+}
+
+// The dS^T tiles kept for the dQ kernel (kept_ds.hpp, the trial kernel "flash_dq_from_kept_ds"):
+// every (query tile, key tile) pair with scores has a place of its own among its head's tiles,
+// and query tile i's key tiles lie one after another, as the dQ kernel reads them.
+TEST(MmaFragments, KeptDsTilesEachHaveTheirOwnPlace) {
+  namespace kept = scalelab::ops::kept_ds;
+  for (bool causal : {true, false})
+    for (int n : {1, 2, 5, 17}) {
+      std::vector<int> seen(kept::tiles_per_head(n, causal), 0);
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j <= (causal ? i : n - 1); ++j) {
+          const int64_t at = kept::tile_index(i, j, n, causal);
+          ASSERT_TRUE(at >= 0 && at < static_cast<int64_t>(seen.size()))
+              << "tile (" << i << ", " << j << ") of " << n << " at " << at;
+          ++seen[at];
+          EXPECT_EQ(at, kept::tile_index(i, 0, n, causal) + j) << "row " << i << " not in order";
+        }
+      for (std::size_t at = 0; at < seen.size(); ++at)
+        EXPECT_EQ(seen[at], 1) << "place " << at << " of " << n << (causal ? " causal" : "");
+    }
+}
+
+// One kept tile's round trip: the dK/dV kernel's four warps store their dS^T accumulators as
+// bf16 pairs (store_kept_ds, at kept_ds::fragment_offset), which must make the tile dS^T
+// row-major with every element written once; the dQ kernel copies the tile into shared memory
+// with rows padded to 72 elements (load_tile) and each warp reads its 16 query rows of dS with
+// ldmatrix.trans (ldsm_at_offset) and multiplies them by K (ldmatrix.trans): dQ = dS K.
+TEST(MmaFragments, KeptDsTileRoundTripGivesDsK) {
+  namespace kept = scalelab::ops::kept_ds;
+  constexpr int B = kept::kTile, HS = 64, L = HS + 8, LS = B + 8, kWarps = 4;
+  const std::vector<float> dst = matrix(B, B, B, 6);  // dS^T: keys x queries, no padding
+  const std::vector<float> k = matrix(B, HS, L, 7);
+  std::vector<float> tile(kept::kTileElems, 1000.f);  // the tile in global memory
+  std::vector<int> stores(kept::kTileElems, 0);
+  for (int w = 0; w < kWarps; ++w)
+    for (int n = 0; n < B / 8; ++n)
+      for (int t = 0; t < kLanes; ++t)
+        for (int h = 0; h < 2; ++h)
+          for (int e = 0; e < 2; ++e) {
+            const RC rc = spec_c(t, 2 * h + e);  // the element register 2h + e holds
+            const int at = kept::fragment_offset(w, t, n, h) + e;
+            ASSERT_TRUE(at >= 0 && at < kept::kTileElems) << "warp " << w << " lane " << t;
+            tile[at] = dst[(16 * w + rc.row) * B + 8 * n + rc.col];
+            ++stores[at];
+          }
+  for (int at = 0; at < kept::kTileElems; ++at) {
+    ASSERT_EQ(stores[at], 1) << "element " << at << " stored " << stores[at] << " times";
+    ASSERT_EQ(tile[at], dst[at]) << "element " << at << " is not dS^T row-major";
+  }
+  std::vector<float> smem(B * LS, 1000.f);  // load_tile<B, B>: rows of B + 8
+  for (int r = 0; r < B; ++r)
+    for (int c = 0; c < B; ++c) smem[r * LS + c] = tile[r * B + c];
+  for (int w = 0; w < kWarps; ++w) {
+    std::vector<AFrag> a(B / 16);
+    for (int kc = 0; kc < B / 16; ++kc) {
+      std::array<int, kLanes> addr{};
+      for (int t = 0; t < kLanes; ++t) addr[t] = mma::ldsm_at_offset(t, w, kc, LS);
+      a[kc] = ldmatrix_x4(smem, addr, /*trans=*/true);
+    }
+    std::vector<WarpAcc> dq(HS / 8, WarpAcc{});
+    mma_tile(dq, a, k, 0, L, /*nk=*/false);
+    for (int t = 0; t < kLanes; ++t)
+      for (int r = 0; r < 4; ++r)
+        for (int n = 0; n < HS / 8; ++n) {
+          const int i = 16 * w + spec_c(t, r).row, d = 8 * n + spec_c(t, r).col;
+          float want = 0;
+          for (int j = 0; j < B; ++j) want += dst[j * B + i] * k[j * L + d];
+          ASSERT_EQ(dq[n][t][r], want) << "warp " << w << " lane " << t << " reg " << r;
+        }
   }
 }

@@ -209,9 +209,10 @@ std::array<Tensor, 4> long_inputs(const Shape& s) {
 // the largest element (2^-7). Both round P and dS to bf16 alike and differ only in the order of
 // float sums, so an output moves by one bf16 step at most; the host's 2e-2 (its sums are not
 // rounded to bf16) could hide a part of one key block's share of dQ lost, this cannot. Then the
-// trial's own bits twice. wgmma: the trial runs on Hopper's warpgroup MMA (head size 64).
+// trial's own bits twice. wgmma: the trial runs on Hopper's warpgroup MMA (head size 64);
+// kept_ds: its dQ kernel reads back the dS^T its dK/dV kernel kept (head size 64).
 void check_trial_kernel(const char* trial, int rows_per_warp, int backward_kernels,
-                        bool wgmma = false) {
+                        bool wgmma = false, bool kept_ds = false) {
   ops::set_flash_attention_version(2);
   const double two_steps = 1.0 / 128;
   for (const Shape& s : kLongShapes) {
@@ -222,6 +223,7 @@ void check_trial_kernel(const char* trial, int rows_per_warp, int backward_kerne
     const Result v2 = packed(q, k, v, dout, s, gpu);  // the default kernels
     EXPECT_EQ(ops::cuda::last_flash_v2_kernels().forward_rows_per_warp, 16) << what;
     EXPECT_EQ(ops::cuda::last_flash_v2_kernels().backward_kernels, 2) << what;
+    EXPECT_FALSE(ops::cuda::last_flash_v2_kernels().dq_from_kept_ds) << what;
     Result got;
     {
       const TrialKernels on(trial);
@@ -232,6 +234,7 @@ void check_trial_kernel(const char* trial, int rows_per_warp, int backward_kerne
       EXPECT_EQ(ran.backward_kernels, backward_kernels) << what;
       EXPECT_EQ(ran.forward_wgmma, wgmma && s.hs == 64) << what;
       EXPECT_EQ(ran.backward_wgmma, wgmma && s.hs == 64) << what;
+      EXPECT_EQ(ran.dq_from_kept_ds, kept_ds && s.hs == 64) << what;
       expect_close(got, packed(q, k, v, dout, s, Device::cpu()), 2e-2, 1e-3, what + " vs host");
       expect_same_bits_twice(s);
     }
@@ -280,8 +283,8 @@ TEST_F(CudaFlash, DkdvKernelAtThreeBlocksHasTheDefaultsBits) {
 // then the long shapes against the host and version 2's two kernels, and twice for the same
 // bits: its dQ shares are added in a fixed order, not by atomics. Last in this file: a turn that
 // never comes ends in a trap (its watchdog), which takes the process's CUDA context with it.
-// (Only the wgmma kernels' test, written without a GPU, comes after it: the newest kernels'
-// faults would take the context too.)
+// (Only the tests of kernels written without a GPU come after it, kept dS then wgmma: the newest
+// kernels' faults would take the context too.)
 TEST_F(CudaFlash, OneKernelBackwardMatchesTheHostAndItsOwnBits) {
   {
     const TrialKernels trial("flash_backward_one_kernel");
@@ -289,6 +292,31 @@ TEST_F(CudaFlash, OneKernelBackwardMatchesTheHostAndItsOwnBits) {
     check_qkv({2});
   }
   check_trial_kernel("flash_backward_one_kernel", 16, 1);
+}
+
+// dQ from the dS^T the dK/dV kernel kept (trial kernel "flash_dq_from_kept_ds", kept_ds.hpp;
+// head size 64, 128 runs version 2's dQ kernel: checked too): every shape and both layouts at
+// version 2's tolerances (T 1, 33, 70, 130: partial tiles whose keys and queries past T must come
+// out of the kept tiles as zeros; causal and unmasked, whose tiles lie differently), and which
+// kernels ran. Its own test (and compute-sanitizer's memcheck in issue33.sh): written without a
+// GPU, it stores to a buffer of its own.
+TEST_F(CudaFlash, KeptDsBackwardMatchesTheHost) {
+  const TrialKernels trial("flash_dq_from_kept_ds");
+  check_packed(2, DType::bf16, 2e-2, 1e-3, 2);
+  check_qkv({2});
+  for (int64_t hs : {64, 128}) {
+    const Shape s{1, 2, 70, hs, true};
+    packed_on_gpu(s, 3);
+    EXPECT_EQ(ops::cuda::last_flash_v2_kernels().dq_from_kept_ds, hs == 64) << s.str();
+    EXPECT_EQ(ops::cuda::last_flash_v2_kernels().backward_kernels, 2) << s.str();
+  }
+}
+
+// The same on the long shapes (17 query tiles a head at T 1030: the kept tiles of row i are
+// i + 1 causal, 17 unmasked): against the host and within two bf16 steps of version 2's dQ
+// kernel, which computes the same dS again (the same roundings), and the same bits twice.
+TEST_F(CudaFlash, KeptDsBackwardOnLongShapes) {
+  check_trial_kernel("flash_dq_from_kept_ds", 16, 2, /*wgmma=*/false, /*kept_ds=*/true);
 }
 
 // Flash attention on Hopper's warpgroup MMA (trial kernels "flash_forward_wgmma" and
@@ -309,4 +337,14 @@ TEST_F(CudaFlash, WgmmaKernelsMatchTheHostAndVersion2) {
     check_qkv({2});
   }
   check_trial_kernel(both, 16, 2, /*wgmma=*/true);
+}
+
+// wgmma's dK/dV kernel keeping dS^T for version 2's kept-dS dQ kernel (the trial kernels
+// "flash_backward_wgmma" and "flash_dq_from_kept_ds" together): the long shapes against the host
+// and version 2, and the same bits twice.
+TEST_F(CudaFlash, WgmmaKeptDsBackwardMatchesTheHost) {
+  if (cuda_compute_capability(0) != 90)
+    GTEST_SKIP() << "wgmma runs on compute capability 9.0 only";
+  check_trial_kernel("flash_forward_wgmma,flash_backward_wgmma,flash_dq_from_kept_ds", 16, 2,
+                     /*wgmma=*/true, /*kept_ds=*/true);
 }

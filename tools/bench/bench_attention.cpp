@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
     // ("flash_forward_two_row_tiles", head size 64: the default), the dK/dV kernel held to 3
     // blocks an SM ("flash_dkdv_three_blocks", on trial) and the backward as one kernel
     // ("flash_backward_one_kernel", on trial: dQ's shares added in a fixed order in the dK/dV
-    // pass)
+    // pass) or with the dS^T it made kept for the dQ kernel ("flash_dq_from_kept_ds", on trial)
     if (ops::cuda::last_flash_attention_version() == 2) {
       ops::set_trial_kernels("flash_forward_two_row_tiles");
       report("v2 2-row-tile forward", fwd_flops,
@@ -242,6 +242,16 @@ int main(int argc, char** argv) {
       });
       report("v2 1-kernel qkv bwd", bwd_flops,
              [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
+      // dQ from the dS^T the dK/dV kernel kept ("flash_dq_from_kept_ds", on trial: head size 64;
+      // its "peak extra" is the kept tiles)
+      ops::set_trial_kernels("flash_dq_from_kept_ds");
+      report("v2 kept-dS backward", bwd_flops, [&] {
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
+      });
+      report("v2 kept-dS qkv bwd", bwd_flops,
+             [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
+      if (!ops::cuda::last_flash_v2_kernels().dq_from_kept_ds)
+        fmt::print("  (the kept-dS backward takes head size 64 only: at {} the default ran)\n", hs);
       // Hopper's warpgroup MMA ("flash_forward_wgmma", "flash_backward_wgmma", on trial: head
       // size 64 on compute capability 9.0)
       ops::set_trial_kernels("flash_forward_wgmma,flash_backward_wgmma");
@@ -254,6 +264,10 @@ int main(int argc, char** argv) {
              [&] { ops::flash_attention_qkv_forward(y, lse, qkv, NH, scale, causal); });
       report("wgmma qkv backward", bwd_flops,
              [&] { ops::flash_attention_qkv_backward(dqkv, dy, qkv, y, lse, NH, scale, causal); });
+      ops::set_trial_kernels("flash_backward_wgmma,flash_dq_from_kept_ds");
+      report("wgmma kept-dS bwd", bwd_flops, [&] {
+        ops::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, causal);
+      });
       if (!ops::cuda::last_flash_v2_kernels().backward_wgmma)
         fmt::print("  (wgmma takes head size 64 on compute capability 9.0 only: here version "
                    "2's kernels ran)\n");

@@ -41,6 +41,15 @@ TAILN=12 run trial_flash_backward_test 90 "$B/tests/common/test_ops_cuda_flash" 
   --gtest_filter='*OneKernelBackward*'
 TAILN=12 run trial_flash_dkdv_test 90 "$B/tests/common/test_ops_cuda_flash" \
   --gtest_filter='*DkdvKernelAtThreeBlocks*'
+# dQ from the dS^T the dK/dV kernel kept (written without a GPU; its own buffer of tiles): against
+# the host and version 2, then the short shapes under memcheck (a tile stored or read out of place)
+TAILN=12 run trial_flash_kept_ds_test 90 "$B/tests/common/test_ops_cuda_flash" \
+  --gtest_filter='*KeptDsBackwardMatchesTheHost*:*KeptDsBackwardOnLongShapes*'
+if command -v compute-sanitizer > /dev/null; then
+  TAILN=12 run trial_flash_kept_ds_memcheck 120 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 "$B/tests/common/test_ops_cuda_flash" \
+    --gtest_filter='*KeptDsBackwardMatchesTheHost*'
+fi
 # flash attention on Hopper's warpgroup MMA (written without a GPU): against the host and version
 # 2, then under compute-sanitizer's memcheck (out-of-bounds or misaligned shared and global
 # accesses of the swizzled tiles)
@@ -49,7 +58,7 @@ TAILN=12 run trial_flash_dkdv_test 90 "$B/tests/common/test_ops_cuda_flash" \
 # and layouts are wrong or the flash logic
 TAILN=12 run wgmma_products_test 60 "$B/tests/common/test_wgmma_products"
 TAILN=12 run trial_flash_wgmma_test 90 "$B/tests/common/test_ops_cuda_flash" \
-  --gtest_filter='*WgmmaKernels*'
+  --gtest_filter='*WgmmaKernels*:*WgmmaKeptDs*'
 if command -v compute-sanitizer > /dev/null; then
   TAILN=12 run trial_flash_wgmma_memcheck 150 compute-sanitizer --tool memcheck \
     --error-exitcode 1 "$B/tests/common/test_ops_cuda_flash" --gtest_filter='*WgmmaKernels*'
@@ -83,16 +92,18 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # 4. each newer kernel alone in lab 02's step (on top of every op's version 1), then none, the
 # default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
 # side-by-side table, measured the same way, without PyTorch's)
-# (default_new: the default with the wgmma kernels, LayerNorm's version 3 and the bias
-# gradient's version 2 on: the candidate default if their tests passed)
-for k in none adamw_one_launch bias_backward_v2 bias_grad_epilogue dgelu_epilogue flash_backward_one_kernel \
-  flash_backward_wgmma flash_dkdv_three_blocks flash_forward_two_row_tiles flash_forward_wgmma \
-  grouped_rows_in_chunks layernorm_backward_v2 layernorm_backward_v3 norm_on_device default \
-  default_new all; do
+# (default_new: the default with the wgmma kernels, the kept dS, LayerNorm's version 3 and the
+# bias gradient's version 2 on: the candidate default if their tests passed)
+new=flash_forward_wgmma,flash_backward_wgmma,flash_dq_from_kept_ds,layernorm_backward_v3
+new=$new,bias_backward_v2
+for k in none adamw_one_launch bias_backward_v2 bias_grad_epilogue dgelu_epilogue \
+  flash_backward_one_kernel flash_backward_wgmma flash_dkdv_three_blocks flash_dq_from_kept_ds \
+  flash_forward_two_row_tiles flash_forward_wgmma grouped_rows_in_chunks layernorm_backward_v2 \
+  layernorm_backward_v3 norm_on_device default default_new all; do
   case $k in
     none | all) list=$k ;;
     default) list= ;;
-    default_new) list=flash_forward_wgmma,flash_backward_wgmma,layernorm_backward_v3,bias_backward_v2 ;;
+    default_new) list=$new ;;
     *) list=none,$k ;;
   esac
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \

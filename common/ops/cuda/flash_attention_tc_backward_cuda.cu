@@ -5,7 +5,7 @@
 //
 // Why. Version 2 computes dK, dV in one kernel (a block owns 64 keys and walks the query tiles)
 // and dQ in another (a block owns 64 queries and walks the key tiles). Both need P and dS, so
-// both compute S = Q K^T and dP = dO V^T: 8 tile products per (query tile, key tile) where 5
+// both compute S = Q K^T and dP = dO V^T: 7 tile products per (query tile, key tile) where 5
 // would do. FlashAttention-2 computes dQ in the dK/dV pass too, adding each key block's share
 // dS K into an fp32 dQ with atomicAdd; those adds land in whatever order the blocks reach them,
 // so dQ's last bits change from run to run.

@@ -30,8 +30,10 @@
 // one over query tiles computes dQ (each warp 16 queries, looping over key tiles): every output
 // element is summed by one lane in a fixed order. FlashAttention-2 instead adds dQ with
 // atomicAdd from the key-tile pass, whose order varies run to run; the price here is computing
-// S and dP twice (8 tile products per (query, key) tile instead of 5). The one-kernel backward
-// (flash_attention_tc_backward_cuda.cu, on trial) adds dQ from the key-tile pass in a fixed order.
+// S and dP twice (7 tile products per (query, key) tile instead of 5). The one-kernel backward
+// (flash_attention_tc_backward_cuda.cu, on trial) adds dQ from the key-tile pass in a fixed order;
+// the kept-dS backward (kept_ds.hpp, on trial) has the dK/dV kernel store each dS^T tile for a dQ
+// kernel that only multiplies (flash_tc_dq_from_kept_ds_kernel below).
 //
 // Shared memory rows are padded by 8 bf16 (16 bytes): a row of HS + 8 elements starts 4 banks
 // after the previous one, so the 8 row addresses of one ldmatrix tile hit 8 different 16-byte
@@ -167,13 +169,18 @@ __global__ void flash_tc_backward_d_kernel(float* D, const bf16* dout_base, cons
 // warps (on an H200 Nsight Compute saw 12% occupancy, its busiest pipe 22% busy, the warps
 // stalled on latency that more of them would hide). 3 is the trial kernel
 // "flash_dkdv_three_blocks"; its launch also asks for the most shared memory (3 blocks of 56 KiB).
-template <int HS, int kMinBlocks>
+// kKeepDs (the trial kernel "flash_dq_from_kept_ds", head size 64): each dS^T tile is also stored
+// at ds_base (kept_ds.hpp) for the dQ kernel that reads it back instead of computing it again
+// (the last parameter, unused otherwise: the other kernels' machine code stays as checked).
+template <int HS, int kMinBlocks, bool kKeepDs = false>
 __global__ void __launch_bounds__(kBlock, kMinBlocks)
     flash_tc_dkdv_kernel(bf16* dk_base, bf16* dv_base, const bf16* q_base, const bf16* k_base,
                          const bf16* v_base, const bf16* dout_base, const float* lse,
                          const float* D, Heads qh, Heads kh, Heads vh, Heads oh, int T,
-                         float scale, float scale_log2, bool causal) {
+                         float scale, float scale_log2, bool causal, bf16* ds_base) {
   constexpr int Bk = kTileRows, Bq = HS == 64 ? 64 : 32, L = HS + 8;
+  static_assert(!kKeepDs || (Bq == kept_ds::kTile && Bk == kept_ds::kTile),
+                "kept dS^T tiles are 64 keys x 64 queries");
   constexpr int NQ = Bq / 8;   // n-tiles of S^T (over the queries)
   constexpr int NO = HS / 8;   // n-tiles of dK, dV
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -186,7 +193,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks)
 
   const Rows q = qh.at(q_base), k = kh.at(k_base), v = vh.at(v_base), dout = oh.at(dout_base);
   const OutRows dk = kh.at(dk_base), dv = vh.at(dv_base);
-  const int64_t head_row = ((int64_t)blockIdx.z * gridDim.y + blockIdx.y) * T;
+  const int64_t bh = (int64_t)blockIdx.z * gridDim.y + blockIdx.y, head_row = bh * T;
   lse += head_row, D += head_row;
   const int k0 = blockIdx.x * Bk;  // causal: the first key tiles see the most queries: first
   const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
@@ -222,12 +229,16 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks)
     const bf16* dOt = dOs + (t % 2) * Bq * L;
     const float* lse_t = lse_s + (t % 2) * Bq;
     const float* D_t = D_s + (t % 2) * Bq;
-    // causal: a query tile wholly before this warp's keys adds nothing
-    if (!causal || i0 + Bq - 1 >= w0) {
-      float ds[NQ][4];  // dS^T (read again only by the one-kernel backward)
-      dkdv_tile<HS, Bq, false>(dk_acc, dv_acc, ds, Ks + warp * kRowsPerWarp * L,
-                               Vs + warp * kRowsPerWarp * L, Qt, dOt, lse_t, D_t, i0, w0, key,
-                               causal, T, scale_log2);
+    // causal: a query tile wholly before this warp's keys adds nothing (kept, every warp makes
+    // its rows of the tile, masked to zeros there: the dQ kernel reads whole tiles; keys past T
+    // masked too, as the one-kernel backward's)
+    if (kKeepDs || !causal || i0 + Bq - 1 >= w0) {
+      float ds[NQ][4];  // dS^T
+      dkdv_tile<HS, Bq, kKeepDs>(dk_acc, dv_acc, ds, Ks + warp * kRowsPerWarp * L,
+                                 Vs + warp * kRowsPerWarp * L, Qt, dOt, lse_t, D_t, i0, w0, key,
+                                 causal, T, scale_log2);
+      if constexpr (kKeepDs)
+        store_kept_ds(kept_ds_tile(ds_base, bh, i0 / Bq, blockIdx.x, gridDim.x, causal), ds);
     }
     __syncthreads();
   }
@@ -308,6 +319,60 @@ __global__ void __launch_bounds__(kBlock)
   store_rows<NO>(dq, dq_acc, row, T, scale);
 }
 
+// dQ from the dS^T tiles the dK/dV kernel kept (the trial kernel "flash_dq_from_kept_ds", head
+// size 64, kept_ds.hpp). Grid (query tiles, NH, B); warp w owns queries q0 + 16 w .. + 15 and
+// loops over the key tiles its block sees, as the dQ kernel above, but a tile is one product:
+//   dQ += dS K   (dS: this warp's rows of the kept dS^T, read with ldmatrix.trans; scaled)
+// instead of three and the exponentials: S, P, dP and dS were made once, by the dK/dV kernel.
+// What it reads instead: the tiles, 8 KiB each, with the key tiles as before.
+__global__ void __launch_bounds__(kBlock)
+    flash_tc_dq_from_kept_ds_kernel(bf16* dq_base, const bf16* ds_base, const bf16* k_base,
+                                    Heads qh, Heads kh, int T, float scale, bool causal) {
+  constexpr int HS = 64, B = kept_ds::kTile, L = HS + 8, LS = B + 8;
+  constexpr int NO = HS / 8;  // n-tiles of dQ
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* dSs = reinterpret_cast<bf16*>(smem_raw);  // 2 x B x LS: dS^T tiles, keys along rows
+  bf16* Ks = dSs + 2 * B * LS;                    // 2 x B x L
+
+  const Rows k = kh.at(k_base);
+  const OutRows dq = qh.at(dq_base);
+  const int64_t bh = (int64_t)blockIdx.z * gridDim.y + blockIdx.y;
+  const int n = gridDim.x, i = n - 1 - blockIdx.x, q0 = i * B;  // the longest rows first
+  const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
+  const int w0 = q0 + warp * kRowsPerWarp;
+  const int row[2] = {w0 + ln / 4, w0 + ln / 4 + 8};
+  const int n_tiles = causal ? i + 1 : n;
+  // query tile i's kept tiles, key tiles j = 0, 1, ... one after another (kept_ds::tile_index)
+  const bf16* ds_row = kept_ds_tile(ds_base, bh, i, 0, n, causal);
+  const auto ds_tile = [&](int j) { return Rows{ds_row + (int64_t)j * kept_ds::kTileElems, B}; };
+
+  load_tile<B, B>(dSs, ds_tile(0), 0, B);
+  load_tile<B, HS>(Ks, k, 0, T);
+  cp_async_commit();
+
+  float dq_acc[NO][4];
+  zero(dq_acc);
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + 1 < n_tiles) {
+      const int nb = (t + 1) % 2;
+      load_tile<B, B>(dSs + nb * B * LS, ds_tile(t + 1), 0, B);
+      load_tile<B, HS>(Ks + nb * B * L, k, (t + 1) * B, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    uint32_t af[B / 16][4];  // dS, this warp's 16 queries x B keys, from the stored dS^T
+#pragma unroll
+    for (int kc = 0; kc < B / 16; ++kc)
+      ldsm_x4_trans(af[kc], dSs + (t % 2) * B * LS + mma::ldsm_at_offset(ln, warp, kc, LS));
+    mma_tile<BIs::KN, B / 16, NO>(dq_acc, af, Ks + (t % 2) * B * L, L);
+    __syncthreads();
+  }
+  store_rows<NO>(dq, dq_acc, row, T, scale);
+}
+
 // ---- host side ---------------------------------------------------------------------------------
 
 // Version 2 applies to bf16 with head size 64 or 128 whose every row starts 16 bytes aligned
@@ -339,6 +404,21 @@ FlashV2Kernels g_last_kernels;  // last_flash_v2_kernels
 }  // namespace
 
 FlashV2Kernels last_flash_v2_kernels() { return g_last_kernels; }
+
+Tensor flash_kept_ds_scratch(const AttentionLayout& l, bool causal, Device device) {
+  const int64_t n = (l.T + kept_ds::kTile - 1) / kept_ds::kTile;
+  // no fill: the dK/dV kernel writes every element of every tile before the dQ kernel reads it
+  return Tensor::empty({l.B * l.NH * kept_ds::tiles_per_head(n, causal) * kept_ds::kTileElems},
+                       DType::bf16, device);
+}
+
+void flash_tc_dq_from_kept_ds(Tensor& dq, const Tensor& ds, const Tensor& k,
+                              const AttentionLayout& l, float scale, bool causal) {
+  constexpr int B = kept_ds::kTile;
+  const size_t smem = 2 * B * (B + 8) * sizeof(bf16) + 2 * B * (64 + 8) * sizeof(bf16);
+  launch(flash_tc_dq_from_kept_ds_kernel, grid_for(l, B), smem, mdata(dq), cdata(ds), cdata(k),
+         in_heads(l, l.q_off), in_heads(l, l.k_off), static_cast<int>(l.T), scale, causal);
+}
 
 bool flash_attention_v2_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const AttentionLayout& l, double scale,
@@ -386,13 +466,17 @@ bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tenso
     flash_tc_backward_d_kernel<HS><<<blocks_for_rows(rows), kThreads>>>(
         D.data<float>(), cdata(dout), cdata(out), out_heads(l), static_cast<int>(l.NH), T, rows);
     CUDA_CHECK_LAUNCH();
+    // on trial: the dK/dV kernel keeps dS^T and the dQ kernel reads it back (kept_ds.hpp),
+    // whichever two kernels run (version 2's below or wgmma's), head size 64
+    const bool keep_ds = HS == 64 && trial_kernel("flash_dq_from_kept_ds");
     // on trial: the two kernels below on Hopper's warpgroup MMA (flash_attention_wgmma_cuda.cu)
     g_last_kernels.backward_wgmma =
         trial_kernel("flash_backward_wgmma") && flash_wgmma_runs_here(l);
     if (g_last_kernels.backward_wgmma) {
-      flash_wgmma_backward(dq, dk, dv, dout, q, k, v, lse, D, l, s, causal);
+      flash_wgmma_backward(dq, dk, dv, dout, q, k, v, lse, D, l, s, causal, keep_ds);
       g_last_kernels.backward_kernels = 2;
       g_last_kernels.dkdv_min_blocks = 1;
+      g_last_kernels.dq_from_kept_ds = keep_ds;
       return;
     }
     // on trial: dK, dV and dQ in one kernel (flash_attention_tc_backward_cuda.cu; slower on an
@@ -400,26 +484,38 @@ bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tenso
     if (trial_kernel("flash_backward_one_kernel")) {
       flash_tc_backward_one_kernel(dq, dk, dv, dout, q, k, v, lse, D, l, s, causal);
       g_last_kernels.backward_kernels = 1;
+      g_last_kernels.dq_from_kept_ds = false;
       return;
     }
     g_last_kernels.backward_kernels = 2;
+    g_last_kernels.dq_from_kept_ds = keep_ds;
     constexpr int L = HS + 8, Bq = HS == 64 ? 64 : 32;
     const size_t smem_kv = (2 * kTileRows + 4 * Bq) * L * sizeof(bf16) + 4 * Bq * sizeof(float);
     // on trial: the dK/dV kernel held to 168 registers, for 3 blocks an SM (above)
     const bool three_blocks = HS == 64 && trial_kernel("flash_dkdv_three_blocks");
     g_last_kernels.dkdv_min_blocks = three_blocks ? 3 : 1;
-    auto dkdv = [&](auto kernel) {
+    Tensor ds;  // the kept dS^T tiles (keep_ds only)
+    auto dkdv = [&](auto keep) {  // keep: std::bool_constant, the kernel's kKeepDs
+      constexpr bool kKeep = decltype(keep)::value;
+      auto kernel =
+          three_blocks ? flash_tc_dkdv_kernel<HS, 3, kKeep> : flash_tc_dkdv_kernel<HS, 0, kKeep>;
+      if (three_blocks)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
       launch(kernel, grid_for(l, kTileRows), smem_kv, mdata(dk), mdata(dv), cdata(q), cdata(k),
              cdata(v), cdata(dout), lse.data<float>(), D.data<float>(), in_heads(l, l.q_off),
-             in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), T, s, s2, causal);
+             in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), T, s, s2, causal,
+             kKeep ? mdata(ds) : nullptr);
     };
-    if (three_blocks) {
-      CUDA_CHECK(cudaFuncSetAttribute(flash_tc_dkdv_kernel<HS, 3>,
-                                      cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared));
-      dkdv(flash_tc_dkdv_kernel<HS, 3>);
-    } else
-      dkdv(flash_tc_dkdv_kernel<HS, 0>);
+    if constexpr (HS == 64) {
+      if (keep_ds) {
+        ds = flash_kept_ds_scratch(l, causal, q.device());
+        dkdv(std::true_type{});
+        flash_tc_dq_from_kept_ds(dq, ds, k, l, s, causal);
+        return;
+      }
+    }
+    dkdv(std::false_type{});
     const size_t smem_q = (2 * kTileRows + 4 * Bq) * L * sizeof(bf16);  // Bc = Bq
     launch(flash_tc_dq_kernel<HS>, grid_for(l, kTileRows), smem_q, mdata(dq), cdata(q), cdata(k),
            cdata(v), cdata(dout), lse.data<float>(), D.data<float>(), in_heads(l, l.q_off),

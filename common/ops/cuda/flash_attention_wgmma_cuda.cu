@@ -42,6 +42,7 @@ using flash_wgmma::Acc;
 using flash_wgmma::kN;
 namespace wg = flash_wgmma;
 
+static_assert(kN == kept_ds::kTile, "the dK/dV kernel keeps dS^T in the dQ kernel's tiles");
 constexpr int kTileBytes = kN * wgmma::kRowBytes;  // 64 rows of 64 bf16: 8 KiB
 constexpr int kNT = kN / 8;                          // n-tiles of a 64 x 64 accumulator
 // Shared memory of each kernel: five 8 KiB tiles (one fixed pair or one fixed tile, plus two
@@ -120,12 +121,16 @@ __global__ void __launch_bounds__(kBlock)
 
 // ---- backward: dK and dV ------------------------------------------------------------------------
 // Grid (key tiles, NH, B); the warpgroup owns 64 keys from k0 (warp w: 16 w .. + 15) and loops
-// over the query tiles that see them, as version 2's dK/dV kernel.
+// over the query tiles that see them, as version 2's dK/dV kernel. kKeepDs (the trial kernel
+// "flash_dq_from_kept_ds"): each dS^T tile is also stored at ds_base for the dQ kernel that
+// reads it back (kept_ds.hpp; version 2's flash_tc_dq_from_kept_ds).
+template <bool kKeepDs>
 __global__ void __launch_bounds__(kBlock)
     flash_wgmma_dkdv_kernel(bf16* dk_base, bf16* dv_base, const bf16* q_base,
                             const bf16* k_base, const bf16* v_base, const bf16* dout_base,
                             const float* lse, const float* D, Heads qh, Heads kh, Heads vh,
-                            Heads oh, int T, float scale, float scale_log2, bool causal) {
+                            Heads oh, int T, float scale, float scale_log2, bool causal,
+                            bf16* ds_base) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* Ks = wg::aligned_smem(smem_raw);
   unsigned char* Vs = Ks + kTileBytes;
@@ -136,7 +141,7 @@ __global__ void __launch_bounds__(kBlock)
 
   const Rows q = qh.at(q_base), k = kh.at(k_base), v = vh.at(v_base), dout = oh.at(dout_base);
   const OutRows dk = kh.at(dk_base), dv = vh.at(dv_base);
-  const int64_t head_row = ((int64_t)blockIdx.z * gridDim.y + blockIdx.y) * T;
+  const int64_t bh = (int64_t)blockIdx.z * gridDim.y + blockIdx.y, head_row = bh * T;
   lse += head_row, D += head_row;
   const int k0 = blockIdx.x * kN;
   const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
@@ -174,8 +179,11 @@ __global__ void __launch_bounds__(kBlock)
     wg::issue_ss(p, smem_u32(Ks), Qt);    // S^T = K Q^T
     wg::issue_ss(ds, smem_u32(Vs), dOt);  // dP^T = V dO^T
     wg::finish(p, ds);
-    dkdv_probabilities<kN, false>(p, ds, lse_s + (t % 2) * kN, D_s + (t % 2) * kN, i0, w0, key,
-                                  causal, T, scale_log2);
+    // kept: keys past T masked to zeros too (their K rows are zeros in the dQ product anyway)
+    dkdv_probabilities<kN, kKeepDs>(p, ds, lse_s + (t % 2) * kN, D_s + (t % 2) * kN, i0, w0,
+                                    key, causal, T, scale_log2);
+    if constexpr (kKeepDs)
+      store_kept_ds(kept_ds_tile(ds_base, bh, i0 / kN, blockIdx.x, gridDim.x, causal), ds);
     uint32_t pf[kNT / 2][4], dsf[kNT / 2][4];
     acc_to_a<kNT / 2>(pf, p);
     acc_to_a<kNT / 2>(dsf, ds);
@@ -266,12 +274,23 @@ void flash_wgmma_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor
 
 void flash_wgmma_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                          const Tensor& D, const AttentionLayout& l, float scale, bool causal) {
+                          const Tensor& D, const AttentionLayout& l, float scale, bool causal,
+                          bool keep_ds) {
   const int T = static_cast<int>(l.T);
-  launch(flash_wgmma_dkdv_kernel, grid_for(l, kN), kSmemDkdv, mdata(dk), mdata(dv), cdata(q),
-         cdata(k), cdata(v), cdata(dout), lse.data<float>(), D.data<float>(),
-         in_heads(l, l.q_off), in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), T,
-         scale, scale * kLog2e, causal);
+  Tensor ds;  // the kept dS^T tiles (keep_ds only)
+  auto dkdv = [&](auto kernel) {
+    launch(kernel, grid_for(l, kN), kSmemDkdv, mdata(dk), mdata(dv), cdata(q), cdata(k),
+           cdata(v), cdata(dout), lse.data<float>(), D.data<float>(), in_heads(l, l.q_off),
+           in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), T, scale, scale * kLog2e,
+           causal, ds.defined() ? mdata(ds) : nullptr);
+  };
+  if (keep_ds) {
+    ds = flash_kept_ds_scratch(l, causal, q.device());
+    dkdv(flash_wgmma_dkdv_kernel<true>);
+    flash_tc_dq_from_kept_ds(dq, ds, k, l, scale, causal);
+    return;
+  }
+  dkdv(flash_wgmma_dkdv_kernel<false>);
   launch(flash_wgmma_dq_kernel, grid_for(l, kN), kSmemDq, mdata(dq), cdata(q), cdata(k),
          cdata(v), cdata(dout), lse.data<float>(), D.data<float>(), in_heads(l, l.q_off),
          in_heads(l, l.k_off), in_heads(l, l.v_off), out_heads(l), T, scale, scale * kLog2e,

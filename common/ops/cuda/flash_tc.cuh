@@ -5,6 +5,7 @@
 // where a head's rows lie. Only .cu files include this.
 #include <cuda_bf16.h>
 
+#include "common/ops/cuda/kept_ds.hpp"
 #include "common/ops/cuda/kernels.cuh"
 #include "common/ops/cuda/mma_fragments.hpp"
 #include "common/ops/fused_backend.hpp"
@@ -328,6 +329,30 @@ __device__ inline void store_dkdv(OutRows dk, OutRows dv, const float (&dk_acc)[
   }
 }
 
+// ---- dS^T kept for the dQ kernel (the trial kernel "flash_dq_from_kept_ds", kept_ds.hpp) -------
+// The tile (query tile i, key tile j) of head bh (blockIdx.z * gridDim.y + blockIdx.y) among the
+// kept tiles at `base`, n tiles of keys a head.
+__device__ inline bf16* kept_ds_tile(bf16* base, int64_t bh, int i, int j, int n, bool causal) {
+  return base + (bh * kept_ds::tiles_per_head(n, causal) + kept_ds::tile_index(i, j, n, causal)) *
+                    kept_ds::kTileElems;
+}
+__device__ inline const bf16* kept_ds_tile(const bf16* base, int64_t bh, int i, int j, int n,
+                                           bool causal) {
+  return kept_ds_tile(const_cast<bf16*>(base), bh, i, j, n, causal);
+}
+
+// This warp's rows of dS^T (its 16 keys x kTile queries, fp32 accumulators) into `tile`, rounded
+// to bf16 as acc_to_a rounded them for dK's product: the dQ kernel multiplies the same numbers.
+__device__ inline void store_kept_ds(bf16* tile, const float (&ds)[kept_ds::kTile / 8][4]) {
+  const int warp = threadIdx.x / kWarp, ln = threadIdx.x % kWarp;
+#pragma unroll
+  for (int n = 0; n < kept_ds::kTile / 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<uint32_t*>(tile + kept_ds::fragment_offset(warp, ln, n, h)) =
+          pack_bf16(ds[n][2 * h], ds[n][2 * h + 1]);
+}
+
 // ---- the dQ pass of the backward (versions 2 and 3) ---------------------------------------------
 // lse (in log2 units) and D of this lane's two query rows of the head at head_row; a row past
 // T gets lse = +inf (its p is 0) and D = 0.
@@ -419,7 +444,16 @@ void flash_tc_backward_one_kernel(Tensor& dq, Tensor& dk, Tensor& dv, const Tens
 bool flash_wgmma_runs_here(const AttentionLayout& l);
 void flash_wgmma_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
                          const Tensor& v, const AttentionLayout& l, float scale, bool causal);
+/// keep_ds: its dK/dV kernel keeps dS^T and flash_tc_dq_from_kept_ds makes dQ (below).
 void flash_wgmma_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                          const Tensor& D, const AttentionLayout& l, float scale, bool causal);
+                          const Tensor& D, const AttentionLayout& l, float scale, bool causal,
+                          bool keep_ds);
+
+/// The trial kernel "flash_dq_from_kept_ds" (flash_attention_tc_cuda.cu, kept_ds.hpp; head size
+/// 64): the buffer a dK/dV kernel keeps dS^T in for a backward of layout l (bf16, 2 bytes a
+/// score of each kept tile; not filled), and the dQ kernel that reads it back: dq = dS k, scaled.
+Tensor flash_kept_ds_scratch(const AttentionLayout& l, bool causal, Device device);
+void flash_tc_dq_from_kept_ds(Tensor& dq, const Tensor& ds, const Tensor& k,
+                              const AttentionLayout& l, float scale, bool causal);
 }  // namespace scalelab::ops::cuda
