@@ -40,7 +40,8 @@ H100_BF16_DENSE_TFLOPS = 989.4  # H100 SXM data sheet, bf16 tensor core, no spar
 
 def model_configs(root=ROOT):
     """{name: (vocab, block_size, n_layer, n_head, n_embd)} from common/model_config.cpp."""
-    text = open(os.path.join(root, "common", "model_config.cpp")).read()
+    with open(os.path.join(root, "common", "model_config.cpp")) as f:
+        text = f.read()
     found = re.findall(r'\{"([\w.-]+)",\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\}', text)
     if not found:
         raise SystemExit("error: no model configs found in common/model_config.cpp")

@@ -62,11 +62,45 @@ class GpuChecksTest(unittest.TestCase):
         proc = subprocess.run(
             [sys.executable, str(ROOT / "tools" / "bench_gpt_vs_torch"), "--scalelab-only",
              "--device", "cpu", "--model", "tiny", "--batch", "2", "--steps", "2", "--warmup", "1",
-             "--data", str(ROOT / "tests" / "data" / "gpt_golden.txt"), "--lab02", str(lab02)],
+             "--data", str(ROOT / "tests" / "data" / "gpt_golden.txt"), "--lab02", str(lab02),
+             "--also-kernels", "none,flash_dq_from_kept_ds"],
             capture_output=True, text=True, timeout=120)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertRegex(proc.stdout, r"\| scalelab lab 02 \(flash attention\) \| [\d.]+[kMG]? \|")
+        # and a second row, lab 02 run with SCALELAB_TRY_GPU_KERNELS set (the candidate default)
+        self.assertRegex(proc.stdout, r"\| scalelab lab 02 \(flash attention, kernels "
+                                      r"none,flash_dq_from_kept_ds\) \| [\d.]+[kMG]? \|")
+        self.assertIn("SCALELAB_TRY_GPU_KERNELS=none,flash_dq_from_kept_ds ", proc.stdout)
         self.assertNotIn("PyTorch", proc.stdout)
+
+    def test_side_by_side_has_a_ratio_for_each_scalelab_row(self):
+        # issue33.sh's side_by_side measures the default and the candidate default
+        # (--also-kernels) against one PyTorch run: each scalelab row gets its ratio row
+        import importlib.machinery
+        import importlib.util
+        path = str(ROOT / "tools" / "bench_gpt_vs_torch")
+        loader = importlib.machinery.SourceFileLoader("bench_gpt_vs_torch", path)
+        harness = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name,
+                                                                                  loader))
+        loader.exec_module(harness)
+        args = harness.argparse.Namespace(model="tiny", batch=2, precision="bf16",
+                                          peak_tflops=989.4)
+        rows = [{"name": "scalelab lab 02 (flash attention)", "kernels": None,
+                 "tokens_per_s": 400e3, "peak_memory": 6 * 2**30},
+                {"name": "scalelab lab 02 (flash attention, kernels k1)", "kernels": "k1",
+                 "tokens_per_s": 600e3, "peak_memory": 7 * 2**30},
+                {"name": "PyTorch 2.11 (compiled)", "tokens_per_s": 500e3,
+                 "peak_memory": 6.5 * 2**30}]
+        text = harness.table(args, 16, rows, "cuda")
+        self.assertIn("| scalelab / PyTorch | 0.80x | 0.80x | 0.92x |", text)
+        self.assertIn("| scalelab (kernels k1) / PyTorch | 1.20x | 1.20x | 1.08x |", text)
+        self.assertEqual(text.count(" / PyTorch |"), 2, text)
+        # a candidate whose run failed (a trial kernel that traps): its row says so, no ratio
+        rows[1].update(tokens_per_s=None, failed=1)
+        text = harness.table(args, 16, rows, "cuda")
+        self.assertIn("| scalelab lab 02 (flash attention, kernels k1) | (failed: exit 1) | | |",
+                      text)
+        self.assertEqual(text.count(" / PyTorch |"), 1, text)
 
     @staticmethod
     def timed_trials(script):

@@ -72,9 +72,13 @@ TAILN=8 run poisoned_empty_same_losses 120 sh -c '"$@" --steps 3 --log-every 1 |
   && cmp "'"$out"'/losses_plain.txt" "'"$out"'/losses_poisoned.txt" && echo same losses' \
   sh "${lab02[@]}"
 # 2. the side-by-side table (the issue's target: >= 1.0x PyTorch-compiled, memory <= its), as the
-# default path runs (every op's version 1 and the trial kernels: lab02_trial_none and _all, 4.)
-TAILN=12 run side_by_side 150 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
-  --steps 10 --warmup 3 --data "$DATA"
+# default path runs, and with the candidate default ($new: the trial kernels that would join it
+# if their tests above passed) against the same PyTorch run (every op's version 1 and the trial
+# kernels one by one: lab02_trial_*, 4.)
+new=flash_forward_wgmma,flash_backward_wgmma,flash_dq_from_kept_ds,layernorm_backward_v3
+new=$new,bias_backward_v2
+TAILN=14 run side_by_side 180 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
+  --steps 10 --warmup 3 --data "$DATA" --also-kernels "$new"
 # 3. the kernel pairs side by side, each checked against the host: attention (the one-kernel
 # backward beside the two-kernel one and PyTorch's; cuDNN's took 2.7 ms a step), then
 # LayerNorm's backward, the MLP's DGELU epilogue, the bias gradients' BGRADB epilogue, the
@@ -92,10 +96,8 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # 4. each newer kernel alone in lab 02's step (on top of every op's version 1), then none, the
 # default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
 # side-by-side table, measured the same way, without PyTorch's)
-# (default_new: the default with the wgmma kernels, the kept dS, LayerNorm's version 3 and the
-# bias gradient's version 2 on: the candidate default if their tests passed)
-new=flash_forward_wgmma,flash_backward_wgmma,flash_dq_from_kept_ds,layernorm_backward_v3
-new=$new,bias_backward_v2
+# (default_new: the candidate default, $new: the default with the wgmma kernels, the kept dS,
+# LayerNorm's version 3 and the bias gradient's version 2 on)
 for k in none adamw_one_launch bias_backward_v2 bias_grad_epilogue dgelu_epilogue \
   flash_backward_one_kernel flash_backward_wgmma flash_dkdv_three_blocks flash_dq_from_kept_ds \
   flash_forward_two_row_tiles flash_forward_wgmma grouped_rows_in_chunks layernorm_backward_v2 \
