@@ -149,6 +149,14 @@ class PtxUnchangedTest(unittest.TestCase):
             pu.sass_kernels(sass()), pu.sass_kernels(sass(control="0x000e620000002100"))))
         self.assertEqual(rows, {"bar": "identical", "scalelab::foo<64>": "DIFFERENT"})
 
+    def test_the_architecture_is_the_builds(self):
+        # the wgmma file is built for sm_90a: compiled for sm_90 its wgmma would not assemble
+        self.assertEqual(pu.arch_flag("--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]"),
+                         "-arch=sm_90a")
+        self.assertEqual(pu.arch_flag("--generate-code=arch=compute_90,code=[compute_90,sm_90]"),
+                         "-arch=sm_90")
+        self.assertEqual(pu.arch_flag("-gencode=arch=compute_80,code=sm_80"), "-arch=sm_80")
+
     def cuda_build(self):
         db = BUILD / "compile_commands.json"
         if not db.is_file():
