@@ -65,6 +65,11 @@ bool layernorm_backward_v3(Tensor& din, Tensor& dweight, Tensor& dbias, const Te
 /// "bias_backward_v2"). Returns false, having done nothing, unless dout is contiguous bf16 with C
 /// a multiple of 256 and 16-byte aligned: version 1 then runs.
 bool bias_backward_v2(Tensor& dbias, const Tensor& dout);
+/// CUDA only (pointwise_cuda.cu): out = a + b for bf16 in 16-byte pieces, 8 elements a thread,
+/// each sum rounded as add's version 1 (the same bits; the trial kernel "add_16_bytes"). Returns
+/// false, having done nothing, unless the three are bf16 with a multiple of 8 elements and
+/// 16-byte aligned: version 1 then runs.
+bool add_16_bytes(Tensor& out, const Tensor& a, const Tensor& b);
 /// CUDA only (matmul_cuda.cu): dpre = (dout @ weight) * GELU'(pre) in one cuBLASLt call
 /// (CUBLASLT_EPILOGUE_DGELU, pre as aux). 2-d tensors, bf16. Returns false, having done
 /// nothing, where it does not apply (as linear_epilogue).

@@ -19,6 +19,9 @@
 namespace scalelab::ops {
 
 /// The kernels on trial (off unless named), and what each replaces.
+///  - add_16_bytes: a + b for bf16 in 16-byte pieces, 8 elements a thread (pointwise_cuda.cu;
+///    a multiple of 8 elements, aligned) instead of one element a thread: the same bits, more
+///    bytes in flight (the block-end residual add). Not yet run on a GPU.
 ///  - bias_backward_v2: a bias gradient's column sums with 16-byte loads, each lane's 8 sums in
 ///    registers over its rows (bias_backward_v2_cuda.cu; bf16, C a multiple of 256) instead of
 ///    version 1's one element a thread a row (column_sums.cuh); on, it also replaces the BGRADB
@@ -50,7 +53,8 @@ namespace scalelab::ops {
 ///    registers over all its rows, 16-byte loads (layernorm_backward_v3_cuda.cu; bf16, C a
 ///    multiple of 256 up to 1024) instead of version 1's dx kernel and two column-sum passes (and
 ///    of version 2's per-element sums in shared memory). Not yet run on a GPU.
-inline constexpr const char* kTrialKernels[] = {"bias_backward_v2",
+inline constexpr const char* kTrialKernels[] = {"add_16_bytes",
+                                                "bias_backward_v2",
                                                 "flash_backward_one_kernel",
                                                 "flash_backward_wgmma",
                                                 "flash_dkdv_three_blocks",

@@ -494,6 +494,50 @@ TEST_F(CudaBf16, BiasBackwardVersion2) {
   }
 }
 
+// a + b in 16-byte pieces (trial kernel "add_16_bytes"): the same bits as version 1 (one element
+// a thread) and as the host, in place too (the block-end residual add writes into its first
+// operand); what it declines (not a multiple of 8 elements, a view 2 bytes off 16-byte
+// alignment, f32) runs version 1.
+TEST_F(CudaBf16, AddIn16BytePieces) {
+  struct Case {
+    int64_t n, offset;  // elements, and where the operands' views start in their storage
+    DType dt;
+    bool takes;
+  };
+  const Case cases[] = {{16384 * 768, 0, DType::bf16, true}, {8, 0, DType::bf16, true},
+                        {1000, 0, DType::bf16, true},        {1001, 0, DType::bf16, false},
+                        {1000, 1, DType::bf16, false},       {1000, 0, DType::f32, false}};
+  uint64_t seed = 300;
+  for (const Case& k : cases) {
+    const std::string what = "add_16_bytes " + std::to_string(k.n) + " " + dtype_name(k.dt) +
+                             " at offset " + std::to_string(k.offset);
+    const Tensor a_all = rnd({k.offset + k.n}, seed++, k.dt),
+                 b_all = rnd({k.offset + k.n}, seed++, k.dt);
+    Tensor host = Tensor::empty({k.n}, k.dt);
+    ops::add(host, a_all.flat(k.offset, k.n), b_all.flat(k.offset, k.n));
+    // the device's operands are views at the same offset into device storage
+    const Tensor a_d = a_all.to(gpu).flat(k.offset, k.n), b_d = b_all.to(gpu).flat(k.offset, k.n);
+    Tensor v1 = Tensor::empty({k.n}, k.dt, gpu), dev = Tensor::empty({k.n}, k.dt, gpu);
+    Tensor in_place = a_all.to(gpu), direct = Tensor::empty({k.n}, k.dt, gpu);
+    Tensor in_place_view = in_place.flat(k.offset, k.n);
+    {
+      const TrialKernels none("add_16_bytes", TrialKernels::kOff);
+      ops::add(v1, a_d, b_d);
+    }
+    {
+      const TrialKernels trial("add_16_bytes");
+      ops::add(dev, a_d, b_d);
+      ops::add(in_place_view, in_place_view, b_d);
+    }
+    // the version itself (an offset view: it declines, off 16-byte alignment)
+    EXPECT_EQ(ops::cuda::add_16_bytes(direct, a_d, b_d), k.takes) << what;
+    expect_same_bits(dev, v1, what + ": version 1");
+    expect_same_bits(dev, host, what + ": the host");
+    expect_same_bits(in_place_view, host, what + ": in place");
+    if (k.takes) expect_same_bits(direct, host, what + ": the version itself");
+  }
+}
+
 // Every trial kernel at once in a mixed-precision GPT step (the MLP's DGELU epilogue, LayerNorm's
 // backward version 2), at MixedPrecisionGptStepMatchesTheHost's tolerances.
 TEST_F(CudaBf16, TrialKernelsInAMixedPrecisionGptStep) {

@@ -52,6 +52,21 @@ class GpuChecksTest(unittest.TestCase):
             missing = [t for t in targets if t not in known]
             self.assertEqual(missing, [], f"{script} --targets names targets this build lacks")
 
+    def test_the_build_machine_is_refused(self):
+        # sourcing the pack's env.sh unpacks over build/gpu: on the build machine, where build/gpu
+        # is the CMake build the pack comes from, that would wipe it; each script stops first
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = pathlib.Path(tmp, "build", "gpu", "CMakeCache.txt")
+            cache.parent.mkdir(parents=True)
+            cache.write_text("# a CMake build\n")
+            for script in ("issue31.sh", "issue32.sh", "issue33.sh"):
+                proc = subprocess.run(["bash", str(CHECKS / script)], capture_output=True,
+                                      text=True, cwd=tmp, env=dict(os.environ, OUT=tmp))
+                self.assertEqual(proc.returncode, 2, script + proc.stdout + proc.stderr)
+                self.assertIn("this is the build machine", proc.stderr, script)
+                self.assertTrue(cache.is_file(), script)
+
     def test_python_helpers_compile(self):
         path = ROOT / "tools" / "trace_reads"
         compile(path.read_text(), str(path), "exec")  # raises SyntaxError

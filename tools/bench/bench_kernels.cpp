@@ -10,6 +10,8 @@
 //                            v2: one cuBLASLt call, dbias summed in its epilogue (bias_grad_epilogue)
 //   bias gradient alone      v1: column sums, one element a thread a row (column_sums.cuh)
 //                            v2: 16-byte loads, each lane's sums in registers (bias_backward_v2)
+//   residual add             v1: one element a thread
+//                            v2: 8 elements a thread, 16-byte loads and stores (add_16_bytes)
 //   embedding backward (wte) v1: every vocabulary row scans all N tokens (O(V N C))
 //                            v2: the tokens grouped by id first, each row sums its own (O(N C))
 //                            v3: v2's groups cut into chunks of 64, two passes (grouped_rows_in_chunks)
@@ -203,6 +205,25 @@ int main(int argc, char** argv) {
         const auto ms = time_ms(device, warmup, repeats, [&] { ops::bias_backward(db_d, dout_d); });
         print_row(fmt::format("bias grad, {} columns", W),
                   version == 1 ? "v1: an element a thread a row" : "v2: 16-byte loads, sums in registers",
+                  ms, bytes, diff);
+      }
+    }
+    // ---- the block-end residual add, in place: out += res2, (N, C) ------------------------------
+    {
+      const Tensor x = Tensor::uniform({N, C}, 12, dt), r = Tensor::uniform({N, C}, 13, dt);
+      Tensor sum = x.clone();
+      ops::add(sum, sum, r);  // the host's
+      const Tensor r_d = on(r);
+      const double bytes = 3.0 * dtype_size(dt) * N * C;  // two reads, one write
+      for (int version : {1, 2}) {
+        if (version == 2 && device.is_cpu()) break;  // the host has one path
+        ops::set_trial_kernels(version == 2 ? "add_16_bytes" : "none");
+        Tensor out = on(x);
+        ops::add(out, out, r_d);
+        const double diff = max_rel_diff(out, sum, N * C);
+        const auto ms = time_ms(device, warmup, repeats, [&] { ops::add(out, out, r_d); });
+        print_row("residual add", version == 1 ? "v1: an element a thread"
+                                               : "v2: 8 elements a thread, 16-byte pieces",
                   ms, bytes, diff);
       }
     }

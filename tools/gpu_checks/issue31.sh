@@ -29,8 +29,9 @@ if [[ ${1:-} == --targets ]]; then
   exit 0
 fi
 
+# run NAME CAP CMD...; $failed; DEADLINE (sourced first: it refuses the build machine)
+source "$(dirname "$0")/run_step.sh"
 source build/gpu-pack/env.sh || exit 1   # $B, $DATA, step (unpacks the first time)
-source "$(dirname "$0")/run_step.sh"   # run NAME CAP CMD...; $failed; DEADLINE
 L=$B/labs
 one=(mpiexec -n 1)
 two=(mpiexec -n 2)

@@ -11,11 +11,12 @@
 # On the GPU machine, from a copy of the same checkout, with $OUT the folder that comes back:
 #   bash tools/gpu_checks/issue32.sh        # summary in $OUT/summary.txt, everything in full.log
 set -uo pipefail
+# run NAME CAP CMD...; $failed; DEADLINE (sourced first: it refuses the build machine)
+source "$(dirname "$0")/run_step.sh"
 source build/gpu-pack/env.sh || exit 1
 san=$(command -v compute-sanitizer ||
   ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 flash=$B/tests/common/test_ops_cuda_flash
-source "$(dirname "$0")/run_step.sh"   # run NAME CAP CMD...; $failed; DEADLINE
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 # 1. correctness: both versions, both layouts, every gradient; the issue-14 tests still pass

@@ -16,8 +16,9 @@ if [[ ${1:-} == --targets ]]; then
     test_wgmma_products scalelab_bench_kernels scalelab_bench_adamw scalelab_bench_attention
   exit 0
 fi
+# run NAME CAP CMD...; $failed; DEADLINE (sourced first: it refuses the build machine)
+source "$(dirname "$0")/run_step.sh"
 source build/gpu-pack/env.sh || exit 1
-source "$(dirname "$0")/run_step.sh"   # run NAME CAP CMD...; $failed; DEADLINE
 out=${OUT:-/tmp}
 export SCALELAB_BUILD_DIR=$B
 lab02=("$B/labs/lab02_single_device_solution" --device cuda --precision bf16 --model gpt-85m
@@ -31,7 +32,7 @@ ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/common/test_ops_cuda" \
   --gtest_filter='*LayerNormBackwardVersion*:*ReductionsAndOptimizers*:*GroupedRowsInChunks*:*EmbeddingBackwardVersion1*'
 TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
-  --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*BiasBackwardVersion2*:*TrialKernels*'
+  --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*BiasBackwardVersion2*:*AddIn16BytePieces*:*TrialKernels*'
 # flash attention's forward with two row tiles a warp and its backward in one kernel (dQ's shares
 # added in a fixed order): against the host and version 2's default kernels, their own bits
 # twice; one process each, as a turn that never comes traps and takes the CUDA context with it
@@ -76,7 +77,7 @@ TAILN=8 run poisoned_empty_same_losses 120 sh -c '"$@" --steps 3 --log-every 1 |
 # if their tests above passed) against the same PyTorch run (every op's version 1 and the trial
 # kernels one by one: lab02_trial_*, 4.)
 new=flash_forward_wgmma,flash_backward_wgmma,flash_dq_from_kept_ds,layernorm_backward_v3
-new=$new,bias_backward_v2
+new=$new,bias_backward_v2,add_16_bytes
 TAILN=14 run side_by_side 180 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
   --steps 10 --warmup 3 --data "$DATA" --also-kernels "$new"
 # 3. the kernel pairs side by side, each checked against the host: attention (the one-kernel
@@ -97,8 +98,8 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
 # side-by-side table, measured the same way, without PyTorch's)
 # (default_new: the candidate default, $new: the default with the wgmma kernels, the kept dS,
-# LayerNorm's version 3 and the bias gradient's version 2 on)
-for k in none adamw_one_launch bias_backward_v2 bias_grad_epilogue dgelu_epilogue \
+# LayerNorm's version 3, the bias gradient's version 2 and the 16-byte add on)
+for k in none adamw_one_launch add_16_bytes bias_backward_v2 bias_grad_epilogue dgelu_epilogue \
   flash_backward_one_kernel flash_backward_wgmma flash_dkdv_three_blocks flash_dq_from_kept_ds \
   flash_forward_two_row_tiles flash_forward_wgmma grouped_rows_in_chunks layernorm_backward_v2 \
   layernorm_backward_v3 norm_on_device default default_new all; do

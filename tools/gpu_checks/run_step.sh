@@ -4,6 +4,14 @@
 # so several scripts can share one device call without one running the others out of time.
 # ONLY / SKIP (optional, space-separated step names): run only those / all but those, so the
 # timed steps can run alone after the others ran side by side.
+# On the build machine build/gpu is the CMake build the pack is made from, and sourcing env.sh
+# would replace it with the pack's programs (it unpacks over build/gpu): the scripts source this
+# file first, and it stops them there.
+if [[ -f build/gpu/CMakeCache.txt ]]; then
+  echo "$(basename "$0"): build/gpu is a CMake build: this is the build machine, where env.sh" \
+    "would replace it with the pack's programs. Run the GPU checks on the GPU machine." >&2
+  exit 2
+fi
 failed=0
 run() {
   local name=$1 cap=$2 left
