@@ -84,6 +84,18 @@ std::vector<AFrag> load_a(const std::vector<float>& smem, int base, int KC, int 
   return a;
 }
 
+// The A fragments of row tile mt (16 rows) and KC k-chunks from a tile that stores A transposed
+// ([k][m], ld): ldmatrix.trans at ldsm_at_offset (dS read from the dS^T the warps stored).
+std::vector<AFrag> load_a_transposed(const std::vector<float>& smem, int mt, int KC, int ld) {
+  std::vector<AFrag> a(KC);
+  for (int kc = 0; kc < KC; ++kc) {
+    std::array<int, kLanes> addr{};
+    for (int t = 0; t < kLanes; ++t) addr[t] = mma::ldsm_at_offset(t, mt, kc, ld);
+    a[kc] = ldmatrix_x4(smem, addr, /*trans=*/true);
+  }
+  return a;
+}
+
 // mma_tile: acc (16 x 8N) += A * B, B at `base` stored [n][k] (nk: the kernel's BIs::NK, plain
 // ldmatrix) or [k][n] (BIs::KN, ldmatrix.trans).
 void mma_tile(std::vector<WarpAcc>& acc, const std::vector<AFrag>& a,
@@ -212,12 +224,7 @@ TEST(MmaFragments, OneKernelBackwardDqShareMatchesPlainLoops) {
             }
     for (int w = 0; w < kWarps; ++w) {
       const int rg = w % RG, cg = w / RG;
-      std::vector<AFrag> a(Bk / 16);
-      for (int kc = 0; kc < Bk / 16; ++kc) {
-        std::array<int, kLanes> addr{};
-        for (int t = 0; t < kLanes; ++t) addr[t] = mma::ldsm_at_offset(t, rg, kc, LS);
-        a[kc] = ldmatrix_x4(ds_smem, addr, /*trans=*/true);
-      }
+      const std::vector<AFrag> a = load_a_transposed(ds_smem, rg, Bk / 16, LS);
       std::vector<WarpAcc> share(NC / 8, WarpAcc{});
       mma_tile(share, a, k, cg * NC, L, /*nk=*/false);
       for (int t = 0; t < kLanes; ++t)
@@ -285,14 +292,8 @@ TEST(MmaFragments, KeptDsTileRoundTripGivesDsK) {
   for (int r = 0; r < B; ++r)
     for (int c = 0; c < B; ++c) smem[r * LS + c] = tile[r * B + c];
   for (int w = 0; w < kWarps; ++w) {
-    std::vector<AFrag> a(B / 16);
-    for (int kc = 0; kc < B / 16; ++kc) {
-      std::array<int, kLanes> addr{};
-      for (int t = 0; t < kLanes; ++t) addr[t] = mma::ldsm_at_offset(t, w, kc, LS);
-      a[kc] = ldmatrix_x4(smem, addr, /*trans=*/true);
-    }
     std::vector<WarpAcc> dq(HS / 8, WarpAcc{});
-    mma_tile(dq, a, k, 0, L, /*nk=*/false);
+    mma_tile(dq, load_a_transposed(smem, w, B / 16, LS), k, 0, L, /*nk=*/false);
     for (int t = 0; t < kLanes; ++t)
       for (int r = 0; r < 4; ++r)
         for (int n = 0; n < HS / 8; ++n) {
