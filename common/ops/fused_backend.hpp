@@ -70,6 +70,11 @@ bool bias_backward_v2(Tensor& dbias, const Tensor& dout);
 /// false, having done nothing, unless the three are bf16 with a multiple of 8 elements and
 /// 16-byte aligned: version 1 then runs.
 bool add_16_bytes(Tensor& out, const Tensor& a, const Tensor& b);
+/// CUDA only (optim_cuda.cu): the blocks, so the partial sums, of the last CUDA sum (sum,
+/// sum_into, sum_squares, sum_squares_into): 256 (version 1) or 512 (the trial kernel
+/// "sums_16_bytes": f32, a multiple of 4 elements, aligned); 0 before any. Tests check with it
+/// that the version they switched on ran.
+int last_sum_blocks();
 /// CUDA only (matmul_cuda.cu): dpre = (dout @ weight) * GELU'(pre) in one cuBLASLt call
 /// (CUBLASLT_EPILOGUE_DGELU, pre as aux). 2-d tensors, bf16. Returns false, having done
 /// nothing, where it does not apply (as linear_epilogue).

@@ -49,6 +49,10 @@ namespace scalelab::ops {
 ///    read from shared memory once for all four) instead of each warp's mma.sync and ldmatrix
 ///    (flash_attention_wgmma_cuda.cu; head size 64 on compute capability 9.0, elsewhere version
 ///    2 runs). Not yet run on a GPU.
+///  - sums_16_bytes: a sum (or sum of squares) of f32 in 16-byte pieces on 512 blocks (optim_cuda.cu;
+///    a multiple of 4 elements, aligned) instead of one 4-byte element a thread on 256: clipping's
+///    norm over the flat gradients; other partials, so other bits, deterministic still. Not yet
+///    run on a GPU.
 ///  - layernorm_backward_v3: LayerNorm's backward from one read with each lane's column sums in
 ///    registers over all its rows, 16-byte loads (layernorm_backward_v3_cuda.cu; bf16, C a
 ///    multiple of 256 up to 1024) instead of version 1's dx kernel and two column-sum passes (and
@@ -61,7 +65,8 @@ inline constexpr const char* kTrialKernels[] = {"add_16_bytes",
                                                 "flash_dq_from_kept_ds",
                                                 "flash_forward_wgmma",
                                                 "layernorm_backward_v2",
-                                                "layernorm_backward_v3"};
+                                                "layernorm_backward_v3",
+                                                "sums_16_bytes"};
 
 /// The kernels that passed their trial (checked against the host on an H200 and no slower in
 /// lab 02's step, lab 02's README), on by default, and what each replaces (its version 1):

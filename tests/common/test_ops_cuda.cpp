@@ -453,6 +453,32 @@ TEST_F(CudaOps, ReductionsAndOptimizers) {
                [&](std::vector<Tensor>& t) { ops::sgd_update(t[0], t[1], t[2], 0.1, 0.9, 0.01, false); });
 }
 
+// Sums of f32 in 16-byte pieces (trial kernel "sums_16_bytes", 512 blocks): near the host's,
+// the same bits twice, sum_into with sum()'s bits (the same partials added in the same order),
+// sum_squares_into adding into what out holds, and which version ran: a multiple of 4 elements
+// (aligned, a fresh tensor) takes version 2; 100003 elements and bf16 data run version 1.
+TEST_F(CudaOps, SumsIn16BytePieces) {
+  const TrialKernels trial("sums_16_bytes");
+  for (int64_t n : {int64_t{4} * 250001, int64_t{8}, int64_t{100003}}) {
+    const std::string what = "sums_16_bytes over " + std::to_string(n);
+    const Tensor x = rnd({n}, 34), xd = x.to(gpu);
+    const double s = ops::sum(xd);
+    EXPECT_EQ(ops::cuda::last_sum_blocks(), n % 4 == 0 ? 512 : 256) << what;
+    EXPECT_NEAR(s, ops::sum(x), 1e-6 * n) << what;
+    EXPECT_EQ(ops::sum(xd), s) << what << ": the same bits twice";
+    const double q = ops::sum_squares(xd);
+    EXPECT_NEAR(q, ops::sum_squares(x), 1e-6 * n) << what;
+    Tensor mean = Tensor::empty({1}, DType::f64, gpu);
+    ops::sum_into(mean, xd, 7.0);
+    EXPECT_EQ(mean.to(Device::cpu()).item(), s / 7.0) << what;
+    Tensor acc = Tensor::from_vector({2.5}, {1}, DType::f64).to(gpu);
+    ops::sum_squares_into(acc, xd);
+    EXPECT_EQ(acc.to(Device::cpu()).item(), 2.5 + q) << what;
+  }
+  ops::sum(uniform({1000}, 35, DType::bf16).to(gpu));
+  EXPECT_EQ(ops::cuda::last_sum_blocks(), 256) << "bf16";
+}
+
 // norm_on_device's kernels (sum_squares_into, sqrt_into, clip_scale) against the way through
 // the host that they replace (the trial off: the same arithmetic on numbers read back), on the
 // GPU: the same bits, as their comments claim (the partial sums added in the host's order; sqrt

@@ -12,6 +12,8 @@
 //                            v2: 16-byte loads, each lane's sums in registers (bias_backward_v2)
 //   residual add             v1: one element a thread
 //                            v2: 8 elements a thread, 16-byte loads and stores (add_16_bytes)
+//   sum of squares (clip)    v1: 256 blocks, one f32 a thread a load
+//                            v2: 512 blocks, 16-byte loads (sums_16_bytes)
 //   embedding backward (wte) v1: every vocabulary row scans all N tokens (O(V N C))
 //                            v2: the tokens grouped by id first, each row sums its own (O(N C))
 //                            v3: v2's groups cut into chunks of 64, two passes (grouped_rows_in_chunks)
@@ -225,6 +227,23 @@ int main(int argc, char** argv) {
         print_row("residual add", version == 1 ? "v1: an element a thread"
                                                : "v2: 8 elements a thread, 16-byte pieces",
                   ms, bytes, diff);
+      }
+    }
+    // ---- clipping's sum of squares over the flat f32 gradients (gpt-85m: 85.8M of them) ---------
+    {
+      const int64_t P = device.is_cpu() ? N * C : 85'800'000;
+      const Tensor g = Tensor::uniform({P}, 14, DType::f32);
+      const double want = ops::sum_squares(g);  // the host's
+      const Tensor g_d = on(g);
+      Tensor sq = on(Tensor::zeros({1}, DType::f64));
+      for (int version : {1, 2}) {
+        if (version == 2 && device.is_cpu()) break;  // the host has one path
+        ops::set_trial_kernels(version == 2 ? "sums_16_bytes" : "none");
+        const double diff = std::abs(ops::sum_squares(g_d) - want) / std::max(1.0, want);
+        const auto ms = time_ms(device, warmup, repeats, [&] { ops::sum_squares_into(sq, g_d); });
+        print_row("sum of squares (clip)", version == 1 ? "v1: 256 blocks, 4-byte loads"
+                                                        : "v2: 512 blocks, 16-byte loads",
+                  ms, 4.0 * P, diff);
       }
     }
     // ---- the token embedding's gradient (a byte-level vocabulary: 256 rows) ----------------------

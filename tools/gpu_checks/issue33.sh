@@ -30,7 +30,7 @@ ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 # 1. the trial kernels' tests (common/ops/trial_kernels.hpp: written without a GPU, off by default
 # until checked on one). A trial kernel leaves the list once its test passed and it is no slower.
 TAILN=40 run trial_kernel_tests 120 env SCALELAB_TRY_GPU_KERNELS=all "$B/tests/common/test_ops_cuda" \
-  --gtest_filter='*LayerNormBackwardVersion*:*ReductionsAndOptimizers*:*GroupedRowsInChunks*:*EmbeddingBackwardVersion1*'
+  --gtest_filter='*LayerNormBackwardVersion*:*ReductionsAndOptimizers*:*SumsIn16BytePieces*:*GroupedRowsInChunks*:*EmbeddingBackwardVersion1*'
 TAILN=40 run trial_kernel_tests_bf16 120 "$B/tests/common/test_ops_cuda_bf16" \
   --gtest_filter='*NormSoftmax*:*Dgelu*:*BiasGrad*:*BiasBackwardVersion2*:*AddIn16BytePieces*:*TrialKernels*'
 # flash attention's forward with two row tiles a warp and its backward in one kernel (dQ's shares
@@ -77,7 +77,7 @@ TAILN=8 run poisoned_empty_same_losses 120 sh -c '"$@" --steps 3 --log-every 1 |
 # their tests above passed) and with it less the wgmma kernels ($safer: the row that stands if
 # theirs fail), against the same PyTorch run (every op's version 1 and the trial kernels one by
 # one: lab02_trial_*, 4.)
-safer=flash_dq_from_kept_ds,layernorm_backward_v3,bias_backward_v2,add_16_bytes
+safer=flash_dq_from_kept_ds,layernorm_backward_v3,bias_backward_v2,add_16_bytes,sums_16_bytes
 new=flash_forward_wgmma,flash_backward_wgmma,$safer
 TAILN=16 run side_by_side 240 python3 tools/bench_gpt_vs_torch --model gpt-85m --batch 16 \
   --steps 10 --warmup 3 --data "$DATA" --also-kernels "$new" --also-kernels "$safer"
@@ -99,11 +99,11 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
 # side-by-side table, measured the same way, without PyTorch's)
 # (default_new: the candidate default, $new: the default with the wgmma kernels, the kept dS,
-# LayerNorm's version 3, the bias gradient's version 2 and the 16-byte add on)
+# LayerNorm's version 3, the bias gradient's version 2, the 16-byte add and sums on)
 for k in none adamw_one_launch add_16_bytes bias_backward_v2 bias_grad_epilogue dgelu_epilogue \
   flash_backward_one_kernel flash_backward_wgmma flash_dkdv_three_blocks flash_dq_from_kept_ds \
   flash_forward_two_row_tiles flash_forward_wgmma grouped_rows_in_chunks layernorm_backward_v2 \
-  layernorm_backward_v3 norm_on_device default default_new all; do
+  layernorm_backward_v3 norm_on_device sums_16_bytes default default_new all; do
   case $k in
     none | all) list=$k ;;
     default) list= ;;

@@ -20,6 +20,7 @@ bool layernorm_backward_v3(Tensor&, Tensor&, Tensor&, const Tensor&, const Tenso
                            const Tensor&, const Tensor&) { no_cuda(); }
 bool bias_backward_v2(Tensor&, const Tensor&) { no_cuda(); }
 bool add_16_bytes(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+int last_sum_blocks() { no_cuda(); }
 int last_flash_attention_version() { return 0; }  // no CUDA: no CUDA call ran
 FlashV2Kernels last_flash_v2_kernels() { return {}; }  // none ran
 bool linear_epilogue(Tensor&, Tensor*, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
