@@ -119,11 +119,10 @@ class GpuChecksTest(unittest.TestCase):
 
     @staticmethod
     def timed_trials(script):
-        """The trial kernels issue33.sh's per-trial loop times alone (none, the default, the
-        default with some trial kernels on, and all aside)."""
+        """The trial kernels issue33.sh's per-trial loop times alone (none, the default and
+        all aside)."""
         loop = re.search(r"for k in ((?:[\w ]|\\\n)+); do", script)
-        return (set(loop.group(1).replace("\\\n", " ").split()) -
-                {"none", "default", "default_new", "all"}
+        return (set(loop.group(1).replace("\\\n", " ").split()) - {"none", "default", "all"}
                 if loop else set())
 
     def test_each_trial_kernel_is_timed_alone(self):

@@ -98,16 +98,14 @@ TAILN=12 run kernel_pairs 120 "$B/common/scalelab_bench_kernels"
 # 4. each newer kernel alone in lab 02's step (on top of every op's version 1), then none, the
 # default (the checked kernels) and all: which one buys what, end to end (lab 02's row of the
 # side-by-side table, measured the same way, without PyTorch's)
-# (default_new: the candidate default, $new: the default with the wgmma kernels, the kept dS,
-# LayerNorm's version 3, the bias gradient's version 2, the 16-byte add and sums on)
+# (the candidate defaults, $new and $safer, are timed in side_by_side above, beside PyTorch)
 for k in none adamw_one_launch add_16_bytes bias_backward_v2 bias_grad_epilogue dgelu_epilogue \
   flash_backward_one_kernel flash_backward_wgmma flash_dkdv_three_blocks flash_dq_from_kept_ds \
   flash_forward_two_row_tiles flash_forward_wgmma grouped_rows_in_chunks layernorm_backward_v2 \
-  layernorm_backward_v3 norm_on_device sums_16_bytes default default_new all; do
+  layernorm_backward_v3 norm_on_device sums_16_bytes default all; do
   case $k in
     none | all) list=$k ;;
     default) list= ;;
-    default_new) list=$new ;;
     *) list=none,$k ;;
   esac
   TAILN=3 run "lab02_trial_$k" 60 env SCALELAB_TRY_GPU_KERNELS="$list" python3 \
