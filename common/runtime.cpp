@@ -1,8 +1,10 @@
 #include "common/runtime.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <shared_mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -35,7 +37,30 @@ bool bounded_barrier(double seconds) {
   return true;
 }
 
+// Shared by the background threads' MPI calls (BackgroundMpiCalls), taken whole by exit_all
+// before MPI_Finalize and never released. Leaked on purpose: a worker may still wait on it while
+// std::exit runs the static destructors.
+std::shared_timed_mutex& background_mpi_calls() {
+  static auto* calls = new std::shared_timed_mutex;
+  return *calls;
+}
+std::atomic<bool> g_mpi_closing{false};
+
+// Stops the background threads' MPI calls: those under way may take up to `seconds` to end, no
+// new one starts. False if one is still under way then (blocked: its peers never answer).
+bool close_background_mpi(double seconds) {
+  g_mpi_closing = true;  // first, so that a worker's next BackgroundMpiCalls is its last
+  return background_mpi_calls().try_lock_for(std::chrono::duration<double>(seconds));
+}
+
 }  // namespace
+
+BackgroundMpiCalls::BackgroundMpiCalls() {
+  background_mpi_calls().lock_shared();
+  open_ = !g_mpi_closing;
+}
+
+BackgroundMpiCalls::~BackgroundMpiCalls() { background_mpi_calls().unlock_shared(); }
 
 void init(int* argc, char*** argv) {
   int already = 0;
@@ -68,7 +93,8 @@ void exit_all(int code, const std::string& line) {
     if (!line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
     std::exit(code);
   }
-  if (bounded_barrier(5.0)) {
+  // Every rank here, and no worker in the middle of an MPI call: MPI can be finalized.
+  if (bounded_barrier(5.0) && close_background_mpi(3.0)) {
     if (g_rank == 0 && !line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
     MPI_Comm_free(&g_exit_comm);

@@ -37,6 +37,25 @@ int world_size();
 /// prints `line` prefixed with its rank and aborts the job with `code`.
 [[noreturn]] void exit_all(int code, const std::string& line = "");
 
+/// The MPI calls a thread beside the main one makes (a communicator's worker), held open for
+/// their duration: exit_all finalizes MPI only once none is under way, and from then on open()
+/// is false and the thread must make no MPI call again. Without it exit_all, called while a
+/// worker is still busy (a test that stops a ring mid-way), could finalize MPI under a worker's
+/// next send, and the rank would crash instead of exiting with its verdict. A worker blocked in
+/// a call (a collective its peers never join) keeps exit_all from finalizing: it aborts instead.
+class BackgroundMpiCalls {
+ public:
+  BackgroundMpiCalls();
+  ~BackgroundMpiCalls();
+  BackgroundMpiCalls(const BackgroundMpiCalls&) = delete;
+  BackgroundMpiCalls& operator=(const BackgroundMpiCalls&) = delete;
+  /// False once exit_all is finalizing MPI: make no MPI call, end the thread.
+  bool open() const { return open_; }
+
+ private:
+  bool open_;
+};
+
 /// A starter's unwritten step inside a destructor (tools/make-labs writes it there instead of
 /// `throw NotImplemented`: a destructor is noexcept, a throw would end in std::terminate): ends
 /// every rank as the test main ends on NotImplemented, "[scalelab] verdict: not implemented:

@@ -21,6 +21,7 @@
 #include "common/background_thread.hpp"
 #include "common/comm/op.hpp"
 #include "common/errors.hpp"
+#include "common/runtime.hpp"
 
 namespace scalelab::comm::detail {
 namespace {
@@ -203,20 +204,21 @@ class MpiBackend final : public Backend {
           return;
         }
       }
-      if (op) {
-        execute(op);
-        idle_polls = 0;
+      bool progressed = false;
+      {
+        const BackgroundMpiCalls mpi;  // exit_all finalizes MPI only between these
+        if (!mpi.open()) return;       // it is finalizing: no MPI call from here on
+        if (op) execute(op);
+        if (!pending_.empty()) progressed = poll();
       }
-      if (!pending_.empty()) {
-        if (poll()) {
-          idle_polls = 0;
-        } else if (!op) {
-          // Nothing new and nothing finished: let other ranks (oversubscribed cores) run.
-          if (++idle_polls < 1000)
-            std::this_thread::yield();
-          else
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
+      if (op || progressed) {
+        idle_polls = 0;
+      } else if (!pending_.empty()) {
+        // Nothing new and nothing finished: let other ranks (oversubscribed cores) run.
+        if (++idle_polls < 1000)
+          std::this_thread::yield();
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
   }

@@ -12,10 +12,15 @@ add_executable(watchdog_hang ${CMAKE_CURRENT_LIST_DIR}/watchdog_hang.cpp)
 target_link_libraries(watchdog_hang PRIVATE scalelab::common)
 add_dependencies(reference watchdog_hang)
 # scalelab_expect_exit(<name> <ranks> <mode> <code> <regexes joined by @@> [TARGET t] [ARGS ...]
-#                      [ENV ...])
-# runs <target> (default watchdog_hang --mode <mode> --timeout 2) on <ranks> ranks, with ARGS.
+#                      [ENV ...] [REJECT regex])
+# runs <target> (default watchdog_hang --mode <mode> --timeout 2) on <ranks> ranks, with ARGS;
+# output matching REJECT fails it.
 function(scalelab_expect_exit name ranks mode code regex)
-  cmake_parse_arguments(E "" "TARGET" "ENV;ARGS" ${ARGN})
+  cmake_parse_arguments(E "" "TARGET;REJECT" "ENV;ARGS" ${ARGN})
+  set(reject)
+  if(E_REJECT)
+    set(reject "-DREJECT_REGEX=${E_REJECT}")
+  endif()
   if(E_TARGET)
     set(program $<TARGET_FILE:${E_TARGET}> ${MPIEXEC_POSTFLAGS} ${E_ARGS})
   else()
@@ -25,7 +30,7 @@ function(scalelab_expect_exit name ranks mode code regex)
   list(JOIN cmd "|" cmd)
   add_test(NAME ${name}
            COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=${code}
-                   "-DEXPECT_REGEX=${regex}" -DMAX_SECONDS=20
+                   "-DEXPECT_REGEX=${regex}" ${reject} -DMAX_SECONDS=20
                    -P ${CMAKE_CURRENT_LIST_DIR}/expect_exit.cmake)
   set_tests_properties(${name} PROPERTIES PROCESSORS ${ranks} TIMEOUT 40
                        LABELS "reference;common" ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};${E_ENV}")
@@ -62,6 +67,18 @@ add_dependencies(reference watchdog_gtest_hang)
 scalelab_expect_exit(common.watchdog.in_test.np2 2 - 3
   "watchdog: rank 1 is in no collective and has made no progress@@rank 0 waits for rank 1 in all_reduce #1 \\(64 B, group world, over mpi\\) for [2-4]\\.[0-9] s@@rank 1 did not reach all_reduce #1 of group world"
   TARGET watchdog_gtest_hang ENV SCALELAB_TIMEOUT=2)
+
+# exit_all beside a worker thread still busy with MPI: finalize only once its calls are done (a
+# worker's send after MPI_Finalize crashed a rank), abort when one never is.
+add_executable(exit_beside_worker ${CMAKE_CURRENT_LIST_DIR}/exit_beside_worker.cpp)
+target_link_libraries(exit_beside_worker PRIVATE scalelab::common)
+add_dependencies(reference exit_beside_worker)
+scalelab_expect_exit(common.exit_all.worker_receiving.np2 2 - 1
+  "stopped while receiving" TARGET exit_beside_worker ARGS --mode receiving
+  REJECT "after MPI_FINALIZE|Segmentation fault|signal [0-9]")
+scalelab_expect_exit(common.exit_all.worker_stuck.np2 2 - 1
+  "\\[rank [01]\\] stopped while a thread was stuck in MPI" TARGET exit_beside_worker ARGS --mode stuck
+  REJECT "after MPI_FINALIZE|Segmentation fault")
 
 scalelab_add_test(NAME test_watchdog SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_watchdog.cpp
                   RANKS 1 2 3 TIMEOUT 60)

@@ -2,7 +2,9 @@
 # ignores the exit code). Used by the watchdog tests, whose program must end with exit 3 and a
 # report.
 #   cmake -DCOMMAND="mpiexec|-n|2|prog|--mode|skip" -DEXPECT_CODE=3
-#         -DEXPECT_REGEX="regex 1@@regex 2" -P expect_exit.cmake
+#         -DEXPECT_REGEX="regex 1@@regex 2" [-DREJECT_REGEX="regex"] -P expect_exit.cmake
+# REJECT_REGEX: output that fails the test even with the right code and lines (a crash report
+# beside the expected verdict).
 string(REPLACE "|" ";" command "${COMMAND}")
 string(REPLACE "@@" ";" regexes "${EXPECT_REGEX}")
 string(TIMESTAMP start "%s")
@@ -19,6 +21,9 @@ foreach(regex IN LISTS regexes)
     message(FATAL_ERROR "output does not match '${regex}'")
   endif()
 endforeach()
+if(DEFINED REJECT_REGEX AND "${out}${err}" MATCHES "${REJECT_REGEX}")
+  message(FATAL_ERROR "output matches '${REJECT_REGEX}', which it must not")
+endif()
 if(DEFINED MAX_SECONDS AND seconds GREATER MAX_SECONDS)
   message(FATAL_ERROR "took ${seconds} s, more than ${MAX_SECONDS} s")
 endif()
