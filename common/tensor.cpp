@@ -1,11 +1,32 @@
 #include "common/tensor.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string_view>
 
 namespace scalelab {
+namespace {
+// host_value_bytes(): what to_vector, item and from_vector moved
+std::atomic<int64_t> g_host_read_bytes{0}, g_host_written_bytes{0};
+
+// Element i of a contiguous host tensor as a double (uncounted: its callers count)
+double element(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::f32: return t.data<float>()[i];
+    case DType::f64: return t.data<double>()[i];
+    case DType::i32: return t.data<int32_t>()[i];
+    case DType::bf16: return static_cast<float>(t.data<bf16>()[i]);
+  }
+  return 0;
+}
+}  // namespace
+
+HostValueBytes host_value_bytes() {
+  return {g_host_read_bytes.load(std::memory_order_relaxed),
+          g_host_written_bytes.load(std::memory_order_relaxed)};
+}
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
@@ -96,6 +117,7 @@ Tensor Tensor::from_vector(const std::vector<double>& values, std::vector<int64_
       case DType::bf16: t.data<bf16>()[i] = bf16(static_cast<float>(values[i])); break;
     }
   }
+  g_host_written_bytes.fetch_add(static_cast<int64_t>(t.nbytes()), std::memory_order_relaxed);
   return t;
 }
 
@@ -221,20 +243,16 @@ void Tensor::copy_from(const Tensor& src) {
 std::vector<double> Tensor::to_vector() const {
   Tensor h = device().is_cpu() && is_contiguous() ? *this : to(Device::cpu());
   std::vector<double> out(static_cast<std::size_t>(numel()));
-  for (int64_t i = 0; i < numel(); ++i) out[i] = h.item(i);
+  for (int64_t i = 0; i < numel(); ++i) out[i] = element(h, i);
+  g_host_read_bytes.fetch_add(static_cast<int64_t>(nbytes()), std::memory_order_relaxed);
   return out;
 }
 
 double Tensor::item(int64_t i) const {
   SCALELAB_CHECK(device().is_cpu(), "item() of a {} tensor: copy it to the host first", str());
   SCALELAB_CHECK(0 <= i && i < numel(), "item({}) out of range for {}", i, str());
-  switch (dtype_) {
-    case DType::f32: return data<float>()[i];
-    case DType::f64: return data<double>()[i];
-    case DType::i32: return data<int32_t>()[i];
-    case DType::bf16: return static_cast<float>(data<bf16>()[i]);
-  }
-  return 0;
+  g_host_read_bytes.fetch_add(static_cast<int64_t>(dtype_size(dtype_)), std::memory_order_relaxed);
+  return element(*this, i);
 }
 
 }  // namespace scalelab

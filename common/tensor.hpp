@@ -64,7 +64,8 @@ class Tensor {
   /// Zero-filled.
   static Tensor zeros(std::vector<int64_t> shape, DType dtype = DType::f32,
                       Device device = Device::cpu());
-  /// A host tensor holding `values` (f32 or f64), reshaped to `shape`.
+  /// A host tensor holding `values` (f32 or f64), reshaped to `shape`. Counted
+  /// (host_value_bytes()).
   static Tensor from_vector(const std::vector<double>& values, std::vector<int64_t> shape,
                             DType dtype = DType::f32);
   /// Numbers drawn uniformly from [lo, hi) by a std::mt19937_64 seeded with `seed`, in double and
@@ -136,9 +137,10 @@ class Tensor {
   void copy_from(const Tensor& src);
 
   /// Host-side element access for tests and small tools (f32/f64 as double). Slow: copies the
-  /// tensor to the host when it lives on a GPU.
+  /// tensor to the host when it lives on a GPU. Counted (host_value_bytes()).
   std::vector<double> to_vector() const;
-  /// Reads one element of a host tensor by flat index (contiguous tensors).
+  /// Reads one element of a host tensor by flat index (contiguous tensors). Counted
+  /// (host_value_bytes()).
   double item(int64_t flat_index = 0) const;
 
  private:
@@ -148,5 +150,21 @@ class Tensor {
   int64_t offset_ = 0;
   DType dtype_ = DType::f32;
 };
+
+/// The bytes of tensor values that passed through the Tensor API's doors to host numbers since
+/// start-up, on any thread: out through to_vector() and item(), in through from_vector() (each
+/// element at its dtype's size). Graders watch them as they watch the work counters: a dispatch
+/// that moves rows by index on the tensors' device passes a few indices through them; one that
+/// loops over the rows on the host passes every row (right numbers on a laptop, a host round
+/// trip a layer on a GPU). data<T>() is no door: it is the ops' own access, not counted.
+struct HostValueBytes {
+  int64_t read = 0;     ///< to_vector(), item(): tensor values read into host numbers
+  int64_t written = 0;  ///< from_vector(): host numbers written into tensors
+  /// Both ways.
+  int64_t total() const { return read + written; }
+};
+
+/// This process's counts so far (HostValueBytes).
+HostValueBytes host_value_bytes();
 
 }  // namespace scalelab

@@ -1,10 +1,12 @@
 // Lab 11 step 1: the zig-zag split. Pure index math and copies: exact. The positions against
 // the grader's own layout (chunk r then chunk 2cp-1-r), the owner as their inverse, the shard of a
-// tensor (f32 rows and i32 tokens) and its inverse bitwise, and the causal balance: every rank's
-// queries need the same number of score blocks (within one). Planted into a copy of the reference
-// (solutions/11_context_parallel/planted/cheats.plant; labs/11_context_parallel/lab.cmake): the
-// contiguous split (rank r keeps
-// tokens [r T/cp, (r+1) T/cp)) fails the balance check.
+// tensor (f32 rows and i32 tokens) and its inverse bitwise, copied on the tensors' device (fewer
+// bytes through the host doors, host_value_bytes, than a shard holds), and the causal balance:
+// every rank's queries need the same number of score blocks (within one). Planted into a copy of
+// the reference (solutions/11_context_parallel/planted/cheats.plant;
+// labs/11_context_parallel/lab.cmake): the contiguous split (rank r keeps tokens
+// [r T/cp, (r+1) T/cp)) fails the balance check; the shard made by a loop on the host
+// (to_vector, from_vector) fails the host bytes. Not caught: a host loop through data<T>().
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -168,14 +170,28 @@ TEST(Step1_Split, ShardAndUnshardAreExactCopies) {
   std::vector<double> ids(2 * 2 * cp * 4);
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<double>(i % 251);
   const Tensor tokens = Tensor::from_vector(ids, {2, 2 * cp * 4}, DType::i32);  // (B, T)
+  // rows move as device copies: a loop on the host passes them through to_vector/from_vector
+  const auto through_host = [](const char* what, int64_t bytes, const Tensor& shard) {
+    if (bytes >= static_cast<int64_t>(shard.nbytes()))
+      ADD_FAILURE() << fmt::format(
+          "{} passed {} bytes of tensor values through the host (to_vector, item, from_vector), "
+          "at least what a shard holds ({}: {} bytes): a loop over the tokens on the host, a "
+          "round trip a step on a GPU. Copy each chunk where it goes, on the tensors' device",
+          what, bytes, shard.str(), shard.nbytes());
+  };
   for (const Tensor* t : {&x, &tokens}) {
     std::vector<Tensor> shards;
     for (int r = 0; r < cp; ++r) {
+      const int64_t before = host_value_bytes().total();
       shards.push_back(lab11::shard_sequence(*t, cp, r));
+      through_host("shard_sequence", host_value_bytes().total() - before, shards.back());
       const std::string p = shard_problem(shards.back(), *t, cp, r);
       if (!p.empty()) ADD_FAILURE() << p;
     }
-    const std::string p = unshard_problem(lab11::unshard_sequence(shards), *t, cp);
+    const int64_t before = host_value_bytes().total();
+    const Tensor whole = lab11::unshard_sequence(shards);
+    through_host("unshard_sequence", host_value_bytes().total() - before, shards[0]);
+    const std::string p = unshard_problem(whole, *t, cp);
     if (!p.empty()) ADD_FAILURE() << p;
   }
 }

@@ -10,10 +10,12 @@
 //    experts' weights (the library's backward, from your dye), then dispatch_backward's dx
 //    (routing fixed; dx comes in holding other values: what it added). A failure names every
 //    gradient that is off and the function that set it. No matrix multiply in either backward.
+//  - Rows stay on their device: none of the four passes as many bytes through the host doors
+//    (to_vector, item, from_vector: host_value_bytes) as its rows hold; a few indices may.
 // Planted (solutions/12_*/planted/cheats.plant): combine_backward that leaves dye zero fails dye;
 // dgates left 0 at top-1 fails dgates; dispatch_backward setting dx fails dx; a one-hot matrix
-// times x for dispatch fails the FLOPs. Not caught: a loop over tokens on the host (to_vector,
-// from_vector; the library counts no such reads).
+// times x for dispatch fails the FLOPs; dispatch by a loop over the tokens on the host fails the
+// host bytes. Not caught: a host loop through data<T>() (no door: the ops' own access).
 #include <string>
 #include <vector>
 
@@ -43,16 +45,45 @@ std::string no_flops(const char* what, int64_t flops) {
                      flops);
 }
 
-// The layer with the attendee's dispatch and combine around the library's experts; `flops`
-// (when given): dispatch's and combine's own matrix multiply problems, "" if none.
+// The bytes `f` passed through the doors between tensors and host numbers (host_value_bytes).
+template <class F>
+int64_t host_bytes_of(F&& f) {
+  const int64_t b0 = host_value_bytes().total();
+  f();
+  return host_value_bytes().total() - b0;
+}
+// "" when `what` passed fewer bytes through the host than `rows` hold (a few indices may).
+std::string no_host_rows(const char* what, int64_t bytes, const Tensor& rows) {
+  if (bytes < static_cast<int64_t>(rows.nbytes())) return "";
+  return fmt::format("{} passed {} bytes of tensor values through the host (to_vector, item, "
+                     "from_vector), at least what its rows hold ({}: {} bytes): a loop over the "
+                     "tokens on the host, a round trip a layer on a GPU. Move the rows where they "
+                     "go on their device, by index", what, bytes, rows.str(), rows.nbytes());
+}
+// The problems found, "; "-separated ("" if none).
+std::string joined(const std::vector<std::string>& problems) {
+  std::string all;
+  for (const std::string& p : problems)
+    if (!p.empty()) all += (all.empty() ? "" : "; ") + p;
+  return all;
+}
+
+// The layer with the attendee's dispatch and combine around the library's experts; `technique`
+// (when given): dispatch's and combine's own matrix multiplies and host loops, "" if none.
 Tensor layer(const eptest::Layer& l, const Tensor& x, const lab12::Routing& r,
-             std::vector<Tensor>& kept, Tensor* ye_out = nullptr, std::string* flops = nullptr) {
+             std::vector<Tensor>& kept, Tensor* ye_out = nullptr,
+             std::string* technique = nullptr) {
   Tensor xd, y;
-  const int64_t fd = matmul_flops_of([&] { xd = lab12::dispatch(x, r); });
+  int64_t hd = 0, hc = 0;
+  const int64_t fd =
+      matmul_flops_of([&] { hd = host_bytes_of([&] { xd = lab12::dispatch(x, r); }); });
   const Tensor ye = l.moe.run_experts(xd, r.kept, kept);
   if (ye_out) *ye_out = ye;
-  const int64_t fc = matmul_flops_of([&] { y = lab12::combine(ye, r); });
-  if (flops) *flops = no_flops("dispatch", fd) + no_flops("combine", fc);
+  const int64_t fc =
+      matmul_flops_of([&] { hc = host_bytes_of([&] { y = lab12::combine(ye, r); }); });
+  if (technique)
+    *technique = joined({no_flops("dispatch", fd), no_flops("combine", fc),
+                         no_host_rows("dispatch", hd, x), no_host_rows("combine", hc, ye)});
   return y;
 }
 }  // namespace
@@ -65,9 +96,9 @@ TEST(Step2_DispatchCombine, EqualsTheMaskedDenseReferenceAtADrawnShape) {
     const Tensor x = uniform({s.N, s.C}, s.seed + 3);
     const lab12::Routing r = l.library_routing(x);
     std::vector<Tensor> kept;
-    std::string flops;
-    const Tensor y = layer(l, x, r, kept, nullptr, &flops);
-    if (!flops.empty()) LABTEST_FAIL() << flops;
+    std::string technique;
+    const Tensor y = layer(l, x, r, kept, nullptr, &technique);
+    if (!technique.empty()) LABTEST_FAIL() << technique;
     ASSERT_EQ(y.shape(), x.shape());
     const MoEReference want = l.reference(x);
     const std::vector<double> got = y.to_vector();
@@ -96,17 +127,22 @@ void backward_passes(int64_t k) {
   l.set.zero_grad();
   Tensor dye = Tensor::empty(ye.shape(), DType::f64);
   Tensor dgates = Tensor::empty({s.N * s.k}, DType::f64);
-  std::string flops = no_flops("combine_backward", matmul_flops_of([&] {
-    lab12::combine_backward(dye, dgates, R, ye, r);
-  }));
+  int64_t host_c = 0, host_d = 0;
+  const int64_t flops_c = matmul_flops_of([&] {
+    host_c = host_bytes_of([&] { lab12::combine_backward(dye, dgates, R, ye, r); });
+  });
   const Tensor dxd = l.moe.run_experts_backward(dye, r.kept, kept);
   // dx comes in holding D0 (another path's gradient): dispatch_backward adds to it
   const Tensor d0 = uniform({s.N, s.C}, 24);
   Tensor dx = d0.clone();
-  flops += no_flops("dispatch_backward", matmul_flops_of([&] {
-    lab12::dispatch_backward(dx, dxd, r);
-  }));
-  if (!flops.empty()) LABTEST_FAIL() << flops;
+  const int64_t flops_d = matmul_flops_of([&] {
+    host_d = host_bytes_of([&] { lab12::dispatch_backward(dx, dxd, r); });
+  });
+  const std::string technique =
+      joined({no_flops("combine_backward", flops_c), no_flops("dispatch_backward", flops_d),
+              no_host_rows("combine_backward", host_c, ye),
+              no_host_rows("dispatch_backward", host_d, dx)});
+  if (!technique.empty()) LABTEST_FAIL() << technique;
   ops::axpy(dx, -1.0, d0);  // what dispatch_backward added
   // every gradient checked; the failure lists each one off, and the first one's worst element
   std::string off, worst;

@@ -94,3 +94,24 @@ TEST(Device, NamesAndParse) {
   EXPECT_EQ(Device::parse("cuda:2").index, 2);
   EXPECT_THROW(Device::parse("tpu"), UsageError);
 }
+
+// The doors between tensors and host numbers count the bytes they pass, at each dtype's size;
+// views, copies and data<T>() pass none.
+TEST(Tensor, HostValueBytesCountToVectorItemAndFromVector) {
+  const HostValueBytes b0 = host_value_bytes();
+  Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, DType::f64);  // 48 bytes in
+  Tensor i = Tensor::from_vector({0, 1}, {2}, DType::i32);                 // 8 bytes in
+  HostValueBytes b = host_value_bytes();
+  EXPECT_EQ(b.written - b0.written, 56);
+  EXPECT_EQ(b.read - b0.read, 0);
+  EXPECT_EQ(t.rows(1, 2).to_vector(), (std::vector<double>{4, 5, 6}));  // 24 bytes out
+  EXPECT_EQ(i.item(1), 1.0);                                              // 4 bytes out
+  b = host_value_bytes();
+  EXPECT_EQ(b.read - b0.read, 28);
+  EXPECT_EQ(b.total() - b0.total(), 84);
+  // on the tensors' side of the doors: nothing
+  Tensor c = t.clone();
+  c.copy_from(t);
+  c.data<double>()[0] = 7;
+  EXPECT_EQ(host_value_bytes().total(), b.total());
+}
