@@ -19,6 +19,7 @@
 #include "common/errors.hpp"
 #include "tests/11_context_parallel/cp_checks.hpp"
 #include "tests/support/drawn.hpp"
+#include "tests/support/host_values.hpp"
 
 using namespace scalelab;
 
@@ -170,27 +171,24 @@ TEST(Step1_Split, ShardAndUnshardAreExactCopies) {
   std::vector<double> ids(2 * 2 * cp * 4);
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<double>(i % 251);
   const Tensor tokens = Tensor::from_vector(ids, {2, 2 * cp * 4}, DType::i32);  // (B, T)
-  // rows move as device copies: a loop on the host passes them through to_vector/from_vector
-  const auto through_host = [](const char* what, int64_t bytes, const Tensor& shard) {
-    if (bytes >= static_cast<int64_t>(shard.nbytes()))
-      ADD_FAILURE() << fmt::format(
-          "{} passed {} bytes of tensor values through the host (to_vector, item, from_vector), "
-          "at least what a shard holds ({}: {} bytes): a loop over the tokens on the host, a "
-          "round trip a step on a GPU. Copy each chunk where it goes, on the tensors' device",
-          what, bytes, shard.str(), shard.nbytes());
+  // chunks move as device copies: a loop on the host passes them through to_vector/from_vector
+  const auto on_device = [](const char* what, int64_t bytes, const Tensor& shard) {
+    const std::string p = labtest::rows_through_host(
+        what, bytes, shard, "Copy each chunk where it goes, on the tensors' device");
+    if (!p.empty()) ADD_FAILURE() << p;
   };
   for (const Tensor* t : {&x, &tokens}) {
     std::vector<Tensor> shards;
     for (int r = 0; r < cp; ++r) {
-      const int64_t before = host_value_bytes().total();
-      shards.push_back(lab11::shard_sequence(*t, cp, r));
-      through_host("shard_sequence", host_value_bytes().total() - before, shards.back());
+      const int64_t host = labtest::host_bytes_of(
+          [&] { shards.push_back(lab11::shard_sequence(*t, cp, r)); });
+      on_device("shard_sequence", host, shards.back());
       const std::string p = shard_problem(shards.back(), *t, cp, r);
       if (!p.empty()) ADD_FAILURE() << p;
     }
-    const int64_t before = host_value_bytes().total();
-    const Tensor whole = lab11::unshard_sequence(shards);
-    through_host("unshard_sequence", host_value_bytes().total() - before, shards[0]);
+    Tensor whole;
+    const int64_t host = labtest::host_bytes_of([&] { whole = lab11::unshard_sequence(shards); });
+    on_device("unshard_sequence", host, shards[0]);
     const std::string p = unshard_problem(whole, *t, cp);
     if (!p.empty()) ADD_FAILURE() << p;
   }

@@ -24,6 +24,7 @@
 
 #include "common/nn/mappings.hpp"
 #include "tests/12_expert_parallel/ep_checks.hpp"
+#include "tests/support/host_values.hpp"
 
 using namespace scalelab;
 using namespace scalelab::testing;
@@ -45,20 +46,10 @@ std::string no_flops(const char* what, int64_t flops) {
                      flops);
 }
 
-// The bytes `f` passed through the doors between tensors and host numbers (host_value_bytes).
-template <class F>
-int64_t host_bytes_of(F&& f) {
-  const int64_t b0 = host_value_bytes().total();
-  f();
-  return host_value_bytes().total() - b0;
-}
 // "" when `what` passed fewer bytes through the host than `rows` hold (a few indices may).
 std::string no_host_rows(const char* what, int64_t bytes, const Tensor& rows) {
-  if (bytes < static_cast<int64_t>(rows.nbytes())) return "";
-  return fmt::format("{} passed {} bytes of tensor values through the host (to_vector, item, "
-                     "from_vector), at least what its rows hold ({}: {} bytes): a loop over the "
-                     "tokens on the host, a round trip a layer on a GPU. Move the rows where they "
-                     "go on their device, by index", what, bytes, rows.str(), rows.nbytes());
+  return labtest::rows_through_host(what, bytes, rows,
+                                    "Move the rows where they go on their device, by index");
 }
 // The problems found, "; "-separated ("" if none).
 std::string joined(const std::vector<std::string>& problems) {
@@ -76,11 +67,11 @@ Tensor layer(const eptest::Layer& l, const Tensor& x, const lab12::Routing& r,
   Tensor xd, y;
   int64_t hd = 0, hc = 0;
   const int64_t fd =
-      matmul_flops_of([&] { hd = host_bytes_of([&] { xd = lab12::dispatch(x, r); }); });
+      matmul_flops_of([&] { hd = labtest::host_bytes_of([&] { xd = lab12::dispatch(x, r); }); });
   const Tensor ye = l.moe.run_experts(xd, r.kept, kept);
   if (ye_out) *ye_out = ye;
   const int64_t fc =
-      matmul_flops_of([&] { hc = host_bytes_of([&] { y = lab12::combine(ye, r); }); });
+      matmul_flops_of([&] { hc = labtest::host_bytes_of([&] { y = lab12::combine(ye, r); }); });
   if (technique)
     *technique = joined({no_flops("dispatch", fd), no_flops("combine", fc),
                          no_host_rows("dispatch", hd, x), no_host_rows("combine", hc, ye)});
@@ -129,14 +120,14 @@ void backward_passes(int64_t k) {
   Tensor dgates = Tensor::empty({s.N * s.k}, DType::f64);
   int64_t host_c = 0, host_d = 0;
   const int64_t flops_c = matmul_flops_of([&] {
-    host_c = host_bytes_of([&] { lab12::combine_backward(dye, dgates, R, ye, r); });
+    host_c = labtest::host_bytes_of([&] { lab12::combine_backward(dye, dgates, R, ye, r); });
   });
   const Tensor dxd = l.moe.run_experts_backward(dye, r.kept, kept);
   // dx comes in holding D0 (another path's gradient): dispatch_backward adds to it
   const Tensor d0 = uniform({s.N, s.C}, 24);
   Tensor dx = d0.clone();
   const int64_t flops_d = matmul_flops_of([&] {
-    host_d = host_bytes_of([&] { lab12::dispatch_backward(dx, dxd, r); });
+    host_d = labtest::host_bytes_of([&] { lab12::dispatch_backward(dx, dxd, r); });
   });
   const std::string technique =
       joined({no_flops("combine_backward", flops_c), no_flops("dispatch_backward", flops_d),
