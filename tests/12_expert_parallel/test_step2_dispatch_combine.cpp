@@ -47,6 +47,10 @@ std::string no_flops(const char* what, int64_t flops) {
 }
 
 // "" when `what` passed fewer bytes through the host than `rows` hold (a few indices may).
+// Always the tokens' (N, C) rows (x, y, dy, dx), never the experts' (M, C): with every token
+// routed to one expert M is that expert's capacity, about N k / 2E at capacity factor 0.5, and
+// its rows can hold fewer bytes than the N k i32 pair indices the reference passes; a host loop
+// reads or writes all N token rows.
 std::string no_host_rows(const char* what, int64_t bytes, const Tensor& rows) {
   return labtest::rows_through_host(what, bytes, rows,
                                     "Move the rows where they go on their device, by index");
@@ -74,7 +78,7 @@ Tensor layer(const eptest::Layer& l, const Tensor& x, const lab12::Routing& r,
       matmul_flops_of([&] { hc = labtest::host_bytes_of([&] { y = lab12::combine(ye, r); }); });
   if (technique)
     *technique = joined({no_flops("dispatch", fd), no_flops("combine", fc),
-                         no_host_rows("dispatch", hd, x), no_host_rows("combine", hc, ye)});
+                         no_host_rows("dispatch", hd, x), no_host_rows("combine", hc, y)});
   return y;
 }
 }  // namespace
@@ -131,7 +135,7 @@ void backward_passes(int64_t k) {
   });
   const std::string technique =
       joined({no_flops("combine_backward", flops_c), no_flops("dispatch_backward", flops_d),
-              no_host_rows("combine_backward", host_c, ye),
+              no_host_rows("combine_backward", host_c, R),
               no_host_rows("dispatch_backward", host_d, dx)});
   if (!technique.empty()) LABTEST_FAIL() << technique;
   ops::axpy(dx, -1.0, d0);  // what dispatch_backward added
