@@ -8,7 +8,6 @@
 //                      blocked in a collective its peers never join): exit_all must not finalize
 //                      under it, nor wait for it forever, but abort the job with the line
 #include <chrono>
-#include <cstdio>
 #include <thread>
 
 #include "common/cli.hpp"
