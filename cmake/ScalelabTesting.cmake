@@ -16,6 +16,21 @@ endif()
 set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              ${SCALELAB_MPI_ENV_FILE})
 
+# Open MPI 4's mpiexec shares one session directory between the jobs started on a machine, and
+# two jobs started at once can race on it (cmake/mpiexec_own_tmp.sh.in says how): every test here
+# launches through a wrapper that gives each job a directory of its own. From here on
+# MPIEXEC_EXECUTABLE is the wrapper (the cache keeps the real launcher). Open MPI 5 (PRRTE) and
+# other MPIs are launched as they are.
+execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE scalelab_mpiexec_version
+                ERROR_QUIET RESULT_VARIABLE scalelab_mpiexec_rc)
+if(scalelab_mpiexec_rc EQUAL 0 AND scalelab_mpiexec_version MATCHES "\\((Open MPI|OpenRTE)\\) [1-4]\\.")
+  set(SCALELAB_REAL_MPIEXEC ${MPIEXEC_EXECUTABLE})
+  configure_file(${CMAKE_CURRENT_LIST_DIR}/mpiexec_own_tmp.sh.in ${PROJECT_BINARY_DIR}/mpiexec_own_tmp
+                 @ONLY FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
+                 GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+  set(MPIEXEC_EXECUTABLE ${PROJECT_BINARY_DIR}/mpiexec_own_tmp)
+endif()
+
 # scalelab_add_mpi_test(<ctest-name> <target> RANKS <k> [TIMEOUT <s>] [LABELS ...] [ARGS ...])
 # Registers one ctest entry that runs <target> on <k> ranks.
 function(scalelab_add_mpi_test name target)
