@@ -23,27 +23,43 @@
 namespace scalelab {
 
 /// The kind of memory a tensor lives in.
-enum class DeviceType { cpu, cuda };
+enum class DeviceType { cpu, cuda, sim };
 
-/// Where a tensor lives: the host, or CUDA device `index`.
+/// Where a tensor lives: the host, CUDA device `index`, or the simulated GPU.
+///
+/// The simulated GPU (`--device sim`) is host memory that only the ops may read and write, as a
+/// GPU's memory is to host code: the ops run their CPU kernels on it, `to()`/`copy_from()` copy
+/// it, the communicators stage it through the host as they stage a CUDA tensor, and `data<T>()`
+/// anywhere else throws. On a machine without a GPU it shows what `--device cuda` would: a loop
+/// over a tensor's elements on the host (right numbers on the CPU, a crash on a GPU), or a tensor
+/// left on the host beside the model's (an op refuses mixed devices).
 struct Device {
-  DeviceType type = DeviceType::cpu;  ///< host or GPU
-  int index = 0;                      ///< which GPU (0 on the host)
+  DeviceType type = DeviceType::cpu;  ///< host, GPU or simulated GPU
+  int index = 0;                      ///< which GPU (0 on the host and the simulated one)
 
   /// The host.
   static Device cpu() { return {DeviceType::cpu, 0}; }
   /// CUDA device `i`.
   static Device cuda(int i = 0) { return {DeviceType::cuda, i}; }
+  /// The simulated GPU (host memory closed to host code outside the ops).
+  static Device sim() { return {DeviceType::sim, 0}; }
   /// True for a GPU.
   bool is_cuda() const { return type == DeviceType::cuda; }
   /// True for the host.
   bool is_cpu() const { return type == DeviceType::cpu; }
-  /// "cpu" or "cuda:0".
+  /// True for the simulated GPU.
+  bool is_sim() const { return type == DeviceType::sim; }
+  /// True when the bytes are in host memory (the host or the simulated GPU): what the allocator
+  /// and the ops' CPU kernels need to know; whether host code may read them is is_cpu().
+  bool in_host_memory() const { return type != DeviceType::cuda; }
+  /// "cpu", "cuda:0" or "sim".
   std::string str() const;
-  /// Parses "cpu", "cuda" (device 0) or "cuda:N"; throws UsageError otherwise.
+  /// Parses "cpu", "cuda" (device 0), "cuda:N" or "sim"; throws UsageError otherwise.
   static Device parse(const std::string& text);
-  /// The same memory: both the host, or the same GPU.
-  bool operator==(const Device& o) const { return type == o.type && (is_cpu() || index == o.index); }
+  /// The same memory: both the host, the same GPU, or both the simulated GPU.
+  bool operator==(const Device& o) const {
+    return type == o.type && (!is_cuda() || index == o.index);
+  }
   /// Not the same memory.
   bool operator!=(const Device& o) const { return !(*this == o); }
 };

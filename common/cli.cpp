@@ -36,7 +36,7 @@ void add_run_options(cxxopts::Options& options, bool mixed_precision) {
   RunOptions d;
   options.add_options("run")
       ("seed", "random seed (same seed, same run)", cxxopts::value<std::uint64_t>()->default_value(std::to_string(d.seed)))
-      ("device", "cpu or cuda", cxxopts::value<std::string>()->default_value(d.device))
+      ("device", "cpu, cuda, or sim: the CPU as a GPU whose memory host code cannot read (checks a program is device-generic without a GPU)", cxxopts::value<std::string>()->default_value(d.device))
       ("backend", "communication backend: auto, mpi, nccl or self", cxxopts::value<std::string>()->default_value(d.backend))
       ("timeout", "seconds a collective may take before the watchdog ends the job (exit 3)", cxxopts::value<double>()->default_value("60"))
       ("trace", "write a Chrome trace (open in Perfetto) to this file", cxxopts::value<std::string>()->default_value(""))
@@ -51,8 +51,8 @@ RunOptions run_options(const cxxopts::ParseResult& r) {
   o.backend = r["backend"].as<std::string>();
   o.timeout_s = r["timeout"].as<double>();
   o.trace = r["trace"].as<std::string>();
-  SCALELAB_REQUIRE(o.device == "cpu" || o.device == "cuda",
-                   "--device must be cpu or cuda, got '{}'", o.device);
+  SCALELAB_REQUIRE(o.device == "cpu" || o.device == "cuda" || o.device == "sim",
+                   "--device must be cpu, cuda or sim, got '{}'", o.device);
   SCALELAB_REQUIRE(o.backend == "auto" || o.backend == "mpi" || o.backend == "nccl" ||
                        o.backend == "self",
                    "--backend must be auto, mpi, nccl or self, got '{}'", o.backend);

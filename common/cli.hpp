@@ -23,7 +23,7 @@ void add_run_options(cxxopts::Options& options, bool mixed_precision = false);
 /// The options every program shares (add_run_options): what to run on and how to watch it.
 struct RunOptions {
   std::uint64_t seed = 1337;      ///< --seed: the model's initial values and the batches
-  std::string device = "cpu";     ///< --device: cpu | cuda
+  std::string device = "cpu";     ///< --device: cpu | cuda | sim
   std::string backend = "auto";   ///< --backend: auto | mpi | nccl | self
   double timeout_s = 60.0;        ///< watchdog: a collective that takes longer ends the job (exit 3)
   std::string trace;              ///< --trace: Chrome trace file, empty for none

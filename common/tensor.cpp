@@ -10,6 +10,8 @@ namespace scalelab {
 namespace {
 // host_value_bytes(): what to_vector, item and from_vector moved
 std::atomic<int64_t> g_host_read_bytes{0}, g_host_written_bytes{0};
+// SimKernelScope: how many are open on this thread
+thread_local int t_sim_kernel_scopes = 0;
 
 // Element i of a contiguous host tensor as a double (uncounted: its callers count)
 double element(const Tensor& t, int64_t i) {
@@ -158,8 +160,17 @@ const void* Tensor::data_ptr() const {
   return static_cast<const char*>(storage_->data()) + offset_ * dtype_size(dtype_);
 }
 
-void Tensor::check_type(DType wanted) const {
+SimKernelScope::SimKernelScope() { ++t_sim_kernel_scopes; }
+SimKernelScope::~SimKernelScope() { --t_sim_kernel_scopes; }
+
+void Tensor::check_access(DType wanted) const {
   SCALELAB_CHECK(dtype_ == wanted, "tensor {} accessed as {}", str(), dtype_name(wanted));
+  if (device().is_sim() && t_sim_kernel_scopes == 0)  // one plain line: an attendee reads it
+    throw CheckFailed(fmt::format(
+        "host code reached the elements of {} through data<T>(), outside an op: on a GPU they "
+        "are in device memory, where the host cannot read them. Compute with the ops "
+        "(common/ops), or copy to the host first (to(Device::cpu()), to_vector())",
+        str()));
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {

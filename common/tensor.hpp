@@ -101,20 +101,23 @@ class Tensor {
   /// "(2, 3) f32 cpu"
   std::string str() const;
 
-  /// The address of the first element of this view (a device address for a GPU tensor).
+  /// The address of the first element of this view (a device address for a GPU tensor): for
+  /// APIs that take device addresses (copies, communication), not for reading elements.
   void* data_ptr();
   /// The address of the first element of this view, read-only.
   const void* data_ptr() const;
-  /// Typed pointer to the first element; checks that T matches dtype().
+  /// Typed pointer to the first element, for a kernel to read and write elements through; checks
+  /// that T matches dtype(), and on the simulated GPU that an op's kernel is running
+  /// (SimKernelScope): elsewhere it throws, as reading a GPU's memory from the host would fail.
   template <class T>
   T* data() {
-    check_type(dtype_of<T>());
+    check_access(dtype_of<T>());
     return static_cast<T*>(data_ptr());
   }
-  /// Typed read-only pointer to the first element; checks that T matches dtype().
+  /// Typed read-only pointer to the first element; the same checks as data().
   template <class T>
   const T* data() const {
-    check_type(dtype_of<T>());
+    check_access(dtype_of<T>());
     return static_cast<const T*>(data_ptr());
   }
 
@@ -144,11 +147,23 @@ class Tensor {
   double item(int64_t flat_index = 0) const;
 
  private:
-  void check_type(DType wanted) const;
+  void check_access(DType wanted) const;
   std::shared_ptr<Storage> storage_;
   std::vector<int64_t> shape_, strides_;
   int64_t offset_ = 0;
   DType dtype_ = DType::f32;
+};
+
+/// While one lives, this thread's code may read and write simulated-GPU tensors through data<T>():
+/// the ops open one around a CPU kernel they run for a `Device::sim()` tensor (common/ops), as a
+/// GPU runs its kernels on its own memory. Nothing outside common/ops opens one: code that needs
+/// a tensor's numbers on the host copies them there (to(Device::cpu()), to_vector()).
+class SimKernelScope {
+ public:
+  SimKernelScope();
+  ~SimKernelScope();
+  SimKernelScope(const SimKernelScope&) = delete;
+  SimKernelScope& operator=(const SimKernelScope&) = delete;
 };
 
 /// The bytes of tensor values that passed through the Tensor API's doors to host numbers since

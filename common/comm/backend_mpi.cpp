@@ -121,7 +121,8 @@ int count_of(const Tensor& t) {
   return static_cast<int>(t.numel());
 }
 
-// A host tensor to hand to MPI: `t` itself, or a staged host copy of a CUDA tensor.
+// A host tensor to hand to MPI: `t` itself, or a staged host copy of a device tensor (CUDA, or
+// the simulated GPU, whose memory is closed to host code as a GPU's is).
 Tensor host_view(const Tensor& t, bool copy_in) {
   if (!t.defined() || t.device().is_cpu()) return t;
   return copy_in ? t.to(Device::cpu()) : Tensor::empty(t.shape(), t.dtype(), Device::cpu());

@@ -109,9 +109,10 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
   exec_log::record_compute("flash_attention_forward");
   trace::Scope span("flash_attention_forward");
   const AttentionLayout l = packed_layout(q);
-  const bool done = q.device().is_cpu()
-                        ? cpu::flash_attention_forward(out, lse, q, k, v, l, scale, causal)
-                        : cuda::flash_attention_forward(out, lse, q, k, v, l, scale, causal);
+  const SimKernelScope in_kernel;  // the simulated GPU's memory is the CPU kernel's (tensor.hpp)
+  const bool done = q.device().is_cuda()
+                        ? cuda::flash_attention_forward(out, lse, q, k, v, l, scale, causal)
+                        : cpu::flash_attention_forward(out, lse, q, k, v, l, scale, causal);
   SCALELAB_CHECK(done, "flash_attention_forward: no kernel for (BH, T, hs) tensors");
 }
 
@@ -124,10 +125,11 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
   exec_log::record_compute("flash_attention_backward");
   trace::Scope span("flash_attention_backward");
   const AttentionLayout l = packed_layout(q);
+  const SimKernelScope in_kernel;
   const bool done =
-      q.device().is_cpu()
-          ? cpu::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, l, scale, causal)
-          : cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, l, scale, causal);
+      q.device().is_cuda()
+          ? cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, l, scale, causal)
+          : cpu::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, l, scale, causal);
   SCALELAB_CHECK(done, "flash_attention_backward: no kernel for (BH, T, hs) tensors");
 }
 
@@ -137,7 +139,8 @@ void flash_attention_qkv_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int6
   count_attention(l.B * l.NH, l.T, l.hs, causal, /*backward=*/false);
   exec_log::record_compute("flash_attention_forward");
   trace::Scope span("flash_attention_forward");
-  if (qkv.device().is_cpu()) {
+  if (!qkv.device().is_cuda()) {
+    const SimKernelScope in_kernel;
     cpu::flash_attention_forward(y, lse, qkv, qkv, qkv, l, scale, causal);
     return;
   }
@@ -168,7 +171,8 @@ void flash_attention_qkv_backward(Tensor& dqkv, const Tensor& dy, const Tensor& 
   count_attention(l.B * l.NH, l.T, l.hs, causal, /*backward=*/true);
   exec_log::record_compute("flash_attention_backward");
   trace::Scope span("flash_attention_backward");
-  if (qkv.device().is_cpu()) {
+  if (!qkv.device().is_cuda()) {
+    const SimKernelScope in_kernel;
     cpu::flash_attention_backward(dqkv, dqkv, dqkv, dy, qkv, qkv, qkv, y, lse, l, scale, causal);
     return;
   }
@@ -197,8 +201,12 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
   check_lse("attention_merge", lse_b, out);
   exec_log::record_compute("attention_merge");
   trace::Scope span("attention_merge");
-  if (out.device().is_cpu()) cpu::attention_merge(out, lse, out_b, lse_b);
-  else cuda::attention_merge(out, lse, out_b, lse_b);
+  if (out.device().is_cuda()) {
+    cuda::attention_merge(out, lse, out_b, lse_b);
+  } else {
+    const SimKernelScope in_kernel;
+    cpu::attention_merge(out, lse, out_b, lse_b);
+  }
 }
 
 }  // namespace scalelab::ops

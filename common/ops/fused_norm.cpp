@@ -33,10 +33,12 @@ void residual_layernorm_forward(Tensor& res_out, Tensor& ln_out, Tensor& mean, T
   expect(mean, "mean", {N}, stat);
   expect(rstd, "rstd", {N}, stat);
   count_layernorm_rows(N);
-  if (x.device().is_cpu())
-    cpu::residual_layernorm_forward(res_out, ln_out, mean, rstd, x, residual, weight, bias, eps);
-  else
+  if (x.device().is_cuda()) {
     cuda::residual_layernorm_forward(res_out, ln_out, mean, rstd, x, residual, weight, bias, eps);
+  } else {
+    const SimKernelScope in_kernel;  // the simulated GPU's memory is the CPU kernel's (tensor.hpp)
+    cpu::residual_layernorm_forward(res_out, ln_out, mean, rstd, x, residual, weight, bias, eps);
+  }
 }
 
 }  // namespace scalelab::ops

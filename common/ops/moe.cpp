@@ -9,10 +9,15 @@ namespace scalelab::ops {
 
 namespace {
 
+// The CPU's kernels run for the host and for the simulated GPU (SimKernelScope, tensor.hpp).
 #define SCALELAB_MOE_DISPATCH(device, call) \
   do {                                      \
-    if ((device).is_cpu()) cpu::call;       \
-    else cuda::call;                        \
+    if ((device).is_cuda()) {               \
+      cuda::call;                           \
+    } else {                                \
+      const SimKernelScope in_kernel;       \
+      cpu::call;                            \
+    }                                       \
   } while (0)
 
 void check_defined(const char* op, std::initializer_list<const Tensor*> all) {

@@ -75,10 +75,16 @@ int64_t rows_of(const Tensor& t) { return t.dim() == 0 ? 1 : t.numel() / t.size(
 bool g_allow_tf32 = false;
 }  // namespace
 
-#define SCALELAB_DISPATCH(device, call)  \
-  do {                                   \
-    if ((device).is_cpu()) cpu::call;    \
-    else cuda::call;                     \
+// The CPU's kernels run for the host and for the simulated GPU, whose memory they may then touch
+// (SimKernelScope, tensor.hpp).
+#define SCALELAB_DISPATCH(device, call)     \
+  do {                                      \
+    if ((device).is_cuda()) {               \
+      cuda::call;                           \
+    } else {                                \
+      const SimKernelScope in_kernel;       \
+      cpu::call;                            \
+    }                                       \
   } while (0)
 
 void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha,
@@ -397,27 +403,31 @@ void logarithm(Tensor& out, const Tensor& in) {
 double sum(const Tensor& x) {
   Device d = check_same("sum", x);
   const HostRead read("ops::sum");  // the number comes back to the host (scalar.hpp)
-  return d.is_cpu() ? cpu::sum(x) : cuda::sum(x);
+  if (d.is_cuda()) return cuda::sum(x);
+  const SimKernelScope in_kernel;
+  return cpu::sum(x);
 }
 
 double sum_squares(const Tensor& x) {
   Device d = check_same("sum_squares", x);
   const HostRead read("ops::sum_squares");
-  return d.is_cpu() ? cpu::sum_squares(x) : cuda::sum_squares(x);
+  if (d.is_cuda()) return cuda::sum_squares(x);
+  const SimKernelScope in_kernel;
+  return cpu::sum_squares(x);
 }
 
 void sum_into(Tensor& out, const Tensor& x, double divisor) {
   Device d = check_placed("sum_into", out, x);
   SCALELAB_CHECK(out.numel() == 1 && out.dtype() == DType::f64,
                  "sum_into: out {} (one f64 element)", out.str());
-  d.is_cpu() ? cpu::sum_into(out, x, divisor) : cuda::sum_into(out, x, divisor);
+  SCALELAB_DISPATCH(d, sum_into(out, x, divisor));
 }
 
 // The norm's kernels on a GPU (sum_squares_into, clip_scale, sqrt_into) are "norm_on_device"
 // (trial_kernels.hpp: checked on an H200); turned off, a GPU takes the way through the host: the
 // same arithmetic on numbers read back (each read counted).
 namespace {
-bool norm_on_device(Device d) { return d.is_cpu() || trial_kernel("norm_on_device"); }
+bool norm_on_device(Device d) { return !d.is_cuda() || trial_kernel("norm_on_device"); }
 // a one-element f64 tensor's value, read back from its GPU
 double read_back(const Tensor& t) {
   const HostRead read("gradient norm");

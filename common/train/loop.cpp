@@ -18,6 +18,7 @@ Device rank_device(const std::string& device) {
   int local_rank = 0;
   MPI_Comm_rank(node, &local_rank);
   MPI_Comm_free(&node);
+  if (device == "sim") return Device::sim();
   if (device != "cuda") return Device::cpu();
   const int gpus = cuda_device_count();
   SCALELAB_REQUIRE(gpus > 0, "--device cuda, but this rank sees no GPU (built with CUDA: {})",
@@ -101,7 +102,7 @@ StepReporter::StepReporter(const ModelConfig& config, int64_t tokens_per_step, D
   // (the same number everywhere), so one rank that happened to run alone does not set it. With
   // more ranks than cores the figure is still above a rank's fair share (each rank keeps its
   // fastest 20 ms window, measure_matmul_tflops): MFU is then a lower bound.
-  const bool measure = peak_tflops <= 0 && device.is_cpu();
+  const bool measure = peak_tflops <= 0 && !device.is_cuda();
   if (measure) comm_.barrier();
   metrics::Peak peak = metrics::peak_for(
       device, peak_tflops,
@@ -123,7 +124,7 @@ std::string StepReporter::mfu_note() const {
     return fmt::format("MFU against {} per rank, {:.3g} FLOPs per token", peak_,
                        metrics::flops_per_token(config_, config_.block_size));
   return fmt::format("MFU not shown: the peak of {} is unknown (pass --peak-tflops)",
-                     device_.is_cpu() ? "this CPU" : "this GPU");
+                     device_.is_cuda() ? "this GPU" : "this CPU");
 }
 
 std::string StepReporter::line(int64_t step, double loss, double dt_s, double lr) {

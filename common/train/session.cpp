@@ -53,7 +53,7 @@ void Session::require_dense(const std::string& why) const {
 
 void Session::require_step_memory(int64_t rows, StepShape shape) const {
   shape.global_batch = opt_.batch;
-  shape.rows = device().is_cpu() ? rows : 0;
+  shape.rows = device().in_host_memory() ? rows : 0;
   if (shape.layers == 0) shape.layers = config_.n_layer;
   require_host_memory(step_bytes_at_least(config_, shape, run_.precision),
                       fmt::format("--batch {}", opt_.batch), "a training step");

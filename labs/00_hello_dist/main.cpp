@@ -57,13 +57,16 @@ int main(int argc, char** argv) {
 
     const auto env = lab00::process_env();
     const lab00::Placement where = lab00::find_placement(env, MPI_COMM_WORLD);
+    // --device sim (the simulated GPU) is the host's memory: this lab places nothing on it
     const std::string device =
-        lab00::choose_device(where.local_rank, cuda_device_count(), run.device == "cuda");
+        run.device == "sim" ? "sim"
+                            : lab00::choose_device(where.local_rank, cuda_device_count(),
+                                                   run.device == "cuda");
     SCALELAB_REQUIRE(run.device != "cuda" || device != "cpu",
                      "--device cuda, but this rank sees no GPU (built with CUDA: {})",
                      cuda_compiled() ? "yes" : "no");
     const std::string backend =
-        run.backend != "auto" ? run.backend : (device == "cpu" ? "mpi" : "nccl");
+        run.backend != "auto" ? run.backend : (device == "cpu" || device == "sim" ? "mpi" : "nccl");
 
     print_table(fmt::format("{:>4} {:>5} {:>4} {:>5}  {:<16} {:<7} {:<7} {}", world_rank(),
                             where.local_rank, where.node, world_size(), host_name(), device,

@@ -1,5 +1,5 @@
 // Starter generated from solutions/01_collectives/collectives.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash d13b8c6990db3535 (lets make-labs see your edits).
+// step (see README.md). Body hash 5582e85bbd8dcf0d (lets make-labs see your edits).
 // Lab 01: collectives. See README.md for the steps and collectives.hpp for the contract.
 #include "collectives.hpp"
 
@@ -70,7 +70,7 @@ void add_into(const Tensor& dst, const Tensor& src) {
   Tensor d = dst;  // a handle to the same memory
   const int64_t n = d.numel();
   if (n == 0) return;
-  if (d.device().is_cuda()) {  // on the GPU: one elementwise kernel, no copy to the host
+  if (!d.device().is_cpu()) {  // on a GPU (or the simulated one): one elementwise kernel
     ops::add(d, d, src);
     return;
   }

@@ -116,7 +116,7 @@ std::string row_text(const BenchRow& r) {
 
 int bench(Communicator& world, const BenchConfig& config) {
   const std::string ranks = fmt::format("{} rank{}", world.size(), world.size() == 1 ? "" : "s");
-  if (config.device.is_cpu())
+  if (!config.device.is_cuda())
     log::info("# all-reduce of f32 on {}, backend {}: {} to {} bytes, {} iterations "
               "(median), {} warm-up", ranks, world.backend(), config.min_bytes,
               config.max_bytes, config.iters, config.warmup);

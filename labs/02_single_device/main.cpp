@@ -203,8 +203,9 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(!ckpt.empty(), "--checkpoint must name a file");
     cli::require_writable(ckpt, "--checkpoint");
 
-    const Device device = run.device == "cuda" ? Device::cuda(0) : Device::cpu();
-    SCALELAB_REQUIRE(device.is_cpu() || cuda_device_count() > 0,
+    // one process: GPU 0, the simulated GPU, or the host
+    const Device device = run.device == "cuda" ? Device::cuda(0) : Device::parse(run.device);
+    SCALELAB_REQUIRE(!device.is_cuda() || cuda_device_count() > 0,
                      "--device cuda, but no GPU is visible (built with CUDA: {})",
                      cuda_compiled() ? "yes" : "no");
     // A batch too large for this machine: a usage error, before the corpus, the model or a step
@@ -215,7 +216,7 @@ int main(int argc, char** argv) {
     step_config.block_size = T;
     train::require_host_memory(
         train::step_bytes_at_least(step_config,
-                                   {.global_batch = B, .rows = device.is_cpu() ? B : 0,
+                                   {.global_batch = B, .rows = device.in_host_memory() ? B : 0,
                                     .layers = config.n_layer, .attention_probabilities = !flash},
                                    run.precision),
         fmt::format("--batch {}", B), "a training step");

@@ -17,7 +17,8 @@ if(SCALELAB_BUILD_TESTS)
       "2|moe_model|^error: --model tiny-moe: its micro-batches would each be routed alone, .*\\(dense models: tiny, |--model|tiny-moe")
 endif()
 # Planted submissions (solutions/05_*/planted/cheats.plant): an accumulation that reads each
-# micro-batch's loss to the host (right numbers) fails step 1's host-read check; a measurement
+# micro-batch's loss to the host (right numbers) fails step 1's host-read check; one that never
+# moves a micro-batch to the model's device fails step 1's run on the simulated GPU; a measurement
 # that counts an earlier forward's activations as "before" fails step 4's; a no-sync part written
 # as detach() ... attach() (not a NoSync scope) fails step 2's throwing-micro-batch check. The
 # audit's plants, each right in its numbers: step 1's one whole-batch pass and every-forward-first
@@ -29,6 +30,7 @@ endif()
 # the log of the step run while measuring.
 scalelab_add_planted_submissions(05
   CASES "reads_each_loss:1:1:Step1_Accumulate.ReadsTheLossToTheHostOnce on rank 0: .*read 4 numbers"
+        "micro_batch_not_moved:1_Accumulate.RunsOn:1:Step1_Accumulate.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: on the simulated GPU .*: .*on cpu.* on sim"
         "keeps_old_activations:4:1:Step4_Memory.ActivationsAnEarlierForwardLeftAreNotTheSteps on rank 0: .*earlier forward"
         "detach_by_hand:2_DdpAccumulate.AMicro:2:Step2_DdpAccumulate.AMicroBatchThatThrowsLeavesTheHooksOn on rank [0-9]: .*the hooks were left off"
         "whole_batch_once:1:1:Step1_Accumulate.EachMicroBatchForwardThenBackward on rank 0: .*ran 1 forward.s. and 1 backward"

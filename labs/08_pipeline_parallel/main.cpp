@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
     train::require_host_memory(
         train::step_bytes_at_least(
             config, {.global_batch = opt.batch,
-                     .rows = !device.is_cpu() ? 0 : twin_here ? opt.batch : opt.batch / m,
+                     .rows = !device.in_host_memory() ? 0 : twin_here ? opt.batch : opt.batch / m,
                      .layers = twin_here ? L : mine_layers.size(),
                      .head = twin_here || stage == p - 1},
             run.precision),

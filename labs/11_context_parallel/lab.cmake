@@ -39,6 +39,7 @@ endif()
 scalelab_add_planted_submissions(11
   CASES "contiguous_split:1_Balance:1:Step1_Balance.EveryRankComputesTheSameCausalWork on rank 0: .*score blocks per rank"
         "host_loop_shard:1_Split.Shard:1:Step1_Split.ShardAndUnshardAreExactCopies on rank 0: .*shard_sequence passed [0-9]+ bytes of tensor values through the host"
+        "data_loop_shard:1_Split.Shard:1:Step1_Split.ShardAndUnshardAreExactCopies on rank 0: .*on the simulated GPU .--device sim.: host code reached the elements of .* f32 sim through data<T>.., outside an op"
         "all_gather:2_Ring.Sends:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*and 1 other operations"
         "raw_allgather:2_Ring.Sends:2:Step2_Ring.SendsCpMinusOneBlocks on rank [0-9]: .*MPI_Allgather on raw MPI outside the Communicator"
         "all_gather:2_Ring.Holds:4:Step2_Ring.HoldsAtMostTwoRemoteBlocks on rank [0-9]: .*remote K/V blocks"

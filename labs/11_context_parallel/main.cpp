@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
     const auto step_bytes = [&](int64_t batch) {
       return train::step_bytes_at_least(rows_config,
                                         {.global_batch = batch,
-                                         .rows = device.is_cpu() ? batch : 0,
+                                         .rows = device.in_host_memory() ? batch : 0,
                                          .layers = config.n_layer,
                                          .attention_probabilities = false},
                                         run.precision);

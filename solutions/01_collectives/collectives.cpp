@@ -94,7 +94,7 @@ void add_into(const Tensor& dst, const Tensor& src) {
   Tensor d = dst;  // a handle to the same memory
   const int64_t n = d.numel();
   if (n == 0) return;
-  if (d.device().is_cuda()) {  // on the GPU: one elementwise kernel, no copy to the host
+  if (!d.device().is_cpu()) {  // on a GPU (or the simulated one): one elementwise kernel
     ops::add(d, d, src);
     return;
   }

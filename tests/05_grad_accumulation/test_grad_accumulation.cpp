@@ -227,6 +227,29 @@ TEST(Step1_Accumulate, MicroBatchStepReturnsTheForwardsLoss) {
                    << "micro-batch's own mean loss, unscaled";
 }
 
+// On the simulated GPU (Device::sim: host memory that only the ops may touch, as a GPU's) with
+// the batch on the host, as the sampler makes it: the same gradients as on the host, bit for bit
+// (the same CPU kernels). A micro-batch never moved to the model's device is refused by the
+// first op there ("ids on cpu, data on sim"), as a GPU would refuse it.
+TEST(Step1_Accumulate, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const data::Batch b = global_batch();
+  nn::GPT host(kLab.config(), {.seed = kSeed});
+  nn::GPT sim(kLab.config(), {.device = Device::sim(), .seed = kSeed});
+  const double want = lab05::accumulate_gradients(host, b, 4);
+  try {
+    const double got = lab05::accumulate_gradients(sim, b, 4);
+    const train::Diff d =
+        train::compare(sim.params().grads().to(Device::cpu()), host.params().grads());
+    if (got != want || !d.bitwise)
+      LABTEST_FAIL() << "accum 4 on the simulated GPU: loss " << got << " (host " << want
+                     << "), gradients " << d.str() << ": the same kernels run, so the numbers "
+                     << "should be the host's bit for bit";
+  } catch (const CheckFailed& e) {
+    LABTEST_FAIL() << "on the simulated GPU (--device sim), the model there and the batch on "
+                   << "the host: " << e.what();
+  }
+}
+
 TEST(Step1_PlantedFault, UnscaledMicroBatchLossIsCaught) {
   const data::Batch b = global_batch();
   nn::GPT model(kLab.config(), {.seed = kSeed});

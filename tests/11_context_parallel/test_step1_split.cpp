@@ -6,7 +6,9 @@
 // the reference (solutions/11_context_parallel/planted/cheats.plant;
 // labs/11_context_parallel/lab.cmake): the contiguous split (rank r keeps tokens
 // [r T/cp, (r+1) T/cp)) fails the balance check; the shard made by a loop on the host
-// (to_vector, from_vector) fails the host bytes. Not caught: a host loop through data<T>().
+// (to_vector, from_vector) fails the host bytes; one through data<T>() fails on the simulated
+// GPU (Device::sim: host memory that code outside the ops cannot reach, as a GPU's), where the
+// shards are made a second time.
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -177,20 +179,38 @@ TEST(Step1_Split, ShardAndUnshardAreExactCopies) {
         what, bytes, shard, "Copy each chunk where it goes, on the tensors' device");
     if (!p.empty()) ADD_FAILURE() << p;
   };
-  for (const Tensor* t : {&x, &tokens}) {
-    std::vector<Tensor> shards;
-    for (int r = 0; r < cp; ++r) {
-      const int64_t host = labtest::host_bytes_of(
-          [&] { shards.push_back(lab11::shard_sequence(*t, cp, r)); });
-      on_device("shard_sequence", host, shards.back());
-      const std::string p = shard_problem(shards.back(), *t, cp, r);
-      if (!p.empty()) ADD_FAILURE() << p;
+  const auto stays = [](const char* what, const Tensor& got, Device device) {
+    if (got.device() != device)
+      ADD_FAILURE() << what << " of a tensor on " << device.str() << " came back on "
+                    << got.device().str() << ": make it on its input's device";
+  };
+  // on the host, then on the simulated GPU: a loop through data<T>() throws there
+  for (const Device device : {Device::cpu(), Device::sim()}) {
+    SCOPED_TRACE("on " + device.str());
+    try {
+      for (const Tensor* host_t : {&x, &tokens}) {
+        const Tensor t = host_t->to(device);
+        std::vector<Tensor> shards;
+        for (int r = 0; r < cp; ++r) {
+          const int64_t host = labtest::host_bytes_of(
+              [&] { shards.push_back(lab11::shard_sequence(t, cp, r)); });
+          on_device("shard_sequence", host, shards.back());
+          stays("shard_sequence", shards.back(), device);
+          const std::string p = shard_problem(shards.back(), t, cp, r);
+          if (!p.empty()) ADD_FAILURE() << p;
+        }
+        Tensor whole;
+        const int64_t host =
+            labtest::host_bytes_of([&] { whole = lab11::unshard_sequence(shards); });
+        on_device("unshard_sequence", host, shards[0]);
+        stays("unshard_sequence", whole, device);
+        const std::string p = unshard_problem(whole, t, cp);
+        if (!p.empty()) ADD_FAILURE() << p;
+      }
+    } catch (const CheckFailed& e) {
+      if (!device.is_sim()) throw;
+      ADD_FAILURE() << "on the simulated GPU (--device sim): " << e.what();
     }
-    Tensor whole;
-    const int64_t host = labtest::host_bytes_of([&] { whole = lab11::unshard_sequence(shards); });
-    on_device("unshard_sequence", host, shards[0]);
-    const std::string p = unshard_problem(whole, *t, cp);
-    if (!p.empty()) ADD_FAILURE() << p;
   }
 }
 

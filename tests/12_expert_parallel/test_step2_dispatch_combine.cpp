@@ -12,10 +12,13 @@
 //    gradient that is off and the function that set it. No matrix multiply in either backward.
 //  - Rows stay on their device: none of the four passes as many bytes through the host doors
 //    (to_vector, item, from_vector: host_value_bytes) as its rows hold; a few indices may.
+//  - On the simulated GPU (Device::sim: host memory that code outside the ops cannot reach, as
+//    a GPU's) the four give the host's numbers bit for bit: a loop over the rows through
+//    data<T>(), right on the CPU and a crash on a GPU, fails there naming the tensor.
 // Planted (solutions/12_*/planted/cheats.plant): combine_backward that leaves dye zero fails dye;
 // dgates left 0 at top-1 fails dgates; dispatch_backward setting dx fails dx; a one-hot matrix
 // times x for dispatch fails the FLOPs; dispatch by a loop over the tokens on the host fails the
-// host bytes. Not caught: a host loop through data<T>() (no door: the ops' own access).
+// host bytes (through to_vector/from_vector) or the simulated GPU (through data<T>()).
 #include <string>
 #include <vector>
 
@@ -165,3 +168,49 @@ void backward_passes(int64_t k) {
 TEST(Step2_DispatchCombine, BackwardAgainstFiniteDifferences) { backward_passes(2); }
 // top-1: the gate is the token's one probability, and its gradient still reaches the router
 TEST(Step2_DispatchCombine, Top1BackwardAgainstFiniteDifferences) { backward_passes(1); }
+
+// The four on the simulated GPU: the same numbers as on the host, bit for bit (the same CPU
+// kernels run), and no element read outside an op. A failure is the tensor's own error line
+// ("host code reached the elements of (N, C) f64 sim through data<T>(), outside an op").
+TEST(Step2_DispatchCombine, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const eptest::Shape s = eptest::draw_shape(200);
+  SCOPED_TRACE(s.str());
+  const eptest::Layer l(s.config(), s.C, s.seed);
+  const Tensor x = uniform({s.N, s.C}, s.seed + 3);
+  const lab12::Routing r = l.library_routing(x);
+  const Device sim = Device::sim();
+  lab12::Routing rs = r;  // the same routing with its tensors on the simulated GPU
+  for (Tensor* t : {&rs.probs, &rs.values, &rs.indices, &rs.gates, &rs.dest})
+    if (t->defined()) *t = t->to(sim);
+  const auto same = [](const char* what, const Tensor& host, const Tensor& on_sim) {
+    if (on_sim.device() != Device::sim())
+      return fmt::format("{} came back on {}, not on the simulated GPU its inputs are on", what,
+                         on_sim.device().str());
+    if (host.shape() != on_sim.shape() || host.to_vector() != on_sim.to_vector())
+      return fmt::format("{} on the simulated GPU is not the host's {}", what, host.str());
+    return std::string();
+  };
+  std::vector<std::string> problems;
+  try {
+    const Tensor xd = lab12::dispatch(x, r), xd_s = lab12::dispatch(x.to(sim), rs);
+    problems.push_back(same("dispatch's rows", xd, xd_s));
+    // any rows stand in for the experts' outputs: combine only moves and weighs them
+    const Tensor ye = uniform(xd.shape(), s.seed + 5), dy = uniform({s.N, s.C}, s.seed + 6);
+    problems.push_back(same("combine's y", lab12::combine(ye, r), lab12::combine(ye.to(sim), rs)));
+    Tensor dye = Tensor::empty(ye.shape(), DType::f64), dgates = Tensor::empty({s.N * s.k}, DType::f64);
+    Tensor dye_s = dye.to(sim), dgates_s = dgates.to(sim);
+    lab12::combine_backward(dye, dgates, dy, ye, r);
+    lab12::combine_backward(dye_s, dgates_s, dy.to(sim), ye.to(sim), rs);
+    problems.push_back(same("combine_backward's dye", dye, dye_s));
+    problems.push_back(same("combine_backward's dgates", dgates, dgates_s));
+    Tensor dx = uniform({s.N, s.C}, s.seed + 7);
+    Tensor dx_s = dx.to(sim);
+    lab12::dispatch_backward(dx, dye, r);
+    lab12::dispatch_backward(dx_s, dye.to(sim), rs);
+    problems.push_back(same("dispatch_backward's dx", dx, dx_s));
+  } catch (const CheckFailed& e) {
+    LABTEST_FAIL() << "on the simulated GPU (--device sim): " << e.what();
+  }
+  const std::string all = joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+}

@@ -3,15 +3,17 @@
 # Skipped (exit 77, ctest's SKIP_RETURN_CODE) where <probe> finds no CUDA device; otherwise the
 # command must exit 0 (every program exits 1 when its own check fails) and print, for each part of
 # <regex> (extended regular expressions joined by @@), a line that matches it: the program's twin
-# or equivalence lines, so a run that skips its check cannot pass.
+# or equivalence lines, so a run that skips its check cannot pass. <probe> "-": no probe, the
+# command always runs (the simulated GPU, --device sim, is on every machine).
 probe=$1
 regex=$2
 shift 2
-if [ ! -x "$probe" ]; then  # a pack without it would skip every test silently: fail instead
+if [ "$probe" = "-" ]; then
+  :
+elif [ ! -x "$probe" ]; then  # a pack without it would skip every test silently: fail instead
   echo "FAILED: no probe $probe (build the gpu_probe target)"
   exit 1
-fi
-if ! "$probe" >/dev/null 2>&1; then
+elif ! "$probe" >/dev/null 2>&1; then
   echo "no CUDA device (or a build without CUDA): skipped"
   exit 77
 fi

@@ -4,6 +4,12 @@
 # own check holds, and must print the line of that check (the regex: its twin, equivalence or
 # exactness line), so a run that skipped the check cannot pass. The tiny model on the bf16 test
 # corpus, a few steps: seconds each on a GPU; on a CPU each is one probe run (gpu_probe, exit 77).
+#
+# The same program also runs on the simulated GPU on every machine (lab<nn>.sim_program.np<ranks>,
+# label reference, the mpi run's ranks): --device sim, the host's kernels on memory that host
+# code outside the ops cannot read (Device::sim, allocator.hpp). It passes only if no model path
+# loops over a tensor's elements on the host and no tensor is left on the host beside the model's:
+# what --device cuda needs, checked without a GPU.
 add_executable(gpu_probe ${CMAKE_CURRENT_LIST_DIR}/gpu_probe.cpp)
 target_link_libraries(gpu_probe PRIVATE scalelab::common)
 add_dependencies(reference gpu_probe)
@@ -11,7 +17,7 @@ add_dependencies(reference gpu_probe)
 # scalelab_add_gpu_program(<nn> <program target> <regex> [RUNS <ranks|backend>...]
 #                          [ARGS <program args...>])
 # ctest lab<nn>.gpu_program.<backend>.np<ranks> for each run (default 1|nccl 1|auto 2|mpi); in
-# ARGS, @BACKEND@ becomes the run's backend.
+# ARGS, @BACKEND@ becomes the run's backend ("sim" in the simulated GPU's run).
 function(scalelab_add_gpu_program nn target regex)
   cmake_parse_arguments(G "" "" "RUNS;ARGS" ${ARGN})
   if(NOT G_RUNS)
@@ -31,6 +37,18 @@ function(scalelab_add_gpu_program nn target regex)
     set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 PROCESSORS ${ranks} TIMEOUT 180
                          LABELS "gpu;reference;lab${nn}" FIXTURES_REQUIRED bf16_corpus
                          ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+    if(backend STREQUAL "mpi")
+      set(name lab${nn}.sim_program.np${ranks})
+      string(REPLACE "@BACKEND@" sim args "${G_ARGS}")  # its own files beside the GPU runs'
+      add_test(NAME ${name}
+               COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/gpu_program.sh - "${regex}"
+                       ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
+                       $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} --device sim
+                       --backend mpi ${args})
+      set_tests_properties(${name} PROPERTIES PROCESSORS ${ranks} TIMEOUT 180
+                           LABELS "reference;lab${nn};sim" FIXTURES_REQUIRED bf16_corpus
+                           ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+    endif()
   endforeach()
 endfunction()
 

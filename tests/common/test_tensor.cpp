@@ -93,6 +93,39 @@ TEST(Device, NamesAndParse) {
   EXPECT_TRUE(Device::parse("cuda").is_cuda());
   EXPECT_EQ(Device::parse("cuda:2").index, 2);
   EXPECT_THROW(Device::parse("tpu"), UsageError);
+  EXPECT_EQ(Device::sim().str(), "sim");
+  EXPECT_TRUE(Device::parse("sim").is_sim());
+  EXPECT_NE(Device::sim(), Device::cpu());
+}
+
+// The simulated GPU: host memory that host code reaches only through copies and the ops, as a
+// GPU's. data<T>() throws outside a kernel (an op's SimKernelScope), naming the tensor; copies,
+// to_vector() and the ops work; the allocator counts it apart from the host.
+TEST(Tensor, SimulatedGpuRefusesHostReadsOutsideOps) {
+  const MemoryStats host0 = memory_stats(Device::cpu()), sim0 = memory_stats(Device::sim());
+  Tensor s = Tensor::from_vector({1, 2, 3}, {3}).to(Device::sim());
+  EXPECT_EQ(memory_stats(Device::sim()).current - sim0.current, 12u);
+  EXPECT_EQ(memory_stats(Device::cpu()).current, host0.current);  // the host copy is gone
+  try {
+    (void)s.data<float>();
+    ADD_FAILURE() << "data<float>() of a sim tensor outside an op did not throw";
+  } catch (const CheckFailed& e) {
+    EXPECT_NE(std::string(e.what()).find("the elements of (3) f32 sim through data<T>(), outside an op"),
+              std::string::npos) << e.what();
+  }
+  const Tensor& cs = s;
+  EXPECT_THROW((void)cs.data<float>(), CheckFailed);
+  EXPECT_THROW((void)s.item(0), CheckFailed);  // as on a GPU: copy it to the host first
+  EXPECT_EQ(s.to_vector(), (std::vector<double>{1, 2, 3}));
+  EXPECT_EQ(s.to(Device::cpu()).data<float>()[2], 3.0f);
+  {
+    const SimKernelScope in_kernel;  // what an op opens around its CPU kernel
+    EXPECT_EQ(s.data<float>()[1], 2.0f);
+  }
+  EXPECT_THROW((void)s.data<float>(), CheckFailed);  // closed again
+  Tensor c = Tensor::zeros({3});
+  c.copy_from(s);  // a copy between the devices, as cudaMemcpy
+  EXPECT_EQ(c.to_vector(), s.to_vector());
 }
 
 // The doors between tensors and host numbers count the bytes they pass, at each dtype's size;
