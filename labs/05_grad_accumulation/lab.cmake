@@ -1,6 +1,9 @@
 # STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
 scalelab_add_lab(05 grad_accumulation SOURCES grad_accumulation.cpp GIVEN batch_plan.cpp STEPS 4 RANKS 1 2 4 LIBS lab04_ddp_overlap_solution_impl TIMEOUT 60
                  STEP_USES "2:1" "4:1")
+# The functions the attendee's object calls: step 1's run on the simulated GPU checks it opens no
+# SimKernelScope (the ops' own key to that memory).
+scalelab_attendee_symbols(05 grad_accumulation grad_accumulation.cpp)
 # Bad input (found by the bad-input audit): one distinct "error: ..." line naming the option, exit 2
 # on every rank, before any training. --bucket-mb beyond a 64-bit byte count or below a byte (they
 # wrapped or rounded to 0 bytes: "the bucket size must be positive"); a batch too large for this

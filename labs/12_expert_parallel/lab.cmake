@@ -64,6 +64,7 @@ scalelab_add_planted_submissions(12
         "one_hot_dispatch:2_DispatchCombine.Equals:1:Step2_DispatchCombine.EqualsTheMaskedDenseReferenceAtADrawnShape on rank 0: dispatch did [0-9]+ matrix multiply FLOPs"
         "host_loop_dispatch:2_DispatchCombine.Equals:1:Step2_DispatchCombine.EqualsTheMaskedDenseReferenceAtADrawnShape on rank 0: dispatch passed [0-9]+ bytes of tensor values through the host"
         "data_loop_dispatch:2_DispatchCombine.RunsOn:1:Step2_DispatchCombine.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: on the simulated GPU .--device sim.: host code reached the elements of .* f64 sim through data<T>.., outside an op"
+        "sim_scope_opened:2_DispatchCombine.RunsOn:1:Step2_DispatchCombine.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: the attendee.s file calls SimKernelScope .*which only the ops may"
         "dx_overwritten:2_DispatchCombine.Backward:1:Step2_DispatchCombine.BackwardAgainstFiniteDifferences on rank 0: gradients off the finite differences: dx .dispatch_backward"
         "top1_no_dgates:2_DispatchCombine.Top1:1:Step2_DispatchCombine.Top1BackwardAgainstFiniteDifferences on rank 0: gradients off the finite differences: dgates .combine_backward."
         "exchange_f32:3_Exchange:1:Step3_Exchange.RowsReachTheirExpertsAndComeBackInTheFormulasBytes on rank 0: the same exchange of bf16 rows: .*bf16 rows sent as 4-byte numbers"

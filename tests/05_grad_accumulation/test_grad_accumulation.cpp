@@ -33,6 +33,7 @@
 #include "tests/04_ddp_overlap/test_buckets.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
@@ -248,6 +249,7 @@ TEST(Step1_Accumulate, RunsOnTheSimulatedGpuAsOnTheHost) {
     LABTEST_FAIL() << "on the simulated GPU (--device sim), the model there and the batch on "
                    << "the host: " << e.what();
   }
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 TEST(Step1_PlantedFault, UnscaledMicroBatchLossIsCaught) {

@@ -212,6 +212,7 @@ TEST(Step1_Split, ShardAndUnshardAreExactCopies) {
       ADD_FAILURE() << "on the simulated GPU (--device sim): " << e.what();
     }
   }
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 TEST(Step1_Split, RefusesWhatDoesNotCut) {

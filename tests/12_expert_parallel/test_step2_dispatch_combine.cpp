@@ -213,4 +213,5 @@ TEST(Step2_DispatchCombine, RunsOnTheSimulatedGpuAsOnTheHost) {
   }
   const std::string all = joined(problems);
   if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }

@@ -31,10 +31,12 @@ inline std::string undefined_symbols_path() {
 }
 
 /// Success when the attendee's object calls none of `forbidden` (demangled names up to their
-/// argument list, e.g. "scalelab::nn::shard_range("); a failure naming each one it calls, or
-/// saying that the list is missing (never a pass on nothing). Same on every rank.
+/// argument list, e.g. "scalelab::nn::shard_range("); a failure naming each one it calls ("the
+/// attendee's file calls <what>, <why>:"), or saying that the list is missing (never a pass on
+/// nothing). Same on every rank.
 inline testing::AssertionResult calls_none_of(const std::vector<std::string>& forbidden,
-                                              const std::string& why) {
+                                              const std::string& why,
+                                              const std::string& what = "the library's reference") {
   const std::string path = undefined_symbols_path();
   std::ifstream in(path);
   if (!in) return testing::AssertionFailure() << "no list of the attendee's calls at " << path;
@@ -48,9 +50,18 @@ inline testing::AssertionResult calls_none_of(const std::vector<std::string>& fo
   }
   if (!object_seen) return testing::AssertionFailure() << path << " names no object";
   if (!calls.empty())
-    return testing::AssertionFailure() << "the attendee's file calls the library's reference, "
-                                       << why << ":" << calls;
+    return testing::AssertionFailure() << "the attendee's file calls " << what << ", " << why
+                                       << ":" << calls;
   return testing::AssertionSuccess();
+}
+
+/// Success when the attendee's file opens no SimKernelScope (tensor.hpp): the ops' own key to the
+/// simulated GPU's memory, which would let a host loop through data<T>() pass a grader's run on
+/// Device::sim that a GPU would fail.
+inline testing::AssertionResult opens_no_sim_kernel_scope() {
+  return calls_none_of({"scalelab::SimKernelScope::SimKernelScope("},
+                       "which only the ops may: on a GPU no call opens its memory to host code",
+                       "SimKernelScope (the ops' key to the simulated GPU's memory)");
 }
 
 /// What the attendee's file may hold in static storage: counters and small tables, never a
