@@ -134,6 +134,16 @@ int run_main(int argc, char** argv, const std::function<int(int, char**)>& body)
     exit_all(kExitFailed, fmt::format("error: {}", e.what()));
   }
   std::fflush(stdout);
+  // The body's communicators are gone, their workers joined; a thread still inside an MPI call
+  // now (a communicator kept past the body, a worker in an operation its peers never joined)
+  // would crash or hang in MPI_Finalize: the job ends with its line instead, after 3 s.
+  if (!close_background_mpi(3.0)) {
+    std::fprintf(stderr, "[rank %d] error: the program ended with a background thread still "
+                 "inside an MPI call (a communicator alive past the program, in an operation "
+                 "its peers never joined?)\n", g_rank);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, kExitFailed);
+  }
   MPI_Comm_free(&g_exit_comm);
   MPI_Finalize();
   g_initialized = false;

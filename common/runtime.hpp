@@ -42,7 +42,8 @@ int world_size();
 /// is false and the thread must make no MPI call again. Without it exit_all, called while a
 /// worker is still busy (a test that stops a ring mid-way), could finalize MPI under a worker's
 /// next send, and the rank would crash instead of exiting with its verdict. A worker blocked in
-/// a call (a collective its peers never join) keeps exit_all from finalizing: it aborts instead.
+/// a call (a collective its peers never join) keeps exit_all (and run_main's normal end) from
+/// finalizing: they abort instead.
 class BackgroundMpiCalls {
  public:
   BackgroundMpiCalls();
@@ -64,6 +65,8 @@ class BackgroundMpiCalls {
 
 /// Runs `body` on every rank with errors mapped to exit codes: UsageError -> "error: ..." and 2,
 /// NotImplemented -> "not implemented: ..." and 1, any other exception -> "error: ..." and 1.
+/// After the body it finalizes MPI as exit_all does, only once no BackgroundMpiCalls is open: a
+/// thread still inside one 3 s later aborts the job with this rank's line (exit 1).
 int run_main(int argc, char** argv, const std::function<int(int, char**)>& body);
 
 }  // namespace scalelab

@@ -79,6 +79,10 @@ scalelab_expect_exit(common.exit_all.worker_receiving.np2 2 - 1
 scalelab_expect_exit(common.exit_all.worker_stuck.np2 2 - 1
   "\\[rank [01]\\] stopped while a thread was stuck in MPI" TARGET exit_beside_worker ARGS --mode stuck
   REJECT "after MPI_FINALIZE|Segmentation fault")
+# ... and when the program's body returns beside it: not finalized under it, not exit 0
+scalelab_expect_exit(common.run_main.worker_stuck.np2 2 - 1
+  "\\[rank [01]\\] error: the program ended with a background thread still inside an MPI call"
+  TARGET exit_beside_worker ARGS --mode returns REJECT "after MPI_FINALIZE|Segmentation fault")
 
 scalelab_add_test(NAME test_watchdog SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_watchdog.cpp
                   RANKS 1 2 3 TIMEOUT 60)

@@ -7,6 +7,8 @@
 //   --mode stuck       a thread of this rank holds its MPI calls open and never returns (a worker
 //                      blocked in a collective its peers never join): exit_all must not finalize
 //                      under it, nor wait for it forever, but abort the job with the line
+//   --mode returns     the same thread, and the program's body returns 0: run_main must not
+//                      finalize under it either (nor exit 0), but abort with its line
 #include <chrono>
 #include <thread>
 
@@ -19,7 +21,7 @@ using namespace scalelab;
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) -> int {
     auto options = cli::make_options("exit_beside_worker", "exit_all beside a busy MPI thread");
-    options.add_options()("mode", "receiving or stuck",
+    options.add_options()("mode", "receiving, stuck or returns",
                           cxxopts::value<std::string>()->default_value("receiving"));
     auto args = cli::parse(options, argc, argv);
     const std::string mode = args["mode"].as<std::string>();
@@ -31,14 +33,15 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       exit_all(kExitFailed, "stopped while receiving");
     }
-    if (mode == "stuck") {
+    if (mode == "stuck" || mode == "returns") {
       std::thread([] {
         const BackgroundMpiCalls calls;
         while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
       }).detach();
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (mode == "returns") return kExitOk;
       exit_all(kExitFailed, "stopped while a thread was stuck in MPI");
     }
-    throw UsageError("--mode must be receiving or stuck, got '" + mode + "'");
+    throw UsageError("--mode must be receiving, stuck or returns, got '" + mode + "'");
   });
 }
