@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/exec_log.hpp"
+#include "common/ops/device_dispatch.hpp"
 #include "common/ops/fused_backend.hpp"
 #include "common/trace.hpp"
 #include "common/ops/ops.hpp"
@@ -201,12 +202,7 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
   check_lse("attention_merge", lse_b, out);
   exec_log::record_compute("attention_merge");
   trace::Scope span("attention_merge");
-  if (out.device().is_cuda()) {
-    cuda::attention_merge(out, lse, out_b, lse_b);
-  } else {
-    const SimKernelScope in_kernel;
-    cpu::attention_merge(out, lse, out_b, lse_b);
-  }
+  SCALELAB_DISPATCH(out.device(), attention_merge(out, lse, out_b, lse_b));
 }
 
 }  // namespace scalelab::ops

@@ -1,6 +1,7 @@
 // Dispatch of the fused residual + LayerNorm: check shapes, dtypes and devices, call the backend.
 #include "common/ops/fused_norm.hpp"
 
+#include "common/ops/device_dispatch.hpp"
 #include "common/ops/fused_backend.hpp"
 #include "common/ops/work.hpp"
 
@@ -33,12 +34,8 @@ void residual_layernorm_forward(Tensor& res_out, Tensor& ln_out, Tensor& mean, T
   expect(mean, "mean", {N}, stat);
   expect(rstd, "rstd", {N}, stat);
   count_layernorm_rows(N);
-  if (x.device().is_cuda()) {
-    cuda::residual_layernorm_forward(res_out, ln_out, mean, rstd, x, residual, weight, bias, eps);
-  } else {
-    const SimKernelScope in_kernel;  // the simulated GPU's memory is the CPU kernel's (tensor.hpp)
-    cpu::residual_layernorm_forward(res_out, ln_out, mean, rstd, x, residual, weight, bias, eps);
-  }
+  SCALELAB_DISPATCH(x.device(), residual_layernorm_forward(res_out, ln_out, mean, rstd, x,
+                                                          residual, weight, bias, eps));
 }
 
 }  // namespace scalelab::ops

@@ -4,21 +4,11 @@
 
 #include "common/ops/cpu/ops_cpu.hpp"
 #include "common/ops/cuda/ops_cuda.hpp"
+#include "common/ops/device_dispatch.hpp"
 
 namespace scalelab::ops {
 
 namespace {
-
-// The CPU's kernels run for the host and for the simulated GPU (SimKernelScope, tensor.hpp).
-#define SCALELAB_MOE_DISPATCH(device, call) \
-  do {                                      \
-    if ((device).is_cuda()) {               \
-      cuda::call;                           \
-    } else {                                \
-      const SimKernelScope in_kernel;       \
-      cpu::call;                            \
-    }                                       \
-  } while (0)
 
 void check_defined(const char* op, std::initializer_list<const Tensor*> all) {
   const Device d = (*all.begin())->device();
@@ -58,7 +48,7 @@ void softmax_backward(Tensor& din, const Tensor& out, const Tensor& dout) {
   check_float("softmax_backward", out);
   check_router("softmax_backward", din, out.shape(), out.dtype());
   check_router("softmax_backward", dout, out.shape(), out.dtype());
-  SCALELAB_MOE_DISPATCH(out.device(), softmax_backward(din, out, dout));
+  SCALELAB_DISPATCH(out.device(), softmax_backward(din, out, dout));
 }
 
 void top_k(Tensor& values, Tensor& indices, const Tensor& x, int64_t k) {
@@ -67,7 +57,7 @@ void top_k(Tensor& values, Tensor& indices, const Tensor& x, int64_t k) {
   SCALELAB_CHECK(k >= 1 && k <= x.size(1), "top_k: k = {} of {} columns", k, x.size(1));
   check_router("top_k", values, {x.size(0), k}, x.dtype());
   check_i32("top_k", indices, {x.size(0), k});
-  SCALELAB_MOE_DISPATCH(x.device(), top_k(values, indices, x, k));
+  SCALELAB_DISPATCH(x.device(), top_k(values, indices, x, k));
 }
 
 void top_k_backward(Tensor& dx, const Tensor& dvalues, const Tensor& indices) {
@@ -78,14 +68,14 @@ void top_k_backward(Tensor& dx, const Tensor& dvalues, const Tensor& indices) {
                      indices.dtype() == DType::i32,
                  "top_k_backward: indices {} are not (N, k) i32 for dx {}", indices.str(),
                  dx.str());
-  SCALELAB_MOE_DISPATCH(dx.device(), top_k_backward(dx, dvalues, indices));
+  SCALELAB_DISPATCH(dx.device(), top_k_backward(dx, dvalues, indices));
 }
 
 void normalize_rows(Tensor& out, const Tensor& in) {
   check_defined("normalize_rows", {&out, &in});
   check_float("normalize_rows", in);
   check_router("normalize_rows", out, in.shape(), in.dtype());
-  SCALELAB_MOE_DISPATCH(in.device(), normalize_rows(out, in));
+  SCALELAB_DISPATCH(in.device(), normalize_rows(out, in));
 }
 
 void normalize_rows_backward(Tensor& din, const Tensor& dout, const Tensor& in) {
@@ -93,7 +83,7 @@ void normalize_rows_backward(Tensor& din, const Tensor& dout, const Tensor& in) 
   check_float("normalize_rows_backward", in);
   check_router("normalize_rows_backward", din, in.shape(), in.dtype());
   check_router("normalize_rows_backward", dout, in.shape(), in.dtype());
-  SCALELAB_MOE_DISPATCH(in.device(), normalize_rows_backward(din, dout, in));
+  SCALELAB_DISPATCH(in.device(), normalize_rows_backward(din, dout, in));
 }
 
 void moe_route(Tensor& dest, Tensor& assigned, Tensor& kept, const Tensor& indices,
@@ -108,7 +98,7 @@ void moe_route(Tensor& dest, Tensor& assigned, Tensor& kept, const Tensor& indic
   check_i32("moe_route", dest, indices.shape());
   check_i32("moe_route", assigned, {groups, n_expert});
   check_i32("moe_route", kept, {groups, n_expert});
-  SCALELAB_MOE_DISPATCH(indices.device(),
+  SCALELAB_DISPATCH(indices.device(),
                         moe_route(dest, assigned, kept, indices, n_expert, groups, capacity));
 }
 
@@ -116,7 +106,7 @@ void multiply_rows(Tensor& x, const Tensor& w) {
   check_defined("multiply_rows", {&x, &w});
   check_data_rows("multiply_rows", x);
   check_router("multiply_rows", w, {x.size(0)}, stats_dtype(x.dtype()));
-  SCALELAB_MOE_DISPATCH(x.device(), multiply_rows(x, w));
+  SCALELAB_DISPATCH(x.device(), multiply_rows(x, w));
 }
 
 void row_dot(Tensor& out, const Tensor& a, const Tensor& b) {
@@ -125,7 +115,7 @@ void row_dot(Tensor& out, const Tensor& a, const Tensor& b) {
   SCALELAB_CHECK(b.shape() == a.shape() && b.dtype() == a.dtype(), "row_dot: {} and {}", a.str(),
                  b.str());
   check_router("row_dot", out, {a.size(0)}, stats_dtype(a.dtype()));
-  SCALELAB_MOE_DISPATCH(a.device(), row_dot(out, a, b));
+  SCALELAB_DISPATCH(a.device(), row_dot(out, a, b));
 }
 
 }  // namespace scalelab::ops

@@ -9,6 +9,7 @@
 
 #include "common/ops/cpu/ops_cpu.hpp"
 #include "common/ops/cuda/ops_cuda.hpp"
+#include "common/ops/device_dispatch.hpp"
 #include "common/ops/trial_kernels.hpp"
 #include "common/device.hpp"
 #include "common/ops/work.hpp"
@@ -74,18 +75,6 @@ int64_t rows_of(const Tensor& t) { return t.dim() == 0 ? 1 : t.numel() / t.size(
 
 bool g_allow_tf32 = false;
 }  // namespace
-
-// The CPU's kernels run for the host and for the simulated GPU, whose memory they may then touch
-// (SimKernelScope, tensor.hpp).
-#define SCALELAB_DISPATCH(device, call)     \
-  do {                                      \
-    if ((device).is_cuda()) {               \
-      cuda::call;                           \
-    } else {                                \
-      const SimKernelScope in_kernel;       \
-      cpu::call;                            \
-    }                                       \
-  } while (0)
 
 void matmul(Tensor& out, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha,
             double beta) {
