@@ -37,9 +37,11 @@ endif()
 # ring_all_reduce that calls the library's all-reduce, or that passes the whole buffer round the
 # ring n-1 times (no chunks: 3 x the buffer per rank at 4 ranks, where the ring sends 1.5 x; at 2
 # ranks both send 1 x, so the case runs on 4), fails step 2's traffic check; a ring_broadcast or
-# ring_all_gather that calls the library's fails step 3's.
+# ring_all_gather that calls the library's fails step 3's; a ring that adds its chunks by its own
+# loop through data<T>() (not add_into) fails step 2's run on the simulated GPU.
 scalelab_add_planted_submissions(01
   CASES "library_all_reduce:2:2:Step2_RingAllReduce.SendsOneChunkAStepToTheRightNeighbourOnly on rank [0-9]: ring_all_reduce called all_reduce on group [a-z0-9_]+: build it from send/recv"
         "whole_buffer_ring:2:4:Step2_RingAllReduce.SendsOneChunkAStepToTheRightNeighbourOnly on rank [0-9]: ring_all_reduce sent 3 x the buffer .*: a ring sends 2.n-1./n of it, one chunk a step"
+        "own_add_loop:2_RingAllReduce.RunsOn:2:Step2_RingAllReduce.RunsOnTheSimulatedGpu on rank [0-9]: .*numel 7, on the simulated GPU .--device sim.: host code reached the elements of"
         "library_broadcast:3:2:Step3_RingBroadcast.EachRankReceivesOnceFromTheLeftAndPassesItOn on rank [0-9]: ring_broadcast called broadcast on group [a-z0-9_]+: build it from send/recv"
         "library_all_gather:3:2:Step3_RingAllGather.PassesNMinusOneChunksToTheRightNeighbourOnly on rank [0-9]: ring_all_gather called all_gather on group [a-z0-9_]+: build it from send/recv")

@@ -227,6 +227,30 @@ TEST(Step2_RingAllReduce, AnyShapeAndViews) {
   EXPECT_EQ(x.to_vector(), lib.to_vector());
 }
 
+// On the simulated GPU (Device::sim: host memory that code outside the ops cannot reach, as a
+// GPU's; the messages staged through the host, as CUDA tensors are): the same sums. A ring that
+// adds its chunks by a loop through data<T>(), not with add_into (an op on a device), is right on
+// the CPU and fails here with the tensor's line, as it would crash on a GPU (--device cuda).
+TEST(Step2_RingAllReduce, RunsOnTheSimulatedGpu) {
+  Communicator c = labtest::new_world();
+  std::string problem;
+  for (int64_t n : {int64_t{7}, int64_t{1001}}) {
+    Tensor mine = integers(n, c.rank()).to(Device::sim()), lib = integers(n, c.rank());
+    try {
+      ring_all_reduce(c, mine);
+    } catch (const CheckFailed& e) {
+      problem = fmt::format("numel {}, on the simulated GPU (--device sim): {}", n, e.what());
+      break;  // every rank runs the same code: each stops here at the same size
+    }
+    c.all_reduce(lib);
+    if (mine.device() != Device::sim() || mine.to_vector() != lib.to_vector()) {
+      problem = fmt::format("numel {}: the ring on the simulated GPU is not the library's sum", n);
+      break;
+    }
+  }
+  if (!problem.empty()) ADD_FAILURE() << problem;
+}
+
 // ---- Step 3 -----------------------------------------------------------------------------------
 
 TEST(Step3_RingBroadcast, EveryRootEverySize) {
