@@ -13,7 +13,9 @@
 /// or ops::set_trial_kernels (tests and benchmarks). A kernel that passed its trial moves to
 /// kCheckedKernels: on by default, and version 1 stays beside it, to be read, checked and timed
 /// against it (llm.c's dev/cuda practice): "-name" turns one off, "none" runs every op's version
-/// 1. The host is unaffected: its path is the same either way.
+/// 1. The host is unaffected: its path is the same either way. The simulated GPU (Device::sim)
+/// follows a GPU's choice where it is a choice of algorithm (norm_on_device, adamw_one_launch),
+/// with the host's kernels: its traces and host reads are then a GPU's.
 #include <string>
 
 namespace scalelab::ops {

@@ -69,7 +69,7 @@ AdamW::AdamW(std::vector<Group> groups, AdamWConfig config)
   computes_ = Tensor::span(computes);
   const bool computes_ok = computes.empty() || (computes.size() == groups_.size() &&
                                                  computes_.defined());
-  const bool device_ok = !m_.device().is_cuda() || ops::trial_kernel("adamw_one_launch");
+  const bool device_ok = m_.device().is_cpu() || ops::trial_kernel("adamw_one_launch");
   one_pass_ = values_.defined() && grads_.defined() && computes_ok && device_ok &&
               values_.numel() == m_.numel();
   if (!one_pass_) return;

@@ -156,6 +156,24 @@ add_test(NAME lab02.program.trace_reads
                  $<TARGET_FILE:lab02_single_device_solution> ${tiny_data} ${PROJECT_SOURCE_DIR})
 set_tests_properties(lab02.program.trace_reads PROPERTIES LABELS "reference;lab02" TIMEOUT 60
                      ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+# ... and on the simulated GPU, where the loss, its sums and the clipping norm are device tensors
+# as on a GPU (on the host a Scalar's arithmetic is host arithmetic): still one read a step
+add_test(NAME lab02.program.trace_reads_sim
+         COMMAND sh ${PROJECT_SOURCE_DIR}/tests/02_single_device/trace_reads_test.sh
+                 $<TARGET_FILE:lab02_single_device_solution> ${tiny_data} ${PROJECT_SOURCE_DIR}
+                 --device sim)
+set_tests_properties(lab02.program.trace_reads_sim PROPERTIES LABELS "reference;lab02;sim"
+                     TIMEOUT 60 ENVIRONMENT "${SCALELAB_MPI_TEST_ENV}")
+# planted: the norm read back to the host (the GPU's way without "norm_on_device", which the
+# simulated GPU follows): 5 reads a step, and the check must say so of every step
+add_test(NAME lab02.program.trace_reads_sim_norm_read_back
+         COMMAND sh ${PROJECT_SOURCE_DIR}/tests/02_single_device/trace_reads_test.sh
+                 $<TARGET_FILE:lab02_single_device_solution> ${tiny_data} ${PROJECT_SOURCE_DIR}
+                 --device sim)
+set_tests_properties(lab02.program.trace_reads_sim_norm_read_back PROPERTIES
+                     LABELS "reference;lab02;sim" TIMEOUT 60
+                     PASS_REGULAR_EXPRESSION "3 of 3 steps do not hold exactly 1 host read"
+                     ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_TRY_GPU_KERNELS=-norm_on_device")
 scalelab_add_test(NAME test_param_storage
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_param_storage.cpp)
 # the mixture of experts (lab 12's library side): routing ops, nn::MoE against the masked dense
