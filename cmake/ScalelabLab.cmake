@@ -249,7 +249,9 @@ endfunction()
 # scalelab_add_lab_gpu_tests(<nn>): ctest lab<nn>.gpu.np1 / .np2 (labels gpu, reference, lab<nn>)
 # run the lab's reference test binary on its Gpu_* tests: the solution with CUDA tensors against
 # the same on the CPU. They GTEST_SKIP where no GPU is visible, so CI runs them as skips. Not a
-# graded step: an attendee's code is graded on the CPU.
+# graded step: an attendee's code is graded on the CPU. lab<nn>.gpu_on_sim.np1 / .np2 (labels
+# reference, lab<nn>, sim) run the same tests on the simulated GPU (SCALELAB_TEST_DEVICE=sim,
+# labtest::test_gpu), on every machine.
 function(scalelab_add_lab_gpu_tests nn)
   if(NOT SCALELAB_BUILD_TESTS)
     return()
@@ -257,6 +259,10 @@ function(scalelab_add_lab_gpu_tests nn)
   foreach(k 1 2)
     scalelab_add_mpi_test(lab${nn}.gpu.np${k} test_lab${nn}_solution RANKS ${k} TIMEOUT 120
                           LABELS gpu reference lab${nn} ARGS --gtest_filter=Gpu_*)
+    scalelab_add_mpi_test(lab${nn}.gpu_on_sim.np${k} test_lab${nn}_solution RANKS ${k} TIMEOUT 120
+                          LABELS reference lab${nn} sim ARGS --gtest_filter=Gpu_*)
+    set_property(TEST lab${nn}.gpu_on_sim.np${k} APPEND PROPERTY ENVIRONMENT
+                 SCALELAB_TEST_DEVICE=sim)
   endforeach()
 endfunction()
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -183,6 +184,8 @@ double max_abs(const Tensor& t) {
 }
 
 std::optional<Device> test_gpu() {
+  if (const char* d = std::getenv("SCALELAB_TEST_DEVICE"); d && std::string(d) == "sim")
+    return Device::sim();
   const int gpus = cuda_device_count();
   if (gpus == 0) return std::nullopt;
   ops::set_allow_tf32(false);  // fp32 stays fp32: CUDA vs CPU at 1e-4

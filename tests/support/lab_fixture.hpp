@@ -204,7 +204,8 @@ testing::AssertionResult bitwise(const Tensor& got, const Tensor& want);
 double max_abs(const Tensor& t);
 
 /// This rank's GPU (cuda:rank % devices) with TF32 off for fp32 matmuls, or nothing where no GPU
-/// is visible (the tests labelled gpu then GTEST_SKIP).
+/// is visible (the tests labelled gpu then GTEST_SKIP). With SCALELAB_TEST_DEVICE=sim in the
+/// environment: the simulated GPU (Device::sim), on any machine.
 std::optional<Device> test_gpu();
 
 /// One training step on a GPU against the same step on the CPU (every lab's test_gpu.cpp): the
