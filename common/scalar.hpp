@@ -14,7 +14,8 @@
 ///
 /// On the CPU the tensor is a host tensor and a read is a load; host_reads() counts the reads
 /// either way (and the reductions that return a number to the host, ops::sum and
-/// ops::sum_squares), so a CPU test can check that a step reads its loss once.
+/// ops::sum_squares, and Tensor::to_vector), so a CPU test can check that a step reads its loss
+/// once.
 #include <cstdint>
 #include <ostream>
 #include <type_traits>
@@ -74,9 +75,9 @@ class Scalar {
   Tensor value_;     ///< the number, when defined: one f64 element on its device
 };
 
-/// Numbers this process read back from tensors to the host since start-up: values of
-/// tensor-held Scalars, and the results of ops::sum and ops::sum_squares. On a GPU each is a
-/// copy that waits for the kernels before it.
+/// Reads back from tensors to the host since start-up: values of tensor-held Scalars, the results
+/// of ops::sum and ops::sum_squares, and whole tensors through Tensor::to_vector (one read each).
+/// On a GPU each is a copy that waits for the kernels before it.
 int64_t host_reads();
 
 /// One number read back to the host, held for the length of the read: counts it (host_reads())

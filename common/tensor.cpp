@@ -1,5 +1,7 @@
 #include "common/tensor.hpp"
 
+#include "common/scalar.hpp"  // HostRead: to_vector is a read back to the host
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -252,6 +254,8 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 std::vector<double> Tensor::to_vector() const {
+  // a copy back to the host: on a GPU it waits for every kernel queued before it (scalar.hpp)
+  const HostRead read("to_vector");
   Tensor h = device().is_cpu() && is_contiguous() ? *this : to(Device::cpu());
   std::vector<double> out(static_cast<std::size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) out[i] = element(h, i);

@@ -140,7 +140,8 @@ class Tensor {
   void copy_from(const Tensor& src);
 
   /// Host-side element access for tests and small tools (f32/f64 as double). Slow: copies the
-  /// tensor to the host when it lives on a GPU. Counted (host_value_bytes()).
+  /// tensor to the host when it lives on a GPU, a wait for every kernel before it. Counted
+  /// (host_value_bytes(), and one read in host_reads(), scalar.hpp, as a Scalar's read).
   std::vector<double> to_vector() const;
   /// Reads one element of a host tensor by flat index (contiguous tensors). Counted
   /// (host_value_bytes()).

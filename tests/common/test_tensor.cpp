@@ -1,6 +1,7 @@
 // Tensor views, copies and the allocator's counters.
 #include <gtest/gtest.h>
 
+#include "common/scalar.hpp"
 #include "common/tensor.hpp"
 
 using namespace scalelab;
@@ -147,4 +148,10 @@ TEST(Tensor, HostValueBytesCountToVectorItemAndFromVector) {
   c.copy_from(t);
   c.data<double>()[0] = 7;
   EXPECT_EQ(host_value_bytes().total(), b.total());
+  // a whole tensor read back is one host read (scalar.hpp), on the host and on a device: on a
+  // GPU it waits for every kernel queued before it
+  const int64_t reads = host_reads();
+  (void)t.to_vector();
+  (void)t.to(Device::sim()).to_vector();
+  EXPECT_EQ(host_reads() - reads, 2);
 }
