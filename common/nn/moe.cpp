@@ -164,13 +164,14 @@ void MoE::forward(Tensor& out, const Tensor& input, MoEActivations& a, const Map
   // Capacity: each pair's row, or -1. The counts come to the host: they size the buffers.
   a.capacity = expert_capacity(N / G, c);
   Tensor dest = Tensor::empty({N, k}, DType::i32, dev);
-  Tensor assigned = Tensor::empty({G, E}, DType::i32, dev);
-  Tensor kept = Tensor::empty({G, E}, DType::i32, dev);
+  // both counts in one buffer: one read back (on a GPU, one wait for the queue), not two
+  Tensor counts = Tensor::empty({2, G, E}, DType::i32, dev);
+  Tensor assigned = counts.rows(0, 1).view({G, E}), kept = counts.rows(1, 2).view({G, E});
   ops::moe_route(dest, assigned, kept, a.indices, E, G, a.capacity);
   a.dest = dest.view({N * k});
-  const std::vector<double> as = assigned.to_vector(), ks = kept.to_vector();
-  a.assigned.assign(as.begin(), as.end());
-  a.kept_counts.assign(ks.begin(), ks.end());
+  const std::vector<double> both = counts.to_vector();
+  a.assigned.assign(both.begin(), both.begin() + G * E);
+  a.kept_counts.assign(both.begin() + G * E, both.end());
   a.rows_per_expert.assign(E, 0);
   int64_t M = 0;
   for (int64_t i = 0; i < G * E; ++i) {
@@ -200,16 +201,17 @@ void MoE::forward(Tensor& out, const Tensor& input, MoEActivations& a, const Map
   ops::index_add_rows(y, y_pairs, a.pairs, 0);
   // The balancing loss, per group: E sum_e f_e P_e, averaged over the groups.
   const int64_t per = N / G;
-  Tensor col = Tensor::zeros({E}, R, dev);
-  double aux = 0;
+  Tensor cols = Tensor::zeros({G, E}, R, dev);  // every group's column sums: one read back
   for (int64_t g = 0; g < G; ++g) {
-    ops::fill(col, 0.0);
-    ops::bias_backward(col, a.probs.rows(g * per, (g + 1) * per));  // column sums
-    const std::vector<double> P = col.to_vector();
+    Tensor col = cols.rows(g, g + 1).view({E});
+    ops::bias_backward(col, a.probs.rows(g * per, (g + 1) * per));
+  }
+  const std::vector<double> P = cols.to_vector();
+  double aux = 0;
+  for (int64_t g = 0; g < G; ++g)
     for (int64_t e = 0; e < E; ++e)
       aux += static_cast<double>(E) * (a.assigned[g * E + e] / static_cast<double>(per * k)) *
-             (P[e] / static_cast<double>(per));
-  }
+             (P[g * E + e] / static_cast<double>(per));
   a.aux = c.aux_coef * aux / static_cast<double>(G);
 }
 

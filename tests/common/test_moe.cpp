@@ -15,6 +15,7 @@
 #include "common/nn/moe.hpp"
 #include "common/ops/moe.hpp"
 #include "common/ops/ops.hpp"
+#include "common/scalar.hpp"
 #include "tests/common/gradcheck.hpp"
 #include "tests/common/moe_reference.hpp"
 
@@ -162,6 +163,21 @@ void gradients_pass(int64_t k, double cf) {
 
 TEST(MoELayer, Top1GradientsAgainstFiniteDifferences) { gradients_pass(1, 1.0); }
 TEST(MoELayer, Top2GradientsWithDropsAgainstFiniteDifferences) { gradients_pass(2, 0.7); }
+
+// A forward reads two things back to the host, each once whatever the number of routing groups:
+// the routed and kept counts (they size the experts' buffers) and the balancing loss's column
+// sums. On a GPU each read waits for every kernel queued before it: not one per count or group.
+TEST(MoELayer, AForwardReadsTheCountsAndTheColumnSumsOnceEach) {
+  for (int64_t groups : {1, 3}) {
+    Layer l(config(4, 2, 1.0), 4, groups, 70);
+    const Tensor x = uniform({12, 4}, 71);
+    Tensor y = Tensor::empty({12, 4}, f64);
+    nn::MoEActivations a;
+    const int64_t before = host_reads();
+    l.moe.forward(y, x, a, nn::Mappings::single_device());
+    EXPECT_EQ(host_reads() - before, 2) << groups << " routing groups";
+  }
+}
 
 TEST(MoELayer, BalancingLossGradientIsNotZero) {
   // With the LM term off (R = 0) the router's gradient is the balancing loss's alone.
