@@ -1,4 +1,5 @@
-// Lab 07 on a GPU (ctest lab07.gpu.*, label gpu; skipped where no GPU is visible): the
+// Lab 07 on a GPU (ctest lab07.gpu.*, label gpu; skipped where no GPU is visible; and on the
+// simulated GPU on every machine, lab07.gpu_on_sim.*): the
 // tensor-parallel GPT with its parameters and activations on CUDA against the same model on the
 // CPU, one forward and backward on the same tokens, with and without sequence parallelism, in
 // fp32 (TF32 off) and bf16 mixed precision. The tp group is the fixture's world (the mpi backend:
@@ -19,7 +20,7 @@
 using namespace scalelab;
 using namespace lab07test;
 
-TEST(Gpu_TensorParallelGPT, OneStepOnCudaMatchesTheCpu) {
+TEST(Gpu_TensorParallelGPT, OneStepOnTheDeviceMatchesTheCpu) {
   const std::optional<Device> maybe_gpu = labtest::test_gpu();
   if (!maybe_gpu) GTEST_SKIP() << "no CUDA device";
   const Device gpu = *maybe_gpu;

@@ -1,4 +1,5 @@
-// Lab 10 on a GPU (ctest lab10.gpu.*, label gpu; skipped where no GPU is visible): the 3D step
+// Lab 10 on a GPU (ctest lab10.gpu.*, label gpu; skipped where no GPU is visible; and on the
+// simulated GPU on every machine, lab10.gpu_on_sim.*): the 3D step
 // (Trainer3D: lab 07's operators, lab 08's 1F1B, the dp average) with its models on CUDA against
 // the same step on the CPU, on every grid of the world (1 or 2 ranks: the fixture's mpi world
 // stages CUDA tensors through the host, so 2 ranks may share one GPU), with and without
@@ -18,7 +19,7 @@
 using namespace scalelab;
 using namespace scalelab::lab10test;
 
-TEST(Gpu_Step3D, OneStepOnCudaMatchesTheCpu) {
+TEST(Gpu_Step3D, OneStepOnTheDeviceMatchesTheCpu) {
   const std::optional<Device> maybe_gpu = labtest::test_gpu();
   if (!maybe_gpu) GTEST_SKIP() << "no CUDA device";
   const Device gpu = *maybe_gpu;

@@ -1,4 +1,5 @@
-// Lab 11 on a GPU (ctest lab11.gpu.*, label gpu; skipped where no GPU is visible): one
+// Lab 11 on a GPU (ctest lab11.gpu.*, label gpu; skipped where no GPU is visible; and on the
+// simulated GPU on every machine, lab11.gpu_on_sim.*): one
 // context-parallel step (the reference's ring and all-to-all attention in the given mappings)
 // with its model on CUDA against the same step on the CPU, cp = the world (1 or 2 ranks; the
 // fixture's mpi world stages CUDA tensors through the host), fp32 (TF32 off) and bf16.
@@ -11,7 +12,7 @@
 
 using namespace scalelab;
 
-TEST(Gpu_ContextParallel, OneStepOnCudaMatchesTheCpu) {
+TEST(Gpu_ContextParallel, OneStepOnTheDeviceMatchesTheCpu) {
   const std::optional<Device> maybe_gpu = labtest::test_gpu();
   if (!maybe_gpu) GTEST_SKIP() << "no CUDA device";
   comm::Communicator& cp = labtest::world();

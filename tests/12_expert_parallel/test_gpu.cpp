@@ -1,4 +1,5 @@
-// Lab 12 on a GPU (ctest lab12.gpu.*, label gpu; skipped where no GPU is visible): one
+// Lab 12 on a GPU (ctest lab12.gpu.*, label gpu; skipped where no GPU is visible; and on the
+// simulated GPU on every machine, lab12.gpu_on_sim.*): one
 // expert-parallel step (the reference's exchange in the given mappings, ep = the world: 1 or 2
 // ranks; the fixture's mpi world stages CUDA tensors through the host) with its model on CUDA
 // against the same step on the CPU, fp32 (TF32 off) and bf16. Tolerances:
@@ -10,7 +11,7 @@
 
 using namespace scalelab;
 
-TEST(Gpu_ExpertParallel, OneStepOnCudaMatchesTheCpu) {
+TEST(Gpu_ExpertParallel, OneStepOnTheDeviceMatchesTheCpu) {
   const std::optional<Device> maybe_gpu = labtest::test_gpu();
   if (!maybe_gpu) GTEST_SKIP() << "no CUDA device";
   comm::Communicator& world = labtest::world();
