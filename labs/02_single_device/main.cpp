@@ -11,7 +11,6 @@
 #include "common/cli.hpp"
 #include "common/data/corpus.hpp"
 #include "common/data/tokenizer.hpp"
-#include "common/device.hpp"
 #include "common/log.hpp"
 #include "common/metrics.hpp"
 #include "common/ops/ops.hpp"
@@ -203,11 +202,8 @@ int main(int argc, char** argv) {
     SCALELAB_REQUIRE(!ckpt.empty(), "--checkpoint must name a file");
     cli::require_writable(ckpt, "--checkpoint");
 
-    // one process: GPU 0, the simulated GPU, or the host
-    const Device device = run.device == "cuda" ? Device::cuda(0) : Device::parse(run.device);
-    SCALELAB_REQUIRE(!device.is_cuda() || cuda_device_count() > 0,
-                     "--device cuda, but no GPU is visible (built with CUDA: {})",
-                     cuda_compiled() ? "yes" : "no");
+    // the host, the simulated GPU or this rank's GPU, as every program picks it
+    const Device device = train::rank_device(run.device);
     // A batch too large for this machine: a usage error, before the corpus, the model or a step
     // (the OOM killer, mid-step, before). A lower bound (common/train/sizing.hpp) of a step of B
     // rows of T tokens; evaluation holds one batch at a time, and less (no activations kept). On a

@@ -4,7 +4,8 @@
 /// the Tensor API's doors to host numbers (to_vector, item, from_vector: host_value_bytes() of
 /// common/tensor.hpp). Moving rows on the device passes a few indices at most; a loop over the
 /// rows on the host passes every row, right numbers on a laptop and a host round trip on a GPU.
-/// A loop through data<T>() passes no door and is not seen. Header-only.
+/// A loop through data<T>() passes no door and is not seen here; the simulated GPU refuses it
+/// (Device::sim, allocator.hpp: the graded steps that run there). Header-only.
 #include <cstdint>
 #include <string>
 
