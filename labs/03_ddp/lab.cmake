@@ -1,6 +1,9 @@
 # STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
 scalelab_add_lab(03 ddp SOURCES ddp.cpp STEPS 4 RANKS 1 2 4 TIMEOUT 60
                  STEP_USES "4:2,3")
+# The functions the attendee's object calls: steps 3 and 4 run on the simulated GPU and check it
+# opens no SimKernelScope (the ops' own key to that memory).
+scalelab_attendee_symbols(03 ddp ddp.cpp)
 # Bad input (found by the bad-input audit): one distinct "error: ..." line naming the option, exit 2
 # on every rank, before the batch is drawn (never read: the data file). A batch too large for
 # this machine (the sampler's allocation used to fail, "check failed: out of host memory", or
@@ -19,10 +22,13 @@ endif()
 # broadcast per tensor fails step 1's traffic check, one all-reduce per gradient tensor step 3's,
 # a broadcast in every forward_backward step 4's; a second forward over the whole global batch
 # for the loss fails step 4's work check (at 1 rank too: twice the forward), a divergence over the
-# first tensor only step 4's divergence check.
+# first tensor only step 4's divergence check. An average by a loop through the gradients'
+# elements fails step 3's run on the simulated GPU, this rank's rows left on the host step 4's.
 scalelab_add_planted_submissions(03
   CASES "broadcast_per_tensor:1:2:Step1_Broadcast.OneBroadcastOfTheFlatValuesFromRank0 on rank [0-9]: .*broadcast_parameters sent: broadcast root world rank 0 on world .0 1.: [0-9]+ call.s., [0-9]+ bytes. the step sends ONE broadcast"
         "all_reduce_per_tensor:3:2:Step3_AllReduce.OneAllReduceOfTheWholeGradient on rank [0-9]: .*all_reduce_gradients sent: all_reduce.sum. on world"
         "broadcast_every_step:4:2:Step4_Training.OneAllReduceOfTheGradientAndNoBroadcast on rank [0-9]: .*forward_backward sent: .*broadcast root world rank 0 on world .0 1.: 1 call.s.*and no broadcast"
         "global_forward_for_loss:4_Training.WorkIs:2:Step4_Training.WorkIsOneForwardAndBackwardOfThisRanksRows on rank [0-9]: .*forward_backward did [0-9]+ matmul FLOPs"
+        "average_loop:3_AllReduce.RunsOn:2:Step3_AllReduce.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: .*on the simulated GPU .--device sim.: host code reached the elements of .* through data<T>.., outside an op"
+        "rows_left_on_host:4_Training.RunsOn:1:Step4_Training.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: .*on the simulated GPU .--device sim.: .*on cpu.* on sim"
         "divergence_first_tensor:4:2:Step4_Training.DivergenceSeesOneDifferentRank on rank [0-9]: .*element [0-9]+ of the [0-9]+ flat values")

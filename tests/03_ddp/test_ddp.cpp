@@ -15,7 +15,10 @@
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
 #include "ddp.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/on_sim.hpp"
+#include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
@@ -283,6 +286,27 @@ TEST(Step3_PlantedFault, SumWithoutAverageIsCaught) {
       << "the check of Step3_AllReduce must fail for a sum without the average";
 }
 
+// Step 3 on the simulated GPU (--device sim, tests/support/on_sim.hpp): the same rows' gradients
+// on a model there, averaged by all_reduce_gradients, are the host's bit for bit; a loop through
+// data<T>() over the gradients stops with the tensor's own line, as it would on a GPU.
+TEST(Step3_AllReduce, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const data::Batch mine = labtest::my_rows(kLab.sampler().batch(0));
+  const Tensor want = ddp_gradient(mine, [](nn::GPT& m) { lab03::all_reduce_gradients(m, world()); });
+  nn::GPT sim(kLab.config(), {.device = Device::sim(), .seed = kSeed});
+  std::string same;
+  const std::string ran = labtest::runs_on_sim([&] {
+    const data::Batch on = mine.to(sim.device());
+    sim.zero_grad();
+    sim.forward(on.x, on.y);
+    sim.backward();
+    lab03::all_reduce_gradients(sim, world());
+    same = labtest::same_on_sim("the averaged gradients", want, sim.params().grads());
+  });
+  const std::string all = labtest::joined({ran, same});
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}
+
 // ---- Step 4: the training step -----------------------------------------------------------------
 
 TEST(Step4_Training, OneStepEqualsSingleDevice) {
@@ -394,4 +418,25 @@ TEST(Step4_Training, DivergenceSeesOneDifferentRank) {
         << " of the " << n << " flat values (compare all of model.params().values())";
     ops::fill(v, was);
   }
+}
+
+// Step 4 on the simulated GPU: the model there, the global batch drawn on the host as the program
+// draws it. The loss and the gradients are the host's bit for bit; this rank's rows left on the
+// host (an op given host and sim tensors) stop with the op's line, as they would on a GPU.
+TEST(Step4_Training, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const data::Batch global = kLab.sampler().batch(0);
+  nn::GPT host(kLab.config(), {.seed = kSeed});
+  nn::GPT sim(kLab.config(), {.device = Device::sim(), .seed = kSeed});
+  const double want = lab03::forward_backward(host, global, world());
+  std::vector<std::string> problems;
+  problems.push_back(labtest::runs_on_sim([&] {
+    const double got = lab03::forward_backward(sim, global, world());
+    if (got != want)
+      problems.push_back(fmt::format("the loss on the simulated GPU is {} (the host's {})", got, want));
+    problems.push_back(labtest::same_on_sim("the gradients", host.params().grads(),
+                                            sim.params().grads()));
+  }));
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
