@@ -28,6 +28,7 @@
 #include "common/nn/mappings.hpp"
 #include "tests/12_expert_parallel/ep_checks.hpp"
 #include "tests/support/host_values.hpp"
+#include "tests/support/on_sim.hpp"
 
 using namespace scalelab;
 using namespace scalelab::testing;
@@ -58,13 +59,7 @@ std::string no_host_rows(const char* what, int64_t bytes, const Tensor& rows) {
   return labtest::rows_through_host(what, bytes, rows,
                                     "Move the rows where they go on their device, by index");
 }
-// The problems found, "; "-separated ("" if none).
-std::string joined(const std::vector<std::string>& problems) {
-  std::string all;
-  for (const std::string& p : problems)
-    if (!p.empty()) all += (all.empty() ? "" : "; ") + p;
-  return all;
-}
+using labtest::joined;
 
 // The layer with the attendee's dispatch and combine around the library's experts; `technique`
 // (when given): dispatch's and combine's own matrix multiplies and host loops, "" if none.
@@ -182,16 +177,9 @@ TEST(Step2_DispatchCombine, RunsOnTheSimulatedGpuAsOnTheHost) {
   lab12::Routing rs = r;  // the same routing with its tensors on the simulated GPU
   for (Tensor* t : {&rs.probs, &rs.values, &rs.indices, &rs.gates, &rs.dest})
     if (t->defined()) *t = t->to(sim);
-  const auto same = [](const char* what, const Tensor& host, const Tensor& on_sim) {
-    if (on_sim.device() != Device::sim())
-      return fmt::format("{} came back on {}, not on the simulated GPU its inputs are on", what,
-                         on_sim.device().str());
-    if (host.shape() != on_sim.shape() || host.to_vector() != on_sim.to_vector())
-      return fmt::format("{} on the simulated GPU is not the host's {}", what, host.str());
-    return std::string();
-  };
+  const auto same = labtest::same_on_sim;
   std::vector<std::string> problems;
-  try {
+  problems.push_back(labtest::runs_on_sim([&] {
     const Tensor xd = lab12::dispatch(x, r), xd_s = lab12::dispatch(x.to(sim), rs);
     problems.push_back(same("dispatch's rows", xd, xd_s));
     // any rows stand in for the experts' outputs: combine only moves and weighs them
@@ -208,9 +196,7 @@ TEST(Step2_DispatchCombine, RunsOnTheSimulatedGpuAsOnTheHost) {
     lab12::dispatch_backward(dx, dye, r);
     lab12::dispatch_backward(dx_s, dye.to(sim), rs);
     problems.push_back(same("dispatch_backward's dx", dx, dx_s));
-  } catch (const CheckFailed& e) {
-    LABTEST_FAIL() << "on the simulated GPU (--device sim): " << e.what();
-  }
+  }));
   const std::string all = joined(problems);
   if (!all.empty()) LABTEST_FAIL() << all;
   EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
