@@ -50,6 +50,10 @@ scalelab_add_planted_submissions(07
         "enter_backward_clone:3:2:Step3_Block.TheMappingsAllocateNothing on rank [0-9]: .*enter_backward allocated [0-9]+ bytes at its peak"
         # step 4's embedding and cross-entropy, by suite: in this planted binary Step4_Memory
         # always fails on static_logits' array
+        # right on the host, stopped on the simulated GPU: a tensor made without the device, a
+        # loop through data<T>()
+        "output_on_host:2_ColumnThenRow.RunsOn:2:Step2_ColumnThenRow.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: .*on the simulated GPU .--device sim.: .* f64 cpu .* f64 sim"
+        "lookup_loop:4_VocabParallel:2:Step4_VocabParallel.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: .*on the simulated GPU .--device sim.: host code reached the elements of .* i32 sim through data<T>.., outside an op"
         "embedding_forward_scratch:4_Embedding:2:Step4_Embedding.EqualsTheSingleDeviceEmbedding on rank [0-9]: .*the embedding's forward allocated 1920 bytes"
         "embedding_grad_whole_vocab:4_Embedding:2:Step4_Embedding.EqualsTheSingleDeviceEmbedding on rank [0-9]: .*the embedding's backward allocated [0-9]+ bytes"
         "embedding_wire_f32:4_Embedding:2:Step4_Embedding.Bf16ActivationsSendBf16 on rank [0-9]: .*all_reduce.sum. on world .0 1.: 1 call.s., 480 bytes .the budget: 1 call.s., 240 bytes"

@@ -21,6 +21,9 @@
 #include "common/nn/linear.hpp"
 #include "common/ops/ops.hpp"
 #include "tensor_parallel.hpp"
+#include "tests/support/expect.hpp"
+#include "tests/support/on_sim.hpp"
+#include "tests/support/own_work.hpp"
 #include "tp_formulas.hpp"
 #include "tp_test_support.hpp"
 
@@ -114,13 +117,14 @@ struct Whole {
   }
 };
 
-// The sharded layer: the impl's shard of `whole`'s values.
+// The sharded layer: the impl's shard of `whole`'s values, on `device`.
 struct Part {
   nn::Linear layer;
   nn::ParameterSet set;
-  Part(const Whole& whole, const nn::Shard& shard, int64_t in, int64_t out)
+  Part(const Whole& whole, const nn::Shard& shard, int64_t in, int64_t out,
+       Device device = Device::cpu())
       : layer("fc", in, out, true, 0.02, shard) {
-    set.bind(layer.parameters(), DType::f64, Device::cpu(), 5);
+    set.bind(layer.parameters(), DType::f64, device, 5);
     for (nn::Parameter* p : layer.parameters()) {
       const nn::Parameter& w = p == &layer.weight ? whole.layer.weight : whole.layer.bias;
       p->value.copy_from(Tensor::from_vector(cut(w.value, p->shard), p->shape(), DType::f64));
@@ -236,6 +240,42 @@ TEST(Step2_ColumnParallel, EqualsTheSingleDeviceLinear) { EXPECT_TRUE(check_colu
 TEST(Step2_RowParallel, EqualsTheSingleDeviceLinear) { EXPECT_TRUE(check_row(row_impl())); }
 
 // Column parallel then row parallel (the MLP's shape): one all-reduce forward, one backward.
+// The four functions again with the layer's shard and the inputs on the simulated GPU
+// (tests/support/on_sim.hpp): the host's outputs and gradients bit for bit. An output made
+// without the input's device, or a loop over the elements (the bias added on one rank by hand),
+// stops there with the op's or the tensor's own line, as it would on a GPU.
+TEST(Step2_ColumnThenRow, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const Device sim = Device::sim();
+  Whole whole;
+  std::vector<std::string> problems;
+  for (const bool column : {true, false}) {
+    const Impl impl = column ? column_impl() : row_impl();
+    const char* kind = column ? "column-parallel" : "row-parallel";
+    const int64_t features = column ? kOut : kIn, n = features / size(), lo = rank() * n;
+    const nn::Shard shard = impl.shard(features, rank(), size());
+    Part host(whole, shard, kIn, kOut), dev(whole, shard, kIn, kOut, sim);
+    // column: the whole x in, this rank's output features' dy back; row: the reverse
+    const Tensor x = column ? whole.x : columns(whole.x.view({kN, kIn}), lo, lo + n).view({kB, kT, n});
+    const Tensor dy = column ? columns(whole.dy.view({kN, kOut}), lo, lo + n).view({kB, kT, n})
+                             : whole.dy;
+    const Tensor y = impl.forward(host.layer, x, group());
+    const Tensor dx = impl.backward(host.layer, dy, x, group());
+    problems.push_back(labtest::runs_on_sim([&] {
+      const auto same = [&](const char* what, const Tensor& want, const Tensor& got) {
+        problems.push_back(labtest::same_on_sim(fmt::format("the {} {}", kind, what), want, got));
+      };
+      const Tensor x_s = x.to(sim);
+      same("forward's y", y, impl.forward(dev.layer, x_s, group()));
+      same("backward's dx", dx, impl.backward(dev.layer, dy.to(sim), x_s, group()));
+      same("backward's dW", host.layer.weight.grad, dev.layer.weight.grad);
+      same("backward's db", host.layer.bias.grad, dev.layer.bias.grad);
+    }));
+  }
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}
+
 TEST(Step2_ColumnThenRow, OneAllReduceEachWay) {
   const int tp = size(), r = rank();
   nn::Linear fc("fc", kIn, kOut, true, 0.02, lab07::column_shard(kOut, r, tp));

@@ -24,7 +24,9 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/heap.hpp"
+#include "tests/support/on_sim.hpp"
 #include "tests/support/own_work.hpp"
 #include "tp_formulas.hpp"
 #include "tp_test_support.hpp"
@@ -299,6 +301,53 @@ TEST(Step4_CrossEntropy, BackwardIsProbsMinusOneHotOnOurColumns) {
   EXPECT_TRUE(only_all_reduces(moved, 0, 0));
   EXPECT_TRUE(near_or_scaled(mine, cut(dlogits, nn::Shard{1, {{lo, lo + n}}})))
       << "this rank's columns of the gradient of 0.5 x the mean loss over N = " << kN << " rows";
+}
+
+// The four vocabulary-parallel functions again with their tensors on the simulated GPU
+// (tests/support/on_sim.hpp): the host's numbers bit for bit. A loop over the logits' rows or
+// the tokens, or a tensor made without the device argument, stops there with the tensor's or
+// the op's own line, as it would on a GPU.
+TEST(Step4_VocabParallel, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const Device sim = Device::sim();
+  const int64_t n = kV / size(), lo = rank() * n;
+  const Tensor wte_local = random_tensor({n, kC}, 51 + rank()), wpe = random_tensor({kT, kC}, 52);
+  const Tensor tokens = random_tokens(kB, kT, kV, 53), dout = random_tensor({kB, kT, kC}, 54);
+  const Tensor targets = ce_targets();
+  const Tensor out = lab07::vocab_parallel_embedding_forward(wte_local, lo, wpe, tokens, group());
+  Tensor dwte = Tensor::zeros({n, kC}, DType::f64), dwpe = Tensor::zeros({kT, kC}, DType::f64);
+  lab07::vocab_parallel_embedding_backward(dwte, lo, dwpe, dout, tokens);
+  Tensor probs = columns(ce_logits(), lo, lo + n);
+  const Tensor logits_s = probs.to(sim);
+  const double loss = lab07::vocab_parallel_cross_entropy(probs, targets, lo, group()).value();
+  Tensor dlogits = probs.clone();
+  lab07::vocab_parallel_cross_entropy_backward(dlogits, targets, lo, 0.5);
+  std::vector<std::string> problems;
+  const auto same = [&](const char* what, const Tensor& want, const Tensor& got) {
+    problems.push_back(labtest::same_on_sim(what, want, got));
+  };
+  problems.push_back(labtest::runs_on_sim([&] {
+    const Tensor tokens_s = tokens.to(sim), targets_s = targets.to(sim);
+    same("the embedding's output",
+         out, lab07::vocab_parallel_embedding_forward(wte_local.to(sim), lo, wpe.to(sim), tokens_s, group()));
+    Tensor dwte_s = Tensor::zeros({n, kC}, DType::f64, sim), dwpe_s = Tensor::zeros({kT, kC}, DType::f64, sim);
+    lab07::vocab_parallel_embedding_backward(dwte_s, lo, dwpe_s, dout.to(sim), tokens_s);
+    same("the embedding's dwte rows", dwte, dwte_s);
+    same("the embedding's dwpe", dwpe, dwpe_s);
+    Tensor probs_s = logits_s;
+    const Scalar loss_s = lab07::vocab_parallel_cross_entropy(probs_s, targets_s, lo, group());
+    if (loss_s.device() != sim)
+      problems.push_back(fmt::format("the cross-entropy's loss came back on {}, not on the "
+                                     "simulated GPU its logits are on", loss_s.device().str()));
+    else if (loss_s.value() != loss)
+      problems.push_back(fmt::format("the cross-entropy's loss on the simulated GPU is {} (the "
+                                     "host's {})", loss_s.value(), loss));
+    same("the cross-entropy's probabilities", probs, probs_s);
+    lab07::vocab_parallel_cross_entropy_backward(probs_s, targets_s, lo, 0.5);
+    same("the cross-entropy backward's dlogits", dlogits, probs_s);
+  }));
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 TEST(Step4_GPT, TrainsLikeTheSingleDeviceGPTForFiveAdamWSteps) {
