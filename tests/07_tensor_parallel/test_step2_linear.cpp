@@ -260,7 +260,7 @@ TEST(Step2_ColumnThenRow, RunsOnTheSimulatedGpuAsOnTheHost) {
                              : whole.dy;
     const Tensor y = impl.forward(host.layer, x, group());
     const Tensor dx = impl.backward(host.layer, dy, x, group());
-    problems.push_back(labtest::runs_on_sim([&] {
+    labtest::collective_run_on_sim([&] {
       const auto same = [&](const char* what, const Tensor& want, const Tensor& got) {
         problems.push_back(labtest::same_on_sim(fmt::format("the {} {}", kind, what), want, got));
       };
@@ -269,7 +269,7 @@ TEST(Step2_ColumnThenRow, RunsOnTheSimulatedGpuAsOnTheHost) {
       same("backward's dx", dx, impl.backward(dev.layer, dy.to(sim), x_s, group()));
       same("backward's dW", host.layer.weight.grad, dev.layer.weight.grad);
       same("backward's db", host.layer.bias.grad, dev.layer.bias.grad);
-    }));
+    });
   }
   const std::string all = labtest::joined(problems);
   if (!all.empty()) LABTEST_FAIL() << all;

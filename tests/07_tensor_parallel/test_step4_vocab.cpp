@@ -325,7 +325,7 @@ TEST(Step4_VocabParallel, RunsOnTheSimulatedGpuAsOnTheHost) {
   const auto same = [&](const char* what, const Tensor& want, const Tensor& got) {
     problems.push_back(labtest::same_on_sim(what, want, got));
   };
-  problems.push_back(labtest::runs_on_sim([&] {
+  labtest::collective_run_on_sim([&] {
     const Tensor tokens_s = tokens.to(sim), targets_s = targets.to(sim);
     same("the embedding's output",
          out, lab07::vocab_parallel_embedding_forward(wte_local.to(sim), lo, wpe.to(sim), tokens_s, group()));
@@ -344,7 +344,7 @@ TEST(Step4_VocabParallel, RunsOnTheSimulatedGpuAsOnTheHost) {
     same("the cross-entropy's probabilities", probs, probs_s);
     lab07::vocab_parallel_cross_entropy_backward(probs_s, targets_s, lo, 0.5);
     same("the cross-entropy backward's dlogits", dlogits, probs_s);
-  }));
+  });
   const std::string all = labtest::joined(problems);
   if (!all.empty()) LABTEST_FAIL() << all;
   EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());

@@ -208,3 +208,11 @@ TEST(Step2_Bf16PlantedFault, SkippingTheRecastIsCaught) {
   EXPECT_FALSE(takes_the_bf16_ddp_step(bad, kZero2Rtol, kZero2Atol));
   EXPECT_FALSE(compute_is_cast(bad.model().params()));
 }
+
+// Stage 1 on the simulated GPU, fp32 and mixed bf16, two steps: the host's losses and
+// parameters bit for bit (lab09test::runs_on_sim_as_on_host).
+TEST(Step2_Zero1, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const std::string problems = runs_on_sim_as_on_host(1);
+  if (!problems.empty()) LABTEST_FAIL() << problems;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}

@@ -493,3 +493,11 @@ TEST(Step3_Bf16, HeldCountsTheCopyAndEqualsTheAllocator) {
     EXPECT_EQ(h.total(), f.held) << "stage " << stage << ": held counters against the allocator";
   }
 }
+
+// Stage 2 on the simulated GPU, fp32 and mixed bf16, two steps: the host's losses and
+// parameters bit for bit (lab09test::runs_on_sim_as_on_host).
+TEST(Step3_Zero2, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const std::string problems = runs_on_sim_as_on_host(2);
+  if (!problems.empty()) LABTEST_FAIL() << problems;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}

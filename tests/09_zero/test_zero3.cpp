@@ -792,3 +792,11 @@ TEST(Step4_Bf16, BetweenStepsOnlyTheFp32ShardsHeldEqualsTheAllocator) {
   EXPECT_EQ(h.total(), f.held) << "held counters against the allocator";
   EXPECT_LE(f.held, shard_elements * 16) << "16 bytes per shard element at most";
 }
+
+// Stage 3 on the simulated GPU, fp32 and mixed bf16, two steps: the host's losses and
+// parameters bit for bit (lab09test::runs_on_sim_as_on_host).
+TEST(Step4_Zero3, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const std::string problems = runs_on_sim_as_on_host(3);
+  if (!problems.empty()) LABTEST_FAIL() << problems;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}

@@ -9,13 +9,17 @@
 #include <string>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "common/allocator.hpp"
 #include "common/comm/stats.hpp"
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/heap.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/on_sim.hpp"
 #include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
 #include "zero.hpp"
@@ -131,6 +135,34 @@ inline std::vector<double> run_steps(lab09::Trainer& t, int steps) {
     step_of(t);
   }
   return losses;
+}
+
+/// Stage `stage`'s trainer (the grader's object, grader_trainer) run twice for two steps from the
+/// same start, its model on the host and on the simulated GPU (tests/support/on_sim.hpp), fp32
+/// and mixed bf16: the same losses and parameters bit for bit (the same kernels and sums run).
+/// A shard, a staging buffer or a cast made without the model's device, or a loop over a shard's
+/// elements, stops on the simulated GPU with the op's or the tensor's own line, as on a GPU: ""
+/// or the problems found. Collective.
+inline std::string runs_on_sim_as_on_host(int stage) {
+  std::vector<std::string> problems;
+  for (const nn::GPTOptions& host_options : {f32(), mixed_bf16()}) {
+    const std::string kind = host_options.compute_dtype == DType::bf16 ? "bf16" : "fp32";
+    const auto host = grader_trainer(stage, kLab.config(), host_options);
+    const std::vector<double> want = run_steps(*host, 2);
+    const Tensor want_params = host->full_parameters();
+    labtest::collective_run_on_sim([&] {
+      nn::GPTOptions options = host_options;
+      options.device = Device::sim();
+      const auto sim = grader_trainer(stage, kLab.config(), options);
+      const std::vector<double> got = run_steps(*sim, 2);
+      if (got != want)
+        problems.push_back(fmt::format("{}: the losses on the simulated GPU are {} (the host's {})",
+                                       kind, fmt::join(got, ", "), fmt::join(want, ", ")));
+      problems.push_back(labtest::same_on_sim(kind + ": the parameters after two steps",
+                                              want_params, sim->full_parameters()));
+    });
+  }
+  return labtest::joined(problems);
 }
 
 /// Two backwards of this rank's rows of `global`, every unit reduced after each by `reduce(u)`:

@@ -8,9 +8,11 @@
 /// tensor made without the device argument, passes every host check and fails here, with the
 /// tensor's own line, on the attendee's machine without a GPU. Header-only.
 ///
-/// Collective steps: the mistakes this catches stop every rank at the same line (each rank runs
-/// the same code on its own tensors), so no rank is left in a collective alone.
+/// Collective steps run there through collective_run_on_sim: a mistake may stop one rank and not
+/// another (a loop only the owner of a shard runs), and a rank that went on would wait in a
+/// collective the stopped one never joins.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -45,6 +47,16 @@ std::string runs_on_sim(Run&& run) {
   } catch (const CheckFailed& e) {
     return std::string("on the simulated GPU (--device sim): ") + e.what();
   }
+}
+
+/// runs_on_sim for code that communicates: the CheckFailed is thrown again with runs_on_sim's
+/// line, and escapes the test; the test main then ends the job on every rank with that line
+/// ("verdict: error: exception in <test> on rank r: on the simulated GPU ..."), instead of this
+/// rank going on to its next collective while another still waits in the last one.
+template <class Run>
+void collective_run_on_sim(Run&& run) {
+  const std::string stopped = runs_on_sim(std::forward<Run>(run));
+  if (!stopped.empty()) throw CheckFailed(stopped);
 }
 
 /// The problems found, "; "-separated ("" if none).
