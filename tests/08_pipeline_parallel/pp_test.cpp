@@ -33,7 +33,7 @@ std::pair<int, int> blocks_of(int n_layer, int p, int stage) {
   return {first, first + base + (stage < extra ? 1 : 0)};
 }
 
-std::vector<std::unique_ptr<nn::GPT>> pieces_of(int p, int v, int stage) {
+std::vector<std::unique_ptr<nn::GPT>> pieces_of(int p, int v, int stage, Device device) {
   const int L = static_cast<int>(kLab.config().n_layer);
   std::vector<std::unique_ptr<nn::GPT>> out;
   for (int c = 0; c < v; ++c) {
@@ -44,7 +44,8 @@ std::vector<std::unique_ptr<nn::GPT>> pieces_of(int p, int v, int stage) {
       last = first + per;
     }
     out.push_back(std::make_unique<nn::GPT>(
-        kLab.config(), nn::GPTOptions{.seed = kLab.seed, .first_block = first, .last_block = last}));
+        kLab.config(), nn::GPTOptions{.device = device, .seed = kLab.seed, .first_block = first,
+                                      .last_block = last}));
   }
   return out;
 }

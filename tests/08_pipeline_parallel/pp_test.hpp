@@ -45,8 +45,9 @@ std::pair<int, int> blocks_of(int n_layer, int p, int stage);
 
 /// The test's own model pieces for stage s of p: one GPT with blocks_of(...) when v == 1, else
 /// the v chunk models of piece vs = chunk * p + s (L / (p v) blocks each). Built here, not by
-/// the attendee's step 1 or 6, so later steps are graded on their own.
-std::vector<std::unique_ptr<nn::GPT>> pieces_of(int p, int v, int stage);
+/// the attendee's step 1 or 6, so later steps are graded on their own. On `device`.
+std::vector<std::unique_ptr<nn::GPT>> pieces_of(int p, int v, int stage,
+                                                Device device = Device::cpu());
 std::vector<nn::GPT*> raw(const std::vector<std::unique_ptr<nn::GPT>>& pieces);
 
 /// The test's own AFAB (warmup < 0) or 1F1B schedule with a warm-up of

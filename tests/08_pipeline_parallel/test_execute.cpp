@@ -25,6 +25,9 @@
 #include "common/optim/optim.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
+#include "tests/support/expect.hpp"
+#include "tests/support/on_sim.hpp"
+#include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
@@ -188,6 +191,32 @@ TEST(Step4_Execute, Bf16ComputeSendsBf16Messages) {
   EXPECT_TRUE(exact_pipeline_traffic(r.moved, p, s, kM, 1, 2))
       << what << ", stage " << s << " (the library's traffic ledger): a message is in the "
       << "dtype the pieces compute in";
+}
+
+// 1F1B at m = 2 with this stage's piece on the simulated GPU (tests/support/on_sim.hpp) and the
+// batch on the host, as the sampler leaves it: the host's loss and gradients bit for bit. A
+// micro-batch's tokens not moved to the piece's device, or a loop over a tensor's elements, stop
+// there as they would on a GPU.
+TEST(Step4_Execute, RunsOnTheSimulatedGpuAsOnTheHost) {
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  constexpr int kM = 2;
+  const data::Batch batch = kLab.batch(0);
+  const Schedule schedule = pptest::test_schedule(false, p, kM, s);
+  const auto host = pptest::pieces_of(p, 1, s);
+  const double want = pipeline_step(pptest::raw(host), schedule, batch, kM, pp);
+  const auto sim = pptest::pieces_of(p, 1, s, Device::sim());
+  std::vector<std::string> problems;
+  labtest::collective_run_on_sim([&] {
+    const double got = pipeline_step(pptest::raw(sim), schedule, batch, kM, pp);
+    if (got != want)
+      problems.push_back(fmt::format("the loss on the simulated GPU is {} (the host's {})", got, want));
+    problems.push_back(labtest::same_on_sim("this stage's gradients", host.front()->params().grads(),
+                                            sim.front()->params().grads()));
+  });
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 TEST(Step4_Execute, SgdStepsKeepTheTiedCopiesEqualAndFollowTheTwin) {

@@ -248,6 +248,35 @@ TEST(Step2_SendRecv, ABfloat16MessageArrivesInBfloat16) {
   EXPECT_TRUE(pptest::on_every_rank(ok));
 }
 
+// On a GPU, run_schedule passes the model's device to recv_from, and the message must land in
+// device memory: a buffer made on the host would be handed to the next piece's forward beside
+// device weights. Here the device is the simulated GPU (Device::sim, host memory closed to host
+// code as a GPU's): each stage sends one message around a ring and receives one from there.
+TEST(Step2_SendRecv, AMessageArrivesOnTheDeviceItIsGiven) {
+  comm::Communicator pp = labtest::new_world();
+  const int p = pp.size(), s = pp.rank();
+  const int next = (s + 1) % p, prev = (s + p - 1) % p;
+  const Device sim = Device::sim();
+  Tensor out = Tensor::empty(kShape, DType::f32, sim);
+  ops::fill(out, s + 0.5);
+  std::vector<comm::Work> sends = {lab08::send_to(pp, out, next, lab08::Flow::activation, 3)};
+  lab08::Incoming in =
+      lab08::recv_from(pp, kShape, prev, lab08::Flow::activation, 3, 0, DType::f32, sim);
+  in.work.wait();
+  comm::wait_all(sends);
+  testing::AssertionResult ok = testing::AssertionSuccess();
+  if (!in.t.defined() || in.t.device() != sim)
+    ok = testing::AssertionFailure()
+         << "recv_from(..., Device::sim()) gave a buffer "
+         << (in.t.defined() ? "on " + in.t.device().str() : std::string("that is not defined"))
+         << ": a receive lands on the device it is given (the model's: a GPU's memory on a GPU)";
+  else if (in.t.shape() != kShape || in.t.to_vector().front() != prev + 0.5)
+    ok = testing::AssertionFailure() << "the message from rank " << prev << " arrived as "
+                                     << in.t.str() << " holding " << in.t.to_vector().front()
+                                     << ", not its payload " << prev + 0.5;
+  EXPECT_TRUE(pptest::on_every_rank(ok));
+}
+
 TEST(Step2_PlantedFault, ReceiveThatIgnoresTheMicroBatchIsCaught) {
   // The fault: every message of a pair of stages under one tag. Messages with the same tag
   // arrive in the order they were sent, so receiving micro-batch 3 first gets micro-batch 0.
