@@ -1,6 +1,9 @@
 # STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
 scalelab_add_lab(04 ddp_overlap SOURCES ddp_overlap.cpp GIVEN backward_hooks.cpp STEPS 4 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60
                  STEP_USES "3:2")
+# The functions the attendee's object calls: step 3's run on the simulated GPU checks it opens no
+# SimKernelScope (the ops' own key to that memory).
+scalelab_attendee_symbols(04 ddp_overlap ddp_overlap.cpp)
 # Bad input (found by the bad-input audit): one distinct "error: ..." line naming the option, exit 2
 # on every rank, before any training. A --sweep element that is not a number (the shared CLI
 # named only 'abc'); bucket sizes beyond a 64-bit byte count or below a byte, for --bucket-mb and
@@ -36,3 +39,10 @@ scalelab_add_planted_submissions(04
         "no_average:3_Finish.Gradients:2:Step3_Finish.GradientsEqualSingleDeviceForEveryBucketSize on rank [01]: first divergence: ln_f.bias gradient, backward"
         "last_entry:4:1:Step4_Measure.ExposedTime on rank 0: .*finishes latest"
         "no_total_guard:4:1:Step4_Measure.HiddenFraction on rank 0: .*nothing to hide")
+# Right on the host, stopped on the simulated GPU: the average by a loop through each bucket's
+# elements (the run there ends the job at the first read: a verdict "error", tests/support/on_sim.hpp).
+if(SCALELAB_BUILD_TESTS)
+  scalelab_add_planted_run(lab04.planted.average_loop.np2 test_lab04_planted RANKS 2
+      FILTER Step3* PLANT average_loop LAB 04 EXCEPTION
+      REGEX "Step3_Finish.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: on the simulated GPU .--device sim.: host code reached the elements of .* f32 sim through data<T>.., outside an op")
+endif()

@@ -22,7 +22,10 @@
 #include "ddp.hpp"
 #include "ddp_overlap.hpp"
 #include "tests/04_ddp_overlap/test_buckets.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/on_sim.hpp"
+#include "tests/support/own_work.hpp"
 
 using namespace scalelab;
 using labtest::my_rows;
@@ -363,6 +366,31 @@ TEST(Step3_Finish, EqualsLab03AndKeepsWorkingStepAfterStep) {
   EXPECT_TRUE(close_on_every_rank(model.params().values(), flat.params().values()));
   EXPECT_EQ(train::max_divergence_from_rank0(model.params().values(), world()), 0.0)
       << "replicas stay identical";
+}
+
+// Step 3 on the simulated GPU (tests/support/on_sim.hpp): the same buckets, backward and finish()
+// with the model there give the host's averaged gradients bit for bit; a loop through a bucket's
+// elements stops with the tensor's own line, as it would on a GPU.
+TEST(Step3_Finish, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const data::Batch mine = my_rows(global_batch());
+  const auto step = [&](nn::GPT& model) {
+    lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3));
+    ddp.attach();
+    const data::Batch on = mine.to(model.device());
+    model.zero_grad();
+    model.forward(on.x, on.y);
+    model.backward();
+    ddp.finish();
+  };
+  nn::GPT host(kLab.config(), {.seed = kSeed}), sim(kLab.config(), {.device = Device::sim(), .seed = kSeed});
+  step(host);
+  std::string same;
+  labtest::collective_run_on_sim([&] {
+    step(sim);
+    same = labtest::same_on_sim("the averaged gradients", host.params().grads(), sim.params().grads());
+  });
+  if (!same.empty()) LABTEST_FAIL() << same;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 // ---- Step 4: measuring -------------------------------------------------------------------------
