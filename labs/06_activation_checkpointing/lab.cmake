@@ -1,6 +1,9 @@
 # STEP_USES: which earlier steps' code each step's graders run (measured: ctest labNN.step_uses)
 scalelab_add_lab(06 activation_checkpointing SOURCES activation_checkpointing.cpp GIVEN policy_text.cpp held_bytes.cpp STEPS 4 RANKS 1 2 4 LIBS lab03_ddp_solution_impl TIMEOUT 60
                  STEP_USES "3:1,2" "4:1,3")
+# The functions the attendee's object calls: step 3's run on the simulated GPU checks it opens no
+# SimKernelScope (the ops' own key to that memory).
+scalelab_attendee_symbols(06 activation_checkpointing activation_checkpointing.cpp)
 # Bad input (found by the bad-input audit): one distinct "error: ..." line naming the option, exit 2
 # on every rank, before any training. A mixture-of-experts model (lab 06's forward runs dense
 # blocks: it stopped after a step on "gelu_forward: undefined tensor"); a batch too large for
@@ -34,3 +37,11 @@ scalelab_add_planted_submissions(06
         "block_size_not_seq:4:1:Step4_Estimate.CountUsesTheSequenceAndAllocatesNothing on rank 0: none, batches of"
         "int32:4:1:Step4_Estimate.CountsAGpt3SizeModelWithoutOverflow on rank 0: 96 layers"
         "measure:4_Estimate.CountUses:1:Step4_Estimate.CountUsesTheSequenceAndAllocatesNothing on rank 0: none: model_activation_bytes allocated")
+# Right on the host, stopped on the simulated GPU: the recomputed att and g made on the host beside
+# q (the run there ends the job at the first kernel given both: a verdict "error",
+# tests/support/on_sim.hpp).
+if(SCALELAB_BUILD_TESTS)
+  scalelab_add_planted_run(lab06.planted.recompute_on_host.np1 test_lab06_planted RANKS 1
+      FILTER Step3* PLANT recompute_on_host LAB 06 EXCEPTION
+      REGEX "Step3_Policies.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: on the simulated GPU .--device sim.: .*batched_matmul: tensors on sim and cpu")
+endif()

@@ -20,6 +20,8 @@
 #include "activation_checkpointing.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/on_sim.hpp"
+#include "tests/support/own_work.hpp"
 
 using namespace scalelab;
 using lab06::Plan;
@@ -510,6 +512,31 @@ TEST(Step3_Policies, EveryPolicyGivesBitwiseTheSameGradients) {
     EXPECT_EQ(loss, ref.loss) << name;
     EXPECT_TRUE(labtest::on_every_rank(bitwise(model.params().grads(), ref.grads), why)) << name;
   }
+}
+
+// Steps 1-3 on the simulated GPU (tests/support/on_sim.hpp): every:2 and selective with the model
+// and the batch there give the host's loss and gradients bit for bit; a tensor made
+// without q's device in the recomputation, or a loop over elements, stops with the op's or the
+// tensor's own line, as on a GPU.
+TEST(Step3_Policies, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const data::Batch b = batch(1);
+  std::vector<std::string> problems;
+  for (const char* name : {"every:2", "selective"}) {
+    const Plan plan = lab06::make_plan(lab06::parse_policy(name), kLayers);
+    nn::GPT host(config(), {.seed = kSeed}), sim(config(), {.device = Device::sim(), .seed = kSeed});
+    const double want = checkpointed(host, plan, b);
+    labtest::collective_run_on_sim([&] {
+      const double got = checkpointed(sim, plan, b.to(sim.device()));
+      if (got != want)
+        problems.push_back(fmt::format("{}: the loss on the simulated GPU is {} (the host's {})",
+                                       name, got, want));
+      problems.push_back(labtest::same_on_sim(fmt::format("{}: the gradients", name),
+                                              host.params().grads(), sim.params().grads()));
+    });
+  }
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 // ---- Step 4: the estimate ------------------------------------------------------------------

@@ -6,7 +6,8 @@
 //   names the first rank that gives its own cause (not the echo "failed on another rank" of a
 //   collective check: labtest::on_every_rank gives every rank the failing ranks' causes).
 // - Exceptions are not swallowed by GoogleTest: one escaping a test (NotImplemented from a
-//   starter, or a bug) ends the job on every rank instead of leaving the others in a collective.
+//   starter, or a bug) ends the job on every rank instead of leaving the others in a collective;
+//   its verdict is led by an earlier test's failure, when there is one (the first to fix).
 // - The last line on rank 0 is the verdict the grader reads:
 //     [scalelab] verdict: passed
 //     [scalelab] verdict: failed: Step3_AllReduce.SumOfRanks on rank 2: <message>
@@ -138,7 +139,10 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
     const scalelab::labtest::LibraryMpi harness;  // not the code under test (raw_mpi.hpp)
     MPI_Gather(mine, kMessageBytes, MPI_CHAR, all.data(), kMessageBytes, MPI_CHAR, 0,
                MPI_COMM_WORLD);
-    if (rank != 0) return;
+    if (rank != 0) {
+      share_first_failure();
+      return;
+    }
     // The verdict names the rank where it happened: a rank whose message only says that another
     // rank failed (a collective check's echo) yields to one that gives its own cause.
     std::string echo;
@@ -170,9 +174,20 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
                         testing::TestPartResult::kNonFatalFailure);
       echoing_ = false;
     }
+    share_first_failure();
   }
 
  private:
+  // Every rank learns the job's first failure (rank 0 found it above): a rank whose exception
+  // ends the job in a later test leads its verdict with it (after_earlier_failure).
+  static void share_first_failure() {
+    char line[2 * kMessageBytes] = {0};
+    if (scalelab::world_rank() == 0) std::strncpy(line, g_first_failure.c_str(), sizeof line - 1);
+    const scalelab::labtest::LibraryMpi harness;  // not the code under test (raw_mpi.hpp)
+    MPI_Bcast(line, sizeof line, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (scalelab::world_rank() != 0) g_first_failure = line;
+  }
+
   std::string first_message_;
   bool echoing_ = false;
 };
@@ -194,6 +209,16 @@ void per_rank_report_path(int argc, char** argv, std::vector<std::string>& stora
     storage.push_back(fmt::format("{}{}.rank{}.xml", flag, stem, scalelab::world_rank()));
     argv[i] = storage.back().data();
   }
+}
+
+// The verdict of a job an exception ends: `verdict`, unless an earlier test already failed (on
+// any rank: rank 0 gathered it and told every rank), which then leads: the first failure is the one to fix first,
+// and what the run would have said had that test been last.
+std::string after_earlier_failure(const std::string& verdict) {
+  if (g_first_failure.empty()) return verdict;
+  const std::string prefix = "[scalelab] verdict: ";
+  return fmt::format("{}failed: {} (then {})", prefix, one_line(g_first_failure),
+                     verdict.substr(prefix.size()));
 }
 
 }  // namespace
@@ -229,12 +254,14 @@ int main(int argc, char** argv) {
                        "[scalelab] verdict: not implemented: " + one_line(e.what()));
   } catch (const scalelab::UsageError& e) {
     scalelab::exit_all(scalelab::kExitFailed,
-                       fmt::format("[scalelab] verdict: failed: {} on rank {}: usage error: {}",
-                                   g_current_test, scalelab::world_rank(), one_line(e.what())));
+                       after_earlier_failure(fmt::format(
+                           "[scalelab] verdict: failed: {} on rank {}: usage error: {}",
+                           g_current_test, scalelab::world_rank(), one_line(e.what()))));
   } catch (const std::exception& e) {
     scalelab::exit_all(scalelab::kExitFailed,
-                       fmt::format("[scalelab] verdict: error: exception in {} on rank {}: {}",
-                                   g_current_test, scalelab::world_rank(), one_line(e.what())));
+                       after_earlier_failure(fmt::format(
+                           "[scalelab] verdict: error: exception in {} on rank {}: {}",
+                           g_current_test, scalelab::world_rank(), one_line(e.what()))));
   }
 
   int any_failed = 0;

@@ -23,6 +23,14 @@ TEST(SelfTest_ThrowOnRank1, Throws) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// A check fails on rank 0, then rank 1 throws in the next test: the verdict leads with the
+// earlier failure (the first to fix), then names the exception.
+TEST(SelfTest_FailThenThrow, AFailsOnRank0) { EXPECT_NE(world_rank(), 0) << "planted failure first"; }
+TEST(SelfTest_FailThenThrow, BThrowsOnRank1) {
+  if (world_rank() == 1) throw std::runtime_error("planted exception after");
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // Every rank throws NotImplemented (a starter): the verdict names the step.
 TEST(SelfTest_NotImplemented, Throws) {
   throw scalelab::NotImplemented("lab 99 step 1: planted (README.md#step-1)");

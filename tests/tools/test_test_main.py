@@ -62,6 +62,14 @@ class TestMainTest(unittest.TestCase):
         self.assertIn("exception in SelfTest_ThrowOnRank1.Throws on rank 1: planted exception", out)
         self.assertLess(seconds, 45, "the other rank must not be left waiting")
 
+    def test_an_earlier_failure_leads_the_verdict_of_an_exception(self):
+        proc, out, seconds = run("SelfTest_FailThenThrow")
+        self.assertNotEqual(proc.returncode, 0, out)
+        self.assertRegex(out, r"\[scalelab\] verdict: failed: SelfTest_FailThenThrow\.AFailsOnRank0 on rank 0: "
+                              r".*planted failure first.* \(then error: exception in "
+                              r"SelfTest_FailThenThrow\.BThrowsOnRank1 on rank 1: planted exception after\)")
+        self.assertLess(seconds, 45, "the other rank must not be left waiting")
+
     def test_not_implemented_verdict(self):
         proc, out, _ = run("SelfTest_NotImplemented", ranks=2)
         self.assertEqual(proc.returncode, 1, out)
