@@ -56,11 +56,22 @@ bool close_background_mpi(double seconds) {
 }  // namespace
 
 BackgroundMpiCalls::BackgroundMpiCalls() {
-  background_mpi_calls().lock_shared();
+  // Once exit_all has closed MPI it holds the lock for good. A worker that comes for it then (a
+  // communicator with operations still queued, whose destructor, run by std::exit for a static
+  // one, joins its worker) gives up instead of waiting forever.
+  while (!background_mpi_calls().try_lock_shared_for(std::chrono::milliseconds(10))) {
+    if (g_mpi_closing) {
+      open_ = false;
+      return;
+    }
+  }
+  held_ = true;
   open_ = !g_mpi_closing;
 }
 
-BackgroundMpiCalls::~BackgroundMpiCalls() { background_mpi_calls().unlock_shared(); }
+BackgroundMpiCalls::~BackgroundMpiCalls() {
+  if (held_) background_mpi_calls().unlock_shared();
+}
 
 void init(int* argc, char*** argv) {
   int already = 0;

@@ -43,7 +43,8 @@ int world_size();
 /// worker is still busy (a test that stops a ring mid-way), could finalize MPI under a worker's
 /// next send, and the rank would crash instead of exiting with its verdict. A worker blocked in
 /// a call (a collective its peers never join) keeps exit_all (and run_main's normal end) from
-/// finalizing: they abort instead.
+/// finalizing: they abort instead. A worker that comes once exit_all has closed MPI gets open()
+/// false at once (a static communicator's destructor, run by std::exit, joins its worker).
 class BackgroundMpiCalls {
  public:
   BackgroundMpiCalls();
@@ -54,7 +55,8 @@ class BackgroundMpiCalls {
   bool open() const { return open_; }
 
  private:
-  bool open_;
+  bool open_ = false;
+  bool held_ = false;  // the shared lock is this object's to release
 };
 
 /// A starter's unwritten step inside a destructor (tools/make-labs writes it there instead of

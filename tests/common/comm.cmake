@@ -76,6 +76,9 @@ add_dependencies(reference exit_beside_worker)
 scalelab_expect_exit(common.exit_all.worker_receiving.np2 2 - 1
   "stopped while receiving" TARGET exit_beside_worker ARGS --mode receiving
   REJECT "after MPI_FINALIZE|Segmentation fault|signal [0-9]")
+scalelab_expect_exit(common.exit_all.static_communicator.np2 2 - 1
+  "stopped beside a static communicator's pending receive" TARGET exit_beside_worker ARGS --mode static
+  REJECT "after MPI_FINALIZE|Segmentation fault|signal [0-9]")
 scalelab_expect_exit(common.exit_all.worker_stuck.np2 2 - 1
   "\\[rank [01]\\] stopped while a thread was stuck in MPI" TARGET exit_beside_worker ARGS --mode stuck
   REJECT "after MPI_FINALIZE|Segmentation fault")

@@ -9,6 +9,10 @@
 //                      under it, nor wait for it forever, but abort the job with the line
 //   --mode returns     the same thread, and the program's body returns 0: run_main must not
 //                      finalize under it either (nor exit 0), but abort with its line
+//   --mode static      as receiving, on a communicator in static storage (as the test main's
+//                      world): std::exit destroys it after exit_all closed MPI, and its worker,
+//                      which still has the receive to poll, must give up rather than wait for
+//                      MPI forever (the job hung, e.g. a grader that threw with buckets in flight)
 #include <chrono>
 #include <thread>
 
@@ -21,7 +25,7 @@ using namespace scalelab;
 int main(int argc, char** argv) {
   return run_main(argc, argv, [](int argc, char** argv) -> int {
     auto options = cli::make_options("exit_beside_worker", "exit_all beside a busy MPI thread");
-    options.add_options()("mode", "receiving, stuck or returns",
+    options.add_options()("mode", "receiving, static, stuck or returns",
                           cxxopts::value<std::string>()->default_value("receiving"));
     auto args = cli::parse(options, argc, argv);
     const std::string mode = args["mode"].as<std::string>();
@@ -33,6 +37,13 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       exit_all(kExitFailed, "stopped while receiving");
     }
+    if (mode == "static") {
+      static comm::Communicator kept = comm::Communicator::world("mpi");
+      static Tensor never = Tensor::zeros({1 << 16});
+      comm::Work w = kept.recv_async(never, (kept.rank() + 1) % kept.size(), /*tag=*/998);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      exit_all(kExitFailed, "stopped beside a static communicator's pending receive");
+    }
     if (mode == "stuck" || mode == "returns") {
       std::thread([] {
         const BackgroundMpiCalls calls;
@@ -42,6 +53,6 @@ int main(int argc, char** argv) {
       if (mode == "returns") return kExitOk;
       exit_all(kExitFailed, "stopped while a thread was stuck in MPI");
     }
-    throw UsageError("--mode must be receiving, stuck or returns, got '" + mode + "'");
+    throw UsageError("--mode must be receiving, static, stuck or returns, got '" + mode + "'");
   });
 }
