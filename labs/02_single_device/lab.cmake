@@ -35,6 +35,8 @@ scalelab_add_planted_submissions(02
   CASES "skip_clip:2_Clip:1:Step2_Clip.TrainStepClipsBeforeTheUpdate on rank 0: .*with clip > 0 the update must use the clipped gradients"
         "clip_after_step:2_Clip:1:Step2_Clip.TrainStepClipsBeforeTheUpdate on rank 0: .*with clip > 0 the update must use the clipped gradients"
         "norm_to_host:2_Clip:1:Step2_Clip.ClippingReadsNothingBackToTheHost on rank 0: .*clipping read numbers back to the host: a train_step read 2 number.s. with clip > 0, 1 without"
+        "norm_buffer_on_host:2_Clip:1:Step2_Clip.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: on the simulated GPU .--device sim.: .*(cpu.* sim|sim.* cpu)"
+        "val_batch_on_host:3_Evaluate:1:Step3_Evaluate.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: on the simulated GPU .--device sim.: .*(cpu.* sim|sim.* cpu)"
         "library_schedule:2_OwnWork:1:Step2_OwnWork.TheScheduleAndClippingAreYourOwn on rank 0: .*calls the library's reference, step 2 asks for your own schedule"
         "library_mfu:4_OwnWork:1:Step4_OwnWork.TheFlopCountAndMfuAreYourOwn on rank 0: .*calls the library's reference, step 4 asks for your own"
         "fp32_everywhere:5:1:Step5_Memory.FormulaForWeightsGradsAndAdam on rank 0: .*2 bytes per element: one gradient per parameter")

@@ -70,7 +70,16 @@ scalelab_add_planted_submissions(12
         "exchange_f32:3_Exchange:1:Step3_Exchange.RowsReachTheirExpertsAndComeBackInTheFormulasBytes on rank 0: the same exchange of bf16 rows: .*bf16 rows sent as 4-byte numbers"
         "recompute_experts:3_Layer.Each:1:Step3_Layer.EachRankComputesOnlyItsExpertsTokens on rank 0: .*the MoE backward's GEMMs did"
         "kept_clones:3_Memory:1:Step3_Memory.NoRankHoldsEveryExpert on rank 0: .*not copies of the rows"
+        "aux_sums_on_host:1_Router.RunsOn:1:Step1_Router.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: on the simulated GPU .--device sim.: .*(cpu.* sim|sim.* cpu)"
         "global_plan:3_Layer.Two:1:Step3_Layer.TwoForwardsThenTwoBackwardsKeepTheirOwnPlans on rank 0: forward A, forward B, backward A, backward B: A's dx")
+# The exchange's receive buffer made on the host: the collective stages it, the grouping by expert
+# then refuses it on the simulated GPU (the run there ends the job: a verdict "error",
+# tests/support/on_sim.hpp).
+if(SCALELAB_BUILD_TESTS)
+  scalelab_add_planted_run(lab12.planted.received_rows_on_host.np2 test_lab12_planted RANKS 2
+      FILTER Step3* PLANT received_rows_on_host LAB 12 EXCEPTION
+      REGEX "Step3_Model.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: on the simulated GPU .--device sim.: .*(cpu.* sim|sim.* cpu)")
+endif()
 # The program on the planted submission whose backward exchanges the counts again (counts_again):
 # its all-to-all bytes differ from the formula on every rank, it exits 1, and its last line says
 # what failed.

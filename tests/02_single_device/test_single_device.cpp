@@ -7,12 +7,15 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/ops/ops.hpp"
 #include "common/scalar.hpp"
 #include "library_training_loop.hpp"
 #include "single_device.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/on_sim.hpp"
 #include "tests/support/own_work.hpp"
 
 using namespace scalelab;
@@ -231,6 +234,32 @@ TEST(Step2_OwnWork, TheScheduleAndClippingAreYourOwn) {
 
 // ---- Step 3 -----------------------------------------------------------------------------------
 
+// Steps 1 and 2 with the model and the batches on the simulated GPU (tests/support/on_sim.hpp):
+// three train_steps at clip 0.05 give the host's losses and parameters bit for bit. A loop over
+// the gradients' elements, or a buffer made without their device, stops with the tensor's or the
+// op's own line, as it would on a GPU.
+TEST(Step2_Clip, RunsOnTheSimulatedGpuAsOnTheHost) {
+  nn::GPT host(model_config("tiny")), sim(model_config("tiny"), {.device = Device::sim()});
+  optim::AdamW host_opt(optim::groups(host.parameters())), sim_opt(optim::groups(sim.parameters()));
+  data::Sampler s(corpus(), 4, 16, 11);
+  std::vector<std::string> problems;
+  problems.push_back(labtest::runs_on_sim([&] {
+    for (int step = 0; step < 3; ++step) {
+      const data::Batch b = s.batch(step);
+      const double want = train_step(host, host_opt, b, 1e-2, 0.05);
+      const double got = train_step(sim, sim_opt, b.to(sim.device()), 1e-2, 0.05);
+      if (got != want)
+        problems.push_back(fmt::format("step {}: the loss on the simulated GPU is {} (the "
+                                       "host's {})", step, got, want));
+    }
+    problems.push_back(labtest::same_on_sim("the parameters after three clipped steps",
+                                            host.params().values(), sim.params().values()));
+  }));
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}
+
 TEST(Step3_Evaluate, MeanOfBatchLossesWithoutSideEffects) {
   nn::GPT model(model_config("tiny"));
   data::Sampler val(corpus(), 4, 16, 5);
@@ -281,6 +310,21 @@ TEST(Step3_PlantedFault, ReadingEachBatchBackIsCaught) {
   EXPECT_FALSE(got);
   EXPECT_NE(std::string(got.message()).find("read 3 number(s)"), std::string::npos)
       << got.message();
+}
+
+// evaluate with the model on the simulated GPU: the host's mean bit for bit (the validation
+// batches are drawn on the host: each goes to the model's device first).
+TEST(Step3_Evaluate, RunsOnTheSimulatedGpuAsOnTheHost) {
+  nn::GPT host(model_config("tiny")), sim(model_config("tiny"), {.device = Device::sim()});
+  data::Sampler val(corpus(), 4, 16, 5);
+  const double want = evaluate(host, val, 3);
+  double got = 0;
+  const std::string stopped = labtest::runs_on_sim([&] { got = evaluate(sim, val, 3); });
+  if (!stopped.empty())
+    LABTEST_FAIL() << stopped;
+  else if (got != want)
+    LABTEST_FAIL() << "evaluate on the simulated GPU gave " << got << ", the host " << want;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 TEST(Step3_Evaluate, TrainingLowersValidationLoss) {

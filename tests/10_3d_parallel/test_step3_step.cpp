@@ -17,7 +17,10 @@
 #include "common/optim/optim.hpp"
 #include "grid3d_checks.hpp"
 #include "tests/08_pipeline_parallel/pp_test.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/memory_use.hpp"
+#include "tests/support/on_sim.hpp"
+#include "tests/support/own_work.hpp"
 
 namespace {
 
@@ -241,6 +244,37 @@ TEST(Step3_Step, MixedPrecisionFollowsTheBf16SingleDevice) {
   };
   for (const lab10::GridShape& shape : grids_for(world().size()))
     EXPECT_TRUE(step_matches(attendee, shape, false, kMixed));
+}
+
+// Your step with the stage's model on the simulated GPU (tests/support/on_sim.hpp) and the batch
+// on the host, on every grid, fp32 and mixed bf16: the host's loss and gradients bit for bit (the
+// same kernels and sums run there); a loop over a tensor's elements, or a tensor made or left on
+// the host, stops with the tensor's or the op's own line, as it would on a GPU.
+TEST(Step3_Step, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const data::Batch global = kLab.batch(0);
+  std::vector<std::string> problems;
+  for (const lab10::GridShape& shape : grids_for(world().size()))
+    for (const nn::GPTOptions& host_options : {f64(), mixed()}) {
+      const std::string what = fmt::format("{}, {}", name(shape),
+                                           host_options.compute_dtype == DType::bf16 ? "bf16" : "f64");
+      const comm::ProcessGrid grid(world(), shape.dp, shape.tp, shape.pp, shape.order);
+      lab10::Groups g = lab10::groups_of(grid);
+      nn::GPTOptions sim_options = host_options;
+      sim_options.device = Device::sim();
+      auto host = own_model(g, 1, false, host_options), sim = own_model(g, 1, false, sim_options);
+      const double want = lab10::step_3d(*host, g, global, kMicro);
+      labtest::collective_run_on_sim([&] {
+        const double got = lab10::step_3d(*sim, g, global, kMicro);
+        if (got != want)
+          problems.push_back(fmt::format("{}: the loss on the simulated GPU is {} (the host's {})",
+                                         what, got, want));
+        problems.push_back(labtest::same_on_sim(what + ": the gradients", host->params().grads(),
+                                                sim->params().grads()));
+      });
+    }
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 // Your step with ZeRO-1 over dp (the given Zero1Optimizer, lab 09's pieces) in place of a whole

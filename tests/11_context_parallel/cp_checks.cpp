@@ -486,4 +486,48 @@ void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n
   }
 }
 
+std::string model_runs_on_sim_as_on_host(lab11::Attention attention, bool backward,
+                                         bool grader_forward) {
+  comm::Communicator cp = labtest::new_world();
+  const int n = cp.size();
+  std::vector<std::string> problems;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    // all-to-all: 4 heads, which split over 1, 2 and 4 ranks (as the model tests)
+    ModelCase c = model_case(dt, attention == lab11::Attention::all_to_all ? 4 : 0);
+    const auto rows = [&](const Tensor& t) { return zigzag_rows(t, n, cp.rank()); };
+    // One run: the loss, and the gradients after a backward or else the last block's output.
+    const auto run = [&](Device device) {
+      nn::GPTOptions options = c.options;
+      options.device = device;
+      auto model = std::make_unique<nn::GPT>(c.config, options);
+      std::shared_ptr<const nn::Mappings> mappings = lab11::make_cp_mappings(
+          cp, zigzag_positions(c.T, n, cp.rank()), attention, c.config.n_head);
+      if (grader_forward) mappings = std::make_shared<GraderForward>(mappings, cp);
+      model->set_mappings(mappings);
+      double loss = 0;
+      if (backward) {
+        loss = lab11::cp_forward_backward(*model, c.batch.x, c.batch.y, cp, [&](const Tensor& t) {
+          return rows(t).to(device);
+        });
+      } else {
+        loss = train::global_loss(
+            model->forward(rows(c.batch.x).to(device), rows(c.batch.y).to(device)), cp);
+      }
+      const Tensor out = backward ? model->params().grads() : model->activations().head.x;
+      return std::make_pair(loss, out);
+    };
+    const std::string what = fmt::format("{}, {}", lab11::attention_name(attention), dtype_name(dt));
+    const auto [want, want_out] = run(Device::cpu());
+    labtest::collective_run_on_sim([&] {
+      const auto [got, got_out] = run(Device::sim());
+      if (got != want)
+        problems.push_back(fmt::format("{}: the loss on the simulated GPU is {} (the host's {})",
+                                       what, got, want));
+      problems.push_back(labtest::same_on_sim(
+          what + (backward ? ": the gradients" : ": the last block's output"), want_out, got_out));
+    });
+  }
+  return labtest::joined(problems);
+}
+
 }  // namespace cptest

@@ -18,8 +18,10 @@
 #include "common/ops/ops.hpp"
 #include "common/ops/work.hpp"
 #include "context_parallel.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/memory_use.hpp"
+#include "tests/support/on_sim.hpp"
 #include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
 
@@ -235,6 +237,14 @@ void model_loss_matches_single_device(DType dt);
 /// step 3's model is graded without step 2.
 void model_matches_single_device(DType dt, lab11::Attention attention, int64_t n_head = 0,
                                  bool grader_forward = false);
+
+/// The whole model on the simulated GPU (tests/support/on_sim.hpp) against the same on the host,
+/// fp32 and bf16, with `attention`: the forward's loss and last block's output, or with
+/// `backward` one step's loss and gradients (`grader_forward`: the grader's own ring forward, as
+/// model_matches_single_device), bit for bit. A tensor made without its device or a loop over a
+/// block's elements stops with the op's or the tensor's own line: "" or the problems found.
+std::string model_runs_on_sim_as_on_host(lab11::Attention attention, bool backward,
+                                         bool grader_forward = false);
 
 /// The library's no-overlap baseline while alive (comm::set_overlap(false)), restored on exit
 /// even when the code under test throws.

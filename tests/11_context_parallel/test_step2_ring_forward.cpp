@@ -197,3 +197,13 @@ TEST(Step2_Model, LossEqualsSingleDeviceF32) {
     GTEST_SKIP() << "the model's context does not cut into 6 chunks";
   cptest::model_loss_matches_single_device(DType::f32);
 }
+
+// The ring forward (step 2) in the whole model on the simulated GPU, fp32 and bf16: the host's numbers bit for bit
+// (cptest::model_runs_on_sim_as_on_host). Not at 3 ranks, as the model tests above.
+TEST(Step2_Model, RunsOnTheSimulatedGpuAsOnTheHost) {
+  if (labtest::world().size() == 3)
+    GTEST_SKIP() << "the model's context does not cut into 6 chunks";
+  const std::string problems = cptest::model_runs_on_sim_as_on_host(lab11::Attention::ring, /*backward=*/false);
+  if (!problems.empty()) LABTEST_FAIL() << problems;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}

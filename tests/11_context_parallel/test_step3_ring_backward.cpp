@@ -206,3 +206,13 @@ TEST(Step3_PlantedFault, WaitingForEachBlockBeforeComputingFailsTheOverlap) {
   EXPECT_TRUE(labtest::close_on_every_rank(g.dkv, g.want.dkv, 1e-5, 1e-6));  // right numbers
   EXPECT_NE(cptest::overlap_problem(g.log, cp, g.want.kv.nbytes(), cp.size() - 1, true), "");
 }
+
+// The ring backward (step 3, after the grader's own forward) in the whole model on the simulated GPU, fp32 and bf16: the host's numbers bit for bit
+// (cptest::model_runs_on_sim_as_on_host). Not at 3 ranks, as the model tests above.
+TEST(Step3_Model, RunsOnTheSimulatedGpuAsOnTheHost) {
+  if (labtest::world().size() == 3)
+    GTEST_SKIP() << "the model's context does not cut into 6 chunks";
+  const std::string problems = cptest::model_runs_on_sim_as_on_host(lab11::Attention::ring, /*backward=*/true, /*grader_forward=*/true);
+  if (!problems.empty()) LABTEST_FAIL() << problems;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}

@@ -135,3 +135,12 @@ TEST(Step4_Model, LossAndGradientsEqualSingleDeviceBf16) {
   cptest::model_matches_single_device(DType::bf16, lab11::Attention::all_to_all, /*n_head=*/4);
 }
 
+// All-to-all attention (step 4) in the whole model on the simulated GPU, fp32 and bf16: the host's numbers bit for bit
+// (cptest::model_runs_on_sim_as_on_host). Not at 3 ranks, as the model tests above.
+TEST(Step4_Model, RunsOnTheSimulatedGpuAsOnTheHost) {
+  if (labtest::world().size() == 3)
+    GTEST_SKIP() << "the model's context does not cut into 6 chunks";
+  const std::string problems = cptest::model_runs_on_sim_as_on_host(lab11::Attention::all_to_all, /*backward=*/true);
+  if (!problems.empty()) LABTEST_FAIL() << problems;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}

@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/12_expert_parallel/ep_checks.hpp"
+#include "tests/support/on_sim.hpp"
 
 using namespace scalelab;
 using namespace scalelab::testing;
@@ -218,3 +219,44 @@ void backward_passes(int64_t k, double cf) {
 
 TEST(Step1_Router, Top1BackwardAgainstFiniteDifferences) { backward_passes(1, 0.75); }
 TEST(Step1_Router, Top2BackwardAgainstFiniteDifferences) { backward_passes(2, 0.75); }
+
+// route and route_backward again with their tensors on the simulated GPU (tests/support/on_sim.hpp):
+// the host's routing, counts, loss and dlogits bit for bit. A tensor made without the logits'
+// device, or a loop over the probabilities or the indices, stops with the op's or the tensor's
+// own line, as it would on a GPU.
+TEST(Step1_Router, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const eptest::Shape s{.seed = 31, .N = 16, .C = 4, .E = 4, .k = 2, .cf = 0.75};
+  SCOPED_TRACE(s.str());
+  const MoEConfig c = s.config(0.3);
+  const Router in(s);
+  const Device sim = Device::sim();
+  const Tensor dgates = uniform({s.N * s.k}, 12);
+  const lab12::Routing want = lab12::route(in.logits, c);
+  Tensor dlogits = Tensor::empty({s.N, s.E}, DType::f64);
+  lab12::route_backward(dlogits, dgates, want, c, kAuxScale);
+  std::vector<std::string> problems;
+  problems.push_back(labtest::runs_on_sim([&] {
+    const lab12::Routing got = lab12::route(in.logits.to(sim), c);
+    const auto same = [&](const char* what, const Tensor& host, const Tensor& on_sim) {
+      problems.push_back(labtest::same_on_sim(fmt::format("Routing::{}", what), host, on_sim));
+    };
+    same("probs", want.probs, got.probs);
+    same("values", want.values, got.values);
+    same("indices", want.indices, got.indices);
+    same("gates", want.gates, got.gates);
+    same("dest", want.dest, got.dest);
+    if (got.assigned != want.assigned || got.kept != want.kept || got.capacity != want.capacity ||
+        got.dropped != want.dropped || got.aux != want.aux)
+      problems.push_back(fmt::format(
+          "the counts or the balancing loss on the simulated GPU (assigned {}, kept {}, aux {}) "
+          "are not the host's (assigned {}, kept {}, aux {})", fmt::join(got.assigned, " "),
+          fmt::join(got.kept, " "), got.aux, fmt::join(want.assigned, " "),
+          fmt::join(want.kept, " "), want.aux));
+    Tensor dlogits_s = Tensor::empty({s.N, s.E}, DType::f64, sim);
+    lab12::route_backward(dlogits_s, dgates.to(sim), got, c, kAuxScale);
+    same("route_backward's dlogits", dlogits, dlogits_s);
+  }));
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
+}

@@ -42,6 +42,7 @@
 
 #include "common/nn/mappings.hpp"
 #include "tests/12_expert_parallel/ep_checks.hpp"
+#include "tests/support/on_sim.hpp"
 
 using namespace scalelab;
 
@@ -406,4 +407,39 @@ TEST(Step3_Model, LossAndGradientsEqualSingleDeviceF32) {
 TEST(Step3_Model, LossAndGradientsEqualSingleDeviceBf16) {
   if (4 % labtest::world().size() != 0) GTEST_SKIP();
   eptest::model_matches_single_device(DType::bf16, labtest::world().size(), 1, 1.25);
+}
+
+// The expert-parallel model (your steps 1-3 in its MoE layers) on the simulated GPU
+// (tests/support/on_sim.hpp), fp32 and bf16: the host's loss and gradients bit for bit. A tensor
+// made without its device (a receive buffer, the counts), or a loop over a tensor's elements,
+// stops with the op's or the tensor's own line, as it would on a GPU.
+TEST(Step3_Model, RunsOnTheSimulatedGpuAsOnTheHost) {
+  if (4 % labtest::world().size() != 0) GTEST_SKIP();
+  comm::Communicator world = labtest::new_world();
+  const int n = world.size();
+  const ModelConfig config = model_config("tiny-moe");
+  const data::Sampler sampler(labtest::synthetic_corpus(3), 2 * n, config.block_size, 12);
+  const data::Batch batch = sampler.batch(0);
+  lab12::EpGroups groups = lab12::make_ep_groups(world, n);
+  std::vector<std::string> problems;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const nn::GPTOptions host_options{.seed = 77, .compute_dtype = dt};
+    nn::GPTOptions sim_options = host_options;
+    sim_options.device = Device::sim();
+    nn::GPT host(config, lab12::ep_model_options(host_options, groups.ep));
+    nn::GPT sim(config, lab12::ep_model_options(sim_options, groups.ep));
+    for (nn::GPT* m : {&host, &sim}) m->set_mappings(lab12::make_ep_mappings(groups.ep));
+    const double want = lab12::ep_forward_backward(host, batch.x, batch.y, world, groups);
+    labtest::collective_run_on_sim([&] {
+      const double got = lab12::ep_forward_backward(sim, batch.x, batch.y, world, groups);
+      if (got != want)
+        problems.push_back(fmt::format("{}: the loss on the simulated GPU is {} (the host's {})",
+                                       dtype_name(dt), got, want));
+      problems.push_back(labtest::same_on_sim(fmt::format("{}: the gradients", dtype_name(dt)),
+                                              host.params().grads(), sim.params().grads()));
+    });
+  }
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
