@@ -45,3 +45,10 @@ scalelab_add_planted_submissions(01
         "own_add_loop:2_RingAllReduce.RunsOn:2:Step2_RingAllReduce.RunsOnTheSimulatedGpu on rank [0-9]: .*numel 7, on the simulated GPU .--device sim.: host code reached the elements of"
         "library_broadcast:3:2:Step3_RingBroadcast.EachRankReceivesOnceFromTheLeftAndPassesItOn on rank [0-9]: ring_broadcast called broadcast on group [a-z0-9_]+: build it from send/recv"
         "library_all_gather:3:2:Step3_RingAllGather.PassesNMinusOneChunksToTheRightNeighbourOnly on rank [0-9]: ring_all_gather called all_gather on group [a-z0-9_]+: build it from send/recv")
+# The all-gather's own chunk copied by a loop through data<T>(): right on the CPU, stopped by step
+# 3's run on the simulated GPU (which ends the job at the first such line: a verdict "error").
+if(SCALELAB_BUILD_TESTS)
+  scalelab_add_planted_run(lab01.planted.own_chunk_loop.np2 test_lab01_planted RANKS 2
+      FILTER Step3* PLANT own_chunk_loop LAB 01 EXCEPTION
+      REGEX "Step3_RingAllGather.BothRingsRunOnTheSimulatedGpu on rank [01]: on the simulated GPU .--device sim.: host code reached the elements of .* f32 sim through data<T>.., outside an op")
+endif()

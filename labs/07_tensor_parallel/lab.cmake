@@ -62,6 +62,9 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_add_planted_run(lab07.planted.output_on_host.np2 test_lab07_planted RANKS 2
       FILTER Step2* PLANT output_on_host LAB 07 EXCEPTION
       REGEX "Step2_ColumnThenRow.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: on the simulated GPU .--device sim.: .* f64 cpu .* f64 sim")
+  scalelab_add_planted_run(lab07.planted.gathered_rows_on_host.np2 test_lab07_planted RANKS 2
+      FILTER Step5* PLANT gathered_rows_on_host LAB 07 EXCEPTION
+      REGEX "Step5_Block.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: on the simulated GPU .--device sim.: .*(cpu.* sim|sim.* cpu)")
   scalelab_add_planted_run(lab07.planted.lookup_loop.np2 test_lab07_planted RANKS 2
       FILTER "Step4*-Step4_Memory.*" PLANT lookup_loop LAB 07 EXCEPTION
       REGEX "Step4_VocabParallel.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: on the simulated GPU .--device sim.: host code reached the elements of .* i32 sim through data<T>.., outside an op")

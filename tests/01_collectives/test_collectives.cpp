@@ -19,6 +19,7 @@
 #include "common/comm/stats.hpp"
 #include "common/runtime.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/on_sim.hpp"
 #include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
@@ -300,6 +301,34 @@ TEST(Step3_RingAllGather, RankOrderEverySize) {
         ASSERT_EQ(got[r * n + i], want[i]) << "numel " << n << ": chunk of rank " << r;
     }
   }
+}
+
+// Both step 3 rings on the simulated GPU (tests/support/on_sim.hpp), every root: the library's
+// results exactly. A chunk copied by a loop through data<T>() stops there with the tensor's line,
+// as it would crash on a GPU; the root's code and the others' differ, so the first such line ends
+// the job (a rank that went on would wait in the ring for the stopped one).
+TEST(Step3_RingAllGather, BothRingsRunOnTheSimulatedGpu) {
+  Communicator c = labtest::new_world();
+  const Device sim = Device::sim();
+  std::string problem;
+  labtest::collective_run_on_sim([&] {
+    for (int64_t n : {int64_t{7}, int64_t{1001}}) {
+      for (int root = 0; root < c.size() && problem.empty(); ++root) {
+        Tensor x = integers(n, c.rank()).to(sim);
+        ring_broadcast(c, x, root);
+        if (x.device() != sim || x.to_vector() != integers(n, root).to_vector())
+          problem = fmt::format("numel {}, root {}: the broadcast on the simulated GPU is not the "
+                                "root's buffer", n, root);
+      }
+      Tensor in = integers(n, c.rank()).to(sim), out = Tensor::zeros({n * c.size()}, DType::f32, sim);
+      ring_all_gather(c, in, out);
+      Tensor lib = Tensor::zeros({n * c.size()});
+      c.all_gather(integers(n, c.rank()), lib);
+      if (problem.empty() && (out.device() != sim || out.to_vector() != lib.to_vector()))
+        problem = fmt::format("numel {}: the all-gather on the simulated GPU is not the library's", n);
+    }
+  });
+  if (!problem.empty()) ADD_FAILURE() << problem;
 }
 
 // From the ledger: n-1 chunks of `in`'s size to the right neighbour, as many from the left, one

@@ -33,6 +33,7 @@
 #include "tests/04_ddp_overlap/test_buckets.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/on_sim.hpp"
 #include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
 
@@ -374,6 +375,31 @@ TEST(Step2_DdpAccumulate, EqualsSingleDeviceWithOneSyncPerStep) {
     EXPECT_TRUE(close_on_every_rank(model.params().grads(), ref.grads, kDdpRtol, kDdpAtol, why))
         << "accum " << accum;
   }
+}
+
+// Step 2 with the model on the simulated GPU (tests/support/on_sim.hpp) and the global batch on
+// the host, accum 2: the host's loss and averaged gradients bit for bit.
+TEST(Step2_DdpAccumulate, RunsOnTheSimulatedGpuAsOnTheHost) {
+  const data::Batch b = global_batch();
+  const auto step = [&](nn::GPT& model) {
+    lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3));
+    ddp.attach();
+    return lab05::ddp_accumulate(model, b, 2, world(), ddp);
+  };
+  nn::GPT host(kLab.config(), {.seed = kSeed});
+  nn::GPT sim(kLab.config(), {.device = Device::sim(), .seed = kSeed});
+  const double want = step(host);
+  std::vector<std::string> problems;
+  labtest::collective_run_on_sim([&] {
+    const double got = step(sim);
+    if (got != want)
+      problems.push_back(fmt::format("the loss on the simulated GPU is {} (the host's {})", got, want));
+    problems.push_back(labtest::same_on_sim("the averaged gradients", host.params().grads(),
+                                            sim.params().grads()));
+  });
+  const std::string all = labtest::joined(problems);
+  if (!all.empty()) LABTEST_FAIL() << all;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 // A micro-batch that throws inside the no-sync part (here a token outside the vocabulary, on

@@ -20,6 +20,8 @@
 #include "common/nn/gpt.hpp"
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
+#include "tests/support/expect.hpp"
+#include "tests/support/own_work.hpp"
 #include "tests/support/reduce_mappings.hpp"
 #include "tp_formulas.hpp"
 #include "tp_test_support.hpp"
@@ -206,6 +208,17 @@ TEST(Step3_Block, EqualsTheSingleDeviceBlock) {
   nn::ParameterSet set;
   take_shard(*part, set, whole);
   EXPECT_TRUE(check_block(*part, whole));
+}
+
+// The block with your mappings again on the simulated GPU: the host's numbers bit for bit
+// (lab07test::block_runs_on_sim_as_on_host).
+TEST(Step3_Block, RunsOnTheSimulatedGpuAsOnTheHost) {
+  Whole whole;
+  const lab07::TensorParallel tp(group());
+  const std::string problems =
+      block_runs_on_sim_as_on_host(whole.c, whole.set, tp, whole.x, whole.dout);
+  if (!problems.empty()) LABTEST_FAIL() << problems;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 TEST(Step3_Block, TheMappingsAllocateNothing) {

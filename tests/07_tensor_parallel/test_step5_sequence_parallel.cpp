@@ -29,7 +29,9 @@
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "tensor_parallel.hpp"
+#include "tests/support/expect.hpp"
 #include "tests/support/heap.hpp"
+#include "tests/support/own_work.hpp"
 #include "tp_test_support.hpp"
 
 using namespace scalelab;
@@ -247,6 +249,18 @@ TEST(Step5_Block, EqualsTheSingleDeviceBlockOnOurRows) {
   nn::ParameterSet set;
   take_shard(*part, set, whole);
   EXPECT_TRUE(check_sp_block(*part, whole));
+}
+
+// The block with your sequence-parallel mappings on this rank's rows, again on the simulated GPU:
+// the host's numbers bit for bit (lab07test::block_runs_on_sim_as_on_host).
+TEST(Step5_Block, RunsOnTheSimulatedGpuAsOnTheHost) {
+  Whole whole;
+  const lab07::SequenceParallel sp(group());
+  const int64_t n = kN / size(), lo = rank() * n;
+  const std::string problems = block_runs_on_sim_as_on_host(
+      whole.c, whole.set, sp, rows_of(whole.x, lo, lo + n), rows_of(whole.dout, lo, lo + n), kT);
+  if (!problems.empty()) LABTEST_FAIL() << problems;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 TEST(Step5_Operators, GatherAndScatterRowsExactly) {

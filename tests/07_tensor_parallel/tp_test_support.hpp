@@ -26,6 +26,7 @@
 #include "common/tensor.hpp"
 #include "tensor_parallel.hpp"
 #include "tests/support/lab_fixture.hpp"
+#include "tests/support/on_sim.hpp"
 #include "tests/support/traffic_budget.hpp"
 
 namespace lab07test {
@@ -216,6 +217,43 @@ inline void expect_mixed_precision_follows_single_device(bool sequence_parallel,
           << p->name << ": the compute copy is bf16(master) after AdamW, rank " << rank();
     }
   }
+}
+
+/// Block 0 of `c` as lab07::make_block cuts it for this rank (its shard of `whole`'s values,
+/// f64) with `mappings`, forward and backward on `x` and `dout`, on the host and again with
+/// everything on the simulated GPU (tests/support/on_sim.hpp): the output, dx and the
+/// gradients bit for bit. `seq_len`: the sequence length when x holds this rank's token rows
+/// (sequence parallel), else 0. A stop there (a tensor made without its device, a loop over
+/// elements) ends the job with its line (collective_run_on_sim); "" or the problems found.
+inline std::string block_runs_on_sim_as_on_host(const ModelConfig& c, const nn::ParameterSet& whole,
+                                                const nn::Mappings& mappings, const Tensor& x,
+                                                const Tensor& dout, int64_t seq_len = 0) {
+  const auto cut_block = [&](Device device, nn::ParameterSet& set) {
+    auto part = lab07::make_block(0, c, rank(), size());
+    part->mappings = &mappings;
+    set.bind(part->parameters(), DType::f64, device, 3);
+    for (nn::Parameter* p : part->parameters())
+      p->value.copy_from(
+          Tensor::from_vector(cut(whole.get(p->name).value, p->shard), p->shape(), DType::f64));
+    return part;
+  };
+  nn::ParameterSet host_set, sim_set;
+  const auto host = cut_block(Device::cpu(), host_set);
+  nn::BlockActivations host_acts;
+  const Tensor y = host->forward(x, host_acts, seq_len);
+  const Tensor dx = host->backward(dout, x, host_acts, nullptr, seq_len);
+  std::vector<std::string> problems;
+  labtest::collective_run_on_sim([&] {
+    const Device sim = Device::sim();
+    const auto part = cut_block(sim, sim_set);
+    const Tensor x_s = x.to(sim);
+    nn::BlockActivations acts;
+    problems.push_back(labtest::same_on_sim("the block's output", y, part->forward(x_s, acts, seq_len)));
+    problems.push_back(labtest::same_on_sim(
+        "the block's dx", dx, part->backward(dout.to(sim), x_s, acts, nullptr, seq_len)));
+    problems.push_back(labtest::same_on_sim("the block's gradients", host_set.grads(), sim_set.grads()));
+  });
+  return labtest::joined(problems);
 }
 
 }  // namespace lab07test
