@@ -430,10 +430,8 @@ TEST(Step4_Training, RunsOnTheSimulatedGpuAsOnTheHost) {
   std::vector<std::string> problems;
   labtest::collective_run_on_sim([&] {
     const double got = lab03::forward_backward(sim, global, world());
-    if (got != want)
-      problems.push_back(fmt::format("the loss on the simulated GPU is {} (the host's {})", got, want));
-    problems.push_back(labtest::same_on_sim("the gradients", host.params().grads(),
-                                            sim.params().grads()));
+    problems.push_back(labtest::step_same_on_sim("", want, got, "the gradients",
+                                                 host.params().grads(), sim.params().grads()));
   });
   const std::string all = labtest::joined(problems);
   if (!all.empty()) LABTEST_FAIL() << all;

@@ -392,10 +392,8 @@ TEST(Step2_DdpAccumulate, RunsOnTheSimulatedGpuAsOnTheHost) {
   std::vector<std::string> problems;
   labtest::collective_run_on_sim([&] {
     const double got = step(sim);
-    if (got != want)
-      problems.push_back(fmt::format("the loss on the simulated GPU is {} (the host's {})", got, want));
-    problems.push_back(labtest::same_on_sim("the averaged gradients", host.params().grads(),
-                                            sim.params().grads()));
+    problems.push_back(labtest::step_same_on_sim("", want, got, "the averaged gradients",
+                                                 host.params().grads(), sim.params().grads()));
   });
   const std::string all = labtest::joined(problems);
   if (!all.empty()) LABTEST_FAIL() << all;

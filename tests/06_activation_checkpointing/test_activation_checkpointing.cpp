@@ -527,11 +527,9 @@ TEST(Step3_Policies, RunsOnTheSimulatedGpuAsOnTheHost) {
     const double want = checkpointed(host, plan, b);
     labtest::collective_run_on_sim([&] {
       const double got = checkpointed(sim, plan, b.to(sim.device()));
-      if (got != want)
-        problems.push_back(fmt::format("{}: the loss on the simulated GPU is {} (the host's {})",
-                                       name, got, want));
-      problems.push_back(labtest::same_on_sim(fmt::format("{}: the gradients", name),
-                                              host.params().grads(), sim.params().grads()));
+      problems.push_back(labtest::step_same_on_sim(fmt::format("{}: ", name), want, got,
+                                                   "the gradients", host.params().grads(),
+                                                   sim.params().grads()));
     });
   }
   const std::string all = labtest::joined(problems);

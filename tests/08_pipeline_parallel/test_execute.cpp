@@ -209,10 +209,9 @@ TEST(Step4_Execute, RunsOnTheSimulatedGpuAsOnTheHost) {
   std::vector<std::string> problems;
   labtest::collective_run_on_sim([&] {
     const double got = pipeline_step(pptest::raw(sim), schedule, batch, kM, pp);
-    if (got != want)
-      problems.push_back(fmt::format("the loss on the simulated GPU is {} (the host's {})", got, want));
-    problems.push_back(labtest::same_on_sim("this stage's gradients", host.front()->params().grads(),
-                                            sim.front()->params().grads()));
+    problems.push_back(labtest::step_same_on_sim("", want, got, "this stage's gradients",
+                                                 host.front()->params().grads(),
+                                                 sim.front()->params().grads()));
   });
   const std::string all = labtest::joined(problems);
   if (!all.empty()) LABTEST_FAIL() << all;

@@ -265,11 +265,9 @@ TEST(Step3_Step, RunsOnTheSimulatedGpuAsOnTheHost) {
       const double want = lab10::step_3d(*host, g, global, kMicro);
       labtest::collective_run_on_sim([&] {
         const double got = lab10::step_3d(*sim, g, global, kMicro);
-        if (got != want)
-          problems.push_back(fmt::format("{}: the loss on the simulated GPU is {} (the host's {})",
-                                         what, got, want));
-        problems.push_back(labtest::same_on_sim(what + ": the gradients", host->params().grads(),
-                                                sim->params().grads()));
+        problems.push_back(labtest::step_same_on_sim(what + ": ", want, got, "the gradients",
+                                                     host->params().grads(),
+                                                     sim->params().grads()));
       });
     }
   const std::string all = labtest::joined(problems);

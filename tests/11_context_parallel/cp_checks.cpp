@@ -520,11 +520,9 @@ std::string model_runs_on_sim_as_on_host(lab11::Attention attention, bool backwa
     const auto [want, want_out] = run(Device::cpu());
     labtest::collective_run_on_sim([&] {
       const auto [got, got_out] = run(Device::sim());
-      if (got != want)
-        problems.push_back(fmt::format("{}: the loss on the simulated GPU is {} (the host's {})",
-                                       what, got, want));
-      problems.push_back(labtest::same_on_sim(
-          what + (backward ? ": the gradients" : ": the last block's output"), want_out, got_out));
+      problems.push_back(labtest::step_same_on_sim(
+          what + ": ", want, got, backward ? "the gradients" : "the last block's output", want_out,
+          got_out));
     });
   }
   return labtest::joined(problems);

@@ -432,11 +432,9 @@ TEST(Step3_Model, RunsOnTheSimulatedGpuAsOnTheHost) {
     const double want = lab12::ep_forward_backward(host, batch.x, batch.y, world, groups);
     labtest::collective_run_on_sim([&] {
       const double got = lab12::ep_forward_backward(sim, batch.x, batch.y, world, groups);
-      if (got != want)
-        problems.push_back(fmt::format("{}: the loss on the simulated GPU is {} (the host's {})",
-                                       dtype_name(dt), got, want));
-      problems.push_back(labtest::same_on_sim(fmt::format("{}: the gradients", dtype_name(dt)),
-                                              host.params().grads(), sim.params().grads()));
+      problems.push_back(labtest::step_same_on_sim(fmt::format("{}: ", dtype_name(dt)), want, got,
+                                                   "the gradients", host.params().grads(),
+                                                   sim.params().grads()));
     });
   }
   const std::string all = labtest::joined(problems);

@@ -1,5 +1,7 @@
 # Tests of the tensor library (common/tensor.cmake). Gradient checks are float64 on the host.
 scalelab_add_test(NAME test_tensor SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tensor.cpp RANKS 1)
+# the graders' checks on the simulated GPU (tests/support/on_sim.hpp)
+scalelab_add_test(NAME test_on_sim SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_on_sim.cpp RANKS 1)
 scalelab_add_test(NAME test_gradcheck_layers
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gradcheck_layers.cpp RANKS 1)
 scalelab_add_test(NAME test_gpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt.cpp RANKS 1)

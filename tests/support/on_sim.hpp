@@ -36,6 +36,20 @@ inline std::string same_on_sim(const std::string& what, const Tensor& host, cons
   return std::string();
 }
 
+/// A step's loss and its `out` (gradients, an output) on the simulated GPU against the host's:
+/// "" or the problems, each led by `what` ("bf16: "; "" for none).
+inline std::string step_same_on_sim(const std::string& what, double want_loss, double got_loss,
+                                    const std::string& out_name, const Tensor& want_out,
+                                    const Tensor& got_out) {
+  std::string problems;
+  if (got_loss != want_loss)
+    problems = fmt::format("{}the loss on the simulated GPU is {} (the host's {}); ", what,
+                           got_loss, want_loss);
+  const std::string out = same_on_sim(what + out_name, want_out, got_out);
+  return out.empty() && !problems.empty() ? problems.substr(0, problems.size() - 2)
+                                          : problems + out;
+}
+
 /// Runs `run` (the attendee's calls on sim tensors): "" when it returns, else the line of the
 /// CheckFailed it threw (a host read of a sim tensor, an op given host and sim tensors),
 /// prefixed "on the simulated GPU (--device sim): ".
