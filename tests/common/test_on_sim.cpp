@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/errors.hpp"
+#include "common/ops/ops.hpp"
 #include "common/tensor.hpp"
 #include "tests/support/on_sim.hpp"
 
@@ -44,6 +45,10 @@ TEST(OnSim, AHostReadStopsTheRunWithTheTensorsLine) {
   EXPECT_TRUE(has(line, "on the simulated GPU (--device sim): host code reached the elements of "
                         "(4) f32 sim through data<T>()")) << line;
   EXPECT_EQ(labtest::runs_on_sim([&] { t.to_vector(); }), "") << "a copy to the host is a door";
+  // an op given a host tensor beside sim ones: the line says where a host tensor comes from
+  const Tensor on_host = Tensor::zeros({4});
+  const std::string mixed = labtest::runs_on_sim([&] { ops::add(t, t, on_host); });
+  EXPECT_TRUE(has(mixed, "made without a device argument, or not moved with .to(device)")) << mixed;
   // the collective form throws instead, with the same line
   try {
     labtest::collective_run_on_sim([&] { (void)t.data<float>(); });
