@@ -62,7 +62,8 @@ std::string runs_on_sim(Run&& run) {
     const std::string what = e.what();
     // An op given host and sim tensors names both devices; say where a host one comes from.
     const bool mixed = what.find("data<T>()") == std::string::npos &&
-                       what.find(" cpu") != std::string::npos && what.find(" sim") != std::string::npos;
+                       what.find(" cpu") != std::string::npos &&
+                       what.find(" sim") != std::string::npos;
     return "on the simulated GPU (--device sim): " + what +
            (mixed ? " (the tensor on cpu was made without a device argument, or not moved with "
                     ".to(device): on a GPU it would be in host memory beside device tensors)"

@@ -212,8 +212,8 @@ void per_rank_report_path(int argc, char** argv, std::vector<std::string>& stora
 }
 
 // The verdict of a job an exception ends: `verdict`, unless an earlier test already failed (on
-// any rank: rank 0 gathered it and told every rank), which then leads: the first failure is the one to fix first,
-// and what the run would have said had that test been last.
+// any rank: rank 0 gathered it and told every rank), which then leads: the first failure is the
+// one to fix first, and what the run would have said had that test been last.
 std::string after_earlier_failure(const std::string& verdict) {
   if (g_first_failure.empty()) return verdict;
   const std::string prefix = "[scalelab] verdict: ";
