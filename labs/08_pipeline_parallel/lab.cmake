@@ -74,13 +74,17 @@ scalelab_add_planted_submissions(08
 scalelab_add_planted_run(lab08.planted.receives_f32.np2 test_lab08_planted RANKS 2
   FILTER Step4* PLANT receives_f32 LAB 08 EXCEPTION
   REGEX "Step4_Execute.Bf16ComputeSendsBf16Messages on rank [0-9]: .*received [0-9]+ bytes .*bf16 elements")
-# Right on the host, wrong on a GPU: a receive buffer made on the host whatever device it is
+# Right on the host, wrong on a GPU: the tied gradient's receive buffer made on the host (step
+# 1's exchange on the simulated GPU), a receive buffer made on the host whatever device it is
 # given (step 2's receive on the simulated GPU), a micro-batch's tokens and targets never moved to
 # the pieces' device (step 4's run there ends the job at the first op given both: a verdict
 # "error", tests/support/on_sim.hpp).
 scalelab_add_planted_run(lab08.planted.recv_on_host.np2 test_lab08_planted RANKS 2
   FILTER Step2* PLANT recv_on_host LAB 08
   REGEX "Step2_SendRecv.AMessageArrivesOnTheDeviceItIsGiven on rank [0-9]: .*gave a buffer on cpu")
+scalelab_add_planted_run(lab08.planted.tied_buffer_on_host.np2 test_lab08_planted RANKS 2
+  FILTER Step1* PLANT tied_buffer_on_host LAB 08 EXCEPTION
+  REGEX "Step1_TiedEmbedding.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: on the simulated GPU .--device sim.: .*(cpu.* sim|sim.* cpu)")
 scalelab_add_planted_run(lab08.planted.tokens_on_host.np1 test_lab08_planted RANKS 1
   FILTER Step4* PLANT tokens_on_host LAB 08 EXCEPTION
   REGEX "Step4_Execute.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: on the simulated GPU .--device sim.: .* cpu.* sim")

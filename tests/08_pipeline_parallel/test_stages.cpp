@@ -13,6 +13,9 @@
 #include "common/ops/ops.hpp"
 #include "pipeline_parallel.hpp"
 #include "pp_test.hpp"
+#include "tests/support/expect.hpp"
+#include "tests/support/on_sim.hpp"
+#include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
 
 using namespace scalelab;
@@ -125,6 +128,31 @@ TEST(Step1_TiedEmbedding, BothCopiesGetTheSumOfBothGradients) {
     budget.send(pp, other, 1, wte_bytes()).recv(pp, other, 1, wte_bytes());
   }
   EXPECT_TRUE(labtest::exact_traffic(moved, budget)) << "stage " << s << " of " << p;
+}
+
+// The same exchange with the stage built on the simulated GPU (tests/support/on_sim.hpp): the
+// host's tied gradients bit for bit. A receive buffer made without the gradient's device, or an
+// add by a loop over elements, stops there (the first such line ends the job: the ends and the
+// middle stages run different code).
+TEST(Step1_TiedEmbedding, RunsOnTheSimulatedGpuAsOnTheHost) {
+  comm::Communicator& pp = labtest::world();
+  const int p = pp.size(), s = pp.rank();
+  const TiedParts parts = tied_parts();
+  const auto exchange = [&](Device device) {
+    auto stage = lab08::build_stage(kLab.config(), p, s, {.device = device, .seed = kLab.seed});
+    stage->zero_grad();
+    if (p > 1 && s == 0) stage->params().get("wte.weight").grad.copy_from(parts.emb);
+    if (p > 1 && s == p - 1) stage->params().get("lm_head.weight").grad.copy_from(parts.head);
+    if (p == 1) stage->params().get("wte.weight").grad.copy_from(parts.want);
+    lab08::sync_tied_gradients({stage.get()}, pp);
+    return stage->params().grads().clone();
+  };
+  const Tensor want = exchange(Device::cpu());
+  std::string same;
+  labtest::collective_run_on_sim(
+      [&] { same = labtest::same_on_sim("this stage's gradients", want, exchange(Device::sim())); });
+  if (!same.empty()) LABTEST_FAIL() << same;
+  EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
 // A send reads its buffer until it is done: an end that adds the other's copy into its own
