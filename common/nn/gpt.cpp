@@ -160,7 +160,7 @@ Tensor GPT::forward_blocks(const Tensor& x, GPTActivations& acts) const {
   if (x.dim() == 3) acts.seq_len = x.size(1);  // rows (N/tp, C): embed() said the length
   acts.inputs.assign(blocks_.size(), Tensor());
   acts.blocks.assign(blocks_.size(), BlockActivations());
-  acts.aux_loss = 0;
+  acts.aux_loss = Scalar();
   Tensor h = x;
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     const std::size_t u = block_unit(first_ + static_cast<int>(i));
@@ -296,7 +296,8 @@ Scalar GPT::forward(const Tensor& tokens, const Tensor& targets, GPTActivations&
   trace::Scope scope("forward");
   acts.reset();  // a second forward into the same object replaces the first
   const Scalar lm = head_forward(forward_blocks(embed(tokens, acts), acts), targets, acts);
-  return acts.aux_loss == 0 ? lm : lm + acts.aux_loss;  // a dense model adds nothing
+  // a dense model adds nothing (its aux_loss is a host 0, never a tensor: asked without a read)
+  return acts.aux_loss.tensor().defined() ? lm + acts.aux_loss : lm;
 }
 
 void GPT::backward(GPTActivations& acts, double loss_scale) {

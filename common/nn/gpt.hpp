@@ -36,6 +36,7 @@
 #include "common/nn/embedding.hpp"
 #include "common/nn/layernorm.hpp"
 #include "common/nn/mappings.hpp"
+#include "common/scalar.hpp"
 
 namespace scalelab::nn {
 
@@ -200,9 +201,10 @@ struct GPTActivations {
   std::vector<Tensor> inputs;            ///< (B, T, C) the input of each block
   std::vector<BlockActivations> blocks;  ///< what each block saved (reset: checkpointed)
   HeadActivations head;                  ///< saved by head_forward (last stage)
-  /// The MoE blocks' balancing losses (coefficients included), summed by forward_blocks:
-  /// forward() returns the language-model loss plus this.
-  double aux_loss = 0;
+  /// The MoE blocks' balancing losses (coefficients included), summed by forward_blocks on
+  /// their device: forward() returns the language-model loss plus this (a host 0 for a dense
+  /// model, which adds nothing).
+  Scalar aux_loss;
   /// The loss scale of the backward (set by head_backward): the balancing losses' gradients
   /// in backward_blocks are scaled alike.
   double loss_scale = 1.0;

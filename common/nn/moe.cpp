@@ -199,20 +199,27 @@ void MoE::forward(Tensor& out, const Tensor& input, MoEActivations& a, const Map
   Tensor y = out.view({N, C});
   ops::fill(y, 0.0);
   ops::index_add_rows(y, y_pairs, a.pairs, 0);
-  // The balancing loss, per group: E sum_e f_e P_e, averaged over the groups.
+  // The balancing loss, per group: E sum_e f_e P_e, averaged over the groups. f comes from the
+  // counts (on the host already); P, the probabilities' column means, stays on the device: the
+  // loss is one dot product there, sum_{g,e} w[g, e] P-sum[g, e], no read.
   const int64_t per = N / G;
-  Tensor cols = Tensor::zeros({G, E}, R, dev);  // every group's column sums: one read back
+  Tensor cols = Tensor::zeros({G, E}, R, dev);  // every group's column sums
   for (int64_t g = 0; g < G; ++g) {
     Tensor col = cols.rows(g, g + 1).view({E});
     ops::bias_backward(col, a.probs.rows(g * per, (g + 1) * per));
   }
-  const std::vector<double> P = cols.to_vector();
-  double aux = 0;
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t e = 0; e < E; ++e)
-      aux += static_cast<double>(E) * (a.assigned[g * E + e] / static_cast<double>(per * k)) *
-             (P[g * E + e] / static_cast<double>(per));
-  a.aux = c.aux_coef * aux / static_cast<double>(G);
+  std::vector<double> w(G * E);  // aux_coef / G * E * f[g, e] / per (the mean of the sums)
+  for (int64_t i = 0; i < G * E; ++i)
+    w[i] = c.aux_coef / static_cast<double>(G) * static_cast<double>(E) *
+           (a.assigned[i] / static_cast<double>(per * k)) / static_cast<double>(per);
+  Tensor sums = cols.view({1, G * E});
+  if (R != DType::f64) {  // the dot product in f64, as the loss it joins
+    sums = Tensor::empty({1, G * E}, DType::f64, dev);
+    ops::cast(sums, cols.view({1, G * E}));
+  }
+  Tensor aux = Tensor::empty({1}, DType::f64, dev);
+  ops::row_dot(aux, sums, Tensor::from_vector(w, {1, G * E}, DType::f64).to(dev));
+  a.aux = Scalar(aux);
 }
 
 void MoE::backward(Tensor& dx_out, const Tensor& dout, const MoEActivations& a,

@@ -32,6 +32,7 @@
 
 #include "common/model_config.hpp"
 #include "common/nn/parameter.hpp"
+#include "common/scalar.hpp"
 
 namespace scalelab::nn {
 
@@ -68,7 +69,9 @@ struct MoEActivations {
   std::vector<int64_t> rows_per_expert;  ///< (E) rows of each expert in the dispatched layout
   int64_t capacity = 0;  ///< per group and expert
   int64_t dropped = 0;   ///< pairs dropped (over the capacity)
-  double aux = 0;        ///< the balancing loss, coefficient included
+  /// The balancing loss, coefficient included, on the layer's device (a host read waits for
+  /// the queue: it is read with the loss it joins, when someone prints that).
+  Scalar aux;
   /// Frees everything.
   void reset() { *this = MoEActivations{}; }
   /// Bytes of the tensors held (the memory tables).
