@@ -315,6 +315,25 @@ function(scalelab_add_planted_run name exe)
                        ENVIRONMENT "${SCALELAB_MPI_TEST_ENV};SCALELAB_PLANT=${P_PLANT}")
 endfunction()
 
+# scalelab_add_sim_plant(<NN> <cheat> RANKS <k> FILTER <gtest filter> TEST <Suite.Test>
+#                        STOP host_read|mixed|<regex>)
+# A planted cheat that is right on the host and that the run of TEST on the simulated GPU stops
+# (tests/support/on_sim.hpp: collective_run_on_sim ends the job, a verdict "error"): ctest
+# labNN.planted.<cheat>.np<k>, on test_labNN_planted. STOP: host_read, a loop through data<T>()
+# ("host code reached the elements of ..."); mixed, an op given host and sim tensors; else the
+# regex of the stop's line after "on the simulated GPU (--device sim): ".
+function(scalelab_add_sim_plant nn cheat)
+  cmake_parse_arguments(S "" "RANKS;FILTER;TEST;STOP" "" ${ARGN})
+  if(S_STOP STREQUAL "host_read")
+    set(S_STOP ".*host code reached the elements of .* sim through data<T>.., outside an op")
+  elseif(S_STOP STREQUAL "mixed")
+    set(S_STOP ".*(cpu.* sim|sim.* cpu)")
+  endif()
+  scalelab_add_planted_run(lab${nn}.planted.${cheat}.np${S_RANKS} test_lab${nn}_planted
+      RANKS ${S_RANKS} FILTER ${S_FILTER} PLANT ${cheat} LAB ${nn} EXCEPTION
+      REGEX "${S_TEST} on rank [0-9]: on the simulated GPU .--device sim.: ${S_STOP}")
+endfunction()
+
 # scalelab_add_planted_submissions(<NN> [PLANTS <file.plant>]
 #                                  CASES "<cheat>:<step>:<ranks>:<regex>" ...)
 # Planted submissions: a copy of the lab's reference (solutions/NN_name/<name>.cpp) with the

@@ -41,7 +41,6 @@ scalelab_add_planted_submissions(06
 # q (the run there ends the job at the first kernel given both: a verdict "error",
 # tests/support/on_sim.hpp).
 if(SCALELAB_BUILD_TESTS)
-  scalelab_add_planted_run(lab06.planted.recompute_on_host.np1 test_lab06_planted RANKS 1
-      FILTER Step3* PLANT recompute_on_host LAB 06 EXCEPTION
-      REGEX "Step3_Policies.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: on the simulated GPU .--device sim.: .*batched_matmul: tensors on sim and cpu")
+  scalelab_add_sim_plant(06 recompute_on_host RANKS 1 FILTER Step3*
+      TEST Step3_Policies.RunsOnTheSimulatedGpuAsOnTheHost STOP ".*batched_matmul: tensors on sim and cpu")
 endif()

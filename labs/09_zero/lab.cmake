@@ -109,15 +109,12 @@ if(SCALELAB_BUILD_TESTS)
   # the shard copied out by a loop through data<T>() (step 2), a shard added to by one (step 3),
   # the bf16 cast for the all-gather made on the host (step 4). The run on the simulated GPU
   # stops the rank at its first such line and ends the job with it (a verdict "error").
-  scalelab_add_planted_run(lab09.planted.shard_copy_loop.np2 test_lab09_planted RANKS 2
-      FILTER Step2* PLANT shard_copy_loop LAB 09 EXCEPTION
-      REGEX "Step2_Zero1.RunsOnTheSimulatedGpuAsOnTheHost on rank [0-9]: on the simulated GPU .--device sim.: .*host code reached the elements of .* f32 sim through data<T>.., outside an op")
-  scalelab_add_planted_run(lab09.planted.shard_add_loop.np2 test_lab09_planted RANKS 2
-      FILTER Step3* PLANT shard_add_loop LAB 09 EXCEPTION
-      REGEX "Step3_Zero2.RunsOnTheSimulatedGpuAsOnTheHost on rank [0-9]: on the simulated GPU .--device sim.: .*host code reached the elements of .* f32 sim through data<T>.., outside an op")
-  scalelab_add_planted_run(lab09.planted.bf16_send_on_host.np2 test_lab09_planted RANKS 2
-      FILTER Step4* PLANT bf16_send_on_host LAB 09 EXCEPTION
-      REGEX "Step4_Zero3.RunsOnTheSimulatedGpuAsOnTheHost on rank [0-9]: on the simulated GPU .--device sim.: .* cpu.* sim")
+  scalelab_add_sim_plant(09 shard_copy_loop RANKS 2 FILTER Step2*
+      TEST Step2_Zero1.RunsOnTheSimulatedGpuAsOnTheHost STOP host_read)
+  scalelab_add_sim_plant(09 shard_add_loop RANKS 2 FILTER Step3*
+      TEST Step3_Zero2.RunsOnTheSimulatedGpuAsOnTheHost STOP host_read)
+  scalelab_add_sim_plant(09 bf16_send_on_host RANKS 2 FILTER Step4*
+      TEST Step4_Zero3.RunsOnTheSimulatedGpuAsOnTheHost STOP mixed)
 endif()
 # The program with only the core written (cmake/plant_steps.cmake: ZeRO-3 and the formulas,
 # steps 4 and 5, throw their starter's NotImplemented): ZeRO-1 trains beside the twin, and --table

@@ -90,9 +90,8 @@ if(SCALELAB_BUILD_TESTS)
                "heads_output_on_host|4|Step4_Model|flash_attention_forward")
     string(REPLACE "|" ";" case "${case}")
     list(POP_FRONT case plant step suite op)
-    scalelab_add_planted_run(lab11.planted.${plant}.np2 test_lab11_planted RANKS 2
-        FILTER Step${step}* PLANT ${plant} LAB 11 EXCEPTION
-        REGEX "${suite}.RunsOnTheSimulatedGpuAsOnTheHost on rank [0-9]: on the simulated GPU .--device sim.: .*${op}.* (cpu.* sim|sim.* cpu)")
+    scalelab_add_sim_plant(11 ${plant} RANKS 2 FILTER Step${step}*
+        TEST ${suite}.RunsOnTheSimulatedGpuAsOnTheHost STOP ".*${op}.* (cpu.* sim|sim.* cpu)")
   endforeach()
   # upcast_kv in step 3 (step 2's entry is a CASE above): the backward's bf16 bytes
   scalelab_add_planted_run(lab11.planted.upcast_kv.step3.np2 test_lab11_planted RANKS 2

@@ -238,18 +238,14 @@ TEST(Step1_Accumulate, RunsOnTheSimulatedGpuAsOnTheHost) {
   nn::GPT host(kLab.config(), {.seed = kSeed});
   nn::GPT sim(kLab.config(), {.device = Device::sim(), .seed = kSeed});
   const double want = lab05::accumulate_gradients(host, b, 4);
-  try {
+  std::string same;
+  const std::string stopped = labtest::runs_on_sim([&] {
     const double got = lab05::accumulate_gradients(sim, b, 4);
-    const train::Diff d =
-        train::compare(sim.params().grads().to(Device::cpu()), host.params().grads());
-    if (got != want || !d.bitwise)
-      LABTEST_FAIL() << "accum 4 on the simulated GPU: loss " << got << " (host " << want
-                     << "), gradients " << d.str() << ": the same kernels run, so the numbers "
-                     << "should be the host's bit for bit";
-  } catch (const CheckFailed& e) {
-    LABTEST_FAIL() << "on the simulated GPU (--device sim), the model there and the batch on "
-                   << "the host: " << e.what();
-  }
+    same = labtest::step_same_on_sim("accum 4: ", want, got, "the gradients",
+                                     host.params().grads(), sim.params().grads());
+  });
+  const std::string all = labtest::joined({stopped, same});
+  if (!all.empty()) LABTEST_FAIL() << all;
   EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
