@@ -46,6 +46,16 @@ constexpr int kMessageBytes = 1024;
 std::string g_current_test;   // for reports of exceptions that escape a test
 std::string g_first_failure;  // "Suite.Test on rank r: message", empty while all passed
 
+// Writes `line` to stdout in one write, after what is buffered before it. The launcher merges the
+// ranks' output as it arrives: a line that left in two pieces (the buffer filled mid-line) could
+// get another rank's line between them, and the grader would not find the verdict (seen once in
+// CI: "verdict: failed: Step3_Finish.GradientsEqualSingleD[scalelab] rank 1 failed a check ...").
+void say_whole(const std::string& line) {
+  std::fflush(stdout);
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fflush(stdout);
+}
+
 // "failed on another rank", "another rank failed" and the like: a collective check's echo on a
 // rank that passed it. A rank's own cause rarely says so; when every failing rank's message does,
 // the first is shown anyway.
@@ -121,9 +131,8 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
     // Said at once, every rank: a rank whose check failed may leave the others waiting in a
     // collective (a failed ASSERT returns), and the gather at the test's end then never comes;
     // tools/grade puts this line before the watchdog's report.
-    fmt::print("[scalelab] rank {} failed a check in {}: {}\n", scalelab::world_rank(),
-               g_current_test, one_line(first_message_));
-    std::fflush(stdout);
+    say_whole(fmt::format("[scalelab] rank {} failed a check in {}: {}\n", scalelab::world_rank(),
+                          g_current_test, one_line(first_message_)));
   }
 
   // Every rank reaches here once per test, in the same order: gather the verdicts to rank 0.
@@ -267,11 +276,10 @@ int main(int argc, char** argv) {
   int any_failed = 0;
   MPI_Allreduce(&local_failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (scalelab::world_rank() == 0) {
-    if (any_failed)
-      fmt::print("[scalelab] verdict: failed: {}\n",
-                 one_line(g_first_failure.empty() ? "see above" : g_first_failure));
-    else
-      fmt::print("[scalelab] verdict: passed\n");
+    say_whole(any_failed ? fmt::format("[scalelab] verdict: failed: {}\n",
+                                       one_line(g_first_failure.empty() ? "see above"
+                                                                        : g_first_failure))
+                         : std::string("[scalelab] verdict: passed\n"));
   }
   scalelab::exit_all(any_failed ? scalelab::kExitFailed : scalelab::kExitOk);
 }
