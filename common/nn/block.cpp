@@ -89,8 +89,9 @@ Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivatio
   const Mappings& m = mappings ? *mappings : Mappings::single_device();
   const DType dt = x.dtype();
   const Device dev = x.device();
-  // second residual: dres2 = dout + (through ln2 and the MLP)
-  Tensor dres2 = dout.clone();
+  // second residual: dres2 = dout + (through ln2 and the MLP); ln2's backward adds the two, so
+  // dres2 is set there, not copied from dout first
+  Tensor dres2 = Tensor::empty(dout.shape(), dt, dev);
   {
     const Tensor dmlp = as_batch(m.leave_backward(dout), seq_len);  // g's backward: the same
     const Tensor in = as_batch(m.enter(a.ln2), seq_len);  // sequence parallel: gathered again
@@ -104,18 +105,18 @@ Tensor Block::backward(const Tensor& dout, const Tensor& x, const BlockActivatio
       mlp.backward(dln2, dmlp, in, a.mlp, hook, InputGrad::set);
     }
     const Tensor dln2_rows = m.enter_backward(dln2).view(x.shape());  // f's backward: the sum
-    m.layernorm_backward(ln2, dres2, dln2_rows, a.res2, a.ln2_mean, a.ln2_rstd);
+    m.layernorm_backward(ln2, dres2, dln2_rows, a.res2, a.ln2_mean, a.ln2_rstd, dout);
     if (hook && *hook) (*hook)(ln2.parameters());
   }
-  // first residual: dx = dres2 + (through ln1 and attention)
-  Tensor dx = dres2.clone();
+  // first residual: dx = dres2 + (through ln1 and attention), set by ln1's backward
+  Tensor dx = Tensor::empty(dres2.shape(), dt, dev);
   {
     const Tensor dattn = as_batch(m.leave_backward(dres2), seq_len);
     const Tensor in = as_batch(m.enter(a.ln1), seq_len);
     Tensor dln1 = Tensor::empty(in.shape(), dt, dev);  // set by attention's backward
     attn.backward(dln1, dattn, in, a.attn, hook, &m, InputGrad::set);
     const Tensor dln1_rows = m.enter_backward(dln1).view(x.shape());
-    m.layernorm_backward(ln1, dx, dln1_rows, x, a.ln1_mean, a.ln1_rstd);
+    m.layernorm_backward(ln1, dx, dln1_rows, x, a.ln1_mean, a.ln1_rstd, dres2);
     if (hook && *hook) (*hook)(ln1.parameters());
   }
   return dx;

@@ -240,7 +240,7 @@ Tensor GPT::head_backward(GPTActivations& acts, double loss_scale) {
   // f's backward: every rank's vocabulary columns contribute to dlnf (or the reduce-scatter)
   const Tensor dlnf_rows = (parallel ? mappings().enter_backward(dlnf) : dlnf).view(h.x.shape());
   Tensor dx = Tensor::zeros(h.x.shape(), dt, dev);
-  mappings().layernorm_backward(*ln_f, dx, dlnf_rows, h.x, h.lnf_mean, h.lnf_rstd);
+  mappings().layernorm_backward(*ln_f, dx, dlnf_rows, h.x, h.lnf_mean, h.lnf_rstd, Tensor());
   fire(ln_f->parameters());
   h.reset();
   if (policy_) policy_->after_unit_backward(*this, head_unit());  // e.g. ZeRO-2: reduce it

@@ -26,9 +26,9 @@ void LayerNorm::forward_residual(Tensor& res_out, Tensor& out, Tensor& mean, Ten
 }
 
 void LayerNorm::backward(Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean,
-                         const Tensor& rstd) {
+                         const Tensor& rstd, const Tensor& dresidual) {
   ops::layernorm_backward(din, weight.grad, bias.grad, dout, in, weight.compute_value(), mean,
-                          rstd);
+                          rstd, dresidual);
 }
 
 }  // namespace scalelab::nn

@@ -21,9 +21,11 @@ class LayerNorm {
   /// ops::add then forward. Backward is unchanged (on res_out).
   void forward_residual(Tensor& res_out, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
                         const Tensor& residual) const;
-  /// din += ..., dweight += ..., dbias += ... from dout (N, C)
+  /// din += ..., dweight += ..., dbias += ... from dout (N, C). Given the residual's gradient
+  /// (`dresidual`, (N, C)), din = dresidual + ... instead: a block's skip path added in the same
+  /// pass (ops::layernorm_backward).
   void backward(Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean,
-                const Tensor& rstd);
+                const Tensor& rstd, const Tensor& dresidual = Tensor());
   /// weight, then bias.
   std::vector<Parameter*> parameters() { return {&weight, &bias}; }
   Parameter weight;   ///< the per-feature scale

@@ -11,9 +11,9 @@
 namespace scalelab::nn {
 
 void Mappings::layernorm_backward(LayerNorm& ln, Tensor& din, const Tensor& dout,
-                                  const Tensor& in, const Tensor& mean,
-                                  const Tensor& rstd) const {
-  ln.backward(din, dout, in, mean, rstd);
+                                  const Tensor& in, const Tensor& mean, const Tensor& rstd,
+                                  const Tensor& dresidual) const {
+  ln.backward(din, dout, in, mean, rstd, dresidual);
 }
 
 Tensor Mappings::experts_forward(const MoE& moe, const Tensor& xd,

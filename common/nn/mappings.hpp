@@ -47,10 +47,12 @@ class Mappings {
   virtual Tensor leave(const Tensor& y) const { return y; }
   /// ... backward: this rank's rows of the output's gradient -> the full gradient.
   virtual Tensor leave_backward(const Tensor& dy) const { return dy; }
-  /// LayerNorm's backward on this rank's rows: din +=, ln's gradients +=. Sequence parallel: the
-  /// weight gradients of this rank's rows are partial sums, to be summed over the ranks.
+  /// LayerNorm's backward on this rank's rows: din +=, ln's gradients +=; given the residual's
+  /// gradient (defined), din = dresidual + ... instead (LayerNorm::backward). Sequence parallel:
+  /// the weight gradients of this rank's rows are partial sums, to be summed over the ranks.
   virtual void layernorm_backward(LayerNorm& ln, Tensor& din, const Tensor& dout,
-                                  const Tensor& in, const Tensor& mean, const Tensor& rstd) const;
+                                  const Tensor& in, const Tensor& mean, const Tensor& rstd,
+                                  const Tensor& dresidual) const;
 
   // ---- the attention core ----
   /// True when attention's core is the mappings' own (attention_forward/backward below) even if

@@ -47,19 +47,21 @@ namespace scalelab::ops::cuda {
 /// bf16, misaligned, no algorithm): the caller then runs the unfused ops.
 bool linear_epilogue(Tensor& out, Tensor* pre_gelu, const Tensor& in, const Tensor& weight,
                      const Tensor& bias);
+/// Both LayerNorm versions below set din = base + the input gradient, as the backends'
+/// layernorm_backward does (base: din itself, or the residual's gradient).
 /// CUDA only (layernorm_backward_v2_cuda.cu): layernorm_backward from one read of x and dout (its
 /// version 2; the trial kernel "layernorm_backward_v2"). Returns false, having done nothing,
 /// where one warp's column sums do not fit a block's shared memory: version 1 then runs.
 bool layernorm_backward_v2(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                            const Tensor& in, const Tensor& weight, const Tensor& mean,
-                           const Tensor& rstd);
+                           const Tensor& rstd, const Tensor& base);
 /// CUDA only (layernorm_backward_v3_cuda.cu): layernorm_backward from one read, each lane's column
 /// sums in registers (its version 3; the trial kernel "layernorm_backward_v3"). Returns false,
 /// having done nothing, unless the data is bf16 with C a multiple of 256 up to 1024 and 16-byte
 /// aligned rows: version 1 then runs.
 bool layernorm_backward_v3(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                            const Tensor& in, const Tensor& weight, const Tensor& mean,
-                           const Tensor& rstd);
+                           const Tensor& rstd, const Tensor& base);
 /// CUDA only (bias_backward_v2_cuda.cu): dbias += the column sums of dout with 16-byte loads and
 /// each lane's sums in registers (bias_backward's version 2; the trial kernel
 /// "bias_backward_v2"). Returns false, having done nothing, unless dout is contiguous bf16 with C

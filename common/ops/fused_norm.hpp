@@ -10,8 +10,8 @@
 /// launches one kernel instead of two. Both outputs are kept: res is the next residual stream,
 /// ln the next sub-layer's input.
 ///
-/// How a block calls it (common/nn integrates it; the backward is unchanged: layernorm_backward
-/// on res, then the residual gradient adds as before):
+/// How a block calls it (common/nn integrates it; the backward is layernorm_backward on res,
+/// given the residual's gradient so that it sets din = dresidual + ... in the same pass):
 ///
 ///     ops::residual_layernorm_forward(acts.res2, acts.ln2, acts.ln2_mean, acts.ln2_rstd,
 ///                                     attn_out, x, ln2.weight, ln2.bias);

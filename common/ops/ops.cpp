@@ -185,8 +185,12 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 
 void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                         const Tensor& in, const Tensor& weight, const Tensor& mean,
-                        const Tensor& rstd) {
+                        const Tensor& rstd, const Tensor& dresidual) {
   Device d = check_same("layernorm_backward", din, dout, in, weight);
+  if (dresidual.defined()) {  // din = dresidual + ...: the same rows, device and dtype as din
+    check_same("layernorm_backward", din, dresidual);
+    check_shape("layernorm_backward", "dresidual", dresidual, in.shape());
+  }
   check_placed("layernorm_backward", in, dweight, dbias, mean, rstd);
   check_data_or_f32("layernorm_backward", "dweight", dweight, in.dtype());
   SCALELAB_CHECK(dbias.dtype() == dweight.dtype(), "layernorm_backward: dweight {}, dbias {}",
@@ -201,7 +205,10 @@ void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tenso
   check_shape("layernorm_backward", "mean", mean, {N});
   check_shape("layernorm_backward", "rstd", rstd, {N});
   count_layernorm_rows(N);
-  SCALELAB_DISPATCH(d, layernorm_backward(din, dweight, dbias, dout, in, weight, mean, rstd));
+  // without a residual gradient din is its own base: din += ...
+  const Tensor& base = dresidual.defined() ? dresidual : din;
+  SCALELAB_DISPATCH(d, layernorm_backward(din, dweight, dbias, dout, in, weight, mean, rstd,
+                                          base));
 }
 
 void softmax_forward(Tensor& out, const Tensor& in) {

@@ -84,10 +84,13 @@ void gelu_backward(Tensor& din, const Tensor& in, const Tensor& dout);
 /// Per row of in (N, C): out = (in - mean) * rstd * weight + bias; saves mean (N), rstd (N).
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in,
                        const Tensor& weight, const Tensor& bias, double eps = 1e-5);
-/// Accumulates din (N, C), dweight (C), dbias (C) from dout (N, C).
+/// Accumulates din (N, C), dweight (C), dbias (C) from dout (N, C). With `dresidual` (N, C, the
+/// data dtype) din is set instead: din = dresidual + the input gradient. That is the backward of
+/// a residual stream entering the LayerNorm (res -> LayerNorm and res -> the skip path): the
+/// skip path's gradient is added in the same pass, with no copy of it into din first.
 void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                         const Tensor& in, const Tensor& weight, const Tensor& mean,
-                        const Tensor& rstd);
+                        const Tensor& rstd, const Tensor& dresidual = Tensor());
 /// Row-wise softmax of in (N, C) (sets out).
 void softmax_forward(Tensor& out, const Tensor& in);
 

@@ -227,11 +227,13 @@ Tensor scatter_sequence(const Tensor& y_partial, comm::Communicator& tp);
 /// ... backward, all-gather the rows' gradients dy_sp (N/tp, C) into the whole (N, C) gradient.
 Tensor scatter_sequence_backward(const Tensor& dy_sp, comm::Communicator& tp);
 
-/// Given. LayerNorm backward on this rank's token rows: din += the input gradient of the rows;
-/// the weight and bias gradients, partial sums over the ranks' rows, are computed apart,
-/// all-reduced over `tp` (2 all-reduces of C) and then added to ln's gradients (they accumulate).
+/// Given. LayerNorm backward on this rank's token rows: din += the input gradient of the rows
+/// (din = dresidual + ... when the residual's gradient is given); the weight and bias gradients,
+/// partial sums over the ranks' rows, are computed apart, all-reduced over `tp` (2 all-reduces
+/// of C) and then added to ln's gradients (they accumulate).
 void layernorm_backward_rows(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
-                             const Tensor& mean, const Tensor& rstd, comm::Communicator& tp);
+                             const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
+                             comm::Communicator& tp);
 
 /// The same model with sequence parallelism: between the regions every rank keeps only its
 /// N/tp token rows (LayerNorm, bias, residual, the blocks' inputs); nn::Block and nn::GPT run
@@ -259,7 +261,8 @@ class SequenceParallel : public TensorParallel {
   /// Given: layernorm_backward_rows (LayerNorm weights see only our rows: their gradients are
   /// all-reduced, 2 vectors of C per LayerNorm).
   void layernorm_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
-                          const Tensor& mean, const Tensor& rstd) const override;
+                          const Tensor& mean, const Tensor& rstd,
+                          const Tensor& dresidual) const override;
 };
 
 // ---- The tensor-parallel GPT (given: the wiring of the steps above) ---------------------------

@@ -65,11 +65,12 @@ void TensorParallel::cross_entropy_backward(Tensor& probs, const Tensor& targets
 // LayerNorm backward on this rank's rows, whose weight and bias gradients are partial sums over
 // the ranks' rows: computed apart, all-reduced, then added (the gradients accumulate).
 void layernorm_backward_rows(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
-                             const Tensor& mean, const Tensor& rstd, comm::Communicator& tp) {
+                             const Tensor& mean, const Tensor& rstd, const Tensor& dresidual,
+                             comm::Communicator& tp) {
   // in the gradients' dtype (fp32 also in mixed precision: ops rule R6)
   Tensor dw = Tensor::zeros(ln.weight.grad.shape(), ln.weight.grad.dtype(), din.device());
   Tensor db = Tensor::zeros(ln.bias.grad.shape(), ln.bias.grad.dtype(), din.device());
-  ops::layernorm_backward(din, dw, db, dout, in, ln.weight.compute_value(), mean, rstd);
+  ops::layernorm_backward(din, dw, db, dout, in, ln.weight.compute_value(), mean, rstd, dresidual);
   tp.all_reduce(dw);
   tp.all_reduce(db);
   ops::add(ln.weight.grad, ln.weight.grad, dw);
@@ -91,8 +92,8 @@ Tensor SequenceParallel::split_rows_backward(const Tensor& dx) const {
 
 void SequenceParallel::layernorm_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout,
                                           const Tensor& in, const Tensor& mean,
-                                          const Tensor& rstd) const {
-  layernorm_backward_rows(ln, din, dout, in, mean, rstd, tp_);
+                                          const Tensor& rstd, const Tensor& dresidual) const {
+  layernorm_backward_rows(ln, din, dout, in, mean, rstd, dresidual, tp_);
 }
 
 // ---- the model ----------------------------------------------------------------------------------

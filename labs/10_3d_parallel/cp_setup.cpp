@@ -43,8 +43,9 @@ class ContextOverRegions final : public nn::Mappings {
   Tensor leave(const Tensor& y) const override { return r().leave(y); }
   Tensor leave_backward(const Tensor& dy) const override { return r().leave_backward(dy); }
   void layernorm_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
-                          const Tensor& mean, const Tensor& rstd) const override {
-    r().layernorm_backward(ln, din, dout, in, mean, rstd);
+                          const Tensor& mean, const Tensor& rstd,
+                          const Tensor& dresidual) const override {
+    r().layernorm_backward(ln, din, dout, in, mean, rstd, dresidual);
   }
 
   bool replaces_attention() const override { return true; }

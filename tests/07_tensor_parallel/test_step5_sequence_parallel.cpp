@@ -177,8 +177,9 @@ struct PlantedSequenceParallel : nn::Mappings {
     return planted_gather(dy.view({-1, dy.size(-1)}));
   }
   void layernorm_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
-                          const Tensor& mean, const Tensor& rstd) const override {
-    lab07::layernorm_backward_rows(ln, din, dout, in, mean, rstd, group());  // given
+                          const Tensor& mean, const Tensor& rstd,
+                          const Tensor& dresidual) const override {
+    lab07::layernorm_backward_rows(ln, din, dout, in, mean, rstd, dresidual, group());  // given
   }
 };
 
@@ -219,8 +220,9 @@ struct OwnSequenceParallel : lab07::TensorParallel {
   }
   Tensor split_rows_backward(const Tensor& dx) const override { return planted_gather(dx); }
   void layernorm_backward(nn::LayerNorm& ln, Tensor& din, const Tensor& dout, const Tensor& in,
-                          const Tensor& mean, const Tensor& rstd) const override {
-    base.layernorm_backward(ln, din, dout, in, mean, rstd);
+                          const Tensor& mean, const Tensor& rstd,
+                          const Tensor& dresidual) const override {
+    base.layernorm_backward(ln, din, dout, in, mean, rstd, dresidual);
   }
 };
 

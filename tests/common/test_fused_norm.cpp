@@ -1,7 +1,9 @@
 // The fused residual + LayerNorm (common/ops/fused_norm.hpp) on the host against ops::add then
 // ops::layernorm_forward. Tolerance: bitwise, for f32, f64 and bf16 (the fused kernel stores the
 // sum rounded to the data type and normalises those stored values in the same order as
-// layernorm_forward: the same operations, so the same bits).
+// layernorm_forward: the same operations, so the same bits). Its backward: layernorm_backward
+// given the residual's gradient (din = dresidual + ...) against a copy of it into din, then
+// din += ...: bitwise too (one addition onto the same value).
 #include <gtest/gtest.h>
 
 #include "common/ops/fused_norm.hpp"
@@ -53,4 +55,58 @@ TEST(FusedNorm, ChecksShapesAndDtypes) {
   EXPECT_THROW(ops::residual_layernorm_forward(res, ln, mean64, rstd, x, r, w, b), CheckFailed);
   EXPECT_THROW(ops::residual_layernorm_forward(res, ln, mean, rstd, x, r_short, w, b), CheckFailed);
   EXPECT_NO_THROW(ops::residual_layernorm_forward(res, ln, mean, rstd, x, r, w, b));
+}
+
+namespace {
+// layernorm_backward into the residual's gradient against copy-then-accumulate, on `d` (the host,
+// or the simulated GPU: the same kernels, behind the device's door).
+void check_backward(DType dt, DType grad_dt, Device d) {
+  const DType stat = dt == DType::f64 ? DType::f64 : DType::f32;
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {12, 768}}) {
+    const Tensor x = rnd({N, C}, 1, dt).to(d), w = rnd({C}, 3, dt, 0.5, 1.5).to(d),
+                 b = rnd({C}, 4, dt, -0.5, 0.5).to(d), dout = rnd({N, C}, 5, dt).to(d),
+                 dres = rnd({N, C}, 6, dt, -10, 10).to(d);
+    Tensor ln = Tensor::empty({N, C}, dt, d), mean = Tensor::empty({N}, stat, d),
+           rstd = Tensor::empty({N}, stat, d);
+    ops::layernorm_forward(ln, mean, rstd, x, w, b);
+    const auto grads = [&] {
+      return std::vector<Tensor>{rnd({C}, 7, grad_dt).to(d), rnd({C}, 8, grad_dt).to(d)};
+    };
+    std::vector<Tensor> into = grads(), added = grads();
+    Tensor din = rnd({N, C}, 9, dt, 100, 200).to(d);  // overwritten: no 100..200 survives
+    ops::layernorm_backward(din, into[0], into[1], dout, x, w, mean, rstd, dres);
+    Tensor din_ref = dres.clone();
+    ops::layernorm_backward(din_ref, added[0], added[1], dout, x, w, mean, rstd);
+    const std::string what = std::string(dtype_name(dt)) + " data, " + dtype_name(grad_dt) +
+                             " gradients on " + d.str() + ", N " + std::to_string(N) + " C " +
+                             std::to_string(C);
+    const auto host = [](const Tensor& t) { return t.to(Device::cpu()).to_vector(); };
+    EXPECT_EQ(host(din), host(din_ref)) << what << " din";
+    EXPECT_EQ(host(into[0]), host(added[0])) << what << " dweight";
+    EXPECT_EQ(host(into[1]), host(added[1])) << what << " dbias";
+    EXPECT_EQ(host(dres), host(rnd({N, C}, 6, dt, -10, 10))) << what << " dresidual was written to";
+  }
+}
+}  // namespace
+
+TEST(FusedNorm, LayerNormBackwardIntoTheResidualGradientIsCopyThenAdd) {
+  for (const Device d : {Device::cpu(), Device::sim()}) {
+    check_backward(DType::f64, DType::f64, d);
+    check_backward(DType::f32, DType::f32, d);
+    check_backward(DType::bf16, DType::bf16, d);
+    check_backward(DType::bf16, DType::f32, d);  // mixed precision: fp32 gradients
+  }
+}
+
+TEST(FusedNorm, LayerNormBackwardChecksTheResidualGradient) {
+  Tensor x = Tensor::zeros({4, 8}), w = Tensor::zeros({8}), dout = Tensor::zeros({4, 8});
+  Tensor din = Tensor::zeros({4, 8}), dw = Tensor::zeros({8}), db = Tensor::zeros({8});
+  Tensor mean = Tensor::zeros({4}), rstd = Tensor::zeros({4});
+  const Tensor short_rows = Tensor::zeros({3, 8}), f64 = Tensor::zeros({4, 8}, DType::f64),
+               on_sim = Tensor::zeros({4, 8}, DType::f32, Device::sim());
+  EXPECT_THROW(ops::layernorm_backward(din, dw, db, dout, x, w, mean, rstd, short_rows),
+               CheckFailed);
+  EXPECT_THROW(ops::layernorm_backward(din, dw, db, dout, x, w, mean, rstd, f64), CheckFailed);
+  EXPECT_THROW(ops::layernorm_backward(din, dw, db, dout, x, w, mean, rstd, on_sim), CheckFailed);
+  EXPECT_NO_THROW(ops::layernorm_backward(din, dw, db, dout, x, w, mean, rstd, dout));
 }

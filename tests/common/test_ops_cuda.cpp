@@ -54,8 +54,10 @@ struct LayerNormGrads {
 // LayerNorm's forward, then its backward into gradients that already hold values (it adds), for
 // N rows of C of `dt` on `d`, from the same drawn inputs on every device. With `v2` the backward
 // is version 2 itself (ops::cuda::layernorm_backward_v2) and *v2 says whether it took the rows
-// (when not, it did nothing).
-LayerNormGrads layernorm_grads(int64_t N, int64_t C, DType dt, Device d, bool* v2 = nullptr) {
+// (when not, it did nothing). With `residual` din starts as other numbers and the values it
+// would have held come as the residual's gradient (din = dresidual + ...): the same bits.
+LayerNormGrads layernorm_grads(int64_t N, int64_t C, DType dt, Device d, bool* v2 = nullptr,
+                               bool residual = false) {
   const auto draw = [&](std::vector<int64_t> shape, uint64_t seed, double lo = -1, double hi = 1) {
     return uniform(std::move(shape), seed, dt, lo, hi).to(d);
   };
@@ -64,20 +66,22 @@ LayerNormGrads layernorm_grads(int64_t N, int64_t C, DType dt, Device d, bool* v
   Tensor out = Tensor::empty({N, C}, dt, d), mean = Tensor::empty({N}, dt, d),
          rstd = Tensor::empty({N}, dt, d);  // f32 data: f32 statistics; f64: f64
   ops::layernorm_forward(out, mean, rstd, x, w, b);
-  LayerNormGrads g{draw({N, C}, 18), draw({C}, 19), draw({C}, 20)};
+  LayerNormGrads g{draw({N, C}, residual ? 21 : 18), draw({C}, 19), draw({C}, 20)};
+  const Tensor dres = residual ? draw({N, C}, 18) : Tensor();
   if (!v2) {
-    ops::layernorm_backward(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd);
+    ops::layernorm_backward(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd, dres);
     return g;
   }
-  *v2 = ops::cuda::layernorm_backward_v2(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd);
+  *v2 = ops::cuda::layernorm_backward_v2(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd,
+                                         residual ? dres : g.din);
   return g;
 }
 
 // The same for bf16 data as lab 02 runs it: f32 statistics, parameter gradients of grad_dt. With
 // `v3` the backward is version 3 itself (ops::cuda::layernorm_backward_v3) and *v3 says whether
-// it took the rows.
+// it took the rows; `residual` as above.
 LayerNormGrads layernorm_grads_bf16(int64_t N, int64_t C, DType grad_dt, Device d,
-                                    bool* v3 = nullptr) {
+                                    bool* v3 = nullptr, bool residual = false) {
   const auto draw = [&](std::vector<int64_t> shape, uint64_t seed, DType dt, double lo = -1,
                         double hi = 1) {
     return uniform(std::move(shape), seed, dt, lo, hi).to(d);
@@ -88,9 +92,12 @@ LayerNormGrads layernorm_grads_bf16(int64_t N, int64_t C, DType grad_dt, Device 
   Tensor out = Tensor::empty({N, C}, bf, d), mean = Tensor::empty({N}, DType::f32, d),
          rstd = Tensor::empty({N}, DType::f32, d);
   ops::layernorm_forward(out, mean, rstd, x, w, b);
-  LayerNormGrads g{draw({N, C}, 18, bf), draw({C}, 19, grad_dt), draw({C}, 20, grad_dt)};
-  if (!v3) ops::layernorm_backward(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd);
-  else *v3 = ops::cuda::layernorm_backward_v3(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd);
+  LayerNormGrads g{draw({N, C}, residual ? 21 : 18, bf), draw({C}, 19, grad_dt),
+                   draw({C}, 20, grad_dt)};
+  const Tensor dres = residual ? draw({N, C}, 18, bf) : Tensor();
+  if (!v3) ops::layernorm_backward(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd, dres);
+  else *v3 = ops::cuda::layernorm_backward_v3(g.din, g.dweight, g.dbias, dout, x, w, mean, rstd,
+                                              residual ? dres : g.din);
   return g;
 }
 
@@ -219,6 +226,39 @@ TEST_F(CudaOps, LayerNormBackwardVersion3) {
     const double drift = k.grad == DType::f32 ? 2e-7 * k.N : 0;
     expect_layernorm_grads(dev, host, v3, ran, two_steps, tol, drift, what + " (version 3)");
   }
+}
+
+// The residual's gradient given to LayerNorm's backward (din = dresidual + ..., how a block's
+// backward adds its skip path without copying it into din first) gives the bits of the
+// accumulating form (din held those values: din += ...), in each version: 1 (every op's first),
+// 2 and 3 (on trial), at shapes each takes, with the direct calls of versions 2 and 3 given
+// the residual too; and on the host.
+TEST_F(CudaOps, LayerNormBackwardIntoTheResidualGradient) {
+  const auto same = [](const LayerNormGrads& into, const LayerNormGrads& added,
+                       const std::string& what) {
+    expect_same_bits(into.din, added.din, what + " dx");
+    expect_same_bits(into.dweight, added.dweight, what + " dweight");
+    expect_same_bits(into.dbias, added.dbias, what + " dbias");
+  };
+  for (const Device d : {Device::cpu(), gpu}) {
+    for (const char* version : {"none", "layernorm_backward_v2", "layernorm_backward_v3"}) {
+      const TrialKernels trial(version);
+      const std::string what = std::string(version) + " on " + d.str();
+      same(layernorm_grads(33, 70, DType::f32, d, nullptr, true),
+           layernorm_grads(33, 70, DType::f32, d), what + ", f32 33 x 70");
+      same(layernorm_grads(5, 40, DType::f64, d, nullptr, true),
+           layernorm_grads(5, 40, DType::f64, d), what + ", f64 5 x 40");
+      same(layernorm_grads_bf16(700, 768, DType::f32, d, nullptr, true),
+           layernorm_grads_bf16(700, 768, DType::f32, d), what + ", bf16 700 x 768");
+    }
+  }
+  bool ran_into = false, ran_added = false;
+  same(layernorm_grads(40, 3100, DType::f32, gpu, &ran_into, true),
+       layernorm_grads(40, 3100, DType::f32, gpu, &ran_added), "version 2 called directly");
+  EXPECT_TRUE(ran_into && ran_added) << "version 2 declined 40 x 3100";
+  same(layernorm_grads_bf16(300, 1024, DType::bf16, gpu, &ran_into, true),
+       layernorm_grads_bf16(300, 1024, DType::bf16, gpu, &ran_added), "version 3 called directly");
+  EXPECT_TRUE(ran_into && ran_added) << "version 3 declined 300 x 1024";
 }
 
 TEST_F(CudaOps, AttentionPieces) {

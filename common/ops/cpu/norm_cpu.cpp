@@ -38,12 +38,13 @@ void layernorm_forward_typed(Tensor& out, Tensor& mean, Tensor& rstd, const Tens
 template <class D, class G, class A>
 void layernorm_backward_typed(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                               const Tensor& in, const Tensor& weight, const Tensor& mean,
-                              const Tensor& rstd) {
+                              const Tensor& rstd, const Tensor& base) {
   const int64_t C = in.size(-1), N = in.numel() / C;
   const D* x = in.data<D>();
   const D* w = weight.data<D>();
   const D* dy = dout.data<D>();
   D* dx = din.data<D>();
+  const D* dres = base.data<D>();  // din itself, or the residual's gradient
   G* dw = dweight.data<G>();
   G* db = dbias.data<G>();
   // dweight and dbias are sums over rows: kept in A and rounded into G once at the end
@@ -71,7 +72,7 @@ void layernorm_backward_typed(Tensor& din, Tensor& dweight, Tensor& dbias, const
       A dnorm = A(w[c]) * A(dyn[c]);
       db_acc[c] += A(dyn[c]);
       dw_acc[c] += norm * A(dyn[c]);
-      dx[n * C + c] = D(A(dx[n * C + c]) + s * (dnorm - dnorm_mean - norm * dnorm_norm_mean));
+      dx[n * C + c] = D(A(dres[n * C + c]) + s * (dnorm - dnorm_mean - norm * dnorm_norm_mean));
     }
   }
   for (int64_t c = 0; c < C; ++c) {
@@ -90,12 +91,13 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 
 void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                         const Tensor& in, const Tensor& weight, const Tensor& mean,
-                        const Tensor& rstd) {
+                        const Tensor& rstd, const Tensor& base) {
   if (in.dtype() == DType::bf16 && dweight.dtype() == DType::f32)  // fp32 gradients (R3)
     return layernorm_backward_typed<bf16, float, float>(din, dweight, dbias, dout, in, weight,
-                                                        mean, rstd);
+                                                        mean, rstd, base);
   SCALELAB_TRAIN_TYPES(in.dtype(), {
-    layernorm_backward_typed<T, T, acc_t>(din, dweight, dbias, dout, in, weight, mean, rstd);
+    layernorm_backward_typed<T, T, acc_t>(din, dweight, dbias, dout, in, weight, mean, rstd,
+                                          base);
   });
 }
 

@@ -15,9 +15,9 @@ void attention_merge(Tensor&, Tensor&, const Tensor&, const Tensor&) { no_cuda()
 void residual_layernorm_forward(Tensor&, Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&,
                                 const Tensor&, const Tensor&, double) { no_cuda(); }
 bool layernorm_backward_v2(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                           const Tensor&, const Tensor&) { no_cuda(); }
+                           const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 bool layernorm_backward_v3(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                           const Tensor&, const Tensor&) { no_cuda(); }
+                           const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 bool bias_backward_v2(Tensor&, const Tensor&) { no_cuda(); }
 bool add_16_bytes(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 int last_sum_blocks() { no_cuda(); }

@@ -29,9 +29,10 @@ constexpr int64_t kMaxBlocks = 1024;            // and at most this many slices
 constexpr int64_t kSharedBytes = 48 << 10;      // shared memory a launch may take without opting in
 
 template <class S, class A>
-__global__ void layernorm_backward_v2_kernel(S* din, A* partial_dw, A* partial_db, const S* dout,
-                                             const S* in, const S* w, const A* mean,
-                                             const A* rstd, int64_t N, int64_t C) {
+__global__ void layernorm_backward_v2_kernel(S* din, A* partial_dw, A* partial_db,
+                                             const S* base, const S* dout, const S* in,
+                                             const S* w, const A* mean, const A* rstd, int64_t N,
+                                             int64_t C) {
   extern __shared__ unsigned char shared[];
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp;
   A* sums = reinterpret_cast<A*>(shared);  // per warp: dweight's C sums, then dbias's C
@@ -47,7 +48,7 @@ __global__ void layernorm_backward_v2_kernel(S* din, A* partial_dw, A* partial_d
     warp_layernorm_backward_means(a, b, x, dy, w, m, r, C);  // as version 1
     for (int64_t c = lane(); c < C; c += kWarp) {
       const A g = A(dy[c]), norm = (A(x[c]) - m) * r, dnorm = A(w[c]) * g;
-      din[row * C + c] = S(A(din[row * C + c]) + r * (dnorm - a - norm * b));
+      din[row * C + c] = S(A(base[row * C + c]) + r * (dnorm - a - norm * b));  // as version 1
       dw[c] += norm * g;  // this lane's own columns: no other thread touches them
       db[c] += g;
     }
@@ -64,7 +65,7 @@ __global__ void layernorm_backward_v2_kernel(S* din, A* partial_dw, A* partial_d
 
 bool layernorm_backward_v2(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                            const Tensor& in, const Tensor& weight, const Tensor& mean,
-                           const Tensor& rstd) {
+                           const Tensor& rstd, const Tensor& base) {
   use_device(din);
   const int64_t C = in.size(-1), N = in.numel() / C;
   if (N == 0 || C == 0) return false;
@@ -80,7 +81,8 @@ bool layernorm_backward_v2(Tensor& din, Tensor& dweight, Tensor& dbias, const Te
       layernorm_backward_v2_kernel<T, acc_t>
           <<<static_cast<int>(blocks), static_cast<int>(warps * kWarp),
              static_cast<size_t>(warps * per_warp)>>>(
-              din.data<T>(), pdw, pdb, dout.data<T>(), in.data<T>(), weight.data<T>(),
+              din.data<T>(), pdw, pdb, base.data<T>(), dout.data<T>(), in.data<T>(),
+              weight.data<T>(),
               mean.data<acc_t>(), rstd.data<acc_t>(), N, C);
       CUDA_CHECK_LAUNCH();
       with_grad_type<T>(dweight.dtype(), [&](auto g_tag) {

@@ -48,8 +48,10 @@ constexpr int kChunk = 8 * kWarp;            // columns a warp covers with one 1
 
 template <int CH>  // CH = C / 256 chunks a row
 __global__ void __launch_bounds__(kWarps * kWarp)
-    layernorm_backward_v3_kernel(bf16* __restrict__ din, float* __restrict__ partial_dw,
-                                 float* __restrict__ partial_db, const bf16* __restrict__ dout,
+    // din and base may be one buffer (din += ...): neither is __restrict__
+    layernorm_backward_v3_kernel(bf16* din, float* __restrict__ partial_dw,
+                                 float* __restrict__ partial_db, const bf16* base,
+                                 const bf16* __restrict__ dout,
                                  const bf16* __restrict__ in, const bf16* __restrict__ w,
                                  const float* __restrict__ mean, const float* __restrict__ rstd,
                                  int64_t N) {
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(kWarps * kWarp)
     for (int j = 0; j < CH; ++j) {
       xv[j] = *reinterpret_cast<const Pack8*>(in + at + kChunk * j);
       gv[j] = *reinterpret_cast<const Pack8*>(dout + at + kChunk * j);
-      dv[j] = *reinterpret_cast<const Pack8*>(din + at + kChunk * j);
+      dv[j] = *reinterpret_cast<const Pack8*>(base + at + kChunk * j);  // din, or the residual's
     }
     // the row's two means, as version 1's warp_layernorm_backward_means
     float a = 0.f, b = 0.f;
@@ -120,11 +122,12 @@ __global__ void __launch_bounds__(kWarps * kWarp)
 
 bool layernorm_backward_v3(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                            const Tensor& in, const Tensor& weight, const Tensor& mean,
-                           const Tensor& rstd) {
+                           const Tensor& rstd, const Tensor& base) {
   const int64_t C = in.size(-1), N = in.numel() / C;
   if (in.dtype() != DType::bf16 || N == 0 || C % kChunk != 0 || C / kChunk > 4) return false;
-  for (const void* p : std::initializer_list<const void*>{din.data_ptr(), dout.data_ptr(),
-                                                          in.data_ptr(), weight.data_ptr()})
+  for (const void* p : std::initializer_list<const void*>{din.data_ptr(), base.data_ptr(),
+                                                          dout.data_ptr(), in.data_ptr(),
+                                                          weight.data_ptr()})
     if (!aligned16(p)) return false;
   use_device(din);
   const int64_t blocks =
@@ -134,7 +137,8 @@ bool layernorm_backward_v3(Tensor& din, Tensor& dweight, Tensor& dbias, const Te
   float* pdb = pdw + blocks * C;
   const auto run = [&](auto kernel) {
     kernel<<<static_cast<int>(blocks), kWarps * kWarp>>>(
-        din.data<bf16>(), pdw, pdb, dout.data<bf16>(), in.data<bf16>(), weight.data<bf16>(),
+        din.data<bf16>(), pdw, pdb, base.data<bf16>(), dout.data<bf16>(), in.data<bf16>(),
+        weight.data<bf16>(),
         mean.data<float>(), rstd.data<float>(), N);
     CUDA_CHECK_LAUNCH();
   };

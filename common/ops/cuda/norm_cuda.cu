@@ -18,10 +18,12 @@ __global__ void layernorm_forward_kernel(S* out, A* mean, A* rstd, const S* in, 
   warp_layernorm_row(out + row * C, mean + row, rstd + row, in + row * C, w, b, C, eps);
 }
 
-// dx per row (one warp per row)
+// dx per row (one warp per row): din = base + ..., base being din itself or the residual's
+// gradient (then the residual's backward costs no pass of its own)
 template <class S, class A>
-__global__ void layernorm_backward_dx_kernel(S* din, const S* dout, const S* in, const S* w,
-                                             const A* mean, const A* rstd, int64_t N, int64_t C) {
+__global__ void layernorm_backward_dx_kernel(S* din, const S* base, const S* dout, const S* in,
+                                             const S* w, const A* mean, const A* rstd, int64_t N,
+                                             int64_t C) {
   const int64_t row = warp_row();
   if (row >= N) return;
   const A m = mean[row], r = rstd[row];
@@ -31,7 +33,7 @@ __global__ void layernorm_backward_dx_kernel(S* din, const S* dout, const S* in,
   warp_layernorm_backward_means(a, b, x, dy, w, m, r, C);
   for (int64_t c = lane(); c < C; c += kWarp) {
     const A norm = (A(x[c]) - m) * r, dnorm = A(w[c]) * A(dy[c]);
-    din[row * C + c] = S(A(din[row * C + c]) + r * (dnorm - a - norm * b));
+    din[row * C + c] = S(A(base[row * C + c]) + r * (dnorm - a - norm * b));
   }
 }
 
@@ -68,23 +70,23 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 
 void layernorm_backward(Tensor& din, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                         const Tensor& in, const Tensor& weight, const Tensor& mean,
-                        const Tensor& rstd) {
+                        const Tensor& rstd, const Tensor& base) {
   use_device(din);
   // version 3 (layernorm_backward_v3_cuda.cu): one read, the column sums in registers, on trial
   // (written without a GPU)
   if (trial_kernel("layernorm_backward_v3") &&
-      layernorm_backward_v3(din, dweight, dbias, dout, in, weight, mean, rstd))
+      layernorm_backward_v3(din, dweight, dbias, dout, in, weight, mean, rstd, base))
     return;
   // version 2 (layernorm_backward_v2_cuda.cu): one read of x and dout, on trial (checked on an
   // H200, but 3x slower than version 1 there: scalelab_bench_kernels)
   if (trial_kernel("layernorm_backward_v2") &&
-      layernorm_backward_v2(din, dweight, dbias, dout, in, weight, mean, rstd))
+      layernorm_backward_v2(din, dweight, dbias, dout, in, weight, mean, rstd, base))
     return;
   const int64_t C = in.size(-1), N = in.numel() / C;
   SCALELAB_TRAIN_TYPES(in.dtype(), {
     layernorm_backward_dx_kernel<T, acc_t><<<blocks_for_rows(N), kThreads>>>(
-        din.data<T>(), dout.data<T>(), in.data<T>(), weight.data<T>(), mean.data<acc_t>(),
-        rstd.data<acc_t>(), N, C);
+        din.data<T>(), base.data<T>(), dout.data<T>(), in.data<T>(), weight.data<T>(),
+        mean.data<acc_t>(), rstd.data<acc_t>(), N, C);
     CUDA_CHECK_LAUNCH();
     // dweight, dbias: column sums in a fixed order (deterministic)
     with_grad_type<T>(dweight.dtype(), [&](auto g_tag) {

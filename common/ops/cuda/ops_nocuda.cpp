@@ -21,7 +21,7 @@ void gelu_backward(Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void layernorm_forward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        double) { no_cuda(); }
 void layernorm_backward(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                        const Tensor&, const Tensor&) { no_cuda(); }
+                        const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void softmax_forward(Tensor&, const Tensor&) { no_cuda(); }
 void split_heads(Tensor&, Tensor&, Tensor&, const Tensor&, int64_t) { no_cuda(); }
 void split_heads_backward(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
