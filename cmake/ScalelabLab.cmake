@@ -309,6 +309,7 @@ function(scalelab_add_planted_run name exe)
   add_test(NAME ${name}
            COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${cmd}" -DEXPECT_CODE=1
                    "-DEXPECT_REGEX=\\[scalelab\\] verdict: ${verdict}${P_REGEX}" -DMAX_SECONDS=60
+                   -DRUN_DIR=${CMAKE_BINARY_DIR}/runs/${name}
                    -P ${PROJECT_SOURCE_DIR}/tests/common/expect_exit.cmake)
   set_tests_properties(${name} PROPERTIES PROCESSORS ${P_RANKS} TIMEOUT 90
                        LABELS "reference;lab${P_LAB}"

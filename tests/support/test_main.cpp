@@ -20,7 +20,11 @@
 // - Where SCALELAB_RUN_DIR is set (the grader gives each run its own), every rank keeps the name
 //   of the test it is in, in DIR/running.rank<r> (empty between tests): a rank killed by a
 //   signal leaves the name behind, where rank 0's "[ RUN ]" line may never reach the launcher's
-//   output (Open MPI drops a rank's unforwarded output when another rank dies).
+//   output (Open MPI drops a rank's unforwarded output when another rank dies). The rank that
+//   states the verdict (rank 0, or the rank an exception ends) also keeps its line whole in
+//   DIR/verdict.rank<r>: the launcher forwards each rank's output in pieces as it reads them, so
+//   another rank's line can land inside the printed one (seen in CI: "verdict: failed:
+//   Step3_Finish.GradientsEqualSingleD[scalelab] rank 1 failed a check ...eviceForEvery...").
 // - This file is linked into every test binary as an object (tests/support/CMakeLists.txt), not
 //   from a static library, so a second strong `main` (e.g. in a lab's code) is a link error, and
 //   this strong `main` always wins over a weak one.
@@ -46,10 +50,10 @@ constexpr int kMessageBytes = 1024;
 std::string g_current_test;   // for reports of exceptions that escape a test
 std::string g_first_failure;  // "Suite.Test on rank r: message", empty while all passed
 
-// Writes `line` to stdout in one write, after what is buffered before it. The launcher merges the
-// ranks' output as it arrives: a line that left in two pieces (the buffer filled mid-line) could
-// get another rank's line between them, and the grader would not find the verdict (seen once in
-// CI: "verdict: failed: Step3_Finish.GradientsEqualSingleD[scalelab] rank 1 failed a check ...").
+// Writes `line` to stdout in one write, after what is buffered before it: a line that left in two
+// pieces (the buffer filled mid-line) could get another rank's line between them. One write is
+// not enough under Open MPI 4 (a rank's stdout is a terminal the launcher reads in pieces of its
+// own size), hence keep_verdict below.
 void say_whole(const std::string& line) {
   std::fflush(stdout);
   std::fwrite(line.data(), 1, line.size(), stdout);
@@ -109,6 +113,25 @@ void note_running_test(const std::string& name) {
     std::fputs(name.c_str(), f);
     if (std::fclose(f) == 0) std::rename(tmp.c_str(), path.c_str());
   }
+}
+
+// DIR/verdict.rank<r> holds the verdict line this rank states (without its newline), written as
+// running.rank<r> is: a reader sees the whole line or none.
+void keep_verdict(const std::string& line) {
+  const char* dir = std::getenv("SCALELAB_RUN_DIR");
+  if (dir == nullptr || *dir == 0) return;
+  const std::string path = fmt::format("{}/verdict.rank{}", dir, scalelab::world_rank());
+  const std::string tmp = path + ".tmp";
+  if (std::FILE* f = std::fopen(tmp.c_str(), "w")) {
+    std::fputs(line.c_str(), f);
+    if (std::fclose(f) == 0) std::rename(tmp.c_str(), path.c_str());
+  }
+}
+
+// Ends the job with `line` as its verdict: kept (keep_verdict), then said (exit_all).
+[[noreturn]] void end_with_verdict(const std::string& line) {
+  keep_verdict(line);
+  scalelab::exit_all(scalelab::kExitFailed, line);
 }
 
 std::string one_line(std::string s) {
@@ -259,27 +282,26 @@ int main(int argc, char** argv) {
   try {
     local_failed = RUN_ALL_TESTS() != 0;
   } catch (const scalelab::NotImplemented& e) {
-    scalelab::exit_all(scalelab::kExitFailed,
-                       "[scalelab] verdict: not implemented: " + one_line(e.what()));
+    end_with_verdict("[scalelab] verdict: not implemented: " + one_line(e.what()));
   } catch (const scalelab::UsageError& e) {
-    scalelab::exit_all(scalelab::kExitFailed,
-                       after_earlier_failure(fmt::format(
-                           "[scalelab] verdict: failed: {} on rank {}: usage error: {}",
-                           g_current_test, scalelab::world_rank(), one_line(e.what()))));
+    end_with_verdict(after_earlier_failure(
+        fmt::format("[scalelab] verdict: failed: {} on rank {}: usage error: {}", g_current_test,
+                    scalelab::world_rank(), one_line(e.what()))));
   } catch (const std::exception& e) {
-    scalelab::exit_all(scalelab::kExitFailed,
-                       after_earlier_failure(fmt::format(
-                           "[scalelab] verdict: error: exception in {} on rank {}: {}",
-                           g_current_test, scalelab::world_rank(), one_line(e.what()))));
+    end_with_verdict(after_earlier_failure(
+        fmt::format("[scalelab] verdict: error: exception in {} on rank {}: {}", g_current_test,
+                    scalelab::world_rank(), one_line(e.what()))));
   }
 
   int any_failed = 0;
   MPI_Allreduce(&local_failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (scalelab::world_rank() == 0) {
-    say_whole(any_failed ? fmt::format("[scalelab] verdict: failed: {}\n",
-                                       one_line(g_first_failure.empty() ? "see above"
-                                                                        : g_first_failure))
-                         : std::string("[scalelab] verdict: passed\n"));
+    const std::string verdict =
+        any_failed ? fmt::format("[scalelab] verdict: failed: {}",
+                                 one_line(g_first_failure.empty() ? "see above" : g_first_failure))
+                   : std::string("[scalelab] verdict: passed");
+    keep_verdict(verdict);
+    say_whole(verdict + "\n");
   }
   scalelab::exit_all(any_failed ? scalelab::kExitFailed : scalelab::kExitOk);
 }

@@ -332,6 +332,26 @@ class ClassifyTest(unittest.TestCase):
         self.assertIn("on rank 2", detail)
         self.assertIn("MPI_ERR_TRUNCATE", detail)
 
+    def test_a_kept_verdict_reads_whole_where_the_printed_one_was_cut(self):
+        # seen in CI: rank 1's line landed inside rank 0's verdict as the launcher forwarded them
+        cut = ("[scalelab] verdict: failed: Step3_Finish.GradientsEqualSingleD[scalelab] rank 1 failed "
+               "a check in Step3_Finish.GradientsEqualSingleDeviceForEveryBucketSize: boom (t.cpp:3)\n"
+               "eviceForEveryBucketSize on rank 0: boom (t.cpp:3)\n")
+        whole = "[scalelab] verdict: failed: Step3_Finish.GradientsEqualSingleDeviceForEveryBucketSize on rank 0: boom (t.cpp:3)"
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = pathlib.Path(tmp)
+            (run_dir / "verdict.rank1").write_text("[scalelab] verdict: error: exception in A.B on rank 1: x")
+            (run_dir / "verdict.rank0").write_text(whole)
+            (run_dir / "verdict.rank2").write_text("not a verdict line")  # ignored
+            (run_dir / "verdict.rank0.tmp").write_text("[scalelab] verdict: passed")  # never renamed
+            kept = grade.kept_verdicts(run_dir)
+        self.assertEqual(kept.splitlines(), [whole, "[scalelab] verdict: error: exception in A.B on rank 1: x"])
+        self.assertEqual(grade.classify(1, cut, 60, self.NO_REPORT, kept=kept),
+                         ("failed", whole.split("verdict: failed: ")[1]))
+        self.assertEqual(grade.classify(1, cut, 60, self.NO_REPORT)[1],
+                         "Step3_Finish.GradientsEqualSingleD[scalelab] rank 1 failed a check in "
+                         "Step3_Finish.GradientsEqualSingleDeviceForEveryBucketSize: boom (t.cpp:3)")
+
     def test_crash_names_the_rank(self):
         out = "mpiexec noticed that process rank 3 with PID 0 on node vm exited on signal 11 (Segmentation fault).\n"
         self.assertEqual(grade.classify(139, out, 60, self.NO_REPORT),

@@ -21,11 +21,24 @@ RUN_DIR = tempfile.mkdtemp(prefix="scalelab-test-main-")
 ENV["SCALELAB_RUN_DIR"] = RUN_DIR
 
 
+def kept_verdicts():
+    """The verdict lines the ranks kept whole in RUN_DIR/verdict.rank<r>, by rank."""
+    names = sorted(f for f in os.listdir(RUN_DIR) if f.startswith("verdict.rank") and f[12:].isdigit())
+    return {int(f[12:]): open(os.path.join(RUN_DIR, f)).read() for f in names}
+
+
 def run(suite, ranks=2, *extra):
+    """(the process, its output followed by the verdict lines the ranks kept, seconds). The kept
+    lines come last and whole: the launcher may cut the printed verdict with another rank's line."""
+    for f in os.listdir(RUN_DIR):
+        if f.startswith("verdict.rank"):
+            os.remove(os.path.join(RUN_DIR, f))
     start = time.monotonic()
     proc = subprocess.run([MPIEXEC, "-n", str(ranks), EXE, f"--gtest_filter={suite}.*", *extra],
                           capture_output=True, text=True, timeout=60, env=ENV)
-    return proc, proc.stdout + proc.stderr, time.monotonic() - start
+    seconds = time.monotonic() - start
+    kept = "".join(f"\nkept by rank {r}: {line}" for r, line in kept_verdicts().items())
+    return proc, proc.stdout + proc.stderr + kept, seconds
 
 
 class TestMainTest(unittest.TestCase):
@@ -74,7 +87,9 @@ class TestMainTest(unittest.TestCase):
         proc, out, _ = run("SelfTest_NotImplemented", ranks=2)
         self.assertEqual(proc.returncode, 1, out)
         self.assertIn("[scalelab] verdict: not implemented: lab 99 step 1: planted (README.md#step-1)", out)
-        self.assertEqual(out.count("[scalelab] verdict:"), 1, "only rank 0 prints the verdict")
+        printed = proc.stdout + proc.stderr
+        self.assertEqual(printed.count("[scalelab] verdict:"), 1, "only rank 0 prints the verdict")
+        self.assertEqual(list(kept_verdicts()), [0, 1], "each rank that stopped in the stub keeps it")
 
     def test_a_failure_reads_what_is_wrong_not_the_tests_source(self):
         proc, out, _ = run("SelfTest_ExplainedCheck", ranks=1)
@@ -109,6 +124,19 @@ class TestMainTest(unittest.TestCase):
         proc, out, _ = run("SelfTest_Passes", ranks=3)
         self.assertEqual(proc.returncode, 0, out)
         self.assertIn("[scalelab] verdict: passed", out)
+        self.assertEqual(kept_verdicts(), {0: "[scalelab] verdict: passed"})
+
+    def test_the_verdict_is_kept_whole_by_the_rank_that_states_it(self):
+        # rank 0 states a failure (any rank's); an exception's, the rank it ends
+        proc, _, _ = run("SelfTest_FailOnRank1")
+        kept = kept_verdicts()
+        self.assertEqual(list(kept), [0], proc.stdout)
+        self.assertRegex(kept[0], r"^\[scalelab\] verdict: failed: SelfTest_FailOnRank1\.Fails on rank 1: "
+                                  r".*planted failure.*\)$")
+        self.assertIn(kept[0] + "\n", proc.stdout + proc.stderr, "the printed line, when not cut")
+        run("SelfTest_ThrowOnRank1")
+        self.assertRegex(kept_verdicts().get(1, ""), r"^\[scalelab\] verdict: error: exception in "
+                                                     r"SelfTest_ThrowOnRank1\.Throws on rank 1: planted exception")
 
     def test_a_rank_killed_in_a_test_leaves_its_name(self):
         # SCALELAB_RUN_DIR/running.rank<r>: the test a rank is in, empty between tests (the
