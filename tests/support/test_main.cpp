@@ -102,31 +102,25 @@ std::string attendee_message(const char* file, int line, const std::string& summ
   return fmt::format("{} ({})", what, where);
 }
 
-// DIR/running.rank<r> holds `name`: written under a temporary name and renamed, so a reader sees
-// one whole name or the one before. Best effort: a run without the file only loses the name.
-void note_running_test(const std::string& name) {
+// SCALELAB_RUN_DIR/<what>.rank<r> holds `text`: written under a temporary name and renamed, so a
+// reader sees the whole text or the one before. Best effort: a run without the file only loses
+// what it would have said.
+void keep_in_run_dir(const char* what, const std::string& text) {
   const char* dir = std::getenv("SCALELAB_RUN_DIR");
   if (dir == nullptr || *dir == 0) return;
-  const std::string path = fmt::format("{}/running.rank{}", dir, scalelab::world_rank());
+  const std::string path = fmt::format("{}/{}.rank{}", dir, what, scalelab::world_rank());
   const std::string tmp = path + ".tmp";
   if (std::FILE* f = std::fopen(tmp.c_str(), "w")) {
-    std::fputs(name.c_str(), f);
+    std::fputs(text.c_str(), f);
     if (std::fclose(f) == 0) std::rename(tmp.c_str(), path.c_str());
   }
 }
 
-// DIR/verdict.rank<r> holds the verdict line this rank states (without its newline), written as
-// running.rank<r> is: a reader sees the whole line or none.
-void keep_verdict(const std::string& line) {
-  const char* dir = std::getenv("SCALELAB_RUN_DIR");
-  if (dir == nullptr || *dir == 0) return;
-  const std::string path = fmt::format("{}/verdict.rank{}", dir, scalelab::world_rank());
-  const std::string tmp = path + ".tmp";
-  if (std::FILE* f = std::fopen(tmp.c_str(), "w")) {
-    std::fputs(line.c_str(), f);
-    if (std::fclose(f) == 0) std::rename(tmp.c_str(), path.c_str());
-  }
-}
+// DIR/running.rank<r>: the test this rank is in ("" between tests).
+void note_running_test(const std::string& name) { keep_in_run_dir("running", name); }
+
+// DIR/verdict.rank<r>: the verdict line this rank states (without its newline).
+void keep_verdict(const std::string& line) { keep_in_run_dir("verdict", line); }
 
 // Ends the job with `line` as its verdict: kept (keep_verdict), then said (exit_all).
 [[noreturn]] void end_with_verdict(const std::string& line) {
