@@ -495,10 +495,12 @@ bool flash_attention_v2_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tenso
     const bool three_blocks = HS == 64 && trial_kernel("flash_dkdv_three_blocks");
     g_last_kernels.dkdv_min_blocks = three_blocks ? 3 : 1;
     Tensor ds;  // the kept dS^T tiles (keep_ds only)
+    // held to 3 blocks for head size 64 only: no other is compiled (at 128 it would spill)
+    constexpr int kThree = HS == 64 ? 3 : 0;
     auto dkdv = [&](auto keep) {  // keep: std::bool_constant, the kernel's kKeepDs
       constexpr bool kKeep = decltype(keep)::value;
-      auto kernel =
-          three_blocks ? flash_tc_dkdv_kernel<HS, 3, kKeep> : flash_tc_dkdv_kernel<HS, 0, kKeep>;
+      auto kernel = three_blocks ? flash_tc_dkdv_kernel<HS, kThree, kKeep>
+                                 : flash_tc_dkdv_kernel<HS, 0, kKeep>;
       if (three_blocks)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
