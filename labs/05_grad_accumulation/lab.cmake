@@ -51,3 +51,11 @@ scalelab_add_planted_submissions(05
         "computed_not_measured:4_Memory.Measured:4:Step4_Memory.MeasuredAroundTheStep on rank [0-3]: .*measure it, do not estimate"
         "divide_by_accum:4_Memory.Measured:2:Step4_Memory.MeasuredAroundTheStep on rank [01]: .*measure it, do not estimate"
         "divide_by_accum:4_Memory.Runs:1:Step4_Memory.RunsTheStepItMeasures on rank 0: .*ran 1 forward.s. and 1 backward")
+# Right on the host, stopped on step 2's run on the simulated GPU (the job ends there, a verdict
+# "error", tests/support/on_sim.hpp): the local loss read from its tensor's memory through
+# data<T>(), where value() belongs. On the CPU that read is not even counted by the host-read
+# check: only the simulated GPU sees it.
+if(SCALELAB_BUILD_TESTS)
+  scalelab_add_sim_plant(05 loss_read_from_memory RANKS 2 FILTER Step2*
+      TEST Step2_DdpAccumulate.RunsOnTheSimulatedGpuAsOnTheHost STOP host_read)
+endif()
