@@ -25,6 +25,7 @@
 //   DIR/verdict.rank<r>: the launcher forwards each rank's output in pieces as it reads them, so
 //   another rank's line can land inside the printed one (seen in CI: "verdict: failed:
 //   Step3_Finish.GradientsEqualSingleD[scalelab] rank 1 failed a check ...eviceForEvery...").
+//   For the same reason each rank keeps its latest "failed a check" line in DIR/failed.rank<r>.
 // - This file is linked into every test binary as an object (tests/support/CMakeLists.txt), not
 //   from a static library, so a second strong `main` (e.g. in a lab's code) is a link error, and
 //   this strong `main` always wins over a weak one.
@@ -148,8 +149,13 @@ class RankVerdictListener : public testing::EmptyTestEventListener {
     // Said at once, every rank: a rank whose check failed may leave the others waiting in a
     // collective (a failed ASSERT returns), and the gather at the test's end then never comes;
     // tools/grade puts this line before the watchdog's report.
-    say_whole(fmt::format("[scalelab] rank {} failed a check in {}: {}\n", scalelab::world_rank(),
-                          g_current_test, one_line(first_message_)));
+    // Kept whole too (DIR/failed.rank<r>): this line is what the attendee fixes when a hang
+    // follows, and the launcher can cut it as it can the verdict.
+    const std::string line = fmt::format("[scalelab] rank {} failed a check in {}: {}",
+                                         scalelab::world_rank(), g_current_test,
+                                         one_line(first_message_));
+    keep_in_run_dir("failed", line);
+    say_whole(line + "\n");
   }
 
   // Every rank reaches here once per test, in the same order: gather the verdicts to rank 0.

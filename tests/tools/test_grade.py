@@ -344,7 +344,7 @@ class ClassifyTest(unittest.TestCase):
             (run_dir / "verdict.rank0").write_text(whole)
             (run_dir / "verdict.rank2").write_text("not a verdict line")  # ignored
             (run_dir / "verdict.rank0.tmp").write_text("[scalelab] verdict: passed")  # never renamed
-            kept = grade.kept_verdicts(run_dir)
+            kept = grade.kept_lines(run_dir)
         self.assertEqual(kept.splitlines(), [whole, "[scalelab] verdict: error: exception in A.B on rank 1: x"])
         self.assertEqual(grade.classify(1, cut, 60, self.NO_REPORT, kept=kept),
                          ("failed", whole.split("verdict: failed: ")[1]))
@@ -370,6 +370,32 @@ class ClassifyTest(unittest.TestCase):
         # a check that failed in an earlier test is not this hang's cause
         earlier = out.replace("failed a check in Step3_Ring.Broadcast", "failed a check in Step2_A.B")
         self.assertNotIn("failed a check first", grade.classify(3, earlier, 60, self.NO_REPORT)[1])
+
+    def test_a_kept_failed_check_reads_whole_where_the_printed_one_was_cut(self):
+        # rank 1's check failed, then rank 0's; rank 0's piece of output landed inside rank 1's line
+        out = ("[ RUN      ] Step3_Ring.Broadcast\n"
+               "[scalelab] rank 1 failed a check in Step3_Ring.Broadcast: x = {0}, w[scalelab] rank 0 "
+               "failed a check in Step3_Ring.Broadcast: y = {1}, want {2} (t.cpp:120)\n"
+               "ant {-1} (t.cpp:117)\n"
+               "[scalelab] watchdog: rank 2 is in no collective and has made no progress for 45.3 s\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = pathlib.Path(tmp)
+            (run_dir / "failed.rank1").write_text(
+                "[scalelab] rank 1 failed a check in Step3_Ring.Broadcast: x = {0}, want {-1} (t.cpp:117)")
+            (run_dir / "failed.rank0").write_text(
+                "[scalelab] rank 0 failed a check in Step3_Ring.Broadcast: y = {1}, want {2} (t.cpp:120)")
+            (run_dir / "failed.rank3").write_text("[scalelab] rank 3 failed a che")  # not a line: ignored
+            kept = grade.kept_lines(run_dir)
+        self.assertEqual(len(kept.splitlines()), 2)
+        want = ("rank 1 failed a check first, in Step3_Ring.Broadcast: x = {0}, want {-1} (t.cpp:117); "
+                "then in Step3_Ring.Broadcast: [scalelab] watchdog: rank 2")
+        self.assertTrue(grade.classify(3, out, 60, self.NO_REPORT, kept=kept)[1].startswith(want))
+        # without the kept lines, the garbled words
+        self.assertIn("x = {0}, w[scalelab]", grade.classify(3, out, 60, self.NO_REPORT)[1])
+        # a line whose start was cut in the output: the kept one stands in (rank 0's here)
+        lost = out.replace("[scalelab] rank 1 failed", "[scalela").replace("[scalelab] rank 0 failed", "[scal")
+        self.assertTrue(grade.classify(3, lost, 60, self.NO_REPORT, kept=kept)[1].startswith(
+            "rank 0 failed a check first, in Step3_Ring.Broadcast: y = {1}, want {2} (t.cpp:120)"))
 
     def test_crash_names_the_function_from_the_backtrace(self):
         # Open MPI's backtrace: system frames skipped; an op of common/ named with the lab's

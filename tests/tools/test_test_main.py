@@ -2,6 +2,7 @@
 """Tests of the MPI-aware GoogleTest main (tests/support/test_main.cpp) with planted failures.
 argv[1]: the test_main_selftest binary; mpiexec from $MPIEXEC_EXECUTABLE (set by CMake)."""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,18 +22,28 @@ RUN_DIR = tempfile.mkdtemp(prefix="scalelab-test-main-")
 ENV["SCALELAB_RUN_DIR"] = RUN_DIR
 
 
+def kept(what):
+    """The lines the ranks kept whole in RUN_DIR/<what>.rank<r>, by rank."""
+    prefix = f"{what}.rank"
+    names = sorted(f for f in os.listdir(RUN_DIR) if f.startswith(prefix) and f[len(prefix):].isdigit())
+    return {int(f[len(prefix):]): open(os.path.join(RUN_DIR, f)).read() for f in names}
+
+
 def kept_verdicts():
     """The verdict lines the ranks kept whole in RUN_DIR/verdict.rank<r>, by rank."""
-    names = sorted(f for f in os.listdir(RUN_DIR) if f.startswith("verdict.rank") and f[12:].isdigit())
-    return {int(f[12:]): open(os.path.join(RUN_DIR, f)).read() for f in names}
+    return kept("verdict")
+
+
+def forget_kept_lines():
+    for f in os.listdir(RUN_DIR):
+        if f.startswith(("verdict.rank", "failed.rank")):
+            os.remove(os.path.join(RUN_DIR, f))
 
 
 def run(suite, ranks=2, *extra):
     """(the process, its output followed by the verdict lines the ranks kept, seconds). The kept
     lines come last and whole: the launcher may cut the printed verdict with another rank's line."""
-    for f in os.listdir(RUN_DIR):
-        if f.startswith("verdict.rank"):
-            os.remove(os.path.join(RUN_DIR, f))
+    forget_kept_lines()
     start = time.monotonic()
     proc = subprocess.run([MPIEXEC, "-n", str(ranks), EXE, f"--gtest_filter={suite}.*", *extra],
                           capture_output=True, text=True, timeout=60, env=ENV)
@@ -55,6 +66,7 @@ class TestMainTest(unittest.TestCase):
 
     def test_a_failed_check_is_said_at_once_before_a_hang(self):
         env = dict(ENV, SCALELAB_TIMEOUT="3")
+        forget_kept_lines()
         proc = subprocess.run([MPIEXEC, "-n", "2", EXE, "--gtest_filter=SelfTest_FailThenHang.*"],
                               capture_output=True, text=True, timeout=60, env=env)
         out = proc.stdout + proc.stderr
@@ -62,6 +74,10 @@ class TestMainTest(unittest.TestCase):
         line = "[scalelab] rank 0 failed a check in SelfTest_FailThenHang.Hangs: "
         self.assertIn(line, out)
         self.assertIn("planted failure before a collective", out.split(line, 1)[1].splitlines()[0])
+        # and kept whole by the rank that said it (the launcher may cut the printed one)
+        failed = kept("failed")
+        self.assertEqual(list(failed), [0], out)
+        self.assertRegex(failed[0], "^" + re.escape(line) + r".*planted failure before a collective.*\)$")
 
     def test_the_verdict_names_the_rank_with_the_cause_not_an_echo(self):
         proc, out, _ = run("SelfTest_EchoOnRank0", ranks=3)
@@ -104,7 +120,6 @@ class TestMainTest(unittest.TestCase):
                                   r"max \|diff\| 0\.5 at element 3 \(tests/support/test_main_selftest\.cpp:\d+\)$")
 
     def test_drawn_shapes_name_the_seed_that_draws_them_again(self):
-        import re
         proc, out, _ = run("SelfTest_Drawn", ranks=2)
         self.assertEqual(proc.returncode, 0, out)
         draws = re.findall(r"^draw (\d+) (\d+): drawn from grading seed (\d+) \(draw (\d) of this run; "
