@@ -61,9 +61,14 @@ class BackgroundMpiCalls {
 
 /// A starter's unwritten step inside a destructor (tools/make-labs writes it there instead of
 /// `throw NotImplemented`: a destructor is noexcept, a throw would end in std::terminate): ends
-/// every rank as the test main ends on NotImplemented, "[scalelab] verdict: not implemented:
-/// <what>" and exit code 1.
+/// every rank as a NotImplemented thrown from the step would, exit code 1: in a program as
+/// run_main does ("not implemented: <what>"), in a test binary with the test main's verdict
+/// (set_not_implemented_ending).
 [[noreturn]] void not_implemented_in_destructor(const char* what);
+/// How not_implemented_in_destructor ends the job: the test main installs its own (the verdict
+/// line "[scalelab] verdict: not implemented: <what>", kept as its other verdicts are); a
+/// program keeps run_main's.
+void set_not_implemented_ending(void (*ending)(const std::string& what));
 
 /// Runs `body` on every rank with errors mapped to exit codes: UsageError -> "error: ..." and 2,
 /// NotImplemented -> "not implemented: ..." and 1, any other exception -> "error: ..." and 1.

@@ -1,5 +1,5 @@
 // Starter generated from solutions/00_hello_dist/hello_dist.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 0aa8c9b2efe280e9 (lets make-labs see your edits).
+// step (see README.md). Body hash adeca07719b56eaf (lets make-labs see your edits).
 // Lab 00: hello_dist. Where does each rank run, which device does it use, can all ranks talk?
 #include "hello_dist.hpp"
 
@@ -85,8 +85,9 @@ Placement find_placement(const EnvLookup& env, MPI_Comm comm) {
 
 std::string choose_device(int local_rank, int gpu_count, bool want_gpu) {
   if (local_rank < 0 || gpu_count < 0)
-    throw std::invalid_argument(fmt::format("choose_device: local_rank={} gpu_count={}",
-                                            local_rank, gpu_count));
+    throw std::invalid_argument(fmt::format(
+        "choose_device: local_rank and gpu_count must not be negative, got {} and {}", local_rank,
+        gpu_count));
   // TODO step 2: pick cpu or cuda:N from the local rank and the GPU count
   throw scalelab::NotImplemented(
       "lab 00 step 2: pick cpu or cuda:N from the local rank and the GPU count (README.md#step-2)");

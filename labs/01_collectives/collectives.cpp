@@ -1,5 +1,5 @@
 // Starter generated from solutions/01_collectives/collectives.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 5582e85bbd8dcf0d (lets make-labs see your edits).
+// step (see README.md). Body hash 48a7be7359585b6d (lets make-labs see your edits).
 // Lab 01: collectives. See README.md for the steps and collectives.hpp for the contract.
 #include "collectives.hpp"
 
@@ -102,7 +102,9 @@ void ring_all_reduce(Communicator& comm, const Tensor& x) {
 
 void ring_broadcast(Communicator& comm, const Tensor& x, int root) {
   const int n = comm.size(), rank = comm.rank();
-  if (root < 0 || root >= n) throw std::invalid_argument("ring_broadcast: root out of range");
+  if (root < 0 || root >= n)
+    throw std::invalid_argument(
+        fmt::format("ring_broadcast: root {} is not a rank of the communicator, [0, {})", root, n));
   if (n == 1) return;
   // TODO step 3: pass root's buffer along the ring
   // HINT: only send/recv, along the ring from the root. Stuck? `./scalelab hint 01 3`.

@@ -79,8 +79,9 @@ struct BatchPlan {
 
 /// Step 3. The plan for a global batch of `global_batch` rows over `dp` data-parallel ranks with
 /// `accum` micro-batches per rank: micro = global / (accum * dp). Throws scalelab::UsageError
-/// (one line naming the numbers) when accum < 1, dp < 1, or global is not a multiple of
-/// accum * dp (which includes "more ranks than rows").
+/// (one line naming the numbers) when accum < 1, dp < 1, global is not a multiple of
+/// accum * dp, or global < accum * dp ("more ranks than rows"; 0 and negative batches are
+/// multiples, and still wrong).
 BatchPlan plan_batch(int64_t global_batch, int accum, int dp);
 
 // ---- Step 4: what it saves ---------------------------------------------------------------------
@@ -88,7 +89,8 @@ BatchPlan plan_batch(int64_t global_batch, int accum, int dp);
 /// Step 4. The peak bytes that one accumulate_gradients(model, batch, accum) adds on top of what
 /// was allocated before it (parameters, gradients, another model, ...): activations and
 /// temporaries, measured by the allocator's counters (common/allocator.hpp), so it is exact and
-/// repeatable.
+/// repeatable. Activations an earlier forward left in the model are not "before": the step's
+/// own forward would replace them (model.free_activations() first).
 std::size_t measure_step_peak_bytes(nn::GPT& model, const data::Batch& batch, int accum);
 
 }  // namespace scalelab::lab05

@@ -74,9 +74,9 @@ struct Span {
 
 struct SimResult {
   bool deadlock = false;
-  /// When deadlock: one line per stuck stage, "stage 1 waits for rA3.0 (activation of
-  /// micro-batch 3, chunk 0, from stage 0) at action 5 of 12", or that a stage waits for a message
-  /// its neighbour never sends.
+  /// When deadlock: one line per stuck stage, "stage 0 waits at its action 2 of 8 (rG0: the
+  /// gradient of micro-batch 0) for stage 1, which sends it at its action 5, but is itself stuck
+  /// at action 2 (rA1)", or "... for stage 1, which it never sends".
   std::string report;
   std::vector<std::string> errors;        ///< malformed schedules (see validate)
   std::vector<std::vector<Span>> spans;   ///< per stage: its forwards and backwards, in time

@@ -1,5 +1,5 @@
 // Starter generated from solutions/09_zero/zero.cpp by tools/make-labs: fill in each NotImplemented
-// step (see README.md). Body hash 748158db42f36e46 (lets make-labs see your edits).
+// step (see README.md). Body hash c8f1e98c3248c411 (lets make-labs see your edits).
 // Lab 09: ZeRO stages 1-3: shards, a sharded AdamW, gradients reduced to their owners, parameters
 // gathered unit by unit.
 #include "zero.hpp"
@@ -37,7 +37,7 @@ nn::ShardRange shard_range(int64_t numel, int rank, int n) {
   SCALELAB_REQUIRE(n >= 1, "the number of shards must be at least 1, got {}", n);
   SCALELAB_REQUIRE(rank >= 0 && rank < n, "shard {} does not exist: there are {} (0..{})", rank,
                    n, n - 1);
-  SCALELAB_REQUIRE(numel >= 0, "a layout of {} elements", numel);
+  SCALELAB_REQUIRE(numel >= 0, "a layout of {} elements: the size must not be negative", numel);
   nn::ShardRange s;
   // TODO step 1: n shards of one size cover numel; lo, hi: the real elements of mine
   throw scalelab::NotImplemented(

@@ -217,7 +217,7 @@ class GradientRelease final : public nn::BlockPolicy {
 class Zero2 final : public Trainer {
  public:
   /// Builds the model with storage.grads = per_unit, pad_to = comm.size().
-  /// Its GradientRelease policy is set on the model (set_block_policy).
+  /// Its GradientRelease policy is added to the model (add_block_policy).
   Zero2(const ModelConfig& config, nn::GPTOptions options, comm::Communicator& comm,
         optim::AdamWConfig adamw = {}, const ModelBuilder& build = {});
   int stage() const override { return 2; }

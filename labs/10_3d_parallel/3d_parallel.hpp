@@ -103,7 +103,7 @@ class FullCheckpoint : public nn::BlockPolicy {
 /// g.shape.pp (blocks lab08::stage_layers(L, pp, stage) in options.first_block / last_block; the
 /// embedding on the first stage, ln_f and the head on the last), each block holding tp rank
 /// g.coord.tp's share of g.shape.tp (options.tp_rank, tp_size, cut by lab 07's functions:
-/// options.cut_block = lab07::cut_block), wte / the head's copy holding tp rank g.coord.tp's
+/// options.cut_block, a lambda calling lab07::cut_block), wte / the head's copy holding tp rank g.coord.tp's
 /// vocabulary rows (lab07::vocab_range in options.vocab_lo / vocab_hi), talking through lab 07's
 /// mappings on g.tp (set_mappings: lab07::TensorParallel) and, with `checkpoint`, recomputing its
 /// blocks (set_block_policy: FullCheckpoint). `options` gives seed, dtype, device, storage; every

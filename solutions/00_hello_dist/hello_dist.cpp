@@ -114,8 +114,9 @@ Placement find_placement(const EnvLookup& env, MPI_Comm comm) {
 
 std::string choose_device(int local_rank, int gpu_count, bool want_gpu) {
   if (local_rank < 0 || gpu_count < 0)
-    throw std::invalid_argument(fmt::format("choose_device: local_rank={} gpu_count={}",
-                                            local_rank, gpu_count));
+    throw std::invalid_argument(fmt::format(
+        "choose_device: local_rank and gpu_count must not be negative, got {} and {}", local_rank,
+        gpu_count));
   // BEGIN SOLUTION step 2: pick cpu or cuda:N from the local rank and the GPU count
   if (!want_gpu || gpu_count == 0) return "cpu";
   return fmt::format("cuda:{}", local_rank % gpu_count);

@@ -155,7 +155,9 @@ void ring_all_reduce(Communicator& comm, const Tensor& x) {
 
 void ring_broadcast(Communicator& comm, const Tensor& x, int root) {
   const int n = comm.size(), rank = comm.rank();
-  if (root < 0 || root >= n) throw std::invalid_argument("ring_broadcast: root out of range");
+  if (root < 0 || root >= n)
+    throw std::invalid_argument(
+        fmt::format("ring_broadcast: root {} is not a rank of the communicator, [0, {})", root, n));
   if (n == 1) return;
   // BEGIN SOLUTION step 3: pass root's buffer along the ring
   // HINT: only send/recv, along the ring from the root. Stuck? `./scalelab hint 01 3`.

@@ -35,7 +35,7 @@ nn::ShardRange shard_range(int64_t numel, int rank, int n) {
   SCALELAB_REQUIRE(n >= 1, "the number of shards must be at least 1, got {}", n);
   SCALELAB_REQUIRE(rank >= 0 && rank < n, "shard {} does not exist: there are {} (0..{})", rank,
                    n, n - 1);
-  SCALELAB_REQUIRE(numel >= 0, "a layout of {} elements", numel);
+  SCALELAB_REQUIRE(numel >= 0, "a layout of {} elements: the size must not be negative", numel);
   nn::ShardRange s;
   // BEGIN SOLUTION step 1: n shards of one size cover numel; lo, hi: the real elements of mine
   s.size = (numel + n - 1) / n;

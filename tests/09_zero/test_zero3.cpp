@@ -6,7 +6,7 @@
 // all-gathers of the parameters and one reduce-scatter of the gradients. Planted fault: a ZeRO-3
 // that gathers every unit before forward and frees them only after backward: the right numbers,
 // no saving during the step; the peak check must fail it. Prefetch: while block i computes its
-// forward, the gather of the next unit has been started (seen from the block's reduce_forward
+// forward, the gather of the next unit has been started (seen from the block's mappings' leave
 // hook); the planted fault gathers each unit only when it is needed. Last, in bf16: the bf16 DDP
 // step, 2-byte gathers, only fp32 shards held; planted: fp32 gathered and cast after (2x bytes).
 // Evaluation (model().loss) of the sharded model: the single-device loss bit for bit, one gather

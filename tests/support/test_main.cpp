@@ -278,6 +278,10 @@ int main(int argc, char** argv) {
   if (scalelab::world_rank() != 0) delete listeners.Release(listeners.default_result_printer());
   listeners.Append(new RankVerdictListener);
 
+  // A step not written in a destructor (it cannot throw) ends the job as a thrown one below.
+  scalelab::set_not_implemented_ending([](const std::string& what) {
+    end_with_verdict("[scalelab] verdict: not implemented: " + one_line(what));
+  });
   int local_failed = 0;
   try {
     local_failed = RUN_ALL_TESTS() != 0;

@@ -36,6 +36,15 @@ TEST(SelfTest_NotImplemented, Throws) {
   throw scalelab::NotImplemented("lab 99 step 1: planted (README.md#step-1)");
 }
 
+// A starter's step inside a destructor (lab 05's NoSync: a destructor cannot throw) ends the job
+// with the same verdict as a thrown NotImplemented, kept in the run directory as that one is.
+struct UnwrittenDestructor {
+  ~UnwrittenDestructor() {
+    scalelab::not_implemented_in_destructor("lab 99 step 2: planted in a destructor (README.md#step-2)");
+  }
+};
+TEST(SelfTest_NotImplementedInDestructor, Ends) { UnwrittenDestructor scope; }
+
 // A collective check fails because of rank 1: rank 0 only echoes it ("failed on another rank",
 // as a check that agrees over every rank says on the ranks that passed), rank 1 gives the cause.
 // The verdict must name rank 1 and its cause, not rank 0's echo.

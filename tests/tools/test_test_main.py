@@ -107,6 +107,13 @@ class TestMainTest(unittest.TestCase):
         self.assertEqual(printed.count("[scalelab] verdict:"), 1, "only rank 0 prints the verdict")
         self.assertEqual(list(kept_verdicts()), [0, 1], "each rank that stopped in the stub keeps it")
 
+    def test_not_implemented_in_a_destructor_is_the_same_verdict(self):
+        proc, out, _ = run("SelfTest_NotImplementedInDestructor", ranks=2)
+        self.assertEqual(proc.returncode, 1, out)
+        verdict = "[scalelab] verdict: not implemented: lab 99 step 2: planted in a destructor (README.md#step-2)"
+        self.assertIn(verdict, out)
+        self.assertEqual(set(kept_verdicts().values()), {verdict}, "kept as a thrown one is")
+
     def test_a_failure_reads_what_is_wrong_not_the_tests_source(self):
         proc, out, _ = run("SelfTest_ExplainedCheck", ranks=1)
         self.assertEqual(proc.returncode, 1, out)
