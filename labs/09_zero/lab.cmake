@@ -94,6 +94,14 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_add_planted_run(lab09.planted.gather_unpadded.np2 test_lab09_planted RANKS 2
       FILTER Step2* PLANT gather_unpadded LAB 09 EXCEPTION
       REGEX "Step2_Zero1.APaddedLayoutStepsBitwiseLikeDdp on rank [0-9]: .*in Zero1::step .zero.cpp., a library check failed")
+  # Step 2's two pieces, graded alone (lab 10 calls them, not Zero1): gradients read from the
+  # flat buffer (right for Zero1, which passes that slice) and the gather as n broadcasts.
+  scalelab_add_planted_run(lab09.planted.groups_read_flat_grads.np1 test_lab09_planted RANKS 1
+      FILTER Step2* PLANT groups_read_flat_grads LAB 09
+      REGEX "Step2_Pieces.ShardGroupsCoverTheShardsRealElementsOnce on rank 0: .*not a view of shard_grads")
+  scalelab_add_planted_run(lab09.planted.gather_by_broadcasts.np2 test_lab09_planted RANKS 2
+      FILTER Step2_Pieces* PLANT gather_by_broadcasts LAB 09
+      REGEX "Step2_Pieces.AllGatherParametersSpreadsEachShardInOneGather on rank [0-9]: .*broadcast")
   scalelab_add_planted_run(lab09.planted.reduce_scatter_unpadded.np2 test_lab09_planted RANKS 2
       FILTER Step4* PLANT reduce_scatter_unpadded LAB 09
       REGEX "Step4_Zero3.PaddedUnitsStepLikeDdp on rank [0-9]: .*in reduce_scatter_unit .zero.cpp., unit embedding of 9009 elements over 2 ranks")

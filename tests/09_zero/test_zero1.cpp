@@ -121,6 +121,125 @@ TEST(Step2_Zero1, OneAllReduceOfTheGradientsAndOneAllGatherOfTheParameters) {
   EXPECT_TRUE(exact_traffic(t, zero_budget(1, z.model())));
 }
 
+// ---- The two pieces alone (step 2a, 2b): lab 10's ZeRO calls them, not Zero1 -----------------
+
+namespace {
+
+// Where a view starts in its storage's layout, in elements of `base` (a view at element 0).
+int64_t element_of(const Tensor& view, const Tensor& base) {
+  return (static_cast<const char*>(view.data_ptr()) - static_cast<const char*>(base.data_ptr())) /
+         static_cast<int64_t>(dtype_size(view.dtype()));
+}
+
+// "" when `got` (shard_groups' groups for shard s, gradients from `grads`) covers the shard's
+// real elements once each, in the model's own values, each element's gradient at its index of
+// `grads` (element s.lo at 0), weight decay and the compute copy as the library's groups say.
+std::string groups_problem(const std::vector<optim::Group>& got, nn::ParameterSet& ps,
+                           const nn::ShardRange& s, const Tensor& grads) {
+  const Tensor& values = ps.padded_values();
+  const std::vector<optim::Group> lib =
+      optim::groups_in_range(ps, s.lo, s.hi, values.flat(s.lo, s.real()), grads);
+  std::vector<int> decay(s.real(), -1), times(s.real(), 0);
+  bool copies = false;
+  for (const optim::Group& g : lib) {
+    copies = copies || g.compute.defined();
+    const int64_t at = element_of(g.value, values) - s.lo;
+    for (int64_t i = 0; i < g.value.numel(); ++i) decay[at + i] = g.weight_decay;
+  }
+  for (const optim::Group& g : got) {
+    if (!g.value.shares_storage_with(values))
+      return "a group's value is not a view of the model's own values (padded_values()): AdamW "
+             "would update a copy, never the model";
+    if (!g.grad.shares_storage_with(grads))
+      return "a group's grad is not a view of shard_grads: stage 2 hands each rank its own "
+             "gradient shard there, not the flat gradient buffer";
+    if (g.grad.numel() != g.value.numel())
+      return fmt::format("a group of {} values with {} gradients", g.value.numel(), g.grad.numel());
+    const int64_t at = element_of(g.value, values), n = g.value.numel();
+    if (at < s.lo || at + n > s.hi)
+      return fmt::format("a group holds elements [{}, {}) of the layout, outside the shard's real "
+                         "elements [{}, {})", at, at + n, s.lo, s.hi);
+    if (element_of(g.grad, grads) != at - s.lo)
+      return fmt::format("the gradient of element {} is read at index {} of shard_grads; element "
+                         "s.lo ({}) is index 0 there, so it is {}", at, element_of(g.grad, grads),
+                         s.lo, at - s.lo);
+    if (copies && !g.compute.defined())
+      return "in mixed precision a group without its parameter's bf16 compute copy "
+             "(Group::compute): the layers would read stale weights";
+    for (int64_t i = 0; i < n; ++i) {
+      ++times[at - s.lo + i];
+      if (decay[at - s.lo + i] != static_cast<int>(g.weight_decay))
+        return fmt::format("element {}: weight decay {}, its parameter says {}", at + i,
+                           g.weight_decay ? "on" : "off", decay[at - s.lo + i] ? "on" : "off");
+    }
+  }
+  for (int64_t e = 0; e < s.real(); ++e)
+    if (times[e] != 1)
+      return fmt::format("element {} of the layout is in {} groups (once: AdamW steps it once)",
+                         s.lo + e, times[e]);
+  return "";
+}
+
+}  // namespace
+
+// Step 2a alone, on each shard of 4 of a layout that needs padding: the groups cover the shard's
+// real elements once each, in the model's own values, with the gradients of a buffer of the
+// shard's own (as stage 2 hands it; in stage 1 it is a slice of the flat gradients, the same
+// offsets), fp32 and mixed bf16.
+TEST(Step2_Pieces, ShardGroupsCoverTheShardsRealElementsOnce) {
+  constexpr int n = 4;
+  for (const bool bf16 : {false, true}) {
+    nn::GPTOptions o = bf16 ? mixed_bf16() : f32();
+    o.storage.pad_to = n;
+    nn::GPT model(odd_model(), o);
+    nn::ParameterSet& ps = model.params();
+    for (int r = 0; r < n; ++r) {
+      const nn::ShardRange s = nn::shard_range(ps.numel(), r, n);
+      const Tensor grads = Tensor::zeros({s.size}, DType::f32);
+      const std::vector<optim::Group> got =
+          calling("shard_groups", [&] { return lab09::shard_groups(ps, s, grads); });
+      const std::string problem = groups_problem(got, ps, s, grads);
+      if (!problem.empty())
+        LABTEST_FAIL() << "shard_groups of shard " << r << " of " << n << " (real elements ["
+                       << s.lo << ", " << s.hi << ") of " << ps.numel()
+                       << (bf16 ? "), mixed bf16: " : "), fp32: ") << problem;
+    }
+  }
+}
+
+// Step 2b alone: every rank "stepped" its own shard (the rest of its layout stale, different on
+// every rank); after all_gather_parameters every rank holds every owner's shard, padding
+// included, in ONE all-gather of the padded layout and nothing else; in mixed precision the
+// bf16 copy is the cast of the gathered masters.
+TEST(Step2_Pieces, AllGatherParametersSpreadsEachShardInOneGather) {
+  const int n = world().size(), rank = world().rank();
+  for (const bool bf16 : {false, true}) {
+    nn::GPTOptions o = bf16 ? mixed_bf16() : f32();
+    o.storage.pad_to = n;
+    nn::GPT model(odd_model(), o);
+    nn::ParameterSet& ps = model.params();
+    const nn::ShardRange s = nn::shard_range(ps.numel(), rank, n);
+    const int64_t padded = ps.padded_numel();
+    std::vector<double> mine(padded), want(padded);
+    for (int64_t e = 0; e < padded; ++e) {
+      want[e] = static_cast<double>(e % 1024) * 0.25;  // exact in fp32 and in bf16
+      mine[e] = e / s.size == rank ? want[e] : -1.0 - rank;  // stale: not this rank's shard
+    }
+    ps.padded_values().copy_from(Tensor::from_vector(mine, {padded}, DType::f32));
+    const comm::Traffic moved = labtest::traffic_of([&] {
+      calling("all_gather_parameters", [&] { lab09::all_gather_parameters(ps, s, world()); });
+    });
+    const std::string what = bf16 ? " (mixed bf16)" : " (fp32)";
+    EXPECT_TRUE(labtest::close_on_every_rank(ps.padded_values(),
+                                             Tensor::from_vector(want, {padded}, DType::f32), 0, 0))
+        << "every rank's padded values after all_gather_parameters: each rank's shard from its "
+           "owner" << what;
+    EXPECT_TRUE(exact_traffic(moved, labtest::TrafficBudget().all_gather(world(), 1, padded * 4)))
+        << what;
+    if (bf16) EXPECT_TRUE(compute_is_cast(ps)) << "the bf16 copy after the gather";
+  }
+}
+
 TEST(Step2_PlantedFault, WholeBufferOptimizerOnEveryRankIsCaught) {
   // DDP's optimizer stepping everything on every rank: the right numbers, no saving.
   lab09::Ddp ddp(kLab.config(), f32(), world());
