@@ -14,6 +14,9 @@ namespace {
 std::atomic<int64_t> g_host_read_bytes{0}, g_host_written_bytes{0};
 // SimKernelScope: how many are open on this thread
 thread_local int t_sim_kernel_scopes = 0;
+// host_device_copies(), and HostDeviceCopiesUncounted's scopes open on this thread
+std::atomic<int64_t> g_to_host_bytes{0}, g_to_device_bytes{0};
+thread_local int t_uncounted_copies = 0;
 
 // Element i of a contiguous host tensor as a double (uncounted: its callers count)
 double element(const Tensor& t, int64_t i) {
@@ -31,6 +34,14 @@ HostValueBytes host_value_bytes() {
   return {g_host_read_bytes.load(std::memory_order_relaxed),
           g_host_written_bytes.load(std::memory_order_relaxed)};
 }
+
+HostDeviceCopies host_device_copies() {
+  return {g_to_host_bytes.load(std::memory_order_relaxed),
+          g_to_device_bytes.load(std::memory_order_relaxed)};
+}
+
+HostDeviceCopiesUncounted::HostDeviceCopiesUncounted() { ++t_uncounted_copies; }
+HostDeviceCopiesUncounted::~HostDeviceCopiesUncounted() { --t_uncounted_copies; }
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
@@ -171,7 +182,8 @@ void Tensor::check_access(DType wanted) const {
     throw CheckFailed(fmt::format(
         "host code reached the elements of {} through data<T>(), outside an op: on a GPU they "
         "are in device memory, where the host cannot read them. Compute with the ops "
-        "(common/ops), or copy to the host first (to(Device::cpu()), to_vector())",
+        "(common/ops) on the device; a copy to the host (to(Device::cpu()), to_vector()) is "
+        "for what the host must see, such as a number to print",
         str()));
 }
 
@@ -251,6 +263,9 @@ void Tensor::copy_from(const Tensor& src) {
   SCALELAB_CHECK(is_contiguous() && src.is_contiguous(), "copy_from: non-contiguous {} or {}",
                  src.str(), str());
   device_copy(data_ptr(), device(), src.data_ptr(), src.device(), nbytes());
+  if (device().is_cpu() != src.device().is_cpu() && t_uncounted_copies == 0)
+    (device().is_cpu() ? g_to_host_bytes : g_to_device_bytes)
+        .fetch_add(static_cast<int64_t>(nbytes()), std::memory_order_relaxed);
 }
 
 std::vector<double> Tensor::to_vector() const {

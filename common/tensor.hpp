@@ -183,4 +183,28 @@ struct HostValueBytes {
 /// This process's counts so far (HostValueBytes).
 HostValueBytes host_value_bytes();
 
+/// The bytes Tensor::to() and copy_from() copied between the host (Device::cpu()) and a device
+/// (a GPU, the simulated GPU) since start-up, on any thread: a batch moved to the model's
+/// device, a number read back, a gradient taken to the host and back (right numbers; on a GPU
+/// twice its size over PCIe). Graders compare them with what a step must move. The MPI backend's
+/// staging of device buffers is the library's (NCCL needs none): not counted
+/// (HostDeviceCopiesUncounted). On the CPU alone nothing is a device: both stay 0.
+struct HostDeviceCopies {
+  int64_t to_host = 0;    ///< from a device to the host
+  int64_t to_device = 0;  ///< from the host to a device
+};
+
+/// This process's counts so far (HostDeviceCopies).
+HostDeviceCopies host_device_copies();
+
+/// While one lives, this thread's host-device copies are not counted (a communication backend
+/// staging a device buffer through host memory for MPI).
+class HostDeviceCopiesUncounted {
+ public:
+  HostDeviceCopiesUncounted();
+  ~HostDeviceCopiesUncounted();
+  HostDeviceCopiesUncounted(const HostDeviceCopiesUncounted&) = delete;
+  HostDeviceCopiesUncounted& operator=(const HostDeviceCopiesUncounted&) = delete;
+};
+
 }  // namespace scalelab

@@ -123,13 +123,16 @@ int count_of(const Tensor& t) {
 
 // A host tensor to hand to MPI: `t` itself, or a staged host copy of a device tensor (CUDA, or
 // the simulated GPU, whose memory is closed to host code as a GPU's is).
+// Staging is this backend's, not the caller's: not counted in host_device_copies().
 Tensor host_view(const Tensor& t, bool copy_in) {
   if (!t.defined() || t.device().is_cpu()) return t;
+  const HostDeviceCopiesUncounted staging;
   return copy_in ? t.to(Device::cpu()) : Tensor::empty(t.shape(), t.dtype(), Device::cpu());
 }
 
 void copy_back(const Tensor& device_t, const Tensor& host_t) {
   if (!device_t.defined() || device_t.device().is_cpu()) return;
+  const HostDeviceCopiesUncounted staging;
   Tensor d = device_t;  // a handle: writes go to the caller's memory
   d.copy_from(host_t);
 }

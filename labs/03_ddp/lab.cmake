@@ -24,11 +24,17 @@ endif()
 # for the loss fails step 4's work check (at 1 rank too: twice the forward), a divergence over the
 # first tensor only step 4's divergence check. An average by a loop through the gradients'
 # elements fails step 3's run on the simulated GPU, this rank's rows left on the host step 4's.
+# Right there too, and stopped by what those runs count (host_device_copies()): an average made
+# on a host copy of the gradients (step 3), the whole global batch moved to the device (step 4);
+# the loss read to the host before the backward fails step 4's read check (host_reads()).
 scalelab_add_planted_submissions(03
   CASES "broadcast_per_tensor:1:2:Step1_Broadcast.OneBroadcastOfTheFlatValuesFromRank0 on rank [0-9]: .*broadcast_parameters sent: broadcast root world rank 0 on world .0 1.: [0-9]+ call.s., [0-9]+ bytes. the step sends ONE broadcast"
         "all_reduce_per_tensor:3:2:Step3_AllReduce.OneAllReduceOfTheWholeGradient on rank [0-9]: .*all_reduce_gradients sent: all_reduce.sum. on world"
         "broadcast_every_step:4:2:Step4_Training.OneAllReduceOfTheGradientAndNoBroadcast on rank [0-9]: .*forward_backward sent: .*broadcast root world rank 0 on world .0 1.: 1 call.s.*and no broadcast"
         "global_forward_for_loss:4_Training.WorkIs:2:Step4_Training.WorkIsOneForwardAndBackwardOfThisRanksRows on rank [0-9]: .*forward_backward did [0-9]+ matmul FLOPs"
+        "average_on_host:3_AllReduce.RunsOn:2:Step3_AllReduce.RunsOnTheSimulatedGpuAsOnTheHost on rank [0-9]: .*all_reduce_gradients copied [0-9]+ bytes from the device to the host"
+        "global_batch_to_device:4_Training.RunsOn:2:Step4_Training.RunsOnTheSimulatedGpuAsOnTheHost on rank [0-9]: .*forward_backward copied [0-9]+ bytes to the device. this rank.s rows are"
+        "loss_read_mid_step:4:2:Step4_Training.ReadsTheLossOnceAfterTheBackward on rank [0-9]: .*before the backward began"
         "divergence_first_tensor:4:2:Step4_Training.DivergenceSeesOneDifferentRank on rank [0-9]: .*element [0-9]+ of the [0-9]+ flat values")
 # Right on the host, stopped on the simulated GPU: the run there ends the job at the rank's first
 # such line (a verdict "error", tests/support/on_sim.hpp).

@@ -5,6 +5,9 @@
 // 1e-6 relative; SGD parameters after several steps 1e-5 / 1e-6 (SGD keeps rounding differences
 // as small as they start). Each planted fault (a deliberately wrong variant written here) must
 // make the same check FAIL, so the checks demonstrably can fail.
+#include <regex>
+#include <utility>
+
 #include <gtest/gtest.h>
 
 #include "common/errors.hpp"
@@ -56,8 +59,10 @@ testing::AssertionResult rows_of_every_rank(Slice slice) {
       const std::string who = fmt::format("rank {} of {}", r, world_size);
       if (mine.batch_size() != b)
         return testing::AssertionFailure() << who << ": " << mine.batch_size() << " rows, want " << b;
-      if (!mine.x.shares_storage_with(global.x))
-        return testing::AssertionFailure() << who << ": a view, not a copy";
+      if (!mine.x.shares_storage_with(global.x) || !mine.y.shares_storage_with(global.y))
+        return testing::AssertionFailure()
+               << who << ": " << (mine.x.shares_storage_with(global.x) ? "y" : "x")
+               << " is a copy: both x and y are views of the global batch's rows (rows())";
       if (mine.x.to_vector() != global.x.rows(r * b, (r + 1) * b).to_vector() ||
           mine.y.to_vector() != global.y.rows(r * b, (r + 1) * b).to_vector())
         return testing::AssertionFailure() << who << ": not rows [" << r * b << ", "
@@ -121,6 +126,16 @@ bool one_gradient_all_reduce(const comm::Traffic& moved, int64_t grad_bytes, boo
   for (const labtest::TrafficBudget& b : ok)
     if (labtest::exact_traffic(moved, b)) return true;
   return false;
+}
+
+// The bytes `run` copied between the host and a device (host_device_copies(): to(), copy_from();
+// not the MPI backend's staging).
+template <class Run>
+HostDeviceCopies copies_of(Run&& run) {
+  const HostDeviceCopies before = host_device_copies();
+  run();
+  const HostDeviceCopies after = host_device_copies();
+  return {after.to_host - before.to_host, after.to_device - before.to_device};
 }
 
 // A correct average, written here so steps 2 and 3 are graded on their own.
@@ -201,19 +216,20 @@ TEST(Step2_LocalBatch, BadSplitsAreUsageErrors) {
   const data::Batch global = kLab.sampler().batch(0);  // 8 rows
   EXPECT_THROW(lab03::local_batch(global, 0, 16), UsageError) << "more ranks than rows";
   EXPECT_THROW(lab03::local_batch(global, 1, 3), UsageError) << "8 rows over 3 ranks";
-  try {
-    lab03::local_batch(global, 0, 16);
-  } catch (const UsageError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("16"), std::string::npos) << "name the world size: " << what;
-    EXPECT_NE(what.find("8"), std::string::npos) << "name the batch size: " << what;
-  }
-  try {
-    lab03::local_batch(global, 1, 3);
-  } catch (const UsageError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("3"), std::string::npos) << "name the world size: " << what;
-    EXPECT_NE(what.find("8"), std::string::npos) << "name the batch size: " << what;
+  // The message names both numbers, each as a number of its own ("8", not the 8 of "18")
+  const auto names = [](const std::string& what, int64_t n) {
+    return std::regex_search(what, std::regex("(^|[^0-9])" + std::to_string(n) + "($|[^0-9])"));
+  };
+  for (const auto& [rank, ranks] : {std::pair{0, 16}, std::pair{1, 3}}) {
+    try {
+      lab03::local_batch(global, rank, ranks);
+    } catch (const UsageError& e) {
+      const std::string what = e.what();
+      if (!names(what, ranks) || !names(what, kGlobalBatch))
+        LABTEST_FAIL() << "local_batch(8 rows, rank " << rank << ", " << ranks << " ranks) said \""
+                       << what << "\": name the world size (" << ranks << ") and the batch size ("
+                       << kGlobalBatch << ") in the message";
+    }
   }
 }
 
@@ -294,15 +310,22 @@ TEST(Step3_AllReduce, RunsOnTheSimulatedGpuAsOnTheHost) {
   const Tensor want = ddp_gradient(mine, [](nn::GPT& m) { lab03::all_reduce_gradients(m, world()); });
   nn::GPT sim(kLab.config(), {.device = Device::sim(), .seed = kSeed});
   std::string same;
+  HostDeviceCopies moved;
   labtest::collective_run_on_sim([&] {
     const data::Batch on = mine.to(sim.device());
     sim.zero_grad();
     sim.forward(on.x, on.y);
     sim.backward();
-    lab03::all_reduce_gradients(sim, world());
+    moved = copies_of([&] { lab03::all_reduce_gradients(sim, world()); });
     same = labtest::same_on_sim("the averaged gradients", want, sim.params().grads());
   });
   if (!same.empty()) LABTEST_FAIL() << same;
+  if (moved.to_host != 0 || moved.to_device != 0)
+    LABTEST_FAIL() << "all_reduce_gradients copied " << moved.to_host << " bytes from the device "
+                   << "to the host and " << moved.to_device << " back (the gradients are "
+                   << sim.params().grads().nbytes() << "): on a GPU each step would send them "
+                   << "over PCIe; average where they are (an op on the device, or the "
+                   << "all-reduce's own average)";
   EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
@@ -419,6 +442,32 @@ TEST(Step4_Training, DivergenceSeesOneDifferentRank) {
   }
 }
 
+// The step's one read to the host is the global loss, after the backward. Read before it (the
+// local loss's value() all-reduced as a double, say), a GPU's host waits for the forward to
+// finish before it can queue the backward. Counted on the CPU as on a GPU (host_reads()).
+TEST(Step4_Training, ReadsTheLossOnceAfterTheBackward) {
+  const data::Batch global = kLab.sampler().batch(0);
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  int64_t at_backward = -1;  // host_reads() when the backward's first gradients are final
+  model.set_backward_hook([&](const std::vector<nn::Parameter*>&) {
+    if (at_backward < 0) at_backward = host_reads();
+  });
+  const int64_t before = host_reads();
+  lab03::forward_backward(model, global, world());
+  const int64_t reads = host_reads() - before;
+  model.set_backward_hook({});
+  ASSERT_GE(at_backward, 0) << "forward_backward ran no backward on the model";
+  if (at_backward > before)
+    LABTEST_FAIL() << "forward_backward read " << at_backward - before << " number(s) to the "
+                   << "host before the backward began (the loss, mid-step?): on a GPU the host "
+                   << "then waits for the forward before it can queue the backward. Keep the "
+                   << "loss a Scalar on the device (train::global_loss takes one) and read it "
+                   << "once, at the end";
+  else if (reads != 1)
+    LABTEST_FAIL() << "forward_backward read " << reads << " numbers to the host; the step's "
+                   << "one read is the global loss it returns";
+}
+
 // Step 4 on the simulated GPU: the model there, the global batch drawn on the host as the program
 // draws it. The loss and the gradients are the host's bit for bit; this rank's rows left on the
 // host (an op given host and sim tensors) stop with the op's line, as they would on a GPU.
@@ -428,11 +477,26 @@ TEST(Step4_Training, RunsOnTheSimulatedGpuAsOnTheHost) {
   nn::GPT sim(kLab.config(), {.device = Device::sim(), .seed = kSeed});
   const double want = lab03::forward_backward(host, global, world());
   std::vector<std::string> problems;
+  HostDeviceCopies moved;
+  double got = 0;
   labtest::collective_run_on_sim([&] {
-    const double got = lab03::forward_backward(sim, global, world());
+    moved = copies_of([&] { got = lab03::forward_backward(sim, global, world()); });
     problems.push_back(labtest::step_same_on_sim("", want, got, "the gradients",
                                                  host.params().grads(), sim.params().grads()));
   });
+  // To the device: this rank's rows (x and y), not the global batch; to the host: the loss.
+  const data::Batch mine = labtest::my_rows(global);
+  const int64_t rows_bytes = static_cast<int64_t>(mine.x.nbytes() + mine.y.nbytes());
+  const bool same_numbers = labtest::joined(problems).empty();
+  if (same_numbers && moved.to_device != rows_bytes)
+    problems.push_back(fmt::format(
+        "forward_backward copied {} bytes to the device; this rank's rows are {} (x and y; the "
+        "global batch {}): move local_batch's rows, and only them", moved.to_device, rows_bytes,
+        global.x.nbytes() + global.y.nbytes()));
+  if (same_numbers && moved.to_host > 8)
+    problems.push_back(fmt::format(
+        "forward_backward copied {} bytes to the host: only the loss (one number, 8 bytes) "
+        "goes there", moved.to_host));
   const std::string all = labtest::joined(problems);
   if (!all.empty()) LABTEST_FAIL() << all;
   EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
