@@ -480,13 +480,18 @@ Work Communicator::broadcast_async(const Tensor& t, int root) {
 void Communicator::broadcast(const Tensor& t, int root) { broadcast_async(t, root).wait(); }
 
 namespace {
-// in (n elements) -> out (size * n elements), same dtype and device kind.
+// in (n elements) -> out (size * n elements), same dtype and device.
 void check_gathered(const Tensor& small, const Tensor& big, int size, OpKind kind,
                     const char* small_role, const char* big_role) {
   check_tensor(small, kind, small_role);
   check_tensor(big, kind, big_role);
   SCALELAB_CHECK(small.dtype() == big.dtype(), "{}: dtypes differ ({} vs {})",
                  detail::op_kind_name(kind), small.str(), big.str());
+  // NCCL reads and writes one GPU's memory: an output left on the host would not be written
+  SCALELAB_CHECK(small.device() == big.device(),
+                 "{}: the {} tensor {} and the {} tensor {} are on different devices: make both "
+                 "on the device the collective runs on",
+                 detail::op_kind_name(kind), small_role, small.str(), big_role, big.str());
   SCALELAB_CHECK(big.numel() == small.numel() * size,
                  "{}: the {} tensor {} must hold size ({}) x the {} tensor's {} elements",
                  detail::op_kind_name(kind), big_role, big.str(), size, small_role, small.numel());
@@ -507,6 +512,9 @@ Work Communicator::all_to_all_async(const Tensor& in, const Tensor& out) {
   auto op = make_op(OpKind::all_to_all);
   check_tensor(in, op->kind, "input");
   check_tensor(out, op->kind, "output");
+  SCALELAB_CHECK(in.device() == out.device(),
+                 "all_to_all: the input {} and output {} are on different devices", in.str(),
+                 out.str());
   SCALELAB_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() &&
                      in.numel() % size() == 0,
                  "all_to_all: the input {} and output {} must be of one dtype and size, in {} "

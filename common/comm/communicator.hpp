@@ -59,8 +59,10 @@ struct Op;
 struct CommState;
 }  // namespace detail
 
-/// A non-blocking operation in flight. Copies share the same operation.
-class Work {
+/// A non-blocking operation in flight. Copies share the same operation. [[nodiscard]]: an
+/// operation must be waited for before its tensor is used again (a dropped send's buffer may
+/// still be read after the function that posted it returned).
+class [[nodiscard("wait for the operation (Work::wait) before its tensor is used again")]] Work {
  public:
   Work() = default;
   /// Blocks until the operation is done; rethrows its error (on every rank alike for the

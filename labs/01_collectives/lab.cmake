@@ -38,16 +38,29 @@ endif()
 # ring n-1 times (no chunks: 3 x the buffer per rank at 4 ranks, where the ring sends 1.5 x; at 2
 # ranks both send 1 x, so the case runs on 4), fails step 2's traffic check; a ring_broadcast or
 # ring_all_gather that calls the library's fails step 3's; a ring that adds its chunks by its own
-# loop through data<T>() (not add_into) fails step 2's run on the simulated GPU.
+# loop through data<T>() (not add_into) fails step 2's run on the simulated GPU. From an attendee's
+# walk-through: an all-gather output made on the host fails step 1's run on the simulated GPU;
+# sends whose Work is dropped fail steps 2 and 3's wait checks; a segmented ring that walks its
+# own chunk's segments fails step 2 at a size one element past whole segments (3 ranks).
 scalelab_add_planted_submissions(01
   CASES "library_all_reduce:2:2:Step2_RingAllReduce.SendsOneChunkAStepToTheRightNeighbourOnly on rank [0-9]: ring_all_reduce called all_reduce on group [a-z0-9_]+: build it from send/recv"
         "whole_buffer_ring:2:4:Step2_RingAllReduce.SendsOneChunkAStepToTheRightNeighbourOnly on rank [0-9]: ring_all_reduce sent 3 x the buffer .*: a ring sends 2.n-1./n of it, one chunk a step"
         "own_add_loop:2_RingAllReduce.RunsOn:2:Step2_RingAllReduce.RunsOnTheSimulatedGpu on rank [0-9]: .*numel 7, on the simulated GPU .--device sim.: host code reached the elements of"
         "library_broadcast:3:2:Step3_RingBroadcast.EachRankReceivesOnceFromTheLeftAndPassesItOn on rank [0-9]: ring_broadcast called broadcast on group [a-z0-9_]+: build it from send/recv"
+        "sends_not_waited:2_RingAllReduce.Waits:2:Step2_RingAllReduce.WaitsForEveryOperationItStarts on rank [0-9]: .*ring_all_reduce returned with [0-9]+ of the [0-9]+ operations it started never waited for: send"
+        "broadcast_send_not_waited:3_RingBroadcast.Waits:2:Step3_RingBroadcast.WaitsForEveryOperationItStarts on rank [0-9]: .*ring_broadcast returned with 1 of the [0-9]+ operations it started never waited for"
         "library_all_gather:3:2:Step3_RingAllGather.PassesNMinusOneChunksToTheRightNeighbourOnly on rank [0-9]: ring_all_gather called all_gather on group [a-z0-9_]+: build it from send/recv")
 # The all-gather's own chunk copied by a loop through data<T>(): right on the CPU, stopped by step
 # 3's run on the simulated GPU (which ends the job at the first such line: a verdict "error").
 if(SCALELAB_BUILD_TESTS)
   scalelab_add_sim_plant(01 own_chunk_loop RANKS 2 FILTER Step3*
       TEST Step3_RingAllGather.BothRingsRunOnTheSimulatedGpu STOP host_read)
+  scalelab_add_sim_plant(01 output_on_host RANKS 2 FILTER Step1_EachCollective.RunsOn*
+      TEST Step1_EachCollective.RunsOnTheSimulatedGpu
+      STOP ".*all_gather: the input tensor .* and the output tensor .* are on different devices")
+  # The segments' mismatch ends the job inside the ring (MPI's truncation, or the receive that
+  # got another step's message): a verdict "error" naming the test.
+  scalelab_add_planted_run(lab01.planted.own_segments.np3 test_lab01_planted RANKS 3
+      FILTER Step2_RingAllReduce.Equals* PLANT own_segments LAB 01 EXCEPTION
+      REGEX "Step2_RingAllReduce.EqualsLibraryExactlyOnIntegers on rank [0-9]: .*(TRUNCATE|expected [0-9]+ f[0-9]+ elements)")
 endif()

@@ -3,7 +3,9 @@
 // results are compared with ==; random floats are summed in a different order by the ring and the
 // library, so they are compared at 1e-5 relative + 1e-6 absolute (the all-reduce tolerance of
 // tests/support/lab_fixture.hpp).
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -17,6 +19,7 @@
 
 #include "collectives.hpp"
 #include "common/comm/stats.hpp"
+#include "common/exec_log.hpp"
 #include "common/runtime.hpp"
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/on_sim.hpp"
@@ -103,6 +106,41 @@ testing::AssertionResult only_the_ring(const comm::Traffic& did, const Communica
   return testing::AssertionSuccess();
 }
 
+// "" when every operation `run` starts on this rank is waited for before it returns (the
+// execution log: each submission and the waits on it). A send_async whose Work is dropped may
+// still be reading its tensor when the caller writes it (DDP reuses its gradient buffer at
+// once): right numbers in a test that looks once, wrong ones in a loop (measured: millions of
+// wrong elements over 100 calls of a 1M-float ring).
+std::string unwaited_operations(const std::string& fn, const std::function<void()>& run) {
+  std::vector<exec_log::Event> log;
+  {
+    exec_log::Recording rec;
+    run();
+    log = rec.events();
+  }
+  int started = 0;
+  std::vector<std::string> missing;
+  for (const exec_log::Event& e : log) {
+    if (e.group.empty() || e.what == "wait") continue;  // compute, and the waits themselves
+    ++started;
+    const bool waited = std::any_of(log.begin(), log.end(), [&](const exec_log::Event& w) {
+      return w.what == "wait" && w.group == e.group && w.seq == e.seq;
+    });
+    if (!waited)
+      missing.push_back(fmt::format("{} #{} ({} bytes, {} world rank {})", e.what, e.seq, e.bytes,
+                                    e.what == "send" ? "to" : "from", e.peer));
+  }
+  if (missing.empty()) return "";
+  const std::size_t shown = std::min<std::size_t>(missing.size(), 3);
+  return fmt::format(
+      "{} returned with {} of the {} operations it started never waited for: {}{}. Until its "
+      "Work is waited for, an operation may still read or write its tensor, which the caller "
+      "owns again once you return: keep each Work (send_async's too) and wait for it",
+      fn, missing.size(), started,
+      fmt::join(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+      missing.size() > shown ? ", ..." : "");
+}
+
 }  // namespace
 
 // ---- Step 1 -----------------------------------------------------------------------------------
@@ -142,6 +180,35 @@ TEST(Step1_EachCollective, ResultsOnEveryRank) {
     EXPECT_EQ(results[i].name, step1_collectives()[i]) << "results in step1_collectives() order";
 }
 
+// Step 1 with `device` the simulated GPU (host memory only the ops may touch, as a GPU's): the
+// host's results, every tensor made there (an output left on the host is refused by the
+// collective, as NCCL would refuse it; inputs made on the host put nothing on the device).
+TEST(Step1_EachCollective, RunsOnTheSimulatedGpu) {
+  Communicator c = labtest::new_world();
+  const int r = c.rank(), n = c.size();
+  const auto want = run_each_collective(c);
+  std::vector<CollectiveResult> got;
+  HostDeviceCopies moved;
+  labtest::collective_run_on_sim([&] {
+    const HostDeviceCopies before = host_device_copies();
+    got = run_each_collective(c, Device::sim());
+    moved = {host_device_copies().to_host - before.to_host,
+             host_device_copies().to_device - before.to_device};
+  });
+  int64_t inputs = 0;  // the bytes of the inputs alone (f32)
+  for (const std::string& name : step1_collectives())
+    inputs += static_cast<int64_t>(step1_input(name, r, n).size()) * 4;
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].before, want[i].before) << got[i].name << " on the simulated GPU";
+    EXPECT_EQ(got[i].after, want[i].after) << got[i].name << " on the simulated GPU";
+  }
+  if (moved.to_device < inputs)
+    ADD_FAILURE() << "run_each_collective(comm, Device::sim()) copied " << moved.to_device
+                  << " bytes to the device; the inputs alone are " << inputs << ": make each "
+                  << "tensor on `device` (tensor_of(values, device)), outputs too";
+}
+
 // ---- Step 2 -----------------------------------------------------------------------------------
 
 // Every size runs on every rank, a rank's first mismatch reported after the last: a rank that
@@ -149,8 +216,12 @@ TEST(Step1_EachCollective, ResultsOnEveryRank) {
 TEST(Step2_RingAllReduce, EqualsLibraryExactlyOnIntegers) {
   Communicator c = labtest::new_world();
   std::string first_mismatch;
+  // and chunk 0 one element past a whole number of 1 MiB (and 64 KiB, ...) segments, the others
+  // exactly that: a segmented ring must walk the same segments on every rank
+  std::vector<int64_t> sizes = kSizes;
+  sizes.push_back(static_cast<int64_t>(c.size()) * 262144 + 1);
   for (DType dtype : {DType::f32, DType::f64}) {
-    for (int64_t n : kSizes) {
+    for (int64_t n : sizes) {
       Tensor mine = integers(n, c.rank(), dtype), lib = integers(n, c.rank(), dtype);
       ring_all_reduce(c, mine);
       c.all_reduce(lib);
@@ -160,8 +231,8 @@ TEST(Step2_RingAllReduce, EqualsLibraryExactlyOnIntegers) {
         const int k = chunk_of(n, c.size(), i);
         first_mismatch = fmt::format(
             "numel {} {}, element {}: ring {}, library {}; the element is in chunk {} of {} "
-            "(elements [{}, {})): a wrong chunk moved or added at some step (or the chunk "
-            "boundaries)",
+            "(elements [{}, {})): a wrong chunk moved or added at some step, the chunk "
+            "boundaries, or a chunk used before the receive that brings it was waited for",
             n, dtype_name(dtype), i, a[i], b[i], k, c.size(), chunk_begin(n, c.size(), k),
             chunk_begin(n, c.size(), k + 1));
       }
@@ -216,7 +287,8 @@ TEST(Step2_RingAllReduce, RandomFloatsWithinTolerance) {
   c.all_reduce(lib);
   const auto a = mine.to_vector(), b = lib.to_vector();
   constexpr double rtol = labtest::kAllReduceRtol, atol = labtest::kAllReduceAtol;  // 1e-5, 1e-6
-  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(a[i], b[i], atol + rtol * std::abs(b[i])) << i;
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_NEAR(a[i], b[i], atol + rtol * std::abs(b[i])) << "element " << i << " of " << n;
 }
 
 TEST(Step2_RingAllReduce, AnyShapeAndViews) {
@@ -225,7 +297,22 @@ TEST(Step2_RingAllReduce, AnyShapeAndViews) {
   Tensor lib = integers(3 * 5 * 7, c.rank()).view({3, 5, 7});
   ring_all_reduce(c, x.rows(1, 3));  // only rows 1 and 2
   c.all_reduce(lib.rows(1, 3));
-  EXPECT_EQ(x.to_vector(), lib.to_vector());
+  EXPECT_TRUE(labtest::close_on_every_rank(x, lib, 0, 0))
+      << "rows 1 and 2 of a (3, 5, 7) tensor all-reduced in place, row 0 untouched";
+}
+
+// Every operation the ring starts is waited for before it returns (the sizes of
+// SendsOneChunkAStepToTheRightNeighbourOnly's sizes that carry data on every rank).
+TEST(Step2_RingAllReduce, WaitsForEveryOperationItStarts) {
+  Communicator c = labtest::new_world();
+  std::string first;
+  for (const auto& [numel, dtype] : std::vector<std::pair<int64_t, DType>>{
+           {1001, DType::f32}, {300007, DType::f64}}) {
+    Tensor x = integers(numel, c.rank(), dtype);
+    const std::string p = unwaited_operations("ring_all_reduce", [&] { ring_all_reduce(c, x); });
+    if (first.empty() && !p.empty()) first = fmt::format("numel {} {}: {}", numel, dtype_name(dtype), p);
+  }
+  if (!first.empty()) ADD_FAILURE() << first;
 }
 
 // On the simulated GPU (Device::sim: host memory that code outside the ops cannot reach, as a
@@ -253,15 +340,36 @@ TEST(Step2_RingAllReduce, RunsOnTheSimulatedGpu) {
 
 // ---- Step 3 -----------------------------------------------------------------------------------
 
+// Every root and size runs on every rank, the first mismatch reported after the last (a rank that
+// stopped at its own would leave the others waiting in the next broadcast).
 TEST(Step3_RingBroadcast, EveryRootEverySize) {
   Communicator c = labtest::new_world();
+  std::string first_mismatch;
   for (int root = 0; root < c.size(); ++root)
     for (int64_t n : kSizes) {
       Tensor x = integers(n, c.rank());
       ring_broadcast(c, x, root);
-      ASSERT_EQ(x.to_vector(), integers(n, root).to_vector()) << "root " << root << " numel " << n;
+      const std::vector<double> got = x.to_vector(), want = integers(n, root).to_vector();
+      for (int64_t i = 0; i < n && first_mismatch.empty(); ++i)
+        if (got[i] != want[i])
+          first_mismatch = fmt::format("root {}, numel {}: element {} is {}, the root's is {}",
+                                       root, n, i, got[i], want[i]);
     }
+  EXPECT_TRUE(first_mismatch.empty()) << first_mismatch;
   EXPECT_THROW(ring_broadcast(c, integers(1, 0), c.size()), std::invalid_argument);
+}
+
+// Every operation either step 3 ring starts is waited for before it returns, every root.
+TEST(Step3_RingBroadcast, WaitsForEveryOperationItStarts) {
+  Communicator c = labtest::new_world();
+  std::string first;
+  for (int root = 0; root < c.size(); ++root) {
+    Tensor x = integers(1001, c.rank());
+    const std::string p =
+        unwaited_operations("ring_broadcast", [&] { ring_broadcast(c, x, root); });
+    if (first.empty() && !p.empty()) first = fmt::format("root {}, numel 1001: {}", root, p);
+  }
+  if (!first.empty()) ADD_FAILURE() << first;
 }
 
 // From the ledger, every root: each rank but the root receives the buffer once from its left,
@@ -286,8 +394,10 @@ TEST(Step3_RingBroadcast, EachRankReceivesOnceFromTheLeftAndPassesItOn) {
   EXPECT_TRUE(first_problem) << where;
 }
 
+// Every size runs on every rank, the first mismatch reported after the last.
 TEST(Step3_RingAllGather, RankOrderEverySize) {
   Communicator c = labtest::new_world();
+  std::string first_mismatch;
   for (int64_t n : kSizes) {
     if (n > 4096) continue;  // the gathered buffer is size times larger
     Tensor in = integers(n, c.rank());
@@ -296,10 +406,22 @@ TEST(Step3_RingAllGather, RankOrderEverySize) {
     const auto got = out.to_vector();
     for (int r = 0; r < c.size(); ++r) {
       const auto want = integers(n, r).to_vector();
-      for (int64_t i = 0; i < n; ++i)
-        ASSERT_EQ(got[r * n + i], want[i]) << "numel " << n << ": chunk of rank " << r;
+      for (int64_t i = 0; i < n && first_mismatch.empty(); ++i)
+        if (got[r * n + i] != want[i])
+          first_mismatch = fmt::format("numel {}: element {} of rank {}'s chunk (element {} of "
+                                       "out) is {}, rank {}'s input has {}",
+                                       n, i, r, r * n + i, got[r * n + i], r, want[i]);
     }
   }
+  EXPECT_TRUE(first_mismatch.empty()) << first_mismatch;
+}
+
+TEST(Step3_RingAllGather, WaitsForEveryOperationItStarts) {
+  Communicator c = labtest::new_world();
+  Tensor in = integers(1001, c.rank()), out = Tensor::zeros({1001 * c.size()});
+  const std::string p =
+      unwaited_operations("ring_all_gather", [&] { ring_all_gather(c, in, out); });
+  if (!p.empty()) ADD_FAILURE() << "numel 1001: " << p;
 }
 
 // Both step 3 rings on the simulated GPU (tests/support/on_sim.hpp), every root: the library's

@@ -122,7 +122,8 @@ struct EagerFault {
       const int k = bucket_of.at(p);
       if (launched[k]) continue;
       launched[k] = true;  // fault: the bucket's other gradients may not be ready
-      launch(k, model.params().grads().flat(buckets[k].offset, buckets[k].count));
+      // the watch's Launch keeps the Work (the test waits for watch.works)
+      (void)launch(k, model.params().grads().flat(buckets[k].offset, buckets[k].count));
     }
   }
 };
