@@ -152,7 +152,25 @@ TEST(Step1_Broadcast, EveryRankHoldsRank0sParameters) {
   lab03::broadcast_parameters(model, world());
   nn::GPT single(kLab.config(), {.seed = kSeed});  // rank 0's seed
   // exact: a broadcast copies bytes
-  EXPECT_TRUE(close_on_every_rank(model.params().values(), single.params().values(), 0, 0));
+  testing::AssertionResult same =
+      close_on_every_rank(model.params().values(), single.params().values(), 0, 0);
+  if (!same) {
+    // Whose parameters a wrong rank holds says what went wrong: its own (no broadcast reached
+    // it, or it was not waited for) or another rank's (the wrong root).
+    const std::vector<double> mine = model.params().values().to_vector();
+    for (int r = 0; r < world().size(); ++r) {
+      if (r == 0) continue;
+      nn::GPT seeded(kLab.config(), {.seed = kSeed + r});
+      if (mine == seeded.params().values().to_vector())
+        same << (r == world().rank()
+                     ? fmt::format("\n(rank {} still holds its own initial parameters: no "
+                                   "broadcast reached it, or it was not waited for)", r)
+                     : fmt::format("\n(rank {} holds rank {}'s initial parameters: the "
+                                   "broadcast's root is rank 0)", world().rank(), r));
+    }
+  }
+  EXPECT_TRUE(same) << "every rank's parameters after broadcast_parameters, against rank 0's "
+                       "initial ones";
 }
 
 TEST(Step1_Broadcast, OneBroadcastOfTheFlatValuesFromRank0) {
