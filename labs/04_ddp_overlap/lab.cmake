@@ -28,7 +28,8 @@ endif()
 # any-order check; a cap compared with `<` fails the exact-cap check; step 2's all-reduce started
 # beside launch_ fails the launch count, naming launch_; a count that launches one gradient early
 # fails the launch check at 3 per bucket; a finish() that never averages is named by its first
-# gradient off the twin (not the forward: the grader's own backward is not recorded); step 4's
+# gradient off the twin (not the forward: the grader's own backward is not recorded), one that
+# averages on a host copy of each bucket by the copies step 3's simulated-GPU run counts; step 4's
 # exposed time to the last entry (not the latest) and hidden_fraction without its total guard
 # fail step 4's value checks.
 scalelab_add_planted_submissions(04
@@ -36,6 +37,7 @@ scalelab_add_planted_submissions(04
         "cap_exclusive:1_Buckets.ABucketMay:1:Step1_Buckets.ABucketMayHoldExactlyItsCap on rank 0: .*both fit in the first bucket"
         "launch_bypassed:2:1:Step2_Launch.EachBucketStartsOnceWhenItsLastGradientIsReady on rank 0: .*0 of [0-9]+ buckets went through the Launch given to the reducer .launch_."
         "pending_off_by_one:2:1:Step2_Launch.EachBucketStartsOnceWhenItsLastGradientIsReady on rank 0: .*3 parameter.s. per bucket: bucket [0-9]+ launched before .* was ready"
+        "average_on_host:3_Finish.RunsOn:2:Step3_Finish.RunsOnTheSimulatedGpuAsOnTheHost on rank [01]: .*finish.. copied [0-9]+ bytes from the device to the host"
         "no_average:3_Finish.Gradients:2:Step3_Finish.GradientsEqualSingleDeviceForEveryBucketSize on rank [01]: first divergence: ln_f.bias gradient, backward"
         "last_entry:4:1:Step4_Measure.ExposedTime on rank 0: .*finishes latest"
         "no_total_guard:4:1:Step4_Measure.HiddenFraction on rank 0: .*nothing to hide")

@@ -371,7 +371,9 @@ TEST(Step3_Finish, EqualsLab03AndKeepsWorkingStepAfterStep) {
 
 // Step 3 on the simulated GPU (tests/support/on_sim.hpp): the same buckets, backward and finish()
 // with the model there give the host's averaged gradients bit for bit; a loop through a bucket's
-// elements stops with the tensor's own line, as it would on a GPU.
+// elements stops with the tensor's own line, as it would on a GPU; and the buckets' launches and
+// finish() copy nothing between the host and the device (an average made on a host copy of a
+// bucket is right, and crosses PCIe twice a step on a GPU: host_device_copies()).
 TEST(Step3_Finish, RunsOnTheSimulatedGpuAsOnTheHost) {
   const data::Batch mine = my_rows(global_batch());
   const auto step = [&](nn::GPT& model) {
@@ -380,17 +382,26 @@ TEST(Step3_Finish, RunsOnTheSimulatedGpuAsOnTheHost) {
     const data::Batch on = mine.to(model.device());
     model.zero_grad();
     model.forward(on.x, on.y);
+    const HostDeviceCopies before = host_device_copies();
     model.backward();
     ddp.finish();
+    const HostDeviceCopies after = host_device_copies();
+    return HostDeviceCopies{after.to_host - before.to_host, after.to_device - before.to_device};
   };
   nn::GPT host(kLab.config(), {.seed = kSeed}), sim(kLab.config(), {.device = Device::sim(), .seed = kSeed});
   step(host);
   std::string same;
+  HostDeviceCopies moved;
   labtest::collective_run_on_sim([&] {
-    step(sim);
+    moved = step(sim);
     same = labtest::same_on_sim("the averaged gradients", host.params().grads(), sim.params().grads());
   });
   if (!same.empty()) LABTEST_FAIL() << same;
+  if (moved.to_host != 0 || moved.to_device != 0)
+    LABTEST_FAIL() << "the backward's bucket launches and finish() copied " << moved.to_host
+                   << " bytes from the device to the host and " << moved.to_device << " back "
+                   << "(the gradients are " << sim.params().grads().nbytes() << "): on a GPU "
+                   << "each step would send them over PCIe; average each bucket where it is";
   EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
