@@ -102,6 +102,10 @@ if(SCALELAB_BUILD_TESTS)
   scalelab_add_planted_run(lab09.planted.gather_by_broadcasts.np2 test_lab09_planted RANKS 2
       FILTER Step2_Pieces* PLANT gather_by_broadcasts LAB 09
       REGEX "Step2_Pieces.AllGatherParametersSpreadsEachShardInOneGather on rank [0-9]: .*broadcast")
+  # The gather made on a host copy (right bits): the copies step 2's simulated-GPU run counts.
+  scalelab_add_planted_run(lab09.planted.gather_on_host.np2 test_lab09_planted RANKS 2
+      FILTER Step2_Zero1.RunsOn* PLANT gather_on_host LAB 09
+      REGEX "Step2_Zero1.RunsOnTheSimulatedGpuAsOnTheHost on rank [0-9]: .*Zero1::step copied [0-9]+ bytes from the device to the host")
   scalelab_add_planted_run(lab09.planted.reduce_scatter_unpadded.np2 test_lab09_planted RANKS 2
       FILTER Step4* PLANT reduce_scatter_unpadded LAB 09
       REGEX "Step4_Zero3.PaddedUnitsStepLikeDdp on rank [0-9]: .*in reduce_scatter_unit .zero.cpp., unit embedding of 9009 elements over 2 ranks")
