@@ -128,16 +128,6 @@ bool one_gradient_all_reduce(const comm::Traffic& moved, int64_t grad_bytes, boo
   return false;
 }
 
-// The bytes `run` copied between the host and a device (host_device_copies(): to(), copy_from();
-// not the MPI backend's staging).
-template <class Run>
-HostDeviceCopies copies_of(Run&& run) {
-  const HostDeviceCopies before = host_device_copies();
-  run();
-  const HostDeviceCopies after = host_device_copies();
-  return {after.to_host - before.to_host, after.to_device - before.to_device};
-}
-
 // A correct average, written here so steps 2 and 3 are graded on their own.
 void test_average(nn::GPT& model) {
   world().all_reduce(model.params().grads(), comm::ReduceOp::avg);
@@ -334,16 +324,13 @@ TEST(Step3_AllReduce, RunsOnTheSimulatedGpuAsOnTheHost) {
     sim.zero_grad();
     sim.forward(on.x, on.y);
     sim.backward();
-    moved = copies_of([&] { lab03::all_reduce_gradients(sim, world()); });
+    moved = labtest::copies_of([&] { lab03::all_reduce_gradients(sim, world()); });
     same = labtest::same_on_sim("the averaged gradients", want, sim.params().grads());
   });
   if (!same.empty()) LABTEST_FAIL() << same;
-  if (moved.to_host != 0 || moved.to_device != 0)
-    LABTEST_FAIL() << "all_reduce_gradients copied " << moved.to_host << " bytes from the device "
-                   << "to the host and " << moved.to_device << " back (the gradients are "
-                   << sim.params().grads().nbytes() << "): on a GPU each step would send them "
-                   << "over PCIe; average where they are (an op on the device, or the "
-                   << "all-reduce's own average)";
+  const std::string copied =
+      labtest::copies_problem("all_reduce_gradients", moved, sim.params().grads().nbytes());
+  if (!copied.empty()) LABTEST_FAIL() << copied;
   EXPECT_TRUE(labtest::opens_no_sim_kernel_scope());
 }
 
@@ -498,7 +485,7 @@ TEST(Step4_Training, RunsOnTheSimulatedGpuAsOnTheHost) {
   HostDeviceCopies moved;
   double got = 0;
   labtest::collective_run_on_sim([&] {
-    moved = copies_of([&] { got = lab03::forward_backward(sim, global, world()); });
+    moved = labtest::copies_of([&] { got = lab03::forward_backward(sim, global, world()); });
     problems.push_back(labtest::step_same_on_sim("", want, got, "the gradients",
                                                  host.params().grads(), sim.params().grads()));
   });

@@ -81,6 +81,29 @@ void collective_run_on_sim(Run&& run) {
   if (!stopped.empty()) throw CheckFailed(stopped);
 }
 
+/// The bytes `run` copied between the host and a device (host_device_copies(), tensor.hpp:
+/// Tensor::to and copy_from; not the MPI backend's staging). A step that moves its numbers to
+/// the host and back is right on the simulated GPU too; these say it crossed PCIe on a GPU.
+template <class Run>
+HostDeviceCopies copies_of(Run&& run) {
+  const HostDeviceCopies before = host_device_copies();
+  run();
+  const HostDeviceCopies after = host_device_copies();
+  return {after.to_host - before.to_host, after.to_device - before.to_device};
+}
+
+/// "" when `who` copied nothing between the host and the device (`moved`, copies_of), else one
+/// line naming the bytes each way beside `owned` (the tensor's bytes the step works on, e.g.
+/// the gradients) and telling the attendee to compute where the numbers are.
+inline std::string copies_problem(const std::string& who, const HostDeviceCopies& moved,
+                                  std::size_t owned) {
+  if (moved.to_host == 0 && moved.to_device == 0) return std::string();
+  return fmt::format("{} copied {} bytes from the device to the host and {} to the device (the "
+                     "tensors it works on are {} bytes): on a GPU each step would send them over "
+                     "PCIe; compute where they are (an op on the device, or the collective's own "
+                     "reduction)", who, moved.to_host, moved.to_device, owned);
+}
+
 /// The problems found, "; "-separated ("" if none).
 inline std::string joined(const std::vector<std::string>& problems) {
   std::string all;
