@@ -39,4 +39,10 @@ scalelab_add_planted_submissions(02
         "val_batch_on_host:3_Evaluate:1:Step3_Evaluate.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: on the simulated GPU .--device sim.: .*(cpu.* sim|sim.* cpu)"
         "library_schedule:2_OwnWork:1:Step2_OwnWork.TheScheduleAndClippingAreYourOwn on rank 0: .*calls the library's reference, step 2 asks for your own schedule"
         "library_mfu:4_OwnWork:1:Step4_OwnWork.TheFlopCountAndMfuAreYourOwn on rank 0: .*calls the library's reference, step 4 asks for your own"
+        "norm_read_always:2_Clip.ClippingReads:1:Step2_Clip.ClippingReadsNothingBackToTheHost on rank 0: .*a train_step read 2 numbers back to the host with clip > 0 .2 at clip 0."
+        "norm_on_host_copy:2_Clip.RunsOn:1:Step2_Clip.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: .*train_step .step 0, clip 0.05.* copied [0-9]+ bytes from the device to the host"
+        "loss_forward_twice:1:1:Step1_TrainStep.DoesOneForwardAndOneBackward on rank 0: .*a second forward"
+        "evaluate_with_forward:3_Evaluate.NeverHolds:1:Step3_Evaluate.NeverHoldsATrainingForwardsActivations on rank 0: .*a training forward keeps"
+        "flops_from_a_model:4_Throughput.TheFlopCount:1:Step4_Throughput.TheFlopCountIsAFormula on rank 0: .*flops_per_token allocated [0-9]+ bytes"
+        "activations_measured:5_Memory.TheEstimate:1:Step5_Memory.TheEstimateIsAFormula on rank 0: .*allocated [0-9]+ bytes"
         "fp32_everywhere:5:1:Step5_Memory.FormulaForWeightsGradsAndAdam on rank 0: .*2 bytes per element: one gradient per parameter")

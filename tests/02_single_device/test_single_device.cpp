@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "common/allocator.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/work.hpp"
 #include "common/scalar.hpp"
 #include "library_training_loop.hpp"
 #include "single_device.hpp"
@@ -76,6 +78,28 @@ TEST(Step1_TrainStep, ZeroesGradientsEveryStep) {
       return;
     }
   }
+}
+
+// One forward and one backward a step (the work counters): a second forward for the loss
+// (model.loss beside model.forward) gives the right numbers at twice the forward's cost.
+TEST(Step1_TrainStep, DoesOneForwardAndOneBackward) {
+  nn::GPT model(model_config("tiny")), twin(model_config("tiny"));
+  optim::AdamW opt(optim::groups(model.parameters()));
+  data::Sampler s(corpus(), 4, 16, 4);
+  const data::Batch b = s.batch(0);
+  const ops::WorkCount before = ops::work_stats();
+  train_step(model, opt, b, 1e-3, 0.0);
+  const ops::WorkCount did = ops::work_stats() - before;
+  const ops::WorkCount twin_before = ops::work_stats();
+  twin.zero_grad();
+  twin.forward(b.x, b.y);
+  twin.backward();
+  const ops::WorkCount want = ops::work_stats() - twin_before;
+  if (!(did == want))
+    LABTEST_FAIL() << "train_step did " << did.matmul_flops << " matmul FLOPs and " << did.layernorm_rows
+      << " LayerNorm rows; one forward and one backward of the batch do " << want.matmul_flops
+      << " and " << want.layernorm_rows << ": the loss is the forward's own (a second forward, "
+      << "model.loss, doubles the forward's cost)";
 }
 
 TEST(Step1_TrainStep, LossGoesDown) {
@@ -223,6 +247,10 @@ TEST(Step2_Clip, ClippingReadsNothingBackToTheHost) {
     ADD_FAILURE() << "clipping read numbers back to the host: a train_step read " << with
                   << " number(s) with clip > 0, " << without << " without; keep the norm, its "
                   << "test and the scaling on the gradients' device (README.md#step-2)";
+  else if (with > 1)  // clipping done (and read) at clip 0 too
+    LABTEST_FAIL() << "a train_step read " << with << " numbers back to the host with clip > 0 ("
+                  << without << " at clip 0); its one read is the loss it returns: keep the "
+                  << "norm, its test and the scaling on the gradients' device (README.md#step-2)";
 }
 
 TEST(Step2_OwnWork, TheScheduleAndClippingAreYourOwn) {
@@ -247,10 +275,18 @@ TEST(Step2_Clip, RunsOnTheSimulatedGpuAsOnTheHost) {
     for (int step = 0; step < 3; ++step) {
       const data::Batch b = s.batch(step);
       const double want = train_step(host, host_opt, b, 1e-2, 0.05);
-      const double got = train_step(sim, sim_opt, b.to(sim.device()), 1e-2, 0.05);
+      const data::Batch on = b.to(sim.device());
+      double got = 0;
+      const HostDeviceCopies moved =
+          labtest::copies_of([&] { got = train_step(sim, sim_opt, on, 1e-2, 0.05); });
       if (got != want)
         problems.push_back(fmt::format("step {}: the loss on the simulated GPU is {} (the "
                                        "host's {})", step, got, want));
+      // the loss comes back (one f64: 8 bytes), nothing else crosses
+      if (moved.to_host > 8 || moved.to_device > 0)
+        problems.push_back(labtest::copies_problem(
+            fmt::format("train_step (step {}, clip 0.05; its loss is 8 of those bytes)", step),
+            moved, sim.params().grads().nbytes()));
     }
     problems.push_back(labtest::same_on_sim("the parameters after three clipped steps",
                                             host.params().values(), sim.params().values()));
@@ -274,6 +310,30 @@ TEST(Step3_Evaluate, MeanOfBatchLossesWithoutSideEffects) {
                   << expected;
   EXPECT_EQ(model.params().grads().item(0), 0.5) << "evaluation must not touch gradients";
   EXPECT_EQ(memory_stats(Device::cpu()).current, before) << "evaluation keeps no activations";
+}
+
+// Evaluation never holds a training forward's activations, not even for a moment: a forward
+// that keeps them (then frees them) would also replace those of a step in progress. Its peak
+// stays below what one training forward of a batch keeps (the allocator).
+TEST(Step3_Evaluate, NeverHoldsATrainingForwardsActivations) {
+  nn::GPT model(model_config("tiny"));
+  data::Sampler val(corpus(), 4, 16, 5);
+  const Device cpu = Device::cpu();
+  std::size_t kept = 0;  // what a training forward of one batch keeps
+  {
+    nn::GPT twin(model_config("tiny"));
+    const std::size_t at = memory_stats(cpu).current;
+    twin.forward(val.batch(0).x, val.batch(0).y);
+    kept = memory_stats(cpu).current - at;
+  }
+  reset_peak_memory(cpu);
+  const std::size_t before = memory_stats(cpu).current;
+  evaluate(model, val, 3);
+  const std::size_t peak = memory_stats(cpu).peak - before;
+  if (peak >= kept)
+    LABTEST_FAIL() << "evaluate's peak was " << peak << " bytes above its start; a training "
+                        << "forward keeps " << kept << " of activations: evaluate with the "
+                        << "model's evaluation forward (no activations kept), not forward()";
 }
 
 namespace {
@@ -365,6 +425,17 @@ TEST(Step4_Throughput, FlopsPerTokenAndMfu) {
   EXPECT_EQ(mfu(1e6, 1e9, 0.0), 0.0);
 }
 
+// A count from the config: no model built, no tensor allocated (the allocator's peak).
+TEST(Step4_Throughput, TheFlopCountIsAFormula) {
+  const Device cpu = Device::cpu();
+  reset_peak_memory(cpu);
+  const std::size_t before = memory_stats(cpu).current;
+  flops_per_token(model_config("small"), 64);
+  if (memory_stats(cpu).peak != before)
+    LABTEST_FAIL() << "flops_per_token allocated " << memory_stats(cpu).peak - before << " bytes: count from "
+      << "the config's sizes (step 5's parameter_count), do not build the model";
+}
+
 TEST(Step4_OwnWork, TheFlopCountAndMfuAreYourOwn) {
   // the library's versions are for the later labs (README.md#step-4)
   EXPECT_TRUE(labtest::calls_none_of({"scalelab::metrics::flops_per_token(",
@@ -409,4 +480,17 @@ TEST(Step5_Memory, ActivationFormulaMatchesWhatForwardKeeps) {
         << name << " B=" << B << " T=" << T;
     EXPECT_EQ(activation_elements(c, B, T) * 4, static_cast<int64_t>(model.activation_bytes()));
   }
+}
+
+// The estimate is a formula: it allocates nothing (a model built and run to measure would hold
+// tens of GB at gpt-85m's shape, and the step is the formula beside the allocator).
+TEST(Step5_Memory, TheEstimateIsAFormula) {
+  const Device cpu = Device::cpu();
+  reset_peak_memory(cpu);
+  const std::size_t before = memory_stats(cpu).current;
+  estimate_memory(model_config("small"), 2, 64, 4);
+  activation_elements(model_config("small"), 2, 64);
+  if (memory_stats(cpu).peak != before)
+    LABTEST_FAIL() << "estimate_memory / activation_elements allocated " << memory_stats(cpu).peak - before
+      << " bytes: count the tensors from the config, do not build or run the model";
 }
