@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "common/errors.hpp"
+#include "common/exec_log.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
@@ -208,6 +209,13 @@ TEST(Step1_Buckets, AnyOrderKeepsEachBucketOneRange) {
     expect_partition(model.params(), shuffled, cap, "shuffled order");
     expect_partition(model.params(), forward, cap, "flat-buffer order");
   }
+  // A parameter that touches the far end of the bucket, not the one walked last: 5, then 4
+  // (before 5), then 6 (after 5, not after 4): greedy, all three share one bucket.
+  std::vector<int> far_end = {5, 4, 6};
+  for (int i = 7; i < static_cast<int>(forward.size()); ++i) far_end.push_back(i);
+  for (int i = 0; i < 4; ++i) far_end.push_back(i);
+  for (std::size_t cap : {std::size_t{64 << 10}, std::size_t{1} << 30})
+    expect_partition(model.params(), far_end, cap, "order 5, 4, 6, 7, ...");
 }
 
 // A cap of exactly ln_f's two parameters: a bucket may be filled to its cap, so they share one.
@@ -295,6 +303,31 @@ TEST(Step2_Launch, BucketsStartDuringBackwardNotAfter) {
   EXPECT_TRUE(watch.violations.empty()) << watch.violations.front();
 }
 
+// Nothing waits for an all-reduce during the backward (the execution log's waits): a hook that
+// waits for the bucket it launched gives the right gradients with no overlap at all, and
+// step 4's table then counts the waits as backward time (a better "hidden" figure than real
+// overlap).
+TEST(Step2_Launch, NothingWaitsForABucketDuringTheBackward) {
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  Watch watch{&model, test_buckets(model, 3)};
+  lab04::OverlappedDDP ddp(model, world(), watch.buckets, watch.launch());
+  std::vector<exec_log::Event> log;
+  {
+    exec_log::Recording rec;
+    watch.backward(my_rows(global_batch()), [&](const auto& done) { ddp.on_ready(done); });
+    log = rec.events();
+  }
+  comm::wait_all(watch.works);
+  const auto waited = std::count_if(log.begin(), log.end(), [](const exec_log::Event& e) {
+    return e.what == "wait" && e.op == "all_reduce";
+  });
+  if (waited > 0)
+    LABTEST_FAIL() << "the backward waited for " << waited << " all-reduce(s) of the "
+                   << watch.launched.size() << " buckets it launched: a hook that waits stops "
+                   << "the backward until its bucket is summed, so nothing overlaps; keep the "
+                   << "Work and wait in finish()";
+}
+
 TEST(Step2_PlantedFault, BucketLaunchedBeforeItsLastGradientIsCaught) {
   nn::GPT model(kLab.config(), {.seed = kSeed});
   Watch watch{&model, test_buckets(model, 3)};
@@ -323,6 +356,38 @@ TEST(Step3_Finish, ABucketNeverLaunchedIsAnError) {
     ADD_FAILURE() << "finish() without a backward must fail: nothing was launched";
   } catch (const CheckFailed&) {
   }
+}
+
+// finish() waits for every bucket's all-reduce (the execution log: each launched all-reduce has a
+// wait before finish returns): waiting for the last one only is right on an in-order backend,
+// but the others' errors are lost and their times are not their own.
+TEST(Step3_Finish, WaitsForEveryBucket) {
+  nn::GPT model(kLab.config(), {.seed = kSeed});
+  lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3));
+  const data::Batch mine = my_rows(global_batch());
+  ddp.attach();
+  std::vector<exec_log::Event> log;
+  {
+    exec_log::Recording rec;
+    model.zero_grad();
+    model.forward(mine.x, mine.y);
+    model.backward();
+    ddp.finish();
+    log = rec.events();
+  }
+  int launched = 0, unwaited = 0;
+  for (const exec_log::Event& e : log) {
+    if (e.what != "all_reduce") continue;
+    ++launched;
+    const bool waited = std::any_of(log.begin(), log.end(), [&](const exec_log::Event& w) {
+      return w.what == "wait" && w.group == e.group && w.seq == e.seq;
+    });
+    if (!waited) ++unwaited;
+  }
+  if (unwaited > 0)
+    LABTEST_FAIL() << "finish() returned with " << unwaited << " of the " << launched
+                   << " buckets' all-reduces never waited for: wait for every bucket's Work, in "
+                   << "launch order (its time is when its wait returns)";
 }
 
 TEST(Step3_Finish, GradientsEqualSingleDeviceForEveryBucketSize) {
