@@ -24,6 +24,10 @@ endif()
 scalelab_add_planted_submissions(06
   CASES "frees_at_the_end:2:1:Step2_Backward.FreesEachBlockAfterItsBackward on rank 0: .*held at once"
         "never_drops:3:1:Step3_Policies.TheForwardDropsTheSelectivePieces on rank 0: block 0 is selective"
+        "static_stash:1:1:Step1_Forward.NothingOutlivesTheModelAndItsSaved on rank 0: .*tensors outlive them"
+        "recompute_twice:2_Backward.Recomputes:1:Step2_Backward.RecomputesEachCheckpointedBlockOnce on rank 0: .*recompute a block once"
+        "gelu_on_host:3_Policies.RunsOn:1:Step3_Policies.RunsOnTheSimulatedGpuAsOnTheHost on rank 0: .*selective: a checkpointed step .* copied [0-9]+ bytes from the device to the host"
+        "int_btc:4_Estimate.CountsAGpt3:1:Step4_Estimate.CountsAGpt3SizeModelWithoutOverflow on rank 0: .*does not fit in 32 bits"
         "free_after_loop:1:1:Step1_Forward.FreesEachCheckpointedBlockRightAfterItsForward on rank 0: .*your forward's peak"
         "library_forward:1:1:Step1_Forward.FreesEachCheckpointedBlockRightAfterItsForward on rank 0: .*your forward's peak"
         "stash_full_blocks:1:1:Step1_Forward.FreesEachCheckpointedBlockRightAfterItsForward on rank 0: .*still alive"

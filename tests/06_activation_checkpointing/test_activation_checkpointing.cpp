@@ -14,6 +14,7 @@
 #include "common/allocator.hpp"
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
+#include "common/ops/work.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
@@ -229,10 +230,35 @@ TEST(Step1_Forward, FreesEachCheckpointedBlockRightAfterItsForward) {
   if (mine.peak > ref.peak + block / 2)
     LABTEST_FAIL() << "with every block checkpointed, your forward's peak was " << mine.peak
                    << " bytes above the start, "
-                   << (mine.peak - ref.peak) / std::max<std::size_t>(block, 1)
+                   << fmt::format("{:.2f}", static_cast<double>(mine.peak - ref.peak) /
+                                                static_cast<double>(std::max<std::size_t>(block, 1)))
                    << " block(s) of activations (" << block << " bytes each) more than a forward "
                    << "that frees each checkpointed block's activations right after its forward ("
                    << ref.peak << "): free them before the next block runs";
+}
+
+// Nothing the forward made outlives its model and Saved: the forward runs on 2 rows, then on 3,
+// each model and Saved destroyed after; the allocator holds the same after both. A container
+// outside saved.acts that keeps the checkpointed blocks' activations (a static one too, which
+// an earlier test of the same shape can hide from a before/after count) holds the last
+// forward's, and 3 rows' are not 2 rows'.
+TEST(Step1_Forward, NothingOutlivesTheModelAndItsSaved) {
+  const data::Batch b = batch();
+  const Plan every = full_plan({true, true, true, true});
+  std::vector<std::size_t> after;
+  for (const int64_t rows : {int64_t{2}, int64_t{3}}) {
+    {
+      nn::GPT m(config(), {.seed = kSeed});
+      lab06::Saved s;
+      lab06::forward(m, b.rows(0, rows), every, s);
+    }
+    after.push_back(memory_stats(Device::cpu()).current);
+  }
+  if (after[1] != after[0])
+    LABTEST_FAIL() << "after a forward of 3 rows, its model and its Saved destroyed, the allocator "
+                   << "holds " << static_cast<std::ptrdiff_t>(after[1] - after[0])
+                   << " bytes more than after the same for 2 rows: tensors outlive them (a "
+                   << "container outside saved.acts, a static one?); keep nothing but saved";
 }
 
 // ---- Step 2: backward ------------------------------------------------------------------------
@@ -296,7 +322,8 @@ TEST(Step2_Backward, FreesEachBlockAfterItsBackward) {
     if (mine > freeing)
       LABTEST_FAIL() << "with blocks " << plan_text(full) << " checkpointed, backward's peak was "
                      << mine << " bytes above what the forward left, " << mine - freeing
-                     << " bytes (" << (mine - freeing) / std::max<std::size_t>(block, 1)
+                     << " bytes (" << fmt::format("{:.2f}", static_cast<double>(mine - freeing) /
+                                                   static_cast<double>(std::max<std::size_t>(block, 1)))
                      << " block(s) of activations of " << block << " bytes) more than a backward "
                      << "that frees each block's activations right after its backward ("
                      << freeing << "): activations were held at once; free each block's, "
@@ -328,6 +355,33 @@ TEST(Step2_Backward, UsesKeptActivationsWithoutRecomputingThem) {
                    << "use the activations forward kept (the test changed them after forward, and "
                    << "your gradients do not follow the change): a block that kept its "
                    << "activations was run again; recompute only the blocks that kept nothing";
+}
+
+// Each block that kept nothing is recomputed once (the work counters: matmul FLOPs and LayerNorm
+// rows of the attendee's backward equal those of the test's, which recomputes each once): a
+// second recomputation gives the same bits and the same memory, and a third more forward work.
+TEST(Step2_Backward, RecomputesEachCheckpointedBlockOnce) {
+  const data::Batch b = batch();
+  for (const auto& full : std::vector<std::vector<bool>>{{true, false, true, false},
+                                                         {true, true, true, true}}) {
+    const auto work = [&](auto backward) {
+      nn::GPT m(config(), {.seed = kSeed});
+      m.zero_grad();
+      lab06::Saved s;
+      reference_forward(m, b, full_plan(full), s);
+      const ops::WorkCount before = ops::work_stats();
+      backward(m, s);
+      return ops::work_stats() - before;
+    };
+    const ops::WorkCount mine = work([](nn::GPT& m, lab06::Saved& s) { lab06::backward(m, s); });
+    const ops::WorkCount want = work(freeing_backward);
+    if (!(mine == want))
+      LABTEST_FAIL() << "with blocks " << plan_text(full) << " checkpointed, your backward did "
+                     << mine.matmul_flops << " matmul FLOPs and " << mine.layernorm_rows
+                     << " LayerNorm rows; recomputing each checkpointed block once does "
+                     << want.matmul_flops << " and " << want.layernorm_rows
+                     << ": recompute a block once, just before its backward";
+  }
 }
 
 TEST(Step2_PlantedFault, BlockNotRecomputedIsCaught) {
@@ -526,10 +580,18 @@ TEST(Step3_Policies, RunsOnTheSimulatedGpuAsOnTheHost) {
     nn::GPT host(config(), {.seed = kSeed}), sim(config(), {.device = Device::sim(), .seed = kSeed});
     const double want = checkpointed(host, plan, b);
     labtest::collective_run_on_sim([&] {
-      const double got = checkpointed(sim, plan, b.to(sim.device()));
+      const data::Batch on = b.to(sim.device());
+      double got = 0;
+      // the forward and backward copy nothing but the loss back (8 bytes)
+      const HostDeviceCopies moved =
+          labtest::copies_of([&] { got = checkpointed(sim, plan, on); });
       problems.push_back(labtest::step_same_on_sim(fmt::format("{}: ", name), want, got,
                                                    "the gradients", host.params().grads(),
                                                    sim.params().grads()));
+      if (moved.to_host > 8 || moved.to_device > 0)
+        problems.push_back(labtest::copies_problem(
+            fmt::format("{}: a checkpointed step (its loss is 8 of those bytes)", name), moved,
+            sim.params().grads().nbytes()));
     });
   }
   const std::string all = labtest::joined(problems);
@@ -595,6 +657,13 @@ TEST(Step4_Estimate, CountsAGpt3SizeModelWithoutOverflow) {
     LABTEST_FAIL() << "96 layers, 96 heads, h = 12288, s = 2048, batch 8, no checkpointing: your "
                    << "count is " << count << " bytes, not 2473926328320 (about 2.5 TB): a "
                    << "product of the shapes overflowed; compute in 64 bits";
+  // batch 16 x s 16384: b·s·h alone is 3.2e9, past 32 bits (a product left in int wraps there)
+  c.block_size = 16384;
+  const double longer = static_cast<double>(lab06::model_activation_bytes(c, 16, 16384, none));
+  if (longer != 178121286352896.0)
+    LABTEST_FAIL() << "the same model at batch 16, s = 16384: your count is " << longer
+                   << " bytes, not 178121286352896: b·s·h = 3.2e9 does not fit in 32 bits; "
+                   << "compute every product in 64 bits";
 }
 
 TEST(Step4_Estimate, ModelCountEqualsMeasuredBytesForEveryPolicy) {
