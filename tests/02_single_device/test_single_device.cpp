@@ -96,10 +96,11 @@ TEST(Step1_TrainStep, DoesOneForwardAndOneBackward) {
   twin.backward();
   const ops::WorkCount want = ops::work_stats() - twin_before;
   if (!(did == want))
-    LABTEST_FAIL() << "train_step did " << did.matmul_flops << " matmul FLOPs and " << did.layernorm_rows
-      << " LayerNorm rows; one forward and one backward of the batch do " << want.matmul_flops
-      << " and " << want.layernorm_rows << ": the loss is the forward's own (a second forward, "
-      << "model.loss, doubles the forward's cost)";
+    LABTEST_FAIL() << "train_step did " << did.matmul_flops << " matmul FLOPs and "
+                   << did.layernorm_rows << " LayerNorm rows; one forward and one backward of "
+                   << "the batch do " << want.matmul_flops << " and " << want.layernorm_rows
+                   << ": the loss is the forward's own (a second forward, model.loss, doubles "
+                   << "the forward's cost)";
 }
 
 TEST(Step1_TrainStep, LossGoesDown) {
@@ -432,8 +433,9 @@ TEST(Step4_Throughput, TheFlopCountIsAFormula) {
   const std::size_t before = memory_stats(cpu).current;
   flops_per_token(model_config("small"), 64);
   if (memory_stats(cpu).peak != before)
-    LABTEST_FAIL() << "flops_per_token allocated " << memory_stats(cpu).peak - before << " bytes: count from "
-      << "the config's sizes (step 5's parameter_count), do not build the model";
+    LABTEST_FAIL() << "flops_per_token allocated " << memory_stats(cpu).peak - before
+                   << " bytes: count from the config's sizes (step 5's parameter_count), do not "
+                   << "build the model";
 }
 
 TEST(Step4_OwnWork, TheFlopCountAndMfuAreYourOwn) {
@@ -491,6 +493,7 @@ TEST(Step5_Memory, TheEstimateIsAFormula) {
   estimate_memory(model_config("small"), 2, 64, 4);
   activation_elements(model_config("small"), 2, 64);
   if (memory_stats(cpu).peak != before)
-    LABTEST_FAIL() << "estimate_memory / activation_elements allocated " << memory_stats(cpu).peak - before
-      << " bytes: count the tensors from the config, do not build or run the model";
+    LABTEST_FAIL() << "estimate_memory / activation_elements allocated "
+                   << memory_stats(cpu).peak - before
+                   << " bytes: count the tensors from the config, do not build or run the model";
 }

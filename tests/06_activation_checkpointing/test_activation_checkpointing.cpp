@@ -160,6 +160,12 @@ AllocatorUse allocator_use(F call) {
           static_cast<std::ptrdiff_t>(after.current) - static_cast<std::ptrdiff_t>(before)};
 }
 
+// `bytes` in blocks of `block` bytes, two decimals ("0.62": a truncated count read "0 block(s)").
+std::string blocks_of(std::size_t bytes, std::size_t block) {
+  return fmt::format("{:.2f}", static_cast<double>(bytes) /
+                                   static_cast<double>(std::max<std::size_t>(block, 1)));
+}
+
 std::string plan_text(const std::vector<bool>& full) {
   std::string text = "{";
   for (std::size_t i = 0; i < full.size(); ++i) text += (i ? "," : "") + std::to_string(full[i]);
@@ -230,9 +236,8 @@ TEST(Step1_Forward, FreesEachCheckpointedBlockRightAfterItsForward) {
   if (mine.peak > ref.peak + block / 2)
     LABTEST_FAIL() << "with every block checkpointed, your forward's peak was " << mine.peak
                    << " bytes above the start, "
-                   << fmt::format("{:.2f}", static_cast<double>(mine.peak - ref.peak) /
-                                                static_cast<double>(std::max<std::size_t>(block, 1)))
-                   << " block(s) of activations (" << block << " bytes each) more than a forward "
+                   << blocks_of(mine.peak - ref.peak, block) << " block(s) of activations ("
+                   << block << " bytes each) more than a forward "
                    << "that frees each checkpointed block's activations right after its forward ("
                    << ref.peak << "): free them before the next block runs";
 }
@@ -322,8 +327,7 @@ TEST(Step2_Backward, FreesEachBlockAfterItsBackward) {
     if (mine > freeing)
       LABTEST_FAIL() << "with blocks " << plan_text(full) << " checkpointed, backward's peak was "
                      << mine << " bytes above what the forward left, " << mine - freeing
-                     << " bytes (" << fmt::format("{:.2f}", static_cast<double>(mine - freeing) /
-                                                   static_cast<double>(std::max<std::size_t>(block, 1)))
+                     << " bytes (" << blocks_of(mine - freeing, block)
                      << " block(s) of activations of " << block << " bytes) more than a backward "
                      << "that frees each block's activations right after its backward ("
                      << freeing << "): activations were held at once; free each block's, "
