@@ -19,11 +19,11 @@
 
 #include "collectives.hpp"
 #include "common/comm/stats.hpp"
-#include "common/exec_log.hpp"
 #include "common/runtime.hpp"
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/on_sim.hpp"
 #include "tests/support/traffic_budget.hpp"
+#include "tests/support/what_it_did.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab01;
@@ -112,31 +112,18 @@ testing::AssertionResult only_the_ring(const comm::Traffic& did, const Communica
 // once): right numbers in a test that looks once, wrong ones in a loop (measured: millions of
 // wrong elements over 100 calls of a 1M-float ring).
 std::string unwaited_operations(const std::string& fn, const std::function<void()>& run) {
-  std::vector<exec_log::Event> log;
-  {
-    exec_log::Recording rec;
-    run();
-    log = rec.events();
-  }
-  int started = 0;
+  const labtest::Waits w = labtest::waits_in(labtest::log_of(run));
+  if (w.unwaited.empty()) return "";
   std::vector<std::string> missing;
-  for (const exec_log::Event& e : log) {
-    if (e.group.empty() || e.what == "wait") continue;  // compute, and the waits themselves
-    ++started;
-    const bool waited = std::any_of(log.begin(), log.end(), [&](const exec_log::Event& w) {
-      return w.what == "wait" && w.group == e.group && w.seq == e.seq;
-    });
-    if (!waited)
-      missing.push_back(fmt::format("{} #{} ({} bytes, {} world rank {})", e.what, e.seq, e.bytes,
-                                    e.what == "send" ? "to" : "from", e.peer));
-  }
-  if (missing.empty()) return "";
+  for (const exec_log::Event& e : w.unwaited)
+    missing.push_back(fmt::format("{} #{} ({} bytes, {} world rank {})", e.what, e.seq, e.bytes,
+                                  e.what == "send" ? "to" : "from", e.peer));
   const std::size_t shown = std::min<std::size_t>(missing.size(), 3);
   return fmt::format(
       "{} returned with {} of the {} operations it started never waited for: {}{}. Until its "
       "Work is waited for, an operation may still read or write its tensor, which the caller "
       "owns again once you return: keep each Work (send_async's too) and wait for it",
-      fn, missing.size(), started,
+      fn, missing.size(), w.started,
       fmt::join(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
       missing.size() > shown ? ", ..." : "");
 }

@@ -11,7 +11,6 @@
 
 #include "common/allocator.hpp"
 #include "common/ops/ops.hpp"
-#include "common/ops/work.hpp"
 #include "common/scalar.hpp"
 #include "library_training_loop.hpp"
 #include "single_device.hpp"
@@ -19,6 +18,7 @@
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/on_sim.hpp"
 #include "tests/support/own_work.hpp"
+#include "tests/support/what_it_did.hpp"
 
 using namespace scalelab;
 using namespace scalelab::lab02;
@@ -87,14 +87,12 @@ TEST(Step1_TrainStep, DoesOneForwardAndOneBackward) {
   optim::AdamW opt(optim::groups(model.parameters()));
   data::Sampler s(corpus(), 4, 16, 4);
   const data::Batch b = s.batch(0);
-  const ops::WorkCount before = ops::work_stats();
-  train_step(model, opt, b, 1e-3, 0.0);
-  const ops::WorkCount did = ops::work_stats() - before;
-  const ops::WorkCount twin_before = ops::work_stats();
-  twin.zero_grad();
-  twin.forward(b.x, b.y);
-  twin.backward();
-  const ops::WorkCount want = ops::work_stats() - twin_before;
+  const ops::WorkCount did = labtest::work_of([&] { train_step(model, opt, b, 1e-3, 0.0); });
+  const ops::WorkCount want = labtest::work_of([&] {
+    twin.zero_grad();
+    twin.forward(b.x, b.y);
+    twin.backward();
+  });
   if (!(did == want))
     LABTEST_FAIL() << "train_step did " << did.matmul_flops << " matmul FLOPs and "
                    << did.layernorm_rows << " LayerNorm rows; one forward and one backward of "

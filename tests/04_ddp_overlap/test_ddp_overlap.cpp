@@ -14,7 +14,6 @@
 #include <gtest/gtest.h>
 
 #include "common/errors.hpp"
-#include "common/exec_log.hpp"
 #include "common/ops/ops.hpp"
 #include "common/optim/optim.hpp"
 #include "common/runtime.hpp"
@@ -27,6 +26,7 @@
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/on_sim.hpp"
 #include "tests/support/own_work.hpp"
+#include "tests/support/what_it_did.hpp"
 
 using namespace scalelab;
 using labtest::my_rows;
@@ -311,12 +311,9 @@ TEST(Step2_Launch, NothingWaitsForABucketDuringTheBackward) {
   nn::GPT model(kLab.config(), {.seed = kSeed});
   Watch watch{&model, test_buckets(model, 3)};
   lab04::OverlappedDDP ddp(model, world(), watch.buckets, watch.launch());
-  std::vector<exec_log::Event> log;
-  {
-    exec_log::Recording rec;
+  const std::vector<exec_log::Event> log = labtest::log_of([&] {
     watch.backward(my_rows(global_batch()), [&](const auto& done) { ddp.on_ready(done); });
-    log = rec.events();
-  }
+  });
   comm::wait_all(watch.works);
   const auto waited = std::count_if(log.begin(), log.end(), [](const exec_log::Event& e) {
     return e.what == "wait" && e.op == "all_reduce";
@@ -366,26 +363,16 @@ TEST(Step3_Finish, WaitsForEveryBucket) {
   lab04::OverlappedDDP ddp(model, world(), test_buckets(model, 3));
   const data::Batch mine = my_rows(global_batch());
   ddp.attach();
-  std::vector<exec_log::Event> log;
-  {
-    exec_log::Recording rec;
+  const std::vector<exec_log::Event> log = labtest::log_of([&] {
     model.zero_grad();
     model.forward(mine.x, mine.y);
     model.backward();
     ddp.finish();
-    log = rec.events();
-  }
-  int launched = 0, unwaited = 0;
-  for (const exec_log::Event& e : log) {
-    if (e.what != "all_reduce") continue;
-    ++launched;
-    const bool waited = std::any_of(log.begin(), log.end(), [&](const exec_log::Event& w) {
-      return w.what == "wait" && w.group == e.group && w.seq == e.seq;
-    });
-    if (!waited) ++unwaited;
-  }
-  if (unwaited > 0)
-    LABTEST_FAIL() << "finish() returned with " << unwaited << " of the " << launched
+  });
+  const labtest::Waits waits = labtest::waits_in(log, "all_reduce");
+  if (!waits.unwaited.empty())
+    LABTEST_FAIL() << "finish() returned with " << waits.unwaited.size() << " of the "
+                   << waits.started
                    << " buckets' all-reduces never waited for: wait for every bucket's Work, in "
                    << "launch order (its time is when its wait returns)";
 }

@@ -36,6 +36,7 @@
 #include "tests/support/on_sim.hpp"
 #include "tests/support/own_work.hpp"
 #include "tests/support/traffic_budget.hpp"
+#include "tests/support/what_it_did.hpp"
 
 using namespace scalelab;
 using labtest::close_on_every_rank;
@@ -286,21 +287,6 @@ Tensor local_gradient(const data::Batch& global) {
   return kLab.reference(labtest::my_rows(global)).grads;
 }
 
-// The communication operations in `log` that were submitted and never waited for.
-int unwaited(const std::vector<exec_log::Event>& log, int* submitted) {
-  int missing = 0;
-  *submitted = 0;
-  for (const exec_log::Event& e : log) {
-    if (e.group.empty() || e.what == "wait") continue;
-    ++*submitted;
-    const bool waited = std::any_of(log.begin(), log.end(), [&](const exec_log::Event& w) {
-      return w.what == "wait" && w.group == e.group && w.seq == e.seq;
-    });
-    if (!waited) ++missing;
-  }
-  return missing;
-}
-
 // ddp_accumulate, checked to leave the reducer finished, as lab 04's step does: every
 // all-reduce it started was waited for before it returned (an unfinished reducer also keeps
 // this step's bookkeeping, and the next step's backward then fails inside lab 04's code). The
@@ -315,11 +301,11 @@ double checked_ddp_accumulate(nn::GPT& model, const data::Batch& global, int acc
     loss = lab05::ddp_accumulate(model, global, accum, world(), ddp);
     events = rec.events();
   }
-  int submitted = 0;
-  const int missing = unwaited(events, &submitted);
-  if (missing > 0)
-    LABTEST_FAIL() << "ddp_accumulate with accum " << accum << " returned with " << missing
-                   << " of the " << submitted << " operations it started never waited for: "
+  const labtest::Waits waits = labtest::waits_in(events);
+  if (!waits.unwaited.empty())
+    LABTEST_FAIL() << "ddp_accumulate with accum " << accum << " returned with "
+                   << waits.unwaited.size() << " of the " << waits.started
+                   << " operations it started never waited for: "
                    << "the step ends with the reducer finished (every bucket waited for and "
                    << "averaged, ready for the next step)";
   if (log) *log = std::move(events);

@@ -14,7 +14,6 @@
 #include "common/allocator.hpp"
 #include "common/errors.hpp"
 #include "common/ops/ops.hpp"
-#include "common/ops/work.hpp"
 #include "common/runtime.hpp"
 #include "common/train/equivalence.hpp"
 #include "common/train/reference.hpp"
@@ -23,6 +22,7 @@
 #include "tests/support/lab_fixture.hpp"
 #include "tests/support/on_sim.hpp"
 #include "tests/support/own_work.hpp"
+#include "tests/support/what_it_did.hpp"
 
 using namespace scalelab;
 using lab06::Plan;
@@ -373,9 +373,7 @@ TEST(Step2_Backward, RecomputesEachCheckpointedBlockOnce) {
       m.zero_grad();
       lab06::Saved s;
       reference_forward(m, b, full_plan(full), s);
-      const ops::WorkCount before = ops::work_stats();
-      backward(m, s);
-      return ops::work_stats() - before;
+      return labtest::work_of([&] { backward(m, s); });
     };
     const ops::WorkCount mine = work([](nn::GPT& m, lab06::Saved& s) { lab06::backward(m, s); });
     const ops::WorkCount want = work(freeing_backward);
